@@ -1,0 +1,249 @@
+"""One configuration object, validated on construction, and the four presets.
+
+``Config`` groups the settings of a run into sections (data, partition, pre-training,
+federated). Every section checks itself in ``__post_init__`` and raises
+:class:`~cpcfl_tf.errors.UserError` with one line that names the fix, so a bad value
+stops a script before anything is loaded or written. ``dataclasses.replace`` re-runs
+the checks, so overrides are validated the same way.
+
+Presets (``../shared/DESIGN.md``):
+
+========== ============================================= ===== ============ ===========
+preset     data                                          input C / T / Tc   pre-training
+========== ============================================= ===== ============ ===========
+smoke      scikit-learn digits                           32    9 / 4 / 1    1 epoch
+quick      Fashion-MNIST (Debian files)                  32    15 / 40 / 10 few epochs
+standard   same as quick                                 32    60 / 100 / 10 more epochs
+paper      STL-10 through tfds, the paper's settings     96    60 / 100 / 10 300 epochs
+========== ============================================= ===== ============ ===========
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from cpcfl_tf.errors import UserError
+
+ENCODERS = ("cnn", "resnet18", "resnet50")
+HEADS = ("c", "c-1", "c-2", "c-3")
+PRETRAIN_METHODS = ("simclr", "byol", "simsiam")
+FL_METHODS = ("fedavg", "ifca", "cp-cfl", "centralized")
+PRETRAININGS = ("none", "simclr", "byol", "simsiam", "fedavg", "supervised")
+MIN_IMAGE_SIZE = 32
+"""The CNN encoder's four valid stride-2 convolutions need at least 31 pixels."""
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise UserError(message)
+
+
+def _positive(section: str, **values: float) -> None:
+    for name, value in values.items():
+        _check(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0,
+               f"{section}.{name} must be a positive number, got {value!r}")
+
+
+def _choice(section: str, name: str, value: str, choices: tuple[str, ...]) -> None:
+    _check(value in choices, f"unknown {section}.{name} {value!r}; choose one of {', '.join(choices)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Where the unlabeled pre-training images and the clients' labeled images come from."""
+
+    pretrain_dataset: str = "stl10"
+    pretrain_split: str = "unlabelled"
+    client_dataset: str = "stl10"
+    client_train_split: str = "train"
+    client_test_split: str = "test"
+    image_size: int = 96
+    data_dir: str | None = None
+    manual_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        from cpcfl_tf.data.sources import get_spec, parse_split  # no TF import
+
+        parse_split(self.pretrain_dataset, self.pretrain_split)
+        spec = get_spec(self.client_dataset)
+        for split in (self.client_train_split, self.client_test_split):
+            base = parse_split(self.client_dataset, split).base
+            _check(base not in spec.unlabeled_splits,
+                   f"client data must be labeled, but {self.client_dataset}:{base} has no labels")
+        _check(isinstance(self.image_size, int) and self.image_size >= MIN_IMAGE_SIZE,
+               f"data.image_size must be an integer >= {MIN_IMAGE_SIZE} (the CNN encoder needs "
+               f"31 px), got {self.image_size!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionConfig:
+    """The clients: :func:`cpcfl_tf.data.partition.partition_clients` takes these."""
+
+    num_clients: int = 60
+    num_groups: int = 3
+    classes_per_group: int = 4
+    class_overlap: int = 1
+    class_counts: tuple[int, ...] = (20, 20, 5, 5)
+    test_fraction: float = 1.0
+    disjoint: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "class_counts", tuple(self.class_counts))
+        _positive("partition", num_clients=self.num_clients, num_groups=self.num_groups,
+                  classes_per_group=self.classes_per_group, test_fraction=self.test_fraction)
+        _check(self.num_groups <= self.num_clients,
+               f"partition has more groups ({self.num_groups}) than clients ({self.num_clients})")
+        _check(self.num_clients % self.num_groups == 0,
+               f"{self.num_clients} clients cannot be split evenly into {self.num_groups} groups; "
+               "make partition.num_clients a multiple of partition.num_groups")
+        _check(0 <= self.class_overlap < self.classes_per_group,
+               f"partition.class_overlap must be in [0, {self.classes_per_group}), "
+               f"got {self.class_overlap}")
+        _check(len(self.class_counts) == self.classes_per_group
+               and all(isinstance(c, int) and c > 0 for c in self.class_counts),
+               f"partition.class_counts needs {self.classes_per_group} positive integers, "
+               f"got {self.class_counts}")
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainConfig:
+    """Contrastive pre-training on the server (Sec. "Experimental settings")."""
+
+    method: str = "simclr"
+    encoder: str = "cnn"
+    epochs: int = 300
+    batch_size: int = 500
+    learning_rate: float = 1e-3
+    temperature: float = 0.1
+    """SimCLR's tau."""
+    target_decay: float = 0.9
+    """BYOL's beta: target = beta * target + (1 - beta) * online."""
+
+    def __post_init__(self) -> None:
+        _choice("pretrain", "method", self.method, PRETRAIN_METHODS)
+        _choice("pretrain", "encoder", self.encoder, ENCODERS)
+        _positive("pretrain", epochs=self.epochs, batch_size=self.batch_size,
+                  learning_rate=self.learning_rate, temperature=self.temperature)
+        _check(0 <= self.target_decay < 1,
+               f"pretrain.target_decay must be in [0, 1), got {self.target_decay}")
+
+
+@dataclasses.dataclass(frozen=True)
+class FederatedConfig:
+    """The clustered FL stage (Algorithm "CP-CFL", Sec. "Experimental settings")."""
+
+    method: str = "cp-cfl"
+    pretraining: str = "simclr"
+    num_clusters: int = 3
+    rounds: int = 100
+    head_rounds: int = 10
+    """Tc: rounds of random selection with a frozen encoder."""
+    local_epochs: int = 3
+    batch_size: int = 32
+    learning_rate: float = 1e-3
+    encoder: str = "cnn"
+    head: str = "c"
+
+    def __post_init__(self) -> None:
+        _choice("federated", "method", self.method, FL_METHODS)
+        _choice("federated", "pretraining", self.pretraining, PRETRAININGS)
+        _choice("federated", "encoder", self.encoder, ENCODERS)
+        _choice("federated", "head", self.head, HEADS)
+        _positive("federated", num_clusters=self.num_clusters, rounds=self.rounds,
+                  local_epochs=self.local_epochs, batch_size=self.batch_size,
+                  learning_rate=self.learning_rate)
+        _check(isinstance(self.head_rounds, int) and 0 <= self.head_rounds < self.rounds,
+               f"federated.head_rounds (Tc) must be in [0, rounds={self.rounds}), "
+               f"got {self.head_rounds}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Everything a run needs; :meth:`to_dict` is what result files record."""
+
+    preset: str
+    data: DataConfig
+    partition: PartitionConfig
+    pretrain: PretrainConfig
+    federated: FederatedConfig
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        from cpcfl_tf.data.partition import make_group_classes
+        from cpcfl_tf.data.sources import get_spec
+
+        _check(isinstance(self.seed, int) and self.seed >= 0,
+               f"seed must be a non-negative integer, got {self.seed!r}")
+        p = self.partition
+        make_group_classes(p.num_groups, p.classes_per_group, p.class_overlap,
+                           get_spec(self.data.client_dataset).num_classes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def with_overrides(self, **sections: dict[str, Any]) -> "Config":
+        """Copy with fields replaced per section, e.g. ``partition={"num_clients": 30}``."""
+        changes: dict[str, Any] = {}
+        for name, fields in sections.items():
+            if name == "seed":
+                changes[name] = fields
+                continue
+            _check(name in ("data", "partition", "pretrain", "federated"),
+                   f"unknown config section {name!r}")
+            section = getattr(self, name)
+            known = {f.name for f in dataclasses.fields(section)}
+            unknown = set(fields) - known
+            _check(not unknown, f"unknown field(s) {', '.join(sorted(unknown))} in {name}; "
+                                f"known: {', '.join(sorted(known))}")
+            changes[name] = dataclasses.replace(section, **fields)
+        return dataclasses.replace(self, **changes)
+
+
+def _smoke() -> Config:
+    return Config(
+        preset="smoke",
+        # Pre-training and client images are disjoint parts of digits' training split.
+        data=DataConfig("digits", "train[:697]", "digits", "train[697:]", "test", image_size=32),
+        partition=PartitionConfig(num_clients=9, class_counts=(8, 8, 2, 2)),
+        pretrain=PretrainConfig(epochs=1, batch_size=128),
+        federated=FederatedConfig(rounds=4, head_rounds=1, local_epochs=1),
+    )
+
+
+def _quick() -> Config:
+    return Config(
+        preset="quick",
+        # 50,000 unlabeled images for the server, clients from the other 10,000 (DESIGN.md).
+        data=DataConfig("fashion_mnist_idx", "train[:50000]", "fashion_mnist_idx",
+                        "train[50000:]", "test", image_size=32),
+        # The paper's own 15-client setting uses T = 40 (Sec. "Number of clients").
+        partition=PartitionConfig(num_clients=15),
+        pretrain=PretrainConfig(epochs=5),
+        federated=FederatedConfig(rounds=40, head_rounds=10),
+    )
+
+
+def _standard() -> Config:
+    quick = _quick()
+    return dataclasses.replace(
+        quick, preset="standard", partition=PartitionConfig(num_clients=60),
+        pretrain=dataclasses.replace(quick.pretrain, epochs=20),
+        federated=FederatedConfig(rounds=100, head_rounds=10))
+
+
+def _paper() -> Config:
+    # All defaults are the paper's: STL-10, 96x96, 60 clients in 3 groups, N = 3,
+    # T = 100, Tc = 10, E = 3, batch 32, Adam 1e-3; 300 epochs of batch 500 pre-training.
+    return Config(preset="paper", data=DataConfig(), partition=PartitionConfig(),
+                  pretrain=PretrainConfig(), federated=FederatedConfig())
+
+
+PRESETS = {"smoke": _smoke, "quick": _quick, "standard": _standard, "paper": _paper}
+
+
+def get_preset(name: str) -> Config:
+    """Return a fresh :class:`Config` for preset ``name``."""
+    try:
+        return PRESETS[name]()
+    except KeyError:
+        raise UserError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}") from None

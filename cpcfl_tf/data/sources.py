@@ -1,0 +1,315 @@
+"""Image sources: tfds for the paper's datasets, offline readers for this machine.
+
+Two entry points, one per role in the paper:
+
+* :func:`load_unlabeled` hands out images only. It is what contrastive pre-training
+  reads (Sec. "Problem formulation": the encoder is trained on unlabeled data), and no
+  code path inside it returns labels.
+* :func:`load_labeled` hands out images and labels, for the clients' data, the proxy set
+  of linear evaluation and supervised baselines.
+
+Every source returns ``uint8`` arrays of shape ``(n, h, w, c)``; with ``image_size`` set
+they go through :func:`cpcfl_tf.data.images.prepare_images` (resize, grayscale to RGB).
+Splits use one syntax everywhere: ``"train"``, ``"train[50000:]"``, ``"test[:1000]"``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import os
+import re
+import socket
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from cpcfl_tf.errors import UserError
+
+FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+"""Where Debian's ``dataset-fashion-mnist`` package puts the IDX files."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetSpec:
+    """Static facts about one dataset; nothing here touches the disk or the network."""
+
+    name: str
+    backend: Literal["tfds", "idx", "sklearn"]
+    num_classes: int
+    splits: dict[str, int]
+    """Split name -> number of images."""
+    unlabeled_splits: frozenset[str] = frozenset()
+    """Splits that carry no labels (STL-10's ``unlabelled``, whose label is -1)."""
+    tfds_name: str | None = None
+    label_key: str = "label"
+    transpose: bool = False
+    """EMNIST is stored transposed in tfds; flip it back so digits read upright."""
+    host: str | None = None
+    """Download host, probed before tfds is allowed to fetch (its retries take minutes)."""
+
+
+DATASETS: dict[str, DatasetSpec] = {
+    spec.name: spec
+    for spec in (
+        DatasetSpec("stl10", "tfds", 10, {"train": 5_000, "test": 8_000, "unlabelled": 100_000},
+                    unlabeled_splits=frozenset({"unlabelled"}), tfds_name="stl10",
+                    host="ai.stanford.edu"),
+        DatasetSpec("cifar10", "tfds", 10, {"train": 50_000, "test": 10_000},
+                    tfds_name="cifar10", host="www.cs.toronto.edu"),
+        DatasetSpec("cifar100", "tfds", 100, {"train": 50_000, "test": 10_000},
+                    tfds_name="cifar100", host="www.cs.toronto.edu"),
+        DatasetSpec("cifar100_coarse", "tfds", 20, {"train": 50_000, "test": 10_000},
+                    tfds_name="cifar100", label_key="coarse_label", host="www.cs.toronto.edu"),
+        DatasetSpec("mnist", "tfds", 10, {"train": 60_000, "test": 10_000},
+                    tfds_name="mnist", host="storage.googleapis.com"),
+        # "balanced" (112,800 training images) is close in size to STL-10's 100,000
+        # unlabeled images; the paper does not name the EMNIST split (README, choices).
+        DatasetSpec("emnist", "tfds", 47, {"train": 112_800, "test": 18_800},
+                    tfds_name="emnist/balanced", transpose=True, host="biometrics.nist.gov"),
+        DatasetSpec("fashion_mnist", "tfds", 10, {"train": 60_000, "test": 10_000},
+                    tfds_name="fashion_mnist",
+                    host="fashion-mnist.s3-website.eu-central-1.amazonaws.com"),
+        DatasetSpec("fashion_mnist_idx", "idx", 10, {"train": 60_000, "test": 10_000}),
+        # scikit-learn's 1,797 digits: the first 1,297 are "train", the last 500 "test".
+        DatasetSpec("digits", "sklearn", 10, {"train": 1_297, "test": 500}),
+    )
+}
+
+
+def get_spec(dataset: str) -> DatasetSpec:
+    """Return the :class:`DatasetSpec` of ``dataset`` or raise a :class:`UserError`."""
+    try:
+        return DATASETS[dataset]
+    except KeyError:
+        raise UserError(f"unknown dataset {dataset!r}; choose one of {', '.join(DATASETS)}") from None
+
+
+_SPLIT = re.compile(r"^(?P<base>[a-z_]+)(\[(?P<start>-?\d*):(?P<stop>-?\d*)\])?$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+    """A parsed split such as ``train[50000:]``: a base split and a Python slice of it."""
+
+    base: str
+    start: int | None
+    stop: int | None
+
+    def indices(self, size: int) -> range:
+        return range(size)[slice(self.start, self.stop)]
+
+    def __str__(self) -> str:
+        if self.start is None and self.stop is None:
+            return self.base
+        return f"{self.base}[{'' if self.start is None else self.start}:{'' if self.stop is None else self.stop}]"
+
+
+def parse_split(dataset: str, split: str) -> Split:
+    """Parse and validate ``split`` for ``dataset``; an empty selection is an error."""
+    spec = get_spec(dataset)
+    match = _SPLIT.match(split.strip())
+    if not match:
+        raise UserError(f"cannot read split {split!r}; write it like 'train' or 'train[50000:]'")
+    base = match["base"]
+    if base not in spec.splits:
+        raise UserError(f"{dataset} has no split {base!r}; choose one of {', '.join(spec.splits)}")
+    bounds = [int(v) if v not in (None, "") else None for v in (match["start"], match["stop"])]
+    parsed = Split(base, *bounds)
+    if not parsed.indices(spec.splits[base]):
+        raise UserError(f"split {split!r} of {dataset} selects no images "
+                        f"({base} has {spec.splits[base]:,})")
+    return parsed
+
+
+def split_size(dataset: str, split: str) -> int:
+    """Number of images ``split`` selects, from the static split sizes."""
+    parsed = parse_split(dataset, split)
+    return len(parsed.indices(get_spec(dataset).splits[parsed.base]))
+
+
+@dataclasses.dataclass(frozen=True)
+class LabeledImages:
+    """Images with their labels, as the clients and linear evaluation see them."""
+
+    images: np.ndarray
+    """``uint8`` array ``(n, h, w, c)``."""
+    labels: np.ndarray
+    """``int64`` array ``(n,)`` with values in ``[0, num_classes)``."""
+    num_classes: int
+    source: str
+    """``dataset:split``, for logs and result files."""
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+def load_labeled(dataset: str, split: str, *, image_size: int | None = None,
+                 data_dir: str | None = None, manual_dir: str | None = None) -> LabeledImages:
+    """Load a labeled split.
+
+    Parameters
+    ----------
+    dataset, split
+        A name from :data:`DATASETS` and a split such as ``"train[50000:]"``.
+    image_size
+        Resize to ``image_size x image_size x 3`` (grayscale repeated); ``None`` keeps
+        the stored shape.
+    data_dir
+        tfds data directory, or the directory that holds the IDX files.
+    manual_dir
+        tfds manual-download directory (an archive fetched by hand, e.g.
+        ``stl10_binary.tar.gz``).
+    """
+    spec = get_spec(dataset)
+    parsed = parse_split(dataset, split)
+    if parsed.base in spec.unlabeled_splits:
+        raise UserError(f"{dataset}:{parsed.base} has no labels; use it as unlabeled data "
+                        f"(load_unlabeled) or pick one of "
+                        f"{', '.join(s for s in spec.splits if s not in spec.unlabeled_splits)}")
+    images, labels = _READERS[spec.backend](spec, parsed, True, data_dir, manual_dir)
+    labels = labels.astype(np.int64)
+    if labels.size and (labels.min() < 0 or labels.max() >= spec.num_classes):
+        raise UserError(f"{dataset}:{split} has labels outside [0, {spec.num_classes}); "
+                        "the data files look corrupt, fetch them again")
+    return LabeledImages(_finish(images, spec, image_size), labels, spec.num_classes,
+                         f"{dataset}:{parsed}")
+
+
+def load_unlabeled(dataset: str, split: str, *, image_size: int | None = None,
+                   data_dir: str | None = None, manual_dir: str | None = None) -> np.ndarray:
+    """Load images only: the pre-training source. Labels are never read.
+
+    Parameters are those of :func:`load_labeled`; returns ``uint8 (n, h, w, c)``.
+    """
+    spec = get_spec(dataset)
+    images, _ = _READERS[spec.backend](spec, parse_split(dataset, split), False, data_dir,
+                                       manual_dir)
+    return _finish(images, spec, image_size)
+
+
+def _finish(images: np.ndarray, spec: DatasetSpec, image_size: int | None) -> np.ndarray:
+    if images.ndim == 3:
+        images = images[..., None]
+    if spec.transpose:
+        images = images.transpose(0, 2, 1, 3)
+    images = np.ascontiguousarray(images, dtype=np.uint8)
+    if image_size is None:
+        return images
+    from cpcfl_tf.data.images import prepare_images  # TF import only when resizing
+
+    return prepare_images(images, image_size)
+
+
+# --- readers: (spec, split, want_labels, data_dir, manual_dir) -> (images, labels | None)
+
+def _read_idx(spec: DatasetSpec, split: Split, want_labels: bool, data_dir: str | None,
+              manual_dir: str | None) -> tuple[np.ndarray, np.ndarray | None]:
+    del manual_dir
+    prefix = {"train": "train", "test": "t10k"}[split.base]
+    folder = _find_idx_dir(data_dir, f"{prefix}-images-idx3-ubyte.gz")
+    images = read_idx(folder / f"{prefix}-images-idx3-ubyte.gz")
+    rows = split.indices(len(images))
+    images = images[rows.start:rows.stop:rows.step]
+    if not want_labels:
+        return images, None
+    labels = read_idx(folder / f"{prefix}-labels-idx1-ubyte.gz")
+    if len(labels) != spec.splits[split.base]:
+        raise UserError(f"{folder}: {len(labels)} labels, expected {spec.splits[split.base]}; "
+                        "reinstall with `apt-get install --reinstall dataset-fashion-mnist`")
+    return images, labels[rows.start:rows.stop:rows.step]
+
+
+def _find_idx_dir(data_dir: str | None, filename: str) -> Path:
+    roots = [Path(data_dir).expanduser()] if data_dir else [Path(FASHION_MNIST_DIR)]
+    candidates = [d for r in roots for d in (r, r / "fashion-mnist", r / "fashion_mnist")]
+    for folder in candidates:
+        if (folder / filename).is_file():
+            return folder
+    raise UserError(f"Fashion-MNIST file {filename} not found in {roots[0]}; run "
+                    "`apt-get install -y dataset-fashion-mnist` or pass --data-dir DIR "
+                    "holding the four *-idx*-ubyte.gz files")
+
+
+_IDX_DTYPES = {0x08: np.uint8}
+
+
+def read_idx(path: str | os.PathLike) -> np.ndarray:
+    """Read one IDX file (optionally gzipped) into a numpy array, checking its header."""
+    path = Path(path)
+    try:
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rb") as fh:
+            raw = fh.read()
+    except (OSError, EOFError) as err:
+        raise UserError(f"cannot read {path} ({err}); fetch the file again") from None
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES:
+        raise UserError(f"{path} is not an IDX file of unsigned bytes; fetch it again")
+    ndim = raw[3]
+    header = 4 + 4 * ndim
+    shape = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+    if len(raw) != header + int(np.prod(shape)):
+        raise UserError(f"{path} is truncated ({len(raw) - header} bytes of data for shape "
+                        f"{shape}); fetch it again")
+    return np.frombuffer(raw, dtype=_IDX_DTYPES[raw[2]], offset=header).reshape(shape)
+
+
+def _read_sklearn(spec: DatasetSpec, split: Split, want_labels: bool, data_dir: str | None,
+                  manual_dir: str | None) -> tuple[np.ndarray, np.ndarray | None]:
+    del data_dir, manual_dir
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    offset = 0 if split.base == "train" else spec.splits["train"]
+    rows = split.indices(spec.splits[split.base])
+    take = slice(offset + rows.start, offset + rows.stop, rows.step)
+    # Pixel values are 0..16; stretch to the 0..255 range every other source uses.
+    images = np.rint(digits.images[take] * (255.0 / 16.0)).astype(np.uint8)
+    return images, (digits.target[take] if want_labels else None)
+
+
+def _read_tfds(spec: DatasetSpec, split: Split, want_labels: bool, data_dir: str | None,
+               manual_dir: str | None) -> tuple[np.ndarray, np.ndarray | None]:
+    import tensorflow_datasets as tfds
+
+    kwargs = dict(split=str(split), data_dir=data_dir, shuffle_files=False)
+    try:
+        ds = tfds.load(spec.tfds_name, download=False, **kwargs)
+    except Exception:  # not prepared in data_dir (tfds raises several types for that)
+        _check_can_fetch(spec, data_dir, manual_dir)
+        config = tfds.download.DownloadConfig(manual_dir=manual_dir)
+        try:
+            ds = tfds.load(spec.tfds_name, download=True,
+                           download_and_prepare_kwargs={"download_config": config}, **kwargs)
+        except Exception as err:
+            raise UserError(f"could not fetch {spec.name} with tfds ({type(err).__name__}); "
+                            "check the connection, or pass --data-dir with a prepared copy "
+                            "or --manual-dir with the downloaded archive") from None
+    key = spec.label_key
+    if want_labels:
+        batches = list(tfds.as_numpy(ds.map(lambda ex: (ex["image"], ex[key])).batch(4096)))
+    else:  # the label feature is dropped inside the graph and never reaches Python
+        batches = list(tfds.as_numpy(ds.map(lambda ex: ex["image"]).batch(4096)))
+    if not batches:
+        raise UserError(f"{spec.name}:{split} is empty in {data_dir or 'the tfds data dir'}")
+    if not want_labels:
+        return np.concatenate(batches), None
+    return np.concatenate([b[0] for b in batches]), np.concatenate([b[1] for b in batches])
+
+
+def _check_can_fetch(spec: DatasetSpec, data_dir: str | None, manual_dir: str | None) -> None:
+    """Fail at once when tfds would only retry a download that cannot work."""
+    if manual_dir and Path(manual_dir).expanduser().is_dir():
+        return
+    host = spec.host or "storage.googleapis.com"
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError:
+        where = data_dir or "~/tensorflow_datasets"
+        raise UserError(f"{spec.name} is not prepared in {where} and {host} cannot be reached "
+                        "(no internet?); pass --data-dir with a prepared copy or --manual-dir "
+                        "with the downloaded archive, or use --preset quick for offline "
+                        "Fashion-MNIST") from None
+
+
+_READERS = {"idx": _read_idx, "sklearn": _read_sklearn, "tfds": _read_tfds}

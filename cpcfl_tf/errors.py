@@ -1,0 +1,41 @@
+"""User-facing errors and the command-line convention that reports them.
+
+Bad input anywhere in the kit raises :class:`UserError` with a one-line message that
+names the fix. Command-line entry points wrap their ``main`` in :func:`run_cli`, which
+prints that line to stderr and exits with status 2: no traceback, nothing written.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable, NoReturn, Sequence
+
+EXIT_USAGE = 2
+
+
+class UserError(Exception):
+    """Bad input the user can fix; the message is one line that says how."""
+
+
+def fail(message: str) -> NoReturn:
+    """Print ``error: message`` on one line to stderr and exit with status 2."""
+    print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
+    raise SystemExit(EXIT_USAGE)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """``argparse`` with a one-line error (argparse prints the usage block too)."""
+
+    def error(self, message: str) -> NoReturn:  # noqa: D401 - argparse API
+        fail(f"{message} (see --help)")
+
+
+def run_cli(main: Callable[[Sequence[str] | None], object], argv: Sequence[str] | None = None) -> None:
+    """Run ``main(argv)``; turn :class:`UserError` into one stderr line and exit 2."""
+    try:
+        main(argv)
+    except UserError as err:
+        fail(str(err))
+    except KeyboardInterrupt:
+        print("interrupted; rerun with --resume to continue", file=sys.stderr)
+        raise SystemExit(130)

@@ -1,0 +1,60 @@
+"""The paper's figures, drawn from data and result records (matplotlib, no display)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from cpcfl_tf.data.partition import Partition
+from cpcfl_tf.results import write_atomic
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_client_data_amounts(partition: Partition, train_labels: np.ndarray,
+                             path: str | os.PathLike, *, title: str | None = None) -> Path:
+    """fig:client_data_amount: one dot per client x class, its area the image count.
+
+    Parameters
+    ----------
+    partition
+        The clients, as drawn by :func:`~cpcfl_tf.data.partition.partition_clients`.
+    train_labels
+        Labels of the split the clients' training images come from.
+    path
+        Where the PNG goes (written atomically).
+    """
+    plt = _pyplot()
+    counts = [np.bincount(train_labels[c.train_index]) for c in partition.clients]
+    largest = max(int(c.max()) for c in counts)
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.16 * len(counts) + 2), 3.2))
+    colors = plt.get_cmap("tab10")
+    for client, per_class in zip(partition.clients, counts):
+        classes = np.flatnonzero(per_class)
+        ax.scatter(np.full(len(classes), client.id), classes,
+                   s=90.0 * per_class[classes] / largest, color=colors(client.group % 10),
+                   edgecolors="none")
+    num_classes = max(max(g) for g in partition.group_classes) + 1
+    ax.set_yticks(range(num_classes))
+    ax.set_ylim(-0.7, num_classes - 0.3)
+    ax.set_xlim(-1, len(counts))
+    ax.set_xlabel("client")
+    ax.set_ylabel("class")
+    sizes = sorted({int(v) for c in counts for v in c if v})
+    for size in (sizes[0], sizes[-1]) if len(sizes) > 1 else sizes:
+        ax.scatter([], [], s=90.0 * size / largest, color="gray", label=f"{size} images")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=8)
+    ax.set_title(title or "Private data of the clients per class")
+    fig.tight_layout()
+    try:
+        return write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=130, format="png"))
+    finally:
+        plt.close(fig)

@@ -1,0 +1,74 @@
+import dataclasses
+
+import pytest
+
+from cpcfl_tf.config import (Config, DataConfig, FederatedConfig, PartitionConfig,
+                             PretrainConfig, PRESETS, get_preset)
+from cpcfl_tf.errors import UserError
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_presets_are_valid_and_serialisable(name):
+    config = get_preset(name)
+    assert config.preset == name
+    assert config.to_dict()["partition"]["num_clients"] == config.partition.num_clients
+
+
+def test_paper_preset_holds_the_papers_settings():
+    c = get_preset("paper")
+    assert (c.data.pretrain_dataset, c.data.pretrain_split, c.data.image_size) == (
+        "stl10", "unlabelled", 96)
+    assert (c.partition.num_clients, c.partition.num_groups, c.partition.class_counts) == (
+        60, 3, (20, 20, 5, 5))
+    f = c.federated
+    assert (f.num_clusters, f.rounds, f.head_rounds, f.local_epochs, f.batch_size,
+            f.learning_rate) == (3, 100, 10, 3, 32, 1e-3)
+    p = c.pretrain
+    assert (p.epochs, p.batch_size, p.learning_rate, p.temperature, p.target_decay) == (
+        300, 500, 1e-3, 0.1, 0.9)
+
+
+def test_cpu_presets_follow_design():
+    quick, standard = get_preset("quick"), get_preset("standard")
+    assert (quick.partition.num_clients, quick.federated.rounds, quick.federated.head_rounds) == (
+        15, 40, 10)
+    assert (standard.partition.num_clients, standard.federated.rounds) == (60, 100)
+    assert quick.data.client_dataset == "fashion_mnist_idx" and quick.data.image_size == 32
+
+
+@pytest.mark.parametrize("build,message", [
+    (lambda: get_preset("fast"), "unknown preset"),
+    (lambda: DataConfig(pretrain_dataset="imagenet"), "unknown dataset"),
+    (lambda: DataConfig(client_train_split="valid"), "has no split"),
+    (lambda: DataConfig(client_train_split="unlabelled"), "must be labeled"),
+    (lambda: DataConfig(image_size=28), "image_size"),
+    (lambda: DataConfig(image_size=-1), "image_size"),
+    (lambda: PartitionConfig(num_clients=0), "positive"),
+    (lambda: PartitionConfig(num_clients=2, num_groups=3), "more groups"),
+    (lambda: PartitionConfig(num_clients=61), "split evenly"),
+    (lambda: PartitionConfig(class_counts=(20, 20, 5)), "class_counts"),
+    (lambda: PartitionConfig(class_counts=(20, 20, 5, 0)), "class_counts"),
+    (lambda: PartitionConfig(class_overlap=4), "class_overlap"),
+    (lambda: PretrainConfig(method="moco"), "unknown pretrain.method"),
+    (lambda: PretrainConfig(epochs=0), "positive"),
+    (lambda: PretrainConfig(target_decay=1.0), "target_decay"),
+    (lambda: FederatedConfig(num_clusters=0), "positive"),
+    (lambda: FederatedConfig(head_rounds=100), "head_rounds"),
+    (lambda: FederatedConfig(method="fedprox"), "unknown federated.method"),
+    (lambda: FederatedConfig(pretraining="moco"), "unknown federated.pretraining"),
+    (lambda: FederatedConfig(head="c-4"), "unknown federated.head"),
+    (lambda: get_preset("quick").with_overrides(partition={"num_groups": 5, "num_clients": 15}),
+     "need classes 0..15"),
+    (lambda: get_preset("quick").with_overrides(partition={"clients": 5}), "unknown field"),
+    (lambda: dataclasses.replace(get_preset("quick"), seed=-1), "seed"),
+])
+def test_bad_values_raise_one_line_user_errors(build, message):
+    with pytest.raises(UserError, match=message) as err:
+        build()
+    assert "\n" not in str(err.value)
+
+
+def test_overrides_are_validated_and_kept():
+    c = get_preset("quick").with_overrides(seed=3, partition={"num_clients": 30})
+    assert (c.seed, c.partition.num_clients, c.partition.num_groups) == (3, 30, 3)
+    assert isinstance(c, Config)

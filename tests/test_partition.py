@@ -1,0 +1,113 @@
+import numpy as np
+import pytest
+
+from cpcfl_tf.config import get_preset
+from cpcfl_tf.data import partition_clients, partition_for
+from cpcfl_tf.data.partition import make_group_classes
+from cpcfl_tf.errors import UserError
+from cpcfl_tf.plots import plot_client_data_amounts
+
+
+@pytest.fixture(scope="module")
+def paper_partition(fmnist_clients):
+    """The paper's protocol (60 clients, 3 groups, 20/20/5/5) on real Fashion-MNIST."""
+    train, test = fmnist_clients
+    return partition_clients(train.labels, test.labels, num_classes=10, seed=0)
+
+
+def test_each_client_has_four_classes_with_20_20_5_5(paper_partition, fmnist_clients):
+    train, test = fmnist_clients
+    assert len(paper_partition.clients) == 60
+    for client in paper_partition.clients:
+        classes, counts = np.unique(train.labels[client.train_index], return_counts=True)
+        assert tuple(classes) == client.classes
+        assert sorted(counts) == [5, 5, 20, 20]
+        test_classes, test_counts = np.unique(test.labels[client.test_index], return_counts=True)
+        assert tuple(test_classes) == client.classes  # test sets inside the client's classes
+        assert np.array_equal(test_counts, counts)  # same proportions (test_fraction 1)
+
+
+def test_which_classes_get_20_is_random_per_client(paper_partition, fmnist_clients):
+    train, _ = fmnist_clients
+    patterns = {tuple(np.bincount(train.labels[c.train_index], minlength=10))
+                for c in paper_partition.clients}
+    assert len(patterns) > 6  # 3 groups x C(4,2) = 18 patterns possible
+
+
+def test_no_image_belongs_to_two_clients(paper_partition):
+    for attr in ("train_index", "test_index"):
+        rows = np.concatenate([getattr(c, attr) for c in paper_partition.clients])
+        assert len(np.unique(rows)) == len(rows) == 60 * 50
+
+
+def test_groups_hold_the_papers_classes_and_overlap_by_one(paper_partition):
+    assert paper_partition.group_classes == ((0, 1, 2, 3), (3, 4, 5, 6), (6, 7, 8, 9))
+    assert list(paper_partition.groups) == [0] * 20 + [1] * 20 + [2] * 20
+    for client in paper_partition.clients:
+        assert client.classes == paper_partition.group_classes[client.group]
+    g = [set(c) for c in paper_partition.group_classes]
+    assert g[0] & g[1] == {3} and g[1] & g[2] == {6} and not g[0] & g[2]
+
+
+def test_the_seed_determines_the_partition(fmnist_clients):
+    train, test = fmnist_clients
+
+    def rows(seed):
+        p = partition_clients(train.labels, test.labels, num_classes=10, seed=seed)
+        return [np.concatenate([c.train_index, c.test_index]) for c in p.clients]
+
+    same = rows(3), rows(3)
+    assert all(np.array_equal(a, b) for a, b in zip(*same))
+    assert not all(np.array_equal(a, b) for a, b in zip(rows(3), rows(4)))
+
+
+def test_general_shapes_of_the_protocol(fmnist_clients):
+    train, test = fmnist_clients
+    p = partition_clients(train.labels, test.labels, num_classes=10, num_clients=8,
+                          num_groups=2, classes_per_group=5, class_overlap=0,
+                          class_counts=(10, 10, 10, 4, 4), test_fraction=0.5, seed=1)
+    assert p.group_classes == ((0, 1, 2, 3, 4), (5, 6, 7, 8, 9))
+    for client in p.clients:
+        assert len(client.train_index) == 38 and len(client.test_index) == 19  # 5,5,5,2,2
+
+
+def test_too_few_images_says_how_many_were_needed_and_exist(fmnist_clients):
+    train, test = fmnist_clients
+    small = train.labels[:400]  # about 40 images per class
+    with pytest.raises(UserError, match=r"needs \d+ training images of class \d+ .* only \d+ "
+                                        r"exist.*disjoint=False"):
+        partition_clients(small, test.labels, num_classes=10, num_clients=60, seed=0)
+    shared = partition_clients(small, test.labels, num_classes=10, num_clients=60, seed=0,
+                               disjoint=False)
+    assert all(len(np.unique(c.train_index)) == 50 for c in shared.clients)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(num_clients=16), "split evenly"),
+    (dict(num_clients=2, num_groups=3), "split evenly"),
+    (dict(num_groups=4, num_clients=60), "need classes 0..12"),
+    (dict(class_counts=(20, 20, 5)), "class_counts"),
+    (dict(test_fraction=0), "test_fraction"),
+])
+def test_bad_partition_requests(fmnist_clients, kwargs, message):
+    train, test = fmnist_clients
+    with pytest.raises(UserError, match=message):
+        partition_clients(train.labels, test.labels, num_classes=10, **kwargs)
+
+
+def test_describe_and_figure(fmnist_clients, tmp_path):
+    train, test = fmnist_clients
+    config = get_preset("quick")
+    p = partition_for(config, train, test)
+    records = p.describe(train.labels, test.labels)
+    assert len(records) == 15 and records[0]["id"] == 0
+    assert sum(records[0]["train_class_counts"].values()) == 50
+    png = plot_client_data_amounts(p, train.labels, tmp_path / "amounts.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not [f for f in tmp_path.iterdir() if f.name.startswith(".")]  # no temp left
+
+
+def test_group_classes_helper():
+    assert make_group_classes(3, 4, 1, 10) == ((0, 1, 2, 3), (3, 4, 5, 6), (6, 7, 8, 9))
+    with pytest.raises(UserError):
+        make_group_classes(3, 4, 4, 10)

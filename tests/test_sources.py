@@ -1,0 +1,146 @@
+import gzip
+import socket
+import time
+
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from cpcfl_tf.data.images import prepare_images, to_float
+from cpcfl_tf.data.sources import (DATASETS, load_labeled, load_unlabeled, parse_split,
+                                   read_idx, split_size)
+from cpcfl_tf.errors import UserError
+
+
+def test_fashion_mnist_reader_on_the_real_debian_files():
+    train = load_labeled("fashion_mnist_idx", "train")
+    test = load_labeled("fashion_mnist_idx", "test")
+    assert len(train) + len(test) == 70_000
+    assert train.images.shape == (60_000, 28, 28, 1) and train.images.dtype == np.uint8
+    assert train.labels[0] == 9 and test.labels[0] == 9  # both start with an ankle boot
+    assert np.array_equal(np.bincount(train.labels), np.full(10, 6_000))
+    assert np.array_equal(np.bincount(test.labels), np.full(10, 1_000))
+    assert train.num_classes == 10 and train.source == "fashion_mnist_idx:train"
+
+
+def test_slices_select_the_same_rows_as_numpy():
+    full = load_labeled("fashion_mnist_idx", "train")
+    tail = load_labeled("fashion_mnist_idx", "train[50000:]")
+    head = load_labeled("fashion_mnist_idx", "train[:100]")
+    assert np.array_equal(tail.images, full.images[50_000:])
+    assert np.array_equal(tail.labels, full.labels[50_000:])
+    assert np.array_equal(head.labels, full.labels[:100])
+    assert split_size("fashion_mnist_idx", "train[50000:]") == 10_000
+
+
+def test_unlabeled_source_hands_out_images_only():
+    images = load_unlabeled("fashion_mnist_idx", "train[:500]")
+    assert isinstance(images, np.ndarray) and images.shape == (500, 28, 28, 1)
+    assert np.array_equal(images, load_labeled("fashion_mnist_idx", "train[:500]").images)
+
+
+def test_one_preprocessing_path_resizes_and_repeats_gray():
+    images = load_labeled("fashion_mnist_idx", "test[:64]", image_size=32).images
+    assert images.shape == (64, 32, 32, 3) and images.dtype == np.uint8
+    assert np.array_equal(images[..., 0], images[..., 2])
+    assert images.max() > 200  # still on the 0..255 scale
+    batch = to_float(images).numpy()
+    assert batch.dtype == np.float32 and 0.0 <= batch.min() and batch.max() <= 1.0
+
+
+def test_prepare_images_keeps_colour_and_rejects_bad_shapes():
+    rgb = np.random.default_rng(0).integers(0, 256, (3, 96, 96, 3), dtype=np.uint8)
+    assert np.array_equal(prepare_images(rgb, 96), rgb)
+    assert prepare_images(rgb, 32).shape == (3, 32, 32, 3)
+    with pytest.raises(UserError):
+        prepare_images(rgb[..., :2], 32)
+
+
+def test_digits_splits():
+    train, test = load_labeled("digits", "train"), load_labeled("digits", "test")
+    assert (len(train), len(test)) == (1_297, 500)
+    assert set(np.unique(test.labels)) == set(range(10))
+    assert train.images.dtype == np.uint8 and train.images.max() == 255
+
+
+@pytest.mark.parametrize("dataset,split,message", [
+    ("imagenet", "train", "unknown dataset"),
+    ("mnist", "validation", "has no split"),
+    ("mnist", "train[a:b]", "cannot read split"),
+    ("fashion_mnist_idx", "test[20000:]", "selects no images"),
+])
+def test_bad_names_give_one_line_errors(dataset, split, message):
+    with pytest.raises(UserError, match=message) as err:
+        load_labeled(dataset, split)
+    assert "\n" not in str(err.value)
+
+
+def test_unlabelled_split_refuses_to_hand_out_labels():
+    with pytest.raises(UserError, match="has no labels"):
+        load_labeled("stl10", "unlabelled")
+
+
+def test_missing_idx_files_name_the_fix(tmp_path):
+    with pytest.raises(UserError, match="apt-get install -y dataset-fashion-mnist") as err:
+        load_labeled("fashion_mnist_idx", "train", data_dir=str(tmp_path))
+    assert "--data-dir" in str(err.value)
+
+
+def test_data_dir_with_idx_files_is_honoured(tmp_path):
+    images = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)
+    header = bytes([0, 0, 8, 3]) + b"".join(n.to_bytes(4, "big") for n in images.shape)
+    (tmp_path / "t10k-images-idx3-ubyte.gz").write_bytes(gzip.compress(header + images.tobytes()))
+    assert np.array_equal(read_idx(tmp_path / "t10k-images-idx3-ubyte.gz"), images)
+    (tmp_path / "broken-idx1-ubyte.gz").write_bytes(gzip.compress(header + b"\x00"))
+    with pytest.raises(UserError, match="truncated"):
+        read_idx(tmp_path / "broken-idx1-ubyte.gz")
+    (tmp_path / "junk.gz").write_bytes(b"not gzip")
+    with pytest.raises(UserError, match="fetch the file again"):
+        read_idx(tmp_path / "junk.gz")
+
+
+TFDS_CASES = [(n, s) for n, spec in DATASETS.items() if spec.backend == "tfds"
+              for s in spec.splits if s not in spec.unlabeled_splits]
+
+
+@pytest.mark.parametrize("dataset,split", TFDS_CASES)
+def test_every_tfds_dataset_through_mock_data(dataset, split):
+    spec = DATASETS[dataset]
+    with tfds.testing.mock_data(num_examples=6):
+        raw = load_labeled(dataset, split)
+        resized = load_labeled(dataset, split, image_size=32)
+    assert raw.images.dtype == np.uint8 and raw.images.ndim == 4 and len(raw) == 6
+    assert raw.labels.min() >= 0 and raw.labels.max() < spec.num_classes
+    assert resized.images.shape == (6, 32, 32, 3)
+
+
+def test_stl10_unlabelled_through_mock_data():
+    with tfds.testing.mock_data(num_examples=5):
+        images = load_unlabeled("stl10", "unlabelled")
+    assert images.shape == (5, 96, 96, 3) and images.dtype == np.uint8
+
+
+def test_emnist_images_are_transposed_back():
+    with tfds.testing.mock_data(num_examples=4):
+        ours = load_unlabeled("emnist", "train")
+        raw = np.stack([ex["image"] for ex in tfds.as_numpy(
+            tfds.load("emnist/balanced", split="train"))])
+    assert not np.array_equal(ours, raw)
+    assert np.array_equal(ours, raw.transpose(0, 2, 1, 3))
+
+
+def test_unprepared_tfds_data_fails_at_once_when_offline(tmp_path, monkeypatch):
+    def no_dns(*args, **kwargs):
+        raise socket.gaierror("offline")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    start = time.monotonic()
+    with pytest.raises(UserError, match="cannot be reached") as err:
+        load_labeled("stl10", "train", data_dir=str(tmp_path))
+    assert time.monotonic() - start < 30
+    assert "--preset quick" in str(err.value) and "--data-dir" in str(err.value)
+
+
+def test_parse_split_round_trips():
+    assert str(parse_split("mnist", "train[50000:]")) == "train[50000:]"
+    assert str(parse_split("mnist", "test")) == "test"
