@@ -118,9 +118,20 @@ class PretrainConfig:
     """SimCLR's tau."""
     target_decay: float = 0.9
     """BYOL's beta: target = beta * target + (1 - beta) * online."""
+    projector_dim: int | None = None
+    """Projector width; None is the paper's: 256 (SimCLR), 512 (BYOL, SimSiam)."""
+    predictor_dim: int = 64
+    """Bottleneck of the BYOL/SimSiam predictor."""
+    augment: dict[str, Any] | None = None
+    """Overrides of :data:`cpcfl_tf.data.augment.DEFAULT_STRENGTHS`."""
+    jit_compile: bool = False
+    """XLA for the train step (pass explicitly: Keras' "auto" differs on CPU and GPU)."""
 
     def __post_init__(self) -> None:
         _choice("pretrain", "method", self.method, PRETRAIN_METHODS)
+        if self.projector_dim is not None:
+            _positive("pretrain", projector_dim=self.projector_dim)
+        _positive("pretrain", predictor_dim=self.predictor_dim)
         _choice("pretrain", "encoder", self.encoder, ENCODERS)
         _positive("pretrain", epochs=self.epochs, batch_size=self.batch_size,
                   learning_rate=self.learning_rate, temperature=self.temperature)

@@ -31,7 +31,9 @@ def prepare_out_dir(path: str | os.PathLike) -> Path:
 def write_atomic(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
     """Call ``write(tmp_path)`` on a temporary file next to ``path``, then rename it."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
+    # Keep every suffix: Keras insists on names ending in ".keras" or ".weights.h5".
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.",
+                               suffix="".join(path.suffixes))
     os.close(fd)
     try:
         write(tmp)

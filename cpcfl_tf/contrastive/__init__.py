@@ -1,0 +1,1 @@
+"""Contrastive pre-training: losses, SimCLR/BYOL/SimSiam, the driver, linear evaluation."""

@@ -1,0 +1,77 @@
+"""Linear evaluation (Sec. "Experimental settings"): a classifier head theta_c trained on
+the frozen encoder's features of a labeled proxy set, scored on the proxy test set. The
+paper pre-trains several encoders and keeps the one with the best proxy accuracy."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+from typing import Sequence
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from cpcfl_tf.config import PretrainConfig
+from cpcfl_tf.data.images import to_float
+from cpcfl_tf.data.sources import LabeledImages
+from cpcfl_tf.models import build_classifier_head
+
+
+def encode(encoder: keras.Model, images: np.ndarray, batch_size: int = 512) -> np.ndarray:
+    """Features of ``uint8`` ``images`` from the frozen ``encoder`` (inference mode)."""
+    spec = tf.TensorSpec((None, *images.shape[1:]), tf.uint8)  # one trace for all batches
+    forward = tf.function(lambda x: encoder(to_float(x), training=False), jit_compile=False,
+                          input_signature=[spec])
+    return np.concatenate([forward(tf.constant(images[i:i + batch_size])).numpy()
+                           for i in range(0, len(images), batch_size)])
+
+
+def linear_eval(encoder: keras.Model, train: LabeledImages, test: LabeledImages, *,
+                epochs: int = 100, batch_size: int = 256, learning_rate: float = 1e-3,
+                seed: int = 0) -> float:
+    """Proxy test accuracy of a theta_c (Dense softmax) trained on frozen features.
+
+    Features are computed once; the head trains with Adam on them (one ``fit`` per
+    evaluation, which is cheap next to the pre-training it scores).
+    """
+    features = encode(encoder, train.images), encode(encoder, test.images)
+    keras.utils.set_random_seed(seed)
+    head = build_classifier_head("c", features[0].shape[1], train.num_classes)
+    head.compile(optimizer=keras.optimizers.Adam(learning_rate),
+                 loss="sparse_categorical_crossentropy", jit_compile=False)
+    head.fit(features[0], train.labels, epochs=epochs, batch_size=batch_size, verbose=0,
+             shuffle=True)
+    predictions = np.argmax(head(features[1], training=False).numpy(), axis=1)
+    return float(np.mean(predictions == test.labels))
+
+
+def config_key(config: PretrainConfig, **extra) -> str:
+    """Short stable name for a pre-training config (plus e.g. data and seed)."""
+    text = json.dumps({"config": dataclasses.asdict(config), **extra}, sort_keys=True)
+    return f"{config.method}-{config.encoder}-{hashlib.sha1(text.encode()).hexdigest()[:10]}"
+
+
+def select_best(candidates: Sequence[PretrainConfig], images: np.ndarray,
+                proxy_train: LabeledImages, proxy_test: LabeledImages, out_root: str | Path,
+                *, seed: int = 0, verbose: int = 1) -> tuple[PretrainConfig, keras.Model, list[dict]]:
+    """Pre-train every candidate, score each by linear evaluation, return the best.
+
+    Returns the winning config, its encoder and one record per candidate
+    (``{"key", "config", "accuracy"}``); each pre-training lives in
+    ``out_root/<config_key>`` and is reused when it is already there.
+    """
+    from cpcfl_tf.contrastive.pretrain import pretrain
+
+    scores, best = [], None
+    for config in candidates:
+        key = config_key(config, seed=seed, images=list(images.shape))
+        result = pretrain(config, images, Path(out_root) / key, seed=seed, verbose=verbose)
+        accuracy = linear_eval(result.encoder, proxy_train, proxy_test, seed=seed)
+        scores.append({"key": key, "config": dataclasses.asdict(config), "accuracy": accuracy})
+        if verbose:
+            print(f"{key}: linear evaluation accuracy {accuracy:.4f}")
+        if best is None or accuracy > best[2]:
+            best = (config, result.encoder, accuracy)
+    return best[0], best[1], scores

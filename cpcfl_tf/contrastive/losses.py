@@ -1,0 +1,46 @@
+"""Contrastive losses (Sec. "Contrastive encoder pre-training techniques").
+
+Plain functions of their inputs. The stop-gradient and the symmetric sum over the two
+views belong to the train steps in :mod:`cpcfl_tf.contrastive.methods`.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+
+def cosine(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
+    """Row-wise cosine similarity, Eq. (cosine_similarity)."""
+    return tf.reduce_sum(tf.math.l2_normalize(a, -1) * tf.math.l2_normalize(b, -1), -1)
+
+
+def nt_xent(z_i: tf.Tensor, z_j: tf.Tensor, temperature: float = 0.1) -> tf.Tensor:
+    """SimCLR's loss, Eq. (simclr), averaged over all 2B anchors.
+
+    Row k of ``z_i`` and row k of ``z_j`` are the two views of image k. Every other of
+    the 2B projections is a negative; the anchor itself is excluded from the denominator.
+    """
+    z = tf.math.l2_normalize(tf.concat([z_i, z_j], 0), -1)
+    n = tf.shape(z_i)[0]
+    logits = tf.matmul(z, z, transpose_b=True) / temperature
+    logits = logits - 1e9 * tf.eye(2 * n, dtype=logits.dtype)  # drop i' = i
+    positives = tf.concat([tf.range(n, 2 * n), tf.range(0, n)], 0)
+    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(positives, logits))
+
+
+def byol_loss(p: tf.Tensor, z: tf.Tensor) -> tf.Tensor:
+    """BYOL's loss, Eq. (byol): mean of ``||p/|p| - z/|z|||^2 = 2 - 2 cos(p, z)``."""
+    return tf.reduce_mean(2.0 - 2.0 * cosine(p, z))
+
+
+def simsiam_loss(p: tf.Tensor, z: tf.Tensor) -> tf.Tensor:
+    """SimSiam's loss, Eq. (simsiam): mean of ``-cos(p, z)``."""
+    return -tf.reduce_mean(cosine(p, z))
+
+
+def embedding_std(z: tf.Tensor) -> tf.Tensor:
+    """Collapse monitor: per-dimension std of the L2-normalised embeddings, averaged.
+
+    About ``1/sqrt(d)`` for well-spread embeddings of dimension d, 0 at total collapse
+    (SimSiam paper, Sec. 4.1).
+    """
+    return tf.reduce_mean(tf.math.reduce_std(tf.math.l2_normalize(z, -1), axis=0))

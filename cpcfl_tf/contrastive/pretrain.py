@@ -1,0 +1,178 @@
+"""Contrastive pre-training of the encoder on the server (Algorithm "Contrastive encoder
+pre-training"): build the method's model once, run its compiled ``train_step`` over
+shuffled batches of unlabeled images, checkpoint every epoch, save the encoder alone.
+
+Output folder of one pre-training::
+
+    checkpoint.npz       all variables + optimizer state + history (while unfinished)
+    encoder.keras        the encoder as a Keras model (theta_f only)
+    encoder.weights.h5   its weights
+    pretrain.json        config, seed, data shape and per-epoch history
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from cpcfl_tf.config import PretrainConfig
+from cpcfl_tf.contrastive.methods import BYOL, SimCLR, SimSiam, ContrastiveModel
+from cpcfl_tf.data.augment import build_augmenter
+from cpcfl_tf.errors import UserError
+from cpcfl_tf.models import ENCODER_DIMS, build_encoder, build_predictor, build_projector
+from cpcfl_tf.results import prepare_out_dir, write_atomic, write_json
+
+
+class DivergedError(UserError):
+    """The loss became NaN or Inf; the last good checkpoint is kept."""
+
+
+@dataclasses.dataclass
+class PretrainResult:
+    encoder: keras.Model
+    history: list[dict]
+    out_dir: Path
+
+
+def build_contrastive_model(config: PretrainConfig, input_shape: tuple[int, int, int], *,
+                            seed: int = 0) -> ContrastiveModel:
+    """The method's ``keras.Model``, compiled with Adam and its optimizer built."""
+    keras.utils.set_random_seed(seed)
+    encoder = build_encoder(config.encoder, input_shape)
+    dim = ENCODER_DIMS[config.encoder]
+    augmenter = build_augmenter(config.augment, seed=seed)
+    if config.method == "simclr":
+        # Sec. "Experimental settings": 256 -> 256; the ResNet-50 appendix: 1024 -> 2048.
+        big = config.encoder == "resnet50"
+        width = config.projector_dim or (1024 if big else 256)
+        projector = build_projector("simclr", dim, width=width,
+                                    output_dim=2048 if big and not config.projector_dim else width)
+        model = SimCLR(encoder, augmenter, projector, config.temperature, name="simclr")
+    else:
+        width = config.projector_dim or 512
+        projector = build_projector("bn", dim, width=width)
+        predictor = build_predictor(width, bottleneck=config.predictor_dim)
+        if config.method == "byol":
+            model = BYOL(encoder, augmenter, projector, predictor,
+                         build_encoder(config.encoder, input_shape, model_name="target_encoder"),
+                         build_projector("bn", dim, width=width, model_name="target_projector"),
+                         config.target_decay, name="byol")
+        else:
+            model = SimSiam(encoder, augmenter, projector, predictor, name="simsiam")
+    model.compile(optimizer=keras.optimizers.Adam(config.learning_rate))
+    model.optimizer.build(model.online_variables)
+    return model
+
+
+def _state(model: ContrastiveModel) -> list:
+    return list(model.variables) + list(model.optimizer.variables)
+
+
+def _save_checkpoint(path: Path, model: ContrastiveModel, epoch: int, meta: dict,
+                     history: list[dict]) -> None:
+    arrays = {f"v{i}": v.numpy() for i, v in enumerate(_state(model))}
+    record = json.dumps({"epoch": epoch, "meta": meta, "history": history})
+
+    def save(tmp: str) -> None:
+        with open(tmp, "wb") as fh:
+            np.savez(fh, __record__=np.array(record), **arrays)
+
+    write_atomic(path, save)
+
+
+def _load_checkpoint(path: Path, model: ContrastiveModel, meta: dict) -> tuple[int, list[dict]]:
+    try:
+        with np.load(path) as data:
+            record = json.loads(str(data["__record__"]))
+            arrays = [data[f"v{i}"] for i in range(len(data.files) - 1)]
+    except Exception as err:  # truncated, not a zip, bad JSON, ...
+        raise UserError(f"cannot read checkpoint {path} ({type(err).__name__}); delete it to "
+                        "start this pre-training over") from None
+    if record["meta"] != meta:
+        raise UserError(f"{path} belongs to a different pre-training (config, seed or data "
+                        "differ); use another output folder or delete it")
+    state = _state(model)
+    if len(arrays) != len(state) or any(a.shape != tuple(v.shape) for a, v in zip(arrays, state)):
+        raise UserError(f"checkpoint {path} does not fit this model; delete it to start over")
+    for variable, value in zip(state, arrays):
+        variable.assign(value)
+    return record["epoch"], record["history"]
+
+
+def pretrain(config: PretrainConfig, images: np.ndarray, out_dir: str | Path, *,
+             seed: int = 0, verbose: int = 1) -> PretrainResult:
+    """Pre-train ``config.encoder`` with ``config.method`` on unlabeled ``images``.
+
+    Parameters
+    ----------
+    config
+        Method, encoder and optimisation settings.
+    images
+        ``uint8 (n, h, w, 3)`` unlabeled images (:func:`cpcfl_tf.data.load_unlabeled`).
+    out_dir
+        Folder of this pre-training. A finished one is loaded instead of trained again;
+        an unfinished one (``checkpoint.npz``) resumes from its last finished epoch.
+    seed
+        Seeds initialisation, augmentation and the order of batches (per epoch, so a
+        resumed run sees the same batches as an uninterrupted one).
+    verbose
+        1: a progress bar per epoch; 0: silent.
+    """
+    out = prepare_out_dir(out_dir)
+    if images.ndim != 4 or images.dtype != np.uint8:
+        raise UserError(f"pre-training needs uint8 images (n, h, w, c), got {images.dtype} "
+                        f"{images.shape}")
+    batch_size = min(config.batch_size, len(images))
+    meta = {"config": dataclasses.asdict(config), "seed": seed,
+            "images": [int(n) for n in images.shape]}
+    summary_path, encoder_path = out / "pretrain.json", out / "encoder.keras"
+    if summary_path.exists() and encoder_path.exists():
+        summary = json.loads(summary_path.read_text())
+        if summary.get("meta") == meta:
+            return PretrainResult(keras.models.load_model(encoder_path), summary["history"], out)
+        raise UserError(f"{out} holds a different finished pre-training; use another folder")
+
+    model = build_contrastive_model(config, images.shape[1:], seed=seed)
+    checkpoint = out / "checkpoint.npz"
+    start, history = (_load_checkpoint(checkpoint, model, meta) if checkpoint.exists()
+                      else (0, []))
+    step = tf.function(model.train_step, jit_compile=config.jit_compile, reduce_retracing=True)
+    with tf.device("/CPU:0"):
+        pool = tf.constant(images)
+    steps = len(images) // batch_size  # drop the last partial batch: NT-Xent wants full ones
+    for epoch in range(start, config.epochs):
+        order = np.random.default_rng([seed, epoch]).permutation(len(images))
+        batches = (tf.data.Dataset.from_tensor_slices(order[:steps * batch_size])
+                   .batch(batch_size).map(lambda idx: tf.gather(pool, idx))
+                   .prefetch(tf.data.AUTOTUNE))
+        for metric in model.metrics:
+            metric.reset_state()
+        bar = keras.utils.Progbar(steps, verbose=verbose, stateful_metrics=["loss", "embedding_std"],
+                                  unit_name="batch")
+        if verbose:
+            print(f"{config.method} epoch {epoch + 1}/{config.epochs}")
+        started = time.perf_counter()
+        for i, batch in enumerate(batches):
+            logs = {k: float(v) for k, v in step(batch).items()}
+            if not np.isfinite(logs["loss"]):
+                kept = (f"the checkpoint of epoch {epoch} stays in {out}" if epoch
+                        else "no epoch had finished")
+                raise DivergedError(
+                    f"{config.method} loss became {logs['loss']} in epoch {epoch + 1}, batch "
+                    f"{i + 1}; lower pretrain.learning_rate (now {config.learning_rate}); {kept}")
+            bar.update(i + 1, list(logs.items()))
+        history.append({"epoch": epoch + 1, **logs,
+                        "seconds": round(time.perf_counter() - started, 3)})
+        _save_checkpoint(checkpoint, model, epoch + 1, meta, history)
+
+    encoder = model.encoder
+    write_atomic(encoder_path, encoder.save)
+    write_atomic(out / "encoder.weights.h5", encoder.save_weights)
+    write_json(summary_path, {"meta": meta, "history": history})
+    checkpoint.unlink(missing_ok=True)
+    return PretrainResult(encoder, history, out)
