@@ -28,6 +28,7 @@ ENCODERS = ("cnn", "resnet18", "resnet50")
 HEADS = ("c", "c-1", "c-2", "c-3")
 PRETRAIN_METHODS = ("simclr", "byol", "simsiam")
 FL_METHODS = ("fedavg", "ifca", "cp-cfl", "centralized")
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 PRETRAININGS = ("none", "simclr", "byol", "simsiam", "fedavg", "supervised")
 MIN_IMAGE_SIZE = 32
 """The CNN encoder's four valid stride-2 convolutions need at least 31 pixels."""
@@ -126,12 +127,15 @@ class PretrainConfig:
     """Overrides of :data:`cpcfl_tf.data.augment.DEFAULT_STRENGTHS`."""
     jit_compile: bool = False
     """XLA for the train step (pass explicitly: Keras' "auto" differs on CPU and GPU)."""
+    precision: str = "float32"
+    """Keras dtype policy of the step: float32, mixed_float16 or mixed_bfloat16 (GPU)."""
 
     def __post_init__(self) -> None:
         _choice("pretrain", "method", self.method, PRETRAIN_METHODS)
         if self.projector_dim is not None:
             _positive("pretrain", projector_dim=self.projector_dim)
         _positive("pretrain", predictor_dim=self.predictor_dim)
+        _choice("pretrain", "precision", self.precision, PRECISIONS)
         _choice("pretrain", "encoder", self.encoder, ENCODERS)
         _positive("pretrain", epochs=self.epochs, batch_size=self.batch_size,
                   learning_rate=self.learning_rate, temperature=self.temperature)
@@ -208,6 +212,16 @@ class Config:
                                 f"known: {', '.join(sorted(known))}")
             changes[name] = dataclasses.replace(section, **fields)
         return dataclasses.replace(self, **changes)
+
+
+def pretrain_config_for(pretrain: PretrainConfig, encoder: str) -> PretrainConfig:
+    """``pretrain`` for ``encoder``: ResNets use half the CNN's batch and 5/3 of its epochs
+    (Sec. "ResNet-18 encoder": batch 250 and 500 epochs where the CNN has 500 and 300)."""
+    if encoder == "cnn":
+        return dataclasses.replace(pretrain, encoder=encoder)
+    return dataclasses.replace(pretrain, encoder=encoder,
+                               batch_size=max(1, pretrain.batch_size // 2),
+                               epochs=max(1, round(pretrain.epochs * 5 / 3)))
 
 
 def _smoke() -> Config:

@@ -44,6 +44,20 @@ def count_flops(model, batch_size: int = 1) -> int:
         convert_variables_to_constants_v2_as_graph)
 
     import_keras_flops()
+    logger = tf.get_logger()
+    level = logger.level
+    logger.setLevel("ERROR")  # the profiler warns that it is a TF1 API, on every call
+    try:
+        return _profile(model, batch_size)
+    finally:
+        logger.setLevel(level)
+
+
+def _profile(model, batch_size: int) -> int:
+    import tensorflow as tf
+    from tensorflow.python.framework.convert_to_constants import (
+        convert_variables_to_constants_v2_as_graph)
+
     specs = [tf.TensorSpec((batch_size, *tuple(t.shape)[1:]), t.dtype) for t in model.inputs]
     concrete = tf.function(lambda *x: model(list(x) if len(x) > 1 else x[0], training=False)
                            ).get_concrete_function(*specs)

@@ -168,3 +168,21 @@ def test_nan_loss_stops_with_a_clear_error(digits, tmp_path, monkeypatch):
     with pytest.raises(DivergedError, match=r"loss became nan .*pretrain\.learning_rate"):
         pretrain(PretrainConfig(epochs=2, batch_size=64), digits, tmp_path, verbose=0)
     assert not (tmp_path / "encoder.keras").exists()
+
+
+def test_mixed_precision_step_is_finite_and_leaves_the_global_policy(digits):
+    import keras
+
+    model = build_contrastive_model(PretrainConfig(method="byol", precision="mixed_bfloat16"),
+                                    (32, 32, 3))
+    logs = model.make_step(jit_compile=False)(tf.constant(digits[:32]))
+    assert np.isfinite(float(logs["loss"]))
+    assert model.encoder.compute_dtype == "bfloat16" and model.encoder.dtype == "float32"
+    assert keras.config.dtype_policy().name == "float32"
+
+
+@pytest.mark.parametrize("method", ["simclr", "simsiam"])
+def test_xla_compiled_step_runs(method, digits):
+    model = build_contrastive_model(PretrainConfig(method=method), (32, 32, 3))
+    logs = model.make_step(jit_compile=True)(tf.constant(digits[:32]))
+    assert np.isfinite(float(logs["loss"]))

@@ -2,14 +2,21 @@
 
 Plain functions of their inputs. The stop-gradient and the symmetric sum over the two
 views belong to the train steps in :mod:`cpcfl_tf.contrastive.methods`.
+
+All of them compute in float32, also when the model runs in mixed precision.
 """
 from __future__ import annotations
 
 import tensorflow as tf
 
 
+def _f32(*tensors):
+    return [tf.cast(t, tf.float32) for t in tensors]
+
+
 def cosine(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
     """Row-wise cosine similarity, Eq. (cosine_similarity)."""
+    a, b = _f32(a, b)
     return tf.reduce_sum(tf.math.l2_normalize(a, -1) * tf.math.l2_normalize(b, -1), -1)
 
 
@@ -19,7 +26,7 @@ def nt_xent(z_i: tf.Tensor, z_j: tf.Tensor, temperature: float = 0.1) -> tf.Tens
     Row k of ``z_i`` and row k of ``z_j`` are the two views of image k. Every other of
     the 2B projections is a negative; the anchor itself is excluded from the denominator.
     """
-    z = tf.math.l2_normalize(tf.concat([z_i, z_j], 0), -1)
+    z = tf.math.l2_normalize(tf.concat(_f32(z_i, z_j), 0), -1)
     n = tf.shape(z_i)[0]
     logits = tf.matmul(z, z, transpose_b=True) / temperature
     logits = logits - 1e9 * tf.eye(2 * n, dtype=logits.dtype)  # drop i' = i
@@ -43,4 +50,4 @@ def embedding_std(z: tf.Tensor) -> tf.Tensor:
     About ``1/sqrt(d)`` for well-spread embeddings of dimension d, 0 at total collapse
     (SimSiam paper, Sec. 4.1).
     """
-    return tf.reduce_mean(tf.math.reduce_std(tf.math.l2_normalize(z, -1), axis=0))
+    return tf.reduce_mean(tf.math.reduce_std(tf.math.l2_normalize(_f32(z)[0], -1), axis=0))

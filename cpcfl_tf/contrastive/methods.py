@@ -69,15 +69,26 @@ class ContrastiveModel(keras.Model):
 
     def train_step(self, data):
         images = data[0] if isinstance(data, (tuple, list)) else data
-        view1, view2 = self.views(images)
+        return self.update(*self.views(images))
+
+    def update(self, view1, view2):
+        """One optimizer step on two batches of views; returns the metrics."""
         with tf.GradientTape() as tape:
             loss, z = self.contrastive_loss(view1, view2)
+            scaled = self.optimizer.scale_loss(loss)  # loss scaling under mixed_float16
         variables = self.online_variables
-        self.optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        self.optimizer.apply_gradients(zip(tape.gradient(scaled, variables), variables))
         self.after_step()
         self.loss_tracker.update_state(loss)
         self.std_tracker.update_state(embedding_std(z))
         return {m.name: m.result() for m in self.metrics}
+
+    def make_step(self, jit_compile: bool):
+        """``train_step`` as compiled functions: augmentation stays a TF graph (its
+        ``crop_and_resize`` has no XLA kernel), the update is XLA-compiled if asked."""
+        views = tf.function(self.views, jit_compile=False)
+        update = tf.function(self.update, jit_compile=jit_compile)
+        return lambda images: update(*views(images))
 
     def after_step(self) -> None:
         """Hook after the optimizer step (BYOL's target update)."""

@@ -12,7 +12,10 @@ Output folder of one pre-training::
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -20,7 +23,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from cpcfl_tf.config import PretrainConfig
+from cpcfl_tf.config import DataConfig, PretrainConfig
 from cpcfl_tf.contrastive.methods import BYOL, SimCLR, SimSiam, ContrastiveModel
 from cpcfl_tf.data.augment import build_augmenter
 from cpcfl_tf.errors import UserError
@@ -41,7 +44,20 @@ class PretrainResult:
 
 def build_contrastive_model(config: PretrainConfig, input_shape: tuple[int, int, int], *,
                             seed: int = 0) -> ContrastiveModel:
-    """The method's ``keras.Model``, compiled with Adam and its optimizer built."""
+    """The method's ``keras.Model``, compiled with Adam and its optimizer built.
+
+    ``config.precision`` is the dtype policy of the layers built here only; the global
+    policy is restored afterwards.
+    """
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(config.precision)
+    try:
+        return _build(config, input_shape, seed)
+    finally:
+        keras.config.set_dtype_policy(previous)
+
+
+def _build(config: PretrainConfig, input_shape, seed: int) -> ContrastiveModel:
     keras.utils.set_random_seed(seed)
     encoder = build_encoder(config.encoder, input_shape)
     dim = ENCODER_DIMS[config.encoder]
@@ -64,7 +80,10 @@ def build_contrastive_model(config: PretrainConfig, input_shape: tuple[int, int,
                          config.target_decay, name="byol")
         else:
             model = SimSiam(encoder, augmenter, projector, predictor, name="simsiam")
-    model.compile(optimizer=keras.optimizers.Adam(config.learning_rate))
+    optimizer = keras.optimizers.Adam(config.learning_rate)
+    if config.precision == "mixed_float16":
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    model.compile(optimizer=optimizer)
     model.optimizer.build(model.online_variables)
     return model
 
@@ -141,7 +160,7 @@ def pretrain(config: PretrainConfig, images: np.ndarray, out_dir: str | Path, *,
     checkpoint = out / "checkpoint.npz"
     start, history = (_load_checkpoint(checkpoint, model, meta) if checkpoint.exists()
                       else (0, []))
-    step = tf.function(model.train_step, jit_compile=config.jit_compile, reduce_retracing=True)
+    step = model.make_step(config.jit_compile)
     with tf.device("/CPU:0"):
         pool = tf.constant(images)
     steps = len(images) // batch_size  # drop the last partial batch: NT-Xent wants full ones
@@ -152,9 +171,11 @@ def pretrain(config: PretrainConfig, images: np.ndarray, out_dir: str | Path, *,
                    .prefetch(tf.data.AUTOTUNE))
         for metric in model.metrics:
             metric.reset_state()
-        bar = keras.utils.Progbar(steps, verbose=verbose, stateful_metrics=["loss", "embedding_std"],
-                                  unit_name="batch")
-        if verbose:
+        # A live bar on a terminal; in logs (not a tty) one line per epoch instead.
+        live = verbose and sys.stdout.isatty()
+        bar = keras.utils.Progbar(steps, verbose=1 if live else 0, unit_name="batch",
+                                  stateful_metrics=["loss", "embedding_std"])
+        if live:
             print(f"{config.method} epoch {epoch + 1}/{config.epochs}")
         started = time.perf_counter()
         for i, batch in enumerate(batches):
@@ -168,6 +189,10 @@ def pretrain(config: PretrainConfig, images: np.ndarray, out_dir: str | Path, *,
             bar.update(i + 1, list(logs.items()))
         history.append({"epoch": epoch + 1, **logs,
                         "seconds": round(time.perf_counter() - started, 3)})
+        if verbose and not live:
+            print(f"{config.method} epoch {epoch + 1}/{config.epochs}: loss {logs['loss']:.4f}, "
+                  f"embedding_std {logs['embedding_std']:.4f}, {history[-1]['seconds']:.1f} s",
+                  flush=True)
         _save_checkpoint(checkpoint, model, epoch + 1, meta, history)
 
     encoder = model.encoder
@@ -176,3 +201,33 @@ def pretrain(config: PretrainConfig, images: np.ndarray, out_dir: str | Path, *,
     write_json(summary_path, {"meta": meta, "history": history})
     checkpoint.unlink(missing_ok=True)
     return PretrainResult(encoder, history, out)
+
+
+def cache_root() -> Path:
+    """Where pre-trained encoders are kept for reuse: ``$CPCFL_CACHE`` or ``./cache``."""
+    return Path(os.environ.get("CPCFL_CACHE", "cache")).expanduser()
+
+
+def pretrain_key(config: PretrainConfig, data: DataConfig, seed: int) -> str:
+    """Folder name of a pre-training: method, encoder and a hash of all that shapes it."""
+    source = {"dataset": data.pretrain_dataset, "split": data.pretrain_split,
+              "image_size": data.image_size}
+    text = json.dumps({"config": dataclasses.asdict(config), "data": source, "seed": seed},
+                      sort_keys=True)
+    return f"{config.method}-{config.encoder}-{hashlib.sha1(text.encode()).hexdigest()[:10]}"
+
+
+def pretrained_encoder(config: PretrainConfig, data: DataConfig, *, seed: int = 0,
+                       verbose: int = 1) -> PretrainResult:
+    """Pre-train on ``data``'s unlabeled source, or load the cached result of an earlier
+    identical pre-training (any script, any run); an interrupted one resumes."""
+    from cpcfl_tf.data import load_unlabeled
+
+    out = cache_root() / "pretrained" / pretrain_key(config, data, seed)
+    if not (out / "pretrain.json").exists() and verbose:
+        print(f"pre-training {config.method} ({config.encoder}) on {data.pretrain_dataset}:"
+              f"{data.pretrain_split} -> {out}")
+    images = load_unlabeled(data.pretrain_dataset, data.pretrain_split,
+                            image_size=data.image_size, data_dir=data.data_dir,
+                            manual_dir=data.manual_dir)
+    return pretrain(config, images, out, seed=seed, verbose=verbose)

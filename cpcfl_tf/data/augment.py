@@ -2,10 +2,10 @@
 
 Sec. "Experimental settings": horizontal flip, random cropping, colour jitter
 (brightness, contrast, saturation, hue) and channel manipulation (random grayscale).
-Every layer works on float images in [0, 1] (brightness deltas are on that scale, not
-0-255), draws its randomness from a seeded ``keras.random.SeedGenerator`` (its state is
-a layer variable, so checkpoints resume it), and is vectorised over the batch: one
-``crop_and_resize`` and a few elementwise ops per batch, no per-image loop. Grayscale
+Both layers work on float images in [0, 1] (brightness deltas are on that scale, not
+0-255), draw their randomness from a seeded ``keras.random.SeedGenerator`` (its state is
+a layer variable, so checkpoints resume it), and are vectorised over the batch: one
+``crop_and_resize`` and one fused colour pass per batch, no per-image loop. Grayscale
 inputs (three equal channels) pass through saturation and hue unchanged.
 """
 from __future__ import annotations
@@ -34,21 +34,26 @@ def _uniform(gen: keras.random.SeedGenerator, batch, low, high):
     return keras.random.uniform((batch,), low, high, seed=gen)
 
 
-def _apply_with_probability(gen, batch, probability, changed, original):
-    keep = _uniform(gen, batch, 0.0, 1.0) < probability
-    return tf.where(keep[:, None, None, None], changed, original)
+def _happens(gen, batch, probability):
+    return _uniform(gen, batch, 0.0, 1.0) < probability
 
 
-def _luminance(x):
-    return tf.reduce_sum(x * tf.constant([0.299, 0.587, 0.114], x.dtype), -1, keepdims=True)
+_LUMA = (0.299, 0.587, 0.114)
+_TO_YIQ = tf.constant([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]])
+_FROM_YIQ = tf.linalg.inv(_TO_YIQ)
 
 
-class RandomResizedCrop(keras.layers.Layer):
-    """Crop a random box (area fraction in ``scale``, aspect in ``ratio``), resize back."""
+class RandomResizedCropFlip(keras.layers.Layer):
+    """Random resized crop and horizontal flip, in one ``crop_and_resize`` per batch.
 
-    def __init__(self, scale=(0.2, 1.0), ratio=(3 / 4, 4 / 3), seed=None, **kwargs):
+    The box keeps an area fraction in ``scale`` with aspect ratio in ``ratio``; a
+    flipped image simply gets its box's left and right edges swapped, which
+    ``crop_and_resize`` samples mirrored (so the flip costs nothing extra).
+    """
+
+    def __init__(self, scale=(0.2, 1.0), ratio=(3 / 4, 4 / 3), flip=True, seed=None, **kwargs):
         super().__init__(**kwargs)
-        self.scale, self.ratio = tuple(scale), tuple(ratio)
+        self.scale, self.ratio, self.flip = tuple(scale), tuple(ratio), flip
         self.gen = keras.random.SeedGenerator(seed)
 
     def call(self, x, training=True):
@@ -56,83 +61,70 @@ class RandomResizedCrop(keras.layers.Layer):
             return x
         batch, size = tf.shape(x)[0], tf.shape(x)[1:3]
         area = _uniform(self.gen, batch, *self.scale)
-        log_ratio = _uniform(self.gen, batch, math.log(self.ratio[0]), math.log(self.ratio[1]))
-        ratio = tf.exp(log_ratio)
+        ratio = tf.exp(_uniform(self.gen, batch, math.log(self.ratio[0]), math.log(self.ratio[1])))
         h = tf.minimum(tf.sqrt(area / ratio), 1.0)
         w = tf.minimum(tf.sqrt(area * ratio), 1.0)
         y0 = _uniform(self.gen, batch, 0.0, 1.0) * (1.0 - h)
         x0 = _uniform(self.gen, batch, 0.0, 1.0) * (1.0 - w)
-        boxes = tf.stack([y0, x0, y0 + h, x0 + w], axis=1)
+        left, right = x0, x0 + w
+        if self.flip:
+            mirrored = _happens(self.gen, batch, 0.5)
+            left, right = tf.where(mirrored, right, left), tf.where(mirrored, left, right)
+        boxes = tf.stack([y0, left, y0 + h, right], axis=1)
         return tf.image.crop_and_resize(x, boxes, tf.range(batch), size)
 
 
-class RandomFlip(keras.layers.Layer):
-    """Mirror each image left-right with probability 1/2."""
+class ColorAugment(keras.layers.Layer):
+    """Colour jitter (with probability ``jitter_probability``) then random grayscale.
 
-    def __init__(self, seed=None, **kwargs):
-        super().__init__(**kwargs)
-        self.gen = keras.random.SeedGenerator(seed)
+    Brightness (additive, on the [0, 1] scale) and contrast (around each image's mean)
+    make one affine map per image; saturation, hue (a rotation in YIQ space) and
+    grayscale are each a 3x3 linear map of the channels, so they compose into one
+    matrix per image. The whole layer is then a single pass over the pixels, with one
+    clip to [0, 1] at the end. Gray inputs have no chroma, so saturation and hue leave
+    them gray.
+    """
 
-    def call(self, x, training=True):
-        if not training:
-            return x
-        return _apply_with_probability(self.gen, tf.shape(x)[0], 0.5, tf.reverse(x, [2]), x)
-
-
-class ColorJitter(keras.layers.Layer):
-    """Brightness, contrast, saturation and hue, in that order, with one probability."""
-
-    def __init__(self, brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1, probability=0.8,
-                 seed=None, **kwargs):
+    def __init__(self, brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1,
+                 jitter_probability=0.8, grayscale_probability=0.2, seed=None, **kwargs):
         super().__init__(**kwargs)
         self.brightness, self.contrast = brightness, contrast
-        self.saturation, self.hue, self.probability = saturation, hue, probability
+        self.saturation, self.hue = saturation, hue
+        self.jitter_probability = jitter_probability
+        self.grayscale_probability = grayscale_probability
         self.gen = keras.random.SeedGenerator(seed)
 
     def call(self, x, training=True):
         if not training:
             return x
         batch = tf.shape(x)[0]
+        jitter = tf.cast(_happens(self.gen, batch, self.jitter_probability), x.dtype)
 
-        def per_image(low, high):
-            return _uniform(self.gen, batch, low, high)[:, None, None, None]
+        def factor(strength, centre):  # identity where this image is not jittered
+            return centre + jitter * (_uniform(self.gen, batch, centre - strength,
+                                               centre + strength) - centre)
 
-        y = x + per_image(-self.brightness, self.brightness)
-        mean = tf.reduce_mean(y, axis=[1, 2, 3], keepdims=True)
-        y = (y - mean) * per_image(1 - self.contrast, 1 + self.contrast) + mean
-        gray = _luminance(y)
-        y = gray + (y - gray) * per_image(1 - self.saturation, 1 + self.saturation)
-        y = _rotate_hue(y, per_image(-self.hue, self.hue)[..., 0] * 2 * math.pi)
-        y = tf.clip_by_value(y, 0.0, 1.0)
-        return _apply_with_probability(self.gen, batch, self.probability, y, x)
+        brightness, contrast = factor(self.brightness, 0.0), factor(self.contrast, 1.0)
+        saturation, angle = factor(self.saturation, 1.0), factor(self.hue, 0.0) * 2 * math.pi
+        gray = tf.cast(_happens(self.gen, batch, self.grayscale_probability), x.dtype)
 
-
-_TO_YIQ = tf.constant([[0.299, 0.596, 0.211], [0.587, -0.274, -0.523], [0.114, -0.322, 0.312]])
-_FROM_YIQ = tf.linalg.inv(_TO_YIQ)
-
-
-def _rotate_hue(x, angle):
-    """Rotate the chroma plane of YIQ by ``angle`` (shape (batch, 1, 1)) radians."""
-    yiq = tf.tensordot(x, _TO_YIQ, 1)
-    cos, sin = tf.cos(angle), tf.sin(angle)
-    i = yiq[..., 1] * cos - yiq[..., 2] * sin
-    q = yiq[..., 1] * sin + yiq[..., 2] * cos
-    return tf.tensordot(tf.stack([yiq[..., 0], i, q], -1), _FROM_YIQ, 1)
-
-
-class RandomGrayscale(keras.layers.Layer):
-    """Replace the channels by their luminance with probability ``probability``."""
-
-    def __init__(self, probability=0.2, seed=None, **kwargs):
-        super().__init__(**kwargs)
-        self.probability = probability
-        self.gen = keras.random.SeedGenerator(seed)
-
-    def call(self, x, training=True):
-        if not training:
-            return x
-        gray = tf.broadcast_to(_luminance(x), tf.shape(x))
-        return _apply_with_probability(self.gen, tf.shape(x)[0], self.probability, gray, x)
+        eye = tf.eye(3, dtype=x.dtype)[None]
+        to_luma = tf.broadcast_to(tf.constant([_LUMA] * 3, x.dtype)[None], (batch, 3, 3))
+        s = saturation[:, None, None]
+        mix = s * eye + (1.0 - s) * to_luma                       # saturation
+        cos, sin, one, zero = tf.cos(angle), tf.sin(angle), tf.ones_like(angle), tf.zeros_like(angle)
+        rotate = tf.reshape(tf.stack([one, zero, zero, zero, cos, -sin, zero, sin, cos], 1),
+                            (batch, 3, 3))
+        mix = tf.linalg.matmul(_FROM_YIQ @ rotate @ _TO_YIQ, mix)  # then hue
+        g = gray[:, None, None]
+        mix = tf.linalg.matmul(g * to_luma + (1.0 - g) * eye, mix)  # then grayscale
+        # contrast c and brightness b: y = c * (x - mean) + mean + b, per image
+        mean = tf.reduce_mean(x, axis=[1, 2, 3])
+        scale = contrast[:, None, None] * mix
+        offset = tf.linalg.matvec(mix, tf.ones((batch, 3), x.dtype)) * (
+            (1.0 - contrast) * mean + brightness)[:, None]
+        y = tf.einsum("bhwc,bdc->bhwd", x, scale) + offset[:, None, None, :]
+        return tf.clip_by_value(y, 0.0, 1.0)
 
 
 def build_augmenter(strengths: Mapping[str, Any] | None = None, *, seed: int | None = None,
@@ -154,11 +146,12 @@ def build_augmenter(strengths: Mapping[str, Any] | None = None, *, seed: int | N
         raise UserError(f"unknown augmentation strength(s) {', '.join(sorted(unknown))}; "
                         f"known: {', '.join(s)}")
     s.update(strengths or {})
-    seeds = [None if seed is None else seed * 8 + k for k in range(4)]
-    stack = [RandomResizedCrop(s["crop_scale"], s["crop_ratio"], seed=seeds[0], name="crop")]
-    if s["flip"]:
-        stack.append(RandomFlip(seed=seeds[1], name="flip"))
-    stack.append(ColorJitter(s["brightness"], s["contrast"], s["saturation"], s["hue"],
-                             s["jitter_probability"], seed=seeds[2], name="jitter"))
-    stack.append(RandomGrayscale(s["grayscale_probability"], seed=seeds[3], name="grayscale"))
-    return keras.Sequential(stack, name=name)
+    seeds = [None if seed is None else seed * 8 + k for k in range(2)]
+    # float32 whatever the model's dtype policy: views are made before the encoder casts.
+    return keras.Sequential([
+        RandomResizedCropFlip(s["crop_scale"], s["crop_ratio"], s["flip"], seed=seeds[0],
+                              name="crop_flip", dtype="float32"),
+        ColorAugment(s["brightness"], s["contrast"], s["saturation"], s["hue"],
+                     s["jitter_probability"], s["grayscale_probability"], seed=seeds[1],
+                     name="color", dtype="float32"),
+    ], name=name)

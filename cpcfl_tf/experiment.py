@@ -1,0 +1,56 @@
+"""What every experiment script shares: its command line, output folder and environment.
+
+Each script in ``experiments/`` builds its parser with :func:`experiment_parser`,
+resolves the preset and output folder with :func:`setup`, and runs through
+:func:`cpcfl_tf.errors.run_cli` (bad input: one line on stderr, exit 2, nothing written).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+from pathlib import Path
+from cpcfl_tf.config import PRESETS, Config, get_preset
+from cpcfl_tf.errors import ArgumentParser
+
+
+def experiment_parser(name: str, description: str) -> ArgumentParser:
+    """The options every experiment script takes (DESIGN.md's contract)."""
+    parser = ArgumentParser(prog=f"python experiments/{name}.py", description=description)
+    parser.add_argument("--preset", default="paper", choices=list(PRESETS),
+                        help="paper: STL-10 on a GPU with internet (default); quick, standard: "
+                             "offline Fashion-MNIST on a CPU; smoke: seconds, for tests")
+    parser.add_argument("--out", help=f"output folder (default: results/<preset>/{name})")
+    parser.add_argument("--seed", type=int, default=0, help="seed of data and training (default 0)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue interrupted runs from their last checkpoint")
+    parser.add_argument("--force", action="store_true",
+                        help="redo finished runs instead of skipping them")
+    parser.add_argument("--data-dir", help="tfds data dir, or the folder of the IDX files")
+    parser.add_argument("--manual-dir", help="tfds manual-download folder")
+    return parser
+
+
+def setup(args: argparse.Namespace, name: str) -> tuple[Config, Path]:
+    """The validated preset (with seed and data folders) and the checked output folder."""
+    from cpcfl_tf.results import prepare_out_dir
+
+    config = get_preset(args.preset).with_overrides(
+        seed=args.seed, data={"data_dir": args.data_dir, "manual_dir": args.manual_dir})
+    out = prepare_out_dir(args.out or Path("results") / config.preset / name)
+    return config, out
+
+
+def environment() -> dict:
+    """Versions and device, for the ``environment`` field of every result file."""
+    import keras
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        details = tf.config.experimental.get_device_details(gpus[0])
+        device = f"gpu: {details.get('device_name', gpus[0].name)}"
+    else:
+        device = f"cpu: {os.cpu_count()} cores ({platform.processor() or platform.machine()})"
+    return {"tensorflow": tf.__version__, "keras": keras.__version__, "device": device,
+            "python": platform.python_version()}

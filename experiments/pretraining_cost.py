@@ -1,0 +1,98 @@
+"""tab:app_pretraining_costs: seconds per epoch of SimCLR pre-training and FLOPs, per encoder.
+
+Seconds per epoch are the median time of a compiled SimCLR step (after one warm-up step)
+on random images of the preset's size, times the steps of one epoch over the preset's
+unlabeled set (100,000 STL-10 images in the paper preset). Speed does not depend on
+image content, so no data is loaded. FLOPs: TF's profiler on the frozen inference graph
+at batch size 1, as keras-flops counts them.
+"""
+from __future__ import annotations
+
+import json
+from typing import Sequence
+
+from cpcfl_tf.config import ENCODERS, pretrain_config_for
+from cpcfl_tf.errors import UserError, run_cli
+from cpcfl_tf.experiment import environment, experiment_parser, setup
+
+PAPER = {"cnn": (23, 0.17), "resnet18": (60, 0.67), "resnet50": (134, 1.42)}
+"""The paper's seconds per epoch (RTX 3080, 96x96, 100,000 images) and GFLOPs."""
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = experiment_parser("pretraining_cost", __doc__.split("\n\n")[0])
+    parser.add_argument("--encoders", default=",".join(ENCODERS),
+                        help="comma-separated subset of cnn,resnet18,resnet50")
+    parser.add_argument("--repeats", type=int, default=3, help="timed steps per encoder")
+    args = parser.parse_args(argv)
+    encoders = [e for e in args.encoders.split(",") if e]
+    unknown = set(encoders) - set(ENCODERS)
+    if unknown or not encoders:
+        raise UserError(f"unknown encoder(s) {', '.join(sorted(unknown)) or '(none)'}; choose "
+                        f"from {', '.join(ENCODERS)}")
+    if args.repeats < 1:
+        raise UserError(f"--repeats must be >= 1, got {args.repeats}")
+    config, out = setup(args, "pretraining_cost")
+
+    from cpcfl_tf.contrastive.timing import contrastive_step, median_seconds, random_images
+    from cpcfl_tf.data.sources import split_size
+    from cpcfl_tf.flops import count_flops
+    from cpcfl_tf.models import build_encoder
+    from cpcfl_tf.results import write_atomic, write_json
+
+    size = config.data.image_size
+    images = split_size(config.data.pretrain_dataset, config.data.pretrain_split)
+    rows = []
+    for name in encoders:
+        pretrain = pretrain_config_for(config.pretrain, name)
+        settings = {"encoder": name, "method": "simclr", "image_size": size,
+                    "batch_size": pretrain.batch_size, "epoch_images": images,
+                    "repeats": args.repeats, "jit_compile": pretrain.jit_compile}
+        path = out / f"{name}.json"
+        if path.exists() and not args.force:
+            row = json.loads(path.read_text())
+            if row.get("settings") != settings:
+                raise UserError(f"{path} was measured with other settings; pass --force to "
+                                "measure again, or --out another folder")
+            print(f"{name}: kept the earlier measurement ({path})")
+            rows.append(row)
+            continue
+        seconds = median_seconds(contrastive_step(pretrain, size, args.seed),
+                                 random_images(pretrain.batch_size, size, args.seed),
+                                 repeats=args.repeats)
+        flops = count_flops(build_encoder(name, (size, size, 3)))
+        flops_96 = flops if size == 96 else count_flops(build_encoder(name, (96, 96, 3)))
+        steps = images // pretrain.batch_size
+        row = {"settings": settings, "seconds_per_step": seconds, "steps_per_epoch": steps,
+               "seconds_per_epoch": seconds * steps, "gflops": flops / 1e9,
+               "gflops_96": flops_96 / 1e9, "paper_seconds_per_epoch": PAPER[name][0],
+               "paper_gflops": PAPER[name][1], "environment": environment()}
+        write_json(path, row)
+        rows.append(row)
+        print(f"{name}: {row['seconds_per_epoch']:.1f} s/epoch ({steps} steps of "
+              f"{seconds:.3f} s), {flops / 1e9:.4f} GFLOPs at {size}px")
+
+    write_json(out / "pretraining_cost.json", {
+        "experiment": "pretraining_cost", "preset": config.preset, "config": config.to_dict(),
+        "seeds": {"data": config.seed, "train": config.seed}, "rows": rows,
+        "environment": environment()})
+    lines = [f"# Pre-training cost (preset `{config.preset}`, {environment()['device']})", "",
+             "Ours: SimCLR at the preset's image size on this machine, seconds per epoch over "
+             f"{images:,} images; the paper's: RTX 3080, 96x96, 100,000 STL-10 images.", "",
+             "| encoder | batch | image | s/step | steps/epoch | s/epoch (ours) | s/epoch (paper) "
+             "| GFLOPs (ours, this size) | GFLOPs (ours, 96x96) | GFLOPs (paper) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        s = row["settings"]
+        lines.append(f"| {s['encoder']} | {s['batch_size']} | {s['image_size']} | "
+                     f"{row['seconds_per_step']:.3f} | {row['steps_per_epoch']} | "
+                     f"{row['seconds_per_epoch']:.1f} | {row['paper_seconds_per_epoch']} | "
+                     f"{row['gflops']:.4f} | {row['gflops_96']:.4f} | {row['paper_gflops']} |")
+    table = "\n".join(lines) + "\n"
+    write_atomic(out / "pretraining_cost.md", lambda tmp: open(tmp, "w").write(table))
+    print(table)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,91 @@
+"""The experiment scripts end to end on the smoke preset, and their error contract."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cpcfl_tf.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def script(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run(name, *args):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    return subprocess.run([sys.executable, str(ROOT / "experiments" / f"{name}.py"), *args],
+                          capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("CPCFL_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+def test_pretraining_cost_writes_rows_keeps_them_and_refuses_to_mix(tmp_path, capsys):
+    cost = script("pretraining_cost")
+    cost.main(["--preset", "smoke", "--out", str(tmp_path), "--encoders", "cnn", "--repeats", "1"])
+    row = json.loads((tmp_path / "cnn.json").read_text())
+    assert row["steps_per_epoch"] == 697 // 128 and row["seconds_per_epoch"] > 0
+    assert abs(row["gflops_96"] - 0.1648) < 0.001 and row["paper_seconds_per_epoch"] == 23
+    summary = json.loads((tmp_path / "pretraining_cost.json").read_text())
+    assert summary["experiment"] == "pretraining_cost" and summary["environment"]["tensorflow"]
+    assert "| cnn | 128 | 32 |" in (tmp_path / "pretraining_cost.md").read_text()
+
+    cost.main(["--preset", "smoke", "--out", str(tmp_path), "--encoders", "cnn", "--repeats", "1"])
+    assert "kept the earlier measurement" in capsys.readouterr().out
+    before = (tmp_path / "cnn.json").read_text()
+    with pytest.raises(UserError, match="other settings; pass --force"):
+        cost.main(["--preset", "smoke", "--out", str(tmp_path), "--encoders", "cnn",
+                   "--repeats", "2"])
+    assert (tmp_path / "cnn.json").read_text() == before
+
+
+def test_benchmark_prints_both_step_times(tmp_path, capsys):
+    script("benchmark_pretraining").main(["--preset", "smoke", "--out", str(tmp_path),
+                                          "--repeats", "1", "--epoch-images", "1000"])
+    printed = capsys.readouterr().out
+    for key in ("contrastive_step_seconds:", "encoder_step_seconds:", "overhead:",
+                "seconds_per_epoch:"):
+        assert key in printed
+    record = json.loads(next(tmp_path.glob("simclr-cnn-32px-b128.json")).read_text())
+    assert record["overhead"] == pytest.approx(
+        record["contrastive_step_seconds"] / record["encoder_step_seconds"] - 1)
+
+
+def test_linear_eval_scores_random_and_pretrained_encoders(tmp_path):
+    script("linear_eval").main(["--preset", "smoke", "--out", str(tmp_path),
+                                "--methods", "simclr"])
+    record = json.loads((tmp_path / "linear_eval.json").read_text())
+    assert [r["pretraining"] for r in record["rows"]] == ["none", "simclr"]
+    assert all(0.0 <= r["accuracy"] <= 1.0 for r in record["rows"])
+    assert record["proxy"] == {"train": "digits:train[697:]", "test": "digits:test"}
+    assert Path(record["rows"][1]["cache"], "encoder.keras").exists()
+
+
+@pytest.mark.parametrize("name,args,message", [
+    ("pretraining_cost", ["--preset", "huge"], "invalid choice"),
+    ("pretraining_cost", ["--preset", "smoke", "--encoders", "vgg"], "unknown encoder"),
+    ("linear_eval", ["--preset", "smoke", "--methods", "moco"], "--methods"),
+    ("benchmark_pretraining", ["--preset", "smoke", "--image-size", "16"], "at least 32"),
+])
+def test_bad_script_input_is_one_line_and_exit_2(tmp_path, name, args, message):
+    proc = run(name, *args, "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_every_script_has_help():
+    for path in sorted((ROOT / "experiments").glob("*.py")):
+        proc = run(path.stem, "--help")
+        assert proc.returncode == 0 and "--preset" in proc.stdout and "--resume" in proc.stdout
