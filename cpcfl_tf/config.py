@@ -30,6 +30,12 @@ PRETRAIN_METHODS = ("simclr", "byol", "simsiam")
 FL_METHODS = ("fedavg", "ifca", "cp-cfl", "centralized")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 PRETRAININGS = ("none", "simclr", "byol", "simsiam", "fedavg", "supervised")
+_METHOD_PRETRAININGS = {
+    "fedavg": ("none", "simclr", "byol", "simsiam", "supervised"),
+    "ifca": ("none", "fedavg", "simclr", "byol", "simsiam", "supervised"),
+    "cp-cfl": ("simclr", "byol", "simsiam", "supervised"),
+    "centralized": PRETRAININGS,
+}
 MIN_IMAGE_SIZE = 32
 """The CNN encoder's four valid stride-2 convolutions need at least 31 pixels."""
 
@@ -158,18 +164,64 @@ class FederatedConfig:
     learning_rate: float = 1e-3
     encoder: str = "cnn"
     head: str = "c"
+    encoder_epochs: int | None = None
+    """E_l,f: local epochs (the first ones) in which the encoder trains; None = all."""
+    global_encoder: bool = False
+    """Average the encoders of all clusters into one shared encoder (heads per cluster)."""
+    participation: float = 1.0
+    """Fraction of clients drawn (seeded) to take part in each round."""
+    max_restarts: int = 5
+    """IFCA: restarts allowed when clustering fails."""
+    restart_round: int = 10
+    """IFCA: the round after which clustering failure is checked."""
+    min_cluster_share: float = 0.5
+    """IFCA: a cluster with fewer than this share of N-th of the clients has failed."""
+    report_every: int = 25
+    """F1/AUROC are computed every this many rounds and at the end (paper: 25/50/75/100)."""
+    centralized_epochs: int | None = None
+    """Epochs of the centralized baselines; None = rounds * local_epochs (the passes a
+    client makes over its own data in a federated run)."""
+    backend: str = "auto"
+    """auto | stacked (all clients in one step; CNN only) | keras (one client at a time)."""
 
     def __post_init__(self) -> None:
         _choice("federated", "method", self.method, FL_METHODS)
         _choice("federated", "pretraining", self.pretraining, PRETRAININGS)
         _choice("federated", "encoder", self.encoder, ENCODERS)
         _choice("federated", "head", self.head, HEADS)
+        _choice("federated", "backend", self.backend, ("auto", "stacked", "keras"))
         _positive("federated", num_clusters=self.num_clusters, rounds=self.rounds,
                   local_epochs=self.local_epochs, batch_size=self.batch_size,
-                  learning_rate=self.learning_rate)
+                  learning_rate=self.learning_rate, participation=self.participation,
+                  report_every=self.report_every)
         _check(isinstance(self.head_rounds, int) and 0 <= self.head_rounds < self.rounds,
                f"federated.head_rounds (Tc) must be in [0, rounds={self.rounds}), "
                f"got {self.head_rounds}")
+        _check(self.encoder_epochs is None or 0 <= self.encoder_epochs <= self.local_epochs,
+               f"federated.encoder_epochs must be in [0, local_epochs={self.local_epochs}], "
+               f"got {self.encoder_epochs}")
+        _check(self.participation <= 1, f"federated.participation must be in (0, 1], "
+                                        f"got {self.participation}")
+        _check(self.max_restarts >= 0 and self.restart_round >= 1 and self.min_cluster_share >= 0,
+               "federated.max_restarts >= 0, restart_round >= 1 and min_cluster_share >= 0")
+        _check(self.centralized_epochs is None or self.centralized_epochs >= 1,
+               f"federated.centralized_epochs must be positive, got {self.centralized_epochs}")
+        allowed = _METHOD_PRETRAININGS[self.method]
+        _check(self.pretraining in allowed,
+               f"{self.method} cannot start from pre-training {self.pretraining!r}; choose one "
+               f"of {', '.join(allowed)}" + ("; for random initialisation use method ifca"
+                                             if self.method == "cp-cfl" else ""))
+
+    def resolved(self) -> "FederatedConfig":
+        """What the method implies: FedAvg is one model (N = 1) and only CP-CFL has the
+        Tc phase of random selection with a frozen encoder."""
+        return dataclasses.replace(
+            self, num_clusters=1 if self.method == "fedavg" else self.num_clusters,
+            head_rounds=self.head_rounds if self.method == "cp-cfl" else 0)
+
+    @property
+    def encoder_trains(self) -> int:
+        return self.local_epochs if self.encoder_epochs is None else self.encoder_epochs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,12 +241,21 @@ class Config:
 
         _check(isinstance(self.seed, int) and self.seed >= 0,
                f"seed must be a non-negative integer, got {self.seed!r}")
+        _check(self.pretrain.encoder == self.federated.encoder,
+               f"pretrain.encoder ({self.pretrain.encoder}) and federated.encoder "
+               f"({self.federated.encoder}) differ; change both, e.g. Config.with_encoder()")
         p = self.partition
         make_group_classes(p.num_groups, p.classes_per_group, p.class_overlap,
                            get_spec(self.data.client_dataset).num_classes)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def with_encoder(self, encoder: str) -> "Config":
+        """Copy using ``encoder`` for pre-training (see :func:`pretrain_config_for`) and FL."""
+        return dataclasses.replace(
+            self, pretrain=pretrain_config_for(self.pretrain, encoder),
+            federated=dataclasses.replace(self.federated, encoder=encoder))
 
     def with_overrides(self, **sections: dict[str, Any]) -> "Config":
         """Copy with fields replaced per section, e.g. ``partition={"num_clients": 30}``."""

@@ -1,0 +1,42 @@
+"""Evaluation of a federated run (Sec. "Additional metrics").
+
+Accuracy is the mean over clients of their local test accuracy, each client using the
+model of the cluster it chose. F1 and AUROC pool every client's test predictions
+(again from its own cluster model) into one set and score that with scikit-learn. ARI
+compares the clients' cluster identities with their true groups.
+"""
+from __future__ import annotations
+
+import numpy as np
+from sklearn.metrics import adjusted_rand_score, f1_score, roc_auc_score
+
+
+def client_accuracy(labels: np.ndarray, probs: np.ndarray) -> np.ndarray:
+    """``(K,)`` local test accuracy of each client from ``labels (K, n)``, ``probs (K, n, C)``."""
+    return (probs.argmax(axis=-1) == labels).mean(axis=1)
+
+
+def pooled_scores(labels: np.ndarray, probs: np.ndarray) -> dict[str, float]:
+    """F1 (macro, weighted) and AUROC (one-vs-rest and one-vs-one, macro and weighted).
+
+    AUROC needs probabilities over the classes that occur: columns of absent classes
+    are dropped and the rest renormalised (with the paper's partition all occur).
+    """
+    y = labels.reshape(-1)
+    p = probs.reshape(-1, probs.shape[-1]).astype(np.float64)
+    present = np.unique(y)
+    scores = {"f1_macro": f1_score(y, p.argmax(1), average="macro"),
+              "f1_weighted": f1_score(y, p.argmax(1), average="weighted")}
+    if len(present) > 2:
+        q = p[:, present]
+        q /= q.sum(axis=1, keepdims=True)
+        for multi in ("ovr", "ovo"):
+            for average in ("macro", "weighted"):
+                scores[f"auroc_{multi}_{average}"] = roc_auc_score(
+                    y, q, multi_class=multi, average=average, labels=present)
+    return {k: float(v) for k, v in scores.items()}
+
+
+def cluster_ari(groups: np.ndarray, cluster_ids: np.ndarray) -> float:
+    """Adjusted Rand index of the cluster identities against the true groups."""
+    return float(adjusted_rand_score(groups, cluster_ids))

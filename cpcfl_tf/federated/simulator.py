@@ -1,0 +1,295 @@
+"""The federated simulator: FedAvg, IFCA and CP-CFL as configurations of one loop.
+
+A round (Algorithm "CP-CFL"): the participating clients get the pool of N models;
+each picks a cluster, at random for ``t < Tc`` (training the head only) and by the
+lowest loss on its *training* data afterwards; trains it locally; the server averages
+each cluster's updates weighted by data size. Test data is touched only to report
+accuracy. The server side only ever sees weights, counts and cluster ids.
+
+The run checkpoints after every round (atomically) and resumes to exactly the result of
+an uninterrupted run: every random draw comes from a generator seeded by (train seed,
+attempt, round, purpose), not from a running state.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import keras
+import numpy as np
+
+from cpcfl_tf.config import Config, FederatedConfig
+from cpcfl_tf.data.partition import Partition
+from cpcfl_tf.data.sources import LabeledImages
+from cpcfl_tf.errors import UserError
+from cpcfl_tf.federated import algorithm
+from cpcfl_tf.federated.backends import (ClientArrays, batch_orders, client_losses,
+                                         client_probabilities, make_backend, stack_models)
+from cpcfl_tf.federated.metrics import client_accuracy, cluster_ari, pooled_scores
+from cpcfl_tf.models import ENCODER_DIMS, build_classifier, build_classifier_head, build_encoder
+from cpcfl_tf.results import write_atomic
+
+
+class DivergedError(UserError):
+    """A client's loss became NaN or Inf."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Clients:
+    """The clients of a run: stacked local data, true groups, and the JSON description."""
+
+    train: ClientArrays
+    test: ClientArrays
+    groups: np.ndarray
+    num_classes: int
+    records: list[dict]
+
+    @property
+    def sizes(self) -> np.ndarray:
+        return np.full(self.train.num_clients, self.train.size, np.float64)
+
+
+def make_clients(partition: Partition, train: LabeledImages, test: LabeledImages) -> Clients:
+    """Stack each client's rows of the (preprocessed) splits; all clients are equal-sized."""
+    sizes = {len(c.train_index) for c in partition.clients}
+    test_sizes = {len(c.test_index) for c in partition.clients}
+    if len(sizes) != 1 or len(test_sizes) != 1:
+        raise UserError("the simulator needs clients of equal size (the paper's protocol)")
+    rows = np.stack([c.train_index for c in partition.clients])
+    test_rows = np.stack([c.test_index for c in partition.clients])
+    return Clients(ClientArrays(train.images[rows], train.labels[rows]),
+                   ClientArrays(test.images[test_rows], test.labels[test_rows]),
+                   partition.groups, train.num_classes,
+                   partition.describe(train.labels, test.labels))
+
+
+def build_template(fl: FederatedConfig, input_shape, num_classes: int) -> keras.Model:
+    """The classifier theta = (theta_f, theta_c) every client trains; built once per run."""
+    encoder = build_encoder(fl.encoder, input_shape)
+    return build_classifier(encoder, build_classifier_head(fl.head, ENCODER_DIMS[fl.encoder],
+                                                           num_classes))
+
+
+def initial_pool(fl: FederatedConfig, template: keras.Model, encoder_weights, *, seed: int,
+                 attempt: int) -> list[list[np.ndarray]]:
+    """The N models the run starts from.
+
+    With ``encoder_weights`` (pre-trained, or a FedAvg model's encoder) every model
+    shares that encoder and gets its own random head (CP-CFL, FedAvg(SimCLR),
+    IFCA(FedAvg)). Without, each model is a whole random classifier (FedAvg, IFCA(None));
+    ``attempt`` gives IFCA's restarts new seeds.
+    """
+    shapes = template.input_shape[1:]
+    num_classes = template.output_shape[-1]
+    pool = []
+    for n in range(fl.num_clusters):
+        keras.utils.set_random_seed(seed * 1_000_003 + attempt * 1_009 + n)
+        fresh = build_template(fl, shapes, num_classes)
+        weights = fresh.get_weights()
+        if encoder_weights is not None:
+            k = len(fresh.get_layer("encoder").weights)
+            weights = [np.array(w) for w in encoder_weights] + weights[k:]
+        pool.append(weights)
+    return pool
+
+
+@dataclasses.dataclass
+class _Progress:
+    """Everything a checkpoint holds besides the pool."""
+
+    round: int = 0
+    attempt: int = 0
+    history: list = dataclasses.field(default_factory=list)
+    assigned: list = dataclasses.field(default_factory=list)
+    bytes_down: int = 0
+    bytes_up: int = 0
+    seconds: float = 0.0
+
+
+def _save(path: Path, fingerprint: str, state: algorithm.ServerState, progress: _Progress):
+    arrays = {f"m{n}_{i}": a for n, m in enumerate(state.models) for i, a in enumerate(m)}
+    meta = json.dumps({"fingerprint": fingerprint, "progress": dataclasses.asdict(progress),
+                       "num_models": len(state.models), "num_arrays": len(state.models[0]),
+                       "num_encoder": state.num_encoder})
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as fh:
+            np.savez(fh, __meta__=np.array(meta), **arrays)
+
+    write_atomic(path, write)
+
+
+def _load(path: Path, fingerprint: str) -> tuple[algorithm.ServerState, _Progress]:
+    try:
+        with np.load(path) as data:
+            meta = json.loads(str(data["__meta__"]))
+            models = [[data[f"m{n}_{i}"] for i in range(meta["num_arrays"])]
+                      for n in range(meta["num_models"])]
+    except Exception as err:
+        raise UserError(f"cannot read checkpoint {path} ({type(err).__name__}); delete it to "
+                        "start the run over") from None
+    if meta["fingerprint"] != fingerprint:
+        raise UserError(f"checkpoint {path} belongs to a different run (config or seeds "
+                        "differ); delete it or choose another --out")
+    progress = _Progress(**meta["progress"])
+    return algorithm.ServerState(progress.round, models, meta["num_encoder"]), progress
+
+
+def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
+                  checkpoint: str | Path | None = None, train_seed: int | None = None,
+                  verbose: int = 1,
+                  on_round: Callable[[dict, algorithm.ServerState], None] | None = None
+                  ) -> tuple[dict, list]:
+    """Run ``config.federated`` on ``clients``.
+
+    Parameters
+    ----------
+    config
+        The run's configuration; ``config.federated.resolved()`` is what runs.
+    clients
+        From :func:`make_clients`.
+    encoder_weights
+        The shared starting encoder (pre-trained, or a FedAvg model's), or ``None``
+        for random initialisation.
+    checkpoint
+        ``.npz`` path: written after every round; an existing one (of the same run) is
+        resumed. ``None``: no checkpoints.
+    train_seed
+        Seeds initialisation, selection, participation and batch order (default
+        ``config.seed``).
+    verbose
+        1: one line per round; 0: silent.
+    on_round
+        Called after every round with the round's record and the new server state.
+
+    Returns
+    -------
+    (record, models)
+        ``record`` holds ``rounds`` (per-round accuracy and cluster ids, F1/AUROC at the
+        reporting rounds) and ``final`` (the contract's metrics, ARI, restarts and
+        bytes sent); ``models`` is the final pool.
+    """
+    fl = config.federated.resolved()
+    seed = config.seed if train_seed is None else train_seed
+    shape = clients.train.images.shape[2:]
+    template = build_template(fl, shape, clients.num_classes)
+    backend = make_backend(template, fl.backend)
+    num_encoder = len(template.get_layer("encoder").weights)
+    fingerprint = json.dumps({"config": dataclasses.asdict(config), "federated": dataclasses.asdict(fl),
+                              "seed": seed, "clients": clients.records,
+                              "encoder": _digest(encoder_weights)},
+                             sort_keys=True)
+    path = Path(checkpoint) if checkpoint else None
+
+    def fresh(attempt: int) -> algorithm.ServerState:
+        return algorithm.ServerState(0, initial_pool(fl, template, encoder_weights, seed=seed,
+                                                     attempt=attempt), num_encoder)
+
+    if path and path.exists():
+        state, progress = _load(path, fingerprint)
+    else:
+        state, progress = fresh(0), _Progress()
+    size = algorithm.model_bytes(state.models[0])
+    num_clients = clients.train.num_clients
+    take = max(1, int(round(fl.participation * num_clients)))
+    assigned = (np.array(progress.assigned, np.int64) if progress.assigned
+                else np.full(num_clients, -1, np.int64))
+
+    while progress.round < fl.rounds:
+        t, started = progress.round, time.perf_counter()
+        rng = np.random.default_rng([seed, progress.attempt, t, 0])
+        part = (np.arange(num_clients) if take == num_clients
+                else np.sort(rng.choice(num_clients, take, replace=False)))
+        train = clients.train.subset(part) if take < num_clients else clients.train
+        explore = t < fl.head_rounds
+        losses = None if explore else client_losses(backend, state.models, train)
+        ids = algorithm.select_clusters(losses, fl.num_clusters, explore, rng, len(part))
+        pool = stack_models(state.models)
+        start = [a[ids] for a in pool]
+        orders = batch_orders(len(part), train.size, fl.local_epochs,
+                              [seed, progress.attempt, t, 1])
+        encoder_epochs = [not explore and e < fl.encoder_trains for e in range(fl.local_epochs)]
+        trained = backend.train(start, train, orders, encoder_epochs,
+                                batch_size=fl.batch_size, learning_rate=fl.learning_rate)
+        if not all(np.isfinite(a).all() for a in trained):
+            raise DivergedError(f"local training diverged (NaN/Inf weights) in round {t + 1}; "
+                                f"lower federated.learning_rate (now {fl.learning_rate})")
+        state = algorithm.aggregate(state, trained, ids, clients.sizes[part],
+                                    global_encoder=fl.global_encoder)
+        assigned[part] = ids
+        down, up = algorithm.round_bytes(len(part), fl.num_clusters, size)
+        progress.bytes_down += down
+        progress.bytes_up += up
+
+        record = _evaluate(backend, state.models, assigned, clients, t + 1, fl)
+        progress.history.append(record)
+        progress.round = t + 1
+        progress.seconds += time.perf_counter() - started
+        if (fl.method == "ifca" and progress.round == fl.restart_round
+                and progress.attempt < fl.max_restarts
+                and algorithm.clustering_failed(assigned, fl.num_clusters, fl.min_cluster_share)):
+            if verbose:
+                print(f"  clustering failed after round {progress.round} "
+                      f"({np.bincount(assigned, minlength=fl.num_clusters).tolist()} clients per "
+                      f"cluster); restart {progress.attempt + 1}/{fl.max_restarts}", flush=True)
+            progress = dataclasses.replace(progress, round=0, attempt=progress.attempt + 1,
+                                           history=[], assigned=[])
+            state, assigned = fresh(progress.attempt), np.full(num_clients, -1, np.int64)
+        progress.assigned = assigned.tolist()
+        if path:
+            _save(path, fingerprint, state, progress)
+        if verbose:
+            _report(record, fl, progress.round)
+        if on_round:
+            on_round(record, state)
+
+    last = progress.history[-1]
+    final = {k: v for k, v in last.items() if k not in ("round", "cluster_ids")}
+    final.update(ari=cluster_ari(clients.groups, assigned), restarts=progress.attempt,
+                 bytes_down=progress.bytes_down, bytes_up=progress.bytes_up, model_bytes=size)
+    record = {"config": {**dataclasses.asdict(config), "federated": dataclasses.asdict(fl)},
+              "seeds": {"data": config.seed, "train": seed}, "clients": clients.records,
+              "rounds": progress.history, "final": final,
+              "timing": {"seconds": progress.seconds,
+                         "seconds_per_round": progress.seconds / max(1, fl.rounds)}}
+    return record, state.models
+
+
+def _digest(weights) -> str | None:
+    if weights is None:
+        return None
+    digest = hashlib.sha1()
+    for w in weights:
+        digest.update(np.ascontiguousarray(w).tobytes())
+    return digest.hexdigest()
+
+
+def _evaluate(backend, models, assigned, clients: Clients, round_: int, fl: FederatedConfig) -> dict:
+    """Accuracy on the clients' test data with their cluster's model; F1/AUROC at the
+    reporting rounds. A client that has not taken part yet is scored with the model it
+    would choose (lowest loss on its training data)."""
+    ids = assigned.copy()
+    unseen = np.flatnonzero(ids < 0)
+    if len(unseen):
+        losses = client_losses(backend, models, clients.train.subset(unseen))
+        ids[unseen] = losses.argmin(axis=1)
+    probs = client_probabilities(backend, models, ids, clients.test)
+    record = {"round": round_,
+              "accuracy": float(client_accuracy(clients.test.labels, probs).mean()),
+              "cluster_ids": assigned.tolist()}
+    if round_ % fl.report_every == 0 or round_ == fl.rounds:
+        record.update(pooled_scores(clients.test.labels, probs))
+    return record
+
+
+def _report(record: dict, fl: FederatedConfig, done: int) -> None:
+    counts = np.bincount(np.maximum(record["cluster_ids"], 0), minlength=fl.num_clusters)
+    line = (f"  round {done}/{fl.rounds}: accuracy {record['accuracy']:.4f}, clusters "
+            f"{counts.tolist()}")
+    end = "\n" if done == fl.rounds or not sys.stdout.isatty() else "\r"
+    print(line, end=end, flush=True)
