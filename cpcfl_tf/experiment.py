@@ -14,12 +14,14 @@ from cpcfl_tf.config import PRESETS, Config, get_preset
 from cpcfl_tf.errors import ArgumentParser
 
 
-def experiment_parser(name: str, description: str) -> ArgumentParser:
+def experiment_parser(name: str, description: str, *, default_preset: str = "paper"
+                      ) -> ArgumentParser:
     """The options every experiment script takes (DESIGN.md's contract)."""
     parser = ArgumentParser(prog=f"python experiments/{name}.py", description=description)
-    parser.add_argument("--preset", default="paper", choices=list(PRESETS),
-                        help="paper: STL-10 on a GPU with internet (default); quick, standard: "
-                             "offline Fashion-MNIST on a CPU; smoke: seconds, for tests")
+    parser.add_argument("--preset", default=default_preset, choices=list(PRESETS),
+                        help=f"paper: STL-10 on a GPU with internet; quick, standard: offline "
+                             f"Fashion-MNIST on a CPU; smoke: seconds, for tests (default: "
+                             f"{default_preset})")
     parser.add_argument("--out", help=f"output folder (default: results/<preset>/{name})")
     parser.add_argument("--seed", type=int, default=0, help="seed of data and training (default 0)")
     parser.add_argument("--resume", action="store_true",

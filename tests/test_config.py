@@ -60,6 +60,14 @@ def test_cpu_presets_follow_design():
     (lambda: get_preset("quick").with_overrides(partition={"num_groups": 5, "num_clients": 15}),
      "need classes 0..15"),
     (lambda: get_preset("quick").with_overrides(partition={"clients": 5}), "unknown field"),
+    (lambda: FederatedConfig(method="cp-cfl", pretraining="none"), "use method ifca"),
+    (lambda: FederatedConfig(method="fedavg", pretraining="fedavg"), "cannot start from"),
+    (lambda: FederatedConfig(encoder_epochs=4), "encoder_epochs"),
+    (lambda: FederatedConfig(participation=1.5), "participation"),
+    (lambda: FederatedConfig(participation=0), "positive"),
+    (lambda: FederatedConfig(backend="gpu"), "unknown federated.backend"),
+    (lambda: get_preset("quick").with_overrides(federated={"encoder": "resnet18"}),
+     "pretrain.encoder .* differ"),
     (lambda: dataclasses.replace(get_preset("quick"), seed=-1), "seed"),
 ])
 def test_bad_values_raise_one_line_user_errors(build, message):
@@ -72,3 +80,16 @@ def test_overrides_are_validated_and_kept():
     c = get_preset("quick").with_overrides(seed=3, partition={"num_clients": 30})
     assert (c.seed, c.partition.num_clients, c.partition.num_groups) == (3, 30, 3)
     assert isinstance(c, Config)
+
+
+def test_methods_resolve_to_what_they_imply():
+    fedavg = FederatedConfig(method="fedavg", pretraining="none").resolved()
+    assert (fedavg.num_clusters, fedavg.head_rounds) == (1, 0)
+    assert FederatedConfig(method="ifca", pretraining="none").resolved().head_rounds == 0
+    assert FederatedConfig().resolved() == FederatedConfig()
+
+
+def test_with_encoder_changes_both_and_follows_the_papers_resnet_settings():
+    c = get_preset("paper").with_encoder("resnet18")
+    assert (c.pretrain.encoder, c.federated.encoder) == ("resnet18", "resnet18")
+    assert (c.pretrain.batch_size, c.pretrain.epochs) == (250, 500)

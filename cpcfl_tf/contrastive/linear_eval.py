@@ -75,3 +75,14 @@ def select_best(candidates: Sequence[PretrainConfig], images: np.ndarray,
         if best is None or accuracy > best[2]:
             best = (config, result.encoder, accuracy)
     return best[0], best[1], scores
+
+
+def relevance_score(encoder: keras.Model, images_a: np.ndarray, images_b: np.ndarray, *,
+                    count: int = 300, seed: int = 0) -> float:
+    """Relevance of two datasets for an encoder (tab:different_datasets): ``count`` random
+    images of each through the encoder, the mean cosine similarity over all cross pairs."""
+    rng = np.random.default_rng(seed)
+    pick = [x[rng.choice(len(x), min(count, len(x)), replace=False)] for x in (images_a, images_b)]
+    a, b = (f / np.linalg.norm(f, axis=1, keepdims=True).clip(1e-12) for f in
+            (encode(encoder, p) for p in pick))
+    return float((a @ b.T).mean())

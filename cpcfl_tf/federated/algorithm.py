@@ -107,7 +107,8 @@ def clustering_failed(cluster_ids: np.ndarray, num_models: int, min_share: float
     if num_models == 1:
         return False
     counts = np.bincount(cluster_ids, minlength=num_models)
-    return counts.max() == len(cluster_ids) or counts.min() < min_share * len(cluster_ids) / num_models
+    return bool(counts.max() == len(cluster_ids)
+                or counts.min() < min_share * len(cluster_ids) / num_models)
 
 
 def model_bytes(weights: Weights) -> int:

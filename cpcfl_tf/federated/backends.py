@@ -181,10 +181,12 @@ class StackedBackend:
             loss = tf.reduce_sum(tf.reduce_mean(per_example, axis=1))  # each client's own mean
         return tape.gradient(loss, params[first:])
 
-    def train(self, start: Stacked, data: ClientArrays, orders: np.ndarray,
+    def train(self, pool: Stacked, ids: np.ndarray, data: ClientArrays, orders: np.ndarray,
               encoder_epochs: Sequence[bool], *, batch_size: int, learning_rate: float) -> Stacked:
-        """Train each client from its own start weights; returns their weights, stacked."""
-        params = [tf.constant(a) for a in start]
+        """Train client u from model ``ids[u]`` of the stacked ``pool``; returns the
+        clients' weights, stacked."""
+        index = tf.constant(ids)
+        params = [tf.gather(tf.constant(a), index) for a in pool]
         m = [tf.zeros_like(p) for p in params]
         v = [tf.zeros_like(p) for p in params]
         images, labels = tf.constant(data.images), tf.constant(data.labels)
@@ -249,12 +251,12 @@ class KerasBackend:
             return loss
         return step
 
-    def train(self, start: Stacked, data: ClientArrays, orders: np.ndarray,
+    def train(self, pool: Stacked, ids: np.ndarray, data: ClientArrays, orders: np.ndarray,
               encoder_epochs: Sequence[bool], *, batch_size: int, learning_rate: float) -> Stacked:
         self.optimizer.learning_rate.assign(learning_rate)
         trained = []
         for u in range(data.num_clients):
-            self.model.set_weights(unstack(start, u))
+            self.model.set_weights(unstack(pool, ids[u]))
             for var in self._adam_state:  # fresh Adam state per client
                 var.assign(tf.zeros_like(var))
             for epoch, order in enumerate(orders):

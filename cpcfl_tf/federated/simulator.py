@@ -209,12 +209,10 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
         explore = t < fl.head_rounds
         losses = None if explore else client_losses(backend, state.models, train)
         ids = algorithm.select_clusters(losses, fl.num_clusters, explore, rng, len(part))
-        pool = stack_models(state.models)
-        start = [a[ids] for a in pool]
         orders = batch_orders(len(part), train.size, fl.local_epochs,
                               [seed, progress.attempt, t, 1])
         encoder_epochs = [not explore and e < fl.encoder_trains for e in range(fl.local_epochs)]
-        trained = backend.train(start, train, orders, encoder_epochs,
+        trained = backend.train(stack_models(state.models), ids, train, orders, encoder_epochs,
                                 batch_size=fl.batch_size, learning_rate=fl.learning_rate)
         if not all(np.isfinite(a).all() for a in trained):
             raise DivergedError(f"local training diverged (NaN/Inf weights) in round {t + 1}; "

@@ -1,0 +1,71 @@
+"""Centralized baselines (tab:different_datasets) and supervised pre-training
+(tab:encoder_pretraining), trained by the same backends as the clients.
+
+* ``pooled``: every client's training data in one set, one model; scored on every
+  client's local test set.
+* ``by group``: the clients' data pooled by their *true* group, one model per group (the
+  paper's upper bound); each client is scored with its group's model.
+
+Both train the whole model (encoder + head) from the run's starting encoder, with the
+clients' optimiser settings, for ``federated.centralized_epochs`` epochs (default
+rounds x local epochs: as many passes over each example as a client makes).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from cpcfl_tf.config import Config
+from cpcfl_tf.data.sources import LabeledImages
+from cpcfl_tf.federated.backends import (ClientArrays, batch_orders, client_probabilities,
+                                         make_backend, stack_models)
+from cpcfl_tf.federated.metrics import client_accuracy, pooled_scores
+from cpcfl_tf.federated.simulator import Clients, build_template, initial_pool
+
+
+def _train_pooled(config: Config, data: ClientArrays, encoder_weights, num_classes: int,
+                  epochs: int, seed: int):
+    """Train one model per row of ``data`` (each row a pooled dataset), all at once."""
+    fl = dataclasses.replace(config.federated.resolved(), num_clusters=data.num_clients)
+    template = build_template(fl, data.images.shape[2:], num_classes)
+    backend = make_backend(template, fl.backend)
+    start = stack_models(initial_pool(fl, template, encoder_weights, seed=seed, attempt=0))
+    orders = batch_orders(data.num_clients, data.size, epochs, [seed, 7])
+    trained = backend.train(start, np.arange(data.num_clients), data, orders, [True] * epochs,
+                            batch_size=fl.batch_size, learning_rate=fl.learning_rate)
+    return backend, [[a[k] for a in trained] for k in range(data.num_clients)]
+
+
+def centralized_baseline(config: Config, clients: Clients, encoder_weights=None, *,
+                         by_group: bool, seed: int | None = None) -> dict:
+    """Accuracy (mean over clients' local test sets), F1 and AUROC of a centralized model.
+
+    Returns the ``final`` part of a run record plus ``epochs``.
+    """
+    seed = config.seed if seed is None else seed
+    fl = config.federated
+    epochs = fl.centralized_epochs or fl.rounds * fl.local_epochs
+    groups = np.unique(clients.groups) if by_group else np.array([0])
+    member = clients.groups if by_group else np.zeros(clients.train.num_clients, np.int64)
+    rows = [np.flatnonzero(member == g) for g in groups]
+    if len({len(r) for r in rows}) != 1:
+        raise ValueError("the by-group baseline needs groups of equal size")
+    pooled = ClientArrays(
+        np.stack([clients.train.images[r].reshape(-1, *clients.train.images.shape[2:]) for r in rows]),
+        np.stack([clients.train.labels[r].reshape(-1) for r in rows]))
+    backend, models = _train_pooled(config, pooled, encoder_weights, clients.num_classes,
+                                    epochs, seed)
+    probs = client_probabilities(backend, models, np.searchsorted(groups, member), clients.test)
+    return {"accuracy": float(client_accuracy(clients.test.labels, probs).mean()),
+            **pooled_scores(clients.test.labels, probs), "epochs": epochs}
+
+
+def supervised_encoder(config: Config, labeled: LabeledImages, *, epochs: int,
+                       seed: int | None = None) -> list[np.ndarray]:
+    """Encoder weights from supervised pre-training: encoder + theta_c trained with labels
+    on ``labeled`` (the paper: CIFAR-100), then the head is dropped."""
+    seed = config.seed if seed is None else seed
+    data = ClientArrays(labeled.images[None], labeled.labels[None])
+    backend, (model,) = _train_pooled(config, data, None, labeled.num_classes, epochs, seed)
+    return model[:backend.num_encoder]

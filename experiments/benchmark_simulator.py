@@ -1,0 +1,125 @@
+"""Speed of one clustered-FL round of the CNN: the simulator against a plain Keras loop.
+
+Random data (speed does not depend on content): C clients with 50 training and 50 test
+images each, N random CNN + theta_c models, IFCA rounds (every round selects by
+training loss and trains the whole model: the full cost of a CFL round). Ours is
+:func:`cpcfl_tf.federated.simulator.run_federated`. The baseline is the loop a typical
+reproduction writes: per client, ``model.evaluate`` each of the N models, then
+``model.compile`` (fresh Adam) and ``model.fit`` for 3 epochs, then ``model.evaluate``
+on the test data. Both report the mean over rounds after the first (tracing, warm-up).
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Sequence
+
+import numpy as np
+
+from cpcfl_tf.errors import UserError, run_cli
+from cpcfl_tf.experiment import environment, experiment_parser, setup
+
+
+def plain_keras_round(model, pool, train_x, train_y, test_x, test_y, *, epochs: int,
+                      batch_size: int, learning_rate: float):
+    """One CFL round written the obvious way, with Keras' high-level API per client."""
+    import keras
+
+    from cpcfl_tf.federated import algorithm
+
+    weights, ids = [], []
+    for x, y in zip(train_x, train_y):
+        losses = []
+        for candidate in pool:
+            model.set_weights(candidate)
+            model.compile(loss="sparse_categorical_crossentropy")
+            losses.append(model.evaluate(x, y, batch_size=batch_size, verbose=0,
+                                         return_dict=True)["loss"])
+        ids.append(int(np.argmin(losses)))
+        model.set_weights(pool[ids[-1]])
+        model.compile(optimizer=keras.optimizers.Adam(learning_rate),
+                      loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+        model.fit(x, y, epochs=epochs, batch_size=batch_size, verbose=0, shuffle=True)
+        weights.append(model.get_weights())
+    ids = np.array(ids)
+    stacked = [np.stack(a) for a in zip(*weights)]
+    state = algorithm.aggregate(algorithm.ServerState(0, pool, 0), stacked, ids,
+                                np.full(len(ids), train_x.shape[1]))
+    accuracy = []
+    for x, y, n in zip(test_x, test_y, ids):
+        model.set_weights(state.models[n])
+        accuracy.append(model.evaluate(x, y, batch_size=batch_size, verbose=0,
+                                       return_dict=True)["accuracy"])
+    return state.models, float(np.mean(accuracy))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = experiment_parser("benchmark_simulator", __doc__.split("\n\n")[0],
+                               default_preset="standard")
+    parser.add_argument("--clients", type=int, default=60)
+    parser.add_argument("--clusters", type=int, default=3)
+    parser.add_argument("--image-size", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the simulator")
+    parser.add_argument("--baseline-rounds", type=int, default=2,
+                        help="rounds of the plain Keras loop (0: skip it)")
+    parser.add_argument("--backend", default="auto", choices=["auto", "stacked", "keras"])
+    args = parser.parse_args(argv)
+    if args.clients < 1 or args.clusters < 1 or args.rounds < 2 or args.baseline_rounds < 0:
+        raise UserError("need --clients >= 1, --clusters >= 1, --rounds >= 2, --baseline-rounds >= 0")
+    if args.image_size < 32:
+        raise UserError(f"--image-size must be at least 32, got {args.image_size}")
+    config, out = setup(args, "benchmark_simulator")
+
+    from cpcfl_tf.federated.backends import ClientArrays
+    from cpcfl_tf.federated.simulator import Clients, build_template, initial_pool, run_federated
+    from cpcfl_tf.results import write_json
+
+    rng = np.random.default_rng(args.seed)
+    shape = (args.clients, 50, args.image_size, args.image_size, 3)
+    data = [ClientArrays(rng.integers(0, 256, shape, np.uint8),
+                         rng.integers(0, 10, shape[:2])) for _ in range(2)]
+    clients = Clients(data[0], data[1], np.arange(args.clients) % 3, 10,
+                      [{"id": u} for u in range(args.clients)])
+    run = config.with_overrides(
+        data={"image_size": args.image_size},
+        federated={"method": "ifca", "pretraining": "none", "rounds": args.rounds,
+                   "head_rounds": 0, "num_clusters": args.clusters, "backend": args.backend,
+                   "restart_round": args.rounds + 1})
+    stamps = [time.perf_counter()]
+    record, _ = run_federated(run, clients, verbose=0,
+                              on_round=lambda *_: stamps.append(time.perf_counter()))
+    ours = np.diff(stamps)
+    print(f"simulator rounds (s): {', '.join(f'{s:.2f}' for s in ours)}", file=sys.stderr)
+
+    result = {"experiment": "benchmark_simulator", "clients": args.clients,
+              "clusters": args.clusters, "image_size": args.image_size,
+              "backend": args.backend, "seconds_per_round": float(ours[1:].mean()),
+              "simulator_round_seconds": ours.tolist(), "environment": environment()}
+    if args.baseline_rounds:
+        fl = run.federated.resolved()
+        model = build_template(fl, shape[2:], 10)
+        pool = initial_pool(fl, model, None, seed=args.seed, attempt=0)
+        to_float = lambda a: a.astype(np.float32) / 255.0  # noqa: E731
+        times = []
+        for _ in range(args.baseline_rounds):
+            started = time.perf_counter()
+            pool, _ = plain_keras_round(model, pool, to_float(data[0].images), data[0].labels,
+                                        to_float(data[1].images), data[1].labels,
+                                        epochs=fl.local_epochs, batch_size=fl.batch_size,
+                                        learning_rate=fl.learning_rate)
+            times.append(time.perf_counter() - started)
+            print(f"plain Keras round: {times[-1]:.1f} s", file=sys.stderr)
+        steady = times[1:] or times
+        result.update(baseline_round_seconds=times,
+                      baseline_seconds_per_round=float(np.mean(steady)),
+                      speedup=float(np.mean(steady) / result["seconds_per_round"]))
+    for key in ("seconds_per_round", "baseline_seconds_per_round", "speedup"):
+        if key in result:
+            print(f"{key}: {result[key]:.3f}")
+    path = write_json(out / f"c{args.clients}-n{args.clusters}-{args.image_size}px-{args.backend}.json",
+                      result)
+    print(f"wrote {path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,75 @@
+"""The algorithm's functions, against independent NumPy computations."""
+import numpy as np
+import pytest
+
+from cpcfl_tf.federated import algorithm
+
+RNG = np.random.default_rng(0)
+
+
+def random_state(num_models=3, shapes=((4, 3), (3,), (3, 2))):
+    models = [[RNG.normal(size=s).astype(np.float32) for s in shapes] for _ in range(num_models)]
+    return algorithm.ServerState(0, models, num_encoder=2)
+
+
+def test_weighted_average_per_cluster_and_empty_cluster_keeps_its_weights():
+    state = random_state()
+    clients = 5
+    stacked = [RNG.normal(size=(clients, *a.shape)).astype(np.float32) for a in state.models[0]]
+    ids = np.array([0, 2, 0, 2, 2])  # nobody chose cluster 1
+    sizes = np.array([50, 20, 30, 10, 40])
+    new = algorithm.aggregate(state, stacked, ids, sizes)
+    assert new.round == 1
+    for n in (0, 2):
+        members = ids == n
+        for i, a in enumerate(stacked):
+            expected = (sizes[members, None] * a[members].reshape(members.sum(), -1)).sum(0) / sizes[members].sum()
+            np.testing.assert_allclose(new.models[n][i].ravel(), expected, rtol=1e-6)
+    for old, kept in zip(state.models[1], new.models[1]):
+        assert np.array_equal(old, kept)
+
+
+def test_global_encoder_is_shared_and_heads_stay_per_cluster():
+    state = random_state()
+    stacked = [RNG.normal(size=(4, *a.shape)).astype(np.float32) for a in state.models[0]]
+    ids, sizes = np.array([0, 1, 1, 2]), np.array([1.0, 2.0, 3.0, 4.0])
+    new = algorithm.aggregate(state, stacked, ids, sizes, global_encoder=True)
+    everyone = algorithm.weighted_average(stacked[:2], sizes)
+    for model in new.models:
+        for got, want in zip(model[:2], everyone):
+            np.testing.assert_allclose(got, want, rtol=1e-6)
+    np.testing.assert_allclose(new.models[1][2], (2 * stacked[2][1] + 3 * stacked[2][2]) / 5,
+                               rtol=1e-6)
+
+
+def test_selection_is_the_argmin_of_the_training_loss():
+    losses = RNG.random((20, 4))
+    ids = algorithm.select_clusters(losses, 4, False, np.random.default_rng(1))
+    assert np.array_equal(ids, losses.argmin(axis=1))
+
+
+def test_ties_are_broken_at_random_and_exploration_is_uniform():
+    losses = np.array([[0.5, 0.1, 0.1, 0.9]] * 400)
+    ids = algorithm.select_clusters(losses, 4, False, np.random.default_rng(2))
+    assert set(np.unique(ids)) == {1, 2} and 150 < (ids == 1).sum() < 250
+    random_ids = algorithm.select_clusters(None, 3, True, np.random.default_rng(3), 3000)
+    assert np.all(np.abs(np.bincount(random_ids) / 3000 - 1 / 3) < 0.03)
+
+
+@pytest.mark.parametrize("ids,failed", [
+    ([0] * 9, True),                          # one model chosen by all
+    ([0, 0, 0, 0, 1, 1, 1, 1, 2], True),      # a cluster below half its fair share of 3
+    ([0, 0, 0, 1, 1, 1, 2, 2, 2], False),
+    ([0, 0, 0, 0, 1, 1, 2, 2, 2], False),
+])
+def test_clustering_failure(ids, failed):
+    assert algorithm.clustering_failed(np.array(ids), 3, 0.5) is failed
+
+
+def test_communication_cost_is_n_plus_one_s_per_client_and_round():
+    state = random_state()
+    size = algorithm.model_bytes(state.models[0])
+    assert size == 4 * (12 + 3 + 6)
+    down, up = algorithm.round_bytes(60, 3, size)
+    assert down + up == 60 * (3 + 1) * size
+    assert sum(algorithm.round_bytes(60, 1, size)) == 60 * 2 * size
