@@ -77,6 +77,7 @@ def test_linear_eval_scores_random_and_pretrained_encoders(tmp_path):
     ("pretraining_cost", ["--preset", "smoke", "--encoders", "vgg"], "unknown encoder"),
     ("linear_eval", ["--preset", "smoke", "--methods", "moco"], "--methods"),
     ("benchmark_pretraining", ["--preset", "smoke", "--image-size", "16"], "at least 32"),
+    ("benchmark_simulator", ["--clusters", "0"], "--clusters >= 1"),
 ])
 def test_bad_script_input_is_one_line_and_exit_2(tmp_path, name, args, message):
     proc = run(name, *args, "--out", str(tmp_path / "out"))
@@ -89,3 +90,12 @@ def test_every_script_has_help():
     for path in sorted((ROOT / "experiments").glob("*.py")):
         proc = run(path.stem, "--help")
         assert proc.returncode == 0 and "--preset" in proc.stdout and "--resume" in proc.stdout
+
+
+def test_benchmark_simulator_runs_both_loops(tmp_path, capsys):
+    script("benchmark_simulator").main(["--out", str(tmp_path), "--clients", "3", "--rounds", "2",
+                                        "--baseline-rounds", "1"])
+    printed = capsys.readouterr().out
+    assert "seconds_per_round:" in printed and "speedup:" in printed
+    record = json.loads((tmp_path / "c3-n3-32px-auto.json").read_text())
+    assert len(record["simulator_round_seconds"]) == 2 and len(record["baseline_round_seconds"]) == 1

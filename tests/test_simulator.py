@@ -62,7 +62,7 @@ def test_stacked_backend_trains_like_one_keras_model_per_client(clients):
 def test_cp_cfl_keeps_the_encoder_frozen_during_tc_then_trains_it(clients, encoder):
     seen = []
     run_federated(config(rounds=4, head_rounds=2), clients, encoder_weights=encoder, verbose=0,
-                  on_round=lambda record, state: seen.append([m[:8] for m in state.models]))
+                  on_round=lambda record, state: seen.append([m[:len(encoder)] for m in state.models]))
     for round_, models in enumerate(seen, start=1):
         same = all(np.array_equal(a, b) for m in models for a, b in zip(m, encoder))
         assert same == (round_ <= 2), round_
@@ -110,8 +110,10 @@ def test_partial_participation_and_global_encoder(clients, encoder):
         encoder_weights=encoder, verbose=0)
     final = record["final"]
     assert final["bytes_up"] == 3 * 3 * final["model_bytes"]  # 3 of 9 clients, 3 rounds
+    assert len(encoder) == 10  # 4 convolutions and a dense layer, kernel and bias each
     for model in models[1:]:
-        assert all(np.array_equal(a, b) for a, b in zip(model[:8], models[0][:8]))
+        assert all(np.array_equal(a, b) for a, b in zip(model[:10], models[0][:10]))
+        assert not np.array_equal(model[10], models[0][10])  # heads stay per cluster
 
 
 def test_divergence_is_a_clear_error(clients):
@@ -166,3 +168,15 @@ def test_a_checkpoint_of_another_run_is_refused(clients, tmp_path):
     with pytest.raises(UserError, match="cannot read checkpoint"):
         run_federated(config(method="fedavg", pretraining="none", rounds=1, head_rounds=0), clients,
                       checkpoint=checkpoint, verbose=0)
+
+
+def test_ifca_fedavg_starts_from_the_fedavg_models_encoder(clients):
+    from cpcfl_tf.federated.simulator import fedavg_encoder
+
+    encoder, fedavg = fedavg_encoder(config(rounds=2, head_rounds=0), clients, verbose=0)
+    assert len(encoder) == 10 and fedavg["config"]["federated"]["num_clusters"] == 1
+    seen = []
+    run_federated(config(method="ifca", pretraining="fedavg", rounds=2, head_rounds=0), clients,
+                  encoder_weights=encoder, verbose=0,
+                  on_round=lambda record, state: seen.append(state))
+    assert len(seen[0].models) == 3

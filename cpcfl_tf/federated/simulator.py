@@ -258,6 +258,18 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
     return record, state.models
 
 
+def fedavg_encoder(config: Config, clients: Clients, *, checkpoint: str | Path | None = None,
+                   verbose: int = 1) -> tuple[list[np.ndarray], dict]:
+    """IFCA(FedAvg)'s starting encoder: the encoder of the global model of a FedAvg run
+    (random initialisation, the same clients and rounds). Returns it and that run's record.
+    """
+    fedavg = config.with_overrides(federated={"method": "fedavg", "pretraining": "none"})
+    record, (model,) = run_federated(fedavg, clients, checkpoint=checkpoint, verbose=verbose)
+    num_encoder = len(build_template(fedavg.federated, clients.train.images.shape[2:],
+                                     clients.num_classes).get_layer("encoder").weights)
+    return model[:num_encoder], record
+
+
 def _digest(weights) -> str | None:
     if weights is None:
         return None
