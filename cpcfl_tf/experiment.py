@@ -56,3 +56,10 @@ def environment() -> dict:
         device = f"cpu: {os.cpu_count()} cores ({platform.processor() or platform.machine()})"
     return {"tensorflow": tf.__version__, "keras": keras.__version__, "device": device,
             "python": platform.python_version()}
+
+
+def print_metrics(record: dict, keys: tuple[str, ...], digits: int = 4) -> None:
+    """Print ``key: value`` lines for the keys ``record`` has (what benchmarks report)."""
+    for key in keys:
+        if key in record:
+            print(f"{key}: {record[key]:.{digits}f}")

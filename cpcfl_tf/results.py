@@ -52,3 +52,12 @@ def write_json(path: str | os.PathLike, record: Any) -> Path:
             fh.write("\n")
 
     return write_atomic(path, dump)
+
+
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` (e.g. a markdown table), atomically."""
+    def dump(tmp: str) -> None:
+        with open(tmp, "w") as fh:
+            fh.write(text)
+
+    return write_atomic(path, dump)

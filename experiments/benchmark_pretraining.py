@@ -13,7 +13,7 @@ import sys
 from typing import Sequence
 
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.experiment import environment, experiment_parser, setup
+from cpcfl_tf.experiment import environment, experiment_parser, print_metrics, setup
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -61,9 +61,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.epoch_images:
         record["epoch_images"] = args.epoch_images
         record["seconds_per_epoch"] = seconds["contrastive"] * (args.epoch_images // pretrain.batch_size)
-    for key in ("contrastive_step_seconds", "encoder_step_seconds", "overhead", "seconds_per_epoch"):
-        if key in record:
-            print(f"{key}: {record[key]:.4f}")
+    print_metrics(record, ("contrastive_step_seconds", "encoder_step_seconds", "overhead",
+                           "seconds_per_epoch"))
     path = write_json(out / f"{args.method}-{args.encoder}-{size}px-b{pretrain.batch_size}.json",
                       record)
     print(f"wrote {path}", file=sys.stderr)

@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.experiment import environment, experiment_parser, setup
+from cpcfl_tf.experiment import environment, experiment_parser, print_metrics, setup
 
 
 def plain_keras_round(model, pool, train_x, train_y, test_x, test_y, *, epochs: int,
@@ -113,9 +113,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         result.update(baseline_round_seconds=times,
                       baseline_seconds_per_round=float(np.mean(steady)),
                       speedup=float(np.mean(steady) / result["seconds_per_round"]))
-    for key in ("seconds_per_round", "baseline_seconds_per_round", "speedup"):
-        if key in result:
-            print(f"{key}: {result[key]:.3f}")
+    print_metrics(result, ("seconds_per_round", "baseline_seconds_per_round", "speedup"), 3)
     path = write_json(out / f"c{args.clients}-n{args.clusters}-{args.image_size}px-{args.backend}.json",
                       result)
     print(f"wrote {path}", file=sys.stderr)

@@ -32,7 +32,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from cpcfl_tf.contrastive.pretrain import pretrained_encoder
     from cpcfl_tf.data import load_client_splits
     from cpcfl_tf.models import build_encoder
-    from cpcfl_tf.results import write_atomic, write_json
+    from cpcfl_tf.results import write_json, write_text
 
     proxy_train, proxy_test = load_client_splits(config.data)
     keras.utils.set_random_seed(config.seed)  # the initialisation pre-training starts from
@@ -69,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                  if "final_loss" in r else "- | - | -")
         lines.append(f"| {r['pretraining']} | {r['epochs']} | {r['accuracy']:.4f} | {extra} |")
     table = "\n".join(lines) + "\n"
-    write_atomic(out / "linear_eval.md", lambda tmp: open(tmp, "w").write(table))
+    write_text(out / "linear_eval.md", table)
     print(table)
     print(f"wrote {out}")
 

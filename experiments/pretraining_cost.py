@@ -38,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from cpcfl_tf.data.sources import split_size
     from cpcfl_tf.flops import count_flops
     from cpcfl_tf.models import build_encoder
-    from cpcfl_tf.results import write_atomic, write_json
+    from cpcfl_tf.results import write_json, write_text
 
     size = config.data.image_size
     images = split_size(config.data.pretrain_dataset, config.data.pretrain_split)
@@ -89,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                      f"{row['seconds_per_epoch']:.1f} | {row['paper_seconds_per_epoch']} | "
                      f"{row['gflops']:.4f} | {row['gflops_96']:.4f} | {row['paper_gflops']} |")
     table = "\n".join(lines) + "\n"
-    write_atomic(out / "pretraining_cost.md", lambda tmp: open(tmp, "w").write(table))
+    write_text(out / "pretraining_cost.md", table)
     print(table)
     print(f"wrote {out}")
 

@@ -34,6 +34,12 @@ def symmetric_simsiam(p1, p2, z1, z2):
     return 0.5 * (simsiam_loss(p1, tf.stop_gradient(z2)) + simsiam_loss(p2, tf.stop_gradient(z1)))
 
 
+def _predicted(model, view):
+    """The online branch of BYOL and SimSiam: projection z and its prediction p."""
+    z = model.projector(model.encoder(view, training=True), training=True)
+    return model.predictor(z, training=True), z
+
+
 class ContrastiveModel(keras.Model):
     """What the three methods share: two augmented views, one optimizer step, metrics.
 
@@ -145,15 +151,11 @@ class BYOL(ContrastiveModel):
     def online_parts(self):
         return [self.encoder, self.projector, self.predictor]
 
-    def _online(self, view):
-        z = self.projector(self.encoder(view, training=True), training=True)
-        return self.predictor(z, training=True), z
-
     def _target(self, view):
         return self.target_projector(self.target_encoder(view, training=True), training=True)
 
     def contrastive_loss(self, view1, view2):
-        (p1, z1), (p2, _) = self._online(view1), self._online(view2)
+        (p1, z1), (p2, _) = _predicted(self, view1), _predicted(self, view2)
         return symmetric_byol(p1, p2, self._target(view1), self._target(view2)), z1
 
     def after_step(self):
@@ -174,10 +176,6 @@ class SimSiam(ContrastiveModel):
     def online_parts(self):
         return [self.encoder, self.projector, self.predictor]
 
-    def _branch(self, view):
-        z = self.projector(self.encoder(view, training=True), training=True)
-        return self.predictor(z, training=True), z
-
     def contrastive_loss(self, view1, view2):
-        (p1, z1), (p2, z2) = self._branch(view1), self._branch(view2)
+        (p1, z1), (p2, z2) = _predicted(self, view1), _predicted(self, view2)
         return symmetric_simsiam(p1, p2, z1, z2), z1

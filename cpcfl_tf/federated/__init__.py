@@ -1,0 +1,1 @@
+"""Clustered federated learning: the algorithm, training backends, the simulator, metrics."""
