@@ -58,3 +58,50 @@ def plot_client_data_amounts(partition: Partition, train_labels: np.ndarray,
         return write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=130, format="png"))
     finally:
         plt.close(fig)
+
+
+def plot_accuracy_curves(curves: dict[str, dict], path: str | os.PathLike, *,
+                         title: str) -> Path:
+    """fig:table2_accuracy (and fig:num_clients): mean client test accuracy per round.
+
+    ``curves`` maps a label to a run record (its ``rounds``).
+    """
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for label, record in curves.items():
+        rounds = [r["round"] for r in record["rounds"]]
+        ax.plot(rounds, [100 * r["accuracy"] for r in record["rounds"]], label=label, lw=1.4)
+    ax.set_xlabel("round")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, frameon=False)
+    fig.tight_layout()
+    try:
+        return write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=130, format="png"))
+    finally:
+        plt.close(fig)
+
+
+def plot_cluster_identity(record: dict, path: str | os.PathLike, *, title: str) -> Path:
+    """fig:cluster_identity: the cluster each client chose in each round."""
+    plt = _pyplot()
+    ids = np.array([r["cluster_ids"] for r in record["rounds"]]).T  # clients x rounds
+    fig, ax = plt.subplots(figsize=(6.4, max(2.5, 0.06 * ids.shape[0] + 1.5)))
+    image = ax.imshow(ids, aspect="auto", interpolation="nearest", cmap="tab10",
+                      vmin=-0.5, vmax=9.5, extent=(0.5, ids.shape[1] + 0.5, ids.shape[0] - 0.5, -0.5))
+    head_rounds = record["config"]["federated"]["head_rounds"]
+    if head_rounds:
+        ax.axvline(head_rounds + 0.5, color="black", lw=1, ls="--", label=f"Tc = {head_rounds}")
+        ax.legend(loc="upper right", fontsize=8)
+    ax.set_xlabel("round")
+    ax.set_ylabel("client")
+    ax.set_title(title)
+    cbar = fig.colorbar(image, ax=ax, ticks=range(int(ids.max()) + 1))
+    cbar.set_label("cluster")
+    cbar.ax.set_ylim(-0.5, ids.max() + 0.5)
+    fig.tight_layout()
+    try:
+        return write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=130, format="png"))
+    finally:
+        plt.close(fig)

@@ -161,14 +161,14 @@ def pretrain(config: PretrainConfig, images: np.ndarray, out_dir: str | Path, *,
     start, history = (_load_checkpoint(checkpoint, model, meta) if checkpoint.exists()
                       else (0, []))
     step = model.make_step(config.jit_compile)
-    with tf.device("/CPU:0"):
-        pool = tf.constant(images)
     steps = len(images) // batch_size  # drop the last partial batch: NT-Xent wants full ones
     for epoch in range(start, config.epochs):
         order = np.random.default_rng([seed, epoch]).permutation(len(images))
-        batches = (tf.data.Dataset.from_tensor_slices(order[:steps * batch_size])
-                   .batch(batch_size).map(lambda idx: tf.gather(pool, idx))
-                   .prefetch(tf.data.AUTOTUNE))
+        # Batches are cut in this thread: a tf.data pipeline's background threads compete
+        # with the compute threads, and on a 2-core machine every other epoch then took
+        # twice as long (41 s instead of 22 s for 50,000 Fashion-MNIST images).
+        batches = (tf.constant(images[order[i * batch_size:(i + 1) * batch_size]])
+                   for i in range(steps))
         for metric in model.metrics:
             metric.reset_state()
         # A live bar on a terminal; in logs (not a tty) one line per epoch instead.

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import logging
 import os
 import re
 import socket
@@ -273,9 +274,13 @@ def _read_tfds(spec: DatasetSpec, split: Split, want_labels: bool, data_dir: str
     import tensorflow_datasets as tfds
 
     kwargs = dict(split=str(split), data_dir=data_dir, shuffle_files=False)
+    absl_logger = logging.getLogger("absl")
+    level = absl_logger.level
+    absl_logger.setLevel(logging.ERROR)  # tfds warns about every folder it cannot use
     try:
         ds = tfds.load(spec.tfds_name, download=False, **kwargs)
     except Exception:  # not prepared in data_dir (tfds raises several types for that)
+        absl_logger.setLevel(level)
         _check_can_fetch(spec, data_dir, manual_dir)
         config = tfds.download.DownloadConfig(manual_dir=manual_dir)
         try:
@@ -285,6 +290,7 @@ def _read_tfds(spec: DatasetSpec, split: Split, want_labels: bool, data_dir: str
             raise UserError(f"could not fetch {spec.name} with tfds ({type(err).__name__}); "
                             "check the connection, or pass --data-dir with a prepared copy "
                             "or --manual-dir with the downloaded archive") from None
+    absl_logger.setLevel(level)
     key = spec.label_key
     if want_labels:
         batches = list(tfds.as_numpy(ds.map(lambda ex: (ex["image"], ex[key])).batch(4096)))
@@ -303,6 +309,8 @@ def _check_can_fetch(spec: DatasetSpec, data_dir: str | None, manual_dir: str | 
         return
     host = spec.host or "storage.googleapis.com"
     try:
+        if os.environ.get("CPCFL_OFFLINE"):  # downloads forbidden by the user (and tests)
+            raise OSError("CPCFL_OFFLINE is set")
         socket.getaddrinfo(host, 443)
     except OSError:
         where = data_dir or "~/tensorflow_datasets"

@@ -1,0 +1,171 @@
+"""The one runner every experiment script configures.
+
+A script lists :class:`RunSpec`s (method, pre-training, overrides); :func:`run_specs`
+runs each through the simulator (or a centralized baseline) and writes one JSON per run
+(the contract in DESIGN.md) into the script's output folder:
+
+* a finished run (its JSON exists with the same config) is skipped, ``--force`` redoes it;
+  a JSON from a *different* config is refused, so one folder never mixes settings;
+* an interrupted run leaves ``.<name>.ckpt.npz``; ``--resume`` continues it to exactly
+  the result of an uninterrupted run (without ``--resume`` it is refused);
+* pre-trained encoders come from the shared cache (:func:`pretrained_encoder`), data
+  and partitions are loaded once per (data config, seed).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cpcfl_tf.config import Config
+from cpcfl_tf.errors import UserError
+from cpcfl_tf.experiment import environment
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """One row of a paper table: what to run and how it is labelled."""
+
+    name: str
+    """File stem of its JSON, e.g. ``cp-cfl-simclr``."""
+    method: str
+    pretraining: str
+    federated: dict[str, Any] = dataclasses.field(default_factory=dict)
+    partition: dict[str, Any] = dataclasses.field(default_factory=dict)
+    seed: int | None = None
+    """Data and training seed (default: the script's ``--seed``)."""
+    encoder: str | None = None
+    """Encoder other than the preset's (ResNet tables)."""
+
+    def config(self, base: Config) -> Config:
+        config = base.with_encoder(self.encoder) if self.encoder else base
+        return config.with_overrides(
+            seed=base.seed if self.seed is None else self.seed,
+            federated={"method": self.method, "pretraining": self.pretraining, **self.federated},
+            partition=dict(self.partition))
+
+
+class Runner:
+    """Runs :class:`RunSpec`s of one experiment into one folder."""
+
+    def __init__(self, experiment: str, base: Config, out: Path, *, resume: bool = False,
+                 force: bool = False, verbose: int = 1):
+        from cpcfl_tf.results import prepare_out_dir
+
+        self.experiment, self.base, self.out = experiment, base, prepare_out_dir(out)
+        self.resume, self.force, self.verbose = resume, force, verbose
+        self._splits: dict[str, tuple] = {}
+        self._partitions: dict[str, tuple] = {}
+        self._fedavg: dict[str, list] = {}
+
+    # -- data ---------------------------------------------------------------
+    def partition(self, config: Config):
+        """``(partition, train split, test split)`` of the run (loaded and drawn once per
+        data config and seed)."""
+        from cpcfl_tf.data import load_client_splits, partition_for
+
+        data_key = json.dumps(dataclasses.asdict(config.data), sort_keys=True)
+        key = json.dumps([data_key, dataclasses.asdict(config.partition), config.seed])
+        if key not in self._partitions:
+            if data_key not in self._splits:
+                self._splits[data_key] = load_client_splits(config.data)
+            train, test = self._splits[data_key]
+            self._partitions[key] = (partition_for(config, train, test), train, test)
+        return self._partitions[key]
+
+    def clients(self, config: Config):
+        """The run's clients, stacked for the simulator."""
+        from cpcfl_tf.federated.simulator import make_clients
+
+        return make_clients(*self.partition(config))
+
+    def encoder_weights(self, config: Config):
+        """The starting encoder the run's pre-training names (None: random)."""
+        pre = config.federated.pretraining
+        if pre == "none":
+            return None
+        if pre == "fedavg":  # the global model of a FedAvg run on the same clients
+            fedavg = config.with_overrides(federated={"method": "fedavg", "pretraining": "none"})
+            key = json.dumps(_config_record(fedavg), sort_keys=True)
+            if key not in self._fedavg:
+                from cpcfl_tf.federated.simulator import fedavg_encoder
+
+                self._fedavg[key], _ = fedavg_encoder(config, self.clients(config),
+                                                      verbose=self.verbose)
+            return self._fedavg[key]
+        if pre == "supervised":
+            raise UserError("supervised pre-training runs through experiments/supervised.py")
+        from cpcfl_tf.contrastive.pretrain import pretrained_encoder
+
+        pretrain = dataclasses.replace(config.pretrain, method=pre)
+        return pretrained_encoder(pretrain, config.data, seed=config.seed,
+                                  verbose=self.verbose).encoder.get_weights()
+
+    # -- runs ---------------------------------------------------------------
+    def path(self, spec: RunSpec) -> Path:
+        return self.out / f"{spec.name}.json"
+
+    def run(self, spec: RunSpec, *, encoder_weights=None) -> dict:
+        """Run ``spec`` (or load its finished JSON) and return its record."""
+        from cpcfl_tf.federated.simulator import run_federated
+        from cpcfl_tf.results import write_json
+
+        config = spec.config(self.base)
+        path, checkpoint = self.path(spec), self.out / f".{spec.name}.ckpt.npz"
+        wanted = _config_record(config)
+        if path.exists() and not self.force:
+            record = json.loads(path.read_text())
+            if record.get("config", {}).get("requested") != wanted:
+                raise UserError(f"{path} holds a run with a different config; pass --force to "
+                                "redo it or --out another folder")
+            if self.verbose:
+                print(f"{spec.name}: done before, final accuracy "
+                      f"{record['final']['accuracy']:.4f} ({path})")
+            return record
+        if checkpoint.exists() and self.force:
+            checkpoint.unlink()
+        if checkpoint.exists() and not self.resume:
+            raise UserError(f"{spec.name} was interrupted ({checkpoint}); pass --resume to "
+                            "continue it or --force to start it over")
+        if self.verbose:
+            print(f"{spec.name}: {config.federated.method} ({config.federated.pretraining}), "
+                  f"{config.partition.num_clients} clients, {config.federated.rounds} rounds")
+        weights = encoder_weights if encoder_weights is not None else self.encoder_weights(config)
+        result, models = run_federated(config, self.clients(config), encoder_weights=weights,
+                                       checkpoint=checkpoint, verbose=self.verbose)
+        if config.federated.method == "fedavg" and config.federated.pretraining == "none":
+            from cpcfl_tf.federated.simulator import build_template
+
+            template = build_template(config.federated, self.clients(config).train.images.shape[2:],
+                                      self.clients(config).num_classes)
+            self._fedavg[json.dumps(wanted, sort_keys=True)] = \
+                models[0][:len(template.get_layer("encoder").weights)]
+        record = {"experiment": self.experiment, "preset": config.preset,
+                  "method": config.federated.method, "pretraining": config.federated.pretraining,
+                  **result, "environment": environment()}
+        record["config"]["requested"] = wanted
+        write_json(path, record)
+        checkpoint.unlink(missing_ok=True)
+        if self.verbose:
+            print(f"{spec.name}: final accuracy {record['final']['accuracy']:.4f} -> {path}")
+        return record
+
+
+def _config_record(config: Config) -> dict:
+    """The part of a config that decides a run's result (not where data is read from)."""
+    record = dataclasses.asdict(config)
+    record["data"] = {k: v for k, v in record["data"].items() if k not in ("data_dir", "manual_dir")}
+    return json.loads(json.dumps(record))
+
+
+def accuracy_at(record: dict, round_: int) -> float:
+    """Mean client accuracy after ``round_`` finished rounds."""
+    return next(r["accuracy"] for r in record["rounds"] if r["round"] == round_)
+
+
+def reporting_rounds(rounds: int) -> list[int]:
+    """The paper reports T = 25/50/75/100 of 100 rounds: the quarters of the run."""
+    return [int(np.ceil(rounds * q / 4)) for q in (1, 2, 3, 4)]

@@ -1,0 +1,108 @@
+"""experiments/table2.py end to end on the smoke preset, and the runner's contract."""
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from cpcfl_tf.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+CONTRACT = ("experiment", "preset", "method", "pretraining", "config", "seeds", "clients",
+            "rounds", "final", "timing", "environment")
+
+
+def table2():
+    spec = importlib.util.spec_from_file_location("table2", ROOT / "experiments" / "table2.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    import os
+
+    out = tmp_path_factory.mktemp("table2")
+    os.environ["CPCFL_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+    table2().main(["--preset", "smoke", "--out", str(out)])
+    return out
+
+
+def test_table2_writes_every_run_and_the_papers_tables(smoke_run):
+    names = [s.name for s in table2().SPECS]
+    for name in names:
+        record = json.loads((smoke_run / f"{name}.json").read_text())
+        assert all(key in record for key in CONTRACT)
+        assert record["experiment"] == "table2" and record["preset"] == "smoke"
+        assert [r["round"] for r in record["rounds"]] == [1, 2, 3, 4]
+        assert 0 <= record["final"]["accuracy"] <= 1
+    report = (smoke_run / "table2.md").read_text()
+    assert "CP-CFL (SimCLR)" in report and "76.80" in report  # the paper's column
+    assert (smoke_run / "table2.csv").read_text().count("\n") == len(names) + 1
+    for png in ("accuracy.png", "cluster_identity.png", "client_data_amount.png"):
+        assert (smoke_run / png).read_bytes()[:4] == b"\x89PNG"
+    assert not list(smoke_run.glob(".*.ckpt.npz"))  # no checkpoint left behind
+
+
+def test_a_rerun_skips_finished_runs(smoke_run, capsys):
+    before = (smoke_run / "fedavg-none.json").read_text()
+    table2().main(["--preset", "smoke", "--out", str(smoke_run)])
+    assert capsys.readouterr().out.count("done before") == 7
+    assert (smoke_run / "fedavg-none.json").read_text() == before
+
+
+def test_a_folder_of_another_config_is_refused(smoke_run):
+    with pytest.raises(UserError, match="different config; pass --force"):
+        table2().main(["--preset", "smoke", "--out", str(smoke_run), "--seed", "1"])
+
+
+def test_an_interrupted_run_needs_resume(smoke_run, tmp_path):
+    from cpcfl_tf.config import get_preset
+    from cpcfl_tf.runner import RunSpec, Runner
+
+    spec = RunSpec("fedavg-none", "fedavg", "none")
+    runner = Runner("table2", get_preset("smoke"), tmp_path, verbose=0)
+    from cpcfl_tf.federated.simulator import run_federated
+
+    config = spec.config(get_preset("smoke"))
+    stop = {"after": 2}
+
+    class Stop(Exception):
+        pass
+
+    def interrupt(record, state):
+        if record["round"] == stop["after"]:
+            raise Stop
+
+    with pytest.raises(Stop):
+        run_federated(config, runner.clients(config), verbose=0,
+                      checkpoint=tmp_path / ".fedavg-none.ckpt.npz", on_round=interrupt)
+    with pytest.raises(UserError, match="interrupted .* --resume"):
+        runner.run(spec)
+    resumed = Runner("table2", get_preset("smoke"), tmp_path, resume=True, verbose=0).run(spec)
+    whole = json.loads((smoke_run / "fedavg-none.json").read_text())
+    assert resumed["rounds"] == whole["rounds"] and resumed["final"] == whole["final"]
+
+
+def test_no_arguments_means_the_paper_preset_and_offline_it_stops_at_once(tmp_path):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    env = dict(os.environ, CPCFL_OFFLINE="1", TF_CPP_MIN_LOG_LEVEL="3",
+               TFDS_DATA_DIR=str(tmp_path / "tfds"))
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "table2.py"),
+                           "--data-dir", str(tmp_path / "tfds"), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 2 and time.monotonic() - started < 120
+    # TF 2.21 writes start-up lines (absl, oneDNN, CUDA) to stderr on import that no
+    # environment variable silences; everything else must be our single error line.
+    tf_noise = re.compile(r"^(WARNING: All log messages before absl|[IWEF]\d{4} |To enable the "
+                          r"following instructions)")
+    lines = [l for l in proc.stderr.strip().splitlines() if not tf_noise.match(l)]
+    assert len(lines) == 1 and "stl10" in lines[0] and "--preset quick" in lines[0]
+    assert not list((tmp_path / "out").glob("*.json"))
