@@ -63,3 +63,12 @@ def print_metrics(record: dict, keys: tuple[str, ...], digits: int = 4) -> None:
     for key in keys:
         if key in record:
             print(f"{key}: {record[key]:.{digits}f}")
+
+
+def finish(out: Path, name: str, report: str) -> None:
+    """Write a script's markdown ``report`` as ``out/name``, show it, say where it went."""
+    from cpcfl_tf.results import write_text
+
+    write_text(out / name, report)
+    print(report)
+    print(f"wrote {out}")

@@ -13,7 +13,7 @@ from typing import Sequence
 
 from cpcfl_tf.config import PRETRAIN_METHODS
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.experiment import environment, experiment_parser, setup
+from cpcfl_tf.experiment import environment, experiment_parser, finish, setup
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -32,7 +32,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from cpcfl_tf.contrastive.pretrain import pretrained_encoder
     from cpcfl_tf.data import load_client_splits
     from cpcfl_tf.models import build_encoder
-    from cpcfl_tf.results import write_json, write_text
+    from cpcfl_tf.results import write_json
 
     proxy_train, proxy_test = load_client_splits(config.data)
     keras.utils.set_random_seed(config.seed)  # the initialisation pre-training starts from
@@ -68,10 +68,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         extra = (f"{r['final_loss']:.4f} | {r['embedding_std']:.4f} | {r['seconds_per_epoch']:.1f}"
                  if "final_loss" in r else "- | - | -")
         lines.append(f"| {r['pretraining']} | {r['epochs']} | {r['accuracy']:.4f} | {extra} |")
-    table = "\n".join(lines) + "\n"
-    write_text(out / "linear_eval.md", table)
-    print(table)
-    print(f"wrote {out}")
+    finish(out, "linear_eval.md", "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from typing import Sequence
 
 from cpcfl_tf.config import ENCODERS, pretrain_config_for
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.experiment import environment, experiment_parser, setup
+from cpcfl_tf.experiment import environment, experiment_parser, finish, setup
 
 PAPER = {"cnn": (23, 0.17), "resnet18": (60, 0.67), "resnet50": (134, 1.42)}
 """The paper's seconds per epoch (RTX 3080, 96x96, 100,000 images) and GFLOPs."""
@@ -38,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from cpcfl_tf.data.sources import split_size
     from cpcfl_tf.flops import count_flops
     from cpcfl_tf.models import build_encoder
-    from cpcfl_tf.results import write_json, write_text
+    from cpcfl_tf.results import write_json
 
     size = config.data.image_size
     images = split_size(config.data.pretrain_dataset, config.data.pretrain_split)
@@ -88,10 +88,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                      f"{row['seconds_per_step']:.3f} | {row['steps_per_epoch']} | "
                      f"{row['seconds_per_epoch']:.1f} | {row['paper_seconds_per_epoch']} | "
                      f"{row['gflops']:.4f} | {row['gflops_96']:.4f} | {row['paper_gflops']} |")
-    table = "\n".join(lines) + "\n"
-    write_text(out / "pretraining_cost.md", table)
-    print(table)
-    print(f"wrote {out}")
+    finish(out, "pretraining_cost.md", "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import io
 from typing import Sequence
 
 from cpcfl_tf.errors import run_cli
-from cpcfl_tf.experiment import experiment_parser, setup
+from cpcfl_tf.experiment import experiment_parser, finish, setup
 from cpcfl_tf.runner import RunSpec, Runner, accuracy_at, reporting_rounds
 
 SPECS = [RunSpec("fedavg-none", "fedavg", "none"), RunSpec("fedavg-simclr", "fedavg", "simclr"),
@@ -102,7 +102,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     from cpcfl_tf.results import write_text
 
     report, summary = tables(records, config.preset)
-    write_text(out / "table2.md", report)
     write_text(out / "table2.csv", summary)
     data = config.data.client_dataset
     plot_accuracy_curves({LABELS[k]: r for k, r in records.items()}, out / "accuracy.png",
@@ -112,8 +111,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     partition, train, _ = runner.partition(SPECS[4].config(config))
     plot_client_data_amounts(partition, train.labels, out / "client_data_amount.png",
                              title=f"Client data per class ({train.source}, seed {config.seed})")
-    print(report)
-    print(f"wrote {out}")
+    finish(out, "table2.md", report)
 
 
 if __name__ == "__main__":
