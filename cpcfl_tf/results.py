@@ -61,3 +61,15 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
             fh.write(text)
 
     return write_atomic(path, dump)
+
+
+def write_csv(path: str | os.PathLike, rows: list[dict]) -> Path:
+    """Write ``rows`` (dicts with the same keys) as CSV with a header, atomically."""
+    import csv
+    import io
+
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    return write_text(path, buffer.getvalue())

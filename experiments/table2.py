@@ -8,8 +8,6 @@ the preset's clients. With no arguments this is the paper preset (STL-10, GPU);
 """
 from __future__ import annotations
 
-import csv
-import io
 from typing import Sequence
 
 from cpcfl_tf.errors import run_cli
@@ -43,8 +41,8 @@ SCORES = ("f1_macro", "f1_weighted", "auroc_ovr_macro", "auroc_ovr_weighted",
           "auroc_ovo_macro", "auroc_ovo_weighted")
 
 
-def tables(records: dict[str, dict], preset: str) -> tuple[str, str]:
-    """The markdown report and the CSV summary, from the run records."""
+def tables(records: dict[str, dict], preset: str) -> tuple[str, list[dict]]:
+    """The markdown report and the rows of the CSV summary, from the run records."""
     rounds = records["cp-cfl-simclr"]["config"]["federated"]["rounds"]
     marks = reporting_rounds(rounds)
     clients = len(records["cp-cfl-simclr"]["clients"])
@@ -83,11 +81,7 @@ def tables(records: dict[str, dict], preset: str) -> tuple[str, str]:
         per = (final["bytes_down"] + final["bytes_up"]) / (final["model_bytes"] * rounds * clients)
         lines.append(f"| {LABELS[name]} | {n} | {final['bytes_down'] + final['bytes_up']:,} | "
                      f"{per:g} | {'2ST' if n == 1 else '(N+1)ST'} |")
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
-    return "\n".join(lines) + "\n", buffer.getvalue()
+    return "\n".join(lines) + "\n", rows
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -99,10 +93,10 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     from cpcfl_tf.plots import (plot_accuracy_curves, plot_client_data_amounts,
                                 plot_cluster_identity)
-    from cpcfl_tf.results import write_text
+    from cpcfl_tf.results import write_csv
 
-    report, summary = tables(records, config.preset)
-    write_text(out / "table2.csv", summary)
+    report, rows = tables(records, config.preset)
+    write_csv(out / "table2.csv", rows)
     data = config.data.client_dataset
     plot_accuracy_curves({LABELS[k]: r for k, r in records.items()}, out / "accuracy.png",
                          title=f"Test accuracy per round ({data}, preset {config.preset})")

@@ -106,3 +106,34 @@ def test_no_arguments_means_the_paper_preset_and_offline_it_stops_at_once(tmp_pa
     lines = [l for l in proc.stderr.strip().splitlines() if not tf_noise.match(l)]
     assert len(lines) == 1 and "stl10" in lines[0] and "--preset quick" in lines[0]
     assert not list((tmp_path / "out").glob("*.json"))
+
+
+def test_clusters_script_runs_n_1_to_5(tmp_path, monkeypatch):
+    monkeypatch.setenv("CPCFL_CACHE", str(tmp_path / "cache"))
+    spec = importlib.util.spec_from_file_location("clusters", ROOT / "experiments" / "clusters.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(["--preset", "smoke", "--out", str(tmp_path / "out")])
+    for n in range(1, 6):
+        record = json.loads((tmp_path / "out" / f"cp-cfl-simclr-n{n}.json").read_text())
+        assert record["config"]["federated"]["num_clusters"] == n
+        assert record["final"]["bytes_down"] == 4 * 9 * n * record["final"]["model_bytes"]
+    assert "| 3 |" in (tmp_path / "out" / "clusters.md").read_text()
+    assert (tmp_path / "out" / "accuracy.png").exists()
+
+
+def test_encoder_training_script_covers_heads_and_settings(tmp_path, monkeypatch):
+    monkeypatch.setenv("CPCFL_CACHE", str(tmp_path / "cache"))
+    spec = importlib.util.spec_from_file_location(
+        "encoder_training", ROOT / "experiments" / "encoder_training.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(["--preset", "smoke", "--out", str(tmp_path / "out")])
+    frozen = json.loads((tmp_path / "out" / "cp-cfl-simclr-c-3-e0.json").read_text())
+    assert frozen["config"]["federated"]["encoder_epochs"] == 0
+    assert frozen["config"]["federated"]["head"] == "c-3"
+    shared = json.loads((tmp_path / "out" / "cp-cfl-simclr-c-global.json").read_text())
+    assert shared["config"]["federated"]["global_encoder"] is True
+    report = (tmp_path / "out" / "encoder_training.md").read_text()
+    assert "E_l,f = 0 (frozen)" in report and "(79.10)" in report
+    assert (tmp_path / "out" / "encoder_training.csv").read_text().count("\n") == 17
