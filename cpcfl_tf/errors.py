@@ -17,6 +17,11 @@ class UserError(Exception):
     """Bad input the user can fix; the message is one line that says how."""
 
 
+class DivergedError(UserError):
+    """Training produced NaN or Inf (pre-training loss, or local weights in a round);
+    the message names the learning rate to lower and what was kept."""
+
+
 def fail(message: str) -> NoReturn:
     """Print ``error: message`` on one line to stderr and exit with status 2."""
     print(f"error: {' '.join(str(message).split())}", file=sys.stderr)

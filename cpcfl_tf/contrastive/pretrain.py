@@ -26,13 +26,9 @@ import tensorflow as tf
 from cpcfl_tf.config import DataConfig, PretrainConfig
 from cpcfl_tf.contrastive.methods import BYOL, SimCLR, SimSiam, ContrastiveModel
 from cpcfl_tf.data.augment import build_augmenter
-from cpcfl_tf.errors import UserError
+from cpcfl_tf.errors import DivergedError, UserError
 from cpcfl_tf.models import ENCODER_DIMS, build_encoder, build_predictor, build_projector
 from cpcfl_tf.results import prepare_out_dir, write_atomic, write_json
-
-
-class DivergedError(UserError):
-    """The loss became NaN or Inf; the last good checkpoint is kept."""
 
 
 @dataclasses.dataclass

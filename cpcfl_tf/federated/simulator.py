@@ -26,17 +26,13 @@ import numpy as np
 from cpcfl_tf.config import Config, FederatedConfig
 from cpcfl_tf.data.partition import Partition
 from cpcfl_tf.data.sources import LabeledImages
-from cpcfl_tf.errors import UserError
+from cpcfl_tf.errors import DivergedError, UserError
 from cpcfl_tf.federated import algorithm
 from cpcfl_tf.federated.backends import (ClientArrays, batch_orders, client_losses,
                                          client_probabilities, make_backend, stack_models)
 from cpcfl_tf.federated.metrics import client_accuracy, cluster_ari, pooled_scores
 from cpcfl_tf.models import ENCODER_DIMS, build_classifier, build_classifier_head, build_encoder
 from cpcfl_tf.results import write_atomic
-
-
-class DivergedError(UserError):
-    """A client's loss became NaN or Inf."""
 
 
 @dataclasses.dataclass(frozen=True)
