@@ -1,8 +1,8 @@
 """The one runner every experiment script configures.
 
-A script lists :class:`RunSpec`s (method, pre-training, overrides); :func:`run_specs`
-runs each through the simulator (or a centralized baseline) and writes one JSON per run
-(the contract in DESIGN.md) into the script's output folder:
+A script lists :class:`RunSpec`s (method, pre-training, overrides); :meth:`Runner.run`
+runs each through the simulator and writes one JSON per run (the contract in
+DESIGN.md) into the script's output folder:
 
 * a finished run (its JSON exists with the same config) is skipped, ``--force`` redoes it;
   a JSON from a *different* config is refused, so one folder never mixes settings;
@@ -108,9 +108,9 @@ class Runner:
     def path(self, spec: RunSpec) -> Path:
         return self.out / f"{spec.name}.json"
 
-    def run(self, spec: RunSpec, *, encoder_weights=None) -> dict:
+    def run(self, spec: RunSpec) -> dict:
         """Run ``spec`` (or load its finished JSON) and return its record."""
-        from cpcfl_tf.federated.simulator import run_federated
+        from cpcfl_tf.federated.simulator import global_encoder, run_federated
         from cpcfl_tf.results import write_json
 
         config = spec.config(self.base)
@@ -133,16 +133,12 @@ class Runner:
         if self.verbose:
             print(f"{spec.name}: {config.federated.method} ({config.federated.pretraining}), "
                   f"{config.partition.num_clients} clients, {config.federated.rounds} rounds")
-        weights = encoder_weights if encoder_weights is not None else self.encoder_weights(config)
-        result, models = run_federated(config, self.clients(config), encoder_weights=weights,
-                                       checkpoint=checkpoint, verbose=self.verbose)
+        result, state = run_federated(config, self.clients(config),
+                                      encoder_weights=self.encoder_weights(config),
+                                      checkpoint=checkpoint, verbose=self.verbose)
         if config.federated.method == "fedavg" and config.federated.pretraining == "none":
-            from cpcfl_tf.federated.simulator import build_template
-
-            template = build_template(config.federated, self.clients(config).train.images.shape[2:],
-                                      self.clients(config).num_classes)
-            self._fedavg[json.dumps(wanted, sort_keys=True)] = \
-                models[0][:len(template.get_layer("encoder").weights)]
+            # IFCA (FedAvg) of the same experiment starts from this model's encoder.
+            self._fedavg[json.dumps(wanted, sort_keys=True)] = global_encoder(state)
         record = {"experiment": self.experiment, "preset": config.preset,
                   "method": config.federated.method, "pretraining": config.federated.pretraining,
                   **result, "environment": environment()}

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from cpcfl_tf.config import PretrainConfig
-from cpcfl_tf.contrastive.linear_eval import config_key, encode, linear_eval, select_best
+from cpcfl_tf.contrastive.linear_eval import encode, linear_eval, select_best
+from cpcfl_tf.contrastive.pretrain import pretrain_key
 from cpcfl_tf.contrastive.pretrain import pretrain
 from cpcfl_tf.data import load_labeled, load_unlabeled
 from cpcfl_tf.models import build_encoder
@@ -40,7 +41,7 @@ def test_select_best_keeps_the_highest_linear_accuracy(tmp_path):
     test = load_labeled("digits", "test", image_size=32)
     candidates = [PretrainConfig(epochs=1, batch_size=128, projector_dim=d) for d in (256, 512)]
     best, encoder, scores = select_best(candidates, images, train, test, tmp_path, verbose=0)
-    assert [s["key"] for s in scores] == [config_key(c, seed=0, images=list(images.shape))
+    assert [s["key"] for s in scores] == [pretrain_key(c, seed=0, images=list(images.shape))
                                           for c in candidates]
     winner = max(scores, key=lambda s: s["accuracy"])
     assert best.projector_dim == winner["config"]["projector_dim"]

@@ -74,9 +74,9 @@ def test_cp_cfl_and_ifca_recover_the_true_groups(clients, encoder):
     ifca, _ = run_federated(config(method="ifca", pretraining="none", rounds=4), clients,
                             verbose=0)
     assert cp["final"]["ari"] == 1.0 and ifca["final"]["ari"] == 1.0
-    fedavg, models = run_federated(config(method="fedavg", pretraining="none", rounds=2),
-                                   clients, verbose=0)
-    assert len(models) == 1 and fedavg["final"]["ari"] == 0.0
+    fedavg, state = run_federated(config(method="fedavg", pretraining="none", rounds=2),
+                                  clients, verbose=0)
+    assert len(state.models) == 1 and fedavg["final"]["ari"] == 0.0
 
 
 def test_a_run_records_the_contract(clients, encoder):
@@ -105,12 +105,13 @@ def test_the_same_seeds_give_the_same_run(clients, encoder):
 
 
 def test_partial_participation_and_global_encoder(clients, encoder):
-    record, models = run_federated(
+    record, state = run_federated(
         config(rounds=3, head_rounds=1, participation=1 / 3, global_encoder=True), clients,
         encoder_weights=encoder, verbose=0)
     final = record["final"]
     assert final["bytes_up"] == 3 * 3 * final["model_bytes"]  # 3 of 9 clients, 3 rounds
     assert len(encoder) == 10  # 4 convolutions and a dense layer, kernel and bias each
+    models = state.models
     for model in models[1:]:
         assert all(np.array_equal(a, b) for a, b in zip(model[:10], models[0][:10]))
         assert not np.array_equal(model[10], models[0][10])  # heads stay per cluster

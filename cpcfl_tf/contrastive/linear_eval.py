@@ -4,8 +4,6 @@ paper pre-trains several encoders and keeps the one with the best proxy accuracy
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from pathlib import Path
 from typing import Sequence
 
@@ -47,12 +45,6 @@ def linear_eval(encoder: keras.Model, train: LabeledImages, test: LabeledImages,
     return float(np.mean(predictions == test.labels))
 
 
-def config_key(config: PretrainConfig, **extra) -> str:
-    """Short stable name for a pre-training config (plus e.g. data and seed)."""
-    text = json.dumps({"config": dataclasses.asdict(config), **extra}, sort_keys=True)
-    return f"{config.method}-{config.encoder}-{hashlib.sha1(text.encode()).hexdigest()[:10]}"
-
-
 def select_best(candidates: Sequence[PretrainConfig], images: np.ndarray,
                 proxy_train: LabeledImages, proxy_test: LabeledImages, out_root: str | Path,
                 *, seed: int = 0, verbose: int = 1) -> tuple[PretrainConfig, keras.Model, list[dict]]:
@@ -60,13 +52,13 @@ def select_best(candidates: Sequence[PretrainConfig], images: np.ndarray,
 
     Returns the winning config, its encoder and one record per candidate
     (``{"key", "config", "accuracy"}``); each pre-training lives in
-    ``out_root/<config_key>`` and is reused when it is already there.
+    ``out_root/<pretrain_key>`` and is reused when it is already there.
     """
-    from cpcfl_tf.contrastive.pretrain import pretrain
+    from cpcfl_tf.contrastive.pretrain import pretrain, pretrain_key
 
     scores, best = [], None
     for config in candidates:
-        key = config_key(config, seed=seed, images=list(images.shape))
+        key = pretrain_key(config, seed=seed, images=list(images.shape))
         result = pretrain(config, images, Path(out_root) / key, seed=seed, verbose=verbose)
         accuracy = linear_eval(result.encoder, proxy_train, proxy_test, seed=seed)
         scores.append({"key": key, "config": dataclasses.asdict(config), "accuracy": accuracy})

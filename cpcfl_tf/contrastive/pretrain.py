@@ -204,12 +204,10 @@ def cache_root() -> Path:
     return Path(os.environ.get("CPCFL_CACHE", "cache")).expanduser()
 
 
-def pretrain_key(config: PretrainConfig, data: DataConfig, seed: int) -> str:
-    """Folder name of a pre-training: method, encoder and a hash of all that shapes it."""
-    source = {"dataset": data.pretrain_dataset, "split": data.pretrain_split,
-              "image_size": data.image_size}
-    text = json.dumps({"config": dataclasses.asdict(config), "data": source, "seed": seed},
-                      sort_keys=True)
+def pretrain_key(config: PretrainConfig, **identity) -> str:
+    """Folder name of a pre-training: method, encoder and a hash of the config and of
+    ``identity`` (what else shapes it: the data, the seed)."""
+    text = json.dumps({"config": dataclasses.asdict(config), **identity}, sort_keys=True)
     return f"{config.method}-{config.encoder}-{hashlib.sha1(text.encode()).hexdigest()[:10]}"
 
 
@@ -219,7 +217,9 @@ def pretrained_encoder(config: PretrainConfig, data: DataConfig, *, seed: int = 
     identical pre-training (any script, any run); an interrupted one resumes."""
     from cpcfl_tf.data import load_unlabeled
 
-    out = cache_root() / "pretrained" / pretrain_key(config, data, seed)
+    source = {"dataset": data.pretrain_dataset, "split": data.pretrain_split,
+              "image_size": data.image_size}
+    out = cache_root() / "pretrained" / pretrain_key(config, data=source, seed=seed)
     if not (out / "pretrain.json").exists() and verbose:
         print(f"pre-training {config.method} ({config.encoder}) on {data.pretrain_dataset}:"
               f"{data.pretrain_split} -> {out}")

@@ -19,7 +19,7 @@ import numpy as np
 from cpcfl_tf.config import Config
 from cpcfl_tf.data.sources import LabeledImages
 from cpcfl_tf.federated.backends import (ClientArrays, batch_orders, client_probabilities,
-                                         make_backend, stack_models)
+                                         make_backend, stack_models, unstack)
 from cpcfl_tf.federated.metrics import client_accuracy, pooled_scores
 from cpcfl_tf.federated.simulator import Clients, build_template, initial_pool
 
@@ -34,7 +34,7 @@ def _train_pooled(config: Config, data: ClientArrays, encoder_weights, num_class
     orders = batch_orders(data.num_clients, data.size, epochs, [seed, 7])
     trained = backend.train(start, np.arange(data.num_clients), data, orders, [True] * epochs,
                             batch_size=fl.batch_size, learning_rate=fl.learning_rate)
-    return backend, [[a[k] for a in trained] for k in range(data.num_clients)]
+    return backend, [unstack(trained, k) for k in range(data.num_clients)]
 
 
 def centralized_baseline(config: Config, clients: Clients, encoder_weights=None, *,

@@ -140,7 +140,7 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
                   checkpoint: str | Path | None = None, train_seed: int | None = None,
                   verbose: int = 1,
                   on_round: Callable[[dict, algorithm.ServerState], None] | None = None
-                  ) -> tuple[dict, list]:
+                  ) -> tuple[dict, algorithm.ServerState]:
     """Run ``config.federated`` on ``clients``.
 
     Parameters
@@ -165,10 +165,10 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
 
     Returns
     -------
-    (record, models)
+    (record, state)
         ``record`` holds ``rounds`` (per-round accuracy and cluster ids, F1/AUROC at the
         reporting rounds) and ``final`` (the contract's metrics, ARI, restarts and
-        bytes sent); ``models`` is the final pool.
+        bytes sent); ``state`` is the final server state (the pool of models).
     """
     fl = config.federated.resolved()
     seed = config.seed if train_seed is None else train_seed
@@ -251,7 +251,7 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
               "rounds": progress.history, "final": final,
               "timing": {"seconds": progress.seconds,
                          "seconds_per_round": progress.seconds / max(1, fl.rounds)}}
-    return record, state.models
+    return record, state
 
 
 def fedavg_encoder(config: Config, clients: Clients, *, checkpoint: str | Path | None = None,
@@ -260,10 +260,13 @@ def fedavg_encoder(config: Config, clients: Clients, *, checkpoint: str | Path |
     (random initialisation, the same clients and rounds). Returns it and that run's record.
     """
     fedavg = config.with_overrides(federated={"method": "fedavg", "pretraining": "none"})
-    record, (model,) = run_federated(fedavg, clients, checkpoint=checkpoint, verbose=verbose)
-    num_encoder = len(build_template(fedavg.federated, clients.train.images.shape[2:],
-                                     clients.num_classes).get_layer("encoder").weights)
-    return model[:num_encoder], record
+    record, state = run_federated(fedavg, clients, checkpoint=checkpoint, verbose=verbose)
+    return global_encoder(state), record
+
+
+def global_encoder(state: algorithm.ServerState) -> list[np.ndarray]:
+    """The encoder part of a one-model (FedAvg) pool."""
+    return state.models[0][:state.num_encoder]
 
 
 def _digest(weights) -> str | None:
