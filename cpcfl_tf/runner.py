@@ -39,13 +39,31 @@ class RunSpec:
     """Data and training seed (default: the script's ``--seed``)."""
     encoder: str | None = None
     """Encoder other than the preset's (ResNet tables)."""
+    data: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Data other than the preset's (the cross-dataset tables)."""
+    pretrain: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def config(self, base: Config) -> Config:
         config = base.with_encoder(self.encoder) if self.encoder else base
         return config.with_overrides(
             seed=base.seed if self.seed is None else self.seed,
             federated={"method": self.method, "pretraining": self.pretraining, **self.federated},
-            partition=dict(self.partition))
+            partition=dict(self.partition), data=dict(self.data), pretrain=dict(self.pretrain))
+
+
+COMPARISON = {"fedavg-none": ("fedavg", "none", "FedAvg (None)"),
+              "fedavg-simclr": ("fedavg", "simclr", "FedAvg (SimCLR)"),
+              "ifca-none": ("ifca", "none", "IFCA (None)"),
+              "ifca-fedavg": ("ifca", "fedavg", "IFCA (FedAvg)"),
+              "cp-cfl-simclr": ("cp-cfl", "simclr", "CP-CFL (SimCLR)")}
+"""The five rows (run name: method, pre-training, label) the paper compares in most tables."""
+
+
+def comparison_specs(prefix: str = "", **fields: Any) -> list[RunSpec]:
+    """The five :data:`COMPARISON` rows as specs named ``prefix + name``, with ``fields``
+    (other :class:`RunSpec` fields) shared by all."""
+    return [RunSpec(prefix + name, method, pre, **fields)
+            for name, (method, pre, _) in COMPARISON.items()]
 
 
 class Runner:
@@ -96,13 +114,22 @@ class Runner:
                 self._fedavg[key], _ = fedavg_encoder(config, self.clients(config),
                                                       verbose=self.verbose)
             return self._fedavg[key]
+        # The server pre-trains once, with the script's seed: a run's own seed
+        # (trials.py) redraws the clients, not the server's encoder.
         if pre == "supervised":
-            raise UserError("supervised pre-training runs through experiments/supervised.py")
+            from cpcfl_tf.federated.centralized import pretrained_supervised
+
+            return pretrained_supervised(config, seed=self.base.seed, verbose=self.verbose)
+        return self.pretrained(config, pre).encoder.get_weights()
+
+    def pretrained(self, config: Config, method: str | None = None):
+        """The cached contrastive pre-training of ``config`` (method: its pre-training)."""
         from cpcfl_tf.contrastive.pretrain import pretrained_encoder
 
-        pretrain = dataclasses.replace(config.pretrain, method=pre)
-        return pretrained_encoder(pretrain, config.data, seed=config.seed,
-                                  verbose=self.verbose).encoder.get_weights()
+        pretrain = dataclasses.replace(config.pretrain,
+                                       method=method or config.federated.pretraining)
+        return pretrained_encoder(pretrain, config.data, seed=self.base.seed,
+                                  verbose=self.verbose)
 
     # -- runs ---------------------------------------------------------------
     def path(self, spec: RunSpec) -> Path:
@@ -133,9 +160,15 @@ class Runner:
         if self.verbose:
             print(f"{spec.name}: {config.federated.method} ({config.federated.pretraining}), "
                   f"{config.partition.num_clients} clients, {config.federated.rounds} rounds")
-        result, state = run_federated(config, self.clients(config),
-                                      encoder_weights=self.encoder_weights(config),
-                                      checkpoint=checkpoint, verbose=self.verbose)
+        if config.federated.method == "centralized":
+            from cpcfl_tf.federated.centralized import run_centralized
+
+            result, state = run_centralized(config, self.clients(config),
+                                            self.encoder_weights(config)), None
+        else:
+            result, state = run_federated(config, self.clients(config),
+                                          encoder_weights=self.encoder_weights(config),
+                                          checkpoint=checkpoint, verbose=self.verbose)
         if config.federated.method == "fedavg" and config.federated.pretraining == "none":
             # IFCA (FedAvg) of the same experiment starts from this model's encoder.
             self._fedavg[json.dumps(wanted, sort_keys=True)] = global_encoder(state)
@@ -165,3 +198,30 @@ def accuracy_at(record: dict, round_: int) -> float:
 def reporting_rounds(rounds: int) -> list[int]:
     """The paper reports T = 25/50/75/100 of 100 rounds: the quarters of the run."""
     return [int(np.ceil(rounds * q / 4)) for q in (1, 2, 3, 4)]
+
+
+def mean_sd(values) -> tuple[float, float]:
+    """Mean and standard deviation (ddof = 0, as the paper's trial tables compute it)."""
+    values = np.asarray(values, np.float64)
+    return float(values.mean()), float(values.std())
+
+
+def trial_table(records: dict[str, list[dict]], labels: dict[str, str], value, *,
+                percent: bool, paper: dict[str, tuple] | None = None) -> list[str]:
+    """Markdown rows "label | trial 1 .. k | mean ± SD [| paper mean ± SD]" for the runs of
+    each name in ``records`` (one record per trial), ``value(record) -> float``."""
+    scale, fmt = (100.0, "{:.2f}") if percent else (1.0, "{:.4f}")
+    trials = max(len(r) for r in records.values())
+    lines = ["| method | " + " | ".join(f"trial {k + 1}" for k in range(trials))
+             + " | mean ± SD |" + (" paper mean ± SD |" if paper else ""),
+             "|---|" + "---|" * (trials + 1) + ("---|" if paper else "")]
+    for name, runs in records.items():
+        values = [scale * value(r) for r in runs]
+        mean, sd = mean_sd(values)
+        row = (f"| {labels[name]} | " + " | ".join(fmt.format(v) for v in values)
+               + " | " * (trials - len(values)) + f" | {fmt.format(mean)} ± {fmt.format(sd)} |")
+        if paper:
+            mean, sd = paper[name]
+            row += f" {fmt.format(mean)}" + (f" ± {fmt.format(sd)}" if sd else "") + " |"
+        lines.append(row)
+    return lines

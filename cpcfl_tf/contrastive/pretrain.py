@@ -204,11 +204,12 @@ def cache_root() -> Path:
     return Path(os.environ.get("CPCFL_CACHE", "cache")).expanduser()
 
 
-def pretrain_key(config: PretrainConfig, **identity) -> str:
-    """Folder name of a pre-training: method, encoder and a hash of the config and of
-    ``identity`` (what else shapes it: the data, the seed)."""
+def pretrain_key(config: PretrainConfig, *, name: str | None = None, **identity) -> str:
+    """Folder name of a pre-training: ``name`` (default: the method), encoder and a hash of
+    the config and of ``identity`` (what else shapes it: the data, the seed)."""
     text = json.dumps({"config": dataclasses.asdict(config), **identity}, sort_keys=True)
-    return f"{config.method}-{config.encoder}-{hashlib.sha1(text.encode()).hexdigest()[:10]}"
+    digest = hashlib.sha1(text.encode()).hexdigest()[:10]
+    return f"{name or config.method}-{config.encoder}-{digest}"
 
 
 def pretrained_encoder(config: PretrainConfig, data: DataConfig, *, seed: int = 0,

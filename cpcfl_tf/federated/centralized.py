@@ -13,11 +13,14 @@ rounds x local epochs: as many passes over each example as a client makes).
 from __future__ import annotations
 
 import dataclasses
+import json
+import time
 
 import numpy as np
 
 from cpcfl_tf.config import Config
 from cpcfl_tf.data.sources import LabeledImages
+from cpcfl_tf.errors import UserError
 from cpcfl_tf.federated.backends import (ClientArrays, batch_orders, client_probabilities,
                                          make_backend, stack_models, unstack)
 from cpcfl_tf.federated.metrics import client_accuracy, pooled_scores
@@ -61,6 +64,27 @@ def centralized_baseline(config: Config, clients: Clients, encoder_weights=None,
             **pooled_scores(clients.test.labels, probs), "epochs": epochs}
 
 
+def run_centralized(config: Config, clients: Clients, encoder_weights=None) -> dict:
+    """A centralized baseline as a run record (the contract's fields, no rounds).
+
+    ``federated.num_clusters`` says which: 1 pools all clients, the number of true groups
+    pools them by group (tab:different_datasets' two centralized rows).
+    """
+    groups = len(np.unique(clients.groups))
+    n = config.federated.num_clusters
+    if n not in (1, groups):
+        raise UserError(f"a centralized run takes federated.num_clusters 1 (all clients pooled) "
+                        f"or {groups} (pooled by true group), got {n}")
+    started = time.perf_counter()
+    final = centralized_baseline(config, clients, encoder_weights, by_group=n > 1)
+    final.update(ari=None, restarts=0, bytes_down=0, bytes_up=0)
+    seconds = time.perf_counter() - started
+    return {"config": dataclasses.asdict(config),
+            "seeds": {"data": config.seed, "train": config.seed}, "clients": clients.records,
+            "rounds": [], "final": final,
+            "timing": {"seconds": seconds, "seconds_per_round": None}}
+
+
 def supervised_encoder(config: Config, labeled: LabeledImages, *, epochs: int,
                        seed: int | None = None) -> list[np.ndarray]:
     """Encoder weights from supervised pre-training: encoder + theta_c trained with labels
@@ -69,3 +93,49 @@ def supervised_encoder(config: Config, labeled: LabeledImages, *, epochs: int,
     data = ClientArrays(labeled.images[None], labeled.labels[None])
     backend, (model,) = _train_pooled(config, data, None, labeled.num_classes, epochs, seed)
     return model[:backend.num_encoder]
+
+
+def pretrained_supervised(config: Config, *, seed: int = 0, verbose: int = 1
+                          ) -> list[np.ndarray]:
+    """Supervised pre-training on the *labeled* version of ``config.data``'s pre-training
+    split (tab:encoder_pretraining), cached like the contrastive encoders.
+
+    It gets the contrastive pre-training's budget: ``config.pretrain``'s epochs, batch
+    size and learning rate (the paper does not give its own).
+    """
+    from cpcfl_tf.contrastive.pretrain import cache_root, pretrain_key
+    from cpcfl_tf.data import load_labeled
+    from cpcfl_tf.results import write_atomic
+
+    data, pre = config.data, config.pretrain
+    source = {"dataset": data.pretrain_dataset, "split": data.pretrain_split,
+              "image_size": data.image_size}
+    out = cache_root() / "pretrained" / pretrain_key(pre, name="supervised", data=source,
+                                                     seed=seed)
+    path = out / "encoder.npz"
+    if path.exists():
+        try:
+            with np.load(path) as stored:
+                return [stored[f"w{i}"] for i in range(len(stored.files))]
+        except Exception as err:
+            raise UserError(f"cannot read the cached encoder {path} ({type(err).__name__}); "
+                            "delete it to pre-train again") from None
+    if verbose:
+        print(f"supervised pre-training ({pre.encoder}) on {data.pretrain_dataset}:"
+              f"{data.pretrain_split} with its labels -> {out}", flush=True)
+    labeled = load_labeled(data.pretrain_dataset, data.pretrain_split,
+                           image_size=data.image_size, data_dir=data.data_dir,
+                           manual_dir=data.manual_dir)
+    budget = config.with_overrides(federated={"batch_size": pre.batch_size,
+                                              "learning_rate": pre.learning_rate})
+    weights = supervised_encoder(budget, labeled, epochs=pre.epochs, seed=seed)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def save(tmp: str) -> None:
+        with open(tmp, "wb") as fh:
+            np.savez(fh, **{f"w{i}": w for i, w in enumerate(weights)})
+
+    write_atomic(path, save)
+    (out / "source.json").write_text(json.dumps({"config": dataclasses.asdict(pre), **source,
+                                                 "seed": seed}, indent=2))
+    return weights

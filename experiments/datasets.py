@@ -1,0 +1,108 @@
+"""tab:different_datasets: pre-training data vs client data.
+
+For each pair (pre-training data -> client data) of the preset: FedAvg (None, SimCLR),
+IFCA (None, FedAvg), CP-CFL (SimCLR), the two centralized baselines from the SimCLR
+encoder (all clients pooled; pooled by true group), and the relevance score of the
+pre-training data to the client data (mean cross cosine similarity of 300 + 300 images
+through the SimCLR encoder). Offline presets map the paper's pairs onto Fashion-MNIST
+and digits and print that mapping.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from cpcfl_tf.errors import run_cli
+from cpcfl_tf.experiment import dataset_pairs, experiment_parser, finish, setup
+from cpcfl_tf.runner import COMPARISON, RunSpec, Runner, comparison_specs
+
+CENTRALIZED = {"centralized-all": ("Centralized (all clients)", 1),
+               "centralized-group": ("Centralized (by cluster)", None)}
+"""The centralized rows: label and number of models (None: one per true group)."""
+
+PAPER = {
+    "STL-10 -> STL-10": {"fedavg-none": 44.13, "fedavg-simclr": 59.33, "ifca-none": 67.80,
+                         "ifca-fedavg": 70.90, "cp-cfl-simclr": 76.80, "centralized-all": 64.37,
+                         "centralized-group": 77.47, "relevance": 0.7346},
+    "STL-10 -> CIFAR-10": {"fedavg-none": 40.10, "fedavg-simclr": 48.20, "ifca-none": 65.40,
+                           "ifca-fedavg": 70.03, "cp-cfl-simclr": 75.00,
+                           "centralized-all": 63.03, "centralized-group": 76.00,
+                           "relevance": 0.7306},
+    "STL-10 -> MNIST": {"fedavg-none": 95.47, "fedavg-simclr": 93.03, "ifca-none": 98.37,
+                        "ifca-fedavg": 98.90, "cp-cfl-simclr": 98.40, "relevance": 0.6108},
+    "EMNIST -> MNIST": {"fedavg-none": 95.47, "fedavg-simclr": 94.83, "ifca-none": 98.37,
+                        "ifca-fedavg": 98.90, "cp-cfl-simclr": 99.27, "relevance": 0.6714},
+}
+"""The paper's accuracy (%) at T = 100 and relevance score, per paper pair."""
+LABELS = {**{k: label for k, (_, _, label) in COMPARISON.items()},
+          **{k: label for k, (label, _) in CENTRALIZED.items()}}
+
+
+def specs(config) -> dict[str, list[RunSpec]]:
+    """The runs of every pair of ``config``'s preset."""
+    groups = config.partition.num_groups
+    return {pair.key: comparison_specs(f"{pair.key}-", data=pair.data, partition=pair.partition)
+            + [RunSpec(f"{pair.key}-{name}", "centralized", "simclr", data=pair.data,
+                       partition=pair.partition, federated={"num_clusters": n or groups})
+               for name, (_, n) in CENTRALIZED.items()]
+            for pair in dataset_pairs(config)}
+
+
+def relevance(runner: Runner, spec: RunSpec) -> float:
+    """The relevance score of the spec's pre-training data to its client data."""
+    from cpcfl_tf.contrastive.linear_eval import relevance_score
+    from cpcfl_tf.data import load_unlabeled
+
+    config = spec.config(runner.base)
+    data = config.data
+    unlabeled = load_unlabeled(data.pretrain_dataset, data.pretrain_split,
+                               image_size=data.image_size, data_dir=data.data_dir,
+                               manual_dir=data.manual_dir)
+    client_images = runner.partition(config)[1].images
+    encoder = runner.pretrained(config, "simclr").encoder
+    return relevance_score(encoder, unlabeled, client_images, seed=config.seed)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = experiment_parser("datasets", __doc__.split("\n\n")[0])
+    args = parser.parse_args(argv)
+    config, out = setup(args, "datasets")
+    pairs = dataset_pairs(config)
+    for pair in pairs:
+        print(f"pair {pair.label} stands for the paper's {pair.paper} "
+              f"({'related' if pair.related else 'unrelated'})")
+    runner = Runner("datasets", config, out, resume=args.resume, force=args.force)
+    runs = specs(config)
+    records = {spec.name: runner.run(spec) for pair in pairs for spec in runs[pair.key]}
+    scores = {pair.key: relevance(runner, runs[pair.key][0]) for pair in pairs}
+
+    from cpcfl_tf.results import write_csv
+
+    lines = [f"# Pre-training data vs client data (preset `{config.preset}`), "
+             f"T = {config.federated.rounds}", "",
+             "Accuracy (%) at the last round; relevance score in brackets in the header. "
+             "Paper (STL-10 family, GPU, T = 100) after the slash.", ""]
+    lines += [f"- {p.label} stands for the paper's {p.paper} "
+              f"({'related' if p.related else 'unrelated'} data)" for p in pairs]
+    lines += ["", "| method | " + " | ".join(f"{p.label} ({scores[p.key]:.4f} / "
+                                             f"{PAPER[p.paper]['relevance']:.4f})"
+                                             for p in pairs) + " |",
+              "|---|" + "---|" * len(pairs)]
+    rows = []
+    for name, label in LABELS.items():
+        cells = []
+        for pair in pairs:
+            record = records[f"{pair.key}-{name}"]
+            accuracy = record["final"]["accuracy"]
+            paper = PAPER[pair.paper].get(name)
+            cells.append(f"{100 * accuracy:.2f} / " + (f"{paper:.2f}" if paper else "--"))
+            rows.append({"pair": pair.key, "paper_pair": pair.paper, "run": name,
+                         "method": record["method"], "pretraining": record["pretraining"],
+                         "accuracy": accuracy, "f1_macro": record["final"]["f1_macro"],
+                         "relevance": scores[pair.key], "clients": len(record["clients"])})
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    write_csv(out / "datasets.csv", rows)
+    finish(out, "datasets.md", "\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    run_cli(main)
