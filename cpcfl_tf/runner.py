@@ -70,14 +70,22 @@ class Runner:
     """Runs :class:`RunSpec`s of one experiment into one folder."""
 
     def __init__(self, experiment: str, base: Config, out: Path, *, resume: bool = False,
-                 force: bool = False, verbose: int = 1):
+                 force: bool = False, verbose: int = 1, strategy: str = "default"):
         from cpcfl_tf.results import prepare_out_dir
 
         self.experiment, self.base, self.out = experiment, base, prepare_out_dir(out)
         self.resume, self.force, self.verbose = resume, force, verbose
+        self.strategy = strategy
+        """How the server pre-trains (``default`` or ``mirrored``); not part of any key."""
         self._splits: dict[str, tuple] = {}
         self._partitions: dict[str, tuple] = {}
         self._fedavg: dict[str, list] = {}
+
+    @classmethod
+    def for_script(cls, experiment: str, base: Config, out: Path, args) -> "Runner":
+        """The runner of a script, set by its :func:`experiment_parser` options."""
+        return cls(experiment, base, out, resume=args.resume, force=args.force,
+                   strategy=args.strategy)
 
     # -- data ---------------------------------------------------------------
     def partition(self, config: Config):
@@ -129,7 +137,7 @@ class Runner:
         pretrain = dataclasses.replace(config.pretrain,
                                        method=method or config.federated.pretraining)
         return pretrained_encoder(pretrain, config.data, seed=self.base.seed,
-                                  verbose=self.verbose)
+                                  verbose=self.verbose, strategy=self.strategy)
 
     # -- runs ---------------------------------------------------------------
     def path(self, spec: RunSpec) -> Path:

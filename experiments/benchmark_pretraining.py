@@ -17,7 +17,8 @@ from cpcfl_tf.experiment import environment, experiment_parser, print_metrics, s
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = experiment_parser("benchmark_pretraining", __doc__.split("\n\n")[0])
+    parser = experiment_parser("benchmark_pretraining", __doc__.split("\n\n")[0],
+                               strategy=False)
     parser.add_argument("--method", default="simclr", choices=["simclr", "byol", "simsiam"])
     parser.add_argument("--encoder", default="cnn", choices=["cnn", "resnet18", "resnet50"])
     parser.add_argument("--image-size", type=int, help="default: the preset's")

@@ -44,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = experiment_parser("clients", __doc__.split("\n\n")[0])
     args = parser.parse_args(argv)
     config, out = setup(args, "clients")
-    runner = Runner("clients", config, out, resume=args.resume, force=args.force)
+    runner = Runner.for_script("clients", config, out, args)
     grid = settings(config)
     records = {(n, spec.name.split("-", 1)[1]): runner.run(spec) for n, t in grid
                for spec in comparison_specs(f"c{n}-", partition=partition(config, n),

@@ -21,7 +21,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = experiment_parser("clusters", __doc__.split("\n\n")[0])
     args = parser.parse_args(argv)
     config, out = setup(args, "clusters")
-    runner = Runner("clusters", config, out, resume=args.resume, force=args.force)
+    runner = Runner.for_script("clusters", config, out, args)
     records = {spec.federated["num_clusters"]: runner.run(spec) for spec in SPECS}
 
     from cpcfl_tf.plots import plot_accuracy_curves

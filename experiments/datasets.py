@@ -70,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for pair in pairs:
         print(f"pair {pair.label} stands for the paper's {pair.paper} "
               f"({'related' if pair.related else 'unrelated'})")
-    runner = Runner("datasets", config, out, resume=args.resume, force=args.force)
+    runner = Runner.for_script("datasets", config, out, args)
     runs = specs(config)
     records = {spec.name: runner.run(spec) for pair in pairs for spec in runs[pair.key]}
     scores = {pair.key: relevance(runner, runs[pair.key][0]) for pair in pairs}

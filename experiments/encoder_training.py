@@ -37,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = experiment_parser("encoder_training", __doc__.split("\n\n")[0])
     args = parser.parse_args(argv)
     config, out = setup(args, "encoder_training")
-    runner = Runner("encoder_training", config, out, resume=args.resume, force=args.force)
+    runner = Runner.for_script("encoder_training", config, out, args)
     local = config.federated.local_epochs
     records = {spec.name: runner.run(spec) for spec in specs(local)}
 

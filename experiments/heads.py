@@ -31,7 +31,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     config, out = setup(args, "heads")
     pairs = dataset_pairs(config)
-    runner = Runner("heads", config, out, resume=args.resume, force=args.force)
+    runner = Runner.for_script("heads", config, out, args)
     records = {(pair.key, head): runner.run(RunSpec(
         f"{pair.key}-cp-cfl-simclr-{head}", "cp-cfl", "simclr", federated={"head": head},
         data=pair.data, partition=pair.partition)) for pair in pairs for head in HEADS}

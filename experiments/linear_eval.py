@@ -42,7 +42,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"random encoder: linear evaluation accuracy {rows[0]['accuracy']:.4f}")
     for method in methods:
         pretrain = dataclasses.replace(config.pretrain, method=method)
-        result = pretrained_encoder(pretrain, config.data, seed=config.seed)
+        result = pretrained_encoder(pretrain, config.data, seed=config.seed,
+                                    strategy=args.strategy)
         last = result.history[-1]
         rows.append({"pretraining": method, "epochs": pretrain.epochs,
                      "accuracy": linear_eval(result.encoder, proxy_train, proxy_test,

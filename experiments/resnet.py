@@ -54,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.trials is not None and args.trials < 1:
         raise UserError(f"--trials must be >= 1, got {args.trials}")
     config, out = setup(args, "resnet")
-    runner = Runner("resnet", config, out, resume=args.resume, force=args.force)
+    runner = Runner.for_script("resnet", config, out, args)
     records: dict[str, dict[str, list]] = {}
     for encoder in args.encoders:
         trials = args.trials or (PAPER_TRIALS[encoder] if config.preset == "paper" else 1)

@@ -28,7 +28,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     config, out = setup(args, "supervised")
     data = PAPER_DATA if config.preset == "paper" else {}
-    runner = Runner("supervised", config, out, resume=args.resume, force=args.force)
+    runner = Runner.for_script("supervised", config, out, args)
     records = {pre: runner.run(RunSpec(f"cp-cfl-{pre}", "cp-cfl", pre, data=data))
                for pre in LABELS}
 

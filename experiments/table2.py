@@ -88,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = experiment_parser("table2", __doc__.split("\n\n")[0])
     args = parser.parse_args(argv)
     config, out = setup(args, "table2")
-    runner = Runner("table2", config, out, resume=args.resume, force=args.force)
+    runner = Runner.for_script("table2", config, out, args)
     records = {spec.name: runner.run(spec) for spec in SPECS}
 
     from cpcfl_tf.plots import (plot_accuracy_curves, plot_client_data_amounts,

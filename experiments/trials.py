@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.trials < 1:
         raise UserError(f"--trials must be >= 1, got {args.trials}")
     config, out = setup(args, "trials")
-    runner = Runner("trials", config, out, resume=args.resume, force=args.force)
+    runner = Runner.for_script("trials", config, out, args)
     records = {name: [] for name in COMPARISON}
     for k in range(args.trials):
         for spec in comparison_specs(f"trial{k + 1}-", seed=args.seed + k):

@@ -164,7 +164,8 @@ def test_corrupt_checkpoint_is_a_clear_error(digits, tmp_path):
 
 
 def test_nan_loss_stops_with_a_clear_error(digits, tmp_path, monkeypatch):
-    monkeypatch.setattr(methods, "nt_xent", lambda zi, zj, tau: tf.reduce_sum(zi) * float("nan"))
+    monkeypatch.setattr(methods, "nt_xent_across_replicas",
+                        lambda zi, zj, tau: tf.reduce_sum(zi) * float("nan"))
     with pytest.raises(DivergedError, match=r"loss became nan .*pretrain\.learning_rate"):
         pretrain(PretrainConfig(epochs=2, batch_size=64), digits, tmp_path, verbose=0)
     assert not (tmp_path / "encoder.keras").exists()

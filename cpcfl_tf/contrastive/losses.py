@@ -34,6 +34,33 @@ def nt_xent(z_i: tf.Tensor, z_j: tf.Tensor, temperature: float = 0.1) -> tf.Tens
     return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(positives, logits))
 
 
+def nt_xent_across_replicas(z_i: tf.Tensor, z_j: tf.Tensor, temperature: float = 0.1
+                            ) -> tf.Tensor:
+    """:func:`nt_xent` of the *global* batch, computed on one replica's share of it.
+
+    Under a ``tf.distribute`` strategy every replica holds B/R images; their projections
+    are gathered so each local anchor sees all 2B - 2 negatives, as on one device. The
+    result is the mean over this replica's 2B/R anchors; the mean over replicas (equal
+    shares) is the single-device loss. Outside a multi-replica context it is
+    :func:`nt_xent`.
+    """
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return nt_xent(z_i, z_j, temperature)
+    z_i, z_j = _f32(z_i, z_j)
+    n = tf.shape(z_i)[0]
+    total = n * context.num_replicas_in_sync
+    first = n * context.replica_id_in_sync_group  # this replica's rows in the global batch
+    candidates = tf.math.l2_normalize(
+        tf.concat([context.all_gather(z_i, 0), context.all_gather(z_j, 0)], 0), -1)
+    anchors = tf.math.l2_normalize(tf.concat([z_i, z_j], 0), -1)
+    rows = tf.concat([first + tf.range(n), total + first + tf.range(n)], 0)
+    logits = tf.matmul(anchors, candidates, transpose_b=True) / temperature
+    logits -= 1e9 * tf.one_hot(rows, 2 * total, dtype=logits.dtype)  # drop i' = i
+    positives = tf.concat([total + first + tf.range(n), first + tf.range(n)], 0)
+    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(positives, logits))
+
+
 def byol_loss(p: tf.Tensor, z: tf.Tensor) -> tf.Tensor:
     """BYOL's loss, Eq. (byol): mean of ``||p/|p| - z/|z|||^2 = 2 - 2 cos(p, z)``."""
     return tf.reduce_mean(2.0 - 2.0 * cosine(p, z))

@@ -20,7 +20,8 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from cpcfl_tf.contrastive.losses import byol_loss, embedding_std, nt_xent, simsiam_loss
+from cpcfl_tf.contrastive.losses import (byol_loss, embedding_std, nt_xent_across_replicas,
+                                         simsiam_loss)
 from cpcfl_tf.data.images import to_float
 
 
@@ -96,6 +97,36 @@ class ContrastiveModel(keras.Model):
         update = tf.function(self.update, jit_compile=jit_compile)
         return lambda images: update(*views(images))
 
+    def make_mirrored_step(self, strategy: tf.distribute.Strategy):
+        """``train_step`` under ``strategy`` (built in its scope): the views of the global
+        batch are made once, each replica trains on its B/R share with the loss scaled
+        by 1/R (gradients are summed over replicas), and BYOL's target update runs once
+        in cross-replica context. SimCLR gathers its negatives across replicas and
+        BatchNormalization is synchronised, so a step equals the single-device step."""
+        replicas = strategy.num_replicas_in_sync
+
+        def replica_update(view1, view2):
+            index = tf.distribute.get_replica_context().replica_id_in_sync_group
+            share = tf.shape(view1)[0] // replicas
+            view1, view2 = (v[index * share:(index + 1) * share] for v in (view1, view2))
+            with tf.GradientTape() as tape:
+                loss, z = self.contrastive_loss(view1, view2)
+                scaled = self.optimizer.scale_loss(loss / replicas)
+            variables = self.online_variables
+            self.optimizer.apply_gradients(zip(tape.gradient(scaled, variables), variables))
+            return loss, embedding_std(z)
+
+        @tf.function(jit_compile=False)
+        def step(images):
+            view1, view2 = self.views(images)
+            loss, std = strategy.run(replica_update, args=(view1, view2))
+            self.after_step()
+            mean = tf.distribute.ReduceOp.MEAN
+            return {"loss": strategy.reduce(mean, loss, axis=None),
+                    "embedding_std": strategy.reduce(mean, std, axis=None)}
+
+        return step
+
     def after_step(self) -> None:
         """Hook after the optimizer step (BYOL's target update)."""
         return None
@@ -121,7 +152,7 @@ class SimCLR(ContrastiveModel):
         z = self.projector(self.encoder(tf.concat([view1, view2], 0), training=True),
                            training=True)
         z1, z2 = tf.split(z, 2)
-        return nt_xent(z1, z2, self.temperature), z1
+        return nt_xent_across_replicas(z1, z2, self.temperature), z1
 
 
 class BYOL(ContrastiveModel):

@@ -11,6 +11,7 @@ Output folder of one pre-training::
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -119,8 +120,22 @@ def _load_checkpoint(path: Path, model: ContrastiveModel, meta: dict) -> tuple[i
     return record["epoch"], record["history"]
 
 
+STRATEGIES = ("default", "mirrored")
+
+
+def make_strategy(name: str = "default") -> tf.distribute.Strategy | None:
+    """``None`` (one device) or a ``MirroredStrategy`` over every GPU, or over every
+    logical CPU device when there is no GPU (how the tests run it)."""
+    if name not in STRATEGIES:
+        raise UserError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}")
+    if name == "default":
+        return None
+    devices = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
+    return tf.distribute.MirroredStrategy(devices=[d.name for d in devices])
+
+
 def pretrain(config: PretrainConfig, images: np.ndarray, out_dir: str | Path, *,
-             seed: int = 0, verbose: int = 1) -> PretrainResult:
+             seed: int = 0, verbose: int = 1, strategy: str = "default") -> PretrainResult:
     """Pre-train ``config.encoder`` with ``config.method`` on unlabeled ``images``.
 
     Parameters
@@ -137,8 +152,13 @@ def pretrain(config: PretrainConfig, images: np.ndarray, out_dir: str | Path, *,
         resumed run sees the same batches as an uninterrupted one).
     verbose
         1: a progress bar per epoch; 0: silent.
+    strategy
+        ``default`` (one device) or ``mirrored`` (:func:`make_strategy`): the global
+        batch is split over the replicas; the step equals the single-device one, so the
+        cache key ignores the strategy.
     """
     out = prepare_out_dir(out_dir)
+    distribute = make_strategy(strategy)
     if images.ndim != 4 or images.dtype != np.uint8:
         raise UserError(f"pre-training needs uint8 images (n, h, w, c), got {images.dtype} "
                         f"{images.shape}")
@@ -152,11 +172,20 @@ def pretrain(config: PretrainConfig, images: np.ndarray, out_dir: str | Path, *,
             return PretrainResult(keras.models.load_model(encoder_path), summary["history"], out)
         raise UserError(f"{out} holds a different finished pre-training; use another folder")
 
-    model = build_contrastive_model(config, images.shape[1:], seed=seed)
+    if distribute:
+        replicas = distribute.num_replicas_in_sync
+        if batch_size % replicas:
+            raise UserError(f"pretrain.batch_size {batch_size} does not split over {replicas} "
+                            f"replicas; use a multiple of {replicas}")
+        if config.jit_compile:
+            raise UserError("pretrain.jit_compile is not supported with --strategy mirrored")
+    with distribute.scope() if distribute else contextlib.nullcontext():
+        model = build_contrastive_model(config, images.shape[1:], seed=seed)
     checkpoint = out / "checkpoint.npz"
     start, history = (_load_checkpoint(checkpoint, model, meta) if checkpoint.exists()
                       else (0, []))
-    step = model.make_step(config.jit_compile)
+    step = (model.make_mirrored_step(distribute) if distribute
+            else model.make_step(config.jit_compile))
     steps = len(images) // batch_size  # drop the last partial batch: NT-Xent wants full ones
     for epoch in range(start, config.epochs):
         order = np.random.default_rng([seed, epoch]).permutation(len(images))
@@ -213,7 +242,7 @@ def pretrain_key(config: PretrainConfig, *, name: str | None = None, **identity)
 
 
 def pretrained_encoder(config: PretrainConfig, data: DataConfig, *, seed: int = 0,
-                       verbose: int = 1) -> PretrainResult:
+                       verbose: int = 1, strategy: str = "default") -> PretrainResult:
     """Pre-train on ``data``'s unlabeled source, or load the cached result of an earlier
     identical pre-training (any script, any run); an interrupted one resumes."""
     from cpcfl_tf.data import load_unlabeled
@@ -227,4 +256,4 @@ def pretrained_encoder(config: PretrainConfig, data: DataConfig, *, seed: int = 
     images = load_unlabeled(data.pretrain_dataset, data.pretrain_split,
                             image_size=data.image_size, data_dir=data.data_dir,
                             manual_dir=data.manual_dir)
-    return pretrain(config, images, out, seed=seed, verbose=verbose)
+    return pretrain(config, images, out, seed=seed, verbose=verbose, strategy=strategy)

@@ -9,6 +9,7 @@ import keras
 from keras import layers
 
 from cpcfl_tf.errors import UserError
+from cpcfl_tf.models.layers import batch_norm
 
 ENCODER_DIMS = {"cnn": 256, "resnet18": 512, "resnet50": 2048}
 _MIN_SIZE = {"cnn": 31, "resnet18": 32, "resnet50": 32}
@@ -56,7 +57,7 @@ def _resnet18(input_shape, model_name):
     inputs = keras.Input(input_shape, name="images")
     x = layers.ZeroPadding2D(3, name="stem_pad")(inputs)
     x = layers.Conv2D(64, 7, strides=2, use_bias=False, name="stem_conv")(x)
-    x = layers.BatchNormalization(epsilon=1e-5, name="stem_bn")(x)
+    x = batch_norm(epsilon=1e-5, name="stem_bn")(x)
     x = layers.ReLU(name="stem_relu")(x)
     x = layers.ZeroPadding2D(1, name="pool_pad")(x)
     x = layers.MaxPooling2D(3, strides=2, name="stem_pool")(x)
@@ -73,13 +74,13 @@ def _basic_block(x, filters, stride, name):
     if stride != 1 or x.shape[-1] != filters:
         shortcut = layers.Conv2D(filters, 1, strides=stride, use_bias=False,
                                  name=f"{name}_down_conv")(x)
-        shortcut = layers.BatchNormalization(epsilon=1e-5, name=f"{name}_down_bn")(shortcut)
+        shortcut = batch_norm(epsilon=1e-5, name=f"{name}_down_bn")(shortcut)
     y = layers.ZeroPadding2D(1, name=f"{name}_pad1")(x)
     y = layers.Conv2D(filters, 3, strides=stride, use_bias=False, name=f"{name}_conv1")(y)
-    y = layers.BatchNormalization(epsilon=1e-5, name=f"{name}_bn1")(y)
+    y = batch_norm(epsilon=1e-5, name=f"{name}_bn1")(y)
     y = layers.ReLU(name=f"{name}_relu1")(y)
     y = layers.Conv2D(filters, 3, padding="same", use_bias=False, name=f"{name}_conv2")(y)
-    y = layers.BatchNormalization(epsilon=1e-5, name=f"{name}_bn2")(y)
+    y = batch_norm(epsilon=1e-5, name=f"{name}_bn2")(y)
     y = layers.Add(name=f"{name}_add")([shortcut, y])
     return layers.ReLU(name=f"{name}_out")(y)
 

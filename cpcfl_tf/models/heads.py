@@ -11,6 +11,7 @@ import keras
 from keras import layers
 
 from cpcfl_tf.errors import UserError
+from cpcfl_tf.models.layers import batch_norm
 
 HEAD_WIDTHS = {"c": (), "c-1": (256,), "c-2": (256, 128), "c-3": (256, 128, 64)}
 
@@ -47,10 +48,10 @@ def build_projector(kind: str, input_dim: int, *, width: int | None = None,
     elif kind == "bn":
         width, output_dim = width or 512, output_dim or width or 512
         x = layers.Dense(width, use_bias=False, name="dense1")(inputs)
-        x = layers.BatchNormalization(name="bn1")(x)
+        x = batch_norm(name="bn1")(x)
         x = layers.ReLU(name="relu1")(x)
         x = layers.Dense(output_dim, use_bias=False, name="dense2")(x)
-        outputs = layers.BatchNormalization(name="bn2")(x)
+        outputs = batch_norm(name="bn2")(x)
     else:
         raise UserError(f"unknown projector kind {kind!r}; choose simclr or bn")
     return keras.Model(inputs, outputs, name=model_name)
@@ -61,7 +62,7 @@ def build_predictor(input_dim: int, *, bottleneck: int = 64,
     """Predictor theta_q of BYOL/SimSiam: Dense(bottleneck) BN ReLU -> Dense(input_dim)."""
     inputs = keras.Input((input_dim,), name="projection")
     x = layers.Dense(bottleneck, use_bias=False, name="dense1")(inputs)
-    x = layers.BatchNormalization(name="bn1")(x)
+    x = batch_norm(name="bn1")(x)
     x = layers.ReLU(name="relu1")(x)
     outputs = layers.Dense(input_dim, name="dense2")(x)
     return keras.Model(inputs, outputs, name=model_name)

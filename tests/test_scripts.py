@@ -1,0 +1,166 @@
+"""The ablation scripts (datasets, heads, supervised, clients, trials, resnet) end to end
+on the smoke preset, and the runner features they rely on."""
+import csv
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cpcfl_tf.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def script(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def load(out, name):
+    return json.loads((out / f"{name}.json").read_text())
+
+
+def rows(path):
+    with open(path) as fh:
+        return list(csv.DictReader(fh))
+
+
+@pytest.fixture(autouse=True)
+def shared_cache(tmp_path_factory, monkeypatch):
+    # One cache for the module: every script reuses the smoke SimCLR encoder.
+    monkeypatch.setenv("CPCFL_CACHE", str(tmp_path_factory.getbasetemp() / "scripts-cache"))
+
+
+def test_datasets_runs_every_pair_with_centralized_baselines(tmp_path, capsys):
+    out = tmp_path / "out"
+    script("datasets").main(["--preset", "smoke", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert "pair digits -> Fashion-MNIST stands for the paper's STL-10 -> MNIST (unrelated)" in printed
+    related, unrelated = load(out, "digits-digits-cp-cfl-simclr"), load(out, "digits-fmnist-cp-cfl-simclr")
+    assert related["config"]["data"]["client_dataset"] == "digits"
+    assert unrelated["config"]["data"]["client_dataset"] == "fashion_mnist_idx"
+    assert unrelated["config"]["data"]["pretrain_dataset"] == "digits"
+    for pair in ("digits-digits", "digits-fmnist"):
+        pooled, grouped = load(out, f"{pair}-centralized-all"), load(out, f"{pair}-centralized-group")
+        assert pooled["method"] == grouped["method"] == "centralized"
+        assert pooled["rounds"] == [] and 0 <= pooled["final"]["accuracy"] <= 1
+        assert [pooled["config"]["federated"]["num_clusters"],
+                grouped["config"]["federated"]["num_clusters"]] == [1, 3]
+        # Same clients as the federated runs of the pair.
+        assert pooled["clients"] == load(out, f"{pair}-ifca-none")["clients"]
+    table = rows(out / "datasets.csv")
+    assert len(table) == 2 * 7
+    assert all(-1 <= float(r["relevance"]) <= 1 for r in table)
+    assert "Centralized (by cluster)" in (out / "datasets.md").read_text()
+
+
+def test_heads_reports_every_head_at_the_quarters(tmp_path):
+    out = tmp_path / "out"
+    script("heads").main(["--preset", "smoke", "--out", str(out)])
+    for pair in ("digits-digits", "digits-fmnist"):
+        for head in ("c", "c-1", "c-2", "c-3"):
+            record = load(out, f"{pair}-cp-cfl-simclr-{head}")
+            assert record["config"]["federated"]["head"] == head
+    table = rows(out / "heads.csv")
+    assert len(table) == 8 and {"accuracy_t1", "accuracy_t4"} <= set(table[0])
+    assert (out / "accuracy-digits-fmnist.png").exists()
+
+
+def test_supervised_pretrains_with_labels_once_and_caches_it(tmp_path, monkeypatch):
+    from cpcfl_tf.federated import centralized
+
+    out = tmp_path / "out"
+    script("supervised").main(["--preset", "smoke", "--out", str(out)])
+    record = load(out, "cp-cfl-supervised")
+    assert record["pretraining"] == "supervised" and record["method"] == "cp-cfl"
+    cache = Path(os.environ["CPCFL_CACHE"]) / "pretrained"
+    assert len(list(cache.glob("supervised-cnn-*/encoder.npz"))) == 1
+
+    # A second script run reads the cached encoder instead of training again.
+    def fail(*args, **kwargs):
+        raise AssertionError("supervised pre-training ran twice")
+
+    monkeypatch.setattr(centralized, "supervised_encoder", fail)
+    script("supervised").main(["--preset", "smoke", "--out", str(tmp_path / "again")])
+    again = load(tmp_path / "again", "cp-cfl-supervised")
+    assert again["rounds"] == record["rounds"]
+
+
+def test_trials_redraw_the_clients_and_report_mean_and_sd(tmp_path):
+    out = tmp_path / "out"
+    script("trials").main(["--preset", "smoke", "--out", str(out), "--trials", "2"])
+    first, second = load(out, "trial1-cp-cfl-simclr"), load(out, "trial2-cp-cfl-simclr")
+    assert (first["seeds"]["data"], second["seeds"]["data"]) == (0, 1)
+    assert first["clients"] != second["clients"]
+    table = rows(out / "trials.csv")
+    assert len(table) == 10
+    values = [100 * float(r["accuracy"]) for r in table if r["run"] == "cp-cfl-simclr"]
+    report = (out / "trials.md").read_text()
+    assert f"{np.mean(values):.2f} ± {np.std(values):.2f}" in report
+    assert "76.69 ± 0.47" in report  # the paper's CP-CFL row, computed from its trials
+
+
+def test_clients_scales_the_number_of_clients(tmp_path):
+    out = tmp_path / "out"
+    script("clients").main(["--preset", "smoke", "--out", str(out)])
+    for n in (3, 6, 9):
+        record = load(out, f"c{n}-cp-cfl-simclr")
+        assert len(record["clients"]) == n == record["config"]["partition"]["num_clients"]
+        assert (out / f"accuracy-c{n}.png").exists()
+    assert len(rows(out / "clients.csv")) == 15
+
+
+def test_resnet18_uses_head_c1_and_the_resnet_pretraining_budget(tmp_path):
+    out = tmp_path / "out"
+    script("resnet").main(["--preset", "smoke", "--out", str(out), "--encoders", "resnet18"])
+    record = load(out, "resnet18-trial1-cp-cfl-simclr")
+    config = record["config"]
+    assert config["federated"]["encoder"] == config["pretrain"]["encoder"] == "resnet18"
+    assert config["federated"]["head"] == "c-1"
+    assert config["pretrain"]["batch_size"] == 64 and config["pretrain"]["epochs"] == 2
+    assert "resnet18, head c-1, best round" in (out / "resnet.md").read_text()
+
+
+@pytest.mark.parametrize("name,args,message", [
+    ("resnet", ["--encoders", "vgg"], "unknown encoder(s) vgg"),
+    ("trials", ["--trials", "0"], "--trials must be >= 1"),
+])
+def test_bad_options_raise_user_errors(tmp_path, name, args, message):
+    with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        script(name).main(["--preset", "smoke", "--out", str(tmp_path), *args])
+
+
+def test_mean_sd_is_the_papers_population_sd():
+    from cpcfl_tf.runner import mean_sd
+
+    mean, sd = mean_sd([42.73, 41.53, 43.67, 43.03, 42.67])  # FedAvg (None), paper trials
+    # The paper prints 0.69 (truncated); the sample SD (ddof = 1) would be 0.78.
+    assert round(mean, 2) == 42.73 and 0.69 <= sd < 0.70
+
+
+def test_a_centralized_run_needs_one_or_group_many_models():
+    from cpcfl_tf.config import get_preset
+    from cpcfl_tf.federated.centralized import run_centralized
+    from cpcfl_tf.federated.simulator import Clients
+
+    config = get_preset("smoke").with_overrides(
+        federated={"method": "centralized", "pretraining": "none", "num_clusters": 2})
+    clients = Clients(None, None, np.array([0, 1, 2]), 10, [])
+    with pytest.raises(UserError, match="num_clusters 1 .* or 3"):
+        run_centralized(config, clients)
+
+
+def test_strategy_option_reaches_the_runner(tmp_path):
+    from cpcfl_tf.config import get_preset
+    from cpcfl_tf.experiment import experiment_parser
+    from cpcfl_tf.runner import Runner
+
+    args = experiment_parser("x", "x").parse_args(["--strategy", "mirrored"])
+    runner = Runner.for_script("x", get_preset("smoke"), tmp_path, args)
+    assert runner.strategy == "mirrored" and runner.resume is False
+    assert "--strategy" not in experiment_parser("x", "x", strategy=False).format_help()
