@@ -1,0 +1,104 @@
+"""The ClientApp: one node = one client of the paper's protocol.
+
+A node reads ``partition-id`` from its node config (``flower-supernode --node-config
+"partition-id=0"``), keeps its own training and test images, and answers three
+messages: ``query`` (who am I, how much data), ``train`` (select a cluster on its
+*training* data, train it with the simulator's local step, send weights + cluster id +
+number of examples) and ``evaluate`` (accuracy of its cluster's model on its *test*
+data). Images and labels never leave the node.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from cpcfl_tf.flower.common import from_record, run_config, to_record
+
+app = ClientApp()
+
+
+@functools.lru_cache(maxsize=2)
+def _node(run_items: tuple, partition_id: int):
+    """Config, this node's data and a backend (built once per process)."""
+    from cpcfl_tf.data import load_client_splits, partition_for
+    from cpcfl_tf.federated.backends import make_backend
+    from cpcfl_tf.federated.simulator import build_template, make_clients
+
+    config = run_config(dict(run_items))
+    fl = config.federated.resolved()
+    num_clients = config.partition.num_clients
+    if not 0 <= partition_id < num_clients:
+        raise ValueError(f"partition-id {partition_id} is outside 0..{num_clients - 1} "
+                         "(run config num-clients)")
+    train, test = load_client_splits(config.data)
+    # Every node draws the seeded partition the simulator draws and keeps its own rows;
+    # a deployment with data of its own replaces this with loading that data.
+    clients = make_clients(partition_for(config, train, test), train, test)
+    own = np.array([partition_id])
+    template = build_template(fl, clients.train.images.shape[2:], clients.num_classes)
+    return (config, clients.train.subset(own), clients.test.subset(own),
+            make_backend(template, fl.backend))
+
+
+def _context(context: Context):
+    return _node(tuple(sorted(context.run_config.items())),
+                 int(context.node_config["partition-id"]))
+
+
+def _reply(msg: Message, **records) -> Message:
+    return Message(RecordDict(records), reply_to=msg)
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    """Partition id and number of training examples (the server's client roster)."""
+    _, train, _, _ = _context(context)
+    return _reply(msg, metrics=MetricRecord({
+        "partition-id": int(context.node_config["partition-id"]), "num-examples": train.size}))
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Select (or take the assigned) cluster, train it locally, send it back."""
+    from cpcfl_tf.federated.backends import batch_orders, client_losses, stack_models, unstack
+
+    config, data, _, backend = _context(context)
+    fl = config.federated.resolved()
+    settings = msg.content["config"]
+    t, attempt = int(settings["round"]), int(settings["attempt"])
+    explore = bool(settings["explore"])
+    models = {int(k.split("-")[1]): from_record(r) for k, r in msg.content.array_records.items()}
+    if explore:  # t < Tc: the server assigned one model at random
+        (cluster,) = models
+    else:  # Eq. cluster_identity: lowest loss on the client's own training data
+        order = sorted(models)
+        losses = client_losses(backend, [models[n] for n in order], data)[0]
+        cluster = order[int(np.argmin(losses))]
+    partition_id = int(context.node_config["partition-id"])
+    # The simulator's batch order for this client (seeded by run, attempt and round).
+    orders = batch_orders(config.partition.num_clients, data.size, fl.local_epochs,
+                          [config.seed, attempt, t, 1])[:, partition_id:partition_id + 1]
+    encoder_epochs = [not explore and e < fl.encoder_trains for e in range(fl.local_epochs)]
+    trained = backend.train(stack_models([models[cluster]]), np.array([0]), data, orders,
+                            encoder_epochs, batch_size=fl.batch_size,
+                            learning_rate=fl.learning_rate)
+    return _reply(msg, model=to_record(unstack(trained, 0)), metrics=MetricRecord({
+        "cluster-id": cluster, "num-examples": data.size, "partition-id": partition_id}))
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    """Accuracy of the received cluster model on this node's local test data."""
+    from cpcfl_tf.federated.backends import client_probabilities
+    from cpcfl_tf.federated.metrics import client_accuracy
+
+    _, _, test, backend = _context(context)
+    model = from_record(msg.content.array_records["model"])
+    probs = client_probabilities(backend, [model], np.array([0]), test)
+    return _reply(msg, metrics=MetricRecord({
+        "accuracy": float(client_accuracy(test.labels, probs)[0]), "num-examples": test.size,
+        "partition-id": int(context.node_config["partition-id"])}))
+

@@ -1,0 +1,46 @@
+"""What the ServerApp and the ClientApp agree on: the run config and record layout.
+
+Flower passes settings as a flat run config with kebab-case keys (``[tool.flwr.app.config]``
+in ``app/pyproject.toml``, overridden by ``flwr run --run-config``); :func:`run_config`
+turns them into the kit's validated :class:`~cpcfl_tf.config.Config`, so both sides build
+the same partition, models and batch orders as the simulator would.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from cpcfl_tf.config import Config, get_preset
+
+DEFAULTS: dict[str, Any] = {
+    "preset": "smoke", "method": "cp-cfl", "pretraining": "simclr", "num-clusters": 2,
+    "rounds": 3, "head-rounds": 1, "num-clients": 3, "seed": 0, "out": "",
+    "round-timeout": 300.0, "min-nodes": 0,
+}
+"""Run config keys and their defaults (``min-nodes`` 0: wait for ``num-clients``)."""
+
+
+def run_config(values: Mapping[str, Any]) -> Config:
+    """The run's :class:`Config` from Flower's run config (missing keys: :data:`DEFAULTS`)."""
+    v = {**DEFAULTS, **dict(values)}
+    pretraining = v["pretraining"]
+    return get_preset(str(v["preset"])).with_overrides(
+        seed=int(v["seed"]), partition={"num_clients": int(v["num-clients"])},
+        federated={"method": str(v["method"]), "pretraining": pretraining,
+                   "num_clusters": int(v["num-clusters"]), "rounds": int(v["rounds"]),
+                   "head_rounds": int(v["head-rounds"])})
+
+
+def model_key(n: int) -> str:
+    return f"model-{n}"
+
+
+def to_record(weights: list[np.ndarray]):
+    from flwr.app import ArrayRecord
+
+    return ArrayRecord(numpy_ndarrays=[np.asarray(w) for w in weights])
+
+
+def from_record(record) -> list[np.ndarray]:
+    return record.to_numpy_ndarrays()

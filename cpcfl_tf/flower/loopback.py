@@ -1,0 +1,197 @@
+"""A Flower federation as real processes on 127.0.0.1: one ``flower-superlink``, K
+``flower-supernode``s (partition-id 0..K-1) and ``flwr run`` of the app in
+``cpcfl_tf/flower/app`` against them (the deployment engine, not the simulation one).
+
+Everything is insecure on loopback (no TLS, no node authentication); see the README's
+"Running on real devices" for the flags a real deployment adds. Every process is
+started by :class:`Federation` and stopped by it, by pid.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from cpcfl_tf.errors import UserError
+
+APP_DIR = Path(__file__).with_name("app")
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def _command(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise UserError(f"{name} not found; install the Flower extra: pip install -e \".[flower]\"")
+    return path
+
+
+@dataclasses.dataclass
+class Federation:
+    """A SuperLink and its SuperNodes, each a process with a log file in ``workdir``."""
+
+    workdir: Path
+    port: int
+    superlink: subprocess.Popen
+    supernodes: list[subprocess.Popen]
+    env: dict[str, str]
+
+    @classmethod
+    def start(cls, nodes: int, workdir: str | Path, *, env: dict[str, str] | None = None
+              ) -> "Federation":
+        workdir = Path(workdir).resolve()
+        workdir.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ if env is None else env, FLWR_HOME=str(workdir / "flwr-home"),
+                   PYTHONUNBUFFERED="1")
+        port = free_port()
+        superlink = _spawn([_command("flower-superlink"), "--insecure", "--host", HOST,
+                            "--port", str(port), "--disable-runtime-dependency-installation",
+                            "--database", str(workdir / "superlink.db")],
+                           workdir / "superlink.log", env)
+        fed = cls(workdir, port, superlink, [], env)
+        try:
+            fed._wait_for_port()
+            for k in range(nodes):
+                fed.supernodes.append(_spawn(
+                    [_command("flower-supernode"), "--insecure", "--superlink", f"{HOST}:{port}",
+                     "--host", HOST, "--port", str(free_port()),
+                     "--node-config", f"partition-id={k} num-partitions={nodes}"],
+                    workdir / f"supernode-{k}.log", env))
+        except BaseException:
+            fed.stop()
+            raise
+        fed._write_connection()
+        return fed
+
+    def _wait_for_port(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.superlink.poll() is not None:
+                raise UserError(f"flower-superlink exited ({self.workdir / 'superlink.log'})")
+            try:
+                socket.create_connection((HOST, self.port), timeout=1).close()
+                return
+            except OSError:
+                time.sleep(0.5)
+        raise UserError(f"flower-superlink did not open {HOST}:{self.port} in {timeout:.0f} s")
+
+    def _write_connection(self) -> None:
+        home = Path(self.env["FLWR_HOME"])
+        home.mkdir(parents=True, exist_ok=True)
+        (home / "config.toml").write_text(
+            '[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\n'
+            f'address = "{HOST}:{self.port}"\ninsecure = true\n')
+
+    def run(self, run_config: dict[str, Any]) -> str:
+        """``flwr run`` the app with ``run_config`` overrides; returns the run's id."""
+        overrides = " ".join(f"{k}={json.dumps(v)}" for k, v in run_config.items())
+        proc = subprocess.run([_command("flwr"), "run", str(APP_DIR), "loopback",
+                               "--run-config", overrides, "--format", "json"],
+                              capture_output=True, text=True, env=self.env, timeout=300)
+        (self.workdir / "flwr-run.log").write_text(proc.stdout + proc.stderr)
+        if proc.returncode != 0:
+            raise UserError(f"flwr run failed ({self.workdir / 'flwr-run.log'}): "
+                            f"{(proc.stdout + proc.stderr).strip().splitlines()[-1:]}")
+        return str(json.loads(proc.stdout).get("run-id", ""))
+
+    def kill_supernode(self, index: int) -> None:
+        """Kill SuperNode ``index`` and its ClientApp processes (its process group)."""
+        _kill(self.supernodes[index])
+
+    def stop(self) -> None:
+        for proc in [*self.supernodes, self.superlink]:
+            _kill(proc)
+
+    def __enter__(self) -> "Federation":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _spawn(command: Sequence[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
+    # Own process group: stopping a SuperNode also stops the ClientApp it spawned.
+    with open(log, "wb") as fh:
+        return subprocess.Popen(list(command), stdout=fh, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(timeout=30)
+
+
+def wait_for_file(path: Path, federation: Federation, timeout: float) -> dict:
+    """The JSON the ServerApp writes at the end of the run (error if it never comes)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            return json.loads(path.read_text())
+        if federation.superlink.poll() is not None:
+            raise UserError(f"flower-superlink exited ({federation.workdir / 'superlink.log'})")
+        time.sleep(1.0)
+    raise UserError(f"the federation wrote no result in {timeout:.0f} s; logs in "
+                    f"{federation.workdir}")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from cpcfl_tf.errors import ArgumentParser
+    from cpcfl_tf.flower.common import DEFAULTS, run_config
+    from cpcfl_tf.results import prepare_out_dir
+
+    parser = ArgumentParser(prog="python -m cpcfl_tf.flower.loopback",
+                            description="Run CP-CFL as a Flower federation of real processes "
+                                        "on 127.0.0.1 (1 SuperLink, K SuperNodes).")
+    parser.add_argument("--nodes", type=int, default=3, help="SuperNodes = clients (default 3)")
+    parser.add_argument("--preset", default="smoke", help="data and model preset (default smoke)")
+    parser.add_argument("--method", default="cp-cfl", choices=["fedavg", "ifca", "cp-cfl"])
+    parser.add_argument("--pretraining", default="simclr",
+                        choices=["none", "simclr", "byol", "simsiam"])
+    parser.add_argument("--num-clusters", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--head-rounds", type=int, default=1, help="Tc (default 1)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--round-timeout", type=float, default=DEFAULTS["round-timeout"])
+    parser.add_argument("--out", help="folder for the result and the logs "
+                                      "(default results/<preset>/flower)")
+    args = parser.parse_args(argv)
+    settings = {"preset": args.preset, "method": args.method, "pretraining": args.pretraining,
+                "num-clusters": args.num_clusters, "rounds": args.rounds,
+                "head-rounds": args.head_rounds, "num-clients": args.nodes, "seed": args.seed,
+                "round-timeout": args.round_timeout}
+    run_config(settings)  # bad values fail here, before any process starts
+    out = prepare_out_dir(args.out or Path("results") / args.preset / "flower")
+    result = out / "flower.json"
+    result.unlink(missing_ok=True)
+    with Federation.start(args.nodes, out / "logs") as federation:
+        print(f"SuperLink on {HOST}:{federation.port}, {args.nodes} SuperNodes; logs in "
+              f"{out / 'logs'}", flush=True)
+        run_id = federation.run({**settings, "out": str(result.resolve())})
+        print(f"run {run_id} submitted; waiting for the ServerApp", flush=True)
+        record = wait_for_file(result, federation, timeout=args.rounds * args.round_timeout + 600)
+    for r in record["rounds"]:
+        print(f"round {r['round']}: cluster ids {r['cluster_ids']}, failed partitions "
+              f"{r['failed_partitions']}")
+    print(f"final accuracy {record['final']['accuracy']:.4f}; wrote {result}")
+
+
+if __name__ == "__main__":
+    from cpcfl_tf.errors import run_cli
+
+    run_cli(main)

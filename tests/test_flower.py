@@ -1,0 +1,88 @@
+"""A real Flower federation on loopback (``-k flower``): 1 SuperLink + 3 SuperNodes as
+processes, N = 2 on smoke data. Skipped when the ``[flower]`` extra is not installed."""
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("flwr")
+pytestmark = pytest.mark.flower
+
+from cpcfl_tf.flower.loopback import Federation, wait_for_file  # noqa: E402
+
+RUN = {"preset": "smoke", "method": "cp-cfl", "pretraining": "simclr", "num-clusters": 2,
+       "num-clients": 3, "head-rounds": 1, "seed": 0}
+
+
+@pytest.fixture()
+def env(tmp_path_factory):
+    cache = tmp_path_factory.getbasetemp() / "flower-cache"
+    return dict(os.environ, CPCFL_CACHE=str(cache), TF_CPP_MIN_LOG_LEVEL="3")
+
+
+def _group_alive(pid):
+    try:
+        os.killpg(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def _stopped(fed):
+    for proc in [fed.superlink, *fed.supernodes]:
+        assert proc.poll() is not None
+        deadline = time.monotonic() + 20  # killed children are reaped by init
+        while _group_alive(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _group_alive(proc.pid), f"processes of group {proc.pid} outlived the test"
+
+
+def _simulator(rounds, env):
+    """The run's config, the simulator's runner, and the server's (cached) encoder."""
+    from cpcfl_tf.flower.common import run_config
+    from cpcfl_tf.runner import Runner
+
+    os.environ["CPCFL_CACHE"] = env["CPCFL_CACHE"]
+    config = run_config({**RUN, "rounds": rounds})
+    runner = Runner("flower", config, Path(env["CPCFL_CACHE"]) / "sim", verbose=0)
+    return config, runner, runner.encoder_weights(config)
+
+
+def _simulated_cluster_ids(rounds, env):
+    from cpcfl_tf.federated.simulator import run_federated
+
+    config, runner, encoder = _simulator(rounds, env)
+    record, _ = run_federated(config, runner.clients(config), encoder_weights=encoder,
+                              verbose=0)
+    return [r["cluster_ids"] for r in record["rounds"]], record["final"]["accuracy"]
+
+
+def test_flower_federation_assigns_the_simulators_clusters(tmp_path, env):
+    expected, accuracy = _simulated_cluster_ids(3, env)  # also fills the encoder cache
+    with Federation.start(3, tmp_path, env=env) as fed:
+        fed.run({**RUN, "rounds": 3, "out": str(tmp_path / "result.json")})
+        record = wait_for_file(tmp_path / "result.json", fed, timeout=540)
+    _stopped(fed)
+    assert sorted(record["nodes"].values()) == [0, 1, 2]
+    assert [r["cluster_ids"] for r in record["rounds"]] == expected
+    assert all(r["replies"] == 3 and r["failed_partitions"] == [] for r in record["rounds"])
+    assert record["final"]["accuracy"] == pytest.approx(accuracy, abs=1e-6)
+
+
+def test_flower_run_survives_a_supernode_killed_in_a_round(tmp_path, env):
+    _simulator(2, env)  # the server's encoder, cached before the clock starts
+    with Federation.start(3, tmp_path, env=env) as fed:
+        fed.run({**RUN, "rounds": 2, "round-timeout": 60.0, "out": str(tmp_path / "result.json")})
+        log = tmp_path / "supernode-2.log"
+        deadline = time.monotonic() + 300
+        while "train message" not in (log.read_text() if log.exists() else ""):
+            assert time.monotonic() < deadline, "SuperNode 2 never got a train message"
+            time.sleep(0.5)
+        fed.kill_supernode(2)  # in the middle of round 1
+        record = wait_for_file(tmp_path / "result.json", fed, timeout=540)
+    _stopped(fed)
+    first, second = record["rounds"]
+    assert first["replies"] == 2 and first["failed_partitions"] == [2]
+    assert second["replies"] == 2 and 2 in second["failed_partitions"]
+    assert set(record["final"]["client_accuracy"]) == {"0", "1"}
