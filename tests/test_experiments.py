@@ -1,5 +1,4 @@
 """The experiment scripts end to end on the smoke preset, and their error contract."""
-import importlib.util
 import json
 import os
 import subprocess
@@ -9,15 +8,7 @@ from pathlib import Path
 import pytest
 
 from cpcfl_tf.errors import UserError
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def script(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from helpers import ROOT, script
 
 
 def run(name, *args):

@@ -86,3 +86,16 @@ def test_flower_run_survives_a_supernode_killed_in_a_round(tmp_path, env):
     assert first["replies"] == 2 and first["failed_partitions"] == [2]
     assert second["replies"] == 2 and 2 in second["failed_partitions"]
     assert set(record["final"]["client_accuracy"]) == {"0", "1"}
+
+
+def test_flower_loopback_rejects_bad_input_before_starting_anything(tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "cpcfl_tf.flower.loopback", "--preset", "huge",
+                           "--out", str(tmp_path / "out")], capture_output=True, text=True,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), timeout=120)
+    assert proc.returncode == 2
+    lines = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+    assert len(lines) == 1 and "unknown preset 'huge'" in lines[0]
+    assert not (tmp_path / "out").exists()

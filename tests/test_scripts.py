@@ -1,7 +1,6 @@
 """The ablation scripts (datasets, heads, supervised, clients, trials, resnet) end to end
 on the smoke preset, and the runner features they rely on."""
 import csv
-import importlib.util
 import json
 import os
 from pathlib import Path
@@ -10,15 +9,8 @@ import numpy as np
 import pytest
 
 from cpcfl_tf.errors import UserError
+from helpers import ROOT, script
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def script(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def load(out, name):

@@ -1,23 +1,18 @@
 """experiments/table2.py end to end on the smoke preset, and the runner's contract."""
-import importlib.util
 import json
 import re
-from pathlib import Path
 
 import pytest
 
 from cpcfl_tf.errors import UserError
+from helpers import ROOT, script
 
-ROOT = Path(__file__).resolve().parents[1]
 CONTRACT = ("experiment", "preset", "method", "pretraining", "config", "seeds", "clients",
             "rounds", "final", "timing", "environment")
 
 
 def table2():
-    spec = importlib.util.spec_from_file_location("table2", ROOT / "experiments" / "table2.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script("table2")
 
 
 @pytest.fixture(scope="module")
@@ -110,10 +105,7 @@ def test_no_arguments_means_the_paper_preset_and_offline_it_stops_at_once(tmp_pa
 
 def test_clusters_script_runs_n_1_to_5(tmp_path, monkeypatch):
     monkeypatch.setenv("CPCFL_CACHE", str(tmp_path / "cache"))
-    spec = importlib.util.spec_from_file_location("clusters", ROOT / "experiments" / "clusters.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.main(["--preset", "smoke", "--out", str(tmp_path / "out")])
+    script("clusters").main(["--preset", "smoke", "--out", str(tmp_path / "out")])
     for n in range(1, 6):
         record = json.loads((tmp_path / "out" / f"cp-cfl-simclr-n{n}.json").read_text())
         assert record["config"]["federated"]["num_clusters"] == n
@@ -124,11 +116,7 @@ def test_clusters_script_runs_n_1_to_5(tmp_path, monkeypatch):
 
 def test_encoder_training_script_covers_heads_and_settings(tmp_path, monkeypatch):
     monkeypatch.setenv("CPCFL_CACHE", str(tmp_path / "cache"))
-    spec = importlib.util.spec_from_file_location(
-        "encoder_training", ROOT / "experiments" / "encoder_training.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.main(["--preset", "smoke", "--out", str(tmp_path / "out")])
+    script("encoder_training").main(["--preset", "smoke", "--out", str(tmp_path / "out")])
     frozen = json.loads((tmp_path / "out" / "cp-cfl-simclr-c-3-e0.json").read_text())
     assert frozen["config"]["federated"]["encoder_epochs"] == 0
     assert frozen["config"]["federated"]["head"] == "c-3"
