@@ -166,8 +166,11 @@ class Runner:
             raise UserError(f"{spec.name} was interrupted ({checkpoint}); pass --resume to "
                             "continue it or --force to start it over")
         if self.verbose:
-            print(f"{spec.name}: {config.federated.method} ({config.federated.pretraining}), "
-                  f"{config.partition.num_clients} clients, {config.federated.rounds} rounds")
+            fl = config.federated
+            length = (f"{fl.centralized_epochs or fl.rounds * fl.local_epochs} epochs"
+                      if fl.method == "centralized" else f"{fl.rounds} rounds")
+            print(f"{spec.name}: {fl.method} ({fl.pretraining}), "
+                  f"{config.partition.num_clients} clients, {length}")
         if config.federated.method == "centralized":
             from cpcfl_tf.federated.centralized import run_centralized
 

@@ -46,7 +46,14 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="resnet18 and/or resnet50 (default: both)")
     parser.add_argument("--trials", type=int, help="trials per encoder (default: the paper's "
                         "5 / 1 on the paper preset, 1 on the CPU presets)")
+    parser.add_argument("--runs", nargs="+", default=list(COMPARISON), metavar="RUN",
+                        help="a subset of " + ", ".join(COMPARISON) + " (default: all; ResNet "
+                             "runs are slow on a CPU)")
     args = parser.parse_args(argv)
+    unknown = [r for r in args.runs if r not in COMPARISON]
+    if unknown:
+        raise UserError(f"unknown run(s) {', '.join(unknown)} for --runs; choose from "
+                        f"{', '.join(COMPARISON)}")
     unknown = [e for e in args.encoders if e not in HEADS]
     if unknown:
         raise UserError(f"unknown encoder(s) {', '.join(unknown)} for --encoders; choose from "
@@ -58,12 +65,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     records: dict[str, dict[str, list]] = {}
     for encoder in args.encoders:
         trials = args.trials or (PAPER_TRIALS[encoder] if config.preset == "paper" else 1)
-        records[encoder] = {name: [] for name in COMPARISON}
+        records[encoder] = {name: [] for name in args.runs}
         for k in range(trials):
             for spec in comparison_specs(f"{encoder}-trial{k + 1}-", encoder=encoder,
                                          seed=args.seed + k,
                                          federated={"head": HEADS[encoder]}):
-                records[encoder][spec.name.split("-", 2)[2]].append(runner.run(spec))
+                name = spec.name.split("-", 2)[2]
+                if name in records[encoder]:
+                    records[encoder][name].append(runner.run(spec))
 
     from cpcfl_tf.results import write_csv
 

@@ -109,17 +109,21 @@ def test_clients_scales_the_number_of_clients(tmp_path):
 
 def test_resnet18_uses_head_c1_and_the_resnet_pretraining_budget(tmp_path):
     out = tmp_path / "out"
-    script("resnet").main(["--preset", "smoke", "--out", str(out), "--encoders", "resnet18"])
+    script("resnet").main(["--preset", "smoke", "--out", str(out), "--encoders", "resnet18",
+                           "--runs", "cp-cfl-simclr"])
     record = load(out, "resnet18-trial1-cp-cfl-simclr")
     config = record["config"]
     assert config["federated"]["encoder"] == config["pretrain"]["encoder"] == "resnet18"
     assert config["federated"]["head"] == "c-1"
     assert config["pretrain"]["batch_size"] == 64 and config["pretrain"]["epochs"] == 2
-    assert "resnet18, head c-1, best round" in (out / "resnet.md").read_text()
+    report = (out / "resnet.md").read_text()
+    assert "resnet18, head c-1, best round" in report and "| CP-CFL (SimCLR) |" in report
+    assert not (out / "resnet18-trial1-fedavg-none.json").exists()
 
 
 @pytest.mark.parametrize("name,args,message", [
     ("resnet", ["--encoders", "vgg"], "unknown encoder(s) vgg"),
+    ("resnet", ["--runs", "fedprox"], "unknown run(s) fedprox"),
     ("trials", ["--trials", "0"], "--trials must be >= 1"),
 ])
 def test_bad_options_raise_user_errors(tmp_path, name, args, message):
