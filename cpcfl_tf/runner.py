@@ -57,6 +57,8 @@ COMPARISON = {"fedavg-none": ("fedavg", "none", "FedAvg (None)"),
               "ifca-fedavg": ("ifca", "fedavg", "IFCA (FedAvg)"),
               "cp-cfl-simclr": ("cp-cfl", "simclr", "CP-CFL (SimCLR)")}
 """The five rows (run name: method, pre-training, label) the paper compares in most tables."""
+COMPARISON_LABELS = {name: label for name, (_, _, label) in COMPARISON.items()}
+"""Run name -> the label the paper's tables use."""
 
 
 def comparison_specs(prefix: str = "", **fields: Any) -> list[RunSpec]:

@@ -11,7 +11,7 @@ from typing import Sequence
 from cpcfl_tf.config import Config
 from cpcfl_tf.errors import run_cli
 from cpcfl_tf.experiment import experiment_parser, finish, setup
-from cpcfl_tf.runner import COMPARISON, Runner, comparison_specs
+from cpcfl_tf.runner import COMPARISON_LABELS, Runner, comparison_specs
 
 PAPER_SETTINGS = ((15, 40), (30, 60), (60, 100), (90, 100))
 """(clients, rounds T) of the paper's four settings."""
@@ -21,7 +21,7 @@ PAPER = {"fedavg-none": ((34.27, 36.13), (36.93, 37.07), (44.13, 50.73), (46.58,
          "ifca-fedavg": ((56.67, 59.87), (62.60, 64.33), (70.90, 72.07), (68.95, 70.36)),
          "cp-cfl-simclr": ((70.67, 70.67), (73.87, 74.93), (76.80, 78.33), (79.80, 80.27))}
 """The paper's (final, best) accuracy (%) per run and setting, STL-10 on a GPU."""
-LABELS = {name: label for name, (_, _, label) in COMPARISON.items()}
+LABELS = COMPARISON_LABELS
 
 
 def settings(config: Config) -> list[tuple[int, int]]:

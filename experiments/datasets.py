@@ -13,7 +13,7 @@ from typing import Sequence
 
 from cpcfl_tf.errors import run_cli
 from cpcfl_tf.experiment import dataset_pairs, experiment_parser, finish, setup
-from cpcfl_tf.runner import COMPARISON, RunSpec, Runner, comparison_specs
+from cpcfl_tf.runner import COMPARISON_LABELS, RunSpec, Runner, comparison_specs
 
 CENTRALIZED = {"centralized-all": ("Centralized (all clients)", 1),
                "centralized-group": ("Centralized (by cluster)", None)}
@@ -33,7 +33,7 @@ PAPER = {
                         "ifca-fedavg": 98.90, "cp-cfl-simclr": 99.27, "relevance": 0.6714},
 }
 """The paper's accuracy (%) at T = 100 and relevance score, per paper pair."""
-LABELS = {**{k: label for k, (_, _, label) in COMPARISON.items()},
+LABELS = {**COMPARISON_LABELS,
           **{k: label for k, (label, _) in CENTRALIZED.items()}}
 
 

@@ -13,7 +13,8 @@ from typing import Sequence
 
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.experiment import experiment_parser, finish, setup
-from cpcfl_tf.runner import COMPARISON, Runner, comparison_specs, mean_sd, trial_table
+from cpcfl_tf.runner import (COMPARISON, COMPARISON_LABELS, Runner, comparison_specs, mean_sd,
+                             trial_table)
 
 HEADS = {"resnet18": "c-1", "resnet50": "c-2"}
 PAPER_TRIALS = {"resnet18": 5, "resnet50": 1}
@@ -35,7 +36,7 @@ PAPER = {  # accuracy (%) per trial on STL-10 (GPU)
                            "ifca-none": (67.93,), "ifca-fedavg": (71.10,),
                            "cp-cfl-simclr": (72.93,)},
 }
-LABELS = {name: label for name, (_, _, label) in COMPARISON.items()}
+LABELS = COMPARISON_LABELS
 VALUES = {"final": lambda r: r["final"]["accuracy"],
           "best": lambda r: max(x["accuracy"] for x in r["rounds"])}
 

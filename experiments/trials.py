@@ -12,7 +12,8 @@ from typing import Sequence
 
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.experiment import experiment_parser, finish, setup
-from cpcfl_tf.runner import COMPARISON, Runner, comparison_specs, mean_sd, trial_table
+from cpcfl_tf.runner import (COMPARISON, COMPARISON_LABELS, Runner, comparison_specs, mean_sd,
+                             trial_table)
 
 PAPER = {
     "accuracy": {"fedavg-none": (42.73, 41.53, 43.67, 43.03, 42.67),
@@ -56,7 +57,7 @@ TITLES = {"accuracy": "Accuracy (%)", "f1_macro": "F1 score (macro)",
           "f1_weighted": "F1 score (weighted)", "auroc_ovr_macro": "AUROC (OvR, macro)",
           "auroc_ovr_weighted": "AUROC (OvR, weighted)", "auroc_ovo_macro": "AUROC (OvO, macro)",
           "auroc_ovo_weighted": "AUROC (OvO, weighted)"}
-LABELS = {name: label for name, (_, _, label) in COMPARISON.items()}
+LABELS = COMPARISON_LABELS
 
 
 def main(argv: Sequence[str] | None = None) -> None:
