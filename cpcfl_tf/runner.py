@@ -82,6 +82,7 @@ class Runner:
         self._splits: dict[str, tuple] = {}
         self._partitions: dict[str, tuple] = {}
         self._fedavg: dict[str, list] = {}
+        self._unlabeled: dict[str, np.ndarray] = {}
 
     @classmethod
     def for_script(cls, experiment: str, base: Config, out: Path, args) -> "Runner":
@@ -103,6 +104,17 @@ class Runner:
             train, test = self._splits[data_key]
             self._partitions[key] = (partition_for(config, train, test), train, test)
         return self._partitions[key]
+
+    def unlabeled(self, config: Config) -> np.ndarray:
+        """The server's unlabeled pre-training images (loaded once per source)."""
+        from cpcfl_tf.contrastive.pretrain import load_pretrain_images
+
+        data = config.data
+        key = json.dumps([data.pretrain_dataset, data.pretrain_split, data.image_size,
+                          data.data_dir, data.manual_dir])
+        if key not in self._unlabeled:
+            self._unlabeled[key] = load_pretrain_images(config.data)
+        return self._unlabeled[key]
 
     def clients(self, config: Config):
         """The run's clients, stacked for the simulator."""
@@ -139,7 +151,8 @@ class Runner:
         pretrain = dataclasses.replace(config.pretrain,
                                        method=method or config.federated.pretraining)
         return pretrained_encoder(pretrain, config.data, seed=self.base.seed,
-                                  verbose=self.verbose, strategy=self.strategy)
+                                  verbose=self.verbose, strategy=self.strategy,
+                                  images=self.unlabeled(config))
 
     # -- runs ---------------------------------------------------------------
     def path(self, spec: RunSpec) -> Path:

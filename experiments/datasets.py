@@ -50,16 +50,11 @@ def specs(config) -> dict[str, list[RunSpec]]:
 def relevance(runner: Runner, spec: RunSpec) -> float:
     """The relevance score of the spec's pre-training data to its client data."""
     from cpcfl_tf.contrastive.linear_eval import relevance_score
-    from cpcfl_tf.data import load_unlabeled
 
     config = spec.config(runner.base)
-    data = config.data
-    unlabeled = load_unlabeled(data.pretrain_dataset, data.pretrain_split,
-                               image_size=data.image_size, data_dir=data.data_dir,
-                               manual_dir=data.manual_dir)
     client_images = runner.partition(config)[1].images
     encoder = runner.pretrained(config, "simclr").encoder
-    return relevance_score(encoder, unlabeled, client_images, seed=config.seed)
+    return relevance_score(encoder, runner.unlabeled(config), client_images, seed=config.seed)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

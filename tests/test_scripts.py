@@ -28,9 +28,18 @@ def shared_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("CPCFL_CACHE", str(tmp_path_factory.getbasetemp() / "scripts-cache"))
 
 
-def test_datasets_runs_every_pair_with_centralized_baselines(tmp_path, capsys):
+def test_datasets_runs_every_pair_with_centralized_baselines(tmp_path, capsys, monkeypatch):
+    from cpcfl_tf.contrastive import pretrain
+
+    loads = []
+    load_images = pretrain.load_pretrain_images
+    monkeypatch.setattr(pretrain, "load_pretrain_images",
+                        lambda data: loads.append(data.pretrain_dataset) or load_images(data))
     out = tmp_path / "out"
     script("datasets").main(["--preset", "smoke", "--out", str(out)])
+    # Both smoke pairs pre-train on digits: the runner reads those images once for the
+    # pre-training and the relevance scores of both pairs.
+    assert loads == ["digits"]
     printed = capsys.readouterr().out
     assert "pair digits -> Fashion-MNIST stands for the paper's STL-10 -> MNIST (unrelated)" in printed
     related, unrelated = load(out, "digits-digits-cp-cfl-simclr"), load(out, "digits-fmnist-cp-cfl-simclr")

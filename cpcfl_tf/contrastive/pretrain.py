@@ -242,18 +242,29 @@ def pretrain_key(config: PretrainConfig, *, name: str | None = None, **identity)
 
 
 def pretrained_encoder(config: PretrainConfig, data: DataConfig, *, seed: int = 0,
-                       verbose: int = 1, strategy: str = "default") -> PretrainResult:
+                       verbose: int = 1, strategy: str = "default",
+                       images: np.ndarray | None = None) -> PretrainResult:
     """Pre-train on ``data``'s unlabeled source, or load the cached result of an earlier
-    identical pre-training (any script, any run); an interrupted one resumes."""
-    from cpcfl_tf.data import load_unlabeled
+    identical pre-training (any script, any run); an interrupted one resumes.
 
+    ``images`` are that source's images when the caller has loaded them already
+    (:func:`load_pretrain_images`); they are read here otherwise.
+    """
     source = {"dataset": data.pretrain_dataset, "split": data.pretrain_split,
               "image_size": data.image_size}
     out = cache_root() / "pretrained" / pretrain_key(config, data=source, seed=seed)
     if not (out / "pretrain.json").exists() and verbose:
         print(f"pre-training {config.method} ({config.encoder}) on {data.pretrain_dataset}:"
               f"{data.pretrain_split} -> {out}")
-    images = load_unlabeled(data.pretrain_dataset, data.pretrain_split,
-                            image_size=data.image_size, data_dir=data.data_dir,
-                            manual_dir=data.manual_dir)
+    if images is None:
+        images = load_pretrain_images(data)
     return pretrain(config, images, out, seed=seed, verbose=verbose, strategy=strategy)
+
+
+def load_pretrain_images(data: DataConfig) -> np.ndarray:
+    """The unlabeled pre-training images ``data`` names (labels are never read)."""
+    from cpcfl_tf.data import load_unlabeled
+
+    return load_unlabeled(data.pretrain_dataset, data.pretrain_split,
+                          image_size=data.image_size, data_dir=data.data_dir,
+                          manual_dir=data.manual_dir)
