@@ -5,7 +5,8 @@ ResNet-18 uses head c-1 and ResNet-50 head c-2 for every method; pre-training us
 the CNN's batch and 5/3 of its epochs (Sec. "ResNet-18 encoder", appendix "ResNet-50
 encoder"). The paper runs 5 trials of ResNet-18 and 1 of ResNet-50; the CPU presets run
 1 of each unless ``--trials`` says otherwise. Both the last-round and the best accuracy
-are reported (the paper reports the best for ResNet-18: FedAvg fluctuates).
+are reported (the paper reports the best for ResNet-18: FedAvg fluctuates), and the
+accuracy curves of the first trial are drawn per encoder.
 """
 from __future__ import annotations
 
@@ -75,6 +76,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 if name in records[encoder]:
                     records[encoder][name].append(runner.run(spec))
 
+    from cpcfl_tf.plots import plot_accuracy_curves
     from cpcfl_tf.results import write_csv
 
     lines = [f"# ResNet encoders (preset `{config.preset}`), T = {config.federated.rounds}", "",
@@ -92,6 +94,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                   "accuracy": VALUES["final"](r), "best": VALUES["best"](r),
                   "ari": r["final"]["ari"], "restarts": r["final"]["restarts"]}
                  for name, trial_runs in runs.items() for k, r in enumerate(trial_runs)]
+        # The curves show why the paper reports the best round: FedAvg fluctuates.
+        plot_accuracy_curves({LABELS[name]: trial_runs[0] for name, trial_runs in runs.items()},
+                             out / f"accuracy-{encoder}.png",
+                             title=f"{encoder}, head {HEADS[encoder]}, trial 1 "
+                                   f"(preset {config.preset})")
     write_csv(out / "resnet.csv", rows)
     finish(out, "resnet.md", "\n".join(lines))
 

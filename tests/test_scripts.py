@@ -128,6 +128,7 @@ def test_resnet18_uses_head_c1_and_the_resnet_pretraining_budget(tmp_path):
     report = (out / "resnet.md").read_text()
     assert "resnet18, head c-1, best round" in report and "| CP-CFL (SimCLR) |" in report
     assert not (out / "resnet18-trial1-fedavg-none.json").exists()
+    assert (out / "accuracy-resnet18.png").exists()
 
 
 @pytest.mark.parametrize("name,args,message", [
