@@ -235,17 +235,23 @@ def mean_sd(values) -> tuple[float, float]:
 def trial_table(records: dict[str, list[dict]], labels: dict[str, str], value, *,
                 percent: bool, paper: dict[str, tuple] | None = None) -> list[str]:
     """Markdown rows "label | trial 1 .. k | mean ± SD [| paper mean ± SD]" for the runs of
-    each name in ``records`` (one record per trial), ``value(record) -> float``."""
+    each name in ``records`` (one record per trial), ``value(record) -> float``. With a
+    single trial the mean ± SD column is left out (its SD would be a meaningless 0)."""
     scale, fmt = (100.0, "{:.2f}") if percent else (1.0, "{:.4f}")
     trials = max(len(r) for r in records.values())
+    summary = trials > 1
     lines = ["| method | " + " | ".join(f"trial {k + 1}" for k in range(trials))
-             + " | mean ± SD |" + (" paper mean ± SD |" if paper else ""),
-             "|---|" + "---|" * (trials + 1) + ("---|" if paper else "")]
+             + (" | mean ± SD" if summary else "") + " |"
+             + (" paper mean ± SD |" if paper else ""),
+             "|---|" + "---|" * (trials + summary) + ("---|" if paper else "")]
     for name, runs in records.items():
         values = [scale * value(r) for r in runs]
-        mean, sd = mean_sd(values)
         row = (f"| {labels[name]} | " + " | ".join(fmt.format(v) for v in values)
-               + " | " * (trials - len(values)) + f" | {fmt.format(mean)} ± {fmt.format(sd)} |")
+               + " | " * (trials - len(values)))
+        if summary:
+            mean, sd = mean_sd(values)
+            row += f" | {fmt.format(mean)} ± {fmt.format(sd)}"
+        row += " |"
         if paper:
             mean, sd = paper[name]
             row += f" {fmt.format(mean)}" + (f" ± {fmt.format(sd)}" if sd else "") + " |"

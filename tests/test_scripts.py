@@ -149,6 +149,21 @@ def test_mean_sd_is_the_papers_population_sd():
     assert round(mean, 2) == 42.73 and 0.69 <= sd < 0.70
 
 
+def test_trial_table_summarises_only_several_trials():
+    from cpcfl_tf.runner import trial_table
+
+    def table(*trials):
+        records = {"cp-cfl": [{"v": v} for v in trials]}
+        return trial_table(records, {"cp-cfl": "CP-CFL"}, lambda r: r["v"], percent=True,
+                           paper={"cp-cfl": (67.17, 0.8)})
+
+    assert table(0.5, 0.7)[0] == "| method | trial 1 | trial 2 | mean ± SD | paper mean ± SD |"
+    assert table(0.5, 0.7)[2] == "| CP-CFL | 50.00 | 70.00 | 60.00 ± 10.00 | 67.17 ± 0.80 |"
+    # One trial: no "± 0.00" column that would look like a measured spread.
+    assert table(0.5) == ["| method | trial 1 | paper mean ± SD |", "|---|---|---|",
+                          "| CP-CFL | 50.00 | 67.17 ± 0.80 |"]
+
+
 def test_a_centralized_run_needs_one_or_group_many_models():
     from cpcfl_tf.config import get_preset
     from cpcfl_tf.federated.centralized import run_centralized
