@@ -236,13 +236,15 @@ def trial_table(records: dict[str, list[dict]], labels: dict[str, str], value, *
                 percent: bool, paper: dict[str, tuple] | None = None) -> list[str]:
     """Markdown rows "label | trial 1 .. k | mean ± SD [| paper mean ± SD]" for the runs of
     each name in ``records`` (one record per trial), ``value(record) -> float``. With a
-    single trial the mean ± SD column is left out (its SD would be a meaningless 0)."""
+    single trial the mean ± SD column is left out (its SD would be a meaningless 0); the
+    paper's column is headed "paper" alone when its figures are single runs (SD None)."""
     scale, fmt = (100.0, "{:.2f}") if percent else (1.0, "{:.4f}")
     trials = max(len(r) for r in records.values())
     summary = trials > 1
+    paper_head = "" if not paper else " paper mean ± SD |" if any(
+        sd is not None for _, sd in paper.values()) else " paper |"
     lines = ["| method | " + " | ".join(f"trial {k + 1}" for k in range(trials))
-             + (" | mean ± SD" if summary else "") + " |"
-             + (" paper mean ± SD |" if paper else ""),
+             + (" | mean ± SD" if summary else "") + " |" + paper_head,
              "|---|" + "---|" * (trials + summary) + ("---|" if paper else "")]
     for name, runs in records.items():
         values = [scale * value(r) for r in runs]
@@ -254,6 +256,7 @@ def trial_table(records: dict[str, list[dict]], labels: dict[str, str], value, *
         row += " |"
         if paper:
             mean, sd = paper[name]
-            row += f" {fmt.format(mean)}" + (f" ± {fmt.format(sd)}" if sd else "") + " |"
+            spread = f" ± {fmt.format(sd)}" if sd is not None else ""
+            row += f" {fmt.format(mean)}{spread} |"
         lines.append(row)
     return lines

@@ -80,8 +80,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     from cpcfl_tf.results import write_csv
 
     lines = [f"# ResNet encoders (preset `{config.preset}`), T = {config.federated.rounds}", "",
-             "Accuracy (%) per trial; the paper's STL-10 mean ± SD (GPU, T = 100) in the last "
-             "column.", ""]
+             "Accuracy (%) per trial; the paper's STL-10 figures (GPU, T = 100) in the last "
+             "column: mean ± SD of its 5 ResNet-18 trials, its single ResNet-50 run.", ""]
     rows = []
     for encoder, runs in records.items():
         for kind, value in VALUES.items():

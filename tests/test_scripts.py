@@ -152,16 +152,19 @@ def test_mean_sd_is_the_papers_population_sd():
 def test_trial_table_summarises_only_several_trials():
     from cpcfl_tf.runner import trial_table
 
-    def table(*trials):
+    def table(*trials, paper=(67.17, 0.8)):
         records = {"cp-cfl": [{"v": v} for v in trials]}
         return trial_table(records, {"cp-cfl": "CP-CFL"}, lambda r: r["v"], percent=True,
-                           paper={"cp-cfl": (67.17, 0.8)})
+                           paper={"cp-cfl": paper})
 
     assert table(0.5, 0.7)[0] == "| method | trial 1 | trial 2 | mean ± SD | paper mean ± SD |"
     assert table(0.5, 0.7)[2] == "| CP-CFL | 50.00 | 70.00 | 60.00 ± 10.00 | 67.17 ± 0.80 |"
     # One trial: no "± 0.00" column that would look like a measured spread.
     assert table(0.5) == ["| method | trial 1 | paper mean ± SD |", "|---|---|---|",
                           "| CP-CFL | 50.00 | 67.17 ± 0.80 |"]
+    # The paper's single run (ResNet-50) is not headed as a mean ± SD.
+    assert table(0.5, paper=(72.93, None))[::2] == ["| method | trial 1 | paper |",
+                                                    "| CP-CFL | 50.00 | 72.93 |"]
 
 
 def test_a_centralized_run_needs_one_or_group_many_models():
