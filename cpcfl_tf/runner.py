@@ -148,11 +148,10 @@ class Runner:
         """The cached contrastive pre-training of ``config`` (method: its pre-training)."""
         from cpcfl_tf.contrastive.pretrain import pretrained_encoder
 
-        pretrain = dataclasses.replace(config.pretrain,
-                                       method=method or config.federated.pretraining)
-        return pretrained_encoder(pretrain, config.data, seed=self.base.seed,
-                                  verbose=self.verbose, strategy=self.strategy,
-                                  images=self.unlabeled(config))
+        return pretrained_encoder(config.pretrain, config.data,
+                                  method=method or config.federated.pretraining,
+                                  seed=self.base.seed, verbose=self.verbose,
+                                  strategy=self.strategy, images=self.unlabeled(config))
 
     # -- runs ---------------------------------------------------------------
     def path(self, spec: RunSpec) -> Path:

@@ -8,7 +8,6 @@ paper: STL-10 train -> test). The paper keeps the encoder with the best proxy ac
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Sequence
 
 from cpcfl_tf.config import PRETRAIN_METHODS
@@ -41,11 +40,10 @@ def main(argv: Sequence[str] | None = None) -> None:
              "accuracy": linear_eval(random_encoder, proxy_train, proxy_test, seed=config.seed)}]
     print(f"random encoder: linear evaluation accuracy {rows[0]['accuracy']:.4f}")
     for method in methods:
-        pretrain = dataclasses.replace(config.pretrain, method=method)
-        result = pretrained_encoder(pretrain, config.data, seed=config.seed,
-                                    strategy=args.strategy)
+        result = pretrained_encoder(config.pretrain, config.data, method=method,
+                                    seed=config.seed, strategy=args.strategy)
         last = result.history[-1]
-        rows.append({"pretraining": method, "epochs": pretrain.epochs,
+        rows.append({"pretraining": method, "epochs": config.pretrain.epochs,
                      "accuracy": linear_eval(result.encoder, proxy_train, proxy_test,
                                              seed=config.seed),
                      "final_loss": last["loss"], "embedding_std": last["embedding_std"],

@@ -134,6 +134,27 @@ def test_pretrain_saves_the_encoder_alone_and_reuses_it(digits, tmp_path):
         pretrain(config, digits, tmp_path, seed=2, verbose=0)
 
 
+def test_pretrained_encoder_pretrains_the_method_a_run_names(tmp_path, monkeypatch):
+    import dataclasses
+
+    from cpcfl_tf.config import get_preset
+    from cpcfl_tf.contrastive import pretrain as module
+
+    calls = []
+    monkeypatch.setattr(module, "pretrain", lambda config, images, out, **_: calls.append(
+        (config, out)))
+    monkeypatch.setenv("CPCFL_CACHE", str(tmp_path))
+    config = get_preset("smoke")
+    images = np.zeros((2, 8, 8, 3), np.float32)
+    for method in ("byol", "simsiam", None):
+        module.pretrained_encoder(config.pretrain, config.data, method=method, images=images,
+                                  verbose=0)
+    (byol, byol_dir), (simsiam, simsiam_dir), (default, _) = calls
+    assert byol == dataclasses.replace(config.pretrain, method="byol")
+    assert simsiam.method == "simsiam" and default == config.pretrain
+    assert byol_dir != simsiam_dir  # each method has its own cache entry
+
+
 def test_an_interrupted_pretraining_resumes_to_the_same_encoder(digits, tmp_path, monkeypatch):
     config = PretrainConfig(method="byol", epochs=3, batch_size=64)
     whole = pretrain(config, digits, tmp_path / "whole", seed=0, verbose=0)

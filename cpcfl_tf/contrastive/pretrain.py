@@ -241,15 +241,19 @@ def pretrain_key(config: PretrainConfig, *, name: str | None = None, **identity)
     return f"{name or config.method}-{config.encoder}-{digest}"
 
 
-def pretrained_encoder(config: PretrainConfig, data: DataConfig, *, seed: int = 0,
-                       verbose: int = 1, strategy: str = "default",
+def pretrained_encoder(config: PretrainConfig, data: DataConfig, *, method: str | None = None,
+                       seed: int = 0, verbose: int = 1, strategy: str = "default",
                        images: np.ndarray | None = None) -> PretrainResult:
     """Pre-train on ``data``'s unlabeled source, or load the cached result of an earlier
     identical pre-training (any script, any run); an interrupted one resumes.
 
-    ``images`` are that source's images when the caller has loaded them already
-    (:func:`load_pretrain_images`); they are read here otherwise.
+    ``method`` (simclr, byol, simsiam) replaces ``config.method`` when given: a run names
+    its pre-training in its federated config. ``images`` are that source's images when the
+    caller has loaded them already (:func:`load_pretrain_images`); they are read here
+    otherwise.
     """
+    if method is not None:
+        config = dataclasses.replace(config, method=method)
     source = {"dataset": data.pretrain_dataset, "split": data.pretrain_split,
               "image_size": data.image_size}
     out = cache_root() / "pretrained" / pretrain_key(config, data=source, seed=seed)

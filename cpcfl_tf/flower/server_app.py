@@ -69,13 +69,10 @@ def main(grid: Grid, context: Context) -> None:
 
     encoder_weights = None
     if fl.pretraining in ("simclr", "byol", "simsiam"):  # the server's own pre-training
-        import dataclasses
-
         from cpcfl_tf.contrastive.pretrain import pretrained_encoder
 
-        pretrain = dataclasses.replace(config.pretrain, method=fl.pretraining)
-        encoder_weights = pretrained_encoder(pretrain, config.data, seed=config.seed,
-                                             verbose=0).encoder.get_weights()
+        encoder_weights = pretrained_encoder(config.pretrain, config.data, method=fl.pretraining,
+                                             seed=config.seed, verbose=0).encoder.get_weights()
     elif fl.pretraining != "none":
         raise ValueError(f"pre-training {fl.pretraining!r} is not available on Flower; use "
                          "none, simclr, byol or simsiam")
