@@ -29,6 +29,8 @@ HEADS = ("c", "c-1", "c-2", "c-3")
 PRETRAIN_METHODS = ("simclr", "byol", "simsiam")
 FL_METHODS = ("fedavg", "ifca", "cp-cfl", "centralized")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+LOCAL_OPTIMIZERS = ("adam", "sgd")
+OPTIMIZER_STATES = ("fresh", "client")
 PRETRAININGS = ("none", "simclr", "byol", "simsiam", "fedavg", "supervised")
 _METHOD_PRETRAININGS = {
     "fedavg": ("none", "simclr", "byol", "simsiam", "supervised"),
@@ -183,6 +185,11 @@ class FederatedConfig:
     client makes over its own data in a federated run)."""
     backend: str = "auto"
     """auto | stacked (all clients in one step; CNN only) | keras (one client at a time)."""
+    local_optimizer: str = "adam"
+    """adam (the paper's, Sec. "Experimental settings") | sgd (plain gradient steps)."""
+    optimizer_state: str = "fresh"
+    """fresh: a new optimizer state per client per round (README, choices) | client: each
+    client keeps its own Adam moments and step count from round to round."""
 
     def __post_init__(self) -> None:
         _choice("federated", "method", self.method, FL_METHODS)
@@ -190,6 +197,8 @@ class FederatedConfig:
         _choice("federated", "encoder", self.encoder, ENCODERS)
         _choice("federated", "head", self.head, HEADS)
         _choice("federated", "backend", self.backend, ("auto", "stacked", "keras"))
+        _choice("federated", "local_optimizer", self.local_optimizer, LOCAL_OPTIMIZERS)
+        _choice("federated", "optimizer_state", self.optimizer_state, OPTIMIZER_STATES)
         _positive("federated", num_clusters=self.num_clusters, rounds=self.rounds,
                   local_epochs=self.local_epochs, batch_size=self.batch_size,
                   learning_rate=self.learning_rate, participation=self.participation,
@@ -206,6 +215,9 @@ class FederatedConfig:
                "federated.max_restarts >= 0, restart_round >= 1 and min_cluster_share >= 0")
         _check(self.centralized_epochs is None or self.centralized_epochs >= 1,
                f"federated.centralized_epochs must be positive, got {self.centralized_epochs}")
+        _check(self.optimizer_state == "fresh" or self.local_optimizer == "adam",
+               "federated.optimizer_state 'client' keeps Adam's moments; "
+               f"local_optimizer {self.local_optimizer!r} has none (use fresh)")
         allowed = _METHOD_PRETRAININGS[self.method]
         _check(self.pretraining in allowed,
                f"{self.method} cannot start from pre-training {self.pretraining!r}; choose one "
@@ -213,11 +225,16 @@ class FederatedConfig:
                                              if self.method == "cp-cfl" else ""))
 
     def resolved(self) -> "FederatedConfig":
-        """What the method implies: FedAvg is one model (N = 1) and only CP-CFL has the
-        Tc phase of random selection with a frozen encoder."""
+        """What the method implies: FedAvg is one model (N = 1). The Tc phase (random
+        selection, frozen encoder) belongs to every run that starts from a pre-trained
+        encoder outside IFCA: CP-CFL, and FedAvg (SimCLR) etc., which is CP-CFL with
+        N = 1 (the paper prints 59.33 % for both, tab:different_methods and
+        tab:different_clusters). FedAvg (None) and IFCA have no Tc phase."""
+        head_phase = self.method == "cp-cfl" or (self.method == "fedavg"
+                                                 and self.pretraining != "none")
         return dataclasses.replace(
             self, num_clusters=1 if self.method == "fedavg" else self.num_clusters,
-            head_rounds=self.head_rounds if self.method == "cp-cfl" else 0)
+            head_rounds=self.head_rounds if head_phase else 0)
 
     @property
     def encoder_trains(self) -> int:
@@ -273,6 +290,21 @@ class Config:
                                 f"known: {', '.join(sorted(known))}")
             changes[name] = dataclasses.replace(section, **fields)
         return dataclasses.replace(self, **changes)
+
+
+SECTIONS = {"data": DataConfig, "partition": PartitionConfig, "pretrain": PretrainConfig,
+            "federated": FederatedConfig}
+
+
+def with_defaults(section: str, stored: dict[str, Any]) -> dict[str, Any]:
+    """``stored`` (a section as a result file recorded it) with the fields added to the
+    section since then, at their defaults: an old record of the same settings then equals
+    a new one."""
+    filled = dict(stored)
+    for field in dataclasses.fields(SECTIONS[section]):
+        if field.name not in filled and field.default is not dataclasses.MISSING:
+            filled[field.name] = field.default
+    return filled
 
 
 def pretrain_config_for(pretrain: PretrainConfig, encoder: str) -> PretrainConfig:

@@ -105,3 +105,27 @@ def plot_cluster_identity(record: dict, path: str | os.PathLike, *, title: str) 
         return write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=130, format="png"))
     finally:
         plt.close(fig)
+
+
+def plot_class_accuracy(rounds: list[dict], path: str | os.PathLike, *, title: str) -> Path:
+    """Test accuracy of every class (rows) in every round (columns): a model that swings
+    between favouring two sets of classes shows as a checkerboard.
+
+    ``rounds`` holds ``{"round": t, "class_accuracy": [...]}`` per round.
+    """
+    plt = _pyplot()
+    grid = np.array([r["class_accuracy"] for r in rounds]).T * 100
+    first, last = rounds[0]["round"], rounds[-1]["round"]
+    fig, ax = plt.subplots(figsize=(7.2, 3.4))
+    image = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap="viridis", vmin=0,
+                      vmax=100, extent=(first - 0.5, last + 0.5, grid.shape[0] - 0.5, -0.5))
+    ax.set_yticks(range(grid.shape[0]))
+    ax.set_xlabel("round")
+    ax.set_ylabel("class")
+    ax.set_title(title)
+    fig.colorbar(image, ax=ax).set_label("test accuracy (%)")
+    fig.tight_layout()
+    try:
+        return write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=130, format="png"))
+    finally:
+        plt.close(fig)

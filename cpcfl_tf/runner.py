@@ -16,11 +16,11 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
-from cpcfl_tf.config import Config
+from cpcfl_tf.config import SECTIONS, Config, with_defaults
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.experiment import environment
 
@@ -157,8 +157,11 @@ class Runner:
     def path(self, spec: RunSpec) -> Path:
         return self.out / f"{spec.name}.json"
 
-    def run(self, spec: RunSpec) -> dict:
-        """Run ``spec`` (or load its finished JSON) and return its record."""
+    def run(self, spec: RunSpec, on_round: Callable[[dict, Any], None] | None = None) -> dict:
+        """Run ``spec`` (or load its finished JSON) and return its record.
+
+        ``on_round(record, state)`` is called after every round the run makes now (not for
+        rounds of a finished run, nor those before a resumed checkpoint)."""
         from cpcfl_tf.federated.simulator import global_encoder, run_federated
         from cpcfl_tf.results import write_json
 
@@ -167,7 +170,7 @@ class Runner:
         wanted = _config_record(config)
         if path.exists() and not self.force:
             record = json.loads(path.read_text())
-            if record.get("config", {}).get("requested") != wanted:
+            if not _same_config(record, config):
                 raise UserError(f"{path} holds a run with a different config; pass --force to "
                                 "redo it or --out another folder")
             if self.verbose:
@@ -193,7 +196,8 @@ class Runner:
         else:
             result, state = run_federated(config, self.clients(config),
                                           encoder_weights=self.encoder_weights(config),
-                                          checkpoint=checkpoint, verbose=self.verbose)
+                                          checkpoint=checkpoint, verbose=self.verbose,
+                                          on_round=on_round)
         if config.federated.method == "fedavg" and config.federated.pretraining == "none":
             # IFCA (FedAvg) of the same experiment starts from this model's encoder.
             self._fedavg[json.dumps(wanted, sort_keys=True)] = global_encoder(state)
@@ -213,6 +217,25 @@ def _config_record(config: Config) -> dict:
     record = dataclasses.asdict(config)
     record["data"] = {k: v for k, v in record["data"].items() if k not in ("data_dir", "manual_dir")}
     return json.loads(json.dumps(record))
+
+
+def _same_config(record: dict, config: Config) -> bool:
+    """Whether ``record`` was run with ``config``: as requested and, for federated runs, as
+    it resolved (what a method implies can change, e.g. FedAvg (SimCLR)'s Tc phase).
+    Fields added to the config after the record was written count at their defaults."""
+    stored = record.get("config", {})
+    requested = stored.get("requested")
+    if not isinstance(requested, dict) or set(requested) != set(SECTIONS) | {"preset", "seed"}:
+        return False
+    def filled(record: dict) -> dict:
+        return {k: with_defaults(k, v) if k in SECTIONS else v for k, v in record.items()}
+
+    if filled(requested) != filled(_config_record(config)):
+        return False
+    if config.federated.method == "centralized":
+        return True
+    ran = json.loads(json.dumps(dataclasses.asdict(config.federated.resolved())))
+    return with_defaults("federated", stored.get("federated", {})) == ran
 
 
 def accuracy_at(record: dict, round_: int) -> float:

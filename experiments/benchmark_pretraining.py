@@ -12,6 +12,7 @@ import dataclasses
 import sys
 from typing import Sequence
 
+from cpcfl_tf.config import ENCODERS, PRETRAIN_METHODS
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.experiment import environment, experiment_parser, print_metrics, setup
 
@@ -19,8 +20,8 @@ from cpcfl_tf.experiment import environment, experiment_parser, print_metrics, s
 def main(argv: Sequence[str] | None = None) -> None:
     parser = experiment_parser("benchmark_pretraining", __doc__.split("\n\n")[0],
                                strategy=False)
-    parser.add_argument("--method", default="simclr", choices=["simclr", "byol", "simsiam"])
-    parser.add_argument("--encoder", default="cnn", choices=["cnn", "resnet18", "resnet50"])
+    parser.add_argument("--method", default="simclr", choices=PRETRAIN_METHODS)
+    parser.add_argument("--encoder", default="cnn", choices=ENCODERS)
     parser.add_argument("--image-size", type=int, help="default: the preset's")
     parser.add_argument("--batch-size", type=int, help="default: the preset's")
     parser.add_argument("--repeats", type=int, default=10, help="timed steps of each kind")

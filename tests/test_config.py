@@ -66,6 +66,9 @@ def test_cpu_presets_follow_design():
     (lambda: FederatedConfig(participation=1.5), "participation"),
     (lambda: FederatedConfig(participation=0), "positive"),
     (lambda: FederatedConfig(backend="gpu"), "unknown federated.backend"),
+    (lambda: FederatedConfig(local_optimizer="rmsprop"), "unknown federated.local_optimizer"),
+    (lambda: FederatedConfig(optimizer_state="server"), "unknown federated.optimizer_state"),
+    (lambda: FederatedConfig(local_optimizer="sgd", optimizer_state="client"), "has none"),
     (lambda: get_preset("quick").with_overrides(federated={"encoder": "resnet18"}),
      "pretrain.encoder .* differ"),
     (lambda: dataclasses.replace(get_preset("quick"), seed=-1), "seed"),
@@ -86,7 +89,24 @@ def test_methods_resolve_to_what_they_imply():
     fedavg = FederatedConfig(method="fedavg", pretraining="none").resolved()
     assert (fedavg.num_clusters, fedavg.head_rounds) == (1, 0)
     assert FederatedConfig(method="ifca", pretraining="none").resolved().head_rounds == 0
+    assert FederatedConfig(method="ifca", pretraining="simclr").resolved().head_rounds == 0
     assert FederatedConfig().resolved() == FederatedConfig()
+    # FedAvg from a pre-trained encoder is CP-CFL with N = 1, its Tc phase included.
+    for pre in ("simclr", "byol", "simsiam", "supervised"):
+        fedavg = FederatedConfig(method="fedavg", pretraining=pre).resolved()
+        one = FederatedConfig(method="cp-cfl", pretraining=pre, num_clusters=1).resolved()
+        assert dataclasses.replace(fedavg, method="cp-cfl") == one
+        assert (fedavg.num_clusters, fedavg.head_rounds) == (1, 10)
+
+
+def test_fields_added_to_a_section_later_count_at_their_defaults():
+    from cpcfl_tf.config import with_defaults
+
+    stored = dataclasses.asdict(FederatedConfig())
+    del stored["local_optimizer"], stored["optimizer_state"]
+    assert with_defaults("federated", stored) == dataclasses.asdict(FederatedConfig())
+    stored["learning_rate"] = 0.5
+    assert with_defaults("federated", stored) != dataclasses.asdict(FederatedConfig())
 
 
 def test_with_encoder_changes_both_and_follows_the_papers_resnet_settings():

@@ -131,6 +131,38 @@ def test_resnet18_uses_head_c1_and_the_resnet_pretraining_budget(tmp_path):
     assert (out / "accuracy-resnet18.png").exists()
 
 
+def test_local_optimizer_probes_every_round_and_reports_each_variant(tmp_path):
+    from cpcfl_tf.federated.metrics import zigzag_amplitude
+
+    module = script("local_optimizer")
+    module.main(["--preset", "smoke", "--out", str(tmp_path)])
+    assert len(module.SPECS) == 10
+    sgd = load(tmp_path, "fedavg-none-sgd")
+    assert sgd["config"]["federated"]["local_optimizer"] == "sgd"
+    assert load(tmp_path, "cp-cfl-simclr-kept")["config"]["federated"]["optimizer_state"] == "client"
+    for spec in module.SPECS:
+        record, probe = load(tmp_path, spec.name), load(tmp_path, f"{spec.name}.rounds")["rounds"]
+        assert [r["round"] for r in probe] == [1, 2, 3, 4]
+        for r, p in zip(record["rounds"], probe):  # the probe sees the model the run scored
+            assert np.isclose(np.mean(p["client_accuracy"]), r["accuracy"])
+        assert -1 <= probe[-1]["update_cosine"] <= 1 and probe[-1]["update_norm"] > 0
+    table = rows(tmp_path / "local_optimizer.csv")
+    assert {r["variant"] for r in table} == set(module.VARIANTS)
+    paper = next(r for r in table if r["run"] == "fedavg-none-paper")
+    accuracy = [r["accuracy"] for r in load(tmp_path, "fedavg-none-paper")["rounds"]]
+    assert float(paper["zigzag"]) == pytest.approx(zigzag_amplitude(accuracy))
+    report = (tmp_path / "local_optimizer.md").read_text()
+    assert "Which classes and clients flip" in report and "| group 0 clients |" in report
+    assert (tmp_path / "class_accuracy-fedavg-none.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_zigzag_amplitude_measures_an_alternating_curve():
+    from cpcfl_tf.federated.metrics import zigzag_amplitude
+
+    assert zigzag_amplitude([0.5, 0.6] * 10) == pytest.approx(0.1)
+    assert zigzag_amplitude(np.linspace(0.2, 0.9, 20)) == pytest.approx(0.0)
+
+
 @pytest.mark.parametrize("name,args,message", [
     ("resnet", ["--encoders", "vgg"], "unknown encoder(s) vgg"),
     ("resnet", ["--runs", "fedprox"], "unknown run(s) fedprox"),

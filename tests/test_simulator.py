@@ -8,13 +8,15 @@ import textwrap
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from cpcfl_tf.config import PretrainConfig, get_preset
 from cpcfl_tf.contrastive.pretrain import pretrain
 from cpcfl_tf.data import load_client_splits, load_unlabeled, partition_for
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.federated.backends import (ClientArrays, KerasBackend, StackedBackend, batch_orders,
-                                         client_losses, stack_models)
+from cpcfl_tf.federated.backends import (ClientArrays, KerasBackend, LocalTraining,
+                                         StackedBackend, batch_orders, client_losses,
+                                         stack_models)
 from cpcfl_tf.federated.simulator import make_clients, run_federated
 from cpcfl_tf.models import build_classifier, build_classifier_head, build_encoder
 
@@ -48,15 +50,130 @@ def test_stacked_backend_trains_like_one_keras_model_per_client(clients):
             [w + 0.05 * rng.standard_normal(w.shape).astype(np.float32) for w in model.get_weights()]]
     pool_stacked, ids = stack_models(pool), np.array([0, 1, 1, 0])
     orders = batch_orders(4, 20, 2, [0])  # two epochs of one batch: two steps
-    kwargs = dict(batch_size=20, learning_rate=1e-3)
+    local = LocalTraining(batch_size=20, learning_rate=1e-3)
     stacked, keras_ = StackedBackend(model), KerasBackend(model)
     for encoder_epochs in ([True, True], [False, True]):
-        a = stacked.train(pool_stacked, ids, data, orders, encoder_epochs, **kwargs)
-        b = keras_.train(pool_stacked, ids, data, orders, encoder_epochs, **kwargs)
+        a = stacked.train(pool_stacked, ids, data, orders, encoder_epochs, local)
+        b = keras_.train(pool_stacked, ids, data, orders, encoder_epochs, local)
         for x, y in zip(a, b):
             np.testing.assert_allclose(x, y, atol=2e-5)
     np.testing.assert_allclose(client_losses(stacked, pool, data), client_losses(keras_, pool, data),
                                rtol=1e-5)
+
+
+def test_sgd_trains_alike_on_both_backends(clients):
+    keras.utils.set_random_seed(1)
+    model = build_classifier(build_encoder("cnn", (32, 32, 3)), build_classifier_head("c", 256, 10))
+    data = ClientArrays(clients.train.images[:3], clients.train.labels[:3])
+    pool, ids, orders = stack_models([model.get_weights()]), np.zeros(3, np.int64), batch_orders(3, 20, 2, [0])
+    local = LocalTraining(batch_size=10, learning_rate=0.05, optimizer="sgd")
+    a = StackedBackend(model).train(pool, ids, data, orders, [True, False], local)
+    b = KerasBackend(model).train(pool, ids, data, orders, [True, False], local)
+    for x, y, start in zip(a, b, pool):
+        np.testing.assert_allclose(x, y, atol=2e-5)
+        assert not np.array_equal(x[0], start[0])  # every array moved
+
+
+def _bn_classifier():
+    """A small encoder with BatchNormalization (like the ResNets) and head c-1."""
+    inputs = keras.Input((32, 32, 3))
+    x = keras.layers.Conv2D(8, 3, strides=2)(inputs)
+    x = keras.layers.BatchNormalization()(x)
+    x = keras.layers.ReLU()(x)
+    encoder = keras.Model(inputs, keras.layers.GlobalAveragePooling2D()(x), name="encoder")
+    return build_classifier(encoder, build_classifier_head("c-1", 8, 10))
+
+
+def test_a_frozen_encoder_runs_in_inference_mode_and_keeps_its_batchnorm_statistics(clients):
+    from cpcfl_tf.data.images import to_float
+    from cpcfl_tf.federated import algorithm
+    from cpcfl_tf.federated.backends import make_backend, unstack
+
+    keras.utils.set_random_seed(0)
+    model = _bn_classifier()
+    encoder = model.get_layer("encoder")
+    images = to_float(clients.train.images[:3].reshape(-1, 32, 32, 3))
+    encoder(images, training=True)  # moving statistics away from their initial 0 / 1
+    start = model.get_weights()
+    backend = make_backend(model)
+    assert isinstance(backend, KerasBackend)
+    k = backend.num_encoder
+    data = ClientArrays(clients.train.images[:3], clients.train.labels[:3])
+    orders, local = batch_orders(3, data.size, 2, [4]), LocalTraining(batch_size=8)
+    trained = backend.train(stack_models([start]), np.zeros(3, np.int64), data, orders,
+                            [False, False], local)
+    # Every encoder array, moving mean and variance included, is bitwise unchanged, and so
+    # is the cluster model's encoder after the server averages the round.
+    pooled = algorithm.aggregate(algorithm.ServerState(0, [start], k), trained,
+                                 np.zeros(3, np.int64), [20, 20, 20])
+    for weights in [unstack(trained, u) for u in range(3)] + pooled.models:
+        assert all(np.array_equal(a, b) for a, b in zip(weights[:k], start[:k]))
+    # The head trained on encoder(x, training=False), which differs from training mode.
+    frozen = [encoder(to_float(data.images[u]), training=False) for u in range(3)]
+    assert not np.allclose(frozen[0], encoder(to_float(data.images[0]), training=True), atol=1e-3)
+    head = build_classifier_head("c-1", 8, 10)
+    for u in range(3):
+        head.set_weights(start[k:])
+        adam = keras.optimizers.Adam(1e-3)
+        for order in orders[:, u]:
+            for lo in range(0, data.size, local.batch_size):
+                idx = order[lo:lo + local.batch_size]
+                with tf.GradientTape() as tape:
+                    probs = head(tf.gather(frozen[u], idx), training=True)
+                    loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
+                        data.labels[u, idx], probs))
+                adam.apply(tape.gradient(loss, head.trainable_variables), head.trainable_variables)
+        for a, b in zip(unstack(trained, u)[k:], head.get_weights()):
+            np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_clients_can_keep_their_adam_state_between_rounds(clients, encoder, tmp_path):
+    kept = config(rounds=3, head_rounds=1, optimizer_state="client")
+    whole, _ = run_federated(kept, clients, encoder_weights=encoder, verbose=0)
+    fresh, _ = run_federated(config(rounds=3, head_rounds=1), clients, encoder_weights=encoder,
+                             verbose=0)
+    # Round 1 starts from a zero state either way; from round 2 the kept moments differ.
+    assert whole["rounds"][0] == fresh["rounds"][0]
+    assert whole["rounds"][1:] != fresh["rounds"][1:]
+
+    class Stop(Exception):
+        pass
+
+    def stop(record, state):
+        if record["round"] == 2:
+            raise Stop
+
+    with pytest.raises(Stop):
+        run_federated(kept, clients, encoder_weights=encoder, verbose=0,
+                      checkpoint=tmp_path / "ckpt.npz", on_round=stop)
+    resumed, _ = run_federated(kept, clients, encoder_weights=encoder, verbose=0,
+                               checkpoint=tmp_path / "ckpt.npz")
+    assert resumed["rounds"] == whole["rounds"] and resumed["final"] == whole["final"]
+
+
+def test_kept_adam_state_with_different_step_counts_trains_each_client_as_alone(clients):
+    from cpcfl_tf.federated.backends import ClientMoments
+
+    keras.utils.set_random_seed(2)
+    model = build_classifier(build_encoder("cnn", (32, 32, 3)), build_classifier_head("c", 256, 10))
+    data = ClientArrays(clients.train.images[:2], clients.train.labels[:2])
+    pool, orders = stack_models([model.get_weights()]), batch_orders(2, 20, 1, [3])
+    rng = np.random.default_rng(0)
+    start = ClientMoments([0.01 * rng.random((2, *a.shape[1:]), np.float32) for a in pool],
+                          [1e-4 * rng.random((2, *a.shape[1:]), np.float32) for a in pool],
+                          np.array([0, 7]))  # the clients took part in different rounds
+    backend, local = StackedBackend(model), LocalTraining(batch_size=10)
+    together = start.subset(np.arange(2))
+    both = backend.train(pool, np.zeros(2, np.int64), data, orders, [True], local, together)
+    assert together.steps.tolist() == [2, 9]
+    for u in range(2):
+        alone = start.subset(np.array([u]))
+        one = backend.train(pool, np.zeros(1, np.int64), data.subset(np.array([u])),
+                            orders[:, u:u + 1], [True], local, alone)
+        for a, b in zip(both, one):
+            np.testing.assert_allclose(a[u], b[0], rtol=1e-5, atol=1e-7)
+        for a, b in zip(together.m, alone.m):
+            np.testing.assert_allclose(a[u], b[0], rtol=1e-5, atol=1e-9)
 
 
 def test_cp_cfl_keeps_the_encoder_frozen_during_tc_then_trains_it(clients, encoder):

@@ -81,6 +81,51 @@ def test_an_interrupted_run_needs_resume(smoke_run, tmp_path):
     assert resumed["rounds"] == whole["rounds"] and resumed["final"] == whole["final"]
 
 
+def test_fedavg_simclr_is_cp_cfl_simclr_with_one_cluster(smoke_run, tmp_path):
+    from cpcfl_tf.config import get_preset
+    from cpcfl_tf.runner import RunSpec, Runner
+
+    fedavg = json.loads((smoke_run / "fedavg-simclr.json").read_text())
+    one = Runner("clusters", get_preset("smoke"), tmp_path, verbose=0).run(
+        RunSpec("cp-cfl-simclr-n1", "cp-cfl", "simclr", {"num_clusters": 1}))
+    assert fedavg["config"]["federated"]["head_rounds"] == 1  # smoke's Tc
+    for key in ("seeds", "clients", "rounds", "final"):
+        assert fedavg[key] == one[key], key
+    # Apart from the labels, the configs they ran are the same too.
+    ran = [dict(r["config"]["federated"], method=None) for r in (fedavg, one)]
+    assert ran[0] == ran[1]
+    for name in ("fedavg-none", "ifca-none", "ifca-fedavg"):  # no Tc phase
+        record = json.loads((smoke_run / f"{name}.json").read_text())
+        assert record["config"]["federated"]["head_rounds"] == 0, name
+
+
+def test_a_record_that_ran_with_an_older_meaning_of_its_method_is_refused(smoke_run, tmp_path):
+    from cpcfl_tf.config import get_preset
+    from cpcfl_tf.runner import RunSpec, Runner
+
+    record = json.loads((smoke_run / "fedavg-simclr.json").read_text())
+    record["config"]["federated"]["head_rounds"] = 0  # before FedAvg (SimCLR) had Tc
+    (tmp_path / "fedavg-simclr.json").write_text(json.dumps(record))
+    runner = Runner("table2", get_preset("smoke"), tmp_path, verbose=0)
+    with pytest.raises(UserError, match="different config"):
+        runner.run(RunSpec("fedavg-simclr", "fedavg", "simclr"))
+
+
+def test_a_record_written_before_a_config_field_existed_still_counts(smoke_run, tmp_path):
+    from cpcfl_tf.config import get_preset
+    from cpcfl_tf.runner import RunSpec, Runner
+
+    record = json.loads((smoke_run / "fedavg-none.json").read_text())
+    for section in (record["config"]["federated"], record["config"]["requested"]["federated"]):
+        del section["local_optimizer"], section["optimizer_state"]
+    (tmp_path / "fedavg-none.json").write_text(json.dumps(record))
+    runner = Runner("table2", get_preset("smoke"), tmp_path, verbose=0)
+    assert runner.run(RunSpec("fedavg-none", "fedavg", "none"))["rounds"] == record["rounds"]
+    other = RunSpec("fedavg-none", "fedavg", "none", {"local_optimizer": "sgd"})
+    with pytest.raises(UserError, match="different config"):
+        runner.run(other)
+
+
 def test_no_arguments_means_the_paper_preset_and_offline_it_stops_at_once(tmp_path):
     import os
     import subprocess

@@ -17,7 +17,14 @@ do not care which one runs:
 
 Local training (Sec. "Experimental settings"): E epochs of batch 32, Adam 1e-3 with a
 fresh state per client per round, cross-entropy. ``encoder_epochs`` says in which of the
-E epochs the encoder trains (all, none during ``t < Tc``, the first E_l,f otherwise).
+E epochs the encoder trains (all, none during ``t < Tc``, the first E_l,f otherwise). In
+an epoch without it the encoder is *frozen* as Keras freezes a model: its weights,
+BatchNormalization statistics included, do not change and it runs in inference mode,
+so the head trains on the features that selection and evaluation see.
+
+:class:`LocalTraining` says how a client trains (optimizer, learning rate, batch size);
+:class:`ClientMoments` is the Adam state clients keep between rounds when
+``optimizer_state="client"`` (the zig-zag study, ``experiments/local_optimizer.py``).
 """
 from __future__ import annotations
 
@@ -29,6 +36,7 @@ import numpy as np
 import tensorflow as tf
 
 from cpcfl_tf.data.images import to_float
+from cpcfl_tf.errors import UserError
 
 Stacked = list[np.ndarray]
 """Weights of many models, array by array, each with a leading model/client axis."""
@@ -53,6 +61,58 @@ class ClientArrays:
 
     def subset(self, clients: np.ndarray) -> "ClientArrays":
         return ClientArrays(self.images[clients], self.labels[clients])
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalTraining:
+    """How a client trains its model: the paper's is Adam 1e-3, batch 32."""
+
+    batch_size: int = 32
+    learning_rate: float = 1e-3
+    optimizer: str = "adam"
+    """adam | sgd."""
+
+    @classmethod
+    def of(cls, fl) -> "LocalTraining":
+        """The local training a :class:`~cpcfl_tf.config.FederatedConfig` names."""
+        return cls(fl.batch_size, fl.learning_rate, fl.local_optimizer)
+
+
+@dataclasses.dataclass
+class ClientMoments:
+    """Adam's first and second moments of every client, array by array (leading client
+    axis), and each client's step count: the optimizer state a client keeps between
+    rounds when ``optimizer_state="client"``."""
+
+    m: Stacked
+    v: Stacked
+    steps: np.ndarray
+
+    @classmethod
+    def zeros(cls, model: Sequence[np.ndarray], num_clients: int) -> "ClientMoments":
+        m = [np.zeros((num_clients, *a.shape), np.float32) for a in model]
+        return cls(m, [a.copy() for a in m], np.zeros(num_clients, np.int64))
+
+    def subset(self, clients: np.ndarray) -> "ClientMoments":
+        return ClientMoments([a[clients] for a in self.m], [a[clients] for a in self.v],
+                             self.steps[clients])
+
+    def put(self, clients: np.ndarray, part: "ClientMoments") -> None:
+        """Write back the state of ``clients`` after they trained."""
+        for full, new in zip(self.m + self.v, part.m + part.v):
+            full[clients] = new
+        self.steps[clients] = part.steps
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Named arrays, for a checkpoint."""
+        return {"steps": self.steps, **{f"m{i}": a for i, a in enumerate(self.m)},
+                **{f"v{i}": a for i, a in enumerate(self.v)}}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> "ClientMoments":
+        count = sum(1 for k in arrays if k.startswith("m"))
+        return cls([arrays[f"m{i}"] for i in range(count)],
+                   [arrays[f"v{i}"] for i in range(count)], arrays["steps"])
 
 
 def batch_orders(num_clients: int, size: int, epochs: int, seed_words: Sequence[int]) -> np.ndarray:
@@ -171,6 +231,7 @@ class StackedBackend:
         # Adam over K stacked copies is pure elementwise work: XLA fuses it into one pass
         # (2.4x faster than the op-by-op update on a CPU).
         self._adam = tf.function(_adam_update, jit_compile=True)
+        self._sgd = tf.function(_sgd_update, jit_compile=True)
         self._logits = tf.function(
             lambda params, x: stacked_logits(self.layers, params, to_float(x)))
 
@@ -183,25 +244,40 @@ class StackedBackend:
         return tape.gradient(loss, params[first:])
 
     def train(self, pool: Stacked, ids: np.ndarray, data: ClientArrays, orders: np.ndarray,
-              encoder_epochs: Sequence[bool], *, batch_size: int, learning_rate: float) -> Stacked:
+              encoder_epochs: Sequence[bool], local: LocalTraining,
+              moments: ClientMoments | None = None) -> Stacked:
         """Train client u from model ``ids[u]`` of the stacked ``pool``; returns the
-        clients' weights, stacked."""
+        clients' weights, stacked. With ``moments`` (of exactly these clients) Adam starts
+        from and updates them; otherwise its state is fresh."""
         index = tf.constant(ids)
         params = [tf.gather(tf.constant(a), index) for a in pool]
-        m = [tf.zeros_like(p) for p in params]
-        v = [tf.zeros_like(p) for p in params]
+        if moments is None:
+            m = [tf.zeros_like(p) for p in params]
+            v = [tf.zeros_like(p) for p in params]
+            steps = 0
+        else:
+            m, v = [tf.constant(a) for a in moments.m], [tf.constant(a) for a in moments.v]
+            steps = moments.steps.copy()
         images, labels = tf.constant(data.images), tf.constant(data.labels)
-        step = 0
         for epoch, order in enumerate(orders):
             first = 0 if encoder_epochs[epoch] else self.num_encoder
-            for lo in range(0, data.size, batch_size):
-                idx = tf.constant(order[:, lo:lo + batch_size])
-                step += 1
+            for lo in range(0, data.size, local.batch_size):
+                idx = tf.constant(order[:, lo:lo + local.batch_size])
                 grads = self._grads(params, tf.gather(images, idx, batch_dims=1),
                                     tf.gather(labels, idx, batch_dims=1), first)
-                alpha = tf.constant(_adam_alpha(learning_rate, step), tf.float32)
+                if local.optimizer == "sgd":
+                    params[first:] = self._sgd(params[first:], list(grads),
+                                               tf.constant(local.learning_rate, tf.float32))
+                    continue
+                steps = steps + 1
+                # A scalar step size while every client has taken the same number of
+                # steps (always, with a fresh state); one per client otherwise.
+                alpha = tf.constant(_adam_alpha(local.learning_rate, steps), tf.float32)
                 params[first:], m[first:], v[first:] = self._adam(
                     params[first:], m[first:], v[first:], list(grads), alpha)
+        if moments is not None:
+            moments.m, moments.v = [a.numpy() for a in m], [a.numpy() for a in v]
+            moments.steps = steps
         return [p.numpy() for p in params]
 
     def logits(self, model: list[np.ndarray], images: np.ndarray) -> np.ndarray:
@@ -218,10 +294,15 @@ def _adam_update(params, m, v, grads, alpha):
     for p, mp, vp, g in zip(params, m, v, grads):
         mp = mp + (g - mp) * (1 - _B1)
         vp = vp + (tf.square(g) - vp) * (1 - _B2)
-        new_p.append(p - alpha * mp / (tf.sqrt(vp) + _EPS))
+        a = alpha if alpha.shape.rank == 0 else tf.reshape(alpha, [-1] + [1] * (p.shape.rank - 1))
+        new_p.append(p - a * mp / (tf.sqrt(vp) + _EPS))
         new_m.append(mp)
         new_v.append(vp)
     return new_p, new_m, new_v
+
+
+def _sgd_update(params, grads, learning_rate):
+    return [p - learning_rate * g for p, g in zip(params, grads)]
 
 
 # --------------------------------------------------------------------------- keras
@@ -233,38 +314,52 @@ class KerasBackend:
         self.model = classifier
         self.num_encoder = len(classifier.get_layer("encoder").weights)
         self.eval_batch = eval_batch
-        self.optimizer = keras.optimizers.Adam(1e-3)
-        self.optimizer.build(classifier.trainable_variables)
-        # Adam's moments and step count, reset per client (not its learning rate).
-        self._adam_state = [v for v in self.optimizer.variables if "learning_rate" not in v.path]
-        head = classifier.get_layer("head").trainable_variables
-        self._steps = {True: tf.function(self._make_step(classifier.trainable_variables)),
-                       False: tf.function(self._make_step(head))}
+        self.optimizers = {"adam": keras.optimizers.Adam(1e-3), "sgd": keras.optimizers.SGD(1e-3)}
+        for optimizer in self.optimizers.values():
+            optimizer.build(classifier.trainable_variables)
+        self._steps = {(name, whole): tf.function(self._make_step(optimizer, whole))
+                       for name, optimizer in self.optimizers.items() for whole in (True, False)}
         self._forward = tf.function(lambda x: classifier(to_float(x), training=False),
                                     reduce_retracing=True)
 
-    def _make_step(self, variables):
+    def _make_step(self, optimizer: keras.optimizers.Optimizer, train_encoder: bool):
+        encoder, head = self.model.get_layer("encoder"), self.model.get_layer("head")
+        variables = (self.model.trainable_variables if train_encoder
+                     else head.trainable_variables)
+
         def step(images, labels):
+            x = to_float(images)
+            # A frozen encoder runs in inference mode (BatchNormalization uses and keeps
+            # its moving statistics), as Keras runs a layer with trainable=False.
+            features = None if train_encoder else encoder(x, training=False)
             with tf.GradientTape() as tape:
-                probs = self.model(to_float(images), training=True)
+                probs = (self.model(x, training=True) if train_encoder
+                         else head(features, training=True))
                 loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(labels, probs))
-            self.optimizer.apply(tape.gradient(loss, variables), variables)
+            optimizer.apply(tape.gradient(loss, variables), variables)
             return loss
         return step
 
     def train(self, pool: Stacked, ids: np.ndarray, data: ClientArrays, orders: np.ndarray,
-              encoder_epochs: Sequence[bool], *, batch_size: int, learning_rate: float) -> Stacked:
-        self.optimizer.learning_rate.assign(learning_rate)
+              encoder_epochs: Sequence[bool], local: LocalTraining,
+              moments: ClientMoments | None = None) -> Stacked:
+        if moments is not None:
+            raise UserError("federated.optimizer_state 'client' needs the stacked backend "
+                            "(the CNN encoder); use optimizer_state fresh")
+        optimizer = self.optimizers[local.optimizer]
+        optimizer.learning_rate.assign(local.learning_rate)
+        # The optimizer's state (moments, step count), reset per client; not its rate.
+        state = [v for v in optimizer.variables if "learning_rate" not in v.path]
         trained = []
         for u in range(data.num_clients):
             self.model.set_weights(unstack(pool, ids[u]))
-            for var in self._adam_state:  # fresh Adam state per client
+            for var in state:
                 var.assign(tf.zeros_like(var))
             for epoch, order in enumerate(orders):
-                for lo in range(0, data.size, batch_size):
-                    idx = order[u, lo:lo + batch_size]
-                    self._steps[bool(encoder_epochs[epoch])](
-                        tf.constant(data.images[u, idx]), tf.constant(data.labels[u, idx]))
+                step = self._steps[local.optimizer, bool(encoder_epochs[epoch])]
+                for lo in range(0, data.size, local.batch_size):
+                    idx = order[u, lo:lo + local.batch_size]
+                    step(tf.constant(data.images[u, idx]), tf.constant(data.labels[u, idx]))
             trained.append(self.model.get_weights())
         return stack_models(trained)
 

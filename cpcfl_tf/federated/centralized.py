@@ -21,8 +21,9 @@ import numpy as np
 from cpcfl_tf.config import Config
 from cpcfl_tf.data.sources import LabeledImages
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.federated.backends import (ClientArrays, batch_orders, client_probabilities,
-                                         make_backend, stack_models, unstack)
+from cpcfl_tf.federated.backends import (ClientArrays, LocalTraining, batch_orders,
+                                         client_probabilities, make_backend, stack_models,
+                                         unstack)
 from cpcfl_tf.federated.metrics import client_accuracy, pooled_scores
 from cpcfl_tf.federated.simulator import Clients, build_template, initial_pool
 
@@ -36,7 +37,7 @@ def _train_pooled(config: Config, data: ClientArrays, encoder_weights, num_class
     start = stack_models(initial_pool(fl, template, encoder_weights, seed=seed, attempt=0))
     orders = batch_orders(data.num_clients, data.size, epochs, [seed, 7])
     trained = backend.train(start, np.arange(data.num_clients), data, orders, [True] * epochs,
-                            batch_size=fl.batch_size, learning_rate=fl.learning_rate)
+                            LocalTraining.of(fl))
     return backend, [unstack(trained, k) for k in range(data.num_clients)]
 
 

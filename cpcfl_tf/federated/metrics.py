@@ -40,3 +40,21 @@ def pooled_scores(labels: np.ndarray, probs: np.ndarray) -> dict[str, float]:
 def cluster_ari(groups: np.ndarray, cluster_ids: np.ndarray) -> float:
     """Adjusted Rand index of the cluster identities against the true groups."""
     return float(adjusted_rand_score(groups, cluster_ids))
+
+
+def class_accuracy(labels: np.ndarray, probs: np.ndarray, num_classes: int) -> np.ndarray:
+    """``(C,)`` accuracy on each class over all clients' test images (NaN: class absent)."""
+    y, pred = labels.reshape(-1), probs.reshape(-1, probs.shape[-1]).argmax(axis=1)
+    return np.array([(pred[y == c] == c).mean() if np.any(y == c) else np.nan
+                     for c in range(num_classes)])
+
+
+def zigzag_amplitude(accuracy: np.ndarray) -> float:
+    """Mean of ``|a[t+1] - 2 a[t] + a[t-1]| / 2`` over the rounds t of the second half of
+    the run: the round-to-round swing of an accuracy curve that alternates (a curve
+    alternating between x and x + d gives d; a straight or smooth one about 0)."""
+    a = np.asarray(accuracy, np.float64)
+    centre = np.arange(max(1, len(a) // 2), len(a) - 1)
+    if len(centre) == 0:
+        return float("nan")
+    return float(np.mean(np.abs(a[centre + 1] - 2 * a[centre] + a[centre - 1])) / 2)

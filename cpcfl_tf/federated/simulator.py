@@ -28,8 +28,9 @@ from cpcfl_tf.data.partition import Partition
 from cpcfl_tf.data.sources import LabeledImages
 from cpcfl_tf.errors import DivergedError, UserError
 from cpcfl_tf.federated import algorithm
-from cpcfl_tf.federated.backends import (ClientArrays, batch_orders, client_losses,
-                                         client_probabilities, make_backend, stack_models)
+from cpcfl_tf.federated.backends import (ClientArrays, ClientMoments, LocalTraining,
+                                         batch_orders, client_losses, client_probabilities,
+                                         make_backend, stack_models)
 from cpcfl_tf.federated.metrics import client_accuracy, cluster_ari, pooled_scores
 from cpcfl_tf.models import ENCODER_DIMS, build_classifier, build_classifier_head, build_encoder
 from cpcfl_tf.results import write_atomic
@@ -107,8 +108,11 @@ class _Progress:
     seconds: float = 0.0
 
 
-def _save(path: Path, fingerprint: str, state: algorithm.ServerState, progress: _Progress):
+def _save(path: Path, fingerprint: str, state: algorithm.ServerState, progress: _Progress,
+          moments: ClientMoments | None):
     arrays = {f"m{n}_{i}": a for n, m in enumerate(state.models) for i, a in enumerate(m)}
+    if moments is not None:  # the clients' own optimizer state (optimizer_state="client")
+        arrays.update({f"client_{k}": a for k, a in moments.arrays().items()})
     meta = json.dumps({"fingerprint": fingerprint, "progress": dataclasses.asdict(progress),
                        "num_models": len(state.models), "num_arrays": len(state.models[0]),
                        "num_encoder": state.num_encoder})
@@ -120,12 +124,15 @@ def _save(path: Path, fingerprint: str, state: algorithm.ServerState, progress: 
     write_atomic(path, write)
 
 
-def _load(path: Path, fingerprint: str) -> tuple[algorithm.ServerState, _Progress]:
+def _load(path: Path, fingerprint: str
+          ) -> tuple[algorithm.ServerState, _Progress, ClientMoments | None]:
     try:
         with np.load(path) as data:
             meta = json.loads(str(data["__meta__"]))
             models = [[data[f"m{n}_{i}"] for i in range(meta["num_arrays"])]
                       for n in range(meta["num_models"])]
+            client = {k[len("client_"):]: data[k] for k in data.files if k.startswith("client_")}
+            moments = ClientMoments.from_arrays(client) if client else None
     except Exception as err:
         raise UserError(f"cannot read checkpoint {path} ({type(err).__name__}); delete it to "
                         "start the run over") from None
@@ -133,7 +140,8 @@ def _load(path: Path, fingerprint: str) -> tuple[algorithm.ServerState, _Progres
         raise UserError(f"checkpoint {path} belongs to a different run (config or seeds "
                         "differ); delete it or choose another --out")
     progress = _Progress(**meta["progress"])
-    return algorithm.ServerState(progress.round, models, meta["num_encoder"]), progress
+    return (algorithm.ServerState(progress.round, models, meta["num_encoder"]), progress,
+            moments)
 
 
 def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
@@ -186,10 +194,17 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
         return algorithm.ServerState(0, initial_pool(fl, template, encoder_weights, seed=seed,
                                                      attempt=attempt), num_encoder)
 
+    def fresh_moments() -> ClientMoments | None:
+        # optimizer_state="client": every client keeps its Adam state between rounds.
+        return (ClientMoments.zeros(state.models[0], clients.train.num_clients)
+                if fl.optimizer_state == "client" else None)
+
     if path and path.exists():
-        state, progress = _load(path, fingerprint)
+        state, progress, moments = _load(path, fingerprint)
     else:
         state, progress = fresh(0), _Progress()
+        moments = fresh_moments()
+    local = LocalTraining.of(fl)
     size = algorithm.model_bytes(state.models[0])
     num_clients = clients.train.num_clients
     take = max(1, int(round(fl.participation * num_clients)))
@@ -208,8 +223,11 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
         orders = batch_orders(len(part), train.size, fl.local_epochs,
                               [seed, progress.attempt, t, 1])
         encoder_epochs = [not explore and e < fl.encoder_trains for e in range(fl.local_epochs)]
+        own = None if moments is None else moments.subset(part)
         trained = backend.train(stack_models(state.models), ids, train, orders, encoder_epochs,
-                                batch_size=fl.batch_size, learning_rate=fl.learning_rate)
+                                local, own)
+        if own is not None:
+            moments.put(part, own)
         if not all(np.isfinite(a).all() for a in trained):
             raise DivergedError(f"local training diverged (NaN/Inf weights) in round {t + 1}; "
                                 f"lower federated.learning_rate (now {fl.learning_rate})")
@@ -234,9 +252,10 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
             progress = dataclasses.replace(progress, round=0, attempt=progress.attempt + 1,
                                            history=[], assigned=[])
             state, assigned = fresh(progress.attempt), np.full(num_clients, -1, np.int64)
+            moments = fresh_moments()
         progress.assigned = assigned.tolist()
         if path:
-            _save(path, fingerprint, state, progress)
+            _save(path, fingerprint, state, progress, moments)
         if verbose:
             _report(record, fl, progress.round)
         if on_round:

@@ -63,7 +63,8 @@ def query(msg: Message, context: Context) -> Message:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Select (or take the assigned) cluster, train it locally, send it back."""
-    from cpcfl_tf.federated.backends import batch_orders, client_losses, stack_models, unstack
+    from cpcfl_tf.federated.backends import (LocalTraining, batch_orders, client_losses,
+                                             stack_models, unstack)
 
     config, data, _, backend = _context(context)
     fl = config.federated.resolved()
@@ -83,8 +84,7 @@ def train(msg: Message, context: Context) -> Message:
                           [config.seed, attempt, t, 1])[:, partition_id:partition_id + 1]
     encoder_epochs = [not explore and e < fl.encoder_trains for e in range(fl.local_epochs)]
     trained = backend.train(stack_models([models[cluster]]), np.array([0]), data, orders,
-                            encoder_epochs, batch_size=fl.batch_size,
-                            learning_rate=fl.learning_rate)
+                            encoder_epochs, LocalTraining.of(fl))
     return _reply(msg, model=to_record(unstack(trained, 0)), metrics=MetricRecord({
         "cluster-id": cluster, "num-examples": data.size, "partition-id": partition_id}))
 

@@ -21,6 +21,7 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
+from cpcfl_tf.config import PRETRAIN_METHODS
 from cpcfl_tf.flower.common import from_record, model_key, run_config, to_record
 
 app = ServerApp()
@@ -68,7 +69,7 @@ def main(grid: Grid, context: Context) -> None:
           flush=True)
 
     encoder_weights = None
-    if fl.pretraining in ("simclr", "byol", "simsiam"):  # the server's own pre-training
+    if fl.pretraining in PRETRAIN_METHODS:  # the server's own pre-training
         from cpcfl_tf.contrastive.pretrain import pretrained_encoder
 
         encoder_weights = pretrained_encoder(config.pretrain, config.data, method=fl.pretraining,

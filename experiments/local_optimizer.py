@@ -1,0 +1,183 @@
+"""Why FedAvg's accuracy zig-zags: FedAvg (None) and CP-CFL (SimCLR) under the paper's
+local training and variants that isolate the cause.
+
+The paper trains every client with Adam 1e-3 for 3 epochs of batch 32 (Sec.
+"Experimental settings"), and the kit gives each client a fresh Adam state every round.
+The variants change one thing each: a 10x smaller learning rate, plain SGD, Adam moments
+kept by each client between rounds, one local epoch. For each run the script reports the
+final and best accuracy, the zig-zag amplitude (mean of |a[t+1] - 2 a[t] + a[t-1]| / 2
+over the second half of the rounds) and the cosine between successive server updates
+(-1: each round undoes the last), and it records the accuracy of every class and client
+in every round (``<run>.rounds.json``) to show which of them flip.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from cpcfl_tf.errors import run_cli
+from cpcfl_tf.experiment import experiment_parser, finish, setup
+from cpcfl_tf.runner import RunSpec, Runner
+
+VARIANTS = {
+    "paper": ({}, "Adam 1e-3, fresh state (paper)"),
+    "lr1e-4": ({"learning_rate": 1e-4}, "Adam 1e-4, fresh state"),
+    "sgd": ({"local_optimizer": "sgd", "learning_rate": 0.05}, "SGD 0.05"),
+    "kept": ({"optimizer_state": "client"}, "Adam 1e-3, state kept per client"),
+    "e1": ({"local_epochs": 1}, "Adam 1e-3, fresh state, E = 1"),
+}
+"""Variant name: (federated overrides, label)."""
+METHODS = {"fedavg-none": ("fedavg", "none", "FedAvg (None)"),
+           "cp-cfl-simclr": ("cp-cfl", "simclr", "CP-CFL (SimCLR)")}
+SPECS = [RunSpec(f"{method}-{variant}", fl_method, pre, dict(overrides))
+         for method, (fl_method, pre, _) in METHODS.items()
+         for variant, (overrides, _) in VARIANTS.items()]
+
+
+class RoundProbe:
+    """``on_round`` callback recording, per round, each class's and each client's test
+    accuracy and the server update (its norm, and its cosine with the previous round's),
+    into ``path`` (rewritten every round, so a resumed run keeps the earlier rounds)."""
+
+    def __init__(self, path: Path, clients, backend):
+        import json
+
+        self.path, self.clients, self.backend = path, clients, backend
+        self.rounds = json.loads(path.read_text())["rounds"] if path.exists() else []
+        self._last = None  # (models, update) of the previous round this process saw
+
+    def __call__(self, record: dict, state) -> None:
+        from cpcfl_tf.federated.backends import client_probabilities
+        from cpcfl_tf.federated.metrics import class_accuracy, client_accuracy
+        from cpcfl_tf.results import write_json
+
+        ids = np.asarray(record["cluster_ids"])
+        probs = client_probabilities(self.backend, state.models, ids, self.clients.test)
+        flat = [np.concatenate([a.ravel() for a in m]) for m in state.models]
+        entry = {"round": record["round"],
+                 "class_accuracy": class_accuracy(self.clients.test.labels, probs,
+                                                  self.clients.num_classes).tolist(),
+                 "client_accuracy": client_accuracy(self.clients.test.labels, probs).tolist()}
+        if self._last is not None:
+            previous, before = self._last
+            update = [m - p for m, p in zip(flat, previous)]
+            entry["update_norm"] = float(np.mean([np.linalg.norm(u) for u in update]))
+            if before is not None:
+                entry["update_cosine"] = float(np.mean([
+                    u @ b / max(np.linalg.norm(u) * np.linalg.norm(b), 1e-30)
+                    for u, b in zip(update, before)]))
+            self._last = (flat, update)
+        else:
+            self._last = (flat, None)
+        self.rounds = [r for r in self.rounds if r["round"] < entry["round"]] + [entry]
+        write_json(self.path, {"rounds": self.rounds})
+
+
+def probe_for(runner: Runner, spec: RunSpec) -> RoundProbe:
+    from cpcfl_tf.federated.backends import make_backend
+    from cpcfl_tf.federated.simulator import build_template
+
+    config = spec.config(runner.base)
+    clients = runner.clients(config)
+    fl = config.federated.resolved()
+    template = build_template(fl, clients.test.images.shape[2:], clients.num_classes)
+    return RoundProbe(runner.out / f"{spec.name}.rounds.json", clients,
+                      make_backend(template, fl.backend))
+
+
+def summary(record: dict, probe_rounds: list[dict]) -> dict:
+    """Final and best accuracy, zig-zag amplitude, mean update cosine (second half)."""
+    from cpcfl_tf.federated.metrics import zigzag_amplitude
+
+    accuracy = np.array([r["accuracy"] for r in record["rounds"]])
+    half = len(accuracy) // 2
+    cosines = [r["update_cosine"] for r in probe_rounds
+               if "update_cosine" in r and r["round"] > half]
+    return {"final": float(accuracy[-1]), "best": float(accuracy.max()),
+            "zigzag": zigzag_amplitude(accuracy),
+            "update_cosine": float(np.mean(cosines)) if cosines else float("nan")}
+
+
+def flip_lines(record: dict, probe_rounds: list[dict], groups: np.ndarray) -> list[str]:
+    """Per-class and per-group accuracy at the two consecutive rounds of the second half
+    between which the mean accuracy jumps most."""
+    by_round = {r["round"]: r for r in probe_rounds}
+    accuracy = {r["round"]: r["accuracy"] for r in record["rounds"]}
+    half = len(accuracy) // 2
+    pairs = [(t, t + 1) for t in accuracy if t > half and t + 1 in by_round and t in by_round]
+    if not pairs:
+        return ["(no per-round probe for this run: rerun it with --force to record one)"]
+    t, u = max(pairs, key=lambda p: abs(accuracy[p[1]] - accuracy[p[0]]))
+    a, b = by_round[t], by_round[u]
+    classes = range(len(a["class_accuracy"]))
+    lines = [f"Rounds {t} and {u}: mean client accuracy {100 * accuracy[t]:.2f} -> "
+             f"{100 * accuracy[u]:.2f} %.", "",
+             "| round | " + " | ".join(f"class {c}" for c in classes) + " |",
+             "|---|" + "---|" * len(classes)]
+    for entry in (a, b):
+        lines.append(f"| {entry['round']} | " + " | ".join(
+            f"{100 * v:.0f}" for v in entry["class_accuracy"]) + " |")
+    group_ids = np.unique(groups)
+    lines += ["", "| round | " + " | ".join(f"group {g} clients" for g in group_ids) + " |",
+              "|---|" + "---|" * len(group_ids)]
+    for entry in (a, b):
+        acc = np.array(entry["client_accuracy"])
+        lines.append(f"| {entry['round']} | " + " | ".join(
+            f"{100 * acc[groups == g].mean():.1f}" for g in group_ids) + " |")
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    import json
+
+    parser = experiment_parser("local_optimizer", __doc__.split("\n\n")[0])
+    args = parser.parse_args(argv)
+    config, out = setup(args, "local_optimizer")
+    runner = Runner.for_script("local_optimizer", config, out, args)
+    records, probes = {}, {}
+    for spec in SPECS:
+        probe = probe_for(runner, spec)
+        records[spec.name] = runner.run(spec, on_round=probe)
+        path = out / f"{spec.name}.rounds.json"
+        probes[spec.name] = json.loads(path.read_text())["rounds"] if path.exists() else []
+
+    from cpcfl_tf.plots import plot_accuracy_curves, plot_class_accuracy
+    from cpcfl_tf.results import write_csv
+
+    rounds = config.federated.rounds
+    lines = [f"# Local optimizer and FedAvg's zig-zag (preset `{config.preset}`), "
+             f"{config.partition.num_clients} clients, T = {rounds}", "",
+             "zig-zag: mean |a[t+1] - 2a[t] + a[t-1]| / 2 over the second half (points of "
+             "accuracy); cosine: mean cosine between successive server updates over the "
+             "second half (-1: every round undoes the previous one).", "",
+             "| local training | method | final (%) | best (%) | zig-zag (points) | cosine |",
+             "|---|---|---|---|---|---|"]
+    rows = []
+    for spec in SPECS:
+        method, variant = next((m, v) for m in METHODS for v in VARIANTS
+                               if spec.name == f"{m}-{v}")
+        s = summary(records[spec.name], probes[spec.name])
+        lines.append(f"| {VARIANTS[variant][1]} | {METHODS[method][2]} | {100 * s['final']:.2f} | "
+                     f"{100 * s['best']:.2f} | {100 * s['zigzag']:.2f} | "
+                     f"{s['update_cosine']:.3f} |")
+        rows.append({"run": spec.name, "method": method, "variant": variant, **s})
+    groups = np.array([c["group"] for c in records["fedavg-none-paper"]["clients"]])
+    for name in ("fedavg-none-paper", "fedavg-none-kept"):
+        lines += ["", f"## Which classes and clients flip: {METHODS['fedavg-none'][2]}, "
+                      f"{VARIANTS[name.rsplit('-', 1)[1]][1]}", ""]
+        lines += flip_lines(records[name], probes[name], groups)
+    write_csv(out / "local_optimizer.csv", rows)
+    for method, (_, _, label) in METHODS.items():
+        plot_accuracy_curves({VARIANTS[v][1]: records[f"{method}-{v}"] for v in VARIANTS},
+                             out / f"accuracy-{method}.png",
+                             title=f"{label} by local training (preset {config.preset})")
+    if probes["fedavg-none-paper"]:
+        plot_class_accuracy(probes["fedavg-none-paper"], out / "class_accuracy-fedavg-none.png",
+                            title="FedAvg (None), Adam 1e-3 fresh: test accuracy per class")
+    finish(out, "local_optimizer.md", "\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    run_cli(main)
