@@ -62,7 +62,22 @@ def environment() -> dict:
     else:
         device = f"cpu: {os.cpu_count()} cores ({platform.processor() or platform.machine()})"
     return {"tensorflow": tf.__version__, "keras": keras.__version__, "device": device,
-            "python": platform.python_version()}
+            "cpu": cpu_model(), "python": platform.python_version()}
+
+
+def cpu_model() -> str:
+    """The CPU's model name and widest vector extension: float kernels (and so the last
+    bits of a run) differ between CPUs with and without AVX-512, so records say which."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines()
+                 if line.startswith("model name")), platform.machine())
+    flags = next((set(line.split(":", 1)[1].split()) for line in info.splitlines()
+                  if line.startswith("flags")), set())
+    widest = next((f for f in ("avx512f", "avx2", "avx") if f in flags), "no avx")
+    return f"{name} ({widest})"
 
 
 def print_metrics(record: dict, keys: tuple[str, ...], digits: int = 4) -> None:

@@ -243,6 +243,12 @@ def accuracy_at(record: dict, round_: int) -> float:
     return next(r["accuracy"] for r in record["rounds"] if r["round"] == round_)
 
 
+def last_cluster_change(record: dict) -> int:
+    """The round after which no client changed its cluster again (1 if none ever did)."""
+    ids = [r["cluster_ids"] for r in record["rounds"]]
+    return max([1] + [k + 1 for k in range(1, len(ids)) if ids[k] != ids[k - 1]])
+
+
 def reporting_rounds(rounds: int) -> list[int]:
     """The paper reports T = 25/50/75/100 of 100 rounds: the quarters of the run."""
     return [int(np.ceil(rounds * q / 4)) for q in (1, 2, 3, 4)]

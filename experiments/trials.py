@@ -12,8 +12,8 @@ from typing import Sequence
 
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.experiment import experiment_parser, finish, setup
-from cpcfl_tf.runner import (COMPARISON, COMPARISON_LABELS, Runner, comparison_specs, mean_sd,
-                             trial_table)
+from cpcfl_tf.runner import (COMPARISON, COMPARISON_LABELS, Runner, comparison_specs,
+                             last_cluster_change, mean_sd, trial_table)
 
 PAPER = {
     "accuracy": {"fedavg-none": (42.73, 41.53, 43.67, 43.03, 42.67),
@@ -85,8 +85,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         lines += [f"## {title}", ""] + trial_table(
             records, LABELS, lambda r, m=metric: r["final"][m], percent=metric == "accuracy",
             paper=paper) + [""]
+    lines += ["## Clustering per trial", "",
+              "ARI of the final cluster ids against the true groups / the round after which "
+              "no client changed cluster again / IFCA restarts.", "",
+              "| method | " + " | ".join(f"trial {k + 1}" for k in range(args.trials)) + " |",
+              "|---|" + "---|" * args.trials]
+    for name, runs in records.items():
+        lines.append(f"| {LABELS[name]} | " + " | ".join(
+            f"{r['final']['ari']:.3f} / {last_cluster_change(r)} / {r['final']['restarts']}"
+            for r in runs) + " |")
+    lines.append("")
     rows = [{"run": name, "trial": k + 1, "seed": record["seeds"]["data"],
              **{m: record["final"][m] for m in TITLES}, "ari": record["final"]["ari"],
+             "last_cluster_change": last_cluster_change(record),
              "restarts": record["final"]["restarts"]}
             for name, runs in records.items() for k, record in enumerate(runs)]
     write_csv(out / "trials.csv", rows)

@@ -104,6 +104,20 @@ def test_trials_redraw_the_clients_and_report_mean_and_sd(tmp_path):
     report = (out / "trials.md").read_text()
     assert f"{np.mean(values):.2f} ± {np.std(values):.2f}" in report
     assert "76.69 ± 0.47" in report  # the paper's CP-CFL row, computed from its trials
+    from cpcfl_tf.runner import last_cluster_change
+
+    cells = [f"{load(out, f'trial{k}-cp-cfl-simclr')['final']['ari']:.3f} / "
+             f"{last_cluster_change(load(out, f'trial{k}-cp-cfl-simclr'))} / 0" for k in (1, 2)]
+    assert f"| CP-CFL (SimCLR) | {cells[0]} | {cells[1]} |" in report
+    assert {r["last_cluster_change"] for r in table if r["run"] == "fedavg-none"} == {"1"}
+
+
+def test_last_cluster_change_is_the_round_after_which_ids_stay():
+    from cpcfl_tf.runner import last_cluster_change
+
+    ids = [[0, 1], [1, 1], [1, 0], [1, 0], [1, 0]]
+    assert last_cluster_change({"rounds": [{"cluster_ids": c} for c in ids]}) == 3
+    assert last_cluster_change({"rounds": [{"cluster_ids": [0, 0]}] * 4}) == 1
 
 
 def test_clients_scales_the_number_of_clients(tmp_path):
