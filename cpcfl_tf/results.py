@@ -1,8 +1,11 @@
-"""Writing results safely: check the output folder first, write files atomically.
+"""Writing and reading back results safely.
 
 A run that fails on bad input must leave existing results as they were, so scripts call
 :func:`prepare_out_dir` before any work and write every file with :func:`write_atomic`
-(a temporary file in the same folder, then ``os.replace``).
+(a temporary file in the same folder, then ``os.replace``; the file gets the permissions
+the user's umask gives). Every file the kit reads back (results, cache entries,
+checkpoints) goes through :func:`read_file`, which turns damage (a truncated file, not
+JSON, not an archive) into :class:`DamagedFile`: one line that names the file and the fix.
 """
 from __future__ import annotations
 
@@ -10,9 +13,11 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from cpcfl_tf.errors import UserError
+
+T = TypeVar("T")
 
 
 def prepare_out_dir(path: str | os.PathLike) -> Path:
@@ -28,6 +33,39 @@ def prepare_out_dir(path: str | os.PathLike) -> Path:
     return out
 
 
+class DamagedFile(UserError):
+    """A file the kit wrote cannot be read back."""
+
+    def __init__(self, path: Path, reason: str, fix: str):
+        super().__init__(f"{path} is damaged ({reason}); {fix}")
+        self.path, self.reason = path, reason
+
+
+def read_file(path: str | os.PathLike, load: Callable[[Path], T], *, fix: str) -> T:
+    """``load(path)``, with any failure to read or parse turned into :class:`DamagedFile`
+    (``fix`` says what to do, e.g. "delete it to rerun the run")."""
+    path = Path(path)
+    try:
+        return load(path)
+    except UserError:
+        raise
+    except Exception as err:  # truncated, not JSON, not a zip archive, missing keys, ...
+        reason = type(err).__name__ + (f": {err}" if isinstance(err, (json.JSONDecodeError,
+                                                                       UnicodeDecodeError)) else "")
+        raise DamagedFile(path, reason.splitlines()[0][:120], fix) from None
+
+
+def read_json(path: str | os.PathLike, *, fix: str) -> Any:
+    """A JSON file the kit wrote (see :func:`read_file`)."""
+    return read_file(path, lambda p: json.loads(p.read_text()), fix=fix)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_atomic(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
     """Call ``write(tmp_path)`` on a temporary file next to ``path``, then rename it."""
     path = Path(path)
@@ -37,6 +75,7 @@ def write_atomic(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give what open() would
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

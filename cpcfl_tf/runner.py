@@ -163,13 +163,14 @@ class Runner:
         ``on_round(record, state)`` is called after every round the run makes now (not for
         rounds of a finished run, nor those before a resumed checkpoint)."""
         from cpcfl_tf.federated.simulator import global_encoder, run_federated
-        from cpcfl_tf.results import write_json
+        from cpcfl_tf.results import read_json, write_json
 
         config = spec.config(self.base)
         path, checkpoint = self.path(spec), self.out / f".{spec.name}.ckpt.npz"
         wanted = _config_record(config)
         if path.exists() and not self.force:
-            record = json.loads(path.read_text())
+            record = read_json(path, fix="delete it to run it again, or restore it (e.g. "
+                                          "git checkout)")
             if not _same_config(record, config):
                 raise UserError(f"{path} holds a run with a different config; pass --force to "
                                 "redo it or --out another folder")

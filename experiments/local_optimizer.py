@@ -12,6 +12,7 @@ in every round (``<run>.rounds.json``) to show which of them flip.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Sequence
 
@@ -42,10 +43,8 @@ class RoundProbe:
     into ``path`` (rewritten every round, so a resumed run keeps the earlier rounds)."""
 
     def __init__(self, path: Path, clients, backend):
-        import json
-
         self.path, self.clients, self.backend = path, clients, backend
-        self.rounds = json.loads(path.read_text())["rounds"] if path.exists() else []
+        self.rounds = read_probe(path)
         self._last = None  # (models, update) of the previous round this process saw
 
     def __call__(self, record: dict, state) -> None:
@@ -73,6 +72,16 @@ class RoundProbe:
             self._last = (flat, None)
         self.rounds = [r for r in self.rounds if r["round"] < entry["round"]] + [entry]
         write_json(self.path, {"rounds": self.rounds})
+
+
+def read_probe(path: Path) -> list[dict]:
+    """The rounds a :class:`RoundProbe` recorded in ``path`` (none if it does not exist)."""
+    from cpcfl_tf.results import read_file
+
+    if not path.exists():
+        return []
+    return read_file(path, lambda p: json.loads(p.read_text())["rounds"],
+                     fix="delete it and rerun this script with --force")
 
 
 def probe_for(runner: Runner, spec: RunSpec) -> RoundProbe:
@@ -130,8 +139,6 @@ def flip_lines(record: dict, probe_rounds: list[dict], groups: np.ndarray) -> li
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    import json
-
     parser = experiment_parser("local_optimizer", __doc__.split("\n\n")[0])
     args = parser.parse_args(argv)
     config, out = setup(args, "local_optimizer")
@@ -140,8 +147,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for spec in SPECS:
         probe = probe_for(runner, spec)
         records[spec.name] = runner.run(spec, on_round=probe)
-        path = out / f"{spec.name}.rounds.json"
-        probes[spec.name] = json.loads(path.read_text())["rounds"] if path.exists() else []
+        probes[spec.name] = read_probe(out / f"{spec.name}.rounds.json")
 
     from cpcfl_tf.plots import plot_accuracy_curves, plot_class_accuracy
     from cpcfl_tf.results import write_csv

@@ -8,7 +8,6 @@ at batch size 1, as keras-flops counts them.
 """
 from __future__ import annotations
 
-import json
 from typing import Sequence
 
 from cpcfl_tf.config import ENCODERS, pretrain_config_for
@@ -39,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from cpcfl_tf.data.sources import split_size
     from cpcfl_tf.flops import count_flops
     from cpcfl_tf.models import build_encoder
-    from cpcfl_tf.results import write_json
+    from cpcfl_tf.results import read_json, write_json
 
     size = config.data.image_size
     images = split_size(config.data.pretrain_dataset, config.data.pretrain_split)
@@ -51,8 +50,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                     "repeats": args.repeats, "jit_compile": pretrain.jit_compile}
         path = out / f"{name}.json"
         if path.exists() and not args.force:
-            row = json.loads(path.read_text())
-            if row.get("settings") != settings:
+            row = read_json(path, fix="delete it to measure again")
+            if not isinstance(row, dict) or row.get("settings") != settings:
                 raise UserError(f"{path} was measured with other settings; pass --force to "
                                 "measure again, or --out another folder")
             print(f"{name}: kept the earlier measurement ({path})")

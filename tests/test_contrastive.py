@@ -178,10 +178,16 @@ def test_an_interrupted_pretraining_resumes_to_the_same_encoder(digits, tmp_path
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_corrupt_checkpoint_is_a_clear_error(digits, tmp_path):
-    (tmp_path / "checkpoint.npz").write_bytes(b"not a checkpoint")
-    with pytest.raises(UserError, match="cannot read checkpoint .* delete it"):
-        pretrain(PretrainConfig(epochs=1, batch_size=64), digits, tmp_path, verbose=0)
+def test_a_damaged_checkpoint_starts_the_pre_training_over(digits, tmp_path, capsys):
+    config = PretrainConfig(epochs=1, batch_size=64)
+    whole = pretrain(config, digits, tmp_path / "whole", seed=0, verbose=0)
+    (tmp_path / "cut").mkdir()
+    (tmp_path / "cut" / "checkpoint.npz").write_bytes(b"not a checkpoint")
+    again = pretrain(config, digits, tmp_path / "cut", seed=0, verbose=0)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "checkpoint.npz is damaged" in err[0] and "over" in err[0]
+    for a, b in zip(whole.encoder.get_weights(), again.encoder.get_weights()):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_nan_loss_stops_with_a_clear_error(digits, tmp_path, monkeypatch):

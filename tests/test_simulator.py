@@ -283,7 +283,7 @@ def test_a_checkpoint_of_another_run_is_refused(clients, tmp_path):
         run_federated(config(method="fedavg", pretraining="none", rounds=2), clients,
                       checkpoint=checkpoint, verbose=0)
     checkpoint.write_bytes(b"garbage")
-    with pytest.raises(UserError, match="cannot read checkpoint"):
+    with pytest.raises(UserError, match="run.npz is damaged .*delete it to start the run over"):
         run_federated(config(method="fedavg", pretraining="none", rounds=1, head_rounds=0), clients,
                       checkpoint=checkpoint, verbose=0)
 

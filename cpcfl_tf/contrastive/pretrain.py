@@ -29,7 +29,8 @@ from cpcfl_tf.contrastive.methods import BYOL, SimCLR, SimSiam, ContrastiveModel
 from cpcfl_tf.data.augment import build_augmenter
 from cpcfl_tf.errors import DivergedError, UserError
 from cpcfl_tf.models import ENCODER_DIMS, build_encoder, build_predictor, build_projector
-from cpcfl_tf.results import prepare_out_dir, write_atomic, write_json
+from cpcfl_tf.results import (DamagedFile, prepare_out_dir, read_file, write_atomic,
+                              write_json)
 
 
 @dataclasses.dataclass
@@ -102,13 +103,17 @@ def _save_checkpoint(path: Path, model: ContrastiveModel, epoch: int, meta: dict
 
 
 def _load_checkpoint(path: Path, model: ContrastiveModel, meta: dict) -> tuple[int, list[dict]]:
-    try:
-        with np.load(path) as data:
+    def load(p: Path):
+        with np.load(p) as data:
             record = json.loads(str(data["__record__"]))
-            arrays = [data[f"v{i}"] for i in range(len(data.files) - 1)]
-    except Exception as err:  # truncated, not a zip, bad JSON, ...
-        raise UserError(f"cannot read checkpoint {path} ({type(err).__name__}); delete it to "
-                        "start this pre-training over") from None
+            return record, [data[f"v{i}"] for i in range(len(data.files) - 1)]
+
+    try:
+        record, arrays = read_file(path, load, fix="starting this pre-training over")
+    except DamagedFile as err:  # an intermediate of a cache entry: redo it, do not stop
+        _notice(err)
+        path.unlink()
+        return 0, []
     if record["meta"] != meta:
         raise UserError(f"{path} belongs to a different pre-training (config, seed or data "
                         "differ); use another output folder or delete it")
@@ -118,6 +123,16 @@ def _load_checkpoint(path: Path, model: ContrastiveModel, meta: dict) -> tuple[i
     for variable, value in zip(state, arrays):
         variable.assign(value)
     return record["epoch"], record["history"]
+
+
+def _read_summary(path: Path) -> dict:
+    summary = json.loads(path.read_text())
+    return {"meta": summary["meta"], "history": summary["history"]}
+
+
+def _notice(err: DamagedFile) -> None:
+    """One line on stderr: a damaged cache file is being rebuilt."""
+    print(f"warning: {err}", file=sys.stderr, flush=True)
 
 
 STRATEGIES = ("default", "mirrored")
@@ -167,10 +182,18 @@ def pretrain(config: PretrainConfig, images: np.ndarray, out_dir: str | Path, *,
             "images": [int(n) for n in images.shape]}
     summary_path, encoder_path = out / "pretrain.json", out / "encoder.keras"
     if summary_path.exists() and encoder_path.exists():
-        summary = json.loads(summary_path.read_text())
-        if summary.get("meta") == meta:
-            return PretrainResult(keras.models.load_model(encoder_path), summary["history"], out)
-        raise UserError(f"{out} holds a different finished pre-training; use another folder")
+        fix = "pre-training it again"
+        try:
+            summary = read_file(summary_path, _read_summary, fix=fix)
+            if summary["meta"] == meta:
+                encoder = read_file(encoder_path, keras.models.load_model, fix=fix)
+                return PretrainResult(encoder, summary["history"], out)
+        except DamagedFile as err:  # a damaged cache entry is rebuilt, not fatal
+            _notice(err)
+            for stale in (summary_path, encoder_path, out / "encoder.weights.h5"):
+                stale.unlink(missing_ok=True)
+        else:
+            raise UserError(f"{out} holds a different finished pre-training; use another folder")
 
     if distribute:
         replicas = distribute.num_replicas_in_sync

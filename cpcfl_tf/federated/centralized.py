@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import time
 
 import numpy as np
@@ -106,7 +107,7 @@ def pretrained_supervised(config: Config, *, seed: int = 0, verbose: int = 1
     """
     from cpcfl_tf.contrastive.pretrain import cache_root, pretrain_key
     from cpcfl_tf.data import load_labeled
-    from cpcfl_tf.results import write_atomic
+    from cpcfl_tf.results import DamagedFile, read_file, write_atomic
 
     data, pre = config.data, config.pretrain
     source = {"dataset": data.pretrain_dataset, "split": data.pretrain_split,
@@ -115,12 +116,14 @@ def pretrained_supervised(config: Config, *, seed: int = 0, verbose: int = 1
                                                      seed=seed)
     path = out / "encoder.npz"
     if path.exists():
-        try:
-            with np.load(path) as stored:
+        def load(p):
+            with np.load(p) as stored:
                 return [stored[f"w{i}"] for i in range(len(stored.files))]
-        except Exception as err:
-            raise UserError(f"cannot read the cached encoder {path} ({type(err).__name__}); "
-                            "delete it to pre-train again") from None
+
+        try:
+            return read_file(path, load, fix="pre-training it again")
+        except DamagedFile as err:  # a damaged cache entry is rebuilt, not fatal
+            print(f"warning: {err}", file=sys.stderr, flush=True)
     if verbose:
         print(f"supervised pre-training ({pre.encoder}) on {data.pretrain_dataset}:"
               f"{data.pretrain_split} with its labels -> {out}", flush=True)

@@ -33,7 +33,7 @@ from cpcfl_tf.federated.backends import (ClientArrays, ClientMoments, LocalTrain
                                          make_backend, stack_models)
 from cpcfl_tf.federated.metrics import client_accuracy, cluster_ari, pooled_scores
 from cpcfl_tf.models import ENCODER_DIMS, build_classifier, build_classifier_head, build_encoder
-from cpcfl_tf.results import write_atomic
+from cpcfl_tf.results import read_file, write_atomic
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,16 +126,15 @@ def _save(path: Path, fingerprint: str, state: algorithm.ServerState, progress: 
 
 def _load(path: Path, fingerprint: str
           ) -> tuple[algorithm.ServerState, _Progress, ClientMoments | None]:
-    try:
-        with np.load(path) as data:
+    def load(p: Path):
+        with np.load(p) as data:
             meta = json.loads(str(data["__meta__"]))
             models = [[data[f"m{n}_{i}"] for i in range(meta["num_arrays"])]
                       for n in range(meta["num_models"])]
             client = {k[len("client_"):]: data[k] for k in data.files if k.startswith("client_")}
-            moments = ClientMoments.from_arrays(client) if client else None
-    except Exception as err:
-        raise UserError(f"cannot read checkpoint {path} ({type(err).__name__}); delete it to "
-                        "start the run over") from None
+        return meta, models, ClientMoments.from_arrays(client) if client else None
+
+    meta, models, moments = read_file(path, load, fix="delete it to start the run over")
     if meta["fingerprint"] != fingerprint:
         raise UserError(f"checkpoint {path} belongs to a different run (config or seeds "
                         "differ); delete it or choose another --out")

@@ -1,0 +1,88 @@
+"""Reading back what the kit wrote: damage is one line naming the file and the fix, a
+damaged cache entry is rebuilt, results are written with the user's umask."""
+import json
+import os
+import stat
+
+import numpy as np
+import pytest
+
+from cpcfl_tf.config import get_preset
+from cpcfl_tf.errors import UserError
+from cpcfl_tf.results import DamagedFile, read_json, write_json
+
+SMOKE = get_preset("smoke")
+
+
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_files_get_the_permissions_the_umask_gives(tmp_path, umask, mode):
+    old = os.umask(umask)
+    try:
+        path = write_json(tmp_path / "run.json", {"a": 1})
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == mode
+
+
+@pytest.mark.parametrize("content", [b'{"rounds": [1, 2', b"\x00\x01binary", b""])
+def test_a_damaged_json_is_one_line_naming_file_and_fix(tmp_path, content):
+    path = tmp_path / "run.json"
+    path.write_bytes(content)
+    with pytest.raises(DamagedFile) as err:
+        read_json(path, fix="delete it")
+    message = str(err.value)
+    assert "\n" not in message and str(path) in message and message.endswith("delete it")
+    assert isinstance(err.value, UserError)  # scripts exit with status 2
+
+
+def test_a_damaged_finished_run_stops_the_script_and_touches_nothing(tmp_path):
+    from cpcfl_tf.runner import RunSpec, Runner
+
+    runner = Runner("table2", SMOKE, tmp_path, verbose=0)
+    (tmp_path / "fedavg-none.json").write_text('{"experiment": "table2", "rou')
+    (tmp_path / "ifca-none.json").write_text("kept")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(UserError, match=r"fedavg-none.json is damaged .*delete it to run it again"):
+        runner.run(RunSpec("fedavg-none", "fedavg", "none"))
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CPCFL_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.mark.parametrize("damage", ["truncated encoder", "summary not json"])
+def test_a_damaged_cached_encoder_is_pre_trained_again(cache, capsys, damage):
+    from cpcfl_tf.contrastive.pretrain import pretrained_encoder
+
+    first = pretrained_encoder(SMOKE.pretrain, SMOKE.data, verbose=0)
+    if damage == "truncated encoder":
+        target = first.out_dir / "encoder.keras"
+        target.write_bytes(target.read_bytes()[:1000])
+    else:
+        target = first.out_dir / "pretrain.json"
+        target.write_text("not json")
+    capsys.readouterr()
+    again = pretrained_encoder(SMOKE.pretrain, SMOKE.data, verbose=0)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{target.name} is damaged" in err[0]
+    assert "pre-training it again" in err[0]
+    for a, b in zip(first.encoder.get_weights(), again.encoder.get_weights()):
+        np.testing.assert_array_equal(a, b)  # the same seeded pre-training, rebuilt
+    assert json.loads((first.out_dir / "pretrain.json").read_text())["meta"]
+
+
+def test_a_damaged_supervised_encoder_is_pre_trained_again(cache, capsys):
+    from cpcfl_tf.federated.centralized import pretrained_supervised
+
+    config = SMOKE.with_overrides(pretrain={"epochs": 1})
+    first = pretrained_supervised(config, verbose=0)
+    (path,) = cache.rglob("encoder.npz")
+    path.write_bytes(b"PK\x03\x04 truncated")
+    again = pretrained_supervised(config, verbose=0)
+    assert "encoder.npz is damaged" in capsys.readouterr().err
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a, b)
+    assert len(pretrained_supervised(config, verbose=0)) == len(first)  # readable again
