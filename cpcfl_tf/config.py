@@ -6,7 +6,7 @@ federated). Every section checks itself in ``__post_init__`` and raises
 stops a script before anything is loaded or written. ``dataclasses.replace`` re-runs
 the checks, so overrides are validated the same way.
 
-Presets (``../shared/DESIGN.md``):
+Presets (README, "Presets"):
 
 ========== ============================================= ===== ============ ===========
 preset     data                                          input C / T / Tc   pre-training
@@ -331,7 +331,7 @@ def _smoke() -> Config:
 def _quick() -> Config:
     return Config(
         preset="quick",
-        # 50,000 unlabeled images for the server, clients from the other 10,000 (DESIGN.md).
+        # 50,000 unlabeled images for the server, clients from the other 10,000.
         data=DataConfig("fashion_mnist_idx", "train[:50000]", "fashion_mnist_idx",
                         "train[50000:]", "test", image_size=32),
         # The paper's own 15-client setting uses T = 40 (Sec. "Number of clients").

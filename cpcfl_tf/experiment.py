@@ -19,7 +19,7 @@ from cpcfl_tf.errors import ArgumentParser
 
 def experiment_parser(name: str, description: str, *, default_preset: str = "paper",
                       strategy: bool = True) -> ArgumentParser:
-    """The options every experiment script takes (DESIGN.md's contract)."""
+    """The options every experiment script takes (README, "The run record")."""
     parser = ArgumentParser(prog=f"python experiments/{name}.py", description=description)
     parser.add_argument("--preset", default=default_preset, choices=list(PRESETS),
                         help=f"paper: STL-10 on a GPU with internet; quick, standard: offline "

@@ -1,8 +1,8 @@
 """The one runner every experiment script configures.
 
 A script lists :class:`RunSpec`s (method, pre-training, overrides); :meth:`Runner.run`
-runs each through the simulator and writes one JSON per run (the contract in
-DESIGN.md) into the script's output folder:
+runs each through the simulator and writes one JSON per run (README, "The run
+record") into the script's output folder:
 
 * a finished run (its JSON exists with the same config) is skipped, ``--force`` redoes it;
   a JSON from a *different* config is refused, so one folder never mixes settings;
