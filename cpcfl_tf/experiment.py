@@ -18,7 +18,7 @@ from cpcfl_tf.errors import ArgumentParser
 
 
 def experiment_parser(name: str, description: str, *, default_preset: str = "paper",
-                      strategy: bool = True) -> ArgumentParser:
+                      distribute: bool = True) -> ArgumentParser:
     """The options every experiment script takes (README, "The run record")."""
     parser = ArgumentParser(prog=f"python experiments/{name}.py", description=description)
     parser.add_argument("--preset", default=default_preset, choices=list(PRESETS),
@@ -31,8 +31,8 @@ def experiment_parser(name: str, description: str, *, default_preset: str = "pap
                         help="continue interrupted runs from their last checkpoint")
     parser.add_argument("--force", action="store_true",
                         help="redo finished runs instead of skipping them")
-    if strategy:  # benchmarks time one device and leave it out
-        parser.add_argument("--strategy", default="default", choices=["default", "mirrored"],
+    if distribute:  # benchmarks time one device and leave it out
+        parser.add_argument("--distribute", default="default", choices=["default", "mirrored"],
                             help="pre-training on one device (default) or split over all "
                                  "GPUs with tf.distribute.MirroredStrategy (mirrored)")
     parser.add_argument("--data-dir", help="tfds data dir, or the folder of the IDX files")

@@ -72,12 +72,12 @@ class Runner:
     """Runs :class:`RunSpec`s of one experiment into one folder."""
 
     def __init__(self, experiment: str, base: Config, out: Path, *, resume: bool = False,
-                 force: bool = False, verbose: int = 1, strategy: str = "default"):
+                 force: bool = False, verbose: int = 1, distribute: str = "default"):
         from cpcfl_tf.results import prepare_out_dir
 
         self.experiment, self.base, self.out = experiment, base, prepare_out_dir(out)
         self.resume, self.force, self.verbose = resume, force, verbose
-        self.strategy = strategy
+        self.distribute = distribute
         """How the server pre-trains (``default`` or ``mirrored``); not part of any key."""
         self._splits: dict[str, tuple] = {}
         self._partitions: dict[str, tuple] = {}
@@ -88,7 +88,7 @@ class Runner:
     def for_script(cls, experiment: str, base: Config, out: Path, args) -> "Runner":
         """The runner of a script, set by its :func:`experiment_parser` options."""
         return cls(experiment, base, out, resume=args.resume, force=args.force,
-                   strategy=args.strategy)
+                   distribute=args.distribute)
 
     # -- data ---------------------------------------------------------------
     def partition(self, config: Config):
@@ -151,7 +151,7 @@ class Runner:
         return pretrained_encoder(config.pretrain, config.data,
                                   method=method or config.federated.pretraining,
                                   seed=self.base.seed, verbose=self.verbose,
-                                  strategy=self.strategy, images=self.unlabeled(config))
+                                  distribute=self.distribute, images=self.unlabeled(config))
 
     # -- runs ---------------------------------------------------------------
     def path(self, spec: RunSpec) -> Path:

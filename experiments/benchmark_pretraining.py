@@ -19,7 +19,7 @@ from cpcfl_tf.experiment import environment, experiment_parser, print_metrics, s
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = experiment_parser("benchmark_pretraining", __doc__.split("\n\n")[0],
-                               strategy=False)
+                               distribute=False)
     parser.add_argument("--method", default="simclr", choices=PRETRAIN_METHODS)
     parser.add_argument("--encoder", default="cnn", choices=ENCODERS)
     parser.add_argument("--image-size", type=int, help="default: the preset's")

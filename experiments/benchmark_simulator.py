@@ -55,7 +55,7 @@ def plain_keras_round(model, pool, train_x, train_y, test_x, test_y, *, epochs: 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = experiment_parser("benchmark_simulator", __doc__.split("\n\n")[0],
-                               default_preset="standard", strategy=False)
+                               default_preset="standard", distribute=False)
     parser.add_argument("--clients", type=int, default=60)
     parser.add_argument("--clusters", type=int, default=3)
     parser.add_argument("--image-size", type=int, default=32)

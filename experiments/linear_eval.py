@@ -41,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"random encoder: linear evaluation accuracy {rows[0]['accuracy']:.4f}")
     for method in methods:
         result = pretrained_encoder(config.pretrain, config.data, method=method,
-                                    seed=config.seed, strategy=args.strategy)
+                                    seed=config.seed, distribute=args.distribute)
         last = result.history[-1]
         rows.append({"pretraining": method, "epochs": config.pretrain.epochs,
                      "accuracy": linear_eval(result.encoder, proxy_train, proxy_test,

@@ -20,7 +20,7 @@ PAPER = {"cnn": (23, 0.17), "resnet18": (60, 0.67), "resnet50": (134, 1.42)}
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = experiment_parser("pretraining_cost", __doc__.split("\n\n")[0],
-                               strategy=False)
+                               distribute=False)
     parser.add_argument("--encoders", default=",".join(ENCODERS),
                         help="comma-separated subset of cnn,resnet18,resnet50")
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per encoder")

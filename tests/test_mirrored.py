@@ -1,4 +1,4 @@
-"""Pre-training under tf.distribute.MirroredStrategy (``--strategy mirrored``), on two
+"""Pre-training under tf.distribute.MirroredStrategy (``--distribute mirrored``), on two
 logical CPU devices: one step equals the single-device step on the same batch."""
 import json
 import os
@@ -46,7 +46,7 @@ CHILD = textwrap.dedent("""
             build_contrastive_model(config, (32, 32, 3), seed=0).encoder.get_weights()))
         out[method] = {"before": before, "losses": losses, "after": after, "moved": moved}
     result = pretrain(PretrainConfig(epochs=1, batch_size=8), images.numpy(), sys.argv[1],
-                      seed=0, verbose=0, strategy="mirrored")
+                      seed=0, verbose=0, distribute="mirrored")
     out["history"] = result.history
     print("RESULT " + json.dumps(out))
 """)
@@ -85,5 +85,5 @@ def test_pretraining_runs_end_to_end_mirrored(mirrored):
 def test_unknown_strategy_is_a_user_error():
     from cpcfl_tf.contrastive.pretrain import make_strategy
 
-    with pytest.raises(UserError, match="unknown strategy 'tpu'"):
+    with pytest.raises(UserError, match="unknown --distribute 'tpu'"):
         make_strategy("tpu")

@@ -225,12 +225,12 @@ def test_a_centralized_run_needs_one_or_group_many_models():
         run_centralized(config, clients)
 
 
-def test_strategy_option_reaches_the_runner(tmp_path):
+def test_distribute_option_reaches_the_runner(tmp_path):
     from cpcfl_tf.config import get_preset
     from cpcfl_tf.experiment import experiment_parser
     from cpcfl_tf.runner import Runner
 
-    args = experiment_parser("x", "x").parse_args(["--strategy", "mirrored"])
+    args = experiment_parser("x", "x").parse_args(["--distribute", "mirrored"])
     runner = Runner.for_script("x", get_preset("smoke"), tmp_path, args)
-    assert runner.strategy == "mirrored" and runner.resume is False
-    assert "--strategy" not in experiment_parser("x", "x", strategy=False).format_help()
+    assert runner.distribute == "mirrored" and runner.resume is False
+    assert "--distribute" not in experiment_parser("x", "x", distribute=False).format_help()

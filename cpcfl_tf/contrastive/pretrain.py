@@ -135,14 +135,17 @@ def _notice(err: DamagedFile) -> None:
     print(f"warning: {err}", file=sys.stderr, flush=True)
 
 
-STRATEGIES = ("default", "mirrored")
+DISTRIBUTIONS = ("default", "mirrored")
+"""How pre-training is spread over devices (``--distribute``)."""
 
 
 def make_strategy(name: str = "default") -> tf.distribute.Strategy | None:
-    """``None`` (one device) or a ``MirroredStrategy`` over every GPU, or over every
-    logical CPU device when there is no GPU (how the tests run it)."""
-    if name not in STRATEGIES:
-        raise UserError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}")
+    """The ``tf.distribute`` strategy of ``--distribute name``: ``None`` (one device) or a
+    ``MirroredStrategy`` over every GPU, or over every logical CPU device when there is no
+    GPU (how the tests run it)."""
+    if name not in DISTRIBUTIONS:
+        raise UserError(f"unknown --distribute {name!r}; choose one of "
+                        f"{', '.join(DISTRIBUTIONS)}")
     if name == "default":
         return None
     devices = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
@@ -150,7 +153,7 @@ def make_strategy(name: str = "default") -> tf.distribute.Strategy | None:
 
 
 def pretrain(config: PretrainConfig, images: np.ndarray, out_dir: str | Path, *,
-             seed: int = 0, verbose: int = 1, strategy: str = "default") -> PretrainResult:
+             seed: int = 0, verbose: int = 1, distribute: str = "default") -> PretrainResult:
     """Pre-train ``config.encoder`` with ``config.method`` on unlabeled ``images``.
 
     Parameters
@@ -167,13 +170,13 @@ def pretrain(config: PretrainConfig, images: np.ndarray, out_dir: str | Path, *,
         resumed run sees the same batches as an uninterrupted one).
     verbose
         1: a progress bar per epoch; 0: silent.
-    strategy
+    distribute
         ``default`` (one device) or ``mirrored`` (:func:`make_strategy`): the global
         batch is split over the replicas; the step equals the single-device one, so the
-        cache key ignores the strategy.
+        cache key ignores it.
     """
     out = prepare_out_dir(out_dir)
-    distribute = make_strategy(strategy)
+    strategy = make_strategy(distribute)
     if images.ndim != 4 or images.dtype != np.uint8:
         raise UserError(f"pre-training needs uint8 images (n, h, w, c), got {images.dtype} "
                         f"{images.shape}")
@@ -195,19 +198,19 @@ def pretrain(config: PretrainConfig, images: np.ndarray, out_dir: str | Path, *,
         else:
             raise UserError(f"{out} holds a different finished pre-training; use another folder")
 
-    if distribute:
-        replicas = distribute.num_replicas_in_sync
+    if strategy:
+        replicas = strategy.num_replicas_in_sync
         if batch_size % replicas:
             raise UserError(f"pretrain.batch_size {batch_size} does not split over {replicas} "
                             f"replicas; use a multiple of {replicas}")
         if config.jit_compile:
-            raise UserError("pretrain.jit_compile is not supported with --strategy mirrored")
-    with distribute.scope() if distribute else contextlib.nullcontext():
+            raise UserError("pretrain.jit_compile is not supported with --distribute mirrored")
+    with strategy.scope() if strategy else contextlib.nullcontext():
         model = build_contrastive_model(config, images.shape[1:], seed=seed)
     checkpoint = out / "checkpoint.npz"
     start, history = (_load_checkpoint(checkpoint, model, meta) if checkpoint.exists()
                       else (0, []))
-    step = (model.make_mirrored_step(distribute) if distribute
+    step = (model.make_mirrored_step(strategy) if strategy
             else model.make_step(config.jit_compile))
     steps = len(images) // batch_size  # drop the last partial batch: NT-Xent wants full ones
     for epoch in range(start, config.epochs):
@@ -265,7 +268,7 @@ def pretrain_key(config: PretrainConfig, *, name: str | None = None, **identity)
 
 
 def pretrained_encoder(config: PretrainConfig, data: DataConfig, *, method: str | None = None,
-                       seed: int = 0, verbose: int = 1, strategy: str = "default",
+                       seed: int = 0, verbose: int = 1, distribute: str = "default",
                        images: np.ndarray | None = None) -> PretrainResult:
     """Pre-train on ``data``'s unlabeled source, or load the cached result of an earlier
     identical pre-training (any script, any run); an interrupted one resumes.
@@ -285,7 +288,7 @@ def pretrained_encoder(config: PretrainConfig, data: DataConfig, *, method: str 
               f"{data.pretrain_split} -> {out}")
     if images is None:
         images = load_pretrain_images(data)
-    return pretrain(config, images, out, seed=seed, verbose=verbose, strategy=strategy)
+    return pretrain(config, images, out, seed=seed, verbose=verbose, distribute=distribute)
 
 
 def load_pretrain_images(data: DataConfig) -> np.ndarray:
