@@ -24,8 +24,13 @@ from typing import Any
 
 from cpcfl_tf.errors import UserError
 
-ENCODERS = ("cnn", "resnet18", "resnet50")
-HEADS = ("c", "c-1", "c-2", "c-3")
+ENCODER_DIMS = {"cnn": 256, "resnet18": 512, "resnet50": 2048}
+"""The encoders and the width of their output (Sec. "Experimental settings", "ResNet-18
+encoder", app. "ResNet-50 encoder"); :mod:`cpcfl_tf.models` builds them."""
+HEAD_WIDTHS = {"c": (), "c-1": (256,), "c-2": (256, 128), "c-3": (256, 128, 64)}
+"""Hidden widths of the classifier heads (fig:head_structure)."""
+ENCODERS = tuple(ENCODER_DIMS)
+HEADS = tuple(HEAD_WIDTHS)
 PRETRAIN_METHODS = ("simclr", "byol", "simsiam")
 FL_METHODS = ("fedavg", "ifca", "cp-cfl", "centralized")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")

@@ -94,7 +94,7 @@ class Runner:
     def partition(self, config: Config):
         """``(partition, train split, test split)`` of the run (loaded and drawn once per
         data config and seed)."""
-        from cpcfl_tf.data import load_client_splits, partition_for
+        from cpcfl_tf.federated.clients import load_client_splits, partition_for
 
         data_key = json.dumps(dataclasses.asdict(config.data), sort_keys=True)
         key = json.dumps([data_key, dataclasses.asdict(config.partition), config.seed])
@@ -118,7 +118,7 @@ class Runner:
 
     def clients(self, config: Config):
         """The run's clients, stacked for the simulator."""
-        from cpcfl_tf.federated.simulator import make_clients
+        from cpcfl_tf.federated.clients import make_clients
 
         return make_clients(*self.partition(config))
 

@@ -70,8 +70,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise UserError(f"--image-size must be at least 32, got {args.image_size}")
     config, out = setup(args, "benchmark_simulator")
 
-    from cpcfl_tf.federated.backends import ClientArrays
-    from cpcfl_tf.federated.simulator import Clients, build_template, initial_pool, run_federated
+    from cpcfl_tf.federated.clients import ClientArrays, Clients
+    from cpcfl_tf.federated.simulator import build_template, initial_pool, run_federated
     from cpcfl_tf.results import write_json
 
     rng = np.random.default_rng(args.seed)

@@ -29,7 +29,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     from cpcfl_tf.contrastive.linear_eval import linear_eval
     from cpcfl_tf.contrastive.pretrain import pretrained_encoder
-    from cpcfl_tf.data import load_client_splits
+    from cpcfl_tf.federated.clients import load_client_splits
     from cpcfl_tf.models import build_encoder
     from cpcfl_tf.results import write_json
 

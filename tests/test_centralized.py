@@ -4,9 +4,9 @@ import pytest
 
 from cpcfl_tf.config import get_preset
 from cpcfl_tf.contrastive.linear_eval import encode, relevance_score
-from cpcfl_tf.data import load_client_splits, load_labeled, partition_for
+from cpcfl_tf.data import load_labeled
+from cpcfl_tf.federated.clients import clients_for
 from cpcfl_tf.federated.centralized import centralized_baseline, supervised_encoder
-from cpcfl_tf.federated.simulator import make_clients
 from cpcfl_tf.models import build_encoder
 
 SMOKE = get_preset("smoke").with_overrides(federated={"centralized_epochs": 3})
@@ -14,8 +14,7 @@ SMOKE = get_preset("smoke").with_overrides(federated={"centralized_epochs": 3})
 
 @pytest.fixture(scope="module")
 def clients():
-    train, test = load_client_splits(SMOKE.data)
-    return make_clients(partition_for(SMOKE, train, test), train, test)
+    return clients_for(SMOKE)
 
 
 @pytest.mark.parametrize("by_group", [False, True])

@@ -6,10 +6,13 @@ import sys
 
 import pytest
 
+from helpers import ROOT
+
 
 def run(*args, cwd=None):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    return subprocess.run([sys.executable, "-m", "cpcfl_tf.data", *args], cwd=cwd,
+    return subprocess.run([sys.executable, str(ROOT / "experiments" / "partition.py"), *args],
+                          cwd=cwd,
                           capture_output=True, text=True, env=env, timeout=300)
 
 

@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 
 from cpcfl_tf.config import get_preset
-from cpcfl_tf.data import partition_clients, partition_for
+from cpcfl_tf.data import partition_clients
+from cpcfl_tf.federated.clients import partition_for
 from cpcfl_tf.data.partition import make_group_classes
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.plots import plot_client_data_amounts

@@ -216,7 +216,7 @@ def test_trial_table_summarises_only_several_trials():
 def test_a_centralized_run_needs_one_or_group_many_models():
     from cpcfl_tf.config import get_preset
     from cpcfl_tf.federated.centralized import run_centralized
-    from cpcfl_tf.federated.simulator import Clients
+    from cpcfl_tf.federated.clients import Clients
 
     config = get_preset("smoke").with_overrides(
         federated={"method": "centralized", "pretraining": "none", "num_clusters": 2})

@@ -12,12 +12,13 @@ import tensorflow as tf
 
 from cpcfl_tf.config import PretrainConfig, get_preset
 from cpcfl_tf.contrastive.pretrain import pretrain
-from cpcfl_tf.data import load_client_splits, load_unlabeled, partition_for
+from cpcfl_tf.data import load_unlabeled
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.federated.backends import (ClientArrays, KerasBackend, LocalTraining,
-                                         StackedBackend, batch_orders, client_losses,
-                                         stack_models)
-from cpcfl_tf.federated.simulator import make_clients, run_federated
+from cpcfl_tf.federated.backends import (KerasBackend, LocalTraining, StackedBackend,
+                                         batch_orders, client_losses, stack_models)
+from cpcfl_tf.federated.clients import ClientArrays
+from cpcfl_tf.federated.clients import clients_for
+from cpcfl_tf.federated.simulator import run_federated
 from cpcfl_tf.models import build_classifier, build_classifier_head, build_encoder
 
 SMOKE = get_preset("smoke")
@@ -25,8 +26,7 @@ SMOKE = get_preset("smoke")
 
 @pytest.fixture(scope="module")
 def clients():
-    train, test = load_client_splits(SMOKE.data)
-    return make_clients(partition_for(SMOKE, train, test), train, test)
+    return clients_for(SMOKE)
 
 
 @pytest.fixture(scope="module")
@@ -243,12 +243,11 @@ def test_divergence_is_a_clear_error(clients):
 RUNNER = textwrap.dedent("""
     import sys
     from cpcfl_tf.config import get_preset
-    from cpcfl_tf.data import load_client_splits, partition_for
-    from cpcfl_tf.federated.simulator import make_clients, run_federated
+    from cpcfl_tf.federated.clients import clients_for
+    from cpcfl_tf.federated.simulator import run_federated
     c = get_preset("smoke").with_overrides(
         federated={"method": "ifca", "pretraining": "none", "rounds": 6})
-    train, test = load_client_splits(c.data)
-    run_federated(c, make_clients(partition_for(c, train, test), train, test),
+    run_federated(c, clients_for(c),
                   checkpoint=sys.argv[1], verbose=1)
 """)
 

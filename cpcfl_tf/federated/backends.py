@@ -37,30 +37,12 @@ import tensorflow as tf
 
 from cpcfl_tf.data.images import to_float
 from cpcfl_tf.errors import UserError
+from cpcfl_tf.federated.clients import ClientArrays
 
 Stacked = list[np.ndarray]
 """Weights of many models, array by array, each with a leading model/client axis."""
 
 _B1, _B2, _EPS = 0.9, 0.999, 1e-7  # Keras Adam defaults
-
-
-@dataclasses.dataclass(frozen=True)
-class ClientArrays:
-    """Equal-sized client datasets stacked: ``images (K, n, h, w, 3)`` uint8, ``labels (K, n)``."""
-
-    images: np.ndarray
-    labels: np.ndarray
-
-    @property
-    def num_clients(self) -> int:
-        return self.labels.shape[0]
-
-    @property
-    def size(self) -> int:
-        return self.labels.shape[1]
-
-    def subset(self, clients: np.ndarray) -> "ClientArrays":
-        return ClientArrays(self.images[clients], self.labels[clients])
 
 
 @dataclasses.dataclass(frozen=True)

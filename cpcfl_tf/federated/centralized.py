@@ -22,11 +22,11 @@ import numpy as np
 from cpcfl_tf.config import Config
 from cpcfl_tf.data.sources import LabeledImages
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.federated.backends import (ClientArrays, LocalTraining, batch_orders,
-                                         client_probabilities, make_backend, stack_models,
-                                         unstack)
+from cpcfl_tf.federated.backends import (LocalTraining, batch_orders, client_probabilities,
+                                         make_backend, stack_models, unstack)
 from cpcfl_tf.federated.metrics import client_accuracy, pooled_scores
-from cpcfl_tf.federated.simulator import Clients, build_template, initial_pool
+from cpcfl_tf.federated.clients import ClientArrays, Clients
+from cpcfl_tf.federated.simulator import build_template, initial_pool
 
 
 def _train_pooled(config: Config, data: ClientArrays, encoder_weights, num_classes: int,

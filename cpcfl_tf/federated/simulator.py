@@ -24,45 +24,15 @@ import keras
 import numpy as np
 
 from cpcfl_tf.config import Config, FederatedConfig
-from cpcfl_tf.data.partition import Partition
-from cpcfl_tf.data.sources import LabeledImages
 from cpcfl_tf.errors import DivergedError, UserError
 from cpcfl_tf.federated import algorithm
-from cpcfl_tf.federated.backends import (ClientArrays, ClientMoments, LocalTraining,
-                                         batch_orders, client_losses, client_probabilities,
-                                         make_backend, stack_models)
+from cpcfl_tf.federated.backends import (ClientMoments, LocalTraining, batch_orders,
+                                         client_losses, client_probabilities, make_backend,
+                                         stack_models)
+from cpcfl_tf.federated.clients import Clients
 from cpcfl_tf.federated.metrics import client_accuracy, cluster_ari, pooled_scores
 from cpcfl_tf.models import ENCODER_DIMS, build_classifier, build_classifier_head, build_encoder
 from cpcfl_tf.results import read_file, write_atomic
-
-
-@dataclasses.dataclass(frozen=True)
-class Clients:
-    """The clients of a run: stacked local data, true groups, and the JSON description."""
-
-    train: ClientArrays
-    test: ClientArrays
-    groups: np.ndarray
-    num_classes: int
-    records: list[dict]
-
-    @property
-    def sizes(self) -> np.ndarray:
-        return np.full(self.train.num_clients, self.train.size, np.float64)
-
-
-def make_clients(partition: Partition, train: LabeledImages, test: LabeledImages) -> Clients:
-    """Stack each client's rows of the (preprocessed) splits; all clients are equal-sized."""
-    sizes = {len(c.train_index) for c in partition.clients}
-    test_sizes = {len(c.test_index) for c in partition.clients}
-    if len(sizes) != 1 or len(test_sizes) != 1:
-        raise UserError("the simulator needs clients of equal size (the paper's protocol)")
-    rows = np.stack([c.train_index for c in partition.clients])
-    test_rows = np.stack([c.test_index for c in partition.clients])
-    return Clients(ClientArrays(train.images[rows], train.labels[rows]),
-                   ClientArrays(test.images[test_rows], test.labels[test_rows]),
-                   partition.groups, train.num_classes,
-                   partition.describe(train.labels, test.labels))
 
 
 def build_template(fl: FederatedConfig, input_shape, num_classes: int) -> keras.Model:
@@ -155,7 +125,7 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
     config
         The run's configuration; ``config.federated.resolved()`` is what runs.
     clients
-        From :func:`make_clients`.
+        From :func:`cpcfl_tf.federated.clients.make_clients`.
     encoder_weights
         The shared starting encoder (pre-trained, or a FedAvg model's), or ``None``
         for random initialisation.

@@ -23,9 +23,9 @@ app = ClientApp()
 @functools.lru_cache(maxsize=2)
 def _node(run_items: tuple, partition_id: int):
     """Config, this node's data and a backend (built once per process)."""
-    from cpcfl_tf.data import load_client_splits, partition_for
     from cpcfl_tf.federated.backends import make_backend
-    from cpcfl_tf.federated.simulator import build_template, make_clients
+    from cpcfl_tf.federated.clients import clients_for
+    from cpcfl_tf.federated.simulator import build_template
 
     config = run_config(dict(run_items))
     fl = config.federated.resolved()
@@ -33,10 +33,9 @@ def _node(run_items: tuple, partition_id: int):
     if not 0 <= partition_id < num_clients:
         raise ValueError(f"partition-id {partition_id} is outside 0..{num_clients - 1} "
                          "(run config num-clients)")
-    train, test = load_client_splits(config.data)
     # Every node draws the seeded partition the simulator draws and keeps its own rows;
     # a deployment with data of its own replaces this with loading that data.
-    clients = make_clients(partition_for(config, train, test), train, test)
+    clients = clients_for(config)
     own = np.array([partition_id])
     template = build_template(fl, clients.train.images.shape[2:], clients.num_classes)
     return (config, clients.train.subset(own), clients.test.subset(own),

@@ -8,10 +8,10 @@ from __future__ import annotations
 import keras
 from keras import layers
 
+from cpcfl_tf.config import ENCODER_DIMS
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.models.layers import batch_norm
 
-ENCODER_DIMS = {"cnn": 256, "resnet18": 512, "resnet50": 2048}
 _MIN_SIZE = {"cnn": 31, "resnet18": 32, "resnet50": 32}
 
 

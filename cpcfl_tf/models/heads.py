@@ -10,10 +10,9 @@ from __future__ import annotations
 import keras
 from keras import layers
 
+from cpcfl_tf.config import HEAD_WIDTHS
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.models.layers import batch_norm
-
-HEAD_WIDTHS = {"c": (), "c-1": (256,), "c-2": (256, 128), "c-3": (256, 128, 64)}
 
 
 def build_classifier_head(name: str, input_dim: int, num_classes: int, *,

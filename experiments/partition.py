@@ -1,4 +1,4 @@
-"""``python -m cpcfl_tf.data``: draw a preset's client partition and plot it.
+"""fig:client_data_amount: draw a preset's client partition and plot it.
 
 Writes ``partition.json`` (per-client class counts of training and test data, true
 groups) and ``client_data_amount.png`` (the paper's fig:client_data_amount) to ``--out``.
@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from cpcfl_tf.config import PRESETS, get_preset
 from cpcfl_tf.errors import ArgumentParser, run_cli
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from cpcfl_tf.config import PRESETS, get_preset
-
-    parser = ArgumentParser(prog="python -m cpcfl_tf.data", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="python experiments/partition.py",
+                            description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="quick", choices=list(PRESETS),
                         help="configuration preset (default: quick)")
     parser.add_argument("--seed", type=int, default=0, help="data seed (default: 0)")
@@ -30,12 +30,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         overrides["partition"] = {"num_clients": args.clients}
     config = config.with_overrides(**overrides)
 
-    from cpcfl_tf.results import prepare_out_dir
+    from cpcfl_tf.results import prepare_out_dir, write_json
 
     out = prepare_out_dir(args.out or f"results/{config.preset}/partition")
-    from cpcfl_tf.data import load_client_splits, partition_for
+    from cpcfl_tf.federated.clients import load_client_splits, partition_for
     from cpcfl_tf.plots import plot_client_data_amounts
-    from cpcfl_tf.results import write_json
 
     train, test = load_client_splits(config.data, resize=False)
     partition = partition_for(config, train, test)

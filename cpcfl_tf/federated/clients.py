@@ -1,0 +1,87 @@
+"""The clients of a run: the labeled splits a config names, the paper's partition drawn
+over them, and each client's images stacked for the simulator.
+
+This is where a :class:`~cpcfl_tf.config.Config` meets the data layer (``cpcfl_tf.data``
+knows nothing of configs). Every driver builds its clients here: the simulator, the
+runner, and each Flower node (which keeps only its own row).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from cpcfl_tf.config import Config, DataConfig
+from cpcfl_tf.data import LabeledImages, Partition, load_labeled, partition_clients
+from cpcfl_tf.errors import UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientArrays:
+    """Equal-sized client datasets stacked: ``images (K, n, h, w, 3)`` uint8, ``labels (K, n)``."""
+
+    images: np.ndarray
+    labels: np.ndarray
+
+    @property
+    def num_clients(self) -> int:
+        return self.labels.shape[0]
+
+    @property
+    def size(self) -> int:
+        return self.labels.shape[1]
+
+    def subset(self, clients: np.ndarray) -> "ClientArrays":
+        return ClientArrays(self.images[clients], self.labels[clients])
+
+
+@dataclasses.dataclass(frozen=True)
+class Clients:
+    """The clients of a run: stacked local data, true groups, and the JSON description."""
+
+    train: ClientArrays
+    test: ClientArrays
+    groups: np.ndarray
+    num_classes: int
+    records: list[dict]
+
+    @property
+    def sizes(self) -> np.ndarray:
+        return np.full(self.train.num_clients, self.train.size, np.float64)
+
+
+def load_client_splits(data: DataConfig, *, resize: bool = True
+                       ) -> tuple[LabeledImages, LabeledImages]:
+    """The labeled splits the clients' training and local test images are drawn from."""
+    size = data.image_size if resize else None
+    kwargs = dict(image_size=size, data_dir=data.data_dir, manual_dir=data.manual_dir)
+    return (load_labeled(data.client_dataset, data.client_train_split, **kwargs),
+            load_labeled(data.client_dataset, data.client_test_split, **kwargs))
+
+
+def partition_for(config: Config, train: LabeledImages, test: LabeledImages,
+                  seed: int | None = None) -> Partition:
+    """Draw ``config.partition`` over ``train``/``test`` with ``seed`` (default config.seed)."""
+    return partition_clients(train.labels, test.labels, num_classes=train.num_classes,
+                             seed=config.seed if seed is None else seed, source=train.source,
+                             **dataclasses.asdict(config.partition))
+
+
+def make_clients(partition: Partition, train: LabeledImages, test: LabeledImages) -> Clients:
+    """Stack each client's rows of the (preprocessed) splits; all clients are equal-sized."""
+    sizes = {len(c.train_index) for c in partition.clients}
+    test_sizes = {len(c.test_index) for c in partition.clients}
+    if len(sizes) != 1 or len(test_sizes) != 1:
+        raise UserError("the simulator needs clients of equal size (the paper's protocol)")
+    rows = np.stack([c.train_index for c in partition.clients])
+    test_rows = np.stack([c.test_index for c in partition.clients])
+    return Clients(ClientArrays(train.images[rows], train.labels[rows]),
+                   ClientArrays(test.images[test_rows], test.labels[test_rows]),
+                   partition.groups, train.num_classes,
+                   partition.describe(train.labels, test.labels))
+
+
+def clients_for(config: Config) -> Clients:
+    """Load the splits ``config.data`` names and draw its partition: the run's clients."""
+    train, test = load_client_splits(config.data)
+    return make_clients(partition_for(config, train, test), train, test)
