@@ -97,16 +97,22 @@ def probe_for(runner: Runner, spec: RunSpec) -> RoundProbe:
 
 
 def summary(record: dict, probe_rounds: list[dict]) -> dict:
-    """Final and best accuracy, zig-zag amplitude, mean update cosine (second half)."""
+    """Final and best accuracy, zig-zag amplitude, and over the second half: the mean cosine
+    of successive server updates and the mean correlation of successive rounds' changes
+    of per-class accuracy (both -1 when every round undoes the one before)."""
     from cpcfl_tf.federated.metrics import zigzag_amplitude
 
     accuracy = np.array([r["accuracy"] for r in record["rounds"]])
     half = len(accuracy) // 2
-    cosines = [r["update_cosine"] for r in probe_rounds
-               if "update_cosine" in r and r["round"] > half]
+    late = [r for r in probe_rounds if r["round"] > half]
+    cosines = [r["update_cosine"] for r in late if "update_cosine" in r]
+    change = np.diff([r["class_accuracy"] for r in late], axis=0)
+    flips = [np.corrcoef(a, b)[0, 1] for a, b in zip(change, change[1:])
+             if a.std() > 0 and b.std() > 0]
     return {"final": float(accuracy[-1]), "best": float(accuracy.max()),
             "zigzag": zigzag_amplitude(accuracy),
-            "update_cosine": float(np.mean(cosines)) if cosines else float("nan")}
+            "update_cosine": float(np.mean(cosines)) if cosines else float("nan"),
+            "class_flip": float(np.mean(flips)) if flips else float("nan")}
 
 
 def flip_lines(record: dict, probe_rounds: list[dict], groups: np.ndarray) -> list[str]:
@@ -156,10 +162,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     lines = [f"# Local optimizer and FedAvg's zig-zag (preset `{config.preset}`), "
              f"{config.partition.num_clients} clients, T = {rounds}", "",
              "zig-zag: mean |a[t+1] - 2a[t] + a[t-1]| / 2 over the second half (points of "
-             "accuracy); cosine: mean cosine between successive server updates over the "
-             "second half (-1: every round undoes the previous one).", "",
-             "| local training | method | final (%) | best (%) | zig-zag (points) | cosine |",
-             "|---|---|---|---|---|---|"]
+             "accuracy); cosine: mean cosine between successive server updates; class flip: "
+             "mean correlation between successive rounds' changes of per-class accuracy "
+             "(both over the second half; -1: every round undoes the previous one).", "",
+             "| local training | method | final (%) | best (%) | zig-zag (points) | cosine | "
+             "class flip |", "|---|---|---|---|---|---|---|"]
     rows = []
     for spec in SPECS:
         method, variant = next((m, v) for m in METHODS for v in VARIANTS
@@ -167,12 +174,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         s = summary(records[spec.name], probes[spec.name])
         lines.append(f"| {VARIANTS[variant][1]} | {METHODS[method][2]} | {100 * s['final']:.2f} | "
                      f"{100 * s['best']:.2f} | {100 * s['zigzag']:.2f} | "
-                     f"{s['update_cosine']:.3f} |")
+                     f"{s['update_cosine']:.3f} | {s['class_flip']:.3f} |")
         rows.append({"run": spec.name, "method": method, "variant": variant, **s})
     groups = np.array([c["group"] for c in records["fedavg-none-paper"]["clients"]])
-    for name in ("fedavg-none-paper", "fedavg-none-kept"):
+    for variant in ("paper", "sgd", "lr1e-4"):  # two that zig-zag, one that does not
+        name = f"fedavg-none-{variant}"
         lines += ["", f"## Which classes and clients flip: {METHODS['fedavg-none'][2]}, "
-                      f"{VARIANTS[name.rsplit('-', 1)[1]][1]}", ""]
+                      f"{VARIANTS[variant][1]}", ""]
         lines += flip_lines(records[name], probes[name], groups)
     write_csv(out / "local_optimizer.csv", rows)
     for method, (_, _, label) in METHODS.items():

@@ -170,6 +170,22 @@ def test_local_optimizer_probes_every_round_and_reports_each_variant(tmp_path):
     assert (tmp_path / "class_accuracy-fedavg-none.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_local_optimizer_summary_sees_rounds_that_undo_each_other():
+    summary = script("local_optimizer").summary
+
+    def run(classes):
+        rounds = [{"round": t + 1, "accuracy": float(np.mean(c))} for t, c in enumerate(classes)]
+        probe = [{"round": t + 1, "class_accuracy": c} for t, c in enumerate(classes)]
+        return summary({"rounds": rounds}, probe)
+
+    flipping = run([[0.8, 0.2, 0.5] if t % 2 else [0.3, 0.7, 0.6] for t in range(12)])
+    assert flipping["class_flip"] == pytest.approx(-1.0)
+    rng = np.random.default_rng(0)
+    drifting = run([list(0.05 * t * np.array([1.0, 2.0, 3.0]) + 0.001 * rng.random(3))
+                    for t in range(12)])
+    assert drifting["class_flip"] > 0.9 and drifting["zigzag"] < 0.01
+
+
 def test_zigzag_amplitude_measures_an_alternating_curve():
     from cpcfl_tf.federated.metrics import zigzag_amplitude
 
