@@ -37,6 +37,10 @@ def experiment_parser(name: str, description: str, *, default_preset: str = "pap
                                  "GPUs with tf.distribute.MirroredStrategy (mirrored)")
     parser.add_argument("--data-dir", help="tfds data dir, or the folder of the IDX files")
     parser.add_argument("--manual-dir", help="tfds manual-download folder")
+    parser.add_argument("--nondeterministic", action="store_true",
+                        help="on a GPU, let TensorFlow use faster kernels whose results vary "
+                             "from run to run (default: deterministic ops; CPU runs are "
+                             "deterministic either way)")
     return parser
 
 
@@ -47,7 +51,27 @@ def setup(args: argparse.Namespace, name: str) -> tuple[Config, Path]:
     config = get_preset(args.preset).with_overrides(
         seed=args.seed, data={"data_dir": args.data_dir, "manual_dir": args.manual_dir})
     out = prepare_out_dir(args.out or Path("results") / config.preset / name)
+    set_determinism(not args.nondeterministic)
     return config, out
+
+
+_DETERMINISTIC_OPS = False
+
+
+def set_determinism(deterministic: bool, gpus: list | None = None) -> bool:
+    """Turn on TensorFlow's op determinism where it matters: on a GPU, several kernels
+    (reductions, convolution algorithms picked at run time) differ from run to run
+    otherwise. A CPU's kernels are deterministic already, and turning it on there could
+    change the last bits of results recorded without it, so it stays off. Returns
+    whether it is on (recorded in every result's ``environment``)."""
+    global _DETERMINISTIC_OPS
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU") if gpus is None else gpus
+    if deterministic and gpus and not _DETERMINISTIC_OPS:
+        tf.config.experimental.enable_op_determinism()
+        _DETERMINISTIC_OPS = True
+    return _DETERMINISTIC_OPS
 
 
 def environment() -> dict:
@@ -62,7 +86,8 @@ def environment() -> dict:
     else:
         device = f"cpu: {os.cpu_count()} cores ({platform.processor() or platform.machine()})"
     return {"tensorflow": tf.__version__, "keras": keras.__version__, "device": device,
-            "cpu": cpu_model(), "python": platform.python_version()}
+            "cpu": cpu_model(), "python": platform.python_version(),
+            "deterministic_ops": _DETERMINISTIC_OPS}
 
 
 def cpu_model() -> str:

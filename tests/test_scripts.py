@@ -250,3 +250,20 @@ def test_distribute_option_reaches_the_runner(tmp_path):
     runner = Runner.for_script("x", get_preset("smoke"), tmp_path, args)
     assert runner.distribute == "mirrored" and runner.resume is False
     assert "--distribute" not in experiment_parser("x", "x", distribute=False).format_help()
+
+
+def test_op_determinism_is_on_by_default_where_a_gpu_runs(monkeypatch):
+    import tensorflow as tf
+
+    from cpcfl_tf import experiment
+
+    calls = []
+    monkeypatch.setattr(tf.config.experimental, "enable_op_determinism",
+                        lambda: calls.append("on"))
+    monkeypatch.setattr(experiment, "_DETERMINISTIC_OPS", False)
+    assert experiment.set_determinism(True, gpus=[]) is False and not calls  # CPU
+    assert experiment.set_determinism(False, gpus=["GPU:0"]) is False and not calls
+    assert experiment.set_determinism(True, gpus=["GPU:0"]) is True and calls == ["on"]
+    assert experiment.environment()["deterministic_ops"] is True
+    args = experiment.experiment_parser("x", "x").parse_args(["--nondeterministic"])
+    assert args.nondeterministic is True
