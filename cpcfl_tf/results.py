@@ -20,12 +20,18 @@ from cpcfl_tf.errors import UserError
 T = TypeVar("T")
 
 
+PARTIAL = ".partial-"
+"""Marks the temporary files of :func:`write_atomic`: ``.<name>.partial-<pid>-...``."""
+
+
 def prepare_out_dir(path: str | os.PathLike) -> Path:
-    """Create ``path`` if needed and check that files can be written there."""
+    """Create ``path`` if needed, check that files can be written there, and remove what
+    killed writers left behind (:func:`remove_stale_partials`)."""
     out = Path(path).expanduser()
     try:
         out.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=out, prefix=".probe-"):
+        remove_stale_partials(out)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=f".probe{PARTIAL}{os.getpid()}-"):
             pass
     except OSError as err:
         raise UserError(f"cannot write to {out} ({err.strerror or err}); pass --out DIR "
@@ -66,11 +72,36 @@ def _umask() -> int:
     return mask
 
 
+def remove_stale_partials(folder: Path, name: str = "*") -> list[Path]:
+    """Delete the temporary files a killed writer left in ``folder`` (of files called
+    ``name``): those whose writing process no longer runs. Returns what was deleted."""
+    removed = []
+    for partial in folder.glob(f".{name}{PARTIAL}*"):
+        pid = partial.name.split(PARTIAL, 1)[1].split("-", 1)[0]
+        if pid.isdigit() and not _running(int(pid)):
+            partial.unlink(missing_ok=True)
+            removed.append(partial)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def write_atomic(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
-    """Call ``write(tmp_path)`` on a temporary file next to ``path``, then rename it."""
+    """Call ``write(tmp_path)`` on a temporary file next to ``path``, then rename it. A
+    process killed meanwhile leaves ``path`` as it was and a partial file that the next
+    write of ``path`` (or :func:`prepare_out_dir`) removes."""
     path = Path(path)
+    remove_stale_partials(path.parent, path.name)
     # Keep every suffix: Keras insists on names ending in ".keras" or ".weights.h5".
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.",
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}{PARTIAL}{os.getpid()}-",
                                suffix="".join(path.suffixes))
     os.close(fd)
     try:

@@ -174,6 +174,7 @@ class Runner:
             if not _same_config(record, config):
                 raise UserError(f"{path} holds a run with a different config; pass --force to "
                                 "redo it or --out another folder")
+            checkpoint.unlink(missing_ok=True)  # left if a kill came right after the result
             if self.verbose:
                 print(f"{spec.name}: done before, final accuracy "
                       f"{record['final']['accuracy']:.4f} ({path})")

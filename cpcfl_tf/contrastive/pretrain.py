@@ -190,6 +190,7 @@ def pretrain(config: PretrainConfig, images: np.ndarray, out_dir: str | Path, *,
             summary = read_file(summary_path, _read_summary, fix=fix)
             if summary["meta"] == meta:
                 encoder = read_file(encoder_path, keras.models.load_model, fix=fix)
+                (out / "checkpoint.npz").unlink(missing_ok=True)  # a kill after the summary
                 return PretrainResult(encoder, summary["history"], out)
         except DamagedFile as err:  # a damaged cache entry is rebuilt, not fatal
             _notice(err)
