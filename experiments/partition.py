@@ -7,20 +7,17 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from cpcfl_tf.config import PRESETS, get_preset
-from cpcfl_tf.errors import ArgumentParser, run_cli
+from cpcfl_tf.config import get_preset
+from cpcfl_tf.errors import run_cli
+from cpcfl_tf.experiment import experiment_parser
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = ArgumentParser(prog="python experiments/partition.py",
-                            description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", default="quick", choices=list(PRESETS),
-                        help="configuration preset (default: quick)")
-    parser.add_argument("--seed", type=int, default=0, help="data seed (default: 0)")
+    # The shared options (--resume and --force have nothing to do here: drawing a
+    # partition takes seconds); no setup(), so bad input stops before TF is imported.
+    parser = experiment_parser("partition", __doc__.split("\n\n")[0], default_preset="quick",
+                               distribute=False)
     parser.add_argument("--clients", type=int, help="number of clients (default: the preset's)")
-    parser.add_argument("--out", help="output folder (default: results/<preset>/partition)")
-    parser.add_argument("--data-dir", help="tfds data dir, or the folder of the IDX files")
-    parser.add_argument("--manual-dir", help="tfds manual-download folder (hand-fetched archives)")
     args = parser.parse_args(argv)
 
     config = get_preset(args.preset)

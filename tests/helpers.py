@@ -11,3 +11,69 @@ def script(name):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+RECORD_SCHEMA = ROOT / "docs" / "run-record.schema.json"
+_TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
+
+
+def schema_errors(value, schema=None, root=None, where="$"):
+    """Where ``value`` breaks ``schema`` (default: the run record's), as a list of lines.
+
+    Covers the part of JSON Schema the record's schema uses: $ref to #/$defs, type, enum,
+    minimum/maximum, required, properties, additionalProperties, items, minItems.
+    """
+    import json
+
+    if schema is None:
+        schema = root = json.loads(RECORD_SCHEMA.read_text())
+    if "$ref" in schema:
+        schema = root["$defs"][schema["$ref"].rsplit("/", 1)[1]]
+    if "enum" in schema and value not in schema["enum"]:
+        return [f"{where}: {value!r} not one of {schema['enum']}"]
+    if "type" in schema:
+        allowed = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        ok = any(number and (t == "number" or (t == "integer" and float(value).is_integer()
+                                               and isinstance(value, int)))
+                 or (t in _TYPES and isinstance(value, _TYPES[t])
+                     and not (t != "boolean" and isinstance(value, bool)))
+                 for t in allowed)
+        if not ok:
+            return [f"{where}: {type(value).__name__} is not {'/'.join(allowed)}"]
+    errors = []
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if "minimum" in schema and value < schema["minimum"]:
+            errors.append(f"{where}: {value} < {schema['minimum']}")
+        if "maximum" in schema and value > schema["maximum"]:
+            errors.append(f"{where}: {value} > {schema['maximum']}")
+    if isinstance(value, dict):
+        errors += [f"{where}: missing {k!r}" for k in schema.get("required", []) if k not in value]
+        properties, extra = schema.get("properties", {}), schema.get("additionalProperties", True)
+        for key, item in value.items():
+            if key in properties:
+                errors += schema_errors(item, properties[key], root, f"{where}.{key}")
+            elif extra is False:
+                errors.append(f"{where}: unexpected {key!r}")
+            elif isinstance(extra, dict):
+                errors += schema_errors(item, extra, root, f"{where}.{key}")
+    if isinstance(value, list):
+        if len(value) < schema.get("minItems", 0):
+            errors.append(f"{where}: fewer than {schema['minItems']} items")
+        if "items" in schema:
+            for i, item in enumerate(value):
+                errors += schema_errors(item, schema["items"], root, f"{where}[{i}]")
+    return errors
+
+
+def run_record_errors(record: dict) -> list[str]:
+    """Schema errors, and what the schema cannot say: rounds count 1..T, and every round
+    has one cluster id per client."""
+    errors = schema_errors(record)
+    if not errors:
+        rounds = [r["round"] for r in record["rounds"]]
+        if rounds != list(range(1, len(rounds) + 1)):
+            errors.append(f"$.rounds: rounds are {rounds[:3]}..., not 1..T")
+        if any(len(r["cluster_ids"]) != len(record["clients"]) for r in record["rounds"]):
+            errors.append("$.rounds: cluster_ids do not have one id per client")
+    return errors

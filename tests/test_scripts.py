@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from cpcfl_tf.errors import UserError
-from helpers import ROOT, script
+from helpers import run_record_errors, script
 
 
 
@@ -43,6 +43,8 @@ def test_datasets_runs_every_pair_with_centralized_baselines(tmp_path, capsys, m
     printed = capsys.readouterr().out
     assert "pair digits -> Fashion-MNIST stands for the paper's STL-10 -> MNIST (unrelated)" in printed
     related, unrelated = load(out, "digits-digits-cp-cfl-simclr"), load(out, "digits-fmnist-cp-cfl-simclr")
+    for path in out.glob("*.json"):  # federated and centralized runs follow the contract
+        assert run_record_errors(json.loads(path.read_text())) == [], path.name
     assert related["config"]["data"]["client_dataset"] == "digits"
     assert unrelated["config"]["data"]["client_dataset"] == "fashion_mnist_idx"
     assert unrelated["config"]["data"]["pretrain_dataset"] == "digits"

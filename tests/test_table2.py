@@ -5,7 +5,7 @@ import re
 import pytest
 
 from cpcfl_tf.errors import UserError
-from helpers import ROOT, script
+from helpers import ROOT, run_record_errors, script
 
 CONTRACT = ("experiment", "preset", "method", "pretraining", "config", "seeds", "clients",
             "rounds", "final", "timing", "environment")
@@ -30,6 +30,7 @@ def test_table2_writes_every_run_and_the_papers_tables(smoke_run):
     for name in names:
         record = json.loads((smoke_run / f"{name}.json").read_text())
         assert all(key in record for key in CONTRACT)
+        assert run_record_errors(record) == [], name
         assert record["experiment"] == "table2" and record["preset"] == "smoke"
         assert [r["round"] for r in record["rounds"]] == [1, 2, 3, 4]
         assert 0 <= record["final"]["accuracy"] <= 1
