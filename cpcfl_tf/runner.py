@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -131,10 +132,13 @@ class Runner:
             fedavg = config.with_overrides(federated={"method": "fedavg", "pretraining": "none"})
             key = json.dumps(_config_record(fedavg), sort_keys=True)
             if key not in self._fedavg:
+                self._fedavg[key] = _load_fedavg_encoder(key)
+            if self._fedavg[key] is None:
                 from cpcfl_tf.federated.simulator import fedavg_encoder
 
                 self._fedavg[key], _ = fedavg_encoder(config, self.clients(config),
                                                       verbose=self.verbose)
+                _save_fedavg_encoder(key, self._fedavg[key])
             return self._fedavg[key]
         # The server pre-trains once, with the script's seed: a run's own seed
         # (trials.py) redraws the clients, not the server's encoder.
@@ -201,8 +205,10 @@ class Runner:
                                           checkpoint=checkpoint, verbose=self.verbose,
                                           on_round=on_round)
         if config.federated.method == "fedavg" and config.federated.pretraining == "none":
-            # IFCA (FedAvg) of the same experiment starts from this model's encoder.
-            self._fedavg[json.dumps(wanted, sort_keys=True)] = global_encoder(state)
+            # IFCA (FedAvg) starts from this model's encoder: kept, also for later runs.
+            key = json.dumps(wanted, sort_keys=True)
+            self._fedavg[key] = global_encoder(state)
+            _save_fedavg_encoder(key, self._fedavg[key])
         record = {"experiment": self.experiment, "preset": config.preset,
                   "method": config.federated.method, "pretraining": config.federated.pretraining,
                   **result, "environment": environment()}
@@ -219,6 +225,50 @@ def _config_record(config: Config) -> dict:
     record = dataclasses.asdict(config)
     record["data"] = {k: v for k, v in record["data"].items() if k not in ("data_dir", "manual_dir")}
     return json.loads(json.dumps(record))
+
+
+def _fedavg_encoder_path(key: str) -> Path:
+    """Where the encoder of the FedAvg (None) run with config ``key`` is cached: IFCA
+    (FedAvg) starts from it, so resuming or rerunning IFCA (FedAvg) never trains FedAvg
+    again."""
+    import hashlib
+
+    from cpcfl_tf.contrastive.pretrain import cache_root
+
+    return cache_root() / "fedavg" / f"{hashlib.sha1(key.encode()).hexdigest()[:16]}.npz"
+
+
+def _load_fedavg_encoder(key: str) -> list[np.ndarray] | None:
+    from cpcfl_tf.results import DamagedFile, read_file
+
+    path = _fedavg_encoder_path(key)
+    if not path.exists():
+        return None
+
+    def load(p: Path) -> list[np.ndarray]:
+        with np.load(p) as stored:
+            if str(stored["__key__"]) != key:
+                raise KeyError("another FedAvg run")
+            return [stored[f"w{i}"] for i in range(len(stored.files) - 1)]
+
+    try:
+        return read_file(path, load, fix="training FedAvg again")
+    except DamagedFile as err:  # a damaged cache entry is rebuilt, not fatal
+        print(f"warning: {err}", file=sys.stderr, flush=True)
+        return None
+
+
+def _save_fedavg_encoder(key: str, weights: list[np.ndarray]) -> None:
+    from cpcfl_tf.results import write_atomic
+
+    path = _fedavg_encoder_path(key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def save(tmp: str) -> None:
+        with open(tmp, "wb") as fh:
+            np.savez(fh, __key__=np.array(key), **{f"w{i}": w for i, w in enumerate(weights)})
+
+    write_atomic(path, save)
 
 
 def _same_config(record: dict, config: Config) -> bool:

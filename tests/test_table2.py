@@ -171,3 +171,23 @@ def test_encoder_training_script_covers_heads_and_settings(tmp_path, monkeypatch
     report = (tmp_path / "out" / "encoder_training.md").read_text()
     assert "E_l,f = 0 (frozen)" in report and "(79.10)" in report
     assert (tmp_path / "out" / "encoder_training.csv").read_text().count("\n") == 17
+
+
+def test_ifca_fedavg_starts_from_the_cached_fedavg_encoder(tmp_path, monkeypatch, capsys):
+    import cpcfl_tf.federated.simulator as simulator
+    from cpcfl_tf.config import get_preset
+    from cpcfl_tf.runner import RunSpec, Runner
+
+    monkeypatch.setenv("CPCFL_CACHE", str(tmp_path / "cache"))
+    spec = RunSpec("ifca-fedavg", "ifca", "fedavg")
+    first = Runner("table2", get_preset("smoke"), tmp_path / "a", verbose=0).run(spec)
+    (cached,) = (tmp_path / "cache" / "fedavg").glob("*.npz")
+    trained = simulator.fedavg_encoder
+    monkeypatch.setattr(simulator, "fedavg_encoder",
+                        lambda *a, **k: pytest.fail("FedAvg was trained again"))
+    again = Runner("table2", get_preset("smoke"), tmp_path / "b", verbose=0).run(spec)
+    assert again["rounds"] == first["rounds"] and again["final"] == first["final"]
+    cached.write_bytes(b"damaged")  # a damaged entry is rebuilt, with one line
+    monkeypatch.setattr(simulator, "fedavg_encoder", trained)
+    third = Runner("table2", get_preset("smoke"), tmp_path / "c", verbose=0).run(spec)
+    assert third["final"] == first["final"] and "is damaged" in capsys.readouterr().err
