@@ -252,8 +252,8 @@ class StackedBackend:
                                                tf.constant(local.learning_rate, tf.float32))
                     continue
                 steps = steps + 1
-                # A scalar step size while every client has taken the same number of
-                # steps (always, with a fresh state); one per client otherwise.
+                # A fresh state gives every client the same step count, so one scalar
+                # step size (the graph of before); kept states give one per client.
                 alpha = tf.constant(_adam_alpha(local.learning_rate, steps), tf.float32)
                 params[first:], m[first:], v[first:] = self._adam(
                     params[first:], m[first:], v[first:], list(grads), alpha)
