@@ -73,3 +73,30 @@ def test_communication_cost_is_n_plus_one_s_per_client_and_round():
     down, up = algorithm.round_bytes(60, 3, size)
     assert down + up == 60 * (3 + 1) * size
     assert sum(algorithm.round_bytes(60, 1, size)) == 60 * 2 * size
+
+
+def test_a_node_alone_selects_what_the_simulator_selects_for_it():
+    from cpcfl_tf.federated.algorithm import Stream, round_rng, select_clusters
+
+    losses = np.array([[0.5, 0.5, 0.9], [0.2, 0.1, 0.1], [0.3, 0.3, 0.3], [0.7, 0.2, 0.4]])
+    draws = [select_clusters(losses, 3, False, round_rng(0, 0, t, Stream.SELECTION))
+             for t in range(20)]
+    assert len({tuple(d) for d in draws}) > 1  # exact ties are broken by the round's draw
+    for t, together in enumerate(draws):
+        for u in range(len(losses)):  # a Flower node sees only its own row of losses
+            alone = np.zeros_like(losses)
+            alone[u] = losses[u]
+            picked = select_clusters(alone, 3, False, round_rng(0, 0, t, Stream.SELECTION))
+            assert picked[u] == together[u]
+
+
+def test_streams_and_restart_rule():
+    from cpcfl_tf.config import FederatedConfig
+    from cpcfl_tf.federated.algorithm import Stream, should_restart, stream_seed
+
+    assert stream_seed(3, 1, 7, Stream.BATCHES) == [3, 1, 7, 1]
+    failed, fine = np.zeros(9, np.int64), np.repeat([0, 1, 2], 3)
+    ifca = FederatedConfig(method="ifca", pretraining="none", restart_round=10, max_restarts=2)
+    assert should_restart(ifca, 10, 0, failed) and not should_restart(ifca, 10, 0, fine)
+    assert not should_restart(ifca, 9, 0, failed) and not should_restart(ifca, 10, 2, failed)
+    assert not should_restart(FederatedConfig(restart_round=10), 10, 0, failed)  # CP-CFL

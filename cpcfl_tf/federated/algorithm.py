@@ -13,11 +13,39 @@ first the encoder's ``num_encoder`` arrays, then the head's.
 from __future__ import annotations
 
 import dataclasses
+import enum
 from typing import Sequence
 
 import numpy as np
 
 Weights = list[np.ndarray]
+
+
+class Stream(enum.IntEnum):
+    """What a round's random draws are for. Each has its own generator, seeded by (run
+    seed, attempt, round, stream) and nothing else, so a resumed run, or a Flower node on
+    another machine, draws exactly what an uninterrupted simulation draws."""
+
+    SELECTION = 0
+    """Who takes part, the random picks during Tc, and tie-breaks between equal losses."""
+    BATCHES = 1
+    """Each client's batch order (:func:`cpcfl_tf.federated.backends.batch_orders`)."""
+
+
+def stream_seed(seed: int, attempt: int, round_: int, stream: Stream) -> list[int]:
+    """The seed words of ``stream`` in round ``round_`` (0-based) of restart ``attempt``."""
+    return [seed, attempt, round_, int(stream)]
+
+
+def round_rng(seed: int, attempt: int, round_: int, stream: Stream) -> np.random.Generator:
+    """The generator of ``stream`` in round ``round_`` of restart ``attempt``."""
+    return np.random.default_rng(stream_seed(seed, attempt, round_, stream))
+
+
+def init_seed(seed: int, attempt: int, model: int) -> int:
+    """Seed of the initial weights of pool model ``model`` in restart ``attempt`` (IFCA's
+    restarts draw new models; the numbers only need to differ)."""
+    return seed * 1_000_003 + attempt * 1_009 + model
 
 
 @dataclasses.dataclass
@@ -99,6 +127,15 @@ def aggregate(state: ServerState, client_weights: Sequence[np.ndarray], cluster_
         encoder = weighted_average(client_weights[:k], sizes)
         models = [encoder + m[k:] for m in models]
     return ServerState(state.round + 1, models, state.num_encoder)
+
+
+def should_restart(fl, finished_round: int, attempt: int, cluster_ids: np.ndarray) -> bool:
+    """IFCA's restart rule: after ``fl.restart_round`` rounds, an IFCA run whose clustering
+    failed starts over with new random models, at most ``fl.max_restarts`` times. CP-CFL and
+    FedAvg never restart (the paper gives CP-CFL no restart rule)."""
+    return (fl.method == "ifca" and finished_round == fl.restart_round
+            and attempt < fl.max_restarts
+            and clustering_failed(cluster_ids, fl.num_clusters, fl.min_cluster_share))
 
 
 def clustering_failed(cluster_ids: np.ndarray, num_models: int, min_share: float) -> bool:

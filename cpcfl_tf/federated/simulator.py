@@ -55,7 +55,7 @@ def initial_pool(fl: FederatedConfig, template: keras.Model, encoder_weights, *,
     num_classes = template.output_shape[-1]
     pool = []
     for n in range(fl.num_clusters):
-        keras.utils.set_random_seed(seed * 1_000_003 + attempt * 1_009 + n)
+        keras.utils.set_random_seed(algorithm.init_seed(seed, attempt, n))
         fresh = build_template(fl, shapes, num_classes)
         weights = fresh.get_weights()
         if encoder_weights is not None:
@@ -182,7 +182,7 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
 
     while progress.round < fl.rounds:
         t, started = progress.round, time.perf_counter()
-        rng = np.random.default_rng([seed, progress.attempt, t, 0])
+        rng = algorithm.round_rng(seed, progress.attempt, t, algorithm.Stream.SELECTION)
         part = (np.arange(num_clients) if take == num_clients
                 else np.sort(rng.choice(num_clients, take, replace=False)))
         train = clients.train.subset(part) if take < num_clients else clients.train
@@ -190,7 +190,8 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
         losses = None if explore else client_losses(backend, state.models, train)
         ids = algorithm.select_clusters(losses, fl.num_clusters, explore, rng, len(part))
         orders = batch_orders(len(part), train.size, fl.local_epochs,
-                              [seed, progress.attempt, t, 1])
+                              algorithm.stream_seed(seed, progress.attempt, t,
+                                                    algorithm.Stream.BATCHES))
         encoder_epochs = [not explore and e < fl.encoder_trains for e in range(fl.local_epochs)]
         own = None if moments is None else moments.subset(part)
         trained = backend.train(stack_models(state.models), ids, train, orders, encoder_epochs,
@@ -211,9 +212,7 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
         progress.history.append(record)
         progress.round = t + 1
         progress.seconds += time.perf_counter() - started
-        if (fl.method == "ifca" and progress.round == fl.restart_round
-                and progress.attempt < fl.max_restarts
-                and algorithm.clustering_failed(assigned, fl.num_clusters, fl.min_cluster_share)):
+        if algorithm.should_restart(fl, progress.round, progress.attempt, assigned):
             if verbose:
                 print(f"  clustering failed after round {progress.round} "
                       f"({np.bincount(assigned, minlength=fl.num_clusters).tolist()} clients per "

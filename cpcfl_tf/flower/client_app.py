@@ -62,6 +62,7 @@ def query(msg: Message, context: Context) -> Message:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Select (or take the assigned) cluster, train it locally, send it back."""
+    from cpcfl_tf.federated import algorithm
     from cpcfl_tf.federated.backends import (LocalTraining, batch_orders, client_losses,
                                              stack_models, unstack)
 
@@ -71,16 +72,21 @@ def train(msg: Message, context: Context) -> Message:
     t, attempt = int(settings["round"]), int(settings["attempt"])
     explore = bool(settings["explore"])
     models = {int(k.split("-")[1]): from_record(r) for k, r in msg.content.array_records.items()}
+    partition_id, num_clients = int(context.node_config["partition-id"]), config.partition.num_clients
     if explore:  # t < Tc: the server assigned one model at random
         (cluster,) = models
     else:  # Eq. cluster_identity: lowest loss on the client's own training data
-        order = sorted(models)
-        losses = client_losses(backend, [models[n] for n in order], data)[0]
-        cluster = order[int(np.argmin(losses))]
-    partition_id = int(context.node_config["partition-id"])
-    # The simulator's batch order for this client (seeded by run, attempt and round).
-    orders = batch_orders(config.partition.num_clients, data.size, fl.local_epochs,
-                          [config.seed, attempt, t, 1])[:, partition_id:partition_id + 1]
+        # The simulator's selection with its own draw: every client takes part, so the
+        # round's tie-break keys are one row per client, and this node's is its row.
+        losses = np.zeros((num_clients, fl.num_clusters))
+        losses[partition_id] = client_losses(
+            backend, [models[n] for n in range(fl.num_clusters)], data)[0]
+        rng = algorithm.round_rng(config.seed, attempt, t, algorithm.Stream.SELECTION)
+        cluster = int(algorithm.select_clusters(losses, fl.num_clusters, False, rng)[partition_id])
+    # The simulator's batch order for this client.
+    orders = batch_orders(num_clients, data.size, fl.local_epochs,
+                          algorithm.stream_seed(config.seed, attempt, t, algorithm.Stream.BATCHES)
+                          )[:, partition_id:partition_id + 1]
     encoder_epochs = [not explore and e < fl.encoder_trains for e in range(fl.local_epochs)]
     trained = backend.train(stack_models([models[cluster]]), np.array([0]), data, orders,
                             encoder_epochs, LocalTraining.of(fl))

@@ -87,7 +87,7 @@ def main(grid: Grid, context: Context) -> None:
     history, t, started = [], 0, time.perf_counter()
     while t < fl.rounds:
         explore = t < fl.head_rounds
-        rng = np.random.default_rng([config.seed, attempt, t, 0])  # as the simulator draws
+        rng = algorithm.round_rng(config.seed, attempt, t, algorithm.Stream.SELECTION)
         drawn = algorithm.select_clusters(None, fl.num_clusters, True, rng, num_clients)
         online = set(grid.get_node_ids())  # a node the SuperLink lost is not asked
         contents = {}
@@ -114,8 +114,7 @@ def main(grid: Grid, context: Context) -> None:
                         "failed_partitions": sorted(partition_of[n] for n in failed + missing)})
         print(f"[cpcfl] round {t}/{fl.rounds}: cluster ids {assigned.tolist()}, "
               f"{len(replies)} replies, {len(failed) + len(missing)} failed", flush=True)
-        if (fl.method == "ifca" and t == fl.restart_round and attempt < fl.max_restarts
-                and algorithm.clustering_failed(assigned, fl.num_clusters, fl.min_cluster_share)):
+        if algorithm.should_restart(fl, t, attempt, assigned):
             attempt, t, history = attempt + 1, 0, []
             assigned[:] = -1
             state = algorithm.ServerState(0, initial_pool(fl, template, encoder_weights,
