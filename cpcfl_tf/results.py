@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, TypeVar
@@ -59,6 +60,17 @@ def read_file(path: str | os.PathLike, load: Callable[[Path], T], *, fix: str) -
         reason = type(err).__name__ + (f": {err}" if isinstance(err, (json.JSONDecodeError,
                                                                        UnicodeDecodeError)) else "")
         raise DamagedFile(path, reason.splitlines()[0][:120], fix) from None
+
+
+def read_cache_entry(path: str | os.PathLike, load: Callable[[Path], T], *,
+                     rebuild: str) -> T | None:
+    """A cache file read with ``load``; damage is not fatal there: it is said in one
+    warning line (``rebuild`` says how it is redone) and ``None`` is returned."""
+    try:
+        return read_file(path, load, fix=rebuild)
+    except DamagedFile as err:
+        print(f"warning: {err}", file=sys.stderr, flush=True)
+        return None
 
 
 def read_json(path: str | os.PathLike, *, fix: str) -> Any:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -239,7 +238,7 @@ def _fedavg_encoder_path(key: str) -> Path:
 
 
 def _load_fedavg_encoder(key: str) -> list[np.ndarray] | None:
-    from cpcfl_tf.results import DamagedFile, read_file
+    from cpcfl_tf.results import read_cache_entry
 
     path = _fedavg_encoder_path(key)
     if not path.exists():
@@ -251,11 +250,7 @@ def _load_fedavg_encoder(key: str) -> list[np.ndarray] | None:
                 raise KeyError("another FedAvg run")
             return [stored[f"w{i}"] for i in range(len(stored.files) - 1)]
 
-    try:
-        return read_file(path, load, fix="training FedAvg again")
-    except DamagedFile as err:  # a damaged cache entry is rebuilt, not fatal
-        print(f"warning: {err}", file=sys.stderr, flush=True)
-        return None
+    return read_cache_entry(path, load, rebuild="training FedAvg again")
 
 
 def _save_fedavg_encoder(key: str, weights: list[np.ndarray]) -> None:

@@ -29,7 +29,7 @@ from cpcfl_tf.contrastive.methods import BYOL, SimCLR, SimSiam, ContrastiveModel
 from cpcfl_tf.data.augment import build_augmenter
 from cpcfl_tf.errors import DivergedError, UserError
 from cpcfl_tf.models import ENCODER_DIMS, build_encoder, build_predictor, build_projector
-from cpcfl_tf.results import (DamagedFile, prepare_out_dir, read_file, write_atomic,
+from cpcfl_tf.results import (prepare_out_dir, read_cache_entry, write_atomic,
                               write_json)
 
 
@@ -108,12 +108,12 @@ def _load_checkpoint(path: Path, model: ContrastiveModel, meta: dict) -> tuple[i
             record = json.loads(str(data["__record__"]))
             return record, [data[f"v{i}"] for i in range(len(data.files) - 1)]
 
-    try:
-        record, arrays = read_file(path, load, fix="starting this pre-training over")
-    except DamagedFile as err:  # an intermediate of a cache entry: redo it, do not stop
-        _notice(err)
+    # Part of a cache entry: damage means redoing it, not stopping.
+    loaded = read_cache_entry(path, load, rebuild="starting this pre-training over")
+    if loaded is None:
         path.unlink()
         return 0, []
+    record, arrays = loaded
     if record["meta"] != meta:
         raise UserError(f"{path} belongs to a different pre-training (config, seed or data "
                         "differ); use another output folder or delete it")
@@ -128,11 +128,6 @@ def _load_checkpoint(path: Path, model: ContrastiveModel, meta: dict) -> tuple[i
 def _read_summary(path: Path) -> dict:
     summary = json.loads(path.read_text())
     return {"meta": summary["meta"], "history": summary["history"]}
-
-
-def _notice(err: DamagedFile) -> None:
-    """One line on stderr: a damaged cache file is being rebuilt."""
-    print(f"warning: {err}", file=sys.stderr, flush=True)
 
 
 DISTRIBUTIONS = ("default", "mirrored")
@@ -185,19 +180,17 @@ def pretrain(config: PretrainConfig, images: np.ndarray, out_dir: str | Path, *,
             "images": [int(n) for n in images.shape]}
     summary_path, encoder_path = out / "pretrain.json", out / "encoder.keras"
     if summary_path.exists() and encoder_path.exists():
-        fix = "pre-training it again"
-        try:
-            summary = read_file(summary_path, _read_summary, fix=fix)
-            if summary["meta"] == meta:
-                encoder = read_file(encoder_path, keras.models.load_model, fix=fix)
-                (out / "checkpoint.npz").unlink(missing_ok=True)  # a kill after the summary
-                return PretrainResult(encoder, summary["history"], out)
-        except DamagedFile as err:  # a damaged cache entry is rebuilt, not fatal
-            _notice(err)
-            for stale in (summary_path, encoder_path, out / "encoder.weights.h5"):
-                stale.unlink(missing_ok=True)
-        else:
+        again = "pre-training it again"
+        summary = read_cache_entry(summary_path, _read_summary, rebuild=again)
+        if summary is not None and summary["meta"] != meta:
             raise UserError(f"{out} holds a different finished pre-training; use another folder")
+        encoder = (None if summary is None else
+                   read_cache_entry(encoder_path, keras.models.load_model, rebuild=again))
+        if encoder is not None:
+            (out / "checkpoint.npz").unlink(missing_ok=True)  # a kill after the summary
+            return PretrainResult(encoder, summary["history"], out)
+        for stale in (summary_path, encoder_path, out / "encoder.weights.h5"):  # rebuild it
+            stale.unlink(missing_ok=True)
 
     if strategy:
         replicas = strategy.num_replicas_in_sync

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 import time
 
 import numpy as np
@@ -107,7 +106,7 @@ def pretrained_supervised(config: Config, *, seed: int = 0, verbose: int = 1
     """
     from cpcfl_tf.contrastive.pretrain import cache_root, pretrain_key
     from cpcfl_tf.data import load_labeled
-    from cpcfl_tf.results import DamagedFile, read_file, write_atomic
+    from cpcfl_tf.results import read_cache_entry, write_atomic
 
     data, pre = config.data, config.pretrain
     source = {"dataset": data.pretrain_dataset, "split": data.pretrain_split,
@@ -120,10 +119,9 @@ def pretrained_supervised(config: Config, *, seed: int = 0, verbose: int = 1
             with np.load(p) as stored:
                 return [stored[f"w{i}"] for i in range(len(stored.files))]
 
-        try:
-            return read_file(path, load, fix="pre-training it again")
-        except DamagedFile as err:  # a damaged cache entry is rebuilt, not fatal
-            print(f"warning: {err}", file=sys.stderr, flush=True)
+        cached = read_cache_entry(path, load, rebuild="pre-training it again")
+        if cached is not None:
+            return cached
     if verbose:
         print(f"supervised pre-training ({pre.encoder}) on {data.pretrain_dataset}:"
               f"{data.pretrain_split} with its labels -> {out}", flush=True)
