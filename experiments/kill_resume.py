@@ -11,6 +11,7 @@ may be left. Writes ``kill_resume.json`` and ``kill_resume.md``.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -139,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--kills", type=int, default=10, help="SIGKILLs (default 10)")
     parser.add_argument("--work", help="keep the two runs (and their encoder caches) in this "
                                        "folder (default: a temporary one, removed at the end)")
-    parser.add_argument("--child", help=argparse_hidden())
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # the parent's own child runs
     args = parser.parse_args(argv)
     if args.child:
         return child(Path(args.child), args.preset, args.seed, args.kills)
@@ -202,12 +203,6 @@ def check(work: Path, config, kills_wanted: int) -> dict:
                "kills_survived": sum(k["killed"] for k in kills), "final_exit": status,
                "identical": comparable(resumed) == comparable(reference), "leftovers": left}
     return summary
-
-
-def argparse_hidden():
-    import argparse
-
-    return argparse.SUPPRESS
 
 
 if __name__ == "__main__":
