@@ -121,9 +121,10 @@ class PartitionConfig:
 
 @dataclasses.dataclass(frozen=True)
 class PretrainConfig:
-    """Contrastive pre-training on the server (Sec. "Experimental settings")."""
+    """How the server pre-trains (Sec. "Experimental settings"). *Which* method
+    (SimCLR, BYOL, SimSiam, supervised) is the run's ``federated.pretraining``: one name,
+    in one place."""
 
-    method: str = "simclr"
     encoder: str = "cnn"
     epochs: int = 300
     batch_size: int = 500
@@ -144,7 +145,6 @@ class PretrainConfig:
     """Keras dtype policy of the step: float32, mixed_float16 or mixed_bfloat16 (GPU)."""
 
     def __post_init__(self) -> None:
-        _choice("pretrain", "method", self.method, PRETRAIN_METHODS)
         if self.projector_dim is not None:
             _positive("pretrain", projector_dim=self.projector_dim)
         _positive("pretrain", predictor_dim=self.predictor_dim)
@@ -273,6 +273,16 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Config":
+        """The config :meth:`to_dict` gave (fields added to a section since then at their
+        defaults), validated like any other."""
+        extra = set(data) - set(SECTIONS) - {"preset", "seed"}
+        _check(not extra, f"unknown config section(s) {', '.join(sorted(extra))}")
+        return cls(preset=data["preset"], seed=data["seed"],
+                   **{name: SECTIONS[name](**with_defaults(name, data[name]))
+                      for name in SECTIONS})
+
     def with_encoder(self, encoder: str) -> "Config":
         """Copy using ``encoder`` for pre-training (see :func:`pretrain_config_for`) and FL."""
         return dataclasses.replace(
@@ -310,6 +320,16 @@ def with_defaults(section: str, stored: dict[str, Any]) -> dict[str, Any]:
         if field.name not in filled and field.default is not dataclasses.MISSING:
             filled[field.name] = field.default
     return filled
+
+
+def config_record(config: Config) -> dict[str, Any]:
+    """The part of ``config`` that decides a run's result (not where data is read from),
+    as JSON-ready data: what a run record keeps as ``requested``."""
+    import json
+
+    record = dataclasses.asdict(config)
+    record["data"] = {k: v for k, v in record["data"].items() if k not in ("data_dir", "manual_dir")}
+    return json.loads(json.dumps(record))
 
 
 def pretrain_config_for(pretrain: PretrainConfig, encoder: str) -> PretrainConfig:

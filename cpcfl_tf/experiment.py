@@ -1,7 +1,7 @@
 """What every experiment script shares: its command line, output folder and environment.
 
-Each script in ``experiments/`` builds its parser with :func:`experiment_parser`,
-resolves the preset and output folder with :func:`setup`, and runs through
+:class:`cpcfl_tf.script.Script` builds each script's parser with :func:`experiment_parser`
+and resolves the preset and output folder with :func:`setup`; scripts run through
 :func:`cpcfl_tf.errors.run_cli` (bad input: one line on stderr, exit 2, nothing written).
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import dataclasses
 import os
 import platform
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
 from cpcfl_tf.config import PRESETS, Config, get_preset
 from cpcfl_tf.errors import ArgumentParser
@@ -42,6 +42,21 @@ def experiment_parser(name: str, description: str, *, default_preset: str = "pap
                              "from run to run (default: deterministic ops; CPU runs are "
                              "deterministic either way)")
     return parser
+
+
+def name_list(choices: Sequence[str]) -> Callable[[str], list[str]]:
+    """An argparse ``type`` for ``NAME[,NAME...]`` (every script's lists are
+    comma-separated), each name one of ``choices``."""
+    def parse(text: str) -> list[str]:
+        names = [n for n in text.split(",") if n]
+        unknown = [n for n in names if n not in choices]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(
+                f"unknown {', '.join(unknown) or 'empty list'}; give a comma-separated "
+                f"subset of {','.join(choices)}")
+        return names
+
+    return parse
 
 
 def setup(args: argparse.Namespace, name: str) -> tuple[Config, Path]:
@@ -110,15 +125,6 @@ def print_metrics(record: dict, keys: tuple[str, ...], digits: int = 4) -> None:
     for key in keys:
         if key in record:
             print(f"{key}: {record[key]:.{digits}f}")
-
-
-def finish(out: Path, name: str, report: str) -> None:
-    """Write a script's markdown ``report`` as ``out/name``, show it, say where it went."""
-    from cpcfl_tf.results import write_text
-
-    write_text(out / name, report)
-    print(report)
-    print(f"wrote {out}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from cpcfl_tf.data.partition import Partition
+from cpcfl_tf.record import RunRecord
 from cpcfl_tf.results import write_atomic
 
 
@@ -60,7 +61,7 @@ def plot_client_data_amounts(partition: Partition, train_labels: np.ndarray,
         plt.close(fig)
 
 
-def plot_accuracy_curves(curves: dict[str, dict], path: str | os.PathLike, *,
+def plot_accuracy_curves(curves: dict[str, RunRecord], path: str | os.PathLike, *,
                          title: str) -> Path:
     """fig:table2_accuracy (and fig:num_clients): mean client test accuracy per round.
 
@@ -69,8 +70,8 @@ def plot_accuracy_curves(curves: dict[str, dict], path: str | os.PathLike, *,
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for label, record in curves.items():
-        rounds = [r["round"] for r in record["rounds"]]
-        ax.plot(rounds, [100 * r["accuracy"] for r in record["rounds"]], label=label, lw=1.4)
+        rounds = [r.round for r in record.rounds]
+        ax.plot(rounds, [100 * r.accuracy for r in record.rounds], label=label, lw=1.4)
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy (%)")
     ax.set_title(title)
@@ -83,14 +84,14 @@ def plot_accuracy_curves(curves: dict[str, dict], path: str | os.PathLike, *,
         plt.close(fig)
 
 
-def plot_cluster_identity(record: dict, path: str | os.PathLike, *, title: str) -> Path:
+def plot_cluster_identity(record: RunRecord, path: str | os.PathLike, *, title: str) -> Path:
     """fig:cluster_identity: the cluster each client chose in each round."""
     plt = _pyplot()
-    ids = np.array([r["cluster_ids"] for r in record["rounds"]]).T  # clients x rounds
+    ids = np.array([r.cluster_ids for r in record.rounds]).T  # clients x rounds
     fig, ax = plt.subplots(figsize=(6.4, max(2.5, 0.06 * ids.shape[0] + 1.5)))
     image = ax.imshow(ids, aspect="auto", interpolation="nearest", cmap="tab10",
                       vmin=-0.5, vmax=9.5, extent=(0.5, ids.shape[1] + 0.5, ids.shape[0] - 0.5, -0.5))
-    head_rounds = record["config"]["federated"]["head_rounds"]
+    head_rounds = record.config.federated.head_rounds
     if head_rounds:
         ax.axvline(head_rounds + 0.5, color="black", lw=1, ls="--", label=f"Tc = {head_rounds}")
         ax.legend(loc="upper right", fontsize=8)

@@ -145,6 +145,48 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
     return write_atomic(path, dump)
 
 
+def cache_root() -> Path:
+    """Where built encoders are kept for reuse by any script: ``$CPCFL_CACHE`` or
+    ``./cache``."""
+    return Path(os.environ.get("CPCFL_CACHE", "cache")).expanduser()
+
+
+def write_weights(path: str | os.PathLike, weights: list, *, key: str | None = None) -> Path:
+    """Save a list of arrays (an encoder's weights) as ``.npz``, atomically; ``key`` (what
+    built them) is stored beside them and checked by :func:`read_weights`."""
+    import numpy as np
+
+    extra = {} if key is None else {"__key__": np.array(key)}
+
+    def save(tmp: str) -> None:
+        with open(tmp, "wb") as fh:
+            np.savez(fh, **extra, **{f"w{i}": w for i, w in enumerate(weights)})
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return write_atomic(path, save)
+
+
+def read_weights(path: str | os.PathLike, *, key: str | None = None,
+                 rebuild: str) -> list | None:
+    """The arrays :func:`write_weights` saved, or ``None`` when there are none, they are
+    damaged (one warning line, ``rebuild`` says what happens instead) or belong to
+    another ``key``."""
+    import numpy as np
+
+    path = Path(path)
+    if not path.exists():
+        return None
+
+    def load(p: Path) -> list:
+        with np.load(p) as stored:
+            if key is not None and str(stored["__key__"]) != key:
+                raise KeyError("built from other settings")
+            count = len([f for f in stored.files if f.startswith("w")])
+            return [stored[f"w{i}"] for i in range(count)]
+
+    return read_cache_entry(path, load, rebuild=rebuild)
+
+
 def write_csv(path: str | os.PathLike, rows: list[dict]) -> Path:
     """Write ``rows`` (dicts with the same keys) as CSV with a header, atomically."""
     import csv

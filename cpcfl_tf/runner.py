@@ -8,8 +8,8 @@ record") into the script's output folder:
   a JSON from a *different* config is refused, so one folder never mixes settings;
 * an interrupted run leaves ``.<name>.ckpt.npz``; ``--resume`` continues it to exactly
   the result of an uninterrupted run (without ``--resume`` it is refused);
-* pre-trained encoders come from the shared cache (:func:`pretrained_encoder`), data
-  and partitions are loaded once per (data config, seed).
+* starting encoders come from :mod:`cpcfl_tf.federated.starting` (one cache for all
+  scripts); data and partitions are loaded once per (data config, seed).
 """
 from __future__ import annotations
 
@@ -20,9 +20,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from cpcfl_tf.config import SECTIONS, Config, with_defaults
+from cpcfl_tf.config import Config, config_record
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.experiment import environment
+from cpcfl_tf.federated.starting import StartingEncoders
+from cpcfl_tf.record import RunRecord, read_record, write_record
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +44,13 @@ class RunSpec:
     data: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Data other than the preset's (the cross-dataset tables)."""
     pretrain: dict[str, Any] = dataclasses.field(default_factory=dict)
+    row: str | None = None
+    """The table row it belongs to when several runs share one (e.g. ``cp-cfl-simclr`` for
+    every trial's CP-CFL run); default: its name."""
+
+    @property
+    def key(self) -> str:
+        return self.row or self.name
 
     def config(self, base: Config) -> Config:
         config = base.with_encoder(self.encoder) if self.encoder else base
@@ -64,7 +73,7 @@ COMPARISON_LABELS = {name: label for name, (_, _, label) in COMPARISON.items()}
 def comparison_specs(prefix: str = "", **fields: Any) -> list[RunSpec]:
     """The five :data:`COMPARISON` rows as specs named ``prefix + name``, with ``fields``
     (other :class:`RunSpec` fields) shared by all."""
-    return [RunSpec(prefix + name, method, pre, **fields)
+    return [RunSpec(prefix + name, method, pre, row=name, **fields)
             for name, (method, pre, _) in COMPARISON.items()]
 
 
@@ -81,14 +90,18 @@ class Runner:
         """How the server pre-trains (``default`` or ``mirrored``); not part of any key."""
         self._splits: dict[str, tuple] = {}
         self._partitions: dict[str, tuple] = {}
-        self._fedavg: dict[str, list] = {}
         self._unlabeled: dict[str, np.ndarray] = {}
+        self.encoders = StartingEncoders(seed=base.seed, clients=self.clients,
+                                         unlabeled=self.unlabeled, verbose=verbose,
+                                         distribute=distribute)
+        """The runs' starting encoders, each built once (pre-trained with the script's
+        seed)."""
 
     @classmethod
     def for_script(cls, experiment: str, base: Config, out: Path, args) -> "Runner":
         """The runner of a script, set by its :func:`experiment_parser` options."""
         return cls(experiment, base, out, resume=args.resume, force=args.force,
-                   distribute=args.distribute)
+                   distribute=getattr(args, "distribute", "default"))
 
     # -- data ---------------------------------------------------------------
     def partition(self, config: Config):
@@ -122,65 +135,29 @@ class Runner:
 
         return make_clients(*self.partition(config))
 
-    def encoder_weights(self, config: Config):
-        """The starting encoder the run's pre-training names (None: random)."""
-        pre = config.federated.pretraining
-        if pre == "none":
-            return None
-        if pre == "fedavg":  # the global model of a FedAvg run on the same clients
-            fedavg = config.with_overrides(federated={"method": "fedavg", "pretraining": "none"})
-            key = json.dumps(_config_record(fedavg), sort_keys=True)
-            if key not in self._fedavg:
-                self._fedavg[key] = _load_fedavg_encoder(key)
-            if self._fedavg[key] is None:
-                from cpcfl_tf.federated.simulator import fedavg_encoder
-
-                self._fedavg[key], _ = fedavg_encoder(config, self.clients(config),
-                                                      verbose=self.verbose)
-                _save_fedavg_encoder(key, self._fedavg[key])
-            return self._fedavg[key]
-        # The server pre-trains once, with the script's seed: a run's own seed
-        # (trials.py) redraws the clients, not the server's encoder.
-        if pre == "supervised":
-            from cpcfl_tf.federated.centralized import pretrained_supervised
-
-            return pretrained_supervised(config, seed=self.base.seed, verbose=self.verbose)
-        return self.pretrained(config, pre).encoder.get_weights()
-
-    def pretrained(self, config: Config, method: str | None = None):
-        """The cached contrastive pre-training of ``config`` (method: its pre-training)."""
-        from cpcfl_tf.contrastive.pretrain import pretrained_encoder
-
-        return pretrained_encoder(config.pretrain, config.data,
-                                  method=method or config.federated.pretraining,
-                                  seed=self.base.seed, verbose=self.verbose,
-                                  distribute=self.distribute, images=self.unlabeled(config))
-
     # -- runs ---------------------------------------------------------------
     def path(self, spec: RunSpec) -> Path:
         return self.out / f"{spec.name}.json"
 
-    def run(self, spec: RunSpec, on_round: Callable[[dict, Any], None] | None = None) -> dict:
-        """Run ``spec`` (or load its finished JSON) and return its record.
+    def run(self, spec: RunSpec, on_round: Callable[[dict, Any], None] | None = None
+            ) -> RunRecord:
+        """Run ``spec`` (or load its finished record) and return its record.
 
-        ``on_round(record, state)`` is called after every round the run makes now (not for
-        rounds of a finished run, nor those before a resumed checkpoint)."""
+        ``on_round(round_record, state)`` is called after every round the run makes now
+        (not for rounds of a finished run, nor those before a resumed checkpoint)."""
         from cpcfl_tf.federated.simulator import global_encoder, run_federated
-        from cpcfl_tf.results import read_json, write_json
 
         config = spec.config(self.base)
         path, checkpoint = self.path(spec), self.out / f".{spec.name}.ckpt.npz"
-        wanted = _config_record(config)
         if path.exists() and not self.force:
-            record = read_json(path, fix="delete it to run it again, or restore it (e.g. "
-                                          "git checkout)")
+            record = read_record(path)
             if not _same_config(record, config):
                 raise UserError(f"{path} holds a run with a different config; pass --force to "
                                 "redo it or --out another folder")
             checkpoint.unlink(missing_ok=True)  # left if a kill came right after the result
             if self.verbose:
                 print(f"{spec.name}: done before, final accuracy "
-                      f"{record['final']['accuracy']:.4f} ({path})")
+                      f"{record.final.accuracy:.4f} ({path})")
             return record
         if checkpoint.exists() and self.force:
             checkpoint.unlink()
@@ -196,142 +173,28 @@ class Runner:
         if config.federated.method == "centralized":
             from cpcfl_tf.federated.centralized import run_centralized
 
-            result, state = run_centralized(config, self.clients(config),
-                                            self.encoder_weights(config)), None
+            record = run_centralized(config, self.clients(config), self.encoders(config))
         else:
-            result, state = run_federated(config, self.clients(config),
-                                          encoder_weights=self.encoder_weights(config),
+            record, state = run_federated(config, self.clients(config),
+                                          encoder_weights=self.encoders(config),
                                           checkpoint=checkpoint, verbose=self.verbose,
                                           on_round=on_round)
-        if config.federated.method == "fedavg" and config.federated.pretraining == "none":
-            # IFCA (FedAvg) starts from this model's encoder: kept, also for later runs.
-            key = json.dumps(wanted, sort_keys=True)
-            self._fedavg[key] = global_encoder(state)
-            _save_fedavg_encoder(key, self._fedavg[key])
-        record = {"experiment": self.experiment, "preset": config.preset,
-                  "method": config.federated.method, "pretraining": config.federated.pretraining,
-                  **result, "environment": environment()}
-        record["config"]["requested"] = wanted
-        write_json(path, record)
+            if config.federated.method == "fedavg" and config.federated.pretraining == "none":
+                # IFCA (FedAvg) starts from this model's encoder: kept, also for later runs.
+                self.encoders.keep_fedavg(config, global_encoder(state))
+        record = dataclasses.replace(record, experiment=self.experiment,
+                                     environment=environment())
+        write_record(path, record)
         checkpoint.unlink(missing_ok=True)
         if self.verbose:
-            print(f"{spec.name}: final accuracy {record['final']['accuracy']:.4f} -> {path}")
+            print(f"{spec.name}: final accuracy {record.final.accuracy:.4f} -> {path}")
         return record
 
 
-def _config_record(config: Config) -> dict:
-    """The part of a config that decides a run's result (not where data is read from)."""
-    record = dataclasses.asdict(config)
-    record["data"] = {k: v for k, v in record["data"].items() if k not in ("data_dir", "manual_dir")}
-    return json.loads(json.dumps(record))
-
-
-def _fedavg_encoder_path(key: str) -> Path:
-    """Where the encoder of the FedAvg (None) run with config ``key`` is cached: IFCA
-    (FedAvg) starts from it, so resuming or rerunning IFCA (FedAvg) never trains FedAvg
-    again."""
-    import hashlib
-
-    from cpcfl_tf.contrastive.pretrain import cache_root
-
-    return cache_root() / "fedavg" / f"{hashlib.sha1(key.encode()).hexdigest()[:16]}.npz"
-
-
-def _load_fedavg_encoder(key: str) -> list[np.ndarray] | None:
-    from cpcfl_tf.results import read_cache_entry
-
-    path = _fedavg_encoder_path(key)
-    if not path.exists():
-        return None
-
-    def load(p: Path) -> list[np.ndarray]:
-        with np.load(p) as stored:
-            if str(stored["__key__"]) != key:
-                raise KeyError("another FedAvg run")
-            return [stored[f"w{i}"] for i in range(len(stored.files) - 1)]
-
-    return read_cache_entry(path, load, rebuild="training FedAvg again")
-
-
-def _save_fedavg_encoder(key: str, weights: list[np.ndarray]) -> None:
-    from cpcfl_tf.results import write_atomic
-
-    path = _fedavg_encoder_path(key)
-    path.parent.mkdir(parents=True, exist_ok=True)
-
-    def save(tmp: str) -> None:
-        with open(tmp, "wb") as fh:
-            np.savez(fh, __key__=np.array(key), **{f"w{i}": w for i, w in enumerate(weights)})
-
-    write_atomic(path, save)
-
-
-def _same_config(record: dict, config: Config) -> bool:
+def _same_config(record: RunRecord, config: Config) -> bool:
     """Whether ``record`` was run with ``config``: as requested and, for federated runs, as
-    it resolved (what a method implies can change, e.g. FedAvg (SimCLR)'s Tc phase).
-    Fields added to the config after the record was written count at their defaults."""
-    stored = record.get("config", {})
-    requested = stored.get("requested")
-    if not isinstance(requested, dict) or set(requested) != set(SECTIONS) | {"preset", "seed"}:
+    it resolved (what a method implies can change, e.g. FedAvg (SimCLR)'s Tc phase)."""
+    if config_record(record.requested) != config_record(config):
         return False
-    def filled(record: dict) -> dict:
-        return {k: with_defaults(k, v) if k in SECTIONS else v for k, v in record.items()}
-
-    if filled(requested) != filled(_config_record(config)):
-        return False
-    if config.federated.method == "centralized":
-        return True
-    ran = json.loads(json.dumps(dataclasses.asdict(config.federated.resolved())))
-    return with_defaults("federated", stored.get("federated", {})) == ran
-
-
-def accuracy_at(record: dict, round_: int) -> float:
-    """Mean client accuracy after ``round_`` finished rounds."""
-    return next(r["accuracy"] for r in record["rounds"] if r["round"] == round_)
-
-
-def last_cluster_change(record: dict) -> int:
-    """The round after which no client changed its cluster again (1 if none ever did)."""
-    ids = [r["cluster_ids"] for r in record["rounds"]]
-    return max([1] + [k + 1 for k in range(1, len(ids)) if ids[k] != ids[k - 1]])
-
-
-def reporting_rounds(rounds: int) -> list[int]:
-    """The paper reports T = 25/50/75/100 of 100 rounds: the quarters of the run."""
-    return [int(np.ceil(rounds * q / 4)) for q in (1, 2, 3, 4)]
-
-
-def mean_sd(values) -> tuple[float, float]:
-    """Mean and standard deviation (ddof = 0, as the paper's trial tables compute it)."""
-    values = np.asarray(values, np.float64)
-    return float(values.mean()), float(values.std())
-
-
-def trial_table(records: dict[str, list[dict]], labels: dict[str, str], value, *,
-                percent: bool, paper: dict[str, tuple] | None = None) -> list[str]:
-    """Markdown rows "label | trial 1 .. k | mean ± SD [| paper mean ± SD]" for the runs of
-    each name in ``records`` (one record per trial), ``value(record) -> float``. With a
-    single trial the mean ± SD column is left out (its SD would be a meaningless 0); the
-    paper's column is headed "paper" alone when its figures are single runs (SD None)."""
-    scale, fmt = (100.0, "{:.2f}") if percent else (1.0, "{:.4f}")
-    trials = max(len(r) for r in records.values())
-    summary = trials > 1
-    paper_head = "" if not paper else " paper mean ± SD |" if any(
-        sd is not None for _, sd in paper.values()) else " paper |"
-    lines = ["| method | " + " | ".join(f"trial {k + 1}" for k in range(trials))
-             + (" | mean ± SD" if summary else "") + " |" + paper_head,
-             "|---|" + "---|" * (trials + summary) + ("---|" if paper else "")]
-    for name, runs in records.items():
-        values = [scale * value(r) for r in runs]
-        row = (f"| {labels[name]} | " + " | ".join(fmt.format(v) for v in values)
-               + " | " * (trials - len(values)))
-        if summary:
-            mean, sd = mean_sd(values)
-            row += f" | {fmt.format(mean)} ± {fmt.format(sd)}"
-        row += " |"
-        if paper:
-            mean, sd = paper[name]
-            spread = f" ± {fmt.format(sd)}" if sd is not None else ""
-            row += f" {fmt.format(mean)}{spread} |"
-        lines.append(row)
-    return lines
+    return (config.federated.method == "centralized"
+            or record.config.federated == config.federated.resolved())

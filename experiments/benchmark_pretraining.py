@@ -14,12 +14,15 @@ from typing import Sequence
 
 from cpcfl_tf.config import ENCODERS, PRETRAIN_METHODS
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.experiment import environment, experiment_parser, print_metrics, setup
+from cpcfl_tf.experiment import environment, print_metrics
+from cpcfl_tf.script import Script
+
+
+SCRIPT = Script(__file__, __doc__, distribute=False)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = experiment_parser("benchmark_pretraining", __doc__.split("\n\n")[0],
-                               distribute=False)
+    parser = SCRIPT.parser()
     parser.add_argument("--method", default="simclr", choices=PRETRAIN_METHODS)
     parser.add_argument("--encoder", default="cnn", choices=ENCODERS)
     parser.add_argument("--image-size", type=int, help="default: the preset's")
@@ -37,10 +40,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise UserError(f"--image-size must be at least 32, got {args.image_size}")
     if args.batch_size is not None and args.batch_size < 1:
         raise UserError(f"--batch-size must be positive, got {args.batch_size}")
-    config, out = setup(args, "benchmark_pretraining")
+    run = SCRIPT.session(args)
+    config, out = run.config, run.out
     size = args.image_size or config.data.image_size
     pretrain = dataclasses.replace(
-        config.pretrain, method=args.method, encoder=args.encoder,
+        config.pretrain, encoder=args.encoder,
         batch_size=args.batch_size or config.pretrain.batch_size,
         jit_compile=args.jit_compile, precision=args.precision)
 
@@ -49,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from cpcfl_tf.results import write_json
 
     batch = random_images(pretrain.batch_size, size, args.seed)
-    seconds = compare_seconds({"contrastive": contrastive_step(pretrain, size, args.seed),
+    seconds = compare_seconds({"contrastive": contrastive_step(pretrain, size, args.seed, args.method),
                                "encoder": bare_encoder_step(pretrain, size, args.seed)},
                               batch, repeats=args.repeats)
     record = {"experiment": "benchmark_pretraining", "preset": config.preset,

@@ -17,7 +17,8 @@ from typing import Sequence
 import numpy as np
 
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.experiment import environment, experiment_parser, print_metrics, setup
+from cpcfl_tf.experiment import environment, print_metrics
+from cpcfl_tf.script import Script
 
 
 def plain_keras_round(model, pool, train_x, train_y, test_x, test_y, *, epochs: int,
@@ -53,9 +54,11 @@ def plain_keras_round(model, pool, train_x, train_y, test_x, test_y, *, epochs: 
     return state.models, float(np.mean(accuracy))
 
 
+SCRIPT = Script(__file__, __doc__, default_preset="standard", distribute=False)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = experiment_parser("benchmark_simulator", __doc__.split("\n\n")[0],
-                               default_preset="standard", distribute=False)
+    parser = SCRIPT.parser()
     parser.add_argument("--clients", type=int, default=60)
     parser.add_argument("--clusters", type=int, default=3)
     parser.add_argument("--image-size", type=int, default=32)
@@ -68,7 +71,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise UserError("need --clients >= 1, --clusters >= 1, --rounds >= 2, --baseline-rounds >= 0")
     if args.image_size < 32:
         raise UserError(f"--image-size must be at least 32, got {args.image_size}")
-    config, out = setup(args, "benchmark_simulator")
+    session = SCRIPT.session(args)
+    config, out = session.config, session.out
 
     from cpcfl_tf.federated.clients import ClientArrays, Clients
     from cpcfl_tf.federated.simulator import build_template, initial_pool, run_federated

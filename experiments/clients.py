@@ -10,8 +10,11 @@ from typing import Sequence
 
 from cpcfl_tf.config import Config
 from cpcfl_tf.errors import run_cli
-from cpcfl_tf.experiment import experiment_parser, finish, setup
-from cpcfl_tf.runner import COMPARISON_LABELS, Runner, comparison_specs
+from cpcfl_tf.report import markdown_table
+from cpcfl_tf.runner import COMPARISON_LABELS, comparison_specs
+from cpcfl_tf.script import Script
+
+SCRIPT = Script(__file__, __doc__)
 
 PAPER_SETTINGS = ((15, 40), (30, 60), (60, 100), (90, 100))
 """(clients, rounds T) of the paper's four settings."""
@@ -41,42 +44,36 @@ def partition(config: Config, clients: int) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = experiment_parser("clients", __doc__.split("\n\n")[0])
-    args = parser.parse_args(argv)
-    config, out = setup(args, "clients")
-    runner = Runner.for_script("clients", config, out, args)
-    grid = settings(config)
-    records = {(n, spec.name.split("-", 1)[1]): runner.run(spec) for n, t in grid
+    run = SCRIPT.start(argv)
+    config, grid = run.config, settings(run.config)
+    records = {(n, spec.key): run.runner.run(spec) for n, t in grid
                for spec in comparison_specs(f"c{n}-", partition=partition(config, n),
                                             federated={"rounds": t})}
 
     from cpcfl_tf.plots import plot_accuracy_curves
-    from cpcfl_tf.results import write_csv
 
     lines = [f"# Number of clients (preset `{config.preset}`)", "",
              "Accuracy (%) at the last round and the best round; the paper's STL-10 figures "
-             "(GPU) after the slash.", "",
-             "| method | " + " | ".join(f"{n} clients, T={t} | best" for n, t in grid) + " |",
-             "|---|" + "---|---|" * len(grid)]
-    rows = []
+             "(GPU) after the slash.", ""]
+    table, rows = [], []
     for name, label in LABELS.items():
         cells = []
         for k, (n, t) in enumerate(grid):
             record = records[(n, name)]
-            final = record["final"]["accuracy"]
-            best = max(r["accuracy"] for r in record["rounds"])
+            final, best = record.final.accuracy, record.best_accuracy()
             paper = PAPER[name][k] if k < len(PAPER[name]) and config.preset != "smoke" else None
             cells += [f"{100 * final:.2f}" + (f" / {paper[0]:.2f}" if paper else ""),
                       f"{100 * best:.2f}" + (f" / {paper[1]:.2f}" if paper else "")]
             rows.append({"clients": n, "rounds": t, "run": name, "accuracy": final, "best": best,
-                         "ari": record["final"]["ari"], "restarts": record["final"]["restarts"]})
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+                         "ari": record.final.ari, "restarts": record.final.restarts})
+        table.append([label, *cells])
+    header = ["method"] + [cell for n, t in grid for cell in (f"{n} clients, T={t}", "best")]
+    lines += markdown_table(header, table)
     for n, t in grid:
         plot_accuracy_curves({LABELS[name]: records[(n, name)] for name in LABELS},
-                             out / f"accuracy-c{n}.png",
+                             run.out / f"accuracy-c{n}.png",
                              title=f"{n} clients, T = {t} (preset {config.preset})")
-    write_csv(out / "clients.csv", rows)
-    finish(out, "clients.md", "\n".join(lines) + "\n")
+    run.finish("\n".join(lines) + "\n", rows)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,11 @@ from __future__ import annotations
 from typing import Sequence
 
 from cpcfl_tf.errors import run_cli
-from cpcfl_tf.experiment import experiment_parser, finish, setup
-from cpcfl_tf.runner import RunSpec, Runner
+from cpcfl_tf.report import markdown_table
+from cpcfl_tf.runner import RunSpec
+from cpcfl_tf.script import Script
+
+SCRIPT = Script(__file__, __doc__)
 
 SPECS = [RunSpec(f"cp-cfl-simclr-n{n}", "cp-cfl", "simclr", federated={"num_clusters": n})
          for n in range(1, 6)]
@@ -18,33 +21,28 @@ PAPER = {1: 59.33, 2: 65.10, 3: 76.80, 4: 72.80, 5: 72.97}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = experiment_parser("clusters", __doc__.split("\n\n")[0])
-    args = parser.parse_args(argv)
-    config, out = setup(args, "clusters")
-    runner = Runner.for_script("clusters", config, out, args)
-    records = {spec.federated["num_clusters"]: runner.run(spec) for spec in SPECS}
+    run = SCRIPT.start(argv)
+    config = run.config
+    records = {spec.federated["num_clusters"]: run.runner.run(spec) for spec in SPECS}
 
     from cpcfl_tf.plots import plot_accuracy_curves
-    from cpcfl_tf.results import write_csv
 
-    rounds = config.federated.rounds
     lines = [f"# Number of clusters (preset `{config.preset}`), CP-CFL (SimCLR), "
              f"{config.partition.num_clients} clients in {config.partition.num_groups} groups, "
-             f"T = {rounds}", "",
-             "| N | accuracy (%) | best (%) | ARI | paper (STL-10, T = 100) |", "|---|---|---|---|---|"]
-    rows = []
+             f"T = {config.federated.rounds}", ""]
+    table, rows = [], []
     for n, record in records.items():
-        final = record["final"]
-        best = max(r["accuracy"] for r in record["rounds"])
-        lines.append(f"| {n} | {100 * final['accuracy']:.2f} | {100 * best:.2f} | "
-                     f"{final['ari']:.3f} | {PAPER[n]:.2f} |")
-        rows.append({"num_clusters": n, "accuracy": final["accuracy"], "best": best,
-                     "ari": final["ari"], "f1_macro": final["f1_macro"],
-                     "bytes_down": final["bytes_down"], "bytes_up": final["bytes_up"]})
-    write_csv(out / "clusters.csv", rows)
-    plot_accuracy_curves({f"N = {n}": r for n, r in records.items()}, out / "accuracy.png",
+        final, best = record.final, record.best_accuracy()
+        table.append([n, f"{100 * final.accuracy:.2f}", f"{100 * best:.2f}", f"{final.ari:.3f}",
+                      f"{PAPER[n]:.2f}"])
+        rows.append({"num_clusters": n, "accuracy": final.accuracy, "best": best,
+                     "ari": final.ari, "f1_macro": final.scores["f1_macro"],
+                     "bytes_down": final.bytes_down, "bytes_up": final.bytes_up})
+    lines += markdown_table(["N", "accuracy (%)", "best (%)", "ARI", "paper (STL-10, T = 100)"],
+                            table)
+    plot_accuracy_curves({f"N = {n}": r for n, r in records.items()}, run.out / "accuracy.png",
                          title=f"CP-CFL (SimCLR) by number of clusters (preset {config.preset})")
-    finish(out, "clusters.md", "\n".join(lines) + "\n")
+    run.finish("\n".join(lines) + "\n", rows)
 
 
 if __name__ == "__main__":

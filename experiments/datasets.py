@@ -12,8 +12,12 @@ from __future__ import annotations
 from typing import Sequence
 
 from cpcfl_tf.errors import run_cli
-from cpcfl_tf.experiment import dataset_pairs, experiment_parser, finish, setup
+from cpcfl_tf.experiment import dataset_pairs
+from cpcfl_tf.report import markdown_table
 from cpcfl_tf.runner import COMPARISON_LABELS, RunSpec, Runner, comparison_specs
+from cpcfl_tf.script import Script
+
+SCRIPT = Script(__file__, __doc__)
 
 CENTRALIZED = {"centralized-all": ("Centralized (all clients)", 1),
                "centralized-group": ("Centralized (by cluster)", None)}
@@ -42,7 +46,8 @@ def specs(config) -> dict[str, list[RunSpec]]:
     groups = config.partition.num_groups
     return {pair.key: comparison_specs(f"{pair.key}-", data=pair.data, partition=pair.partition)
             + [RunSpec(f"{pair.key}-{name}", "centralized", "simclr", data=pair.data,
-                       partition=pair.partition, federated={"num_clusters": n or groups})
+                       partition=pair.partition, federated={"num_clusters": n or groups},
+                       row=name)
                for name, (_, n) in CENTRALIZED.items()]
             for pair in dataset_pairs(config)}
 
@@ -53,24 +58,21 @@ def relevance(runner: Runner, spec: RunSpec) -> float:
 
     config = spec.config(runner.base)
     client_images = runner.partition(config)[1].images
-    encoder = runner.pretrained(config, "simclr").encoder
+    encoder = runner.encoders.contrastive(config, "simclr").encoder
     return relevance_score(encoder, runner.unlabeled(config), client_images, seed=config.seed)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = experiment_parser("datasets", __doc__.split("\n\n")[0])
-    args = parser.parse_args(argv)
-    config, out = setup(args, "datasets")
+    run = SCRIPT.start(argv)
+    config = run.config
     pairs = dataset_pairs(config)
     for pair in pairs:
         print(f"pair {pair.label} stands for the paper's {pair.paper} "
               f"({'related' if pair.related else 'unrelated'})")
-    runner = Runner.for_script("datasets", config, out, args)
     runs = specs(config)
-    records = {spec.name: runner.run(spec) for pair in pairs for spec in runs[pair.key]}
-    scores = {pair.key: relevance(runner, runs[pair.key][0]) for pair in pairs}
-
-    from cpcfl_tf.results import write_csv
+    records = {(pair.key, spec.key): run.runner.run(spec)
+               for pair in pairs for spec in runs[pair.key]}
+    scores = {pair.key: relevance(run.runner, runs[pair.key][0]) for pair in pairs}
 
     lines = [f"# Pre-training data vs client data (preset `{config.preset}`), "
              f"T = {config.federated.rounds}", "",
@@ -78,25 +80,23 @@ def main(argv: Sequence[str] | None = None) -> None:
              "Paper (STL-10 family, GPU, T = 100) after the slash.", ""]
     lines += [f"- {p.label} stands for the paper's {p.paper} "
               f"({'related' if p.related else 'unrelated'} data)" for p in pairs]
-    lines += ["", "| method | " + " | ".join(f"{p.label} ({scores[p.key]:.4f} / "
-                                             f"{PAPER[p.paper]['relevance']:.4f})"
-                                             for p in pairs) + " |",
-              "|---|" + "---|" * len(pairs)]
-    rows = []
+    table, rows = [], []
     for name, label in LABELS.items():
         cells = []
         for pair in pairs:
-            record = records[f"{pair.key}-{name}"]
-            accuracy = record["final"]["accuracy"]
+            record = records[(pair.key, name)]
+            accuracy = record.final.accuracy
             paper = PAPER[pair.paper].get(name)
             cells.append(f"{100 * accuracy:.2f} / " + (f"{paper:.2f}" if paper else "--"))
             rows.append({"pair": pair.key, "paper_pair": pair.paper, "run": name,
-                         "method": record["method"], "pretraining": record["pretraining"],
-                         "accuracy": accuracy, "f1_macro": record["final"]["f1_macro"],
-                         "relevance": scores[pair.key], "clients": len(record["clients"])})
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    write_csv(out / "datasets.csv", rows)
-    finish(out, "datasets.md", "\n".join(lines) + "\n")
+                         "method": record.method, "pretraining": record.pretraining,
+                         "accuracy": accuracy, "f1_macro": record.final.scores["f1_macro"],
+                         "relevance": scores[pair.key], "clients": len(record.clients)})
+        table.append([label, *cells])
+    lines += [""] + markdown_table(
+        ["method", *(f"{p.label} ({scores[p.key]:.4f} / {PAPER[p.paper]['relevance']:.4f})"
+                     for p in pairs)], table)
+    run.finish("\n".join(lines) + "\n", rows)
 
 
 if __name__ == "__main__":

@@ -10,8 +10,11 @@ from typing import Sequence
 
 from cpcfl_tf.config import HEADS
 from cpcfl_tf.errors import run_cli
-from cpcfl_tf.experiment import experiment_parser, finish, setup
-from cpcfl_tf.runner import RunSpec, Runner
+from cpcfl_tf.report import markdown_table
+from cpcfl_tf.runner import RunSpec
+from cpcfl_tf.script import Script
+
+SCRIPT = Script(__file__, __doc__)
 
 def settings(local_epochs: int) -> dict[str, tuple[str, dict]]:
     """The four rows for E local epochs (the paper: E = 3)."""
@@ -34,30 +37,25 @@ def specs(local_epochs: int) -> list[RunSpec]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = experiment_parser("encoder_training", __doc__.split("\n\n")[0])
-    args = parser.parse_args(argv)
-    config, out = setup(args, "encoder_training")
-    runner = Runner.for_script("encoder_training", config, out, args)
+    run = SCRIPT.start(argv)
+    config = run.config
     local = config.federated.local_epochs
-    records = {spec.name: runner.run(spec) for spec in specs(local)}
-
-    from cpcfl_tf.results import write_csv
+    records = {spec.name: run.runner.run(spec) for spec in specs(local)}
 
     lines = [f"# Encoder in local training (preset `{config.preset}`), CP-CFL (SimCLR), "
              f"T = {config.federated.rounds}", "",
-             "Accuracy (%) at the last round; the paper's STL-10 figure (T = 100) in brackets.", "",
-             "| setting | " + " | ".join(HEADS) + " |", "|---|" + "---|" * len(HEADS)]
-    rows = []
+             "Accuracy (%) at the last round; the paper's STL-10 figure (T = 100) in brackets.", ""]
+    table, rows = [], []
     for key, (label, _) in settings(local).items():
         cells = []
         for head, paper in zip(HEADS, PAPER[key]):
-            final = records[f"cp-cfl-simclr-{head}-{key}"]["final"]
-            cells.append(f"{100 * final['accuracy']:.2f} ({paper:.2f})")
-            rows.append({"setting": key, "head": head, "accuracy": final["accuracy"],
-                         "ari": final["ari"], "f1_macro": final["f1_macro"]})
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    write_csv(out / "encoder_training.csv", rows)
-    finish(out, "encoder_training.md", "\n".join(lines) + "\n")
+            final = records[f"cp-cfl-simclr-{head}-{key}"].final
+            cells.append(f"{100 * final.accuracy:.2f} ({paper:.2f})")
+            rows.append({"setting": key, "head": head, "accuracy": final.accuracy,
+                         "ari": final.ari, "f1_macro": final.scores["f1_macro"]})
+        table.append([label, *cells])
+    lines += markdown_table(["setting", *HEADS], table)
+    run.finish("\n".join(lines) + "\n", rows)
 
 
 if __name__ == "__main__":

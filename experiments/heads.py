@@ -10,8 +10,12 @@ from typing import Sequence
 
 from cpcfl_tf.config import HEADS
 from cpcfl_tf.errors import run_cli
-from cpcfl_tf.experiment import dataset_pairs, experiment_parser, finish, setup
-from cpcfl_tf.runner import RunSpec, Runner, accuracy_at, reporting_rounds
+from cpcfl_tf.experiment import dataset_pairs
+from cpcfl_tf.report import markdown_table, reporting_rounds
+from cpcfl_tf.runner import RunSpec
+from cpcfl_tf.script import Script
+
+SCRIPT = Script(__file__, __doc__)
 
 PAPER = {
     "STL-10 -> STL-10": {"c": (72.30, 76.30, 76.80), "c-1": (74.47, 77.77, 78.23),
@@ -27,17 +31,14 @@ PAPER = {
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = experiment_parser("heads", __doc__.split("\n\n")[0])
-    args = parser.parse_args(argv)
-    config, out = setup(args, "heads")
+    run = SCRIPT.start(argv)
+    config = run.config
     pairs = dataset_pairs(config)
-    runner = Runner.for_script("heads", config, out, args)
-    records = {(pair.key, head): runner.run(RunSpec(
+    records = {(pair.key, head): run.runner.run(RunSpec(
         f"{pair.key}-cp-cfl-simclr-{head}", "cp-cfl", "simclr", federated={"head": head},
         data=pair.data, partition=pair.partition)) for pair in pairs for head in HEADS}
 
     from cpcfl_tf.plots import plot_accuracy_curves
-    from cpcfl_tf.results import write_csv
 
     marks = reporting_rounds(config.federated.rounds)
     lines = [f"# Classifier heads (preset `{config.preset}`), CP-CFL (SimCLR)", "",
@@ -45,24 +46,22 @@ def main(argv: Sequence[str] | None = None) -> None:
              "(GPU) at T = 25 / 75 / 100 in the last column.", ""]
     rows = []
     for pair in pairs:
-        lines += [f"## {pair.label} (stands for the paper's {pair.paper})", "",
-                  "| head | " + " | ".join(f"T={t}" for t in marks) + " | paper T=25/75/100 |",
-                  "|---|" + "---|" * len(marks) + "---|"]
+        table = []
         for head in HEADS:
             record = records[(pair.key, head)]
-            accuracy = [accuracy_at(record, t) for t in marks]
-            paper = " / ".join(f"{a:.2f}" for a in PAPER[pair.paper][head])
-            lines.append(f"| {head} | " + " | ".join(f"{100 * a:.2f}" for a in accuracy)
-                         + f" | {paper} |")
+            accuracy = [record.accuracy_at(t) for t in marks]
+            table.append([head, *(f"{100 * a:.2f}" for a in accuracy),
+                          " / ".join(f"{a:.2f}" for a in PAPER[pair.paper][head])])
             rows.append({"pair": pair.key, "paper_pair": pair.paper, "head": head,
                          **{f"accuracy_t{t}": a for t, a in zip(marks, accuracy)},
-                         "ari": record["final"]["ari"]})
-        lines.append("")
+                         "ari": record.final.ari})
+        lines += [f"## {pair.label} (stands for the paper's {pair.paper})", ""]
+        lines += markdown_table(["head", *(f"T={t}" for t in marks), "paper T=25/75/100"],
+                                table) + [""]
         plot_accuracy_curves({f"head {h}": records[(pair.key, h)] for h in HEADS},
-                             out / f"accuracy-{pair.key}.png",
+                             run.out / f"accuracy-{pair.key}.png",
                              title=f"CP-CFL (SimCLR) by head, {pair.label}")
-    write_csv(out / "heads.csv", rows)
-    finish(out, "heads.md", "\n".join(lines))
+    run.finish("\n".join(lines), rows)
 
 
 if __name__ == "__main__":

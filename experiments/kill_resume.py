@@ -26,7 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from cpcfl_tf.errors import run_cli
-from cpcfl_tf.experiment import experiment_parser, finish, setup
+from cpcfl_tf.script import Script
 
 KILL = "CPCFL_KILL"
 """Child only, when to SIGKILL itself: ``write:<kind>:<n>`` at its n-th write of that kind
@@ -134,9 +134,11 @@ def leftovers(folder: Path) -> list[str]:
     return bad
 
 
+SCRIPT = Script(__file__, __doc__, default_preset="smoke", distribute=False)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = experiment_parser("kill_resume", __doc__.split("\n\n")[0], default_preset="smoke",
-                               distribute=False)
+    parser = SCRIPT.parser()
     parser.add_argument("--kills", type=int, default=10, help="SIGKILLs (default 10)")
     parser.add_argument("--work", help="keep the two runs (and their encoder caches) in this "
                                        "folder (default: a temporary one, removed at the end)")
@@ -148,7 +150,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         from cpcfl_tf.errors import UserError
 
         raise UserError(f"--kills must be >= 0, got {args.kills}")
-    config, out = setup(args, "kill_resume")
+    run = SCRIPT.session(args)
+    config, out = run.config, run.out
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="kill_resume-"))
     try:
         summary = check(work, config, args.kills)
@@ -167,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> None:
               f"- Final record {'identical to' if summary['identical'] else 'DIFFERENT from'} "
               f"the uninterrupted run's (timing and environment aside).\n"
               f"- Partial or unreadable files left: {len(summary['leftovers'])}.\n")
-    finish(out, "kill_resume.md", report)
+    run.finish(report)
     if not summary["identical"] or summary["leftovers"] or summary["final_exit"] != 0:
         raise SystemExit("error: a killed and resumed run did not end as the uninterrupted one")
 

@@ -10,25 +10,56 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from cpcfl_tf.config import PRETRAIN_METHODS
+from cpcfl_tf.config import PRETRAIN_METHODS, Config, config_record
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.experiment import environment, experiment_parser, finish, setup
+from cpcfl_tf.experiment import environment, name_list
+from cpcfl_tf.report import markdown_table
+from cpcfl_tf.script import Script
+
+SCRIPT = Script(__file__, __doc__)
+
+
+def _options(parser) -> None:
+    parser.add_argument("--methods", type=name_list(PRETRAIN_METHODS),
+                        default=list(PRETRAIN_METHODS), metavar="METHOD[,METHOD...]",
+                        help="a subset of " + ",".join(PRETRAIN_METHODS) + " (default: all)")
+
+
+def _settings(config: dict) -> dict:
+    """What decides the scores: data, pre-training (any method) and seed."""
+    pretrain = {k: v for k, v in config["pretrain"].items() if k != "method"}
+    return {"data": config["data"], "pretrain": pretrain, "seed": config["seed"]}
+
+
+def _earlier(path, config: Config, methods: list[str]) -> dict | None:
+    """The record of an earlier run of the same settings and methods, if there is one."""
+    from cpcfl_tf.results import read_json
+
+    if not path.exists():
+        return None
+    stored = read_json(path, fix="delete it to evaluate again")
+    same = (_settings(config_record(Config.from_dict(
+        {**stored["config"], "pretrain": {k: v for k, v in stored["config"]["pretrain"].items()
+                                          if k != "method"}}))) == _settings(config_record(config))
+            and [r["pretraining"] for r in stored["rows"][1:]] == methods)
+    if not same:
+        raise UserError(f"{path} was evaluated with other settings; pass --force to evaluate "
+                        "again, or --out another folder")
+    return stored
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = experiment_parser("linear_eval", __doc__.split("\n\n")[0])
-    parser.add_argument("--methods", default=",".join(PRETRAIN_METHODS),
-                        help="comma-separated subset of simclr,byol,simsiam")
-    args = parser.parse_args(argv)
-    methods = [m for m in args.methods.split(",") if m]
-    if not methods or set(methods) - set(PRETRAIN_METHODS):
-        raise UserError(f"--methods takes a comma-separated subset of {', '.join(PRETRAIN_METHODS)}")
-    config, out = setup(args, "linear_eval")
-
+    run = SCRIPT.start(argv, _options)
+    config, out, args = run.config, run.out, run.args
+    methods = args.methods
+    earlier = None if args.force else _earlier(out / "linear_eval.json", config, methods)
+    if earlier is not None:
+        print(f"kept the earlier evaluation ({out / 'linear_eval.json'})")
+        run.finish(_report(config, earlier["rows"], **earlier["proxy"]))
+        return
     import keras
 
     from cpcfl_tf.contrastive.linear_eval import linear_eval
-    from cpcfl_tf.contrastive.pretrain import pretrained_encoder
     from cpcfl_tf.federated.clients import load_client_splits
     from cpcfl_tf.models import build_encoder
     from cpcfl_tf.results import write_json
@@ -40,8 +71,7 @@ def main(argv: Sequence[str] | None = None) -> None:
              "accuracy": linear_eval(random_encoder, proxy_train, proxy_test, seed=config.seed)}]
     print(f"random encoder: linear evaluation accuracy {rows[0]['accuracy']:.4f}")
     for method in methods:
-        result = pretrained_encoder(config.pretrain, config.data, method=method,
-                                    seed=config.seed, distribute=args.distribute)
+        result = run.runner.encoders.contrastive(config, method)
         last = result.history[-1]
         rows.append({"pretraining": method, "epochs": config.pretrain.epochs,
                      "accuracy": linear_eval(result.encoder, proxy_train, proxy_test,
@@ -56,18 +86,22 @@ def main(argv: Sequence[str] | None = None) -> None:
         "seeds": {"data": config.seed, "train": config.seed},
         "proxy": {"train": proxy_train.source, "test": proxy_test.source},
         "rows": rows, "environment": environment()})
+    run.finish(_report(config, rows, proxy_train.source, proxy_test.source))
+
+
+def _report(config: Config, rows: list[dict], train: str, test: str) -> str:
     lines = [f"# Linear evaluation (preset `{config.preset}`)", "",
              f"Encoder `{config.pretrain.encoder}` pre-trained on "
              f"`{config.data.pretrain_dataset}:{config.data.pretrain_split}` "
              f"({config.data.image_size}px, batch {config.pretrain.batch_size}); theta_c trained "
-             f"on frozen features of `{proxy_train.source}`, accuracy on `{proxy_test.source}`.",
-             "", "| pre-training | epochs | accuracy | final loss | embedding std | s/epoch |",
-             "|---|---|---|---|---|---|"]
-    for r in rows:
-        extra = (f"{r['final_loss']:.4f} | {r['embedding_std']:.4f} | {r['seconds_per_epoch']:.1f}"
-                 if "final_loss" in r else "- | - | -")
-        lines.append(f"| {r['pretraining']} | {r['epochs']} | {r['accuracy']:.4f} | {extra} |")
-    finish(out, "linear_eval.md", "\n".join(lines) + "\n")
+             f"on frozen features of `{train}`, accuracy on `{test}`.", ""]
+    lines += markdown_table(
+        ["pre-training", "epochs", "accuracy", "final loss", "embedding std", "s/epoch"],
+        [[r["pretraining"], r["epochs"], f"{r['accuracy']:.4f}",
+          *((f"{r['final_loss']:.4f}", f"{r['embedding_std']:.4f}",
+             f"{r['seconds_per_epoch']:.1f}") if "final_loss" in r else ("-", "-", "-"))]
+         for r in rows])
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -19,8 +19,12 @@ from typing import Sequence
 import numpy as np
 
 from cpcfl_tf.errors import run_cli
-from cpcfl_tf.experiment import experiment_parser, finish, setup
+from cpcfl_tf.record import RunRecord
+from cpcfl_tf.report import markdown_table
 from cpcfl_tf.runner import RunSpec, Runner
+from cpcfl_tf.script import Script
+
+SCRIPT = Script(__file__, __doc__)
 
 VARIANTS = {
     "paper": ({}, "Adam 1e-3, fresh state (paper)"),
@@ -32,7 +36,7 @@ VARIANTS = {
 """Variant name: (federated overrides, label)."""
 METHODS = {"fedavg-none": ("fedavg", "none", "FedAvg (None)"),
            "cp-cfl-simclr": ("cp-cfl", "simclr", "CP-CFL (SimCLR)")}
-SPECS = [RunSpec(f"{method}-{variant}", fl_method, pre, dict(overrides))
+SPECS = [RunSpec(f"{method}-{variant}", fl_method, pre, dict(overrides), row=method)
          for method, (fl_method, pre, _) in METHODS.items()
          for variant, (overrides, _) in VARIANTS.items()]
 
@@ -48,6 +52,7 @@ class RoundProbe:
         self._last = None  # (models, update) of the previous round this process saw
 
     def __call__(self, record: dict, state) -> None:
+        """``record``: the round's record as the round loop made it (JSON)."""
         from cpcfl_tf.federated.backends import client_probabilities
         from cpcfl_tf.federated.metrics import class_accuracy, client_accuracy
         from cpcfl_tf.results import write_json
@@ -96,13 +101,13 @@ def probe_for(runner: Runner, spec: RunSpec) -> RoundProbe:
                       make_backend(template, fl.backend))
 
 
-def summary(record: dict, probe_rounds: list[dict]) -> dict:
+def summary(record: RunRecord, probe_rounds: list[dict]) -> dict:
     """Final and best accuracy, zig-zag amplitude, and over the second half: the mean cosine
     of successive server updates and the mean correlation of successive rounds' changes
     of per-class accuracy (both -1 when every round undoes the one before)."""
     from cpcfl_tf.federated.metrics import zigzag_amplitude
 
-    accuracy = np.array([r["accuracy"] for r in record["rounds"]])
+    accuracy = np.array([r.accuracy for r in record.rounds])
     half = len(accuracy) // 2
     late = [r for r in probe_rounds if r["round"] > half]
     cosines = [r["update_cosine"] for r in late if "update_cosine" in r]
@@ -115,11 +120,11 @@ def summary(record: dict, probe_rounds: list[dict]) -> dict:
             "class_flip": float(np.mean(flips)) if flips else float("nan")}
 
 
-def flip_lines(record: dict, probe_rounds: list[dict], groups: np.ndarray) -> list[str]:
+def flip_lines(record: RunRecord, probe_rounds: list[dict], groups: np.ndarray) -> list[str]:
     """Per-class and per-group accuracy at the two consecutive rounds of the second half
     between which the mean accuracy jumps most."""
     by_round = {r["round"]: r for r in probe_rounds}
-    accuracy = {r["round"]: r["accuracy"] for r in record["rounds"]}
+    accuracy = {r.round: r.accuracy for r in record.rounds}
     half = len(accuracy) // 2
     pairs = [(t, t + 1) for t in accuracy if t > half and t + 1 in by_round and t in by_round]
     if not pairs:
@@ -128,35 +133,28 @@ def flip_lines(record: dict, probe_rounds: list[dict], groups: np.ndarray) -> li
     a, b = by_round[t], by_round[u]
     classes = range(len(a["class_accuracy"]))
     lines = [f"Rounds {t} and {u}: mean client accuracy {100 * accuracy[t]:.2f} -> "
-             f"{100 * accuracy[u]:.2f} %.", "",
-             "| round | " + " | ".join(f"class {c}" for c in classes) + " |",
-             "|---|" + "---|" * len(classes)]
-    for entry in (a, b):
-        lines.append(f"| {entry['round']} | " + " | ".join(
-            f"{100 * v:.0f}" for v in entry["class_accuracy"]) + " |")
+             f"{100 * accuracy[u]:.2f} %.", ""]
+    lines += markdown_table(["round", *(f"class {c}" for c in classes)],
+                            [[e["round"], *(f"{100 * v:.0f}" for v in e["class_accuracy"])]
+                             for e in (a, b)])
     group_ids = np.unique(groups)
-    lines += ["", "| round | " + " | ".join(f"group {g} clients" for g in group_ids) + " |",
-              "|---|" + "---|" * len(group_ids)]
-    for entry in (a, b):
-        acc = np.array(entry["client_accuracy"])
-        lines.append(f"| {entry['round']} | " + " | ".join(
-            f"{100 * acc[groups == g].mean():.1f}" for g in group_ids) + " |")
+    lines += [""] + markdown_table(
+        ["round", *(f"group {g} clients" for g in group_ids)],
+        [[e["round"], *(f"{100 * np.array(e['client_accuracy'])[groups == g].mean():.1f}"
+                        for g in group_ids)] for e in (a, b)])
     return lines
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = experiment_parser("local_optimizer", __doc__.split("\n\n")[0])
-    args = parser.parse_args(argv)
-    config, out = setup(args, "local_optimizer")
-    runner = Runner.for_script("local_optimizer", config, out, args)
+    run = SCRIPT.start(argv)
+    config, out = run.config, run.out
     records, probes = {}, {}
     for spec in SPECS:
-        probe = probe_for(runner, spec)
-        records[spec.name] = runner.run(spec, on_round=probe)
+        probe = probe_for(run.runner, spec)
+        records[spec.name] = run.runner.run(spec, on_round=probe)
         probes[spec.name] = read_probe(out / f"{spec.name}.rounds.json")
 
     from cpcfl_tf.plots import plot_accuracy_curves, plot_class_accuracy
-    from cpcfl_tf.results import write_csv
 
     rounds = config.federated.rounds
     lines = [f"# Local optimizer and FedAvg's zig-zag (preset `{config.preset}`), "
@@ -164,25 +162,23 @@ def main(argv: Sequence[str] | None = None) -> None:
              "zig-zag: mean |a[t+1] - 2a[t] + a[t-1]| / 2 over the second half (points of "
              "accuracy); cosine: mean cosine between successive server updates; class flip: "
              "mean correlation between successive rounds' changes of per-class accuracy "
-             "(both over the second half; -1: every round undoes the previous one).", "",
-             "| local training | method | final (%) | best (%) | zig-zag (points) | cosine | "
-             "class flip |", "|---|---|---|---|---|---|---|"]
-    rows = []
+             "(both over the second half; -1: every round undoes the previous one).", ""]
+    table, rows = [], []
     for spec in SPECS:
-        method, variant = next((m, v) for m in METHODS for v in VARIANTS
-                               if spec.name == f"{m}-{v}")
+        method, variant = spec.key, spec.name[len(spec.key) + 1:]
         s = summary(records[spec.name], probes[spec.name])
-        lines.append(f"| {VARIANTS[variant][1]} | {METHODS[method][2]} | {100 * s['final']:.2f} | "
-                     f"{100 * s['best']:.2f} | {100 * s['zigzag']:.2f} | "
-                     f"{s['update_cosine']:.3f} | {s['class_flip']:.3f} |")
+        table.append([VARIANTS[variant][1], METHODS[method][2], f"{100 * s['final']:.2f}",
+                      f"{100 * s['best']:.2f}", f"{100 * s['zigzag']:.2f}",
+                      f"{s['update_cosine']:.3f}", f"{s['class_flip']:.3f}"])
         rows.append({"run": spec.name, "method": method, "variant": variant, **s})
-    groups = np.array([c["group"] for c in records["fedavg-none-paper"]["clients"]])
+    lines += markdown_table(["local training", "method", "final (%)", "best (%)",
+                             "zig-zag (points)", "cosine", "class flip"], table)
+    groups = np.array([c["group"] for c in records["fedavg-none-paper"].clients])
     for variant in ("paper", "sgd", "lr1e-4"):  # two that zig-zag, one that does not
         name = f"fedavg-none-{variant}"
         lines += ["", f"## Which classes and clients flip: {METHODS['fedavg-none'][2]}, "
                       f"{VARIANTS[variant][1]}", ""]
         lines += flip_lines(records[name], probes[name], groups)
-    write_csv(out / "local_optimizer.csv", rows)
     for method, (_, _, label) in METHODS.items():
         plot_accuracy_curves({VARIANTS[v][1]: records[f"{method}-{v}"] for v in VARIANTS},
                              out / f"accuracy-{method}.png",
@@ -190,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if probes["fedavg-none-paper"]:
         plot_class_accuracy(probes["fedavg-none-paper"], out / "class_accuracy-fedavg-none.png",
                             title="FedAvg (None), Adam 1e-3 fresh: test accuracy per class")
-    finish(out, "local_optimizer.md", "\n".join(lines) + "\n")
+    run.finish("\n".join(lines) + "\n", rows)
 
 
 if __name__ == "__main__":

@@ -9,14 +9,16 @@ from typing import Sequence
 
 from cpcfl_tf.config import get_preset
 from cpcfl_tf.errors import run_cli
-from cpcfl_tf.experiment import experiment_parser
+from cpcfl_tf.script import Script
+
+
+SCRIPT = Script(__file__, __doc__, default_preset="quick", distribute=False)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     # The shared options (--resume and --force have nothing to do here: drawing a
-    # partition takes seconds); no setup(), so bad input stops before TF is imported.
-    parser = experiment_parser("partition", __doc__.split("\n\n")[0], default_preset="quick",
-                               distribute=False)
+    # partition takes seconds); no session, so bad input stops before TF is imported.
+    parser = SCRIPT.parser()
     parser.add_argument("--clients", type=int, help="number of clients (default: the preset's)")
     args = parser.parse_args(argv)
 

@@ -12,27 +12,28 @@ from typing import Sequence
 
 from cpcfl_tf.config import ENCODERS, pretrain_config_for
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.experiment import environment, experiment_parser, finish, setup
+from cpcfl_tf.experiment import environment, name_list
+from cpcfl_tf.report import markdown_table
+from cpcfl_tf.script import Script
+
+SCRIPT = Script(__file__, __doc__, distribute=False)
 
 PAPER = {"cnn": (23, 0.17), "resnet18": (60, 0.67), "resnet50": (134, 1.42)}
 """The paper's seconds per epoch (RTX 3080, 96x96, 100,000 images) and GFLOPs."""
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = experiment_parser("pretraining_cost", __doc__.split("\n\n")[0],
-                               distribute=False)
-    parser.add_argument("--encoders", default=",".join(ENCODERS),
-                        help="comma-separated subset of cnn,resnet18,resnet50")
+def _options(parser) -> None:
+    parser.add_argument("--encoders", type=name_list(ENCODERS),
+                        default=list(ENCODERS), metavar="ENCODER[,ENCODER...]",
+                        help="a subset of " + ",".join(ENCODERS) + " (default: all)")
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per encoder")
-    args = parser.parse_args(argv)
-    encoders = [e for e in args.encoders.split(",") if e]
-    unknown = set(encoders) - set(ENCODERS)
-    if unknown or not encoders:
-        raise UserError(f"unknown encoder(s) {', '.join(sorted(unknown)) or '(none)'}; choose "
-                        f"from {', '.join(ENCODERS)}")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    run = SCRIPT.start(argv, _options)
+    config, out, args = run.config, run.out, run.args
     if args.repeats < 1:
         raise UserError(f"--repeats must be >= 1, got {args.repeats}")
-    config, out = setup(args, "pretraining_cost")
 
     from cpcfl_tf.contrastive.timing import contrastive_step, median_seconds, random_images
     from cpcfl_tf.data.sources import split_size
@@ -43,7 +44,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     size = config.data.image_size
     images = split_size(config.data.pretrain_dataset, config.data.pretrain_split)
     rows = []
-    for name in encoders:
+    measured = False
+    for name in args.encoders:
         pretrain = pretrain_config_for(config.pretrain, name)
         settings = {"encoder": name, "method": "simclr", "image_size": size,
                     "batch_size": pretrain.batch_size, "epoch_images": images,
@@ -69,26 +71,28 @@ def main(argv: Sequence[str] | None = None) -> None:
                "paper_gflops": PAPER[name][1], "environment": environment()}
         write_json(path, row)
         rows.append(row)
+        measured = True
         print(f"{name}: {row['seconds_per_epoch']:.1f} s/epoch ({steps} steps of "
               f"{seconds:.3f} s), {flops / 1e9:.4f} GFLOPs at {size}px")
 
-    write_json(out / "pretraining_cost.json", {
-        "experiment": "pretraining_cost", "preset": config.preset, "config": config.to_dict(),
-        "seeds": {"data": config.seed, "train": config.seed}, "rows": rows,
-        "environment": environment()})
-    lines = [f"# Pre-training cost (preset `{config.preset}`, {environment()['device']})", "",
+    summary = out / "pretraining_cost.json"
+    if measured or not summary.exists() or read_json(summary, fix="delete it")["rows"] != rows:
+        write_json(summary, {
+            "experiment": "pretraining_cost", "preset": config.preset,
+            "config": config.to_dict(), "seeds": {"data": config.seed, "train": config.seed},
+            "rows": rows, "environment": environment()})
+    device = rows[0]["environment"]["device"]  # where the rows were measured
+    lines = [f"# Pre-training cost (preset `{config.preset}`, {device})", "",
              "Ours: SimCLR at the preset's image size on this machine, seconds per epoch over "
-             f"{images:,} images; the paper's: RTX 3080, 96x96, 100,000 STL-10 images.", "",
-             "| encoder | batch | image | s/step | steps/epoch | s/epoch (ours) | s/epoch (paper) "
-             "| GFLOPs (ours, this size) | GFLOPs (ours, 96x96) | GFLOPs (paper) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for row in rows:
-        s = row["settings"]
-        lines.append(f"| {s['encoder']} | {s['batch_size']} | {s['image_size']} | "
-                     f"{row['seconds_per_step']:.3f} | {row['steps_per_epoch']} | "
-                     f"{row['seconds_per_epoch']:.1f} | {row['paper_seconds_per_epoch']} | "
-                     f"{row['gflops']:.4f} | {row['gflops_96']:.4f} | {row['paper_gflops']} |")
-    finish(out, "pretraining_cost.md", "\n".join(lines) + "\n")
+             f"{images:,} images; the paper's: RTX 3080, 96x96, 100,000 STL-10 images.", ""]
+    lines += markdown_table(
+        ["encoder", "batch", "image", "s/step", "steps/epoch", "s/epoch (ours)",
+         "s/epoch (paper)", "GFLOPs (ours, this size)", "GFLOPs (ours, 96x96)", "GFLOPs (paper)"],
+        [[r["settings"]["encoder"], r["settings"]["batch_size"], r["settings"]["image_size"],
+          f"{r['seconds_per_step']:.3f}", r["steps_per_epoch"], f"{r['seconds_per_epoch']:.1f}",
+          r["paper_seconds_per_epoch"], f"{r['gflops']:.4f}", f"{r['gflops_96']:.4f}",
+          r["paper_gflops"]] for r in rows])
+    run.finish("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

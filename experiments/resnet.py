@@ -13,9 +13,12 @@ from __future__ import annotations
 from typing import Sequence
 
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.experiment import experiment_parser, finish, setup
-from cpcfl_tf.runner import (COMPARISON, COMPARISON_LABELS, Runner, comparison_specs, mean_sd,
-                             trial_table)
+from cpcfl_tf.experiment import name_list
+from cpcfl_tf.report import mean_sd, trial_table
+from cpcfl_tf.runner import COMPARISON, COMPARISON_LABELS, comparison_specs
+from cpcfl_tf.script import Script
+
+SCRIPT = Script(__file__, __doc__)
 
 HEADS = {"resnet18": "c-1", "resnet50": "c-2"}
 PAPER_TRIALS = {"resnet18": 5, "resnet50": 1}
@@ -38,32 +41,26 @@ PAPER = {  # accuracy (%) per trial on STL-10 (GPU)
                            "cp-cfl-simclr": (72.93,)},
 }
 LABELS = COMPARISON_LABELS
-VALUES = {"final": lambda r: r["final"]["accuracy"],
-          "best": lambda r: max(x["accuracy"] for x in r["rounds"])}
+VALUES = {"final": lambda r: r.final.accuracy, "best": lambda r: r.best_accuracy()}
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = experiment_parser("resnet", __doc__.split("\n\n")[0])
-    parser.add_argument("--encoders", nargs="+", default=list(HEADS), metavar="ENCODER",
+def _options(parser) -> None:
+    parser.add_argument("--encoders", type=name_list(list(HEADS)),
+                        default=list(HEADS), metavar="ENCODER[,ENCODER]",
                         help="resnet18 and/or resnet50 (default: both)")
     parser.add_argument("--trials", type=int, help="trials per encoder (default: the paper's "
                         "5 / 1 on the paper preset, 1 on the CPU presets)")
-    parser.add_argument("--runs", nargs="+", default=list(COMPARISON), metavar="RUN",
-                        help="a subset of " + ", ".join(COMPARISON) + " (default: all; ResNet "
+    parser.add_argument("--runs", type=name_list(list(COMPARISON)),
+                        default=list(COMPARISON), metavar="RUN[,RUN...]",
+                        help="a subset of " + ",".join(COMPARISON) + " (default: all; ResNet "
                              "runs are slow on a CPU)")
-    args = parser.parse_args(argv)
-    unknown = [r for r in args.runs if r not in COMPARISON]
-    if unknown:
-        raise UserError(f"unknown run(s) {', '.join(unknown)} for --runs; choose from "
-                        f"{', '.join(COMPARISON)}")
-    unknown = [e for e in args.encoders if e not in HEADS]
-    if unknown:
-        raise UserError(f"unknown encoder(s) {', '.join(unknown)} for --encoders; choose from "
-                        f"{', '.join(HEADS)}")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    run = SCRIPT.start(argv, _options)
+    config, args = run.config, run.args
     if args.trials is not None and args.trials < 1:
         raise UserError(f"--trials must be >= 1, got {args.trials}")
-    config, out = setup(args, "resnet")
-    runner = Runner.for_script("resnet", config, out, args)
     records: dict[str, dict[str, list]] = {}
     for encoder in args.encoders:
         trials = args.trials or (PAPER_TRIALS[encoder] if config.preset == "paper" else 1)
@@ -72,12 +69,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             for spec in comparison_specs(f"{encoder}-trial{k + 1}-", encoder=encoder,
                                          seed=args.seed + k,
                                          federated={"head": HEADS[encoder]}):
-                name = spec.name.split("-", 2)[2]
-                if name in records[encoder]:
-                    records[encoder][name].append(runner.run(spec))
+                if spec.key in records[encoder]:
+                    records[encoder][spec.key].append(run.runner.run(spec))
 
     from cpcfl_tf.plots import plot_accuracy_curves
-    from cpcfl_tf.results import write_csv
 
     lines = [f"# ResNet encoders (preset `{config.preset}`), T = {config.federated.rounds}", "",
              "Accuracy (%) per trial; the paper's STL-10 figures (GPU, T = 100) in the last "
@@ -92,15 +87,14 @@ def main(argv: Sequence[str] | None = None) -> None:
             lines += trial_table(runs, LABELS, value, percent=True, paper=paper) + [""]
         rows += [{"encoder": encoder, "head": HEADS[encoder], "run": name, "trial": k + 1,
                   "accuracy": VALUES["final"](r), "best": VALUES["best"](r),
-                  "ari": r["final"]["ari"], "restarts": r["final"]["restarts"]}
+                  "ari": r.final.ari, "restarts": r.final.restarts}
                  for name, trial_runs in runs.items() for k, r in enumerate(trial_runs)]
         # The curves show why the paper reports the best round: FedAvg fluctuates.
         plot_accuracy_curves({LABELS[name]: trial_runs[0] for name, trial_runs in runs.items()},
-                             out / f"accuracy-{encoder}.png",
+                             run.out / f"accuracy-{encoder}.png",
                              title=f"{encoder}, head {HEADS[encoder]}, trial 1 "
                                    f"(preset {config.preset})")
-    write_csv(out / "resnet.csv", rows)
-    finish(out, "resnet.md", "\n".join(lines))
+    run.finish("\n".join(lines), rows)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,11 @@ from __future__ import annotations
 from typing import Sequence
 
 from cpcfl_tf.errors import run_cli
-from cpcfl_tf.experiment import experiment_parser, finish, setup
-from cpcfl_tf.runner import RunSpec, Runner, accuracy_at, reporting_rounds
+from cpcfl_tf.report import markdown_table, reporting_rounds
+from cpcfl_tf.runner import RunSpec
+from cpcfl_tf.script import Script
+
+SCRIPT = Script(__file__, __doc__)
 
 PAPER = {"simclr": (70.13, 76.50, 77.17, 77.33), "supervised": (72.83, 76.80, 77.13, 77.13)}
 """The paper's accuracy (%) at T = 25/50/75/100, CIFAR-100 -> CIFAR-10."""
@@ -24,37 +27,32 @@ PAPER_DATA = {"pretrain_dataset": "cifar100", "pretrain_split": "train",
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = experiment_parser("supervised", __doc__.split("\n\n")[0])
-    args = parser.parse_args(argv)
-    config, out = setup(args, "supervised")
+    run = SCRIPT.start(argv)
+    config = run.config
     data = PAPER_DATA if config.preset == "paper" else {}
-    runner = Runner.for_script("supervised", config, out, args)
-    records = {pre: runner.run(RunSpec(f"cp-cfl-{pre}", "cp-cfl", pre, data=data))
+    records = {pre: run.runner.run(RunSpec(f"cp-cfl-{pre}", "cp-cfl", pre, data=data))
                for pre in LABELS}
 
     from cpcfl_tf.plots import plot_accuracy_curves
-    from cpcfl_tf.results import write_csv
 
-    source = records["simclr"]["config"]["data"]
+    source = records["simclr"].config.data
     marks = reporting_rounds(config.federated.rounds)
     lines = [f"# Supervised vs contrastive pre-training (preset `{config.preset}`), "
-             f"{source['pretrain_dataset']}:{source['pretrain_split']} -> "
-             f"{source['client_dataset']}", "",
+             f"{source.pretrain_dataset}:{source.pretrain_split} -> "
+             f"{source.client_dataset}", "",
              "Accuracy (%) of CP-CFL; the paper's CIFAR-100 -> CIFAR-10 figures (GPU, "
-             "T = 25/50/75/100) in the last column.", "",
-             "| pre-training | " + " | ".join(f"T={t}" for t in marks) + " | paper |",
-             "|---|" + "---|" * len(marks) + "---|"]
-    rows = []
+             "T = 25/50/75/100) in the last column.", ""]
+    table, rows = [], []
     for pre, record in records.items():
-        accuracy = [accuracy_at(record, t) for t in marks]
-        lines.append(f"| {LABELS[pre]} | " + " | ".join(f"{100 * a:.2f}" for a in accuracy)
-                     + " | " + " / ".join(f"{a:.2f}" for a in PAPER[pre]) + " |")
+        accuracy = [record.accuracy_at(t) for t in marks]
+        table.append([LABELS[pre], *(f"{100 * a:.2f}" for a in accuracy),
+                      " / ".join(f"{a:.2f}" for a in PAPER[pre])])
         rows.append({"pretraining": pre, **{f"accuracy_t{t}": a for t, a in zip(marks, accuracy)},
-                     "f1_macro": record["final"]["f1_macro"], "ari": record["final"]["ari"]})
-    write_csv(out / "supervised.csv", rows)
-    plot_accuracy_curves({LABELS[k]: r for k, r in records.items()}, out / "accuracy.png",
+                     "f1_macro": record.final.scores["f1_macro"], "ari": record.final.ari})
+    lines += markdown_table(["pre-training", *(f"T={t}" for t in marks), "paper"], table)
+    plot_accuracy_curves({LABELS[k]: r for k, r in records.items()}, run.out / "accuracy.png",
                          title=f"CP-CFL by encoder pre-training (preset {config.preset})")
-    finish(out, "supervised.md", "\n".join(lines) + "\n")
+    run.finish("\n".join(lines) + "\n", rows)
 
 
 if __name__ == "__main__":

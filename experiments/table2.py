@@ -11,8 +11,12 @@ from __future__ import annotations
 from typing import Sequence
 
 from cpcfl_tf.errors import run_cli
-from cpcfl_tf.experiment import experiment_parser, finish, setup
-from cpcfl_tf.runner import RunSpec, Runner, accuracy_at, reporting_rounds
+from cpcfl_tf.record import SCORES, RunRecord
+from cpcfl_tf.report import markdown_table, reporting_rounds
+from cpcfl_tf.runner import RunSpec
+from cpcfl_tf.script import Script
+
+SCRIPT = Script(__file__, __doc__)
 
 SPECS = [RunSpec("fedavg-none", "fedavg", "none"), RunSpec("fedavg-simclr", "fedavg", "simclr"),
          RunSpec("ifca-none", "ifca", "none"), RunSpec("ifca-fedavg", "ifca", "fedavg"),
@@ -37,75 +41,71 @@ PAPER_SCORES = {
     "cp-cfl-simclr": (0.7700, 0.7657, 0.9752, 0.9717, 0.9774, 0.9745),
     "cp-cfl-byol": (0.7494, 0.7455, 0.9733, 0.9692, 0.9755, 0.9722),
     "cp-cfl-simsiam": (0.6870, 0.6827, 0.9578, 0.9511, 0.9609, 0.9559)}
-SCORES = ("f1_macro", "f1_weighted", "auroc_ovr_macro", "auroc_ovr_weighted",
-          "auroc_ovo_macro", "auroc_ovo_weighted")
-
-
-def tables(records: dict[str, dict], preset: str) -> tuple[str, list[dict]]:
+def tables(records: dict[str, RunRecord], preset: str) -> tuple[str, list[dict]]:
     """The markdown report and the rows of the CSV summary, from the run records."""
-    rounds = records["cp-cfl-simclr"]["config"]["federated"]["rounds"]
+    reference = records["cp-cfl-simclr"]
+    rounds, data = reference.config.federated.rounds, reference.config.data
     marks = reporting_rounds(rounds)
-    clients = len(records["cp-cfl-simclr"]["clients"])
-    data = records["cp-cfl-simclr"]["config"]["data"]
-    lines = [f"# Table 2 (preset `{preset}`): {data['pretrain_dataset']}:{data['pretrain_split']} "
-             f"-> {data['client_dataset']}, {clients} clients, T = {rounds}", "",
+    clients = len(reference.clients)
+    lines = [f"# Table 2 (preset `{preset}`): {data.pretrain_dataset}:{data.pretrain_split} "
+             f"-> {data.client_dataset}, {clients} clients, T = {rounds}", "",
              "Accuracy (%): mean of the clients' local test accuracies. Paper: STL-10 -> "
-             "STL-10, 60 clients, T = 25/50/75/100, on a GPU.", "",
-             "| method | " + " | ".join(f"T={t}" for t in marks) + " | paper " +
-             " / ".join(f"T={t}" for t in (25, 50, 75, 100)) + " | ARI | restarts |",
-             "|---|" + "---|" * len(marks) + "---|---|---|"]
-    rows = []
+             "STL-10, 60 clients, T = 25/50/75/100, on a GPU.", ""]
+    table, rows = [], []
     for name, record in records.items():
-        acc = [100 * accuracy_at(record, t) for t in marks]
-        final = record["final"]
-        lines.append(f"| {LABELS[name]} | " + " | ".join(f"{a:.2f}" for a in acc) + " | " +
-                     " / ".join(f"{a:.2f}" for a in PAPER_ACCURACY[name]) +
-                     f" | {final['ari']:.3f} | {final['restarts']} |")
-        rows.append({"run": name, "method": record["method"], "pretraining": record["pretraining"],
+        acc = [100 * record.accuracy_at(t) for t in marks]
+        final = record.final
+        table.append([LABELS[name], *(f"{a:.2f}" for a in acc),
+                      " / ".join(f"{a:.2f}" for a in PAPER_ACCURACY[name]),
+                      f"{final.ari:.3f}", final.restarts])
+        rows.append({"run": name, "method": record.method, "pretraining": record.pretraining,
                      **{f"accuracy_t{t}": a / 100 for t, a in zip(marks, acc)},
-                     **{k: final.get(k) for k in (*SCORES, "ari", "restarts", "bytes_down",
-                                                  "bytes_up", "model_bytes")},
-                     "seconds": record["timing"]["seconds"]})
+                     **final.scores, "ari": final.ari, "restarts": final.restarts,
+                     "bytes_down": final.bytes_down, "bytes_up": final.bytes_up,
+                     "model_bytes": final.model_bytes, "seconds": record.timing["seconds"]})
+    lines += markdown_table(["method", *(f"T={t}" for t in marks),
+                             "paper " + " / ".join(f"T={t}" for t in (25, 50, 75, 100)),
+                             "ARI", "restarts"], table)
     lines += ["", f"F1 and AUROC at T = {rounds} (pooled test predictions; paper at T = 100 in "
-                  "brackets).", "",
-              "| method | F1 macro | F1 weighted | AUROC OvR macro | AUROC OvR weighted | "
-              "AUROC OvO macro | AUROC OvO weighted |", "|---|---|---|---|---|---|---|"]
-    for name, record in records.items():
-        lines.append(f"| {LABELS[name]} | " + " | ".join(
-            f"{record['final'][k]:.4f} ({p:.4f})" for k, p in zip(SCORES, PAPER_SCORES[name])) + " |")
+                  "brackets).", ""]
+    lines += markdown_table(
+        ["method", "F1 macro", "F1 weighted", "AUROC OvR macro", "AUROC OvR weighted",
+         "AUROC OvO macro", "AUROC OvO weighted"],
+        [[LABELS[name], *(f"{record.final.scores[k]:.4f} ({p:.4f})"
+                          for k, p in zip(SCORES, PAPER_SCORES[name]))]
+         for name, record in records.items()])
     lines += ["", "Communication (tab:cpcfl_attribute_comparison): bytes sent per client over the "
-                  "run, in units of the model size S times T.", "",
-              "| method | N | bytes down + up | / (S T) per client | paper |", "|---|---|---|---|---|"]
+                  "run, in units of the model size S times T.", ""]
+    table = []
     for name, record in records.items():
-        final, n = record["final"], record["config"]["federated"]["num_clusters"]
-        per = (final["bytes_down"] + final["bytes_up"]) / (final["model_bytes"] * rounds * clients)
-        lines.append(f"| {LABELS[name]} | {n} | {final['bytes_down'] + final['bytes_up']:,} | "
-                     f"{per:g} | {'2ST' if n == 1 else '(N+1)ST'} |")
+        final, n = record.final, record.config.federated.num_clusters
+        sent = final.bytes_down + final.bytes_up
+        table.append([LABELS[name], n, f"{sent:,}",
+                      f"{sent / (final.model_bytes * rounds * clients):g}",
+                      "2ST" if n == 1 else "(N+1)ST"])
+    lines += markdown_table(["method", "N", "bytes down + up", "/ (S T) per client", "paper"],
+                            table)
     return "\n".join(lines) + "\n", rows
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = experiment_parser("table2", __doc__.split("\n\n")[0])
-    args = parser.parse_args(argv)
-    config, out = setup(args, "table2")
-    runner = Runner.for_script("table2", config, out, args)
-    records = {spec.name: runner.run(spec) for spec in SPECS}
+    run = SCRIPT.start(argv)
+    config, out = run.config, run.out
+    records = {spec.name: run.runner.run(spec) for spec in SPECS}
 
     from cpcfl_tf.plots import (plot_accuracy_curves, plot_client_data_amounts,
                                 plot_cluster_identity)
-    from cpcfl_tf.results import write_csv
 
     report, rows = tables(records, config.preset)
-    write_csv(out / "table2.csv", rows)
     data = config.data.client_dataset
     plot_accuracy_curves({LABELS[k]: r for k, r in records.items()}, out / "accuracy.png",
                          title=f"Test accuracy per round ({data}, preset {config.preset})")
     plot_cluster_identity(records["cp-cfl-simclr"], out / "cluster_identity.png",
                           title="Cluster identity of each client, CP-CFL (SimCLR)")
-    partition, train, _ = runner.partition(SPECS[4].config(config))
+    partition, train, _ = run.runner.partition(SPECS[4].config(config))
     plot_client_data_amounts(partition, train.labels, out / "client_data_amount.png",
                              title=f"Client data per class ({train.source}, seed {config.seed})")
-    finish(out, "table2.md", report)
+    run.finish(report, rows)
 
 
 if __name__ == "__main__":

@@ -11,9 +11,11 @@ from __future__ import annotations
 from typing import Sequence
 
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.experiment import experiment_parser, finish, setup
-from cpcfl_tf.runner import (COMPARISON, COMPARISON_LABELS, Runner, comparison_specs,
-                             last_cluster_change, mean_sd, trial_table)
+from cpcfl_tf.report import markdown_table, mean_sd, trial_table
+from cpcfl_tf.runner import COMPARISON, COMPARISON_LABELS, comparison_specs
+from cpcfl_tf.script import Script
+
+SCRIPT = Script(__file__, __doc__)
 
 PAPER = {
     "accuracy": {"fedavg-none": (42.73, 41.53, 43.67, 43.03, 42.67),
@@ -60,20 +62,19 @@ TITLES = {"accuracy": "Accuracy (%)", "f1_macro": "F1 score (macro)",
 LABELS = COMPARISON_LABELS
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = experiment_parser("trials", __doc__.split("\n\n")[0])
+def _options(parser) -> None:
     parser.add_argument("--trials", type=int, default=5, help="number of trials (default 5)")
-    args = parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    run = SCRIPT.start(argv, _options)
+    config, args = run.config, run.args
     if args.trials < 1:
         raise UserError(f"--trials must be >= 1, got {args.trials}")
-    config, out = setup(args, "trials")
-    runner = Runner.for_script("trials", config, out, args)
     records = {name: [] for name in COMPARISON}
     for k in range(args.trials):
         for spec in comparison_specs(f"trial{k + 1}-", seed=args.seed + k):
-            records[spec.name.split("-", 1)[1]].append(runner.run(spec))
-
-    from cpcfl_tf.results import write_csv
+            records[spec.key].append(run.runner.run(spec))
 
     lines = [f"# Trials (preset `{config.preset}`): {args.trials} client partitions (seeds "
              f"{args.seed}..{args.seed + args.trials - 1}), {config.partition.num_clients} "
@@ -83,25 +84,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     for metric, title in TITLES.items():
         paper = {name: mean_sd(v) for name, v in PAPER[metric].items()}
         lines += [f"## {title}", ""] + trial_table(
-            records, LABELS, lambda r, m=metric: r["final"][m], percent=metric == "accuracy",
-            paper=paper) + [""]
+            records, LABELS, lambda r, m=metric: r.final.metric(m),
+            percent=metric == "accuracy", paper=paper) + [""]
     lines += ["## Clustering per trial", "",
               "ARI of the final cluster ids against the true groups / the round after which "
-              "no client changed cluster again / IFCA restarts.", "",
-              "| method | " + " | ".join(f"trial {k + 1}" for k in range(args.trials)) + " |",
-              "|---|" + "---|" * args.trials]
-    for name, runs in records.items():
-        lines.append(f"| {LABELS[name]} | " + " | ".join(
-            f"{r['final']['ari']:.3f} / {last_cluster_change(r)} / {r['final']['restarts']}"
-            for r in runs) + " |")
+              "no client changed cluster again / IFCA restarts.", ""]
+    lines += markdown_table(
+        ["method", *(f"trial {k + 1}" for k in range(args.trials))],
+        [[LABELS[name], *(f"{r.final.ari:.3f} / {r.last_cluster_change()} / {r.final.restarts}"
+                          for r in runs)] for name, runs in records.items()])
     lines.append("")
-    rows = [{"run": name, "trial": k + 1, "seed": record["seeds"]["data"],
-             **{m: record["final"][m] for m in TITLES}, "ari": record["final"]["ari"],
-             "last_cluster_change": last_cluster_change(record),
-             "restarts": record["final"]["restarts"]}
+    rows = [{"run": name, "trial": k + 1, "seed": record.seeds["data"],
+             **{m: record.final.metric(m) for m in TITLES}, "ari": record.final.ari,
+             "last_cluster_change": record.last_cluster_change(),
+             "restarts": record.final.restarts}
             for name, runs in records.items() for k, record in enumerate(runs)]
-    write_csv(out / "trials.csv", rows)
-    finish(out, "trials.md", "\n".join(lines))
+    run.finish("\n".join(lines), rows)
 
 
 if __name__ == "__main__":

@@ -75,19 +75,29 @@ def test_communication_cost_is_n_plus_one_s_per_client_and_round():
     assert sum(algorithm.round_bytes(60, 1, size)) == 60 * 2 * size
 
 
-def test_a_node_alone_selects_what_the_simulator_selects_for_it():
-    from cpcfl_tf.federated.algorithm import Stream, round_rng, select_clusters
+@pytest.mark.parametrize("participation", [1.0, 0.5])
+def test_a_node_alone_selects_what_the_simulator_selects_for_it(participation):
+    from cpcfl_tf.config import FederatedConfig
 
-    losses = np.array([[0.5, 0.5, 0.9], [0.2, 0.1, 0.1], [0.3, 0.3, 0.3], [0.7, 0.2, 0.4]])
-    draws = [select_clusters(losses, 3, False, round_rng(0, 0, t, Stream.SELECTION))
-             for t in range(20)]
-    assert len({tuple(d) for d in draws}) > 1  # exact ties are broken by the round's draw
-    for t, together in enumerate(draws):
-        for u in range(len(losses)):  # a Flower node sees only its own row of losses
-            alone = np.zeros_like(losses)
-            alone[u] = losses[u]
-            picked = select_clusters(alone, 3, False, round_rng(0, 0, t, Stream.SELECTION))
-            assert picked[u] == together[u]
+    fl = FederatedConfig(num_clusters=3, head_rounds=2, participation=participation)
+    losses = np.array([[0.5, 0.5, 0.9], [0.2, 0.1, 0.1], [0.3, 0.3, 0.3], [0.7, 0.2, 0.4],
+                       [0.1, 0.1, 0.1], [0.4, 0.4, 0.0]])
+    draws = []
+    for t in range(20):
+        plan = algorithm.plan_round(fl, 0, 0, t, len(losses))
+        assert plan.explore == (t < 2) and len(plan.participants) == int(6 * participation)
+        again = algorithm.plan_round(fl, 0, 0, t, len(losses))  # recomputable anywhere
+        assert np.array_equal(plan.participants, again.participants)
+        assert not plan.explore or np.array_equal(plan.drawn, again.drawn)
+        mine = losses[plan.participants]
+        together = algorithm.select(plan, None if plan.explore else mine)
+        draws.append(tuple(together))
+        for row in range(len(mine)):  # a Flower node sees only its own row of losses
+            alone = np.zeros_like(mine)
+            alone[row] = mine[row]
+            picked = algorithm.select(plan, None if plan.explore else alone)
+            assert picked[row] == together[row]
+    assert len(set(draws[2:])) > 1  # exact ties are broken by the round's draw
 
 
 def test_streams_and_restart_rule():

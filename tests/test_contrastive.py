@@ -97,7 +97,7 @@ def _weights(model):
 
 @pytest.mark.parametrize("method", ["simclr", "byol", "simsiam"])
 def test_one_step_changes_the_online_weights(method, digits):
-    model = build_contrastive_model(PretrainConfig(method=method, batch_size=64), (32, 32, 3))
+    model = build_contrastive_model(PretrainConfig(batch_size=64), (32, 32, 3), method=method)
     before = _weights(model.encoder)
     logs = model.train_step(tf.constant(digits[:64]))
     assert set(logs) == {"loss", "embedding_std"} and np.isfinite(float(logs["loss"]))
@@ -105,7 +105,8 @@ def test_one_step_changes_the_online_weights(method, digits):
 
 
 def test_byol_target_is_the_moving_average_and_gets_no_gradient(digits):
-    model = build_contrastive_model(PretrainConfig(method="byol", target_decay=0.9), (32, 32, 3))
+    model = build_contrastive_model(PretrainConfig(target_decay=0.9), (32, 32, 3),
+                                    method="byol")
     targets = model.target_encoder.trainable_variables + model.target_projector.trainable_variables
     view1, view2 = model.views(tf.constant(digits[:32]))
     with tf.GradientTape() as tape:
@@ -122,7 +123,7 @@ def test_byol_target_is_the_moving_average_and_gets_no_gradient(digits):
 
 
 def test_pretrain_saves_the_encoder_alone_and_reuses_it(digits, tmp_path):
-    config = PretrainConfig(method="simclr", epochs=2, batch_size=64)
+    config = PretrainConfig(epochs=2, batch_size=64)
     result = pretrain(config, digits, tmp_path, seed=1, verbose=0)
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == ["encoder.keras", "encoder.weights.h5", "pretrain.json"]
@@ -135,29 +136,28 @@ def test_pretrain_saves_the_encoder_alone_and_reuses_it(digits, tmp_path):
 
 
 def test_pretrained_encoder_pretrains_the_method_a_run_names(tmp_path, monkeypatch):
-    import dataclasses
-
     from cpcfl_tf.config import get_preset
     from cpcfl_tf.contrastive import pretrain as module
 
     calls = []
-    monkeypatch.setattr(module, "pretrain", lambda config, images, out, **_: calls.append(
-        (config, out)))
+    monkeypatch.setattr(module, "pretrain", lambda config, images, out, method, **_: calls.append(
+        (config, method, out)))
     monkeypatch.setenv("CPCFL_CACHE", str(tmp_path))
     config = get_preset("smoke")
     images = np.zeros((2, 8, 8, 3), np.float32)
-    for method in ("byol", "simsiam", None):
+    for method in ("byol", "simsiam"):
         module.pretrained_encoder(config.pretrain, config.data, method=method, images=images,
                                   verbose=0)
-    (byol, byol_dir), (simsiam, simsiam_dir), (default, _) = calls
-    assert byol == dataclasses.replace(config.pretrain, method="byol")
-    assert simsiam.method == "simsiam" and default == config.pretrain
+    (byol, byol_method, byol_dir), (simsiam, simsiam_method, simsiam_dir) = calls
+    assert byol == simsiam == config.pretrain
+    assert (byol_method, simsiam_method) == ("byol", "simsiam")
     assert byol_dir != simsiam_dir  # each method has its own cache entry
+    assert byol_dir.name.startswith("byol-") and simsiam_dir.name.startswith("simsiam-")
 
 
 def test_an_interrupted_pretraining_resumes_to_the_same_encoder(digits, tmp_path, monkeypatch):
-    config = PretrainConfig(method="byol", epochs=3, batch_size=64)
-    whole = pretrain(config, digits, tmp_path / "whole", seed=0, verbose=0)
+    config = PretrainConfig(epochs=3, batch_size=64)
+    whole = pretrain(config, digits, tmp_path / "whole", method="byol", seed=0, verbose=0)
 
     from cpcfl_tf.contrastive import pretrain as driver
     real_save = driver._save_checkpoint
@@ -169,10 +169,10 @@ def test_an_interrupted_pretraining_resumes_to_the_same_encoder(digits, tmp_path
 
     monkeypatch.setattr(driver, "_save_checkpoint", save_then_die)
     with pytest.raises(KeyboardInterrupt):
-        pretrain(config, digits, tmp_path / "cut", seed=0, verbose=0)
+        pretrain(config, digits, tmp_path / "cut", method="byol", seed=0, verbose=0)
     assert (tmp_path / "cut" / "checkpoint.npz").exists()
     monkeypatch.setattr(driver, "_save_checkpoint", real_save)
-    resumed = pretrain(config, digits, tmp_path / "cut", seed=0, verbose=0)
+    resumed = pretrain(config, digits, tmp_path / "cut", method="byol", seed=0, verbose=0)
     assert [h["loss"] for h in resumed.history] == [h["loss"] for h in whole.history]
     for a, b in zip(whole.encoder.get_weights(), resumed.encoder.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
@@ -201,8 +201,8 @@ def test_nan_loss_stops_with_a_clear_error(digits, tmp_path, monkeypatch):
 def test_mixed_precision_step_is_finite_and_leaves_the_global_policy(digits):
     import keras
 
-    model = build_contrastive_model(PretrainConfig(method="byol", precision="mixed_bfloat16"),
-                                    (32, 32, 3))
+    model = build_contrastive_model(PretrainConfig(precision="mixed_bfloat16"), (32, 32, 3),
+                                    method="byol")
     logs = model.make_step(jit_compile=False)(tf.constant(digits[:32]))
     assert np.isfinite(float(logs["loss"]))
     assert model.encoder.compute_dtype == "bfloat16" and model.encoder.dtype == "float32"
@@ -211,6 +211,6 @@ def test_mixed_precision_step_is_finite_and_leaves_the_global_policy(digits):
 
 @pytest.mark.parametrize("method", ["simclr", "simsiam"])
 def test_xla_compiled_step_runs(method, digits):
-    model = build_contrastive_model(PretrainConfig(method=method), (32, 32, 3))
+    model = build_contrastive_model(PretrainConfig(), (32, 32, 3), method=method)
     logs = model.make_step(jit_compile=True)(tf.constant(digits[:32]))
     assert np.isfinite(float(logs["loss"]))

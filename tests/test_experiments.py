@@ -65,7 +65,7 @@ def test_linear_eval_scores_random_and_pretrained_encoders(tmp_path):
 
 @pytest.mark.parametrize("name,args,message", [
     ("pretraining_cost", ["--preset", "huge"], "invalid choice"),
-    ("pretraining_cost", ["--preset", "smoke", "--encoders", "vgg"], "unknown encoder"),
+    ("pretraining_cost", ["--preset", "smoke", "--encoders", "vgg"], "argument --encoders: unknown vgg"),
     ("linear_eval", ["--preset", "smoke", "--methods", "moco"], "--methods"),
     ("benchmark_pretraining", ["--preset", "smoke", "--image-size", "16"], "at least 32"),
     ("benchmark_simulator", ["--clusters", "0"], "--clusters >= 1"),
@@ -80,7 +80,9 @@ def test_bad_script_input_is_one_line_and_exit_2(tmp_path, name, args, message):
 def test_every_script_has_help():
     for path in sorted((ROOT / "experiments").glob("*.py")):
         proc = run(path.stem, "--help")
-        assert proc.returncode == 0 and "--preset" in proc.stdout and "--resume" in proc.stdout
+        assert proc.returncode == 0, path.stem
+        if path.stem != "migrate_records":  # a maintenance tool, not an experiment
+            assert "--preset" in proc.stdout and "--resume" in proc.stdout, path.stem
 
 
 def test_benchmark_simulator_runs_both_loops(tmp_path, capsys):

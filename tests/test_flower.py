@@ -46,7 +46,7 @@ def _simulator(rounds, env):
     os.environ["CPCFL_CACHE"] = env["CPCFL_CACHE"]
     config = run_config({**RUN, "rounds": rounds})
     runner = Runner("flower", config, Path(env["CPCFL_CACHE"]) / "sim", verbose=0)
-    return config, runner, runner.encoder_weights(config)
+    return config, runner, runner.encoders(config)
 
 
 def _simulated_cluster_ids(rounds, env):
@@ -55,7 +55,7 @@ def _simulated_cluster_ids(rounds, env):
     config, runner, encoder = _simulator(rounds, env)
     record, _ = run_federated(config, runner.clients(config), encoder_weights=encoder,
                               verbose=0)
-    return [r["cluster_ids"] for r in record["rounds"]], record["final"]["accuracy"]
+    return [r.cluster_ids for r in record.rounds], record.final.accuracy
 
 
 def test_flower_federation_assigns_the_simulators_clusters(tmp_path, env):

@@ -1,5 +1,6 @@
 """The kit's modules import one way: data -> config -> models -> contrastive -> federated
--> the command-line edge (runner, experiment, Flower, plots). Checked on every import
+-> the command-line edge (experiment, Flower, plots, report; the runner; the script
+scaffold). Checked on every import
 statement, module level or inside a function."""
 import ast
 
@@ -12,8 +13,10 @@ LAYERS = {
     "models": 3, "flops": 3,
     "contrastive": 4,
     "federated": 5,
-    "plots": 6, "experiment": 6, "flower": 6,
+    "record": 3,
+    "plots": 6, "experiment": 6, "flower": 6, "report": 6,
     "runner": 7,
+    "script": 8,
 }
 """Layer of each top-level part of ``cpcfl_tf``; a module may import its own layer or lower."""
 

@@ -22,8 +22,8 @@ def test_simclr_beats_a_random_encoder_on_fashion_mnist(proxy, tmp_path):
     keras.utils.set_random_seed(0)
     random_encoder = build_encoder("cnn", (32, 32, 3))  # the same init pre-training starts from
     baseline = linear_eval(random_encoder, *proxy)
-    result = pretrain(PretrainConfig(method="simclr", epochs=3, batch_size=250), unlabeled,
-                      tmp_path, seed=0, verbose=0)
+    result = pretrain(PretrainConfig(epochs=3, batch_size=250), unlabeled, tmp_path,
+                      method="simclr", seed=0, verbose=0)
     trained = linear_eval(result.encoder, *proxy)
     assert trained > baseline + 0.05, (baseline, trained)
 
@@ -39,11 +39,13 @@ def test_select_best_keeps_the_highest_linear_accuracy(tmp_path):
     images = load_unlabeled("digits", "train[:256]", image_size=32)
     train = load_labeled("digits", "train[697:997]", image_size=32)
     test = load_labeled("digits", "test", image_size=32)
-    candidates = [PretrainConfig(epochs=1, batch_size=128, projector_dim=d) for d in (256, 512)]
-    best, encoder, scores = select_best(candidates, images, train, test, tmp_path, verbose=0)
-    assert [s["key"] for s in scores] == [pretrain_key(c, seed=0, images=list(images.shape))
-                                          for c in candidates]
+    candidates = [("simclr", PretrainConfig(epochs=1, batch_size=128, projector_dim=d))
+                  for d in (256, 512)]
+    (method, best), encoder, scores = select_best(candidates, images, train, test, tmp_path,
+                                                  verbose=0)
+    assert [s["key"] for s in scores] == [pretrain_key(c, m, seed=0, images=list(images.shape))
+                                          for m, c in candidates]
     winner = max(scores, key=lambda s: s["accuracy"])
-    assert best.projector_dim == winner["config"]["projector_dim"]
+    assert best.projector_dim == winner["config"]["projector_dim"] and method == "simclr"
     assert encoder.output_shape == (None, 256)
     assert all((tmp_path / s["key"] / "encoder.keras").exists() for s in scores)

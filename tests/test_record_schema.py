@@ -20,6 +20,39 @@ def test_every_committed_run_record_follows_the_schema(path):
     assert run_record_errors(json.loads(path.read_text())) == []
 
 
+@pytest.mark.parametrize("path", RECORDS, ids=lambda p: str(p.relative_to(ROOT / "results")))
+def test_every_committed_record_reads_as_a_run_record_and_writes_back_the_same_bytes(path):
+    from cpcfl_tf.record import read_record
+
+    record = read_record(path)
+    assert json.dumps(record.to_json(), indent=1) + "\n" == path.read_text()
+
+
+def test_an_older_record_is_migrated_once_with_its_rounds_and_metrics_unchanged(tmp_path):
+    import subprocess
+    import sys
+
+    from cpcfl_tf.record import read_record
+    from cpcfl_tf.results import DamagedFile
+
+    source = ROOT / "results/quick/table2/cp-cfl-byol.json"
+    old = json.loads(source.read_text())
+    for section in (old["config"], old["config"]["requested"]):
+        section["pretrain"]["method"] = "simclr"  # what the kit wrote before
+        del section["federated"]["local_optimizer"]  # a field added later
+    path = tmp_path / "runs" / "cp-cfl-byol.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(old, indent=1) + "\n")
+    with pytest.raises(DamagedFile, match="migrate_records.py"):
+        read_record(path)
+    script = [sys.executable, str(ROOT / "experiments/migrate_records.py")]
+    done = subprocess.run(script + [str(tmp_path)], capture_output=True, text=True)
+    assert done.returncode == 0 and "1 migrated" in done.stdout, done.stdout + done.stderr
+    assert path.read_text() == source.read_text()
+    again = subprocess.run(script + ["--check", str(tmp_path)], capture_output=True, text=True)
+    assert again.returncode == 0 and "1 already current" in again.stdout
+
+
 @pytest.mark.parametrize("break_it,where", [
     (lambda r: r["final"].update(accuracy=1.5), "$.final.accuracy"),
     (lambda r: r["final"].pop("ari"), "missing 'ari'"),

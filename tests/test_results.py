@@ -57,7 +57,7 @@ def cache(tmp_path, monkeypatch):
 def test_a_damaged_cached_encoder_is_pre_trained_again(cache, capsys, damage):
     from cpcfl_tf.contrastive.pretrain import pretrained_encoder
 
-    first = pretrained_encoder(SMOKE.pretrain, SMOKE.data, verbose=0)
+    first = pretrained_encoder(SMOKE.pretrain, SMOKE.data, method="simclr", verbose=0)
     if damage == "truncated encoder":
         target = first.out_dir / "encoder.keras"
         target.write_bytes(target.read_bytes()[:1000])
@@ -65,7 +65,7 @@ def test_a_damaged_cached_encoder_is_pre_trained_again(cache, capsys, damage):
         target = first.out_dir / "pretrain.json"
         target.write_text("not json")
     capsys.readouterr()
-    again = pretrained_encoder(SMOKE.pretrain, SMOKE.data, verbose=0)
+    again = pretrained_encoder(SMOKE.pretrain, SMOKE.data, method="simclr", verbose=0)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"{target.name} is damaged" in err[0]
     assert "pre-training it again" in err[0]
@@ -75,14 +75,33 @@ def test_a_damaged_cached_encoder_is_pre_trained_again(cache, capsys, damage):
 
 
 def test_a_damaged_supervised_encoder_is_pre_trained_again(cache, capsys):
-    from cpcfl_tf.federated.centralized import pretrained_supervised
+    from cpcfl_tf.federated.starting import StartingEncoders
 
     config = SMOKE.with_overrides(pretrain={"epochs": 1})
-    first = pretrained_supervised(config, verbose=0)
+    first = StartingEncoders(seed=0, verbose=0).supervised(config)
     (path,) = cache.rglob("encoder.npz")
     path.write_bytes(b"PK\x03\x04 truncated")
-    again = pretrained_supervised(config, verbose=0)
+    again = StartingEncoders(seed=0, verbose=0).supervised(config)
     assert "encoder.npz is damaged" in capsys.readouterr().err
     for a, b in zip(first, again):
         np.testing.assert_array_equal(a, b)
-    assert len(pretrained_supervised(config, verbose=0)) == len(first)  # readable again
+    assert len(StartingEncoders(seed=0, verbose=0).supervised(config)) == len(first)
+
+
+def test_cached_pretrained_encoders_are_loaded_without_reading_any_image(cache):
+    from cpcfl_tf.contrastive.pretrain import load_pretrain_images
+    from cpcfl_tf.federated.starting import StartingEncoders
+
+    loads = []
+
+    def unlabeled(config):
+        loads.append(config.data.pretrain_dataset)
+        return load_pretrain_images(config.data)
+
+    config = SMOKE.with_overrides(federated={"pretraining": "byol"})
+    first = StartingEncoders(seed=0, unlabeled=unlabeled, verbose=0)(config)
+    assert loads == ["digits"]
+    again = StartingEncoders(seed=0, unlabeled=unlabeled, verbose=0)(config)  # a new script
+    assert loads == ["digits"]
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a, b)

@@ -106,20 +106,28 @@ def test_trials_redraw_the_clients_and_report_mean_and_sd(tmp_path):
     report = (out / "trials.md").read_text()
     assert f"{np.mean(values):.2f} ± {np.std(values):.2f}" in report
     assert "76.69 ± 0.47" in report  # the paper's CP-CFL row, computed from its trials
-    from cpcfl_tf.runner import last_cluster_change
+    from cpcfl_tf.record import read_record
 
-    cells = [f"{load(out, f'trial{k}-cp-cfl-simclr')['final']['ari']:.3f} / "
-             f"{last_cluster_change(load(out, f'trial{k}-cp-cfl-simclr'))} / 0" for k in (1, 2)]
+    trial = [read_record(out / f"trial{k}-cp-cfl-simclr.json") for k in (1, 2)]
+    cells = [f"{r.final.ari:.3f} / {r.last_cluster_change()} / 0" for r in trial]
     assert f"| CP-CFL (SimCLR) | {cells[0]} | {cells[1]} |" in report
     assert {r["last_cluster_change"] for r in table if r["run"] == "fedavg-none"} == {"1"}
 
 
 def test_last_cluster_change_is_the_round_after_which_ids_stay():
-    from cpcfl_tf.runner import last_cluster_change
+    import dataclasses
 
-    ids = [[0, 1], [1, 1], [1, 0], [1, 0], [1, 0]]
-    assert last_cluster_change({"rounds": [{"cluster_ids": c} for c in ids]}) == 3
-    assert last_cluster_change({"rounds": [{"cluster_ids": [0, 0]}] * 4}) == 1
+    from cpcfl_tf.record import Round, read_record
+    from helpers import ROOT
+
+    record = read_record(ROOT / "results/quick/table2/cp-cfl-simclr.json")
+
+    def changes(ids):
+        return dataclasses.replace(record, rounds=[Round(t + 1, c) for t, c in enumerate(ids)]
+                                   ).last_cluster_change()
+
+    assert changes([[0, 1], [1, 1], [1, 0], [1, 0], [1, 0]]) == 3
+    assert changes([[0, 0]] * 4) == 1
 
 
 def test_clients_scales_the_number_of_clients(tmp_path):
@@ -175,10 +183,14 @@ def test_local_optimizer_probes_every_round_and_reports_each_variant(tmp_path):
 def test_local_optimizer_summary_sees_rounds_that_undo_each_other():
     summary = script("local_optimizer").summary
 
+    from types import SimpleNamespace
+
+    from cpcfl_tf.record import Round
+
     def run(classes):
-        rounds = [{"round": t + 1, "accuracy": float(np.mean(c))} for t, c in enumerate(classes)]
+        rounds = [Round(t + 1, [], float(np.mean(c))) for t, c in enumerate(classes)]
         probe = [{"round": t + 1, "class_accuracy": c} for t, c in enumerate(classes)]
-        return summary({"rounds": rounds}, probe)
+        return summary(SimpleNamespace(rounds=rounds), probe)
 
     flipping = run([[0.8, 0.2, 0.5] if t % 2 else [0.3, 0.7, 0.6] for t in range(12)])
     assert flipping["class_flip"] == pytest.approx(-1.0)
@@ -196,8 +208,26 @@ def test_zigzag_amplitude_measures_an_alternating_curve():
 
 
 @pytest.mark.parametrize("name,args,message", [
-    ("resnet", ["--encoders", "vgg"], "unknown encoder(s) vgg"),
-    ("resnet", ["--runs", "fedprox"], "unknown run(s) fedprox"),
+    ("resnet", ["--encoders", "vgg"], "argument --encoders: unknown vgg"),
+    ("resnet", ["--runs", "fedprox"], "argument --runs: unknown fedprox"),
+    ("resnet", ["--encoders", "resnet18,vgg"], "argument --encoders: unknown vgg"),
+    ("linear_eval", ["--methods", "simclr,moco"], "argument --methods: unknown moco"),
+])
+def test_name_lists_are_comma_separated_and_checked(tmp_path, capsys, name, args, message):
+    with pytest.raises(SystemExit) as stop:
+        script(name).main(["--preset", "smoke", "--out", str(tmp_path / "out"), *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1 and message in err[0], err
+    assert not (tmp_path / "out").exists()  # stopped before anything was written
+
+
+def test_name_lists_parse_into_the_names():
+    from cpcfl_tf.experiment import name_list
+
+    assert name_list(["a", "b", "c"])("c,a") == ["c", "a"]
+
+
+@pytest.mark.parametrize("name,args,message", [
     ("trials", ["--trials", "0"], "--trials must be >= 1"),
 ])
 def test_bad_options_raise_user_errors(tmp_path, name, args, message):
@@ -206,7 +236,7 @@ def test_bad_options_raise_user_errors(tmp_path, name, args, message):
 
 
 def test_mean_sd_is_the_papers_population_sd():
-    from cpcfl_tf.runner import mean_sd
+    from cpcfl_tf.report import mean_sd
 
     mean, sd = mean_sd([42.73, 41.53, 43.67, 43.03, 42.67])  # FedAvg (None), paper trials
     # The paper prints 0.69 (truncated); the sample SD (ddof = 1) would be 0.78.
@@ -214,7 +244,7 @@ def test_mean_sd_is_the_papers_population_sd():
 
 
 def test_trial_table_summarises_only_several_trials():
-    from cpcfl_tf.runner import trial_table
+    from cpcfl_tf.report import trial_table
 
     def table(*trials, paper=(67.17, 0.8)):
         records = {"cp-cfl": [{"v": v} for v in trials]}

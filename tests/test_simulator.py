@@ -133,8 +133,8 @@ def test_clients_can_keep_their_adam_state_between_rounds(clients, encoder, tmp_
     fresh, _ = run_federated(config(rounds=3, head_rounds=1), clients, encoder_weights=encoder,
                              verbose=0)
     # Round 1 starts from a zero state either way; from round 2 the kept moments differ.
-    assert whole["rounds"][0] == fresh["rounds"][0]
-    assert whole["rounds"][1:] != fresh["rounds"][1:]
+    assert whole.rounds[0] == fresh.rounds[0]
+    assert whole.rounds[1:] != fresh.rounds[1:]
 
     class Stop(Exception):
         pass
@@ -148,7 +148,7 @@ def test_clients_can_keep_their_adam_state_between_rounds(clients, encoder, tmp_
                       checkpoint=tmp_path / "ckpt.npz", on_round=stop)
     resumed, _ = run_federated(kept, clients, encoder_weights=encoder, verbose=0,
                                checkpoint=tmp_path / "ckpt.npz")
-    assert resumed["rounds"] == whole["rounds"] and resumed["final"] == whole["final"]
+    assert resumed.rounds == whole.rounds and resumed.final == whole.final
 
 
 def test_kept_adam_state_with_different_step_counts_trains_each_client_as_alone(clients):
@@ -190,15 +190,16 @@ def test_cp_cfl_and_ifca_recover_the_true_groups(clients, encoder):
                           verbose=0)
     ifca, _ = run_federated(config(method="ifca", pretraining="none", rounds=4), clients,
                             verbose=0)
-    assert cp["final"]["ari"] == 1.0 and ifca["final"]["ari"] == 1.0
+    assert cp.final.ari == 1.0 and ifca.final.ari == 1.0
     fedavg, state = run_federated(config(method="fedavg", pretraining="none", rounds=2),
                                   clients, verbose=0)
-    assert len(state.models) == 1 and fedavg["final"]["ari"] == 0.0
+    assert len(state.models) == 1 and fedavg.final.ari == 0.0
 
 
 def test_a_run_records_the_contract(clients, encoder):
     record, _ = run_federated(config(rounds=4, head_rounds=1, report_every=2), clients,
                               encoder_weights=encoder, verbose=0)
+    record = record.to_json()  # the contract is the JSON
     assert [r["round"] for r in record["rounds"]] == [1, 2, 3, 4]
     assert all(0 <= r["accuracy"] <= 1 and len(r["cluster_ids"]) == 9 for r in record["rounds"])
     assert "f1_macro" in record["rounds"][1] and "f1_macro" not in record["rounds"][0]
@@ -214,10 +215,10 @@ def test_a_run_records_the_contract(clients, encoder):
 
 def test_the_same_seeds_give_the_same_run(clients, encoder):
     runs = [run_federated(config(rounds=3, head_rounds=1), clients, encoder_weights=encoder,
-                          verbose=0)[0]["rounds"] for _ in range(2)]
+                          verbose=0)[0].rounds for _ in range(2)]
     assert runs[0] == runs[1]
     other = run_federated(config(rounds=3, head_rounds=1), clients, encoder_weights=encoder,
-                          verbose=0, train_seed=1)[0]["rounds"]
+                          verbose=0, train_seed=1)[0].rounds
     assert other != runs[0]
 
 
@@ -225,8 +226,8 @@ def test_partial_participation_and_global_encoder(clients, encoder):
     record, state = run_federated(
         config(rounds=3, head_rounds=1, participation=1 / 3, global_encoder=True), clients,
         encoder_weights=encoder, verbose=0)
-    final = record["final"]
-    assert final["bytes_up"] == 3 * 3 * final["model_bytes"]  # 3 of 9 clients, 3 rounds
+    final = record.final
+    assert final.bytes_up == 3 * 3 * final.model_bytes  # 3 of 9 clients, 3 rounds
     assert len(encoder) == 10  # 4 convolutions and a dense layer, kernel and bias each
     models = state.models
     for model in models[1:]:
@@ -269,9 +270,7 @@ def test_a_run_killed_mid_way_resumes_to_the_uninterrupted_result(clients, tmp_p
     c = config(method="ifca", pretraining="none", rounds=6)
     resumed, _ = run_federated(c, clients, checkpoint=checkpoint, verbose=0)
     whole, _ = run_federated(c, clients, verbose=0)
-    assert resumed["rounds"] == whole["rounds"]
-    drop = lambda final: {k: v for k, v in final.items()}  # noqa: E731
-    assert drop(resumed["final"]) == drop(whole["final"])
+    assert resumed.rounds == whole.rounds and resumed.final == whole.final
 
 
 def test_a_checkpoint_of_another_run_is_refused(clients, tmp_path):
@@ -291,7 +290,7 @@ def test_ifca_fedavg_starts_from_the_fedavg_models_encoder(clients):
     from cpcfl_tf.federated.simulator import fedavg_encoder
 
     encoder, fedavg = fedavg_encoder(config(rounds=2, head_rounds=0), clients, verbose=0)
-    assert len(encoder) == 10 and fedavg["config"]["federated"]["num_clusters"] == 1
+    assert len(encoder) == 10 and fedavg.config.federated.num_clusters == 1
     seen = []
     run_federated(config(method="ifca", pretraining="fedavg", rounds=2, head_rounds=0), clients,
                   encoder_weights=encoder, verbose=0,

@@ -5,6 +5,7 @@ import re
 import pytest
 
 from cpcfl_tf.errors import UserError
+from cpcfl_tf.record import read_record
 from helpers import ROOT, run_record_errors, script
 
 CONTRACT = ("experiment", "preset", "method", "pretraining", "config", "seeds", "clients",
@@ -78,8 +79,8 @@ def test_an_interrupted_run_needs_resume(smoke_run, tmp_path):
     with pytest.raises(UserError, match="interrupted .* --resume"):
         runner.run(spec)
     resumed = Runner("table2", get_preset("smoke"), tmp_path, resume=True, verbose=0).run(spec)
-    whole = json.loads((smoke_run / "fedavg-none.json").read_text())
-    assert resumed["rounds"] == whole["rounds"] and resumed["final"] == whole["final"]
+    whole = read_record(smoke_run / "fedavg-none.json")
+    assert resumed.rounds == whole.rounds and resumed.final == whole.final
 
 
 def test_fedavg_simclr_is_cp_cfl_simclr_with_one_cluster(smoke_run, tmp_path):
@@ -88,7 +89,7 @@ def test_fedavg_simclr_is_cp_cfl_simclr_with_one_cluster(smoke_run, tmp_path):
 
     fedavg = json.loads((smoke_run / "fedavg-simclr.json").read_text())
     one = Runner("clusters", get_preset("smoke"), tmp_path, verbose=0).run(
-        RunSpec("cp-cfl-simclr-n1", "cp-cfl", "simclr", {"num_clusters": 1}))
+        RunSpec("cp-cfl-simclr-n1", "cp-cfl", "simclr", {"num_clusters": 1})).to_json()
     assert fedavg["config"]["federated"]["head_rounds"] == 1  # smoke's Tc
     for key in ("seeds", "clients", "rounds", "final"):
         assert fedavg[key] == one[key], key
@@ -121,7 +122,8 @@ def test_a_record_written_before_a_config_field_existed_still_counts(smoke_run, 
         del section["local_optimizer"], section["optimizer_state"]
     (tmp_path / "fedavg-none.json").write_text(json.dumps(record))
     runner = Runner("table2", get_preset("smoke"), tmp_path, verbose=0)
-    assert runner.run(RunSpec("fedavg-none", "fedavg", "none"))["rounds"] == record["rounds"]
+    assert (runner.run(RunSpec("fedavg-none", "fedavg", "none")).to_json()["rounds"]
+            == record["rounds"])
     other = RunSpec("fedavg-none", "fedavg", "none", {"local_optimizer": "sgd"})
     with pytest.raises(UserError, match="different config"):
         runner.run(other)
@@ -186,8 +188,8 @@ def test_ifca_fedavg_starts_from_the_cached_fedavg_encoder(tmp_path, monkeypatch
     monkeypatch.setattr(simulator, "fedavg_encoder",
                         lambda *a, **k: pytest.fail("FedAvg was trained again"))
     again = Runner("table2", get_preset("smoke"), tmp_path / "b", verbose=0).run(spec)
-    assert again["rounds"] == first["rounds"] and again["final"] == first["final"]
+    assert again.rounds == first.rounds and again.final == first.final
     cached.write_bytes(b"damaged")  # a damaged entry is rebuilt, with one line
     monkeypatch.setattr(simulator, "fedavg_encoder", trained)
     third = Runner("table2", get_preset("smoke"), tmp_path / "c", verbose=0).run(spec)
-    assert third["final"] == first["final"] and "is damaged" in capsys.readouterr().err
+    assert third.final == first.final and "is damaged" in capsys.readouterr().err

@@ -45,27 +45,31 @@ def linear_eval(encoder: keras.Model, train: LabeledImages, test: LabeledImages,
     return float(np.mean(predictions == test.labels))
 
 
-def select_best(candidates: Sequence[PretrainConfig], images: np.ndarray,
+def select_best(candidates: Sequence[tuple[str, PretrainConfig]], images: np.ndarray,
                 proxy_train: LabeledImages, proxy_test: LabeledImages, out_root: str | Path,
-                *, seed: int = 0, verbose: int = 1) -> tuple[PretrainConfig, keras.Model, list[dict]]:
-    """Pre-train every candidate, score each by linear evaluation, return the best.
+                *, seed: int = 0, verbose: int = 1
+                ) -> tuple[tuple[str, PretrainConfig], keras.Model, list[dict]]:
+    """Pre-train every candidate ``(method, config)``, score each by linear evaluation,
+    return the best.
 
-    Returns the winning config, its encoder and one record per candidate
-    (``{"key", "config", "accuracy"}``); each pre-training lives in
+    Returns the winning candidate, its encoder and one record per candidate
+    (``{"key", "method", "config", "accuracy"}``); each pre-training lives in
     ``out_root/<pretrain_key>`` and is reused when it is already there.
     """
     from cpcfl_tf.contrastive.pretrain import pretrain, pretrain_key
 
     scores, best = [], None
-    for config in candidates:
-        key = pretrain_key(config, seed=seed, images=list(images.shape))
-        result = pretrain(config, images, Path(out_root) / key, seed=seed, verbose=verbose)
+    for method, config in candidates:
+        key = pretrain_key(config, method, seed=seed, images=list(images.shape))
+        result = pretrain(config, images, Path(out_root) / key, method=method, seed=seed,
+                          verbose=verbose)
         accuracy = linear_eval(result.encoder, proxy_train, proxy_test, seed=seed)
-        scores.append({"key": key, "config": dataclasses.asdict(config), "accuracy": accuracy})
+        scores.append({"key": key, "method": method, "config": dataclasses.asdict(config),
+                       "accuracy": accuracy})
         if verbose:
             print(f"{key}: linear evaluation accuracy {accuracy:.4f}")
         if best is None or accuracy > best[2]:
-            best = (config, result.encoder, accuracy)
+            best = ((method, config), result.encoder, accuracy)
     return best[0], best[1], scores
 
 

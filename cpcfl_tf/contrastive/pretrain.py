@@ -15,21 +15,21 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-import os
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from cpcfl_tf.config import DataConfig, PretrainConfig
+from cpcfl_tf.config import PRETRAIN_METHODS, DataConfig, PretrainConfig
 from cpcfl_tf.contrastive.methods import BYOL, SimCLR, SimSiam, ContrastiveModel
 from cpcfl_tf.data.augment import build_augmenter
 from cpcfl_tf.errors import DivergedError, UserError
 from cpcfl_tf.models import ENCODER_DIMS, build_encoder, build_predictor, build_projector
-from cpcfl_tf.results import (prepare_out_dir, read_cache_entry, write_atomic,
+from cpcfl_tf.results import (cache_root, prepare_out_dir, read_cache_entry, write_atomic,
                               write_json)
 
 
@@ -41,8 +41,9 @@ class PretrainResult:
 
 
 def build_contrastive_model(config: PretrainConfig, input_shape: tuple[int, int, int], *,
-                            seed: int = 0) -> ContrastiveModel:
-    """The method's ``keras.Model``, compiled with Adam and its optimizer built.
+                            method: str = "simclr", seed: int = 0) -> ContrastiveModel:
+    """``method``'s ``keras.Model`` (simclr, byol, simsiam), compiled with Adam and its
+    optimizer built.
 
     ``config.precision`` is the dtype policy of the layers built here only; the global
     policy is restored afterwards.
@@ -50,17 +51,20 @@ def build_contrastive_model(config: PretrainConfig, input_shape: tuple[int, int,
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy(config.precision)
     try:
-        return _build(config, input_shape, seed)
+        return _build(config, method, input_shape, seed)
     finally:
         keras.config.set_dtype_policy(previous)
 
 
-def _build(config: PretrainConfig, input_shape, seed: int) -> ContrastiveModel:
+def _build(config: PretrainConfig, method: str, input_shape, seed: int) -> ContrastiveModel:
+    if method not in PRETRAIN_METHODS:
+        raise UserError(f"unknown contrastive method {method!r}; choose one of "
+                        f"{', '.join(PRETRAIN_METHODS)}")
     keras.utils.set_random_seed(seed)
     encoder = build_encoder(config.encoder, input_shape)
     dim = ENCODER_DIMS[config.encoder]
     augmenter = build_augmenter(config.augment, seed=seed)
-    if config.method == "simclr":
+    if method == "simclr":
         # Sec. "Experimental settings": 256 -> 256; the ResNet-50 appendix: 1024 -> 2048.
         big = config.encoder == "resnet50"
         width = config.projector_dim or (1024 if big else 256)
@@ -71,7 +75,7 @@ def _build(config: PretrainConfig, input_shape, seed: int) -> ContrastiveModel:
         width = config.projector_dim or 512
         projector = build_projector("bn", dim, width=width)
         predictor = build_predictor(width, bottleneck=config.predictor_dim)
-        if config.method == "byol":
+        if method == "byol":
             model = BYOL(encoder, augmenter, projector, predictor,
                          build_encoder(config.encoder, input_shape, model_name="target_encoder"),
                          build_projector("bn", dim, width=width, model_name="target_projector"),
@@ -125,6 +129,27 @@ def _load_checkpoint(path: Path, model: ContrastiveModel, meta: dict) -> tuple[i
     return record["epoch"], record["history"]
 
 
+def _finished(out: Path, meta: dict) -> PretrainResult | None:
+    """The finished pre-training in ``out``, if there is one and it is readable. ``meta``
+    without ``images`` (the data shape) matches any shape: the folder's key names the data
+    source already, so a cached encoder is loaded without reading any image."""
+    summary_path, encoder_path = out / "pretrain.json", out / "encoder.keras"
+    if not (summary_path.exists() and encoder_path.exists()):
+        return None
+    again = "pre-training it again"
+    summary = read_cache_entry(summary_path, _read_summary, rebuild=again)
+    if summary is not None and {k: summary["meta"].get(k) for k in meta} != meta:
+        raise UserError(f"{out} holds a different finished pre-training; use another folder")
+    encoder = (None if summary is None else
+               read_cache_entry(encoder_path, keras.models.load_model, rebuild=again))
+    if encoder is not None:
+        (out / "checkpoint.npz").unlink(missing_ok=True)  # a kill after the summary
+        return PretrainResult(encoder, summary["history"], out)
+    for stale in (summary_path, encoder_path, out / "encoder.weights.h5"):  # rebuild it
+        stale.unlink(missing_ok=True)
+    return None
+
+
 def _read_summary(path: Path) -> dict:
     summary = json.loads(path.read_text())
     return {"meta": summary["meta"], "history": summary["history"]}
@@ -148,13 +173,16 @@ def make_strategy(name: str = "default") -> tf.distribute.Strategy | None:
 
 
 def pretrain(config: PretrainConfig, images: np.ndarray, out_dir: str | Path, *,
-             seed: int = 0, verbose: int = 1, distribute: str = "default") -> PretrainResult:
-    """Pre-train ``config.encoder`` with ``config.method`` on unlabeled ``images``.
+             method: str = "simclr", seed: int = 0, verbose: int = 1,
+             distribute: str = "default") -> PretrainResult:
+    """Pre-train ``config.encoder`` with ``method`` on unlabeled ``images``.
 
     Parameters
     ----------
     config
-        Method, encoder and optimisation settings.
+        Encoder and optimisation settings.
+    method
+        simclr, byol or simsiam.
     images
         ``uint8 (n, h, w, 3)`` unlabeled images (:func:`cpcfl_tf.data.load_unlabeled`).
     out_dir
@@ -176,21 +204,12 @@ def pretrain(config: PretrainConfig, images: np.ndarray, out_dir: str | Path, *,
         raise UserError(f"pre-training needs uint8 images (n, h, w, c), got {images.dtype} "
                         f"{images.shape}")
     batch_size = min(config.batch_size, len(images))
-    meta = {"config": dataclasses.asdict(config), "seed": seed,
+    meta = {"config": identity(config, method), "seed": seed,
             "images": [int(n) for n in images.shape]}
     summary_path, encoder_path = out / "pretrain.json", out / "encoder.keras"
-    if summary_path.exists() and encoder_path.exists():
-        again = "pre-training it again"
-        summary = read_cache_entry(summary_path, _read_summary, rebuild=again)
-        if summary is not None and summary["meta"] != meta:
-            raise UserError(f"{out} holds a different finished pre-training; use another folder")
-        encoder = (None if summary is None else
-                   read_cache_entry(encoder_path, keras.models.load_model, rebuild=again))
-        if encoder is not None:
-            (out / "checkpoint.npz").unlink(missing_ok=True)  # a kill after the summary
-            return PretrainResult(encoder, summary["history"], out)
-        for stale in (summary_path, encoder_path, out / "encoder.weights.h5"):  # rebuild it
-            stale.unlink(missing_ok=True)
+    finished = _finished(out, meta)
+    if finished is not None:
+        return finished
 
     if strategy:
         replicas = strategy.num_replicas_in_sync
@@ -200,7 +219,7 @@ def pretrain(config: PretrainConfig, images: np.ndarray, out_dir: str | Path, *,
         if config.jit_compile:
             raise UserError("pretrain.jit_compile is not supported with --distribute mirrored")
     with strategy.scope() if strategy else contextlib.nullcontext():
-        model = build_contrastive_model(config, images.shape[1:], seed=seed)
+        model = build_contrastive_model(config, images.shape[1:], method=method, seed=seed)
     checkpoint = out / "checkpoint.npz"
     start, history = (_load_checkpoint(checkpoint, model, meta) if checkpoint.exists()
                       else (0, []))
@@ -221,7 +240,7 @@ def pretrain(config: PretrainConfig, images: np.ndarray, out_dir: str | Path, *,
         bar = keras.utils.Progbar(steps, verbose=1 if live else 0, unit_name="batch",
                                   stateful_metrics=["loss", "embedding_std"])
         if live:
-            print(f"{config.method} epoch {epoch + 1}/{config.epochs}")
+            print(f"{method} epoch {epoch + 1}/{config.epochs}")
         started = time.perf_counter()
         for i, batch in enumerate(batches):
             logs = {k: float(v) for k, v in step(batch).items()}
@@ -229,13 +248,13 @@ def pretrain(config: PretrainConfig, images: np.ndarray, out_dir: str | Path, *,
                 kept = (f"the checkpoint of epoch {epoch} stays in {out}" if epoch
                         else "no epoch had finished")
                 raise DivergedError(
-                    f"{config.method} loss became {logs['loss']} in epoch {epoch + 1}, batch "
+                    f"{method} loss became {logs['loss']} in epoch {epoch + 1}, batch "
                     f"{i + 1}; lower pretrain.learning_rate (now {config.learning_rate}); {kept}")
             bar.update(i + 1, list(logs.items()))
         history.append({"epoch": epoch + 1, **logs,
                         "seconds": round(time.perf_counter() - started, 3)})
         if verbose and not live:
-            print(f"{config.method} epoch {epoch + 1}/{config.epochs}: loss {logs['loss']:.4f}, "
+            print(f"{method} epoch {epoch + 1}/{config.epochs}: loss {logs['loss']:.4f}, "
                   f"embedding_std {logs['embedding_std']:.4f}, {history[-1]['seconds']:.1f} s",
                   flush=True)
         _save_checkpoint(checkpoint, model, epoch + 1, meta, history)
@@ -248,41 +267,49 @@ def pretrain(config: PretrainConfig, images: np.ndarray, out_dir: str | Path, *,
     return PretrainResult(encoder, history, out)
 
 
-def cache_root() -> Path:
-    """Where pre-trained encoders are kept for reuse: ``$CPCFL_CACHE`` or ``./cache``."""
-    return Path(os.environ.get("CPCFL_CACHE", "cache")).expanduser()
+def identity(config: PretrainConfig, method: str) -> dict:
+    """What a pre-training is, as recorded with it: the method, then ``config``'s fields
+    (the layout the cache has always used, so earlier cache entries stay valid)."""
+    return {"method": method, **dataclasses.asdict(config)}
 
 
-def pretrain_key(config: PretrainConfig, *, name: str | None = None, **identity) -> str:
-    """Folder name of a pre-training: ``name`` (default: the method), encoder and a hash of
-    the config and of ``identity`` (what else shapes it: the data, the seed)."""
-    text = json.dumps({"config": dataclasses.asdict(config), **identity}, sort_keys=True)
+def pretrain_key(config: PretrainConfig, name: str, **identity_) -> str:
+    """Folder name of a pre-training: ``name`` (the method), encoder and a hash of the
+    settings and of ``identity_`` (what else shapes it: the data, the seed)."""
+    settings = (identity(config, name) if name in PRETRAIN_METHODS
+                else dataclasses.asdict(config))
+    text = json.dumps({"config": settings, **identity_}, sort_keys=True)
     digest = hashlib.sha1(text.encode()).hexdigest()[:10]
-    return f"{name or config.method}-{config.encoder}-{digest}"
+    return f"{name}-{config.encoder}-{digest}"
 
 
-def pretrained_encoder(config: PretrainConfig, data: DataConfig, *, method: str | None = None,
+def pretrained_encoder(config: PretrainConfig, data: DataConfig, *, method: str,
                        seed: int = 0, verbose: int = 1, distribute: str = "default",
-                       images: np.ndarray | None = None) -> PretrainResult:
-    """Pre-train on ``data``'s unlabeled source, or load the cached result of an earlier
-    identical pre-training (any script, any run); an interrupted one resumes.
+                       images: np.ndarray | Callable[[], np.ndarray] | None = None
+                       ) -> PretrainResult:
+    """Pre-train with ``method`` (simclr, byol, simsiam) on ``data``'s unlabeled source,
+    or load the cached result of an earlier identical pre-training (any script, any run);
+    an interrupted one resumes.
 
-    ``method`` (simclr, byol, simsiam) replaces ``config.method`` when given: a run names
-    its pre-training in its federated config. ``images`` are that source's images when the
-    caller has loaded them already (:func:`load_pretrain_images`); they are read here
-    otherwise.
+    ``images`` are that source's images, or a function that loads them (called only when
+    there is something to train); by default :func:`load_pretrain_images`. A cached
+    encoder is loaded without reading any image.
     """
-    if method is not None:
-        config = dataclasses.replace(config, method=method)
     source = {"dataset": data.pretrain_dataset, "split": data.pretrain_split,
               "image_size": data.image_size}
-    out = cache_root() / "pretrained" / pretrain_key(config, data=source, seed=seed)
-    if not (out / "pretrain.json").exists() and verbose:
-        print(f"pre-training {config.method} ({config.encoder}) on {data.pretrain_dataset}:"
+    out = cache_root() / "pretrained" / pretrain_key(config, method, data=source, seed=seed)
+    cached = _finished(out, {"config": identity(config, method), "seed": seed})
+    if cached is not None:
+        return cached
+    if verbose:
+        print(f"pre-training {method} ({config.encoder}) on {data.pretrain_dataset}:"
               f"{data.pretrain_split} -> {out}")
     if images is None:
         images = load_pretrain_images(data)
-    return pretrain(config, images, out, seed=seed, verbose=verbose, distribute=distribute)
+    elif callable(images):
+        images = images()
+    return pretrain(config, images, out, method=method, seed=seed, verbose=verbose,
+                    distribute=distribute)
 
 
 def load_pretrain_images(data: DataConfig) -> np.ndarray:

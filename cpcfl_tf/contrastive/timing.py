@@ -47,9 +47,11 @@ def random_images(batch_size: int, image_size: int, seed: int = 0) -> tf.Tensor:
     return tf.constant(rng.integers(0, 256, (batch_size, image_size, image_size, 3), np.uint8))
 
 
-def contrastive_step(config: PretrainConfig, image_size: int, seed: int = 0):
-    """The compiled ``train_step`` of ``config.method``, as pre-training runs it."""
-    model = build_contrastive_model(config, (image_size, image_size, 3), seed=seed)
+def contrastive_step(config: PretrainConfig, image_size: int, seed: int = 0,
+                     method: str = "simclr"):
+    """The compiled ``train_step`` of ``method``, as pre-training runs it."""
+    model = build_contrastive_model(config, (image_size, image_size, 3), method=method,
+                                    seed=seed)
     return model.make_step(config.jit_compile)
 
 

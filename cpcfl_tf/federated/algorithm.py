@@ -1,11 +1,14 @@
 """The clustered-FL algorithm as small functions over an explicit state.
 
 Algorithm "CP-CFL" of the paper, written the way FedJAX writes HypCluster: the server
-state is a pool of N models (weight lists); a round is *selection* (each client picks a
-cluster), *local training* (done by a backend, elsewhere) and *aggregation* (each
-cluster's model becomes the |D_u|-weighted average of its members, Eq. weighted_avg).
-Nothing here knows how models are trained, so the simulator and a real federation
-(Flower) share these functions.
+state is a pool of N models (weight lists); a round (:func:`run_rounds`) is a *plan*
+(:func:`plan_round`: who takes part, the random picks of the Tc phase, all drawn from
+named seeded streams), *selection* (:func:`select`: each client picks a cluster),
+*local training* (done by a backend, elsewhere) and *aggregation* (:func:`aggregate`:
+each cluster's model becomes the |D_u|-weighted average of its members, Eq.
+weighted_avg), then IFCA's restart rule (:func:`should_restart`). Nothing here knows how
+models are trained or how clients are reached: the simulator and a real federation
+(Flower) are two :class:`Federation` drivers of the same round.
 
 Weights are lists of numpy arrays in the order of ``classifier.get_weights()``:
 first the encoder's ``num_encoder`` arrays, then the head's.
@@ -14,7 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Sequence
+import time
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -58,6 +62,69 @@ class ServerState:
     """The pool of N cluster models."""
     num_encoder: int
     """How many leading arrays of each weight list belong to the encoder."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundPlan:
+    """What a round draws before any client trains. Every party (the simulator, a Flower
+    server, each Flower node) recomputes it from the seeds with :func:`plan_round`."""
+
+    seed: int
+    attempt: int
+    round: int
+    """0-based t."""
+    num_clients: int
+    num_models: int
+    participants: np.ndarray
+    """Sorted indices of the clients taking part."""
+    drawn: np.ndarray | None
+    """``t < Tc`` (explore): the model each participant drew; ``None`` after Tc."""
+
+    @property
+    def explore(self) -> bool:
+        """The Tc phase: random models, head-only training."""
+        return self.drawn is not None
+
+    @property
+    def batch_seed(self) -> list[int]:
+        """Seed words of the participants' batch orders."""
+        return stream_seed(self.seed, self.attempt, self.round, Stream.BATCHES)
+
+    def selection_rng(self) -> np.random.Generator:
+        """The round's selection stream, past the participation draw (what the Tc draws
+        and the tie-breaks come from)."""
+        rng = round_rng(self.seed, self.attempt, self.round, Stream.SELECTION)
+        if len(self.participants) < self.num_clients:
+            rng.choice(self.num_clients, len(self.participants), replace=False)
+        return rng
+
+
+def plan_round(fl, seed: int, attempt: int, t: int, num_clients: int) -> RoundPlan:
+    """Round ``t`` (0-based) of restart ``attempt``: who takes part (a ``fl.participation``
+    share, everyone by default) and, for ``t < Tc``, the model each participant draws."""
+    rng = round_rng(seed, attempt, t, Stream.SELECTION)
+    take = max(1, int(round(fl.participation * num_clients)))
+    part = (np.arange(num_clients) if take == num_clients
+            else np.sort(rng.choice(num_clients, take, replace=False)))
+    drawn = (select_clusters(None, fl.num_clusters, True, rng, len(part))
+             if t < fl.head_rounds else None)
+    return RoundPlan(seed, attempt, t, num_clients, fl.num_clusters, part, drawn)
+
+
+def select(plan: RoundPlan, losses: np.ndarray | None) -> np.ndarray:
+    """The participants' cluster ids (Eq. cluster_identity): the drawn models for ``t <
+    Tc``, else each one's lowest loss on its own training data. ``losses`` has one row per
+    participant; a node that knows only its own row may leave the others at zero, since a
+    row's tie-break keys do not depend on the other rows' values."""
+    if plan.explore:
+        return plan.drawn
+    return select_clusters(losses, plan.num_models, False, plan.selection_rng())
+
+
+def encoder_epochs(fl, plan: RoundPlan) -> list[bool]:
+    """Which local epochs train the encoder too: none in the Tc phase (head only, on the
+    frozen encoder), the first ``E_l,f`` after it (tab:different_encoder_training)."""
+    return [not plan.explore and e < fl.encoder_trains for e in range(fl.local_epochs)]
 
 
 def select_clusters(losses: np.ndarray | None, num_models: int, explore: bool,
@@ -116,6 +183,8 @@ def aggregate(state: ServerState, client_weights: Sequence[np.ndarray], cluster_
 
     A cluster nobody chose keeps its weights.
     """
+    if len(cluster_ids) == 0:  # nobody replied: the pool stays as it was
+        return ServerState(state.round + 1, state.models, state.num_encoder)
     sizes = np.asarray(sizes, np.float64)
     models = []
     for n, old in enumerate(state.models):
@@ -146,6 +215,109 @@ def clustering_failed(cluster_ids: np.ndarray, num_models: int, min_share: float
     counts = np.bincount(cluster_ids, minlength=num_models)
     return bool(counts.max() == len(cluster_ids)
                 or counts.min() < min_share * len(cluster_ids) / num_models)
+
+
+@dataclasses.dataclass
+class Replies:
+    """What came back from a round's clients."""
+
+    clients: np.ndarray
+    """Index of the client of each reply."""
+    cluster_ids: np.ndarray
+    sizes: np.ndarray
+    """Each reply's number of training examples |D_u|."""
+    weights: list[np.ndarray]
+    """The trained weights, array by array, stacked over replies."""
+    failed: list[int] = dataclasses.field(default_factory=list)
+    """Clients that were asked and did not reply (a real federation only)."""
+
+
+class Federation(Protocol):
+    """How a driver reaches its clients: :mod:`cpcfl_tf.federated.simulator` in one
+    process, :mod:`cpcfl_tf.flower.server_app` over the network. The round itself is
+    :func:`run_rounds`'s."""
+
+    num_clients: int
+
+    def train(self, models: list[Weights], plan: RoundPlan) -> Replies:
+        """Send the pool to ``plan``'s participants; each selects (:func:`select`) and
+        trains locally."""
+
+    def observe(self, models: list[Weights], assigned: np.ndarray, replies: Replies,
+                round_: int) -> dict:
+        """The round's record besides its number (e.g. accuracy, ``cluster_ids``)."""
+
+
+@dataclasses.dataclass
+class Progress:
+    """Where a run stands between rounds, besides its pool (what a checkpoint holds)."""
+
+    round: int = 0
+    attempt: int = 0
+    history: list = dataclasses.field(default_factory=list)
+    """One record per finished round of the current attempt."""
+    assigned: list = dataclasses.field(default_factory=list)
+    """Each client's last cluster id (-1: not yet taken part); empty before round 1."""
+    bytes_down: int = 0
+    bytes_up: int = 0
+    seconds: float = 0.0
+
+
+def run_rounds(fl, seed: int, federation: Federation, start: Callable[[int], ServerState], *,
+               state: ServerState | None = None, progress: Progress | None = None,
+               on_round: Callable[[dict, ServerState, Progress], None] | None = None,
+               say: Callable[[str], None] | None = None) -> tuple[ServerState, Progress]:
+    """Rounds until ``fl.rounds`` are done: plan, train (through ``federation``), aggregate,
+    record, and IFCA's restart rule.
+
+    Parameters
+    ----------
+    fl
+        The resolved :class:`~cpcfl_tf.config.FederatedConfig`.
+    seed
+        The training seed every draw derives from (:class:`Stream`).
+    start
+        ``start(attempt)``: the pool a (re)started run begins with.
+    state, progress
+        Where a resumed run stands (default: ``start(0)`` at round 0).
+    on_round
+        Called after every round (and restart decision) with its record, the new state
+        and progress: where a driver checkpoints and reports.
+    say
+        Where the restart notice goes.
+    """
+    state = start(0) if state is None else state
+    progress = Progress() if progress is None else progress
+    size = model_bytes(state.models[0])
+    n = federation.num_clients
+    assigned = (np.array(progress.assigned, np.int64) if progress.assigned
+                else np.full(n, -1, np.int64))
+    while progress.round < fl.rounds:
+        t, started = progress.round, time.perf_counter()
+        plan = plan_round(fl, seed, progress.attempt, t, n)
+        replies = federation.train(state.models, plan)
+        state = aggregate(state, replies.weights, replies.cluster_ids, replies.sizes,
+                          global_encoder=fl.global_encoder)
+        assigned[replies.clients] = replies.cluster_ids
+        down, up = round_bytes(len(plan.participants), fl.num_clusters, size)
+        progress.bytes_down += down
+        progress.bytes_up += up
+        record = {"round": t + 1, **federation.observe(state.models, assigned, replies, t + 1)}
+        progress.history.append(record)
+        progress.round = t + 1
+        progress.seconds += time.perf_counter() - started
+        if should_restart(fl, progress.round, progress.attempt, assigned):
+            if say:
+                say(f"clustering failed after round {progress.round} "
+                    f"({np.bincount(assigned, minlength=fl.num_clusters).tolist()} clients per "
+                    f"cluster); restart {progress.attempt + 1}/{fl.max_restarts}")
+            progress = dataclasses.replace(progress, round=0, attempt=progress.attempt + 1,
+                                           history=[], assigned=[])
+            state, assigned = start(progress.attempt), np.full(n, -1, np.int64)
+        progress.assigned = assigned.tolist()
+        if on_round:
+            on_round(record, state, progress)
+    return state, progress
 
 
 def model_bytes(weights: Weights) -> int:

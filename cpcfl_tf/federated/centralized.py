@@ -13,7 +13,6 @@ rounds x local epochs: as many passes over each example as a client makes).
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 
 import numpy as np
@@ -26,6 +25,7 @@ from cpcfl_tf.federated.backends import (LocalTraining, batch_orders, client_pro
 from cpcfl_tf.federated.metrics import client_accuracy, pooled_scores
 from cpcfl_tf.federated.clients import ClientArrays, Clients
 from cpcfl_tf.federated.simulator import build_template, initial_pool
+from cpcfl_tf.record import SCORES, Final, RunRecord
 
 
 def _train_pooled(config: Config, data: ClientArrays, encoder_weights, num_classes: int,
@@ -65,8 +65,8 @@ def centralized_baseline(config: Config, clients: Clients, encoder_weights=None,
             **pooled_scores(clients.test.labels, probs), "epochs": epochs}
 
 
-def run_centralized(config: Config, clients: Clients, encoder_weights=None) -> dict:
-    """A centralized baseline as a run record (the contract's fields, no rounds).
+def run_centralized(config: Config, clients: Clients, encoder_weights=None) -> RunRecord:
+    """A centralized baseline as a run record (no rounds, no clusters).
 
     ``federated.num_clusters`` says which: 1 pools all clients, the number of true groups
     pools them by group (tab:different_datasets' two centralized rows).
@@ -77,13 +77,11 @@ def run_centralized(config: Config, clients: Clients, encoder_weights=None) -> d
         raise UserError(f"a centralized run takes federated.num_clusters 1 (all clients pooled) "
                         f"or {groups} (pooled by true group), got {n}")
     started = time.perf_counter()
-    final = centralized_baseline(config, clients, encoder_weights, by_group=n > 1)
-    final.update(ari=None, restarts=0, bytes_down=0, bytes_up=0)
+    result = centralized_baseline(config, clients, encoder_weights, by_group=n > 1)
     seconds = time.perf_counter() - started
-    return {"config": dataclasses.asdict(config),
-            "seeds": {"data": config.seed, "train": config.seed}, "clients": clients.records,
-            "rounds": [], "final": final,
-            "timing": {"seconds": seconds, "seconds_per_round": None}}
+    final = Final(result["accuracy"], {k: result[k] for k in SCORES}, epochs=result["epochs"])
+    return RunRecord(config, config, {"data": config.seed, "train": config.seed},
+                     clients.records, [], final, {"seconds": seconds, "seconds_per_round": None})
 
 
 def supervised_encoder(config: Config, labeled: LabeledImages, *, epochs: int,
@@ -94,50 +92,3 @@ def supervised_encoder(config: Config, labeled: LabeledImages, *, epochs: int,
     data = ClientArrays(labeled.images[None], labeled.labels[None])
     backend, (model,) = _train_pooled(config, data, None, labeled.num_classes, epochs, seed)
     return model[:backend.num_encoder]
-
-
-def pretrained_supervised(config: Config, *, seed: int = 0, verbose: int = 1
-                          ) -> list[np.ndarray]:
-    """Supervised pre-training on the *labeled* version of ``config.data``'s pre-training
-    split (tab:encoder_pretraining), cached like the contrastive encoders.
-
-    It gets the contrastive pre-training's budget: ``config.pretrain``'s epochs, batch
-    size and learning rate (the paper does not give its own).
-    """
-    from cpcfl_tf.contrastive.pretrain import cache_root, pretrain_key
-    from cpcfl_tf.data import load_labeled
-    from cpcfl_tf.results import read_cache_entry, write_atomic
-
-    data, pre = config.data, config.pretrain
-    source = {"dataset": data.pretrain_dataset, "split": data.pretrain_split,
-              "image_size": data.image_size}
-    out = cache_root() / "pretrained" / pretrain_key(pre, name="supervised", data=source,
-                                                     seed=seed)
-    path = out / "encoder.npz"
-    if path.exists():
-        def load(p):
-            with np.load(p) as stored:
-                return [stored[f"w{i}"] for i in range(len(stored.files))]
-
-        cached = read_cache_entry(path, load, rebuild="pre-training it again")
-        if cached is not None:
-            return cached
-    if verbose:
-        print(f"supervised pre-training ({pre.encoder}) on {data.pretrain_dataset}:"
-              f"{data.pretrain_split} with its labels -> {out}", flush=True)
-    labeled = load_labeled(data.pretrain_dataset, data.pretrain_split,
-                           image_size=data.image_size, data_dir=data.data_dir,
-                           manual_dir=data.manual_dir)
-    budget = config.with_overrides(federated={"batch_size": pre.batch_size,
-                                              "learning_rate": pre.learning_rate})
-    weights = supervised_encoder(budget, labeled, epochs=pre.epochs, seed=seed)
-    out.mkdir(parents=True, exist_ok=True)
-
-    def save(tmp: str) -> None:
-        with open(tmp, "wb") as fh:
-            np.savez(fh, **{f"w{i}": w for i, w in enumerate(weights)})
-
-    write_atomic(path, save)
-    (out / "source.json").write_text(json.dumps({"config": dataclasses.asdict(pre), **source,
-                                                 "seed": seed}, indent=2))
-    return weights

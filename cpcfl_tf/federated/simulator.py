@@ -16,7 +16,6 @@ import dataclasses
 import hashlib
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -32,6 +31,7 @@ from cpcfl_tf.federated.backends import (ClientMoments, LocalTraining, batch_ord
 from cpcfl_tf.federated.clients import Clients
 from cpcfl_tf.federated.metrics import client_accuracy, cluster_ari, pooled_scores
 from cpcfl_tf.models import ENCODER_DIMS, build_classifier, build_classifier_head, build_encoder
+from cpcfl_tf.record import Final, Round, RunRecord
 from cpcfl_tf.results import read_file, write_atomic
 
 
@@ -65,20 +65,7 @@ def initial_pool(fl: FederatedConfig, template: keras.Model, encoder_weights, *,
     return pool
 
 
-@dataclasses.dataclass
-class _Progress:
-    """Everything a checkpoint holds besides the pool."""
-
-    round: int = 0
-    attempt: int = 0
-    history: list = dataclasses.field(default_factory=list)
-    assigned: list = dataclasses.field(default_factory=list)
-    bytes_down: int = 0
-    bytes_up: int = 0
-    seconds: float = 0.0
-
-
-def _save(path: Path, fingerprint: str, state: algorithm.ServerState, progress: _Progress,
+def _save(path: Path, fingerprint: str, state: algorithm.ServerState, progress: algorithm.Progress,
           moments: ClientMoments | None):
     arrays = {f"m{n}_{i}": a for n, m in enumerate(state.models) for i, a in enumerate(m)}
     if moments is not None:  # the clients' own optimizer state (optimizer_state="client")
@@ -95,7 +82,7 @@ def _save(path: Path, fingerprint: str, state: algorithm.ServerState, progress: 
 
 
 def _load(path: Path, fingerprint: str
-          ) -> tuple[algorithm.ServerState, _Progress, ClientMoments | None]:
+          ) -> tuple[algorithm.ServerState, algorithm.Progress, ClientMoments | None]:
     def load(p: Path):
         with np.load(p) as data:
             meta = json.loads(str(data["__meta__"]))
@@ -108,7 +95,7 @@ def _load(path: Path, fingerprint: str
     if meta["fingerprint"] != fingerprint:
         raise UserError(f"checkpoint {path} belongs to a different run (config or seeds "
                         "differ); delete it or choose another --out")
-    progress = _Progress(**meta["progress"])
+    progress = algorithm.Progress(**meta["progress"])
     return (algorithm.ServerState(progress.round, models, meta["num_encoder"]), progress,
             moments)
 
@@ -117,7 +104,7 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
                   checkpoint: str | Path | None = None, train_seed: int | None = None,
                   verbose: int = 1,
                   on_round: Callable[[dict, algorithm.ServerState], None] | None = None
-                  ) -> tuple[dict, algorithm.ServerState]:
+                  ) -> tuple[RunRecord, algorithm.ServerState]:
     """Run ``config.federated`` on ``clients``.
 
     Parameters
@@ -143,9 +130,10 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
     Returns
     -------
     (record, state)
-        ``record`` holds ``rounds`` (per-round accuracy and cluster ids, F1/AUROC at the
-        reporting rounds) and ``final`` (the contract's metrics, ARI, restarts and
-        bytes sent); ``state`` is the final server state (the pool of models).
+        ``record`` (:class:`~cpcfl_tf.record.RunRecord`) holds ``rounds`` (per-round
+        accuracy and cluster ids, F1/AUROC at the reporting rounds) and ``final`` (the
+        contract's metrics, ARI, restarts and bytes sent); the runner adds ``experiment``
+        and ``environment``. ``state`` is the final server state (the pool of models).
     """
     fl = config.federated.resolved()
     seed = config.seed if train_seed is None else train_seed
@@ -159,90 +147,78 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
                              sort_keys=True)
     path = Path(checkpoint) if checkpoint else None
 
-    def fresh(attempt: int) -> algorithm.ServerState:
-        return algorithm.ServerState(0, initial_pool(fl, template, encoder_weights, seed=seed,
-                                                     attempt=attempt), num_encoder)
+    simulation = _Simulation(fl, backend, clients)
 
-    def fresh_moments() -> ClientMoments | None:
+    def start(attempt: int) -> algorithm.ServerState:
+        state = algorithm.ServerState(0, initial_pool(fl, template, encoder_weights, seed=seed,
+                                                      attempt=attempt), num_encoder)
         # optimizer_state="client": every client keeps its Adam state between rounds.
-        return (ClientMoments.zeros(state.models[0], clients.train.num_clients)
-                if fl.optimizer_state == "client" else None)
+        simulation.moments = (ClientMoments.zeros(state.models[0], clients.train.num_clients)
+                              if fl.optimizer_state == "client" else None)
+        return state
 
+    state = progress = None
     if path and path.exists():
-        state, progress, moments = _load(path, fingerprint)
-    else:
-        state, progress = fresh(0), _Progress()
-        moments = fresh_moments()
-    local = LocalTraining.of(fl)
-    size = algorithm.model_bytes(state.models[0])
-    num_clients = clients.train.num_clients
-    take = max(1, int(round(fl.participation * num_clients)))
-    assigned = (np.array(progress.assigned, np.int64) if progress.assigned
-                else np.full(num_clients, -1, np.int64))
+        state, progress, simulation.moments = _load(path, fingerprint)
 
-    while progress.round < fl.rounds:
-        t, started = progress.round, time.perf_counter()
-        rng = algorithm.round_rng(seed, progress.attempt, t, algorithm.Stream.SELECTION)
-        part = (np.arange(num_clients) if take == num_clients
-                else np.sort(rng.choice(num_clients, take, replace=False)))
-        train = clients.train.subset(part) if take < num_clients else clients.train
-        explore = t < fl.head_rounds
-        losses = None if explore else client_losses(backend, state.models, train)
-        ids = algorithm.select_clusters(losses, fl.num_clusters, explore, rng, len(part))
-        orders = batch_orders(len(part), train.size, fl.local_epochs,
-                              algorithm.stream_seed(seed, progress.attempt, t,
-                                                    algorithm.Stream.BATCHES))
-        encoder_epochs = [not explore and e < fl.encoder_trains for e in range(fl.local_epochs)]
-        own = None if moments is None else moments.subset(part)
-        trained = backend.train(stack_models(state.models), ids, train, orders, encoder_epochs,
-                                local, own)
-        if own is not None:
-            moments.put(part, own)
-        if not all(np.isfinite(a).all() for a in trained):
-            raise DivergedError(f"local training diverged (NaN/Inf weights) in round {t + 1}; "
-                                f"lower federated.learning_rate (now {fl.learning_rate})")
-        state = algorithm.aggregate(state, trained, ids, clients.sizes[part],
-                                    global_encoder=fl.global_encoder)
-        assigned[part] = ids
-        down, up = algorithm.round_bytes(len(part), fl.num_clusters, size)
-        progress.bytes_down += down
-        progress.bytes_up += up
-
-        record = _evaluate(backend, state.models, assigned, clients, t + 1, fl)
-        progress.history.append(record)
-        progress.round = t + 1
-        progress.seconds += time.perf_counter() - started
-        if algorithm.should_restart(fl, progress.round, progress.attempt, assigned):
-            if verbose:
-                print(f"  clustering failed after round {progress.round} "
-                      f"({np.bincount(assigned, minlength=fl.num_clusters).tolist()} clients per "
-                      f"cluster); restart {progress.attempt + 1}/{fl.max_restarts}", flush=True)
-            progress = dataclasses.replace(progress, round=0, attempt=progress.attempt + 1,
-                                           history=[], assigned=[])
-            state, assigned = fresh(progress.attempt), np.full(num_clients, -1, np.int64)
-            moments = fresh_moments()
-        progress.assigned = assigned.tolist()
+    def after(record: dict, state: algorithm.ServerState, progress: algorithm.Progress):
         if path:
-            _save(path, fingerprint, state, progress, moments)
+            _save(path, fingerprint, state, progress, simulation.moments)
         if verbose:
             _report(record, fl, progress.round)
         if on_round:
             on_round(record, state)
 
-    last = progress.history[-1]
-    final = {k: v for k, v in last.items() if k not in ("round", "cluster_ids")}
-    final.update(ari=cluster_ari(clients.groups, assigned), restarts=progress.attempt,
-                 bytes_down=progress.bytes_down, bytes_up=progress.bytes_up, model_bytes=size)
-    record = {"config": {**dataclasses.asdict(config), "federated": dataclasses.asdict(fl)},
-              "seeds": {"data": config.seed, "train": seed}, "clients": clients.records,
-              "rounds": progress.history, "final": final,
-              "timing": {"seconds": progress.seconds,
-                         "seconds_per_round": progress.seconds / max(1, fl.rounds)}}
+    state, progress = algorithm.run_rounds(
+        fl, seed, simulation, start, state=state, progress=progress, on_round=after,
+        say=(lambda line: print("  " + line, flush=True)) if verbose else None)
+    assigned = np.array(progress.assigned, np.int64)
+    size = algorithm.model_bytes(state.models[0])
+    last = Round.from_json(progress.history[-1])
+    final = Final(last.accuracy, last.scores, ari=cluster_ari(clients.groups, assigned),
+                  restarts=progress.attempt, bytes_down=progress.bytes_down,
+                  bytes_up=progress.bytes_up, model_bytes=size)
+    record = RunRecord(
+        dataclasses.replace(config, federated=fl), config, {"data": config.seed, "train": seed},
+        clients.records, [Round.from_json(r) for r in progress.history], final,
+        {"seconds": progress.seconds, "seconds_per_round": progress.seconds / max(1, fl.rounds)})
     return record, state
 
 
+class _Simulation:
+    """The simulator's :class:`~cpcfl_tf.federated.algorithm.Federation`: every client in
+    this process, trained together by a backend."""
+
+    def __init__(self, fl: FederatedConfig, backend, clients: Clients):
+        self.fl, self.backend, self.clients = fl, backend, clients
+        self.num_clients = clients.train.num_clients
+        self.local = LocalTraining.of(fl)
+        self.moments: ClientMoments | None = None
+
+    def train(self, models, plan: algorithm.RoundPlan) -> algorithm.Replies:
+        fl, part = self.fl, plan.participants
+        train = (self.clients.train.subset(part) if len(part) < self.num_clients
+                 else self.clients.train)
+        losses = None if plan.explore else client_losses(self.backend, models, train)
+        ids = algorithm.select(plan, losses)
+        orders = batch_orders(len(part), train.size, fl.local_epochs, plan.batch_seed)
+        own = None if self.moments is None else self.moments.subset(part)
+        trained = self.backend.train(stack_models(models), ids, train, orders,
+                                     algorithm.encoder_epochs(fl, plan), self.local, own)
+        if own is not None:
+            self.moments.put(part, own)
+        if not all(np.isfinite(a).all() for a in trained):
+            raise DivergedError(f"local training diverged (NaN/Inf weights) in round "
+                                f"{plan.round + 1}; lower federated.learning_rate (now "
+                                f"{fl.learning_rate})")
+        return algorithm.Replies(part, ids, self.clients.sizes[part], trained)
+
+    def observe(self, models, assigned, replies, round_: int) -> dict:
+        return _evaluate(self.backend, models, assigned, self.clients, round_, self.fl)
+
+
 def fedavg_encoder(config: Config, clients: Clients, *, checkpoint: str | Path | None = None,
-                   verbose: int = 1) -> tuple[list[np.ndarray], dict]:
+                   verbose: int = 1) -> tuple[list[np.ndarray], RunRecord]:
     """IFCA(FedAvg)'s starting encoder: the encoder of the global model of a FedAvg run
     (random initialisation, the same clients and rounds). Returns it and that run's record.
     """
@@ -275,8 +251,7 @@ def _evaluate(backend, models, assigned, clients: Clients, round_: int, fl: Fede
         losses = client_losses(backend, models, clients.train.subset(unseen))
         ids[unseen] = losses.argmin(axis=1)
     probs = client_probabilities(backend, models, ids, clients.test)
-    record = {"round": round_,
-              "accuracy": float(client_accuracy(clients.test.labels, probs).mean()),
+    record = {"accuracy": float(client_accuracy(clients.test.labels, probs).mean()),
               "cluster_ids": assigned.tolist()}
     if round_ % fl.report_every == 0 or round_ == fl.rounds:
         record.update(pooled_scores(clients.test.labels, probs))

@@ -61,7 +61,7 @@ def query(msg: Message, context: Context) -> Message:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """Select (or take the assigned) cluster, train it locally, send it back."""
+    """Select a cluster (the drawn one in the Tc phase), train it locally, send it back."""
     from cpcfl_tf.federated import algorithm
     from cpcfl_tf.federated.backends import (LocalTraining, batch_orders, client_losses,
                                              stack_models, unstack)
@@ -69,27 +69,21 @@ def train(msg: Message, context: Context) -> Message:
     config, data, _, backend = _context(context)
     fl = config.federated.resolved()
     settings = msg.content["config"]
-    t, attempt = int(settings["round"]), int(settings["attempt"])
-    explore = bool(settings["explore"])
+    partition_id = int(context.node_config["partition-id"])
+    # The round's plan, drawn from the seeds exactly as the server and the simulator draw it.
+    plan = algorithm.plan_round(fl, config.seed, int(settings["attempt"]), int(settings["round"]),
+                                config.partition.num_clients)
+    row = int(np.searchsorted(plan.participants, partition_id))
     models = {int(k.split("-")[1]): from_record(r) for k, r in msg.content.array_records.items()}
-    partition_id, num_clients = int(context.node_config["partition-id"]), config.partition.num_clients
-    if explore:  # t < Tc: the server assigned one model at random
-        (cluster,) = models
-    else:  # Eq. cluster_identity: lowest loss on the client's own training data
-        # The simulator's selection with its own draw: every client takes part, so the
-        # round's tie-break keys are one row per client, and this node's is its row.
-        losses = np.zeros((num_clients, fl.num_clusters))
-        losses[partition_id] = client_losses(
-            backend, [models[n] for n in range(fl.num_clusters)], data)[0]
-        rng = algorithm.round_rng(config.seed, attempt, t, algorithm.Stream.SELECTION)
-        cluster = int(algorithm.select_clusters(losses, fl.num_clusters, False, rng)[partition_id])
-    # The simulator's batch order for this client.
-    orders = batch_orders(num_clients, data.size, fl.local_epochs,
-                          algorithm.stream_seed(config.seed, attempt, t, algorithm.Stream.BATCHES)
-                          )[:, partition_id:partition_id + 1]
-    encoder_epochs = [not explore and e < fl.encoder_trains for e in range(fl.local_epochs)]
+    losses = None
+    if not plan.explore:  # Eq. cluster_identity on this client's own training data
+        losses = np.zeros((len(plan.participants), fl.num_clusters))
+        losses[row] = client_losses(backend, [models[n] for n in range(fl.num_clusters)], data)[0]
+    cluster = int(algorithm.select(plan, losses)[row])
+    orders = batch_orders(len(plan.participants), data.size, fl.local_epochs,
+                          plan.batch_seed)[:, row:row + 1]
     trained = backend.train(stack_models([models[cluster]]), np.array([0]), data, orders,
-                            encoder_epochs, LocalTraining.of(fl))
+                            algorithm.encoder_epochs(fl, plan), LocalTraining.of(fl))
     return _reply(msg, model=to_record(unstack(trained, 0)), metrics=MetricRecord({
         "cluster-id": cluster, "num-examples": data.size, "partition-id": partition_id}))
 

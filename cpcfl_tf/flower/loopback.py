@@ -163,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--preset", default="smoke", help="data and model preset (default smoke)")
     parser.add_argument("--method", default="cp-cfl", choices=["fedavg", "ifca", "cp-cfl"])
     parser.add_argument("--pretraining", default="simclr",
-                        choices=["none", *PRETRAIN_METHODS])
+                        choices=["none", *PRETRAIN_METHODS, "supervised"])
     parser.add_argument("--num-clusters", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--head-rounds", type=int, default=1, help="Tc (default 1)")

@@ -15,13 +15,15 @@ answer the evaluation. The server only ever sees weights, counts and cluster ids
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from cpcfl_tf.config import PRETRAIN_METHODS
+from cpcfl_tf.federated import algorithm
+from cpcfl_tf.record import Final, Round, RunRecord, write_record
 from cpcfl_tf.flower.common import from_record, model_key, run_config, to_record
 
 app = ServerApp()
@@ -47,12 +49,51 @@ def _send(grid: Grid, contents: dict[int, RecordDict], kind: str, group: str,
     return good, sorted(set(contents) - answered)
 
 
+class _Nodes:
+    """The ServerApp's :class:`~cpcfl_tf.federated.algorithm.Federation`: one SuperNode per
+    client, reached through the Grid. A node that fails a round is left out of it."""
+
+    def __init__(self, grid: Grid, partition_of: dict[int, int], num_clients: int,
+                 timeout: float):
+        self.grid, self.partition_of, self.timeout = grid, partition_of, timeout
+        self.num_clients = num_clients
+
+    def train(self, models, plan: algorithm.RoundPlan) -> algorithm.Replies:
+        online = set(self.grid.get_node_ids())  # a node the SuperLink lost is not asked
+        row = {int(c): k for k, c in enumerate(plan.participants)}
+        contents = {}
+        for node, pid in self.partition_of.items():
+            if node not in online or pid not in row:
+                continue
+            # In the Tc phase a node gets only the model it drew (Algorithm "CP-CFL").
+            sent = [int(plan.drawn[row[pid]])] if plan.explore else range(plan.num_models)
+            contents[node] = RecordDict({
+                "config": ConfigRecord({"round": plan.round, "attempt": plan.attempt}),
+                **{model_key(n): to_record(models[n]) for n in sent}})
+        replies, failed = _send(self.grid, contents, MessageType.TRAIN, str(plan.round + 1),
+                                self.timeout)
+        metrics = [r.content["metrics"] for r in replies]
+        trained = [from_record(r.content["model"]) for r in replies]
+        asked = {self.partition_of[n] for n in contents}
+        return algorithm.Replies(
+            np.array([int(m["partition-id"]) for m in metrics], np.int64),
+            np.array([int(m["cluster-id"]) for m in metrics], np.int64),
+            np.array([float(m["num-examples"]) for m in metrics]),
+            [np.stack([w[i] for w in trained]) for i in range(len(trained[0]))] if trained
+            else [],
+            sorted({self.partition_of[n] for n in failed} | (set(row) - asked)))
+
+    def observe(self, models, assigned, replies, round_: int) -> dict:
+        return {"cluster_ids": assigned.tolist(), "replies": len(replies.clients),
+                "failed_partitions": replies.failed}
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     from cpcfl_tf.data.sources import get_spec
-    from cpcfl_tf.federated import algorithm
     from cpcfl_tf.federated.simulator import build_template, initial_pool
-    from cpcfl_tf.results import write_json
+    from cpcfl_tf.federated.starting import StartingEncoders
+    from cpcfl_tf.experiment import environment
 
     settings = dict(context.run_config)
     config = run_config(settings)
@@ -68,58 +109,29 @@ def main(grid: Grid, context: Context) -> None:
     print(f"[cpcfl] {len(partition_of)} nodes: partitions {sorted(partition_of.values())}",
           flush=True)
 
-    encoder_weights = None
-    if fl.pretraining in PRETRAIN_METHODS:  # the server's own pre-training
-        from cpcfl_tf.contrastive.pretrain import pretrained_encoder
-
-        encoder_weights = pretrained_encoder(config.pretrain, config.data, method=fl.pretraining,
-                                             seed=config.seed, verbose=0).encoder.get_weights()
-    elif fl.pretraining != "none":
-        raise ValueError(f"pre-training {fl.pretraining!r} is not available on Flower; use "
-                         "none, simclr, byol or simsiam")
+    if fl.pretraining == "fedavg":  # would need a FedAvg federation first
+        raise ValueError("pre-training 'fedavg' is not available on Flower; use none, "
+                         "simclr, byol, simsiam or supervised")
+    # The server's own pre-training (its data, never the nodes').
+    encoder_weights = StartingEncoders(seed=config.seed, verbose=0)(config)
     size = config.data.image_size
     template = build_template(fl, (size, size, 3), get_spec(config.data.client_dataset).num_classes)
     num_encoder = len(template.get_layer("encoder").weights)
-    attempt = 0
-    state = algorithm.ServerState(0, initial_pool(fl, template, encoder_weights,
-                                                  seed=config.seed, attempt=0), num_encoder)
-    assigned = np.full(num_clients, -1, np.int64)
-    history, t, started = [], 0, time.perf_counter()
-    while t < fl.rounds:
-        explore = t < fl.head_rounds
-        rng = algorithm.round_rng(config.seed, attempt, t, algorithm.Stream.SELECTION)
-        drawn = algorithm.select_clusters(None, fl.num_clusters, True, rng, num_clients)
-        online = set(grid.get_node_ids())  # a node the SuperLink lost is not asked
-        contents = {}
-        for node, pid in partition_of.items():
-            if node not in online:
-                continue
-            sent = [int(drawn[pid])] if explore else range(fl.num_clusters)
-            contents[node] = RecordDict({
-                "config": ConfigRecord({"round": t, "attempt": attempt, "explore": explore}),
-                **{model_key(n): to_record(state.models[n]) for n in sent}})
-        replies, failed = _send(grid, contents, MessageType.TRAIN, str(t + 1), timeout)
-        if replies:
-            metrics = [r.content["metrics"] for r in replies]
-            trained = [from_record(r.content["model"]) for r in replies]
-            ids = np.array([int(m["cluster-id"]) for m in metrics])
-            stacked = [np.stack([w[i] for w in trained]) for i in range(len(trained[0]))]
-            state = algorithm.aggregate(state, stacked, ids,
-                                        [float(m["num-examples"]) for m in metrics],
-                                        global_encoder=fl.global_encoder)
-            assigned[[int(m["partition-id"]) for m in metrics]] = ids
-        t += 1
-        missing = sorted(set(partition_of) - set(contents))
-        history.append({"round": t, "cluster_ids": assigned.tolist(), "replies": len(replies),
-                        "failed_partitions": sorted(partition_of[n] for n in failed + missing)})
-        print(f"[cpcfl] round {t}/{fl.rounds}: cluster ids {assigned.tolist()}, "
-              f"{len(replies)} replies, {len(failed) + len(missing)} failed", flush=True)
-        if algorithm.should_restart(fl, t, attempt, assigned):
-            attempt, t, history = attempt + 1, 0, []
-            assigned[:] = -1
-            state = algorithm.ServerState(0, initial_pool(fl, template, encoder_weights,
-                                                          seed=config.seed, attempt=attempt),
-                                          num_encoder)
+
+    def start(attempt: int) -> algorithm.ServerState:
+        return algorithm.ServerState(0, initial_pool(fl, template, encoder_weights,
+                                                     seed=config.seed, attempt=attempt),
+                                     num_encoder)
+
+    def after(record: dict, state, progress) -> None:
+        print(f"[cpcfl] round {record['round']}/{fl.rounds}: cluster ids "
+              f"{record['cluster_ids']}, {record['replies']} replies, "
+              f"{len(record['failed_partitions'])} failed", flush=True)
+
+    federation = _Nodes(grid, partition_of, num_clients, timeout)
+    state, progress = algorithm.run_rounds(fl, config.seed, federation, start, on_round=after,
+                                           say=lambda line: print(f"[cpcfl] {line}", flush=True))
+    assigned = np.array(progress.assigned, np.int64)
 
     # Each node scores its cluster's model on its own test data.
     contents = {node: RecordDict({"model": to_record(state.models[assigned[pid]])})
@@ -127,14 +139,18 @@ def main(grid: Grid, context: Context) -> None:
     scores, failed = _send(grid, contents, MessageType.EVALUATE, "evaluate", timeout)
     accuracy = {int(r.content["metrics"]["partition-id"]): float(r.content["metrics"]["accuracy"])
                 for r in scores}
-    record = {"experiment": "flower", "preset": config.preset, "method": fl.method,
-              "pretraining": fl.pretraining, "config": config.to_dict(),
-              "seeds": {"data": config.seed, "train": config.seed},
-              "nodes": {str(n): p for n, p in partition_of.items()}, "rounds": history,
-              "final": {"accuracy": float(np.mean(list(accuracy.values()))) if accuracy else None,
-                        "client_accuracy": {str(k): v for k, v in sorted(accuracy.items())},
-                        "restarts": attempt},
-              "timing": {"seconds": time.perf_counter() - started}}
-    print(f"[cpcfl] final accuracy {record['final']['accuracy']}", flush=True)
+    final = Final(float(np.mean(list(accuracy.values()))) if accuracy else None,
+                  client_accuracy={str(k): v for k, v in sorted(accuracy.items())},
+                  restarts=progress.attempt, bytes_down=progress.bytes_down,
+                  bytes_up=progress.bytes_up, model_bytes=algorithm.model_bytes(state.models[0]))
+    # The server never sees the clients' data: no class counts, no true groups, no ARI.
+    record = RunRecord(dataclasses.replace(config, federated=fl), config,
+                       {"data": config.seed, "train": config.seed}, [],
+                       [Round.from_json(r) for r in progress.history], final,
+                       {"seconds": progress.seconds,
+                        "seconds_per_round": progress.seconds / max(1, fl.rounds)},
+                       experiment="flower", environment=environment(),
+                       nodes={str(n): p for n, p in partition_of.items()})
+    print(f"[cpcfl] final accuracy {record.final.accuracy}", flush=True)
     if settings.get("out"):
-        write_json(settings["out"], record)
+        write_record(settings["out"], record)

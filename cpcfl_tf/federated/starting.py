@@ -1,0 +1,144 @@
+"""Where a federated run's starting encoder comes from: ``federated.pretraining``.
+
+============================  ===========================================================
+``none``                      random initialisation (no encoder is passed on)
+``simclr``, ``byol``,         the server's contrastive pre-training on *unlabeled* images
+``simsiam``                   (:func:`cpcfl_tf.contrastive.pretrain.pretrained_encoder`)
+``supervised``                the server's supervised pre-training on the labeled version
+                              of the same split (tab:encoder_pretraining)
+``fedavg``                    the global model's encoder after a FedAvg (None) run on the
+                              same clients (IFCA (FedAvg))
+============================  ===========================================================
+
+Each is built once and kept in one cache (:func:`cpcfl_tf.results.cache_root`):
+``pretrained/<method>-<encoder>-<hash>/`` for the server's pre-trainings and
+``fedavg/<hash>.npz`` for FedAvg encoders, so no script, rerun or resumed run builds one
+twice, and a script whose encoders are all cached reads no pre-training image.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Callable
+
+import numpy as np
+
+from cpcfl_tf.config import PRETRAIN_METHODS, Config, config_record
+from cpcfl_tf.federated.clients import Clients
+from cpcfl_tf.results import cache_root, read_weights, write_weights
+
+Weights = list[np.ndarray]
+
+
+def fedavg_config(config: Config) -> Config:
+    """The FedAvg (None) run whose encoder IFCA (FedAvg) with ``config`` starts from."""
+    return config.with_overrides(federated={"method": "fedavg", "pretraining": "none"})
+
+
+class StartingEncoders:
+    """The starting encoders of one script's runs, each built at most once.
+
+    Parameters
+    ----------
+    seed
+        The server's pre-training seed (the script's ``--seed``): a run's own seed
+        (trials) redraws the clients, not the server's encoder.
+    clients
+        ``clients(config)``: the run's clients (a FedAvg encoder is trained on them).
+    unlabeled
+        ``unlabeled(config)``: the server's unlabeled images, called only when a
+        contrastive pre-training is not cached yet.
+    verbose, distribute
+        As for :func:`cpcfl_tf.contrastive.pretrain.pretrained_encoder`.
+    """
+
+    def __init__(self, *, seed: int, clients: Callable[[Config], Clients] | None = None,
+                 unlabeled: Callable[[Config], np.ndarray] | None = None, verbose: int = 1,
+                 distribute: str = "default"):
+        self.seed, self.verbose, self.distribute = seed, verbose, distribute
+        self._clients, self._unlabeled = clients, unlabeled
+        self._fedavg: dict[str, Weights] = {}
+
+    def __call__(self, config: Config) -> Weights | None:
+        """The encoder ``config``'s run starts from (``None``: random)."""
+        pre = config.federated.pretraining
+        if pre == "none":
+            return None
+        if pre == "fedavg":
+            return self.fedavg(config)
+        if pre == "supervised":
+            return self.supervised(config)
+        return self.contrastive(config, pre).encoder.get_weights()
+
+    def contrastive(self, config: Config, method: str):
+        """The server's cached contrastive pre-training (``method`` in
+        :data:`~cpcfl_tf.config.PRETRAIN_METHODS`), with its history."""
+        from cpcfl_tf.contrastive.pretrain import pretrained_encoder
+
+        assert method in PRETRAIN_METHODS, method
+        images = None if self._unlabeled is None else (lambda: self._unlabeled(config))
+        return pretrained_encoder(config.pretrain, config.data, method=method, seed=self.seed,
+                                  verbose=self.verbose, distribute=self.distribute,
+                                  images=images)
+
+    def supervised(self, config: Config) -> Weights:
+        """Supervised pre-training on the labeled version of ``config.data``'s pre-training
+        split, with the contrastive pre-training's budget (``config.pretrain``'s epochs,
+        batch size and learning rate: the paper does not give its own)."""
+        from cpcfl_tf.contrastive.pretrain import pretrain_key
+        from cpcfl_tf.data import load_labeled
+        from cpcfl_tf.federated.centralized import supervised_encoder
+
+        data, pre = config.data, config.pretrain
+        source = {"dataset": data.pretrain_dataset, "split": data.pretrain_split,
+                  "image_size": data.image_size}
+        out = cache_root() / "pretrained" / pretrain_key(pre, "supervised", data=source,
+                                                         seed=self.seed)
+        cached = read_weights(out / "encoder.npz", rebuild="pre-training it again")
+        if cached is not None:
+            return cached
+        if self.verbose:
+            print(f"supervised pre-training ({pre.encoder}) on {data.pretrain_dataset}:"
+                  f"{data.pretrain_split} with its labels -> {out}", flush=True)
+        labeled = load_labeled(data.pretrain_dataset, data.pretrain_split,
+                               image_size=data.image_size, data_dir=data.data_dir,
+                               manual_dir=data.manual_dir)
+        budget = config.with_overrides(federated={"batch_size": pre.batch_size,
+                                                  "learning_rate": pre.learning_rate})
+        weights = supervised_encoder(budget, labeled, epochs=pre.epochs, seed=self.seed)
+        write_weights(out / "encoder.npz", weights)
+        (out / "source.json").write_text(json.dumps(
+            {"config": dataclasses.asdict(pre), **source, "seed": self.seed}, indent=2))
+        return weights
+
+    def fedavg(self, config: Config) -> Weights:
+        """The encoder of the global model after the FedAvg (None) run on ``config``'s
+        clients and rounds; trained only if neither this script nor the cache has it."""
+        key = _fedavg_key(config)
+        if key not in self._fedavg:
+            cached = read_weights(_fedavg_path(key), key=key, rebuild="training FedAvg again")
+            if cached is None:
+                from cpcfl_tf.federated.simulator import fedavg_encoder
+
+                if self._clients is None:
+                    raise ValueError("a FedAvg starting encoder needs the clients' data")
+                cached, _ = fedavg_encoder(config, self._clients(config), verbose=self.verbose)
+                write_weights(_fedavg_path(key), cached, key=key)
+            self._fedavg[key] = cached
+        return self._fedavg[key]
+
+    def keep_fedavg(self, config: Config, weights: Weights) -> None:
+        """Keep the encoder of a finished FedAvg (None) run (``config``) for IFCA (FedAvg)
+        runs on the same clients, now or later."""
+        key = _fedavg_key(config)
+        self._fedavg[key] = weights
+        write_weights(_fedavg_path(key), weights, key=key)
+
+
+def _fedavg_key(config: Config) -> str:
+    return json.dumps(config_record(fedavg_config(config)), sort_keys=True)
+
+
+def _fedavg_path(key: str):
+    return cache_root() / "fedavg" / f"{hashlib.sha1(key.encode()).hexdigest()[:16]}.npz"

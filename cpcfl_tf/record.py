@@ -1,0 +1,214 @@
+"""The run record: what every run writes (README, "The run record";
+``docs/run-record.schema.json`` is its contract for outside tools).
+
+The simulator, the centralized baselines and the Flower server build a :class:`RunRecord`;
+the runner adds where it ran and writes it with :meth:`RunRecord.to_json`; scripts read it
+back with :func:`read_record` and use its fields (``record.final.accuracy``,
+``record.config.federated.rounds``), never nested strings. ``to_json`` writes the keys in
+one fixed order, so reading a record and writing it again gives the same bytes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+from cpcfl_tf.config import Config, config_record
+
+SCORES = ("f1_macro", "f1_weighted", "auroc_ovr_macro", "auroc_ovr_weighted",
+          "auroc_ovo_macro", "auroc_ovo_weighted")
+"""Pooled F1 and AUROC (tab:addition_scores), at the reporting rounds and at the end."""
+
+
+def _only(data: dict, known: set[str], what: str) -> None:
+    unknown = set(data) - known
+    if unknown:
+        raise ValueError(f"unknown {what} field(s) {', '.join(sorted(unknown))}")
+
+
+@dataclasses.dataclass
+class Round:
+    """One finished round."""
+
+    round: int
+    """1..T."""
+    cluster_ids: list[int]
+    """Per client; -1 before its first round."""
+    accuracy: float | None = None
+    """Mean client accuracy on the clients' test data (a Flower server does not see it)."""
+    scores: dict[str, float] = dataclasses.field(default_factory=dict)
+    """:data:`SCORES`, at the reporting rounds only."""
+    replies: int | None = None
+    """Flower: how many nodes replied."""
+    failed_partitions: list[int] | None = None
+    """Flower: the clients asked that did not reply."""
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"round": self.round}
+        if self.accuracy is not None:
+            out["accuracy"] = self.accuracy
+        out["cluster_ids"] = self.cluster_ids
+        out.update({k: self.scores[k] for k in SCORES if k in self.scores})
+        if self.replies is not None:
+            out.update(replies=self.replies, failed_partitions=self.failed_partitions)
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Round":
+        _only(data, {"round", "accuracy", "cluster_ids", "replies", "failed_partitions",
+                     *SCORES}, "round")
+        return cls(data["round"], data["cluster_ids"], data.get("accuracy"),
+                   {k: data[k] for k in SCORES if k in data}, data.get("replies"),
+                   data.get("failed_partitions"))
+
+
+@dataclasses.dataclass
+class Final:
+    """The run's result (the contract's metrics)."""
+
+    accuracy: float | None
+    scores: dict[str, float] = dataclasses.field(default_factory=dict)
+    epochs: int | None = None
+    """Centralized runs: epochs over the pooled data."""
+    client_accuracy: dict[str, float] | None = None
+    """Flower: each answering node's accuracy, by partition id."""
+    ari: float | None = None
+    """Adjusted Rand index of the final cluster ids against the true groups."""
+    restarts: int = 0
+    bytes_down: int = 0
+    bytes_up: int = 0
+    model_bytes: int | None = None
+
+    def metric(self, name: str) -> float:
+        """``accuracy`` or one of :data:`SCORES`."""
+        return self.accuracy if name == "accuracy" else self.scores[name]
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"accuracy": self.accuracy}
+        out.update({k: self.scores[k] for k in SCORES if k in self.scores})
+        if self.epochs is not None:
+            out["epochs"] = self.epochs
+        if self.client_accuracy is not None:
+            out["client_accuracy"] = self.client_accuracy
+        out.update(ari=self.ari, restarts=self.restarts, bytes_down=self.bytes_down,
+                   bytes_up=self.bytes_up)
+        if self.model_bytes is not None:
+            out["model_bytes"] = self.model_bytes
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Final":
+        fields = {f.name for f in dataclasses.fields(cls)} - {"scores"}
+        _only(data, fields | set(SCORES), "final")
+        return cls(scores={k: data[k] for k in SCORES if k in data},
+                   **{k: v for k, v in data.items() if k in fields})
+
+
+@dataclasses.dataclass
+class RunRecord:
+    """Everything one run leaves: settings, clients, every round, the result."""
+
+    config: Config
+    """The settings as the run used them (a federated run's ``federated`` resolved for its
+    method, :meth:`~cpcfl_tf.config.FederatedConfig.resolved`)."""
+    requested: Config
+    """The settings as the script asked for them (what "same config?" compares)."""
+    seeds: dict[str, int]
+    """``data`` (the partition) and ``train`` (initialisation, selection, batches)."""
+    clients: list[dict[str, Any]]
+    """Per client: id, true group, class counts of its training and test data (a Flower
+    server, which never sees them, leaves this empty)."""
+    rounds: list[Round]
+    final: Final
+    timing: dict[str, float | None]
+    """``seconds`` and ``seconds_per_round`` (``None`` for centralized runs)."""
+    experiment: str = ""
+    """The script that wrote it."""
+    environment: dict[str, Any] = dataclasses.field(default_factory=dict)
+    nodes: dict[str, int] | None = None
+    """Flower: node id -> partition id."""
+
+    @property
+    def preset(self) -> str:
+        return self.config.preset
+
+    @property
+    def method(self) -> str:
+        return self.config.federated.method
+
+    @property
+    def pretraining(self) -> str:
+        return self.config.federated.pretraining
+
+    def accuracy_at(self, round_: int) -> float:
+        """Mean client accuracy after ``round_`` finished rounds."""
+        return next(r.accuracy for r in self.rounds if r.round == round_)
+
+    def best_accuracy(self) -> float:
+        """The best mean client accuracy over the rounds."""
+        return max(r.accuracy for r in self.rounds)
+
+    def last_cluster_change(self) -> int:
+        """The round after which no client changed its cluster again (1 if none did)."""
+        ids = [r.cluster_ids for r in self.rounds]
+        return max([1] + [k + 1 for k in range(1, len(ids)) if ids[k] != ids[k - 1]])
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "experiment": self.experiment, "preset": self.preset, "method": self.method,
+            "pretraining": self.pretraining,
+            "config": {**dataclasses.asdict(self.config),
+                       "requested": config_record(self.requested)},
+            "seeds": self.seeds}
+        if self.nodes is not None:
+            out["nodes"] = self.nodes
+        out.update(clients=self.clients, rounds=[r.to_json() for r in self.rounds],
+                   final=self.final.to_json(), timing=self.timing,
+                   environment=self.environment)
+        return _plain(out)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "RunRecord":
+        _only(data, {"experiment", "preset", "method", "pretraining", "config", "seeds",
+                     "nodes", "clients", "rounds", "final", "timing", "environment"}, "record")
+        stored = dict(data["config"])
+        requested = Config.from_dict(stored.pop("requested"))
+        record = cls(Config.from_dict(stored), requested, data["seeds"], data["clients"],
+                     [Round.from_json(r) for r in data["rounds"]],
+                     Final.from_json(data["final"]), data["timing"], data["experiment"],
+                     data["environment"], data.get("nodes"))
+        said = (data["preset"], data["method"], data["pretraining"])
+        if said != (record.preset, record.method, record.pretraining):
+            raise ValueError(f"preset, method, pretraining {said} disagree with the config")
+        return record
+
+
+def _plain(value: Any) -> Any:
+    """JSON-ready copy: tuples as lists (as ``json`` writes them anyway)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def read_record(path: str | os.PathLike) -> RunRecord:
+    """A run record the kit wrote; damage or an older layout is one line naming the fix."""
+    from cpcfl_tf.results import read_file
+
+    import json
+
+    def load(p: Path) -> RunRecord:
+        return RunRecord.from_json(json.loads(p.read_text()))
+
+    return read_file(path, load, fix="delete it to run it again, or restore it (e.g. git "
+                                     "checkout); records of an older kit: python "
+                                     "experiments/migrate_records.py FOLDER")
+
+
+def write_record(path: str | os.PathLike, record: RunRecord) -> Path:
+    """Write ``record`` atomically (:func:`cpcfl_tf.results.write_json`)."""
+    from cpcfl_tf.results import write_json
+
+    return write_json(path, record.to_json())

@@ -1,0 +1,58 @@
+"""Reporting: the paper's way of summarising runs, and markdown tables.
+
+Scripts build their reports from :class:`~cpcfl_tf.record.RunRecord`s with these helpers;
+nothing here runs anything.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
+    """The lines of a markdown table: ``header``, the rule, one line per row (cells
+    already formatted, or anything ``str`` shows as wanted)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def reporting_rounds(rounds: int) -> list[int]:
+    """The paper reports T = 25/50/75/100 of 100 rounds: the quarters of the run."""
+    return [int(np.ceil(rounds * q / 4)) for q in (1, 2, 3, 4)]
+
+
+def mean_sd(values) -> tuple[float, float]:
+    """Mean and standard deviation (ddof = 0, as the paper's trial tables compute it)."""
+    values = np.asarray(values, np.float64)
+    return float(values.mean()), float(values.std())
+
+
+def trial_table(records: dict[str, list], labels: dict[str, str], value, *,
+                percent: bool, paper: dict[str, tuple] | None = None) -> list[str]:
+    """Markdown rows "label | trial 1 .. k | mean ± SD [| paper mean ± SD]" for the runs of
+    each name in ``records`` (one record per trial), ``value(record) -> float``. With a
+    single trial the mean ± SD column is left out (its SD would be a meaningless 0); the
+    paper's column is headed "paper" alone when its figures are single runs (SD None)."""
+    scale, fmt = (100.0, "{:.2f}") if percent else (1.0, "{:.4f}")
+    trials = max(len(r) for r in records.values())
+    summary = trials > 1
+    paper_head = "" if not paper else " paper mean ± SD |" if any(
+        sd is not None for _, sd in paper.values()) else " paper |"
+    lines = ["| method | " + " | ".join(f"trial {k + 1}" for k in range(trials))
+             + (" | mean ± SD" if summary else "") + " |" + paper_head,
+             "|" + "---|" * (1 + trials + summary + bool(paper))]
+    for name, runs in records.items():
+        values = [scale * value(r) for r in runs]
+        row = (f"| {labels[name]} | " + " | ".join(fmt.format(v) for v in values)
+               + " | " * (trials - len(values)))
+        if summary:
+            mean, sd = mean_sd(values)
+            row += f" | {fmt.format(mean)} ± {fmt.format(sd)}"
+        row += " |"
+        if paper:
+            mean, sd = paper[name]
+            spread = f" ± {fmt.format(sd)}" if sd is not None else ""
+            row += f" {fmt.format(mean)}{spread} |"
+        lines.append(row)
+    return lines
