@@ -20,7 +20,7 @@ paper      STL-10 through tfds, the paper's settings     96    60 / 100 / 10 300
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Sequence
 
 from cpcfl_tf.errors import UserError
 
@@ -320,6 +320,62 @@ def with_defaults(section: str, stored: dict[str, Any]) -> dict[str, Any]:
         if field.name not in filled and field.default is not dataclasses.MISSING:
             filled[field.name] = field.default
     return filled
+
+
+def parse_settings(items: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """``["federated.rounds=200", "partition.num_clients=120", ...]`` as overrides per
+    section (for :meth:`Config.with_overrides`), each value parsed by its field's type:
+    integers, numbers, ``true``/``false``, ``none``, comma-separated integers for tuples,
+    JSON for ``pretrain.augment``. Unknown sections or fields and values of the wrong type
+    are a one-line :class:`UserError` naming what is allowed."""
+    import json
+    import typing
+
+    overrides: dict[str, dict[str, Any]] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        section, dot, name = key.strip().partition(".")
+        _check(bool(sep and dot and name), f"--set takes SECTION.FIELD=VALUE, got {item!r}")
+        _check(section in SECTIONS, f"unknown config section {section!r} in --set {item}; "
+                                    f"choose one of {', '.join(SECTIONS)}")
+        fields = {f.name for f in dataclasses.fields(SECTIONS[section])}
+        _check(name in fields, f"unknown field {section}.{name} in --set; known: "
+                               f"{', '.join(sorted(fields))}")
+        kind = typing.get_type_hints(SECTIONS[section])[name]
+        overrides.setdefault(section, {})[name] = _parse_value(f"{section}.{name}", kind,
+                                                               text.strip(), json)
+    return overrides
+
+
+def _parse_value(field: str, kind: Any, text: str, json) -> Any:
+    import typing
+
+    optional = type(None) in typing.get_args(kind)  # X | None
+    if optional:
+        kind = next(a for a in typing.get_args(kind) if a is not type(None))
+        if text.lower() in ("none", "null"):
+            return None
+    base = typing.get_origin(kind) or kind
+    try:
+        if base is bool:
+            _check(text.lower() in ("true", "false", "1", "0", "yes", "no"), "")
+            return text.lower() in ("true", "1", "yes")
+        if base is int:
+            return int(text)
+        if base is float:
+            return float(text)
+        if base is tuple:
+            return tuple(int(v) for v in text.split(",") if v.strip())
+        if base is dict:
+            value = json.loads(text)
+            _check(isinstance(value, dict), "")
+            return value
+        return text
+    except (ValueError, UserError):
+        wanted = {bool: "true or false", int: "an integer", float: "a number",
+                  tuple: "comma-separated integers", dict: "a JSON object"}[base]
+        none = " or none" if optional else ""
+        raise UserError(f"--set {field} takes {wanted}{none}, got {text!r}") from None
 
 
 def config_record(config: Config) -> dict[str, Any]:

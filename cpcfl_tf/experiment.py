@@ -13,12 +13,12 @@ import platform
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from cpcfl_tf.config import PRESETS, Config, get_preset
+from cpcfl_tf.config import PRESETS, Config, get_preset, parse_settings
 from cpcfl_tf.errors import ArgumentParser
 
 
 def experiment_parser(name: str, description: str, *, default_preset: str = "paper",
-                      distribute: bool = True) -> ArgumentParser:
+                      distribute: bool = True, dry_run: bool = True) -> ArgumentParser:
     """The options every experiment script takes (README, "The run record")."""
     parser = ArgumentParser(prog=f"python experiments/{name}.py", description=description)
     parser.add_argument("--preset", default=default_preset, choices=list(PRESETS),
@@ -35,6 +35,17 @@ def experiment_parser(name: str, description: str, *, default_preset: str = "pap
         parser.add_argument("--distribute", default="default", choices=["default", "mirrored"],
                             help="pre-training on one device (default) or split over all "
                                  "GPUs with tf.distribute.MirroredStrategy (mirrored)")
+    if dry_run:  # scripts made of runs; measurements have nothing to plan
+        parser.add_argument("--dry-run", action="store_true",
+                            help="print the settings that differ from the preset and what each "
+                                 "run would do (done, to resume, to run; encoders cached or to "
+                                 "pre-train), touching nothing")
+    parser.add_argument("--set", action="extend", nargs="+", default=[],
+                        metavar="SECTION.FIELD=VALUE",
+                        help="change a setting of the preset, e.g. --set federated.rounds=200 "
+                             "pretrain.epochs=50 partition.num_clients=120 (repeatable; "
+                             "sections data, partition, pretrain, federated; each run still "
+                             "sets the method, pre-training and whatever its table varies)")
     parser.add_argument("--data-dir", help="tfds data dir, or the folder of the IDX files")
     parser.add_argument("--manual-dir", help="tfds manual-download folder")
     parser.add_argument("--nondeterministic", action="store_true",
@@ -59,14 +70,39 @@ def name_list(choices: Sequence[str]) -> Callable[[str], list[str]]:
     return parse
 
 
+def settings_changed(config: Config) -> list[str]:
+    """``SECTION.FIELD=VALUE`` for every setting of ``config`` that differs from its
+    preset's (what ``--set`` and ``--seed`` changed)."""
+    preset = get_preset(config.preset)
+    changed = [f"seed={config.seed}"] if config.seed != preset.seed else []
+    for section in ("data", "partition", "pretrain", "federated"):
+        ours, theirs = getattr(config, section), getattr(preset, section)
+        changed += [f"{section}.{f.name}={getattr(ours, f.name)}"
+                    for f in dataclasses.fields(ours)
+                    if getattr(ours, f.name) != getattr(theirs, f.name)]
+    return changed
+
+
+def resolve_config(args: argparse.Namespace) -> Config:
+    """The preset with ``--set``, ``--seed`` and the data folders applied, validated (no
+    file touched, TensorFlow not imported)."""
+    settings = parse_settings(getattr(args, "set", []))
+    data = settings.get("data", {})
+    return get_preset(args.preset).with_overrides(**{
+        **settings, "seed": args.seed,
+        "data": {**data, "data_dir": args.data_dir or data.get("data_dir"),
+                 "manual_dir": args.manual_dir or data.get("manual_dir")}})
+
+
 def setup(args: argparse.Namespace, name: str) -> tuple[Config, Path]:
-    """The validated preset (with seed and data folders) and the checked output folder."""
+    """The validated config (:func:`resolve_config`) and the checked output folder."""
     from cpcfl_tf.results import prepare_out_dir
 
-    config = get_preset(args.preset).with_overrides(
-        seed=args.seed, data={"data_dir": args.data_dir, "manual_dir": args.manual_dir})
-    out = prepare_out_dir(args.out or Path("results") / config.preset / name)
-    set_determinism(not args.nondeterministic)
+    config = resolve_config(args)
+    out = Path(args.out or Path("results") / config.preset / name)
+    if not getattr(args, "dry_run", False):  # a dry run creates nothing
+        out = prepare_out_dir(out)
+        set_determinism(not args.nondeterministic)
     return config, out
 
 

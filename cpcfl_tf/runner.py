@@ -81,10 +81,12 @@ class Runner:
     """Runs :class:`RunSpec`s of one experiment into one folder."""
 
     def __init__(self, experiment: str, base: Config, out: Path, *, resume: bool = False,
-                 force: bool = False, verbose: int = 1, distribute: str = "default"):
+                 force: bool = False, verbose: int = 1, distribute: str = "default",
+                 dry_run: bool = False):
         from cpcfl_tf.results import prepare_out_dir
 
-        self.experiment, self.base, self.out = experiment, base, prepare_out_dir(out)
+        self.experiment, self.base = experiment, base
+        self.out = Path(out) if dry_run else prepare_out_dir(out)
         self.resume, self.force, self.verbose = resume, force, verbose
         self.distribute = distribute
         """How the server pre-trains (``default`` or ``mirrored``); not part of any key."""
@@ -101,7 +103,8 @@ class Runner:
     def for_script(cls, experiment: str, base: Config, out: Path, args) -> "Runner":
         """The runner of a script, set by its :func:`experiment_parser` options."""
         return cls(experiment, base, out, resume=args.resume, force=args.force,
-                   distribute=getattr(args, "distribute", "default"))
+                   distribute=getattr(args, "distribute", "default"),
+                   dry_run=getattr(args, "dry_run", False))
 
     # -- data ---------------------------------------------------------------
     def partition(self, config: Config):
@@ -138,6 +141,21 @@ class Runner:
     # -- runs ---------------------------------------------------------------
     def path(self, spec: RunSpec) -> Path:
         return self.out / f"{spec.name}.json"
+
+    def status(self, spec: RunSpec) -> str:
+        """What :meth:`run` would do with ``spec`` now: ``done``, ``to resume``, ``to run``,
+        or why it would stop. Reads, never writes."""
+        config = spec.config(self.base)
+        path, checkpoint = self.path(spec), self.out / f".{spec.name}.ckpt.npz"
+        if path.exists() and not self.force:
+            try:
+                same = _same_config(read_record(path), config)
+            except UserError as err:
+                return f"stops: {err}"
+            return "done" if same else "stops: a run with another config is there (--force)"
+        if checkpoint.exists() and not self.force:
+            return "to resume" if self.resume else "stops: interrupted (pass --resume)"
+        return "to run"
 
     def run(self, spec: RunSpec, on_round: Callable[[dict, Any], None] | None = None
             ) -> RunRecord:

@@ -20,8 +20,9 @@ from typing import Callable, Sequence
 
 from cpcfl_tf.config import Config
 from cpcfl_tf.errors import ArgumentParser
-from cpcfl_tf.experiment import experiment_parser, setup
-from cpcfl_tf.runner import Runner
+from cpcfl_tf.experiment import experiment_parser, name_list, settings_changed, setup
+from cpcfl_tf.record import RunRecord
+from cpcfl_tf.runner import Runner, RunSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,15 +36,26 @@ class Script:
     default_preset: str = "paper"
     distribute: bool = True
     """Whether it takes ``--distribute`` (benchmarks time one device and leave it out)."""
+    runs: bool = True
+    """Whether it is made of runs (then it takes ``--dry-run``); measurements are not."""
+    methods: tuple[str, ...] = ()
+    """The rows (run keys) of its table: given, the script takes ``--methods`` to run a
+    subset of them."""
 
     @property
     def name(self) -> str:
         return Path(self.file).stem
 
     def parser(self) -> ArgumentParser:
-        return experiment_parser(self.name, self.doc.split("\n\n")[0],
-                                 default_preset=self.default_preset,
-                                 distribute=self.distribute)
+        parser = experiment_parser(self.name, self.doc.split("\n\n")[0],
+                                   default_preset=self.default_preset,
+                                   distribute=self.distribute, dry_run=self.runs)
+        if self.methods:
+            parser.add_argument("--methods", type=name_list(self.methods),
+                                default=list(self.methods), metavar="NAME[,NAME...]",
+                                help="run a subset of the table's rows: "
+                                     + ",".join(self.methods) + " (default: all)")
+        return parser
 
     def start(self, argv: Sequence[str] | None = None,
               options: Callable[[ArgumentParser], None] | None = None) -> "Session":
@@ -73,6 +85,34 @@ class Session:
     @functools.cached_property
     def runner(self) -> Runner:
         return Runner.for_script(self.name, self.config, self.out, self.args)
+
+    def wanted(self, key: str) -> bool:
+        """Whether the row ``key`` is among ``--methods`` (always, without the option)."""
+        return key in getattr(self.args, "methods", [key])
+
+    def plan(self, specs: Sequence[RunSpec]) -> list[RunSpec]:
+        """The runs of ``specs`` that ``--methods`` keeps. With ``--dry-run``: print the
+        settings that differ from the preset and what each run would do, then stop
+        (exit 0) having touched nothing."""
+        kept = [s for s in specs if self.wanted(s.key)]
+        if getattr(self.args, "dry_run", False):
+            changed = settings_changed(self.config)
+            print(f"{self.name}, preset {self.config.preset}: "
+                  + ("changed " + ", ".join(changed) if changed else "the preset's settings")
+                  + f"; output {self.out}")
+            encoders = {}
+            for spec in kept:
+                config = spec.config(self.config)
+                encoders.setdefault(self.runner.encoders.status(config), None)
+                print(f"  {spec.name}: {self.runner.status(spec)}")
+            for line in encoders:
+                print(f"  starting encoder: {line}")
+            raise SystemExit(0)
+        return kept
+
+    def run_all(self, specs: Sequence[RunSpec]) -> dict[str, RunRecord]:
+        """Run (or load) the planned runs of ``specs``, by name."""
+        return {spec.name: self.runner.run(spec) for spec in self.plan(specs)}
 
     def finish(self, report: str, rows: list[dict] | None = None) -> None:
         """Write ``report`` as ``<name>.md`` (and ``rows`` as ``<name>.csv``), show it,

@@ -18,7 +18,7 @@ from cpcfl_tf.experiment import environment, print_metrics
 from cpcfl_tf.script import Script
 
 
-SCRIPT = Script(__file__, __doc__, distribute=False)
+SCRIPT = Script(__file__, __doc__, distribute=False, runs=False)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -54,7 +54,8 @@ def plain_keras_round(model, pool, train_x, train_y, test_x, test_y, *, epochs: 
     return state.models, float(np.mean(accuracy))
 
 
-SCRIPT = Script(__file__, __doc__, default_preset="standard", distribute=False)
+SCRIPT = Script(__file__, __doc__, default_preset="standard", distribute=False,
+                runs=False)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

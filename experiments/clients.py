@@ -14,7 +14,7 @@ from cpcfl_tf.report import markdown_table
 from cpcfl_tf.runner import COMPARISON_LABELS, comparison_specs
 from cpcfl_tf.script import Script
 
-SCRIPT = Script(__file__, __doc__)
+SCRIPT = Script(__file__, __doc__, methods=tuple(COMPARISON_LABELS))
 
 PAPER_SETTINGS = ((15, 40), (30, 60), (60, 100), (90, 100))
 """(clients, rounds T) of the paper's four settings."""
@@ -46,9 +46,12 @@ def partition(config: Config, clients: int) -> dict:
 def main(argv: Sequence[str] | None = None) -> None:
     run = SCRIPT.start(argv)
     config, grid = run.config, settings(run.config)
-    records = {(n, spec.key): run.runner.run(spec) for n, t in grid
-               for spec in comparison_specs(f"c{n}-", partition=partition(config, n),
-                                            federated={"rounds": t})}
+    specs = {(n, spec.key): spec for n, t in grid
+             for spec in comparison_specs(f"c{n}-", partition=partition(config, n),
+                                          federated={"rounds": t})}
+    run.plan(list(specs.values()))
+    records = {key: run.runner.run(spec) for key, spec in specs.items() if run.wanted(key[1])}
+    labels = {name: label for name, label in LABELS.items() if run.wanted(name)}
 
     from cpcfl_tf.plots import plot_accuracy_curves
 
@@ -56,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> None:
              "Accuracy (%) at the last round and the best round; the paper's STL-10 figures "
              "(GPU) after the slash.", ""]
     table, rows = [], []
-    for name, label in LABELS.items():
+    for name, label in labels.items():
         cells = []
         for k, (n, t) in enumerate(grid):
             record = records[(n, name)]
@@ -70,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     header = ["method"] + [cell for n, t in grid for cell in (f"{n} clients, T={t}", "best")]
     lines += markdown_table(header, table)
     for n, t in grid:
-        plot_accuracy_curves({LABELS[name]: records[(n, name)] for name in LABELS},
+        plot_accuracy_curves({label: records[(n, name)] for name, label in labels.items()},
                              run.out / f"accuracy-c{n}.png",
                              title=f"{n} clients, T = {t} (preset {config.preset})")
     run.finish("\n".join(lines) + "\n", rows)

@@ -23,7 +23,7 @@ PAPER = {1: 59.33, 2: 65.10, 3: 76.80, 4: 72.80, 5: 72.97}
 def main(argv: Sequence[str] | None = None) -> None:
     run = SCRIPT.start(argv)
     config = run.config
-    records = {spec.federated["num_clusters"]: run.runner.run(spec) for spec in SPECS}
+    records = {spec.federated["num_clusters"]: run.runner.run(spec) for spec in run.plan(SPECS)}
 
     from cpcfl_tf.plots import plot_accuracy_curves
 

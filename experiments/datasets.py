@@ -17,8 +17,6 @@ from cpcfl_tf.report import markdown_table
 from cpcfl_tf.runner import COMPARISON_LABELS, RunSpec, Runner, comparison_specs
 from cpcfl_tf.script import Script
 
-SCRIPT = Script(__file__, __doc__)
-
 CENTRALIZED = {"centralized-all": ("Centralized (all clients)", 1),
                "centralized-group": ("Centralized (by cluster)", None)}
 """The centralized rows: label and number of models (None: one per true group)."""
@@ -39,6 +37,7 @@ PAPER = {
 """The paper's accuracy (%) at T = 100 and relevance score, per paper pair."""
 LABELS = {**COMPARISON_LABELS,
           **{k: label for k, (label, _) in CENTRALIZED.items()}}
+SCRIPT = Script(__file__, __doc__, methods=tuple(LABELS))
 
 
 def specs(config) -> dict[str, list[RunSpec]]:
@@ -70,8 +69,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"pair {pair.label} stands for the paper's {pair.paper} "
               f"({'related' if pair.related else 'unrelated'})")
     runs = specs(config)
+    kept = {s.name for s in run.plan([spec for pair in pairs for spec in runs[pair.key]])}
     records = {(pair.key, spec.key): run.runner.run(spec)
-               for pair in pairs for spec in runs[pair.key]}
+               for pair in pairs for spec in runs[pair.key] if spec.name in kept}
     scores = {pair.key: relevance(run.runner, runs[pair.key][0]) for pair in pairs}
 
     lines = [f"# Pre-training data vs client data (preset `{config.preset}`), "
@@ -82,6 +82,8 @@ def main(argv: Sequence[str] | None = None) -> None:
               f"({'related' if p.related else 'unrelated'} data)" for p in pairs]
     table, rows = [], []
     for name, label in LABELS.items():
+        if not run.wanted(name):
+            continue
         cells = []
         for pair in pairs:
             record = records[(pair.key, name)]

@@ -40,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     run = SCRIPT.start(argv)
     config = run.config
     local = config.federated.local_epochs
-    records = {spec.name: run.runner.run(spec) for spec in specs(local)}
+    records = run.run_all(specs(local))
 
     lines = [f"# Encoder in local training (preset `{config.preset}`), CP-CFL (SimCLR), "
              f"T = {config.federated.rounds}", "",

@@ -34,9 +34,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     run = SCRIPT.start(argv)
     config = run.config
     pairs = dataset_pairs(config)
-    records = {(pair.key, head): run.runner.run(RunSpec(
-        f"{pair.key}-cp-cfl-simclr-{head}", "cp-cfl", "simclr", federated={"head": head},
-        data=pair.data, partition=pair.partition)) for pair in pairs for head in HEADS}
+    specs = {(pair.key, head): RunSpec(f"{pair.key}-cp-cfl-simclr-{head}", "cp-cfl", "simclr",
+                                       federated={"head": head}, data=pair.data,
+                                       partition=pair.partition)
+             for pair in pairs for head in HEADS}
+    run.plan(list(specs.values()))
+    records = {key: run.runner.run(spec) for key, spec in specs.items()}
 
     from cpcfl_tf.plots import plot_accuracy_curves
 

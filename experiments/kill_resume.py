@@ -134,7 +134,8 @@ def leftovers(folder: Path) -> list[str]:
     return bad
 
 
-SCRIPT = Script(__file__, __doc__, default_preset="smoke", distribute=False)
+SCRIPT = Script(__file__, __doc__, default_preset="smoke", distribute=False,
+                runs=False)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

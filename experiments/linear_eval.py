@@ -16,7 +16,7 @@ from cpcfl_tf.experiment import environment, name_list
 from cpcfl_tf.report import markdown_table
 from cpcfl_tf.script import Script
 
-SCRIPT = Script(__file__, __doc__)
+SCRIPT = Script(__file__, __doc__, runs=False)
 
 
 def _options(parser) -> None:

@@ -149,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     run = SCRIPT.start(argv)
     config, out = run.config, run.out
     records, probes = {}, {}
-    for spec in SPECS:
+    for spec in run.plan(SPECS):
         probe = probe_for(run.runner, spec)
         records[spec.name] = run.runner.run(spec, on_round=probe)
         probes[spec.name] = read_probe(out / f"{spec.name}.rounds.json")

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from cpcfl_tf.config import get_preset
+from cpcfl_tf.experiment import resolve_config
 from cpcfl_tf.errors import run_cli
 from cpcfl_tf.script import Script
 
 
-SCRIPT = Script(__file__, __doc__, default_preset="quick", distribute=False)
+SCRIPT = Script(__file__, __doc__, default_preset="quick", distribute=False,
+                runs=False)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -22,12 +23,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--clients", type=int, help="number of clients (default: the preset's)")
     args = parser.parse_args(argv)
 
-    config = get_preset(args.preset)
-    overrides = {"seed": args.seed,
-                 "data": {"data_dir": args.data_dir, "manual_dir": args.manual_dir}}
+    config = resolve_config(args)
     if args.clients is not None:
-        overrides["partition"] = {"num_clients": args.clients}
-    config = config.with_overrides(**overrides)
+        config = config.with_overrides(partition={"num_clients": args.clients})
 
     from cpcfl_tf.results import prepare_out_dir, write_json
 

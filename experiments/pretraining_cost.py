@@ -16,7 +16,7 @@ from cpcfl_tf.experiment import environment, name_list
 from cpcfl_tf.report import markdown_table
 from cpcfl_tf.script import Script
 
-SCRIPT = Script(__file__, __doc__, distribute=False)
+SCRIPT = Script(__file__, __doc__, distribute=False, runs=False)
 
 PAPER = {"cnn": (23, 0.17), "resnet18": (60, 0.67), "resnet50": (134, 1.42)}
 """The paper's seconds per epoch (RTX 3080, 96x96, 100,000 images) and GFLOPs."""

@@ -18,7 +18,7 @@ from cpcfl_tf.report import mean_sd, trial_table
 from cpcfl_tf.runner import COMPARISON, COMPARISON_LABELS, comparison_specs
 from cpcfl_tf.script import Script
 
-SCRIPT = Script(__file__, __doc__)
+SCRIPT = Script(__file__, __doc__, methods=tuple(COMPARISON))
 
 HEADS = {"resnet18": "c-1", "resnet50": "c-2"}
 PAPER_TRIALS = {"resnet18": 5, "resnet50": 1}
@@ -50,10 +50,6 @@ def _options(parser) -> None:
                         help="resnet18 and/or resnet50 (default: both)")
     parser.add_argument("--trials", type=int, help="trials per encoder (default: the paper's "
                         "5 / 1 on the paper preset, 1 on the CPU presets)")
-    parser.add_argument("--runs", type=name_list(list(COMPARISON)),
-                        default=list(COMPARISON), metavar="RUN[,RUN...]",
-                        help="a subset of " + ",".join(COMPARISON) + " (default: all; ResNet "
-                             "runs are slow on a CPU)")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -61,16 +57,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     config, args = run.config, run.args
     if args.trials is not None and args.trials < 1:
         raise UserError(f"--trials must be >= 1, got {args.trials}")
+    specs = {encoder: [spec for k in range(args.trials or (
+                  PAPER_TRIALS[encoder] if config.preset == "paper" else 1))
+                       for spec in comparison_specs(f"{encoder}-trial{k + 1}-", encoder=encoder,
+                                                    seed=args.seed + k,
+                                                    federated={"head": HEADS[encoder]})]
+             for encoder in args.encoders}
+    run.plan([spec for runs in specs.values() for spec in runs])  # ResNets are slow on a CPU
     records: dict[str, dict[str, list]] = {}
-    for encoder in args.encoders:
-        trials = args.trials or (PAPER_TRIALS[encoder] if config.preset == "paper" else 1)
-        records[encoder] = {name: [] for name in args.runs}
-        for k in range(trials):
-            for spec in comparison_specs(f"{encoder}-trial{k + 1}-", encoder=encoder,
-                                         seed=args.seed + k,
-                                         federated={"head": HEADS[encoder]}):
-                if spec.key in records[encoder]:
-                    records[encoder][spec.key].append(run.runner.run(spec))
+    for encoder, runs in specs.items():
+        records[encoder] = {name: [] for name in COMPARISON if run.wanted(name)}
+        for spec in runs:
+            if spec.key in records[encoder]:
+                records[encoder][spec.key].append(run.runner.run(spec))
 
     from cpcfl_tf.plots import plot_accuracy_curves
 

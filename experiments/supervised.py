@@ -30,8 +30,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     run = SCRIPT.start(argv)
     config = run.config
     data = PAPER_DATA if config.preset == "paper" else {}
-    records = {pre: run.runner.run(RunSpec(f"cp-cfl-{pre}", "cp-cfl", pre, data=data))
-               for pre in LABELS}
+    records = {spec.key: run.runner.run(spec) for spec in run.plan(
+        [RunSpec(f"cp-cfl-{pre}", "cp-cfl", pre, data=data, row=pre) for pre in LABELS])}
 
     from cpcfl_tf.plots import plot_accuracy_curves
 

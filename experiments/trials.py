@@ -15,7 +15,7 @@ from cpcfl_tf.report import markdown_table, mean_sd, trial_table
 from cpcfl_tf.runner import COMPARISON, COMPARISON_LABELS, comparison_specs
 from cpcfl_tf.script import Script
 
-SCRIPT = Script(__file__, __doc__)
+SCRIPT = Script(__file__, __doc__, methods=tuple(COMPARISON))
 
 PAPER = {
     "accuracy": {"fedavg-none": (42.73, 41.53, 43.67, 43.03, 42.67),
@@ -71,10 +71,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     config, args = run.config, run.args
     if args.trials < 1:
         raise UserError(f"--trials must be >= 1, got {args.trials}")
-    records = {name: [] for name in COMPARISON}
-    for k in range(args.trials):
-        for spec in comparison_specs(f"trial{k + 1}-", seed=args.seed + k):
-            records[spec.key].append(run.runner.run(spec))
+    specs = run.plan([spec for k in range(args.trials)
+                      for spec in comparison_specs(f"trial{k + 1}-", seed=args.seed + k)])
+    records = {name: [] for name in COMPARISON if run.wanted(name)}
+    for spec in specs:
+        records[spec.key].append(run.runner.run(spec))
 
     lines = [f"# Trials (preset `{config.preset}`): {args.trials} client partitions (seeds "
              f"{args.seed}..{args.seed + args.trials - 1}), {config.partition.num_clients} "

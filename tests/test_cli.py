@@ -23,6 +23,9 @@ def run(*args, cwd=None):
     (["--seed", "x"], "invalid int"),
     (["--data-dir", "/nonexistent/fmnist"], "apt-get install -y dataset-fashion-mnist"),
     (["--bogus"], "unrecognized arguments"),
+    (["--set", "federated.rounds=many"], "--set federated.rounds takes an integer"),
+    (["--set", "federated.round=3"], "unknown field federated.round"),
+    (["--set", "partition.num_clients=16"], "split evenly"),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, message):
     out = tmp_path / "out"
@@ -53,3 +56,58 @@ def test_partition_command_writes_json_and_figure(tmp_path):
     assert record["group_classes"] == [[0, 1, 2, 3], [3, 4, 5, 6], [6, 7, 8, 9]]
     assert (tmp_path / "client_data_amount.png").stat().st_size > 1000
     assert "wrote" in proc.stdout
+
+
+def test_set_changes_settings_records_them_and_guards_the_folder(tmp_path, monkeypatch, capsys):
+    from cpcfl_tf.errors import UserError
+    from helpers import script
+
+    monkeypatch.setenv("CPCFL_CACHE", str(tmp_path / "cache"))
+    table2 = script("table2")
+    out = str(tmp_path / "out")
+    args = ["--preset", "smoke", "--out", out, "--methods", "fedavg-none,ifca-none"]
+    table2.main(args + ["--set", "federated.rounds=2", "partition.num_clients=6",
+                        "--set", "federated.learning_rate=0.002"])
+    record = json.loads((tmp_path / "out" / "ifca-none.json").read_text())
+    assert [r["round"] for r in record["rounds"]] == [1, 2]
+    assert len(record["clients"]) == 6 and record["config"]["federated"]["learning_rate"] == 0.002
+    assert record["config"]["requested"]["partition"]["num_clients"] == 6
+    assert not (tmp_path / "out" / "cp-cfl-simclr.json").exists()  # not among --methods
+    report = (tmp_path / "out" / "table2.md").read_text()
+    assert "IFCA (None)" in report and "CP-CFL" not in report
+    capsys.readouterr()
+    table2.main(args + ["--set", "federated.rounds=2", "partition.num_clients=6",
+                        "federated.learning_rate=0.002"])  # the same settings: skipped
+    assert capsys.readouterr().out.count("done before") == 2
+    with pytest.raises(UserError, match="different config"):
+        table2.main(args + ["--set", "federated.rounds=3", "partition.num_clients=6",
+                            "federated.learning_rate=0.002"])
+
+
+def test_dry_run_says_what_would_run_and_touches_nothing(tmp_path, monkeypatch, capsys):
+    from helpers import script
+
+    monkeypatch.setenv("CPCFL_CACHE", str(tmp_path / "cache"))
+    table2 = script("table2")
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as stop:
+        table2.main(["--preset", "smoke", "--out", str(out), "--dry-run",
+                     "--set", "federated.rounds=2"])
+    assert stop.value.code == 0 and not out.exists() and not (tmp_path / "cache").exists()
+    lines = capsys.readouterr().out.splitlines()
+    assert "changed federated.rounds=2" in lines[0]
+    assert "  fedavg-none: to run" in lines and "  cp-cfl-simclr: to run" in lines
+    assert any("simclr encoder: to pre-train (1 epochs)" in l for l in lines)
+    assert any("FedAvg encoder: kept from the FedAvg (None) run" in l for l in lines)
+    table2.main(["--preset", "smoke", "--out", str(out), "--methods", "fedavg-none",
+                 "--set", "federated.rounds=2"])
+    (out / ".ifca-none.ckpt.npz").write_bytes(b"")  # an interrupted run
+    before = sorted(p.name for p in out.iterdir())
+    with pytest.raises(SystemExit):
+        table2.main(["--preset", "smoke", "--out", str(out), "--dry-run", "--resume",
+                     "--methods", "fedavg-none,ifca-none,ifca-fedavg",
+                     "--set", "federated.rounds=2"])
+    lines = capsys.readouterr().out.splitlines()
+    assert "  fedavg-none: done" in lines and "  ifca-none: to resume" in lines
+    assert any("FedAvg encoder: cached" in l for l in lines)
+    assert sorted(p.name for p in out.iterdir()) == before

@@ -143,7 +143,7 @@ def test_clients_scales_the_number_of_clients(tmp_path):
 def test_resnet18_uses_head_c1_and_the_resnet_pretraining_budget(tmp_path):
     out = tmp_path / "out"
     script("resnet").main(["--preset", "smoke", "--out", str(out), "--encoders", "resnet18",
-                           "--runs", "cp-cfl-simclr"])
+                           "--methods", "cp-cfl-simclr"])
     record = load(out, "resnet18-trial1-cp-cfl-simclr")
     config = record["config"]
     assert config["federated"]["encoder"] == config["pretrain"]["encoder"] == "resnet18"
@@ -209,7 +209,8 @@ def test_zigzag_amplitude_measures_an_alternating_curve():
 
 @pytest.mark.parametrize("name,args,message", [
     ("resnet", ["--encoders", "vgg"], "argument --encoders: unknown vgg"),
-    ("resnet", ["--runs", "fedprox"], "argument --runs: unknown fedprox"),
+    ("resnet", ["--methods", "fedprox"], "argument --methods: unknown fedprox"),
+    ("table2", ["--methods", "cp-cfl-simclr,fedprox"], "argument --methods: unknown fedprox"),
     ("resnet", ["--encoders", "resnet18,vgg"], "argument --encoders: unknown vgg"),
     ("linear_eval", ["--methods", "simclr,moco"], "argument --methods: unknown moco"),
 ])

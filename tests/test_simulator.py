@@ -296,3 +296,15 @@ def test_ifca_fedavg_starts_from_the_fedavg_models_encoder(clients):
                   encoder_weights=encoder, verbose=0,
                   on_round=lambda record, state: seen.append(state))
     assert len(seen[0].models) == 3
+
+
+def test_a_run_shows_one_progress_line_per_round_in_a_log(clients, capsys):
+    import re
+
+    run_federated(config(method="fedavg", pretraining="none", rounds=3, head_rounds=0), clients,
+                  verbose=1)
+    lines = [l for l in capsys.readouterr().out.splitlines() if "round" in l]
+    assert len(lines) == 3  # not a terminal: a line per round, no carriage returns
+    for t, line in enumerate(lines, 1):
+        assert re.fullmatch(rf"  round {t}/3: accuracy 0\.\d{{4}}, clusters \[9\], "
+                            r"\d+:\d\d:\d\d elapsed, ETA \d+:\d\d:\d\d", line), line

@@ -48,7 +48,8 @@ def round_rng(seed: int, attempt: int, round_: int, stream: Stream) -> np.random
 
 def init_seed(seed: int, attempt: int, model: int) -> int:
     """Seed of the initial weights of pool model ``model`` in restart ``attempt`` (IFCA's
-    restarts draw new models; the numbers only need to differ)."""
+    restarts draw new models; the numbers only need to differ). Kept as it is: every
+    committed run's initial pool was drawn with it."""
     return seed * 1_000_003 + attempt * 1_009 + model
 
 

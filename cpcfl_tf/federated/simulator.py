@@ -165,7 +165,7 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
         if path:
             _save(path, fingerprint, state, progress, simulation.moments)
         if verbose:
-            _report(record, fl, progress.round)
+            _report(record, fl, progress)
         if on_round:
             on_round(record, state)
 
@@ -258,9 +258,18 @@ def _evaluate(backend, models, assigned, clients: Clients, round_: int, fl: Fede
     return record
 
 
-def _report(record: dict, fl: FederatedConfig, done: int) -> None:
+def _report(record: dict, fl: FederatedConfig, progress: algorithm.Progress) -> None:
+    """The run's progress line: on a terminal rewritten in place, in a log one per round."""
+    done = progress.round
     counts = np.bincount(np.maximum(record["cluster_ids"], 0), minlength=fl.num_clusters)
+    # Time of this process's rounds: a resumed run counts from its checkpoint's total.
+    eta = progress.seconds / max(1, done) * (fl.rounds - done)
     line = (f"  round {done}/{fl.rounds}: accuracy {record['accuracy']:.4f}, clusters "
-            f"{counts.tolist()}")
+            f"{counts.tolist()}, {_clock(progress.seconds)} elapsed, ETA {_clock(eta)}")
     end = "\n" if done == fl.rounds or not sys.stdout.isatty() else "\r"
     print(line, end=end, flush=True)
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"

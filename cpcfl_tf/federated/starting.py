@@ -71,6 +71,28 @@ class StartingEncoders:
             return self.supervised(config)
         return self.contrastive(config, pre).encoder.get_weights()
 
+    def status(self, config: Config) -> str:
+        """Where ``config``'s starting encoder would come from now (nothing is built)."""
+        from cpcfl_tf.contrastive.pretrain import pretrain_key
+
+        pre = config.federated.pretraining
+        if pre == "none":
+            return "random initialisation"
+        if pre == "fedavg":
+            key = _fedavg_key(config)
+            if key in self._fedavg or _fedavg_path(key).exists():
+                return "FedAvg encoder: cached"
+            return "FedAvg encoder: kept from the FedAvg (None) run (trained first if none)"
+        data = config.data
+        source = {"dataset": data.pretrain_dataset, "split": data.pretrain_split,
+                  "image_size": data.image_size}
+        folder = cache_root() / "pretrained" / pretrain_key(config.pretrain, pre, data=source,
+                                                            seed=self.seed)
+        done = (folder / ("encoder.npz" if pre == "supervised" else "pretrain.json")).exists()
+        state = ("cached" if done else "to resume" if (folder / "checkpoint.npz").exists()
+                 else f"to pre-train ({config.pretrain.epochs} epochs)")
+        return f"{pre} encoder: {state} ({folder})"
+
     def contrastive(self, config: Config, method: str):
         """The server's cached contrastive pre-training (``method`` in
         :data:`~cpcfl_tf.config.PRETRAIN_METHODS`), with its history."""
