@@ -40,6 +40,11 @@ def experiment_parser(name: str, description: str, *, default_preset: str = "pap
                             help="print the settings that differ from the preset and what each "
                                  "run would do (done, to resume, to run; encoders cached or to "
                                  "pre-train), touching nothing")
+    if dry_run:
+        parser.add_argument("--tensorboard", metavar="DIR",
+                            help="write TensorBoard scalars: per round of every run accuracy, "
+                                 "ARI and cluster sizes (DIR/<script>/<run>), per epoch of every "
+                                 "pre-training done here its loss (DIR/pretrain/<encoder>)")
     parser.add_argument("--set", action="extend", nargs="+", default=[],
                         metavar="SECTION.FIELD=VALUE",
                         help="change a setting of the preset, e.g. --set federated.rounds=200 "

@@ -82,7 +82,7 @@ class Runner:
 
     def __init__(self, experiment: str, base: Config, out: Path, *, resume: bool = False,
                  force: bool = False, verbose: int = 1, distribute: str = "default",
-                 dry_run: bool = False):
+                 dry_run: bool = False, tensorboard: str | Path | None = None):
         from cpcfl_tf.results import prepare_out_dir
 
         self.experiment, self.base = experiment, base
@@ -95,7 +95,9 @@ class Runner:
         self._unlabeled: dict[str, np.ndarray] = {}
         self.encoders = StartingEncoders(seed=base.seed, clients=self.clients,
                                          unlabeled=self.unlabeled, verbose=verbose,
-                                         distribute=distribute)
+                                         distribute=distribute, tensorboard=tensorboard)
+        self.tensorboard = tensorboard
+        """Folder of TensorBoard scalars (None: none written)."""
         """The runs' starting encoders, each built once (pre-trained with the script's
         seed)."""
 
@@ -104,7 +106,8 @@ class Runner:
         """The runner of a script, set by its :func:`experiment_parser` options."""
         return cls(experiment, base, out, resume=args.resume, force=args.force,
                    distribute=getattr(args, "distribute", "default"),
-                   dry_run=getattr(args, "dry_run", False))
+                   dry_run=getattr(args, "dry_run", False),
+                   tensorboard=getattr(args, "tensorboard", None))
 
     # -- data ---------------------------------------------------------------
     def partition(self, config: Config):
@@ -141,6 +144,22 @@ class Runner:
     # -- runs ---------------------------------------------------------------
     def path(self, spec: RunSpec) -> Path:
         return self.out / f"{spec.name}.json"
+
+    def _scalars(self, spec: RunSpec, clients, on_round):
+        """``on_round`` that also logs the round to TensorBoard (when a folder is set)."""
+        if not self.tensorboard:
+            return on_round
+        from cpcfl_tf.scalars import ScalarLog
+
+        log = ScalarLog(Path(self.tensorboard) / self.experiment / spec.name)
+        clusters = spec.config(self.base).federated.resolved().num_clusters
+
+        def logged(record: dict, state) -> None:
+            log.write(record["round"], _round_scalars(record, clients.groups, clusters))
+            if on_round:
+                on_round(record, state)
+
+        return logged
 
     def status(self, spec: RunSpec) -> str:
         """What :meth:`run` would do with ``spec`` now: ``done``, ``to resume``, ``to run``,
@@ -193,10 +212,11 @@ class Runner:
 
             record = run_centralized(config, self.clients(config), self.encoders(config))
         else:
-            record, state = run_federated(config, self.clients(config),
+            clients = self.clients(config)
+            record, state = run_federated(config, clients,
                                           encoder_weights=self.encoders(config),
                                           checkpoint=checkpoint, verbose=self.verbose,
-                                          on_round=on_round)
+                                          on_round=self._scalars(spec, clients, on_round))
             if config.federated.method == "fedavg" and config.federated.pretraining == "none":
                 # IFCA (FedAvg) starts from this model's encoder: kept, also for later runs.
                 self.encoders.keep_fedavg(config, global_encoder(state))
@@ -207,6 +227,16 @@ class Runner:
         if self.verbose:
             print(f"{spec.name}: final accuracy {record.final.accuracy:.4f} -> {path}")
         return record
+
+
+def _round_scalars(record: dict, groups: np.ndarray, num_clusters: int) -> dict[str, float]:
+    """What TensorBoard shows of a round: accuracy, ARI, and each cluster's size."""
+    from cpcfl_tf.federated.metrics import cluster_ari
+
+    ids = np.asarray(record["cluster_ids"])
+    sizes = np.bincount(ids[ids >= 0], minlength=num_clusters)
+    return {"accuracy": record["accuracy"], "ari": cluster_ari(groups, ids),
+            **{f"cluster_size/{n}": int(c) for n, c in enumerate(sizes)}}
 
 
 def _same_config(record: RunRecord, config: Config) -> bool:

@@ -111,3 +111,28 @@ def test_dry_run_says_what_would_run_and_touches_nothing(tmp_path, monkeypatch, 
     assert "  fedavg-none: done" in lines and "  ifca-none: to resume" in lines
     assert any("FedAvg encoder: cached" in l for l in lines)
     assert sorted(p.name for p in out.iterdir()) == before
+
+
+def test_tensorboard_gets_every_round_and_every_pretraining_epoch(tmp_path, monkeypatch):
+    from cpcfl_tf.scalars import read_scalars
+    from helpers import script
+
+    monkeypatch.setenv("CPCFL_CACHE", str(tmp_path / "cache"))
+    out, board = tmp_path / "out", tmp_path / "board"
+    script("table2").main(["--preset", "smoke", "--out", str(out), "--tensorboard", str(board),
+                           "--methods", "fedavg-none,cp-cfl-simclr",
+                           "--set", "federated.rounds=2"])
+    for name in ("fedavg-none", "cp-cfl-simclr"):
+        record = json.loads((out / f"{name}.json").read_text())
+        scalars = read_scalars(board / "table2" / name)
+        assert scalars["accuracy"] == [(r["round"], pytest.approx(r["accuracy"]))
+                                       for r in record["rounds"]]
+        assert [step for step, _ in scalars["ari"]] == [1, 2]
+        sizes = [v for k, points in scalars.items() if k.startswith("cluster_size/")
+                 for step, v in points if step == 2]
+        assert sum(sizes) == 9  # every smoke client in a cluster after round 2
+    (folder,) = (board / "pretrain").iterdir()
+    summary = json.loads((tmp_path / "cache" / "pretrained" / folder.name / "pretrain.json")
+                         .read_text())
+    assert read_scalars(folder)["loss"] == [(h["epoch"], pytest.approx(h["loss"]))
+                                            for h in summary["history"]]

@@ -7,7 +7,7 @@ import ast
 from helpers import ROOT
 
 LAYERS = {
-    "errors": 0, "results": 0,
+    "errors": 0, "results": 0, "scalars": 0,
     "data": 1,
     "config": 2,
     "models": 3, "flops": 3,

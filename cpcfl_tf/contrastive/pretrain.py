@@ -174,7 +174,8 @@ def make_strategy(name: str = "default") -> tf.distribute.Strategy | None:
 
 def pretrain(config: PretrainConfig, images: np.ndarray, out_dir: str | Path, *,
              method: str = "simclr", seed: int = 0, verbose: int = 1,
-             distribute: str = "default") -> PretrainResult:
+             distribute: str = "default",
+             on_epoch: Callable[[int, dict], None] | None = None) -> PretrainResult:
     """Pre-train ``config.encoder`` with ``method`` on unlabeled ``images``.
 
     Parameters
@@ -197,6 +198,9 @@ def pretrain(config: PretrainConfig, images: np.ndarray, out_dir: str | Path, *,
         ``default`` (one device) or ``mirrored`` (:func:`make_strategy`): the global
         batch is split over the replicas; the step equals the single-device one, so the
         cache key ignores it.
+    on_epoch
+        Called after every epoch this call trains with the epoch (1-based) and its
+        history entry (loss, embedding_std, seconds).
     """
     out = prepare_out_dir(out_dir)
     strategy = make_strategy(distribute)
@@ -258,6 +262,8 @@ def pretrain(config: PretrainConfig, images: np.ndarray, out_dir: str | Path, *,
                   f"embedding_std {logs['embedding_std']:.4f}, {history[-1]['seconds']:.1f} s",
                   flush=True)
         _save_checkpoint(checkpoint, model, epoch + 1, meta, history)
+        if on_epoch:
+            on_epoch(epoch + 1, history[-1])
 
     encoder = model.encoder
     write_atomic(encoder_path, encoder.save)
@@ -283,9 +289,16 @@ def pretrain_key(config: PretrainConfig, name: str, **identity_) -> str:
     return f"{name}-{config.encoder}-{digest}"
 
 
+def image_source(data: DataConfig) -> dict:
+    """The server's pre-training images, as cache keys name them."""
+    return {"dataset": data.pretrain_dataset, "split": data.pretrain_split,
+            "image_size": data.image_size}
+
+
 def pretrained_encoder(config: PretrainConfig, data: DataConfig, *, method: str,
                        seed: int = 0, verbose: int = 1, distribute: str = "default",
-                       images: np.ndarray | Callable[[], np.ndarray] | None = None
+                       images: np.ndarray | Callable[[], np.ndarray] | None = None,
+                       on_epoch: Callable[[int, dict], None] | None = None
                        ) -> PretrainResult:
     """Pre-train with ``method`` (simclr, byol, simsiam) on ``data``'s unlabeled source,
     or load the cached result of an earlier identical pre-training (any script, any run);
@@ -295,9 +308,8 @@ def pretrained_encoder(config: PretrainConfig, data: DataConfig, *, method: str,
     there is something to train); by default :func:`load_pretrain_images`. A cached
     encoder is loaded without reading any image.
     """
-    source = {"dataset": data.pretrain_dataset, "split": data.pretrain_split,
-              "image_size": data.image_size}
-    out = cache_root() / "pretrained" / pretrain_key(config, method, data=source, seed=seed)
+    out = cache_root() / "pretrained" / pretrain_key(config, method, data=image_source(data),
+                                                     seed=seed)
     cached = _finished(out, {"config": identity(config, method), "seed": seed})
     if cached is not None:
         return cached
@@ -309,7 +321,7 @@ def pretrained_encoder(config: PretrainConfig, data: DataConfig, *, method: str,
     elif callable(images):
         images = images()
     return pretrain(config, images, out, method=method, seed=seed, verbose=verbose,
-                    distribute=distribute)
+                    distribute=distribute, on_epoch=on_epoch)
 
 
 def load_pretrain_images(data: DataConfig) -> np.ndarray:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -27,6 +28,7 @@ import numpy as np
 from cpcfl_tf.config import PRETRAIN_METHODS, Config, config_record
 from cpcfl_tf.federated.clients import Clients
 from cpcfl_tf.results import cache_root, read_weights, write_weights
+from cpcfl_tf.scalars import ScalarLog
 
 Weights = list[np.ndarray]
 
@@ -51,12 +53,16 @@ class StartingEncoders:
         contrastive pre-training is not cached yet.
     verbose, distribute
         As for :func:`cpcfl_tf.contrastive.pretrain.pretrained_encoder`.
+    tensorboard
+        Folder for TensorBoard scalars: each pre-training trained here logs its loss and
+        embedding std per epoch under ``pretrain/<cache key>``.
     """
 
     def __init__(self, *, seed: int, clients: Callable[[Config], Clients] | None = None,
                  unlabeled: Callable[[Config], np.ndarray] | None = None, verbose: int = 1,
-                 distribute: str = "default"):
+                 distribute: str = "default", tensorboard: str | Path | None = None):
         self.seed, self.verbose, self.distribute = seed, verbose, distribute
+        self.tensorboard = tensorboard
         self._clients, self._unlabeled = clients, unlabeled
         self._fedavg: dict[str, Weights] = {}
 
@@ -83,10 +89,8 @@ class StartingEncoders:
             if key in self._fedavg or _fedavg_path(key).exists():
                 return "FedAvg encoder: cached"
             return "FedAvg encoder: kept from the FedAvg (None) run (trained first if none)"
-        data = config.data
-        source = {"dataset": data.pretrain_dataset, "split": data.pretrain_split,
-                  "image_size": data.image_size}
-        folder = cache_root() / "pretrained" / pretrain_key(config.pretrain, pre, data=source,
+        folder = cache_root() / "pretrained" / pretrain_key(config.pretrain, pre,
+                                                            data=_source(config),
                                                             seed=self.seed)
         done = (folder / ("encoder.npz" if pre == "supervised" else "pretrain.json")).exists()
         state = ("cached" if done else "to resume" if (folder / "checkpoint.npz").exists()
@@ -102,7 +106,18 @@ class StartingEncoders:
         images = None if self._unlabeled is None else (lambda: self._unlabeled(config))
         return pretrained_encoder(config.pretrain, config.data, method=method, seed=self.seed,
                                   verbose=self.verbose, distribute=self.distribute,
-                                  images=images)
+                                  images=images, on_epoch=self._epoch_log(config, method))
+
+    def _epoch_log(self, config: Config, method: str):
+        """The TensorBoard logger of a pre-training's epochs (None without a folder)."""
+        from cpcfl_tf.contrastive.pretrain import pretrain_key
+
+        if not self.tensorboard:
+            return None
+        log = ScalarLog(Path(self.tensorboard) / "pretrain" / pretrain_key(
+            config.pretrain, method, data=_source(config), seed=self.seed))
+        return lambda epoch, logs: log.write(epoch, {"loss": logs["loss"],
+                                                     "embedding_std": logs["embedding_std"]})
 
     def supervised(self, config: Config) -> Weights:
         """Supervised pre-training on the labeled version of ``config.data``'s pre-training
@@ -113,8 +128,7 @@ class StartingEncoders:
         from cpcfl_tf.federated.centralized import supervised_encoder
 
         data, pre = config.data, config.pretrain
-        source = {"dataset": data.pretrain_dataset, "split": data.pretrain_split,
-                  "image_size": data.image_size}
+        source = _source(config)
         out = cache_root() / "pretrained" / pretrain_key(pre, "supervised", data=source,
                                                          seed=self.seed)
         cached = read_weights(out / "encoder.npz", rebuild="pre-training it again")
@@ -156,6 +170,12 @@ class StartingEncoders:
         key = _fedavg_key(config)
         self._fedavg[key] = weights
         write_weights(_fedavg_path(key), weights, key=key)
+
+
+def _source(config: Config) -> dict:
+    from cpcfl_tf.contrastive.pretrain import image_source
+
+    return image_source(config.data)
 
 
 def _fedavg_key(config: Config) -> str:
