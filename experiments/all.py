@@ -1,0 +1,122 @@
+"""The whole paper in one command: every table script of a preset in turn, then one report.
+
+Runs table2, clusters, encoder_training, datasets, heads, supervised, clients, trials,
+resnet, linear_eval and pretraining_cost (finished runs are skipped, interrupted ones
+resumed) and writes ``results/<preset>/report.md``: every table with the paper's numbers
+beside ours (each script's own report), every figure, the claims table of
+``results/README.md``, and the compute time each script's runs recorded (the time each
+script takes now is printed).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import time
+from pathlib import Path
+from typing import Sequence
+
+from cpcfl_tf.errors import run_cli
+from cpcfl_tf.experiment import name_list
+from cpcfl_tf.report import markdown_table
+from cpcfl_tf.script import Script
+
+SCRIPTS = ("table2", "clusters", "encoder_training", "datasets", "heads", "supervised",
+           "clients", "trials", "resnet", "linear_eval", "pretraining_cost")
+"""In the order of the paper's tables; each is ``experiments/<name>.py``."""
+SCRIPT = Script(__file__, __doc__, default_preset="quick", runs=False)
+"""Its options are every script's (``--out`` is the preset's folder, default
+``results/<preset>``)."""
+
+
+def _options(parser) -> None:
+    parser.add_argument("--scripts", type=name_list(SCRIPTS), default=list(SCRIPTS),
+                        metavar="NAME[,NAME...]",
+                        help="a subset of " + ",".join(SCRIPTS) + " (default: all; the report "
+                             "still shows every script whose folder has a report)")
+
+
+def load(name: str):
+    """``experiments/<name>.py`` as a module."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def recorded_seconds(folder: Path) -> float:
+    """Seconds of compute the run records in ``folder`` say they took."""
+    total = 0.0
+    for path in folder.glob("*.json"):
+        try:
+            data = json.loads(path.read_text())
+        except ValueError:
+            continue
+        if isinstance(data, dict) and isinstance(data.get("timing"), dict):
+            total += data["timing"].get("seconds") or 0.0
+    return total
+
+
+def claims(readme: Path) -> list[str]:
+    """The claims table of ``results/README.md`` ("The paper's claims"), if there is one."""
+    if not readme.exists():
+        return []
+    lines = readme.read_text().splitlines()
+    start = next((k for k, line in enumerate(lines) if line == "## The paper's claims"), None)
+    if start is None:
+        return []
+    end = next((k for k in range(start + 1, len(lines)) if lines[k].startswith("## ")),
+               len(lines))
+    return lines[start + 1:end]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = SCRIPT.parser()
+    _options(parser)
+    args = parser.parse_args(argv)
+    from cpcfl_tf.experiment import resolve_config
+    from cpcfl_tf.results import prepare_out_dir, write_text
+
+    config = resolve_config(args)  # bad input stops here, before any script starts
+    root = prepare_out_dir(args.out or Path("results") / config.preset)
+    common = ["--preset", args.preset, "--seed", str(args.seed), "--resume",
+              *(["--force"] if args.force else []),
+              *(["--data-dir", args.data_dir] if args.data_dir else []),
+              *(["--manual-dir", args.manual_dir] if args.manual_dir else []),
+              *(["--set", *args.set] if args.set else [])]
+    took = {}
+    for name in args.scripts:
+        print(f"== {name}", flush=True)
+        started = time.perf_counter()
+        load(name).main([*common, "--out", str(root / name)])
+        took[name] = time.perf_counter() - started
+        print(f"== {name}: {took[name]:.0f} s", flush=True)
+
+    lines = [f"# The paper's tables and figures, preset `{args.preset}`", "",
+             "Each section is a script's own report (`results/<preset>/<script>/<script>.md`), "
+             "the paper's numbers beside ours; then its figures.", ""]
+    rows = []
+    for name in SCRIPTS:
+        folder = root / name
+        report = folder / f"{name}.md"
+        if not report.exists():
+            continue
+        # One level down: the report's title becomes a section of this one.
+        lines += ["#" + line if line.startswith("#") else line
+                  for line in report.read_text().rstrip().splitlines()] + [""]
+        lines += [f"![{png.stem}]({name}/{png.name})" for png in sorted(folder.glob("*.png"))]
+        lines.append("")
+        rows.append([f"`{name}`", f"{recorded_seconds(folder) / 60:.1f}"])
+    # The runs' own timings, so the report is the same however often it is rebuilt.
+    lines += ["## Time per script", "",
+              "Minutes of compute the script's run records say their runs took (federated and "
+              "centralized runs; pre-training is timed in the cache's `pretrain.json`).", ""]
+    lines += markdown_table(["script", "runs (min)"], rows) + [""]
+    claim_lines = claims(root.parent / "README.md")
+    if claim_lines:
+        lines += ["## The paper's claims (from results/README.md)", *claim_lines]
+    write_text(root / "report.md", "\n".join(lines).rstrip() + "\n")
+    print(f"wrote {root / 'report.md'}")
+
+
+if __name__ == "__main__":
+    run_cli(main)
