@@ -100,9 +100,23 @@ class PartitionConfig:
     class_counts: tuple[int, ...] = (20, 20, 5, 5)
     test_fraction: float = 1.0
     disjoint: bool = True
+    kind: str = "groups"
+    """groups: the paper's class groups; rotated: all classes, each group's images turned
+    by its own quarter turns (IFCA's benchmark); dirichlet: label skew, each group's class
+    distribution drawn from Dir(alpha). The other kinds use sum(class_counts) images per
+    client and ignore classes_per_group / class_overlap."""
+    alpha: float = 1.0
+    """Concentration of the dirichlet kind (small: few classes per group)."""
 
     def __post_init__(self) -> None:
+        from cpcfl_tf.data.partition import KINDS  # no TF import
+
         object.__setattr__(self, "class_counts", tuple(self.class_counts))
+        _choice("partition", "kind", self.kind, KINDS)
+        _positive("partition", alpha=self.alpha)
+        _check(self.kind != "rotated" or self.num_groups <= 4,
+               f"a rotated partition has 4 distinct quarter turns: at most 4 groups, got "
+               f"{self.num_groups}")
         _positive("partition", num_clients=self.num_clients, num_groups=self.num_groups,
                   classes_per_group=self.classes_per_group, test_fraction=self.test_fraction)
         _check(self.num_groups <= self.num_clients,
@@ -267,8 +281,9 @@ class Config:
                f"pretrain.encoder ({self.pretrain.encoder}) and federated.encoder "
                f"({self.federated.encoder}) differ; change both, e.g. Config.with_encoder()")
         p = self.partition
-        make_group_classes(p.num_groups, p.classes_per_group, p.class_overlap,
-                           get_spec(self.data.client_dataset).num_classes)
+        if p.kind == "groups":
+            make_group_classes(p.num_groups, p.classes_per_group, p.class_overlap,
+                               get_spec(self.data.client_dataset).num_classes)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

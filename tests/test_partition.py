@@ -112,3 +112,60 @@ def test_group_classes_helper():
     assert make_group_classes(3, 4, 1, 10) == ((0, 1, 2, 3), (3, 4, 5, 6), (6, 7, 8, 9))
     with pytest.raises(UserError):
         make_group_classes(3, 4, 4, 10)
+
+
+def _disjoint(partition):
+    for attr in ("train_index", "test_index"):
+        rows = np.concatenate([getattr(c, attr) for c in partition.clients])
+        assert len(rows) == len(np.unique(rows)), attr
+
+
+def test_a_rotated_partition_gives_every_client_every_class_turned_by_its_group(
+        fmnist_clients, tmp_path):
+    from cpcfl_tf.federated.clients import make_clients
+
+    train, test = fmnist_clients
+    p = partition_clients(train.labels, test.labels, num_classes=10, num_clients=8,
+                          num_groups=4, kind="rotated", seed=1)
+    _disjoint(p)
+    assert [c.rotation for c in p.clients] == [0, 0, 1, 1, 2, 2, 3, 3]
+    for c in p.clients:
+        assert np.array_equal(np.bincount(train.labels[c.train_index], minlength=10), [5] * 10)
+    clients = make_clients(p, train, test)
+    for u, c in enumerate(p.clients):  # the images each client trains on are turned
+        raw = train.images[c.train_index]
+        assert np.array_equal(clients.train.images[u], np.rot90(raw, c.rotation, axes=(1, 2)))
+    assert [r["rotation"] for r in clients.records] == [0, 0, 90, 90, 180, 180, 270, 270]
+    assert plot_client_data_amounts(p, train.labels, tmp_path / "r.png",
+                                    title="rotated").stat().st_size > 1000
+    with pytest.raises(UserError, match="at most 4 groups"):
+        get_preset("quick").with_overrides(partition={"kind": "rotated", "num_groups": 5,
+                                                      "num_clients": 15})
+
+
+def test_a_dirichlet_partition_skews_labels_per_group(fmnist_clients, tmp_path):
+    train, test = fmnist_clients
+
+    def draw(alpha, seed=0):
+        return partition_clients(train.labels, test.labels, num_classes=10, num_clients=15,
+                                 kind="dirichlet", alpha=alpha, seed=seed)
+
+    skewed, flat = draw(0.1), draw(100.0)
+    _disjoint(skewed)
+    assert [len(c.train_index) for c in skewed.clients] == [50] * 15
+    assert [c.test_index.tolist() for c in draw(0.1).clients] == \
+        [c.test_index.tolist() for c in skewed.clients]  # seeded
+    assert [c.train_index.tolist() for c in draw(0.1, seed=1).clients] != \
+        [c.train_index.tolist() for c in skewed.clients]
+
+    def classes_per_group(p):
+        return np.mean([len(np.unique(np.concatenate([train.labels[c.train_index]
+                                                      for c in p.clients if c.group == g])))
+                        for g in range(3)])
+
+    assert classes_per_group(skewed) < 6 < classes_per_group(flat)  # Dir(0.1): few classes
+    assert plot_client_data_amounts(skewed, train.labels, tmp_path / "d.png",
+                                    title="dirichlet").stat().st_size > 1000
+    with pytest.raises(UserError, match="dirichlet partition needs .* larger alpha"):
+        partition_clients(train.labels[:600], test.labels, num_classes=10, num_clients=12,
+                          kind="dirichlet", alpha=0.05, seed=0)

@@ -12,6 +12,15 @@ sets). Where the random 20/5 choices of one draw ask for more images of a class 
 the split has, the choices are drawn again (from the same seeded generator): on
 STL-10 with 60 clients the shared classes need 500 +- 47 of 500 images, so about half
 the draws do not fit. The partition is then the paper's, conditioned on fitting.
+
+Two other kinds of heterogeneity keep the same guarantees (seeded, disjoint, equal-sized
+clients, true groups for ARI, a clear error when the data cannot hold them):
+
+* ``rotated`` (IFCA's own benchmark): every client holds every class, as evenly as
+  ``sum(class_counts)`` images allow; group g sees its images turned by g quarter turns
+  (0/90/180/270 degrees for four groups).
+* ``dirichlet`` (label skew): group g draws a class distribution p_g ~ Dir(alpha) and
+  each of its clients draws its class counts from Multinomial(sum(class_counts), p_g).
 """
 from __future__ import annotations
 
@@ -32,6 +41,12 @@ class Client:
     classes: tuple[int, ...]
     train_index: np.ndarray
     test_index: np.ndarray
+    rotation: int = 0
+    """Quarter turns applied to this client's images (``rotated`` partitions)."""
+
+
+KINDS = ("groups", "rotated", "dirichlet")
+"""The kinds of heterogeneity :func:`partition_clients` draws (groups: the paper's)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +55,7 @@ class Partition:
 
     clients: tuple[Client, ...]
     group_classes: tuple[tuple[int, ...], ...]
+    kind: str = "groups"
 
     @property
     def groups(self) -> np.ndarray:
@@ -55,7 +71,8 @@ class Partition:
 
         return [{"id": c.id, "group": c.group,
                  "train_class_counts": counts(train_labels[c.train_index]),
-                 "test_class_counts": counts(test_labels[c.test_index])}
+                 "test_class_counts": counts(test_labels[c.test_index]),
+                 **({"rotation": 90 * c.rotation} if self.kind == "rotated" else {})}
                 for c in self.clients]
 
 
@@ -85,8 +102,9 @@ def partition_clients(train_labels: np.ndarray, test_labels: np.ndarray, *,
                       classes_per_group: int = 4, class_overlap: int = 1,
                       class_counts: Sequence[int] = (20, 20, 5, 5),
                       test_fraction: float = 1.0, disjoint: bool = True, seed: int = 0,
-                      max_draws: int = 1000, source: str = "the client split") -> Partition:
-    """Draw the paper's partition.
+                      max_draws: int = 1000, source: str = "the client split",
+                      kind: str = "groups", alpha: float = 1.0) -> Partition:
+    """Draw the paper's partition (or another ``kind`` of heterogeneity).
 
     Parameters
     ----------
@@ -112,6 +130,9 @@ def partition_clients(train_labels: np.ndarray, test_labels: np.ndarray, *,
         Redraws of the per-client count order before giving up as infeasible.
     source
         Name of the data, for error messages.
+    kind, alpha
+        ``groups`` (the paper's), ``rotated`` or ``dirichlet`` (with concentration
+        ``alpha``); see the module's description.
     """
     train_labels = np.asarray(train_labels)
     test_labels = np.asarray(test_labels)
@@ -126,6 +147,9 @@ def partition_clients(train_labels: np.ndarray, test_labels: np.ndarray, *,
                         f"of a group), got {tuple(class_counts)}")
     if not test_fraction > 0:
         raise UserError(f"test_fraction must be positive, got {test_fraction}")
+    if kind != "groups":
+        return _skewed(train_labels, test_labels, num_classes, num_clients, num_groups,
+                       sum(class_counts), test_fraction, disjoint, seed, source, kind, alpha)
     groups = make_group_classes(num_groups, classes_per_group, class_overlap, num_classes)
     test_counts = test_counts_for(class_counts, test_fraction)
     rng = np.random.default_rng(seed)
@@ -196,3 +220,63 @@ def _assign(labels, orders, client_group, groups, counts, num_classes, disjoint,
                 mine.append(rng.choice(pools[cls], counts[k], replace=False))
         rows.append(np.sort(np.concatenate(mine)))
     return rows
+
+
+def _skewed(train_labels, test_labels, num_classes, num_clients, num_groups, size,
+            test_fraction, disjoint, seed, source, kind, alpha) -> Partition:
+    """The ``rotated`` and ``dirichlet`` kinds: per client class counts, then rows."""
+    if kind not in KINDS:
+        raise UserError(f"unknown partition kind {kind!r}; choose one of {', '.join(KINDS)}")
+    if kind == "rotated" and num_groups > 4:
+        raise UserError(f"a rotated partition has 4 distinct quarter turns, so at most 4 "
+                        f"groups, got {num_groups}")
+    if kind == "dirichlet" and not alpha > 0:
+        raise UserError(f"partition.alpha must be positive, got {alpha}")
+    rng = np.random.default_rng(seed)
+    test_size = int(np.floor(size * test_fraction + 0.5))
+    client_group = np.repeat(np.arange(num_groups), num_clients // num_groups)
+    if kind == "rotated":  # every class, as evenly as the size allows
+        def counts(n: int) -> np.ndarray:
+            even = np.full(num_classes, n // num_classes)
+            even[rng.choice(num_classes, n % num_classes, replace=False)] += 1
+            return even
+        train_counts = np.stack([counts(size) for _ in range(num_clients)])
+        test_counts = np.stack([counts(test_size) for _ in range(num_clients)])
+    else:  # each group's own class distribution
+        skew = rng.dirichlet(np.full(num_classes, alpha), size=num_groups)
+        train_counts = np.stack([rng.multinomial(size, skew[g]) for g in client_group])
+        test_counts = np.stack([rng.multinomial(test_size, skew[g]) for g in client_group])
+    picked = []
+    for which, (labels, wanted) in enumerate(((train_labels, train_counts),
+                                              (test_labels, test_counts))):
+        have = np.bincount(labels, minlength=num_classes)[:num_classes]
+        need = wanted.sum(axis=0) if disjoint else wanted.max(axis=0)
+        short = np.flatnonzero(need > have)
+        if len(short):
+            cls = int(short[0])
+            hint = ("use fewer clients or smaller class_counts"
+                    + (", or a larger alpha" if kind == "dirichlet" else "")
+                    + (", or allow shared images (disjoint=False)" if disjoint else ""))
+            raise UserError(f"the {kind} partition needs {int(need[cls])} "
+                            f"{('training', 'test')[which]} images of class {cls} from "
+                            f"{source} but only {int(have[cls])} exist; {hint}")
+        pools = [rng.permutation(np.flatnonzero(labels == c)) for c in range(num_classes)]
+        taken = [0] * num_classes
+        rows = []
+        for u in range(num_clients):
+            mine = []
+            for c in range(num_classes):
+                k = int(wanted[u, c])
+                if disjoint:
+                    mine.append(pools[c][taken[c]:taken[c] + k])
+                    taken[c] += k
+                else:
+                    mine.append(rng.choice(pools[c], k, replace=False))
+            rows.append(np.sort(np.concatenate(mine)))
+        picked.append(rows)
+    everything = tuple(range(num_classes))
+    classes = [tuple(int(c) for c in np.flatnonzero(train_counts[u])) for u in range(num_clients)]
+    clients = tuple(Client(u, int(client_group[u]), classes[u], picked[0][u], picked[1][u],
+                           int(client_group[u]) if kind == "rotated" else 0)
+                    for u in range(num_clients))
+    return Partition(clients, (everything,) * num_groups, kind)

@@ -75,8 +75,13 @@ def make_clients(partition: Partition, train: LabeledImages, test: LabeledImages
         raise UserError("the simulator needs clients of equal size (the paper's protocol)")
     rows = np.stack([c.train_index for c in partition.clients])
     test_rows = np.stack([c.test_index for c in partition.clients])
-    return Clients(ClientArrays(train.images[rows], train.labels[rows]),
-                   ClientArrays(test.images[test_rows], test.labels[test_rows]),
+    images, test_images = train.images[rows], test.images[test_rows]
+    for u, client in enumerate(partition.clients):
+        if client.rotation:  # a rotated partition: the client sees its images turned
+            images[u] = np.rot90(images[u], client.rotation, axes=(1, 2))
+            test_images[u] = np.rot90(test_images[u], client.rotation, axes=(1, 2))
+    return Clients(ClientArrays(images, train.labels[rows]),
+                   ClientArrays(test_images, test.labels[test_rows]),
                    partition.groups, train.num_classes,
                    partition.describe(train.labels, test.labels))
 
