@@ -315,3 +315,20 @@ def test_all_runs_the_scripts_and_gathers_every_report(tmp_path):
     assert "| `clusters` |" in report and "| `table2` | 0.0 |" in report
     assert "| C1 | holds |" in report  # the claims table of results/README.md
     assert len(list((root / "clusters").glob("cp-cfl-simclr-n*.json"))) == 5
+
+
+def test_heterogeneity_runs_each_kind_with_its_own_groups(tmp_path):
+    out = tmp_path / "out"
+    script("heterogeneity").main(["--preset", "smoke", "--out", str(out),
+                                  "--methods", "ifca-none,cp-cfl-simclr"])
+    rotated = load(out, "rotated-4-cp-cfl-simclr")
+    assert rotated["config"]["partition"]["kind"] == "rotated"
+    assert rotated["config"]["federated"]["num_clusters"] == 4 == len(
+        {c["group"] for c in rotated["clients"]})
+    assert {c["rotation"] for c in rotated["clients"]} == {0, 90, 180, 270}
+    skewed = load(out, "dirichlet-0.1-ifca-none")
+    assert skewed["config"]["partition"]["alpha"] == 0.1
+    assert run_record_errors(skewed) == []
+    assert not (out / "rotated-4-fedavg-none.json").exists()  # not among --methods
+    assert len(rows(out / "heterogeneity.csv")) == 6
+    assert "Dir(0.1), 3 groups" in (out / "heterogeneity.md").read_text()
