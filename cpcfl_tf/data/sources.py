@@ -15,6 +15,7 @@ Splits use one syntax everywhere: ``"train"``, ``"train[50000:]"``, ``"test[:100
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gzip
 import logging
 import os
@@ -36,7 +37,7 @@ class DatasetSpec:
     """Static facts about one dataset; nothing here touches the disk or the network."""
 
     name: str
-    backend: Literal["tfds", "idx", "sklearn"]
+    backend: Literal["tfds", "idx", "sklearn", "folder"]
     num_classes: int
     splits: dict[str, int]
     """Split name -> number of images."""
@@ -48,6 +49,8 @@ class DatasetSpec:
     """EMNIST is stored transposed in tfds; flip it back so digits read upright."""
     host: str | None = None
     """Download host, probed before tfds is allowed to fetch (its retries take minutes)."""
+    files: dict[str, tuple[tuple[str, int], ...]] | None = None
+    """A folder source's files: split -> ((path, class index), ...), in split order."""
 
 
 DATASETS: dict[str, DatasetSpec] = {
@@ -78,12 +81,63 @@ DATASETS: dict[str, DatasetSpec] = {
 }
 
 
+FOLDER = "folder:"
+"""Prefix of a folder source: ``folder:PATH``."""
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+FOLDER_TEST_SHARE = 0.2
+"""A folder without ``train/`` and ``test/`` is split by a seeded draw: this share tests."""
+
+
 def get_spec(dataset: str) -> DatasetSpec:
     """Return the :class:`DatasetSpec` of ``dataset`` or raise a :class:`UserError`."""
+    if dataset.startswith(FOLDER):
+        return folder_spec(dataset[len(FOLDER):])
     try:
         return DATASETS[dataset]
     except KeyError:
-        raise UserError(f"unknown dataset {dataset!r}; choose one of {', '.join(DATASETS)}") from None
+        raise UserError(f"unknown dataset {dataset!r}; choose one of {', '.join(DATASETS)}, "
+                        f"or {FOLDER}PATH for a folder of images") from None
+
+
+@functools.lru_cache(maxsize=16)
+def folder_spec(path: str) -> DatasetSpec:
+    """A folder of images with one subfolder per class (PNG/JPEG), as a dataset.
+
+    With ``train/`` and ``test/`` subfolders (each holding the class subfolders) those are
+    the splits; otherwise every image is split by a seeded draw into ``train`` and
+    ``test`` (:data:`FOLDER_TEST_SHARE`). Images directly in a split folder, outside any
+    class subfolder, count as unlabeled (class -1): fine for pre-training, refused as
+    client data. Only names are read here, no image.
+    """
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        raise UserError(f"no folder {root} for {FOLDER}{path}; give a folder with one "
+                        "subfolder of PNG/JPEG images per class")
+    split_dirs = ({"train": root / "train", "test": root / "test"}
+                  if (root / "train").is_dir() and (root / "test").is_dir() else {"all": root})
+    classes = sorted({d.name for folder in split_dirs.values() for d in folder.iterdir()
+                      if d.is_dir()})
+    listed = {}
+    for split, folder in split_dirs.items():
+        files = [(str(f), -1) for f in sorted(folder.iterdir()) if f.suffix.lower() in
+                 IMAGE_SUFFIXES]
+        for k, name in enumerate(classes):
+            sub = folder / name
+            if sub.is_dir():
+                files += [(str(f), k) for f in sorted(sub.iterdir())
+                          if f.suffix.lower() in IMAGE_SUFFIXES]
+        listed[split] = files
+    if "all" in listed:  # a seeded split, the same on every machine
+        files = listed.pop("all")
+        order = np.random.default_rng(0).permutation(len(files))
+        cut = len(files) - int(round(FOLDER_TEST_SHARE * len(files)))
+        listed = {"train": [files[i] for i in order[:cut]],
+                  "test": [files[i] for i in order[cut:]]}
+    if not any(listed.values()):
+        raise UserError(f"{root} holds no PNG or JPEG images")
+    return DatasetSpec(f"{FOLDER}{path}", "folder", len(classes),
+                       {split: len(files) for split, files in listed.items()},
+                       files={split: tuple(files) for split, files in listed.items()})
 
 
 _SPLIT = re.compile(r"^(?P<base>[a-z_]+)(\[(?P<start>-?\d*):(?P<stop>-?\d*)\])?$")
@@ -320,4 +374,32 @@ def _check_can_fetch(spec: DatasetSpec, data_dir: str | None, manual_dir: str | 
                         "Fashion-MNIST") from None
 
 
-_READERS = {"idx": _read_idx, "sklearn": _read_sklearn, "tfds": _read_tfds}
+def _read_folder(spec: DatasetSpec, split: Split, want_labels: bool, data_dir: str | None,
+                 manual_dir: str | None) -> tuple[np.ndarray, np.ndarray | None]:
+    del data_dir, manual_dir
+    from PIL import Image
+
+    rows = split.indices(spec.splits[split.base])
+    chosen = [spec.files[split.base][i] for i in rows]
+    if want_labels and any(label < 0 for _, label in chosen):
+        path = next(p for p, label in chosen if label < 0)
+        raise UserError(f"{path} is in no class subfolder; labeled data needs one subfolder "
+                        "per class")
+    images = []
+    for path, _ in chosen:
+        try:
+            with Image.open(path) as image:
+                images.append(np.asarray(image.convert("RGB"), np.uint8))
+        except OSError as err:
+            raise UserError(f"cannot read image {path} ({err}); remove or replace it") from None
+    shapes = {im.shape for im in images}
+    if len(shapes) > 1:  # resized one by one to the largest, then as every source is
+        h, w = max(s[0] for s in shapes), max(s[1] for s in shapes)
+        images = [np.asarray(Image.fromarray(im).resize((w, h), Image.BILINEAR))
+                  for im in images]
+    labels = np.array([label for _, label in chosen], np.int64) if want_labels else None
+    return np.stack(images), labels
+
+
+_READERS = {"idx": _read_idx, "sklearn": _read_sklearn, "tfds": _read_tfds,
+            "folder": _read_folder}
