@@ -144,3 +144,39 @@ def test_unprepared_tfds_data_fails_at_once_when_offline(tmp_path, monkeypatch):
 def test_parse_split_round_trips():
     assert str(parse_split("mnist", "train[50000:]")) == "train[50000:]"
     assert str(parse_split("mnist", "test")) == "test"
+
+
+def test_any_tfds_image_classification_dataset_by_name():
+    from cpcfl_tf.config import get_preset
+    from cpcfl_tf.data.sources import get_spec
+
+    spec = get_spec("svhn_cropped")  # classes from tfds's description, offline
+    assert spec.backend == "tfds" and spec.num_classes == 10
+    config = get_preset("quick").with_overrides(data={"client_dataset": "svhn_cropped",
+                                                      "client_train_split": "train",
+                                                      "client_test_split": "test"})
+    with tfds.testing.mock_data(num_examples=12):
+        data = load_labeled(config.data.client_dataset, "train", image_size=32)
+        pretrain = load_unlabeled("svhn_cropped", "train")
+    assert data.images.shape == (12, 32, 32, 3) and data.num_classes == 10
+    assert data.labels.max() < 10 and pretrain.shape == (12, 32, 32, 3)
+
+
+@pytest.mark.parametrize("name,message", [
+    ("no_such_dataset_here", "unknown dataset 'no_such_dataset_here'"),
+    ("celeb_a", "not an image classification dataset"),  # images, but no class label
+])
+def test_a_tfds_name_that_cannot_serve_is_one_line(name, message):
+    from cpcfl_tf.data.sources import get_spec
+
+    with pytest.raises(UserError, match=message):
+        get_spec(name)
+
+
+def test_a_tfds_dataset_with_too_few_classes_for_the_partition_is_refused():
+    from cpcfl_tf.config import get_preset
+
+    with pytest.raises(UserError, match="client data has 2"):  # 3 groups need 10 classes
+        get_preset("quick").with_overrides(data={"client_dataset": "cats_vs_dogs",
+                                                 "client_train_split": "train",
+                                                 "client_test_split": "train"})

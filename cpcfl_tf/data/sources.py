@@ -92,11 +92,35 @@ def get_spec(dataset: str) -> DatasetSpec:
     """Return the :class:`DatasetSpec` of ``dataset`` or raise a :class:`UserError`."""
     if dataset.startswith(FOLDER):
         return folder_spec(dataset[len(FOLDER):])
-    try:
+    if dataset in DATASETS:
         return DATASETS[dataset]
-    except KeyError:
-        raise UserError(f"unknown dataset {dataset!r}; choose one of {', '.join(DATASETS)}, "
-                        f"or {FOLDER}PATH for a folder of images") from None
+    return tfds_spec(dataset)
+
+
+@functools.lru_cache(maxsize=16)
+def tfds_spec(name: str) -> DatasetSpec:
+    """Any tfds image classification dataset by name (``svhn_cropped``,
+    ``cifar10_corrupted/...``): classes and split sizes read from tfds's own description
+    (split sizes are known once the dataset is prepared; before, any split name is
+    accepted and checked when it is read). Imports tfds, so only for names the kit does
+    not list itself."""
+    try:
+        import tensorflow_datasets as tfds
+
+        builder = tfds.builder(name)
+    except Exception:  # not a tfds name either (tfds raises several types)
+        raise UserError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}, a "
+                        f"tfds image classification dataset, or {FOLDER}PATH for a folder "
+                        "of images") from None
+    features = builder.info.features
+    image = features["image"] if "image" in features else None
+    label = features["label"] if "label" in features else None
+    if not (isinstance(image, tfds.features.Image)
+            and isinstance(label, tfds.features.ClassLabel)):
+        raise UserError(f"{name} is not an image classification dataset: it needs an 'image' "
+                        f"and a class 'label' feature, it has {', '.join(features)}")
+    splits = {split: info.num_examples for split, info in builder.info.splits.items()}
+    return DatasetSpec(name, "tfds", label.num_classes, splits, tfds_name=name)
 
 
 @functools.lru_cache(maxsize=16)
@@ -167,10 +191,12 @@ def parse_split(dataset: str, split: str) -> Split:
     if not match:
         raise UserError(f"cannot read split {split!r}; write it like 'train' or 'train[50000:]'")
     base = match["base"]
-    if base not in spec.splits:
-        raise UserError(f"{dataset} has no split {base!r}; choose one of {', '.join(spec.splits)}")
     bounds = [int(v) if v not in (None, "") else None for v in (match["start"], match["stop"])]
     parsed = Split(base, *bounds)
+    if not spec.splits:  # a tfds dataset not prepared yet: sizes unknown until read
+        return parsed
+    if base not in spec.splits:
+        raise UserError(f"{dataset} has no split {base!r}; choose one of {', '.join(spec.splits)}")
     if not parsed.indices(spec.splits[base]):
         raise UserError(f"split {split!r} of {dataset} selects no images "
                         f"({base} has {spec.splits[base]:,})")
@@ -180,7 +206,11 @@ def parse_split(dataset: str, split: str) -> Split:
 def split_size(dataset: str, split: str) -> int:
     """Number of images ``split`` selects, from the static split sizes."""
     parsed = parse_split(dataset, split)
-    return len(parsed.indices(get_spec(dataset).splits[parsed.base]))
+    sizes = get_spec(dataset).splits
+    if parsed.base not in sizes:
+        raise UserError(f"the size of {dataset}:{split} is known once tfds has prepared it; "
+                        "prepare it first (or pass --data-dir with a prepared copy)")
+    return len(parsed.indices(sizes[parsed.base]))
 
 
 @dataclasses.dataclass(frozen=True)
