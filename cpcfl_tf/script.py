@@ -100,11 +100,12 @@ class Session:
             print(f"{self.name}, preset {self.config.preset}: "
                   + ("changed " + ", ".join(changed) if changed else "the preset's settings")
                   + f"; output {self.out}")
-            encoders = {}
+            encoders = {}  # of the runs still to make, each once
             for spec in kept:
-                config = spec.config(self.config)
-                encoders.setdefault(self.runner.encoders.status(config), None)
-                print(f"  {spec.name}: {self.runner.status(spec)}")
+                status = self.runner.status(spec)
+                if status != "done":
+                    encoders.setdefault(self.runner.encoders.status(spec.config(self.config)))
+                print(f"  {spec.name}: {status}")
             for line in encoders:
                 print(f"  starting encoder: {line}")
             raise SystemExit(0)
