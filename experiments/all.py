@@ -1,8 +1,8 @@
 """The whole paper in one command: every table script of a preset in turn, then one report.
 
 Runs table2, clusters, encoder_training, datasets, heads, supervised, clients, trials,
-resnet, linear_eval and pretraining_cost (finished runs are skipped, interrupted ones
-resumed) and writes ``results/<preset>/report.md``: every table with the paper's numbers
+resnet, linear_eval, pretraining_cost and heterogeneity (finished runs are skipped,
+interrupted ones resumed) and writes ``results/<preset>/report.md``: every table with the paper's numbers
 beside ours (each script's own report), every figure, the claims table of
 ``results/README.md``, and the compute time each script's runs recorded (the time each
 script takes now is printed).
@@ -21,8 +21,9 @@ from cpcfl_tf.report import markdown_table
 from cpcfl_tf.script import Script
 
 SCRIPTS = ("table2", "clusters", "encoder_training", "datasets", "heads", "supervised",
-           "clients", "trials", "resnet", "linear_eval", "pretraining_cost")
-"""In the order of the paper's tables; each is ``experiments/<name>.py``."""
+           "clients", "trials", "resnet", "linear_eval", "pretraining_cost", "heterogeneity")
+"""In the order of the paper's tables, then what goes beyond the paper; each is
+``experiments/<name>.py``."""
 SCRIPT = Script(__file__, __doc__, default_preset="quick", runs=False)
 """Its options are every script's (``--out`` is the preset's folder, default
 ``results/<preset>``)."""
