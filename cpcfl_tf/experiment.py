@@ -41,6 +41,9 @@ def experiment_parser(name: str, description: str, *, default_preset: str = "pap
                                  "run would do (done, to resume, to run; encoders cached or to "
                                  "pre-train), touching nothing")
     if dry_run:
+        parser.add_argument("--max-clients-per-step", type=positive_int, metavar="N",
+                            help="train at most N clients in one step: bounds memory when "
+                                 "there are many clients; results are the same")
         parser.add_argument("--tensorboard", metavar="DIR",
                             help="write TensorBoard scalars: per round of every run accuracy, "
                                  "ARI and cluster sizes (DIR/<script>/<run>), per epoch of every "
@@ -58,6 +61,17 @@ def experiment_parser(name: str, description: str, *, default_preset: str = "pap
                              "from run to run (default: deterministic ops; CPU runs are "
                              "deterministic either way)")
     return parser
+
+
+def positive_int(text: str) -> int:
+    """An argparse ``type``: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"takes an integer >= 1, got {text!r}")
+    return value
 
 
 def name_list(choices: Sequence[str]) -> Callable[[str], list[str]]:

@@ -82,7 +82,8 @@ class Runner:
 
     def __init__(self, experiment: str, base: Config, out: Path, *, resume: bool = False,
                  force: bool = False, verbose: int = 1, distribute: str = "default",
-                 dry_run: bool = False, tensorboard: str | Path | None = None):
+                 dry_run: bool = False, tensorboard: str | Path | None = None,
+                 max_clients: int | None = None):
         from cpcfl_tf.results import prepare_out_dir
 
         self.experiment, self.base = experiment, base
@@ -98,6 +99,9 @@ class Runner:
                                          distribute=distribute, tensorboard=tensorboard)
         self.tensorboard = tensorboard
         """Folder of TensorBoard scalars (None: none written)."""
+        self.max_clients = max_clients
+        """At most this many clients per training step (None: all); not part of any key,
+        as the result is the same."""
         """The runs' starting encoders, each built once (pre-trained with the script's
         seed)."""
 
@@ -107,7 +111,8 @@ class Runner:
         return cls(experiment, base, out, resume=args.resume, force=args.force,
                    distribute=getattr(args, "distribute", "default"),
                    dry_run=getattr(args, "dry_run", False),
-                   tensorboard=getattr(args, "tensorboard", None))
+                   tensorboard=getattr(args, "tensorboard", None),
+                   max_clients=getattr(args, "max_clients_per_step", None))
 
     # -- data ---------------------------------------------------------------
     def partition(self, config: Config):
@@ -216,7 +221,8 @@ class Runner:
             record, state = run_federated(config, clients,
                                           encoder_weights=self.encoders(config),
                                           checkpoint=checkpoint, verbose=self.verbose,
-                                          on_round=self._scalars(spec, clients, on_round))
+                                          on_round=self._scalars(spec, clients, on_round),
+                                          max_clients=self.max_clients)
             if config.federated.method == "fedavg" and config.federated.pretraining == "none":
                 # IFCA (FedAvg) starts from this model's encoder: kept, also for later runs.
                 self.encoders.keep_fedavg(config, global_encoder(state))

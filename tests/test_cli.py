@@ -136,3 +136,17 @@ def test_tensorboard_gets_every_round_and_every_pretraining_epoch(tmp_path, monk
                          .read_text())
     assert read_scalars(folder)["loss"] == [(h["epoch"], pytest.approx(h["loss"]))
                                             for h in summary["history"]]
+
+
+def test_max_clients_per_step_reaches_the_runs_and_changes_nothing(tmp_path, monkeypatch):
+    from helpers import script
+
+    monkeypatch.setenv("CPCFL_CACHE", str(tmp_path / "cache"))
+    args = ["--preset", "smoke", "--methods", "ifca-none", "--set", "federated.rounds=2"]
+    table2 = script("table2")
+    table2.main(args + ["--out", str(tmp_path / "whole")])
+    table2.main(args + ["--out", str(tmp_path / "chunks"), "--max-clients-per-step", "2"])
+    whole, chunks = (json.loads((tmp_path / d / "ifca-none.json").read_text())
+                     for d in ("whole", "chunks"))
+    for key in ("config", "clients", "rounds", "final"):
+        assert whole[key] == chunks[key], key

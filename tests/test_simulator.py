@@ -308,3 +308,11 @@ def test_a_run_shows_one_progress_line_per_round_in_a_log(clients, capsys):
     for t, line in enumerate(lines, 1):
         assert re.fullmatch(rf"  round {t}/3: accuracy 0\.\d{{4}}, clusters \[9\], "
                             r"\d+:\d\d:\d\d elapsed, ETA \d+:\d\d:\d\d", line), line
+
+
+def test_training_in_chunks_of_clients_gives_the_unchunked_run(clients, encoder):
+    kept = config(rounds=3, head_rounds=1, optimizer_state="client")
+    whole, _ = run_federated(kept, clients, encoder_weights=encoder, verbose=0)
+    chunked, _ = run_federated(kept, clients, encoder_weights=encoder, verbose=0,
+                               max_clients=4)  # 9 clients: steps of 4, 4 and 1
+    assert chunked.rounds == whole.rounds and chunked.final == whole.final

@@ -227,10 +227,29 @@ class StackedBackend:
 
     def train(self, pool: Stacked, ids: np.ndarray, data: ClientArrays, orders: np.ndarray,
               encoder_epochs: Sequence[bool], local: LocalTraining,
-              moments: ClientMoments | None = None) -> Stacked:
+              moments: ClientMoments | None = None, *, max_clients: int | None = None
+              ) -> Stacked:
         """Train client u from model ``ids[u]`` of the stacked ``pool``; returns the
         clients' weights, stacked. With ``moments`` (of exactly these clients) Adam starts
-        from and updates them; otherwise its state is fresh."""
+        from and updates them; otherwise its state is fresh. ``max_clients`` bounds how
+        many clients one step holds (memory: weights and Adam state of that many models);
+        the clients are independent, so chunks give the unchunked result."""
+        count = len(ids)
+        if max_clients is None or count <= max_clients:
+            return self._train(pool, ids, data, orders, encoder_epochs, local, moments)
+        parts = []
+        for lo in range(0, count, max_clients):
+            rows = np.arange(lo, min(lo + max_clients, count))
+            own = None if moments is None else moments.subset(rows)
+            parts.append(self._train(pool, ids[rows], data.subset(rows), orders[:, rows],
+                                     encoder_epochs, local, own))
+            if own is not None:
+                moments.put(rows, own)
+        return [np.concatenate([p[i] for p in parts]) for i in range(len(parts[0]))]
+
+    def _train(self, pool: Stacked, ids: np.ndarray, data: ClientArrays, orders: np.ndarray,
+               encoder_epochs: Sequence[bool], local: LocalTraining,
+               moments: ClientMoments | None) -> Stacked:
         index = tf.constant(ids)
         params = [tf.gather(tf.constant(a), index) for a in pool]
         if moments is None:
@@ -324,7 +343,9 @@ class KerasBackend:
 
     def train(self, pool: Stacked, ids: np.ndarray, data: ClientArrays, orders: np.ndarray,
               encoder_epochs: Sequence[bool], local: LocalTraining,
-              moments: ClientMoments | None = None) -> Stacked:
+              moments: ClientMoments | None = None, *, max_clients: int | None = None
+              ) -> Stacked:
+        del max_clients  # one client at a time already
         if moments is not None:
             raise UserError("federated.optimizer_state 'client' needs the stacked backend "
                             "(the CNN encoder); use optimizer_state fresh")

@@ -103,7 +103,8 @@ def _load(path: Path, fingerprint: str
 def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
                   checkpoint: str | Path | None = None, train_seed: int | None = None,
                   verbose: int = 1,
-                  on_round: Callable[[dict, algorithm.ServerState], None] | None = None
+                  on_round: Callable[[dict, algorithm.ServerState], None] | None = None,
+                  max_clients: int | None = None
                   ) -> tuple[RunRecord, algorithm.ServerState]:
     """Run ``config.federated`` on ``clients``.
 
@@ -126,6 +127,9 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
         1: one line per round; 0: silent.
     on_round
         Called after every round with the round's record and the new server state.
+    max_clients
+        At most this many clients in one training step (bounds memory for many clients;
+        the result is the same, so it is not part of the run's config).
 
     Returns
     -------
@@ -147,7 +151,7 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
                              sort_keys=True)
     path = Path(checkpoint) if checkpoint else None
 
-    simulation = _Simulation(fl, backend, clients)
+    simulation = _Simulation(fl, backend, clients, max_clients)
 
     def start(attempt: int) -> algorithm.ServerState:
         state = algorithm.ServerState(0, initial_pool(fl, template, encoder_weights, seed=seed,
@@ -189,8 +193,10 @@ class _Simulation:
     """The simulator's :class:`~cpcfl_tf.federated.algorithm.Federation`: every client in
     this process, trained together by a backend."""
 
-    def __init__(self, fl: FederatedConfig, backend, clients: Clients):
+    def __init__(self, fl: FederatedConfig, backend, clients: Clients,
+                 max_clients: int | None = None):
         self.fl, self.backend, self.clients = fl, backend, clients
+        self.max_clients = max_clients
         self.num_clients = clients.train.num_clients
         self.local = LocalTraining.of(fl)
         self.moments: ClientMoments | None = None
@@ -204,7 +210,8 @@ class _Simulation:
         orders = batch_orders(len(part), train.size, fl.local_epochs, plan.batch_seed)
         own = None if self.moments is None else self.moments.subset(part)
         trained = self.backend.train(stack_models(models), ids, train, orders,
-                                     algorithm.encoder_epochs(fl, plan), self.local, own)
+                                     algorithm.encoder_epochs(fl, plan), self.local, own,
+                                     max_clients=self.max_clients)
         if own is not None:
             self.moments.put(part, own)
         if not all(np.isfinite(a).all() for a in trained):
