@@ -67,7 +67,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--baseline-rounds", type=int, default=2,
                         help="rounds of the plain Keras loop (0: skip it)")
     parser.add_argument("--backend", default="auto", choices=["auto", "stacked", "keras"])
+    parser.add_argument("--participation", type=float, default=1.0,
+                        help="share of clients drawn each round (default 1.0)")
+    parser.add_argument("--max-clients-per-step", type=int, default=None, metavar="N",
+                        help="train at most N clients per step (bounds memory)")
     args = parser.parse_args(argv)
+    if not 0 < args.participation <= 1 or (args.max_clients_per_step or 1) < 1:
+        raise UserError("need 0 < --participation <= 1 and --max-clients-per-step >= 1")
     if args.clients < 1 or args.clusters < 1 or args.rounds < 2 or args.baseline_rounds < 0:
         raise UserError("need --clients >= 1, --clusters >= 1, --rounds >= 2, --baseline-rounds >= 0")
     if args.image_size < 32:
@@ -89,10 +95,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         data={"image_size": args.image_size},
         federated={"method": "ifca", "pretraining": "none", "rounds": args.rounds,
                    "head_rounds": 0, "num_clusters": args.clusters, "backend": args.backend,
-                   "restart_round": args.rounds + 1})
+                   "restart_round": args.rounds + 1, "participation": args.participation})
     stamps = [time.perf_counter()]
     record, _ = run_federated(run, clients, verbose=0,
-                              on_round=lambda *_: stamps.append(time.perf_counter()))
+                              on_round=lambda *_: stamps.append(time.perf_counter()),
+                              max_clients=args.max_clients_per_step)
     ours = np.diff(stamps)
     print(f"simulator rounds (s): {', '.join(f'{s:.2f}' for s in ours)}", file=sys.stderr)
 
@@ -100,6 +107,12 @@ def main(argv: Sequence[str] | None = None) -> None:
               "clusters": args.clusters, "image_size": args.image_size,
               "backend": args.backend, "seconds_per_round": float(ours[1:].mean()),
               "simulator_round_seconds": ours.tolist(), "environment": environment()}
+    if args.participation != 1.0 or args.max_clients_per_step:
+        import resource  # peak resident memory of this process so far (Linux: KiB)
+
+        result.update(participation=args.participation,
+                      max_clients_per_step=args.max_clients_per_step,
+                      peak_memory_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     if args.baseline_rounds:
         fl = run.federated.resolved()
         model = build_template(fl, shape[2:], 10)
@@ -118,8 +131,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         result.update(baseline_round_seconds=times,
                       baseline_seconds_per_round=float(np.mean(steady)),
                       speedup=float(np.mean(steady) / result["seconds_per_round"]))
-    print_metrics(result, ("seconds_per_round", "baseline_seconds_per_round", "speedup"), 3)
-    path = write_json(out / f"c{args.clients}-n{args.clusters}-{args.image_size}px-{args.backend}.json",
+    print_metrics(result, ("seconds_per_round", "baseline_seconds_per_round", "speedup",
+                           "peak_memory_mb"), 3)
+    extra = (f"-p{args.participation:g}" if args.participation != 1.0 else "") + (
+        f"-k{args.max_clients_per_step}" if args.max_clients_per_step else "")
+    path = write_json(out / f"c{args.clients}-n{args.clusters}-{args.image_size}px-"
+                            f"{args.backend}{extra}.json",
                       result)
     print(f"wrote {path}", file=sys.stderr)
 
