@@ -295,6 +295,13 @@ def image_source(data: DataConfig) -> dict:
             "image_size": data.image_size}
 
 
+def pretrain_folder(config: PretrainConfig, data: DataConfig, name: str, seed: int) -> Path:
+    """The cache folder of the server's pre-training ``name`` (a contrastive method or
+    ``supervised``) of ``config`` on ``data``'s pre-training images with ``seed``."""
+    return cache_root() / "pretrained" / pretrain_key(config, name, data=image_source(data),
+                                                      seed=seed)
+
+
 def pretrained_encoder(config: PretrainConfig, data: DataConfig, *, method: str,
                        seed: int = 0, verbose: int = 1, distribute: str = "default",
                        images: np.ndarray | Callable[[], np.ndarray] | None = None,
@@ -308,8 +315,7 @@ def pretrained_encoder(config: PretrainConfig, data: DataConfig, *, method: str,
     there is something to train); by default :func:`load_pretrain_images`. A cached
     encoder is loaded without reading any image.
     """
-    out = cache_root() / "pretrained" / pretrain_key(config, method, data=image_source(data),
-                                                     seed=seed)
+    out = pretrain_folder(config, data, method, seed)
     cached = _finished(out, {"config": identity(config, method), "seed": seed})
     if cached is not None:
         return cached

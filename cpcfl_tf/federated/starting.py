@@ -79,7 +79,7 @@ class StartingEncoders:
 
     def status(self, config: Config) -> str:
         """Where ``config``'s starting encoder would come from now (nothing is built)."""
-        from cpcfl_tf.contrastive.pretrain import pretrain_key
+        from cpcfl_tf.contrastive.pretrain import pretrain_folder
 
         pre = config.federated.pretraining
         if pre == "none":
@@ -89,9 +89,7 @@ class StartingEncoders:
             if key in self._fedavg or _fedavg_path(key).exists():
                 return "FedAvg encoder: cached"
             return "FedAvg encoder: kept from the FedAvg (None) run (trained first if none)"
-        folder = cache_root() / "pretrained" / pretrain_key(config.pretrain, pre,
-                                                            data=_source(config),
-                                                            seed=self.seed)
+        folder = pretrain_folder(config.pretrain, config.data, pre, self.seed)
         done = (folder / ("encoder.npz" if pre == "supervised" else "pretrain.json")).exists()
         state = ("cached" if done else "to resume" if (folder / "checkpoint.npz").exists()
                  else f"to pre-train ({config.pretrain.epochs} epochs)")
@@ -110,12 +108,12 @@ class StartingEncoders:
 
     def _epoch_log(self, config: Config, method: str):
         """The TensorBoard logger of a pre-training's epochs (None without a folder)."""
-        from cpcfl_tf.contrastive.pretrain import pretrain_key
+        from cpcfl_tf.contrastive.pretrain import pretrain_folder
 
         if not self.tensorboard:
             return None
-        log = ScalarLog(Path(self.tensorboard) / "pretrain" / pretrain_key(
-            config.pretrain, method, data=_source(config), seed=self.seed))
+        folder = pretrain_folder(config.pretrain, config.data, method, self.seed)
+        log = ScalarLog(Path(self.tensorboard) / "pretrain" / folder.name)
         return lambda epoch, logs: log.write(epoch, {"loss": logs["loss"],
                                                      "embedding_std": logs["embedding_std"]})
 
@@ -123,14 +121,12 @@ class StartingEncoders:
         """Supervised pre-training on the labeled version of ``config.data``'s pre-training
         split, with the contrastive pre-training's budget (``config.pretrain``'s epochs,
         batch size and learning rate: the paper does not give its own)."""
-        from cpcfl_tf.contrastive.pretrain import pretrain_key
+        from cpcfl_tf.contrastive.pretrain import image_source, pretrain_folder
         from cpcfl_tf.data import load_labeled
         from cpcfl_tf.federated.centralized import supervised_encoder
 
         data, pre = config.data, config.pretrain
-        source = _source(config)
-        out = cache_root() / "pretrained" / pretrain_key(pre, "supervised", data=source,
-                                                         seed=self.seed)
+        out = pretrain_folder(pre, data, "supervised", self.seed)
         cached = read_weights(out / "encoder.npz", rebuild="pre-training it again")
         if cached is not None:
             return cached
@@ -145,7 +141,8 @@ class StartingEncoders:
         weights = supervised_encoder(budget, labeled, epochs=pre.epochs, seed=self.seed)
         write_weights(out / "encoder.npz", weights)
         (out / "source.json").write_text(json.dumps(
-            {"config": dataclasses.asdict(pre), **source, "seed": self.seed}, indent=2))
+            {"config": dataclasses.asdict(pre), **image_source(data), "seed": self.seed},
+            indent=2))
         return weights
 
     def fedavg(self, config: Config) -> Weights:
@@ -170,12 +167,6 @@ class StartingEncoders:
         key = _fedavg_key(config)
         self._fedavg[key] = weights
         write_weights(_fedavg_path(key), weights, key=key)
-
-
-def _source(config: Config) -> dict:
-    from cpcfl_tf.contrastive.pretrain import image_source
-
-    return image_source(config.data)
 
 
 _KEYED_WITHOUT = {"partition": {"kind": "groups", "alpha": 1.0}}
