@@ -176,27 +176,33 @@ def partition_clients(train_labels: np.ndarray, test_labels: np.ndarray, *,
         raise UserError(f"the partition needs {need} {split} images of class {cls} from {source} "
                         f"but only {have} exist (best of {max_draws} draws); {hint}")
 
-    picked = [_assign(labels, orders, client_group, groups, counts, num_classes, disjoint, rng)
+    picked = [_rows(labels, _wanted(orders, client_group, groups, counts, num_classes),
+                    num_classes, disjoint, rng)
               for labels, counts in ((train_labels, class_counts), (test_labels, test_counts))]
     clients = tuple(Client(u, int(client_group[u]), groups[client_group[u]], picked[0][u],
                            picked[1][u]) for u in range(num_clients))
     return Partition(clients, groups)
 
 
-def _demand(orders, client_group, groups, counts, num_classes, disjoint) -> np.ndarray:
-    """Images of each class one draw asks for (the largest single ask if not disjoint)."""
-    need = np.zeros(num_classes, np.int64)
+def _wanted(orders, client_group, groups, counts, num_classes) -> np.ndarray:
+    """``(clients, classes)``: the images of each class each client gets in one draw."""
+    wanted = np.zeros((len(orders), num_classes), np.int64)
     for u, order in enumerate(orders):
         for cls, k in zip(groups[client_group[u]], order):
-            need[cls] = need[cls] + counts[k] if disjoint else max(need[cls], counts[k])
-    return need
+            wanted[u, cls] = counts[k]
+    return wanted
+
+
+def _need(wanted: np.ndarray, disjoint: bool) -> np.ndarray:
+    """Images of each class the clients ask for (the largest single ask if not disjoint)."""
+    return wanted.sum(axis=0) if disjoint else wanted.max(axis=0)
 
 
 def _shortage(orders, client_group, groups, count_sets, available, num_classes, disjoint):
     """``None`` if the draw fits, else (total excess, split, class, needed, available)."""
     worst = None
     for which, (counts, have) in enumerate(zip(count_sets, available)):
-        need = _demand(orders, client_group, groups, counts, num_classes, disjoint)
+        need = _need(_wanted(orders, client_group, groups, counts, num_classes), disjoint)
         excess = np.maximum(need - have, 0)
         if excess.any():
             cls = int(np.argmax(excess))
@@ -205,19 +211,21 @@ def _shortage(orders, client_group, groups, count_sets, available, num_classes, 
     return worst
 
 
-def _assign(labels, orders, client_group, groups, counts, num_classes, disjoint, rng):
-    """Rows of ``labels`` for each client, by class, without replacement."""
+def _rows(labels, wanted: np.ndarray, num_classes, disjoint, rng) -> list[np.ndarray]:
+    """Rows of ``labels`` for each client, ``wanted[u, c]`` of class c, without
+    replacement (and, if ``disjoint``, no row for two clients)."""
     pools = [rng.permutation(np.flatnonzero(labels == c)) for c in range(num_classes)]
-    next_row = [0] * num_classes
+    taken = [0] * num_classes
     rows = []
-    for u, order in enumerate(orders):
+    for counts in wanted:
         mine = []
-        for cls, k in zip(groups[client_group[u]], order):
+        for c in np.flatnonzero(counts):
+            k = int(counts[c])
             if disjoint:
-                mine.append(pools[cls][next_row[cls]:next_row[cls] + counts[k]])
-                next_row[cls] += counts[k]
+                mine.append(pools[c][taken[c]:taken[c] + k])
+                taken[c] += k
             else:
-                mine.append(rng.choice(pools[cls], counts[k], replace=False))
+                mine.append(rng.choice(pools[c], k, replace=False))
         rows.append(np.sort(np.concatenate(mine)))
     return rows
 
@@ -250,7 +258,7 @@ def _skewed(train_labels, test_labels, num_classes, num_clients, num_groups, siz
     for which, (labels, wanted) in enumerate(((train_labels, train_counts),
                                               (test_labels, test_counts))):
         have = np.bincount(labels, minlength=num_classes)[:num_classes]
-        need = wanted.sum(axis=0) if disjoint else wanted.max(axis=0)
+        need = _need(wanted, disjoint)
         short = np.flatnonzero(need > have)
         if len(short):
             cls = int(short[0])
@@ -260,20 +268,7 @@ def _skewed(train_labels, test_labels, num_classes, num_clients, num_groups, siz
             raise UserError(f"the {kind} partition needs {int(need[cls])} "
                             f"{('training', 'test')[which]} images of class {cls} from "
                             f"{source} but only {int(have[cls])} exist; {hint}")
-        pools = [rng.permutation(np.flatnonzero(labels == c)) for c in range(num_classes)]
-        taken = [0] * num_classes
-        rows = []
-        for u in range(num_clients):
-            mine = []
-            for c in range(num_classes):
-                k = int(wanted[u, c])
-                if disjoint:
-                    mine.append(pools[c][taken[c]:taken[c] + k])
-                    taken[c] += k
-                else:
-                    mine.append(rng.choice(pools[c], k, replace=False))
-            rows.append(np.sort(np.concatenate(mine)))
-        picked.append(rows)
+        picked.append(_rows(labels, wanted, num_classes, disjoint, rng))
     everything = tuple(range(num_classes))
     classes = [tuple(int(c) for c in np.flatnonzero(train_counts[u])) for u in range(num_clients)]
     clients = tuple(Client(u, int(client_group[u]), classes[u], picked[0][u], picked[1][u],
