@@ -20,6 +20,8 @@ paper      STL-10 through tfds, the paper's settings     96    60 / 100 / 10 300
 from __future__ import annotations
 
 import dataclasses
+import json
+import typing
 from typing import Any, Sequence
 
 from cpcfl_tf.errors import UserError
@@ -343,9 +345,6 @@ def parse_settings(items: Sequence[str]) -> dict[str, dict[str, Any]]:
     integers, numbers, ``true``/``false``, ``none``, comma-separated integers for tuples,
     JSON for ``pretrain.augment``. Unknown sections or fields and values of the wrong type
     are a one-line :class:`UserError` naming what is allowed."""
-    import json
-    import typing
-
     overrides: dict[str, dict[str, Any]] = {}
     for item in items:
         key, sep, text = item.partition("=")
@@ -358,13 +357,11 @@ def parse_settings(items: Sequence[str]) -> dict[str, dict[str, Any]]:
                                f"{', '.join(sorted(fields))}")
         kind = typing.get_type_hints(SECTIONS[section])[name]
         overrides.setdefault(section, {})[name] = _parse_value(f"{section}.{name}", kind,
-                                                               text.strip(), json)
+                                                               text.strip())
     return overrides
 
 
-def _parse_value(field: str, kind: Any, text: str, json) -> Any:
-    import typing
-
+def _parse_value(field: str, kind: Any, text: str) -> Any:
     optional = type(None) in typing.get_args(kind)  # X | None
     if optional:
         kind = next(a for a in typing.get_args(kind) if a is not type(None))
@@ -396,8 +393,6 @@ def _parse_value(field: str, kind: Any, text: str, json) -> Any:
 def config_record(config: Config) -> dict[str, Any]:
     """The part of ``config`` that decides a run's result (not where data is read from),
     as JSON-ready data: what a run record keeps as ``requested``."""
-    import json
-
     record = dataclasses.asdict(config)
     record["data"] = {k: v for k, v in record["data"].items() if k not in ("data_dir", "manual_dir")}
     return json.loads(json.dumps(record))

@@ -10,11 +10,13 @@ one fixed order, so reading a record and writing it again gives the same bytes.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from pathlib import Path
 from typing import Any
 
 from cpcfl_tf.config import Config, config_record
+from cpcfl_tf.results import read_file, write_json
 
 SCORES = ("f1_macro", "f1_weighted", "auroc_ovr_macro", "auroc_ovr_weighted",
           "auroc_ovo_macro", "auroc_ovo_weighted")
@@ -195,10 +197,6 @@ def _plain(value: Any) -> Any:
 
 def read_record(path: str | os.PathLike) -> RunRecord:
     """A run record the kit wrote; damage or an older layout is one line naming the fix."""
-    from cpcfl_tf.results import read_file
-
-    import json
-
     def load(p: Path) -> RunRecord:
         return RunRecord.from_json(json.loads(p.read_text()))
 
@@ -209,6 +207,4 @@ def read_record(path: str | os.PathLike) -> RunRecord:
 
 def write_record(path: str | os.PathLike, record: RunRecord) -> Path:
     """Write ``record`` atomically (:func:`cpcfl_tf.results.write_json`)."""
-    from cpcfl_tf.results import write_json
-
     return write_json(path, record.to_json())

@@ -150,14 +150,18 @@ class Runner:
     def path(self, spec: RunSpec) -> Path:
         return self.out / f"{spec.name}.json"
 
-    def _scalars(self, spec: RunSpec, clients, on_round):
+    def checkpoint(self, spec: RunSpec) -> Path:
+        """Where an unfinished run of ``spec`` keeps its last round."""
+        return self.out / f".{spec.name}.ckpt.npz"
+
+    def _scalars(self, spec: RunSpec, config: Config, clients, on_round):
         """``on_round`` that also logs the round to TensorBoard (when a folder is set)."""
         if not self.tensorboard:
             return on_round
         from cpcfl_tf.scalars import ScalarLog
 
         log = ScalarLog(Path(self.tensorboard) / self.experiment / spec.name)
-        clusters = spec.config(self.base).federated.resolved().num_clusters
+        clusters = config.federated.resolved().num_clusters
 
         def logged(record: dict, state) -> None:
             log.write(record["round"], _round_scalars(record, clients.groups, clusters))
@@ -170,7 +174,7 @@ class Runner:
         """What :meth:`run` would do with ``spec`` now: ``done``, ``to resume``, ``to run``,
         or why it would stop. Reads, never writes."""
         config = spec.config(self.base)
-        path, checkpoint = self.path(spec), self.out / f".{spec.name}.ckpt.npz"
+        path, checkpoint = self.path(spec), self.checkpoint(spec)
         if path.exists() and not self.force:
             try:
                 same = _same_config(read_record(path), config)
@@ -190,7 +194,7 @@ class Runner:
         from cpcfl_tf.federated.simulator import global_encoder, run_federated
 
         config = spec.config(self.base)
-        path, checkpoint = self.path(spec), self.out / f".{spec.name}.ckpt.npz"
+        path, checkpoint = self.path(spec), self.checkpoint(spec)
         if path.exists() and not self.force:
             record = read_record(path)
             if not _same_config(record, config):
@@ -221,7 +225,7 @@ class Runner:
             record, state = run_federated(config, clients,
                                           encoder_weights=self.encoders(config),
                                           checkpoint=checkpoint, verbose=self.verbose,
-                                          on_round=self._scalars(spec, clients, on_round),
+                                          on_round=self._scalars(spec, config, clients, on_round),
                                           max_clients=self.max_clients)
             if config.federated.method == "fedavg" and config.federated.pretraining == "none":
                 # IFCA (FedAvg) starts from this model's encoder: kept, also for later runs.

@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.experiment import environment, print_metrics
+from cpcfl_tf.experiment import environment, positive_int, print_metrics
 from cpcfl_tf.script import Script
 
 
@@ -69,11 +69,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--backend", default="auto", choices=["auto", "stacked", "keras"])
     parser.add_argument("--participation", type=float, default=1.0,
                         help="share of clients drawn each round (default 1.0)")
-    parser.add_argument("--max-clients-per-step", type=int, default=None, metavar="N",
+    parser.add_argument("--max-clients-per-step", type=positive_int, default=None, metavar="N",
                         help="train at most N clients per step (bounds memory)")
     args = parser.parse_args(argv)
-    if not 0 < args.participation <= 1 or (args.max_clients_per_step or 1) < 1:
-        raise UserError("need 0 < --participation <= 1 and --max-clients-per-step >= 1")
+    if not 0 < args.participation <= 1:
+        raise UserError(f"need 0 < --participation <= 1, got {args.participation}")
     if args.clients < 1 or args.clusters < 1 or args.rounds < 2 or args.baseline_rounds < 0:
         raise UserError("need --clients >= 1, --clusters >= 1, --rounds >= 2, --baseline-rounds >= 0")
     if args.image_size < 32:

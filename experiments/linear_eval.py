@@ -25,10 +25,10 @@ def _options(parser) -> None:
                         help="a subset of " + ",".join(PRETRAIN_METHODS) + " (default: all)")
 
 
-def _settings(config: dict) -> dict:
-    """What decides the scores: data, pre-training (any method) and seed."""
-    pretrain = {k: v for k, v in config["pretrain"].items() if k != "method"}
-    return {"data": config["data"], "pretrain": pretrain, "seed": config["seed"]}
+def _settings(config: Config) -> dict:
+    """What decides the scores: data, pre-training settings (any method) and seed."""
+    record = config_record(config)
+    return {k: record[k] for k in ("data", "pretrain", "seed")}
 
 
 def _earlier(path, config: Config, methods: list[str]) -> dict | None:
@@ -38,9 +38,10 @@ def _earlier(path, config: Config, methods: list[str]) -> dict | None:
     if not path.exists():
         return None
     stored = read_json(path, fix="delete it to evaluate again")
-    same = (_settings(config_record(Config.from_dict(
-        {**stored["config"], "pretrain": {k: v for k, v in stored["config"]["pretrain"].items()
-                                          if k != "method"}}))) == _settings(config_record(config))
+    # Files written before pre-training settings lost their method still name it.
+    earlier = {**stored["config"], "pretrain": {k: v for k, v in stored["config"]["pretrain"]
+                                                .items() if k != "method"}}
+    same = (_settings(Config.from_dict(earlier)) == _settings(config)
             and [r["pretraining"] for r in stored["rows"][1:]] == methods)
     if not same:
         raise UserError(f"{path} was evaluated with other settings; pass --force to evaluate "

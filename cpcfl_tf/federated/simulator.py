@@ -176,15 +176,14 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
     state, progress = algorithm.run_rounds(
         fl, seed, simulation, start, state=state, progress=progress, on_round=after,
         say=(lambda line: print("  " + line, flush=True)) if verbose else None)
-    assigned = np.array(progress.assigned, np.int64)
-    size = algorithm.model_bytes(state.models[0])
-    last = Round.from_json(progress.history[-1])
-    final = Final(last.accuracy, last.scores, ari=cluster_ari(clients.groups, assigned),
+    rounds = [Round.from_json(r) for r in progress.history]
+    final = Final(rounds[-1].accuracy, rounds[-1].scores,
+                  ari=cluster_ari(clients.groups, np.array(progress.assigned, np.int64)),
                   restarts=progress.attempt, bytes_down=progress.bytes_down,
-                  bytes_up=progress.bytes_up, model_bytes=size)
+                  bytes_up=progress.bytes_up, model_bytes=algorithm.model_bytes(state.models[0]))
     record = RunRecord(
         dataclasses.replace(config, federated=fl), config, {"data": config.seed, "train": seed},
-        clients.records, [Round.from_json(r) for r in progress.history], final,
+        clients.records, rounds, final,
         {"seconds": progress.seconds, "seconds_per_round": progress.seconds / max(1, fl.rounds)})
     return record, state
 
