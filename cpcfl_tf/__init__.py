@@ -1,0 +1,12 @@
+"""cpcfl_tf: contrastive encoder pre-training-based clustered federated learning
+(CP-CFL) in TensorFlow/Keras."""
+import os
+
+# TensorFlow turns its oneDNN CPU kernels on by default only on x86 CPUs with
+# neural-network extensions (AVX512_VNNI, AVX512_BF16, AMX); elsewhere, e.g. on an
+# AVX2-only AMD EPYC, it runs Eigen's, which train the simulator's per-client
+# convolutions 1.6x slower (experiments/speed_study.py) and give other last bits. The kit
+# asks for oneDNN everywhere, so every x86 machine runs the same kernel family. TensorFlow
+# reads this once, when it is imported; an explicit TF_ENABLE_ONEDNN_OPTS=0 still wins,
+# and every result's ``environment`` says which kernels ran.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")

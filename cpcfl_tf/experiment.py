@@ -156,8 +156,18 @@ def environment() -> dict:
     else:
         device = f"cpu: {os.cpu_count()} cores ({platform.processor() or platform.machine()})"
     return {"tensorflow": tf.__version__, "keras": keras.__version__, "device": device,
-            "cpu": cpu_model(), "python": platform.python_version(),
-            "deterministic_ops": _DETERMINISTIC_OPS}
+            "cpu": cpu_model(), "onednn": onednn_enabled(),
+            "python": platform.python_version(), "deterministic_ops": _DETERMINISTIC_OPS}
+
+
+def onednn_enabled() -> bool | None:
+    """Whether TensorFlow runs its oneDNN CPU kernels (see ``cpcfl_tf/__init__.py``);
+    ``None`` where this TensorFlow cannot say."""
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+    except ImportError:
+        return None
+    return bool(_pywrap_util_port.IsMklEnabled())
 
 
 def cpu_model() -> str:

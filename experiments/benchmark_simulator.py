@@ -10,6 +10,7 @@ on the test data. Both report the mean over rounds after the first (tracing, war
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from typing import Sequence
@@ -69,6 +70,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--backend", default="auto", choices=["auto", "stacked", "keras"])
     parser.add_argument("--participation", type=float, default=1.0,
                         help="share of clients drawn each round (default 1.0)")
+    parser.add_argument("--xla", action="store_true",
+                        help="XLA-compile the stacked backend's local step (runs keep it off)")
     parser.add_argument("--max-clients-per-step", type=positive_int, default=None, metavar="N",
                         help="train at most N clients per step (bounds memory)")
     args = parser.parse_args(argv)
@@ -81,6 +84,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     session = SCRIPT.session(args)
     config, out = session.config, session.out
 
+    from cpcfl_tf.federated.backends import xla_local_steps
     from cpcfl_tf.federated.clients import ClientArrays, Clients
     from cpcfl_tf.federated.simulator import build_template, initial_pool, run_federated
     from cpcfl_tf.results import write_json
@@ -97,9 +101,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                    "head_rounds": 0, "num_clusters": args.clusters, "backend": args.backend,
                    "restart_round": args.rounds + 1, "participation": args.participation})
     stamps = [time.perf_counter()]
-    record, _ = run_federated(run, clients, verbose=0,
-                              on_round=lambda *_: stamps.append(time.perf_counter()),
-                              max_clients=args.max_clients_per_step)
+    with xla_local_steps() if args.xla else contextlib.nullcontext():
+        record, _ = run_federated(run, clients, verbose=0,
+                                  on_round=lambda *_: stamps.append(time.perf_counter()),
+                                  max_clients=args.max_clients_per_step)
     ours = np.diff(stamps)
     print(f"simulator rounds (s): {', '.join(f'{s:.2f}' for s in ours)}", file=sys.stderr)
 
@@ -107,6 +112,8 @@ def main(argv: Sequence[str] | None = None) -> None:
               "clusters": args.clusters, "image_size": args.image_size,
               "backend": args.backend, "seconds_per_round": float(ours[1:].mean()),
               "simulator_round_seconds": ours.tolist(), "environment": environment()}
+    if args.xla:
+        result["xla"] = True
     if args.participation != 1.0 or args.max_clients_per_step:
         import resource  # peak resident memory of this process so far (Linux: KiB)
 
@@ -133,7 +140,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                       speedup=float(np.mean(steady) / result["seconds_per_round"]))
     print_metrics(result, ("seconds_per_round", "baseline_seconds_per_round", "speedup",
                            "peak_memory_mb"), 3)
-    extra = (f"-p{args.participation:g}" if args.participation != 1.0 else "") + (
+    extra = ("-xla" if args.xla else "") + (
+        f"-p{args.participation:g}" if args.participation != 1.0 else "") + (
         f"-k{args.max_clients_per_step}" if args.max_clients_per_step else "")
     path = write_json(out / f"c{args.clients}-n{args.clusters}-{args.image_size}px-"
                             f"{args.backend}{extra}.json",

@@ -92,3 +92,41 @@ def test_benchmark_simulator_runs_both_loops(tmp_path, capsys):
     assert "seconds_per_round:" in printed and "speedup:" in printed
     record = json.loads((tmp_path / "c3-n3-32px-auto.json").read_text())
     assert len(record["simulator_round_seconds"]) == 2 and len(record["baseline_round_seconds"]) == 1
+
+
+def test_benchmark_xla_compiles_the_local_step_only_inside_the_benchmark(tmp_path):
+    from cpcfl_tf.federated.backends import StackedBackend
+
+    script("benchmark_simulator").main(["--out", str(tmp_path), "--clients", "2", "--rounds", "2",
+                                        "--baseline-rounds", "0", "--xla"])
+    assert json.loads((tmp_path / "c2-n3-32px-auto-xla.json").read_text())["xla"] is True
+    assert StackedBackend.xla is False  # later runs in this process are not compiled
+
+
+def test_the_kit_runs_tensorflow_with_onednn_kernels():
+    import platform
+
+    from cpcfl_tf.experiment import environment
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("oneDNN's switch is for x86 CPUs")
+    assert environment()["onednn"] is True  # cpcfl_tf asks for them before TF is imported
+
+
+def test_speed_study_times_each_setting_in_a_fresh_process(tmp_path):
+    study_script = script("speed_study")
+    study_script.main(["--out", str(tmp_path), "--clients", "2", "--rounds", "2",
+                       "--baseline-rounds", "0", "--variants", "onednn-off"])
+    (path,) = tmp_path.glob("*.json")
+    study = json.loads(path.read_text())
+    off, work = study["variants"]["onednn-off"], study["round_flops"]
+    assert off["onednn"] is False  # the variant's environment reached its process
+    assert work["total"] == work["training"] + work["selection"] + work["evaluation"]
+    assert work["evaluation"] == work["forward_per_image"] * 2 * 50
+    assert work["training"] == 3 * 3 * work["evaluation"]  # 3 epochs, backward = 2 forwards
+    assert off["gflops"] == pytest.approx(work["total"] / off["seconds_per_round"] / 1e9)
+    assert study["peak"]["matmul_gflops"] > 0
+    assert "| onednn-off |" in (tmp_path / "speed_study.md").read_text()
+    with pytest.raises(UserError, match="unknown --variants fast"):
+        study_script.main(["--out", str(tmp_path / "x"), "--variants", "fast"])
+    assert not (tmp_path / "x").exists()

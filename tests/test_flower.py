@@ -1,5 +1,5 @@
 """A real Flower federation on loopback (``-k flower``): 1 SuperLink + 3 SuperNodes as
-processes, N = 2 on smoke data. Skipped when the ``[flower]`` extra is not installed."""
+processes serving two runs in turn, N = 2 on smoke data. Skipped when the ``[flower]`` extra is not installed."""
 import os
 import time
 from pathlib import Path
@@ -15,10 +15,19 @@ RUN = {"preset": "smoke", "method": "cp-cfl", "pretraining": "simclr", "num-clus
        "num-clients": 3, "head-rounds": 1, "seed": 0}
 
 
-@pytest.fixture()
+@pytest.fixture(scope="module")
 def env(tmp_path_factory):
     cache = tmp_path_factory.getbasetemp() / "flower-cache"
     return dict(os.environ, CPCFL_CACHE=str(cache), TF_CPP_MIN_LOG_LEVEL="3")
+
+
+@pytest.fixture(scope="module")
+def federation(tmp_path_factory, env):
+    """One SuperLink and 3 SuperNodes for the module's runs, one after another (as a
+    deployed federation serves run after run); the last test kills SuperNode 2."""
+    with Federation.start(3, tmp_path_factory.mktemp("federation"), env=env) as fed:
+        yield fed
+    _stopped(fed)
 
 
 def _group_alive(pid):
@@ -58,30 +67,29 @@ def _simulated_cluster_ids(rounds, env):
     return [r.cluster_ids for r in record.rounds], record.final.accuracy
 
 
-def test_flower_federation_assigns_the_simulators_clusters(tmp_path, env):
-    expected, accuracy = _simulated_cluster_ids(3, env)  # also fills the encoder cache
-    with Federation.start(3, tmp_path, env=env) as fed:
-        fed.run({**RUN, "rounds": 3, "out": str(tmp_path / "result.json")})
-        record = wait_for_file(tmp_path / "result.json", fed, timeout=540)
-    _stopped(fed)
+def test_flower_federation_assigns_the_simulators_clusters(tmp_path, env, federation):
+    # Round 1 picks at random with the encoder frozen (t < Tc), round 2 selects by loss.
+    expected, accuracy = _simulated_cluster_ids(2, env)  # also fills the encoder cache
+    federation.run({**RUN, "rounds": 2, "out": str(tmp_path / "result.json")})
+    record = wait_for_file(tmp_path / "result.json", federation, timeout=540)
     assert sorted(record["nodes"].values()) == [0, 1, 2]
     assert [r["cluster_ids"] for r in record["rounds"]] == expected
     assert all(r["replies"] == 3 and r["failed_partitions"] == [] for r in record["rounds"])
     assert record["final"]["accuracy"] == pytest.approx(accuracy, abs=1e-6)
 
 
-def test_flower_run_survives_a_supernode_killed_in_a_round(tmp_path, env):
+def test_flower_run_survives_a_supernode_killed_in_a_round(tmp_path, env, federation):
     _simulator(2, env)  # the server's encoder, cached before the clock starts
-    with Federation.start(3, tmp_path, env=env) as fed:
-        fed.run({**RUN, "rounds": 2, "round-timeout": 60.0, "out": str(tmp_path / "result.json")})
-        log = tmp_path / "supernode-2.log"
-        deadline = time.monotonic() + 300
-        while "train message" not in (log.read_text() if log.exists() else ""):
-            assert time.monotonic() < deadline, "SuperNode 2 never got a train message"
-            time.sleep(0.5)
-        fed.kill_supernode(2)  # in the middle of round 1
-        record = wait_for_file(tmp_path / "result.json", fed, timeout=540)
-    _stopped(fed)
+    log = federation.workdir / "supernode-2.log"
+    seen = log.read_text().count("train message")  # earlier runs' messages
+    federation.run({**RUN, "rounds": 2, "round-timeout": 60.0,
+                    "out": str(tmp_path / "result.json")})
+    deadline = time.monotonic() + 300
+    while log.read_text().count("train message") == seen:
+        assert time.monotonic() < deadline, "SuperNode 2 never got a train message"
+        time.sleep(0.5)
+    federation.kill_supernode(2)  # in the middle of round 1
+    record = wait_for_file(tmp_path / "result.json", federation, timeout=540)
     first, second = record["rounds"]
     assert first["replies"] == 2 and first["failed_partitions"] == [2]
     assert second["replies"] == 2 and 2 in second["failed_partitions"]
