@@ -142,8 +142,11 @@ def test_clients_scales_the_number_of_clients(tmp_path):
 
 def test_resnet18_uses_head_c1_and_the_resnet_pretraining_budget(tmp_path):
     out = tmp_path / "out"
+    # Fewer pre-training images and rounds than smoke's: the test is about the ResNet
+    # path and its budget, and ResNet-18 is slow on a CPU.
     script("resnet").main(["--preset", "smoke", "--out", str(out), "--encoders", "resnet18",
-                           "--methods", "cp-cfl-simclr"])
+                           "--methods", "cp-cfl-simclr", "--set", "data.pretrain_split=train[:256]",
+                           "federated.rounds=2"])
     record = load(out, "resnet18-trial1-cp-cfl-simclr")
     config = record["config"]
     assert config["federated"]["encoder"] == config["pretrain"]["encoder"] == "resnet18"
