@@ -130,3 +130,20 @@ def test_speed_study_times_each_setting_in_a_fresh_process(tmp_path):
     with pytest.raises(UserError, match="unknown --variants fast"):
         study_script.main(["--out", str(tmp_path / "x"), "--variants", "fast"])
     assert not (tmp_path / "x").exists()
+
+
+def test_paper_shape_runs_the_paper_preset_on_a_stand_in_and_times_each_stage(tmp_path):
+    script("paper_shape").main([
+        "--out", str(tmp_path), "--scale", "0.02",  # 100 / 160 / 2,000 images
+        "--set", "data.image_size=32", "partition.num_clients=3",
+        "partition.class_counts=8,8,2,2", "pretrain.batch_size=256"])
+    study = json.loads((tmp_path / "paper_shape.json").read_text())
+    assert study["stand_in"]["splits"] == {"train": 100, "test": 160, "unlabelled": 2000}
+    stages = study["stages"]
+    assert [s["stage"].split()[0] for s in stages] == ["load", "pre-train", "load", "federated"]
+    assert all(s["seconds"] > 0 and s["peak_rss_mb"] >= s["rss_before_mb"] for s in stages)
+    assert stages[0]["array_mb"] == pytest.approx(2000 * 32 * 32 * 3 / 2**20)
+    record = json.loads((tmp_path / "runs" / "cp-cfl-simclr.json").read_text())
+    assert record["config"]["preset"] == "paper" and record["config"]["data"]["client_dataset"] == "stl10"
+    assert record["config"]["pretrain"]["epochs"] == 1 and len(record["rounds"]) == 2
+    assert "| federated CP-CFL (SimCLR), 2 rounds |" in (tmp_path / "paper_shape.md").read_text()
