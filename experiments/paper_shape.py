@@ -12,11 +12,14 @@ encoder frozen, round 2 selecting by loss and training the whole model); other
 20 ms) and what it holds at the end; for the loading stages, the peak over the image
 array's own size (the kit's loaders hold at most one extra copy while they read).
 
-Writes ``paper_shape.json`` and ``paper_shape.md``. Run it alone on the machine.
+Writes ``paper_shape.json`` and ``paper_shape.md``; the stand-in's run record and
+encoder stay in ``runs/`` and ``cache/`` beside them, apart from the real cache. Run it
+alone on the machine.
 """
 from __future__ import annotations
 
 import contextlib
+import os
 import resource
 import sys
 import threading
@@ -116,7 +119,7 @@ def report(study: dict) -> str:
              if "array_mb" in r else ""] for r in study["stages"]]
     return "\n".join([
         "# The paper preset at STL-10's full data shape", "",
-        f"`python experiments/paper_shape.py {' '.join(study['argv'])}` on "
+        f"`{' '.join(['python experiments/paper_shape.py', *study['argv']])}` on "
         f"{study['environment']['cpu']}, {study['environment']['device']}; a random "
         "stand-in of STL-10's size (tfds mock data), the preset's settings with "
         f"`{' '.join(study['settings'])}`.", "",
@@ -141,6 +144,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     from cpcfl_tf.runner import Runner
 
     spec = RunSpec("cp-cfl-simclr", "cp-cfl", "simclr")
+    # The stand-in's encoder must never be taken for a real STL-10 one: its own cache.
+    os.environ["CPCFL_CACHE"] = str(out / "cache")
     sizes = stand_in_sizes(args.scale)
     stages = Stages()
     with stl10_stand_in(args.scale):

@@ -147,3 +147,4 @@ def test_paper_shape_runs_the_paper_preset_on_a_stand_in_and_times_each_stage(tm
     assert record["config"]["preset"] == "paper" and record["config"]["data"]["client_dataset"] == "stl10"
     assert record["config"]["pretrain"]["epochs"] == 1 and len(record["rounds"]) == 2
     assert "| federated CP-CFL (SimCLR), 2 rounds |" in (tmp_path / "paper_shape.md").read_text()
+    assert list((tmp_path / "cache" / "pretrained").iterdir())  # not in the shared cache
