@@ -97,13 +97,13 @@ class Runner:
         self.encoders = StartingEncoders(seed=base.seed, clients=self.clients,
                                          unlabeled=self.unlabeled, verbose=verbose,
                                          distribute=distribute, tensorboard=tensorboard)
+        """The runs' starting encoders, each built once (pre-trained with the script's
+        seed)."""
         self.tensorboard = tensorboard
         """Folder of TensorBoard scalars (None: none written)."""
         self.max_clients = max_clients
         """At most this many clients per training step (None: all); not part of any key,
         as the result is the same."""
-        """The runs' starting encoders, each built once (pre-trained with the script's
-        seed)."""
 
     @classmethod
     def for_script(cls, experiment: str, base: Config, out: Path, args) -> "Runner":
