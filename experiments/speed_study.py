@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Sequence
 
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.experiment import cpu_model, environment, positive_int
+from cpcfl_tf.experiment import cpu_model, environment, name_list, positive_int
 from cpcfl_tf.report import markdown_table
 from cpcfl_tf.results import write_json
 from cpcfl_tf.script import Script
@@ -157,14 +157,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="simulator rounds per variant; the first (tracing) is left out")
     parser.add_argument("--baseline-rounds", type=int, default=2,
                         help="rounds of the plain Keras loop where it is timed (0: skip it)")
-    parser.add_argument("--variants", default=",".join(VARIANTS), metavar="NAME[,NAME...]",
+    parser.add_argument("--variants", type=name_list(list(VARIANTS)), default=list(VARIANTS),
+                        metavar="NAME[,NAME...]",
                         help=f"which settings to time (default all: {','.join(VARIANTS)})")
     args = parser.parse_args(argv)
-    names = [n for n in args.variants.split(",") if n]
-    unknown = [n for n in names if n not in VARIANTS]
-    if unknown or not names:
-        raise UserError(f"unknown --variants {','.join(unknown) or '(none)'}; choose from "
-                        f"{','.join(VARIANTS)}")
     if args.rounds < 2 or args.baseline_rounds < 0:
         raise UserError("need --rounds >= 2 and --baseline-rounds >= 0")
     session = SCRIPT.session(args)
@@ -173,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         runs = {name: benchmark(name, args.clients, args.rounds,
                                 args.baseline_rounds if name in BASELINE_VARIANTS else 0,
-                                Path(tmp)) for name in names}
+                                Path(tmp)) for name in args.variants}
     work = round_flops(config, args.clients)
     peak = {"theoretical": theoretical_peak(), "matmul_gflops": matmul_peak()}
     reference = runs.get("default", next(iter(runs.values())))
