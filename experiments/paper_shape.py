@@ -60,18 +60,21 @@ class Stages:
             self._peak = max(self._peak, _rss())
 
     @contextlib.contextmanager
-    def stage(self, name: str, array_bytes=lambda: None) -> Iterator[None]:
+    def stage(self, name: str) -> Iterator[dict]:
+        """Measure the block; a loading stage puts its images' ``array_bytes`` in the
+        dict it gets, to have its peak compared with the array's size."""
         before = _rss()
         self._peak = before
         started = time.perf_counter()
         print(f"{name} ...", file=sys.stderr, flush=True)
-        yield
+        loaded: dict = {}
+        yield loaded
         seconds = time.perf_counter() - started
         after = _rss()
         self._peak = peak = max(self._peak, after)
         row = {"stage": name, "seconds": seconds, "rss_before_mb": before / 2**20,
                "peak_rss_mb": peak / 2**20, "rss_after_mb": after / 2**20}
-        size = array_bytes()
+        size = loaded.get("array_bytes")
         if size:
             row.update(array_mb=size / 2**20, peak_over_array=(peak - before) / size)
         self.rows.append(row)
@@ -152,18 +155,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         runner = Runner("paper_shape", config, out / "runs", resume=args.resume,
                         force=args.force)
         run_config = spec.config(config)
-        unlabeled = {}
-        with stages.stage(f"load the unlabeled images ({sizes['unlabelled']:,} x 96x96x3)",
-                          lambda: unlabeled["images"].nbytes):
-            unlabeled["images"] = runner.unlabeled(run_config)
+        with stages.stage(f"load the unlabeled images ({sizes['unlabelled']:,} x 96x96x3)"
+                          ) as loaded:
+            loaded["array_bytes"] = runner.unlabeled(run_config).nbytes
         with stages.stage(f"pre-train SimCLR ({run_config.pretrain.epochs} epoch(s))"):
             runner.encoders.contrastive(run_config, "simclr")
-        clients = {}
         with stages.stage(f"load the client images and draw the "
-                          f"{run_config.partition.num_clients} clients",
-                          lambda: sum(a.nbytes for a in clients["splits"])):
-            partition, train, test = runner.partition(run_config)
-            clients["splits"] = (train.images, test.images)
+                          f"{run_config.partition.num_clients} clients") as loaded:
+            _, train, test = runner.partition(run_config)
+            loaded["array_bytes"] = train.images.nbytes + test.images.nbytes
         with stages.stage(f"federated CP-CFL (SimCLR), {run_config.federated.rounds} rounds"):
             record = runner.run(spec)
     stages.close()
