@@ -9,6 +9,37 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+
+def provenance(records: Sequence) -> list[str]:
+    """A note for a report whose runs come from more than one kind of CPU, or whose runs
+    of one pre-training started from different encoders: their last bits differ, and on
+    the quick preset that can move a result by about 1.5 points (README, "Bit for bit").
+    Empty when every run shares both."""
+    cpus: dict[str, int] = {}
+    encoders: dict[str, set] = {}
+    for record in records:
+        cpu = record.environment.get("cpu", "CPU not recorded")
+        cpus[cpu] = cpus.get(cpu, 0) + 1
+        if record.environment.get("starting_encoder") and record.pretraining != "fedavg":
+            # One pre-training (same method, settings and data) should be one encoder;
+            # FedAvg encoders are trained on each run's own clients.
+            data = record.config.data
+            key = (record.pretraining, repr(record.config.pretrain), data.pretrain_dataset,
+                   data.pretrain_split, data.image_size)
+            encoders.setdefault(key, set()).add(record.environment["starting_encoder"])
+    lines = []
+    if len(cpus) > 1:
+        lines.append(f"Note: these {len(records)} runs come from {len(cpus)} kinds of CPU ("
+                     + "; ".join(f"{n} on {cpu}" for cpu, n in sorted(cpus.items()))
+                     + "): differences of about 1.5 points or less may be round-off.")
+    split = sorted({key[0] for key, seen in encoders.items() if len(seen) > 1})
+    if split:
+        lines.append("Note: runs with the same " + ", ".join(split) + " pre-training "
+                     "started from different encoders (`environment.starting_encoder`): "
+                     "it was redone, e.g. on another machine.")
+    return lines
+
+
 def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
     """The lines of a markdown table: ``header``, the rule, one line per row (cells
     already formatted, or anything ``str`` shows as wanted)."""

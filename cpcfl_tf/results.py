@@ -187,6 +187,24 @@ def read_weights(path: str | os.PathLike, *, key: str | None = None,
     return read_cache_entry(path, load, rebuild=rebuild)
 
 
+def weights_fingerprint(weights: list | None) -> str | None:
+    """First 16 hex digits of a SHA-256 over the arrays' dtypes, shapes and bytes, or
+    ``None`` for no weights: names the exact starting encoder a record came from (a cache
+    entry pre-trained on another machine has other bits, README "Reproducibility")."""
+    if weights is None:
+        return None
+    import hashlib
+
+    import numpy as np
+
+    digest = hashlib.sha256()
+    for w in weights:
+        w = np.ascontiguousarray(w)
+        digest.update(f"{w.dtype.str}{w.shape}".encode())
+        digest.update(w.tobytes())
+    return digest.hexdigest()[:16]
+
+
 def write_csv(path: str | os.PathLike, rows: list[dict]) -> Path:
     """Write ``rows`` (dicts with the same keys) as CSV with a header, atomically."""
     import csv

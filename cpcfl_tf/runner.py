@@ -25,6 +25,7 @@ from cpcfl_tf.errors import UserError
 from cpcfl_tf.experiment import environment
 from cpcfl_tf.federated.starting import StartingEncoders
 from cpcfl_tf.record import RunRecord, read_record, write_record
+from cpcfl_tf.results import weights_fingerprint
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +105,8 @@ class Runner:
         self.max_clients = max_clients
         """At most this many clients per training step (None: all); not part of any key,
         as the result is the same."""
+        self.records: list[RunRecord] = []
+        """Every record :meth:`run` returned, in order: what the script's report shows."""
 
     @classmethod
     def for_script(cls, experiment: str, base: Config, out: Path, args) -> "Runner":
@@ -204,6 +207,7 @@ class Runner:
             if self.verbose:
                 print(f"{spec.name}: done before, final accuracy "
                       f"{record.final.accuracy:.4f} ({path})")
+            self.records.append(record)
             return record
         if checkpoint.exists() and self.force:
             checkpoint.unlink()
@@ -216,26 +220,27 @@ class Runner:
                       if fl.method == "centralized" else f"{fl.rounds} rounds")
             print(f"{spec.name}: {fl.method} ({fl.pretraining}), "
                   f"{config.partition.num_clients} clients, {length}")
+        encoder = self.encoders(config)
         if config.federated.method == "centralized":
             from cpcfl_tf.federated.centralized import run_centralized
 
-            record = run_centralized(config, self.clients(config), self.encoders(config))
+            record = run_centralized(config, self.clients(config), encoder)
         else:
             clients = self.clients(config)
-            record, state = run_federated(config, clients,
-                                          encoder_weights=self.encoders(config),
+            record, state = run_federated(config, clients, encoder_weights=encoder,
                                           checkpoint=checkpoint, verbose=self.verbose,
                                           on_round=self._scalars(spec, config, clients, on_round),
                                           max_clients=self.max_clients)
             if config.federated.method == "fedavg" and config.federated.pretraining == "none":
                 # IFCA (FedAvg) starts from this model's encoder: kept, also for later runs.
                 self.encoders.keep_fedavg(config, global_encoder(state))
-        record = dataclasses.replace(record, experiment=self.experiment,
-                                     environment=environment())
+        record = dataclasses.replace(record, experiment=self.experiment, environment={
+            **environment(), "starting_encoder": weights_fingerprint(encoder)})
         write_record(path, record)
         checkpoint.unlink(missing_ok=True)
         if self.verbose:
             print(f"{spec.name}: final accuracy {record.final.accuracy:.4f} -> {path}")
+        self.records.append(record)
         return record
 
 

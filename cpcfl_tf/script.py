@@ -117,9 +117,14 @@ class Session:
 
     def finish(self, report: str, rows: list[dict] | None = None) -> None:
         """Write ``report`` as ``<name>.md`` (and ``rows`` as ``<name>.csv``), show it,
-        say where it went."""
+        say where it went. A note is added where the runs come from more than one kind
+        of CPU or encoder (:func:`~cpcfl_tf.report.provenance`)."""
+        from cpcfl_tf.report import provenance
         from cpcfl_tf.results import write_csv, write_text
 
+        note = provenance(self.runner.records) if "runner" in self.__dict__ else []
+        if note:
+            report = report.rstrip("\n") + "\n\n" + "\n".join(note) + "\n"
         if rows:
             write_csv(self.out / f"{self.name}.csv", rows)
         write_text(self.out / f"{self.name}.md", report)

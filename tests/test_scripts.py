@@ -265,6 +265,29 @@ def test_trial_table_summarises_only_several_trials():
                                                     "| CP-CFL | 50.00 | 72.93 |"]
 
 
+def test_a_report_says_when_its_runs_come_from_other_machines_or_encoders():
+    import dataclasses
+
+    from cpcfl_tf.record import read_record
+    from cpcfl_tf.report import provenance
+
+    base = read_record(Path(__file__).parents[1] / "results/quick/table2/cp-cfl-simclr.json")
+
+    def run(cpu, encoder, pretraining="simclr"):
+        method = "cp-cfl" if pretraining != "none" else "fedavg"
+        config = base.config.with_overrides(federated={"method": method,
+                                                       "pretraining": pretraining})
+        return dataclasses.replace(base, config=config, environment={
+            **base.environment, "cpu": cpu, "starting_encoder": encoder})
+
+    assert provenance([run("A", "e1"), run("A", "e1"), run("A", None, "none")]) == []
+    assert provenance([run("A", "e1"), run("A", "e2", "byol")]) == []  # two pre-trainings
+    lines = provenance([run("A", "e1"), run("B", "e2"), run("A", "e1")])
+    assert len(lines) == 2
+    assert "3 runs come from 2 kinds of CPU (2 on A; 1 on B)" in lines[0]
+    assert "same simclr pre-training started from different encoders" in lines[1]
+
+
 def test_a_centralized_run_needs_one_or_group_many_models():
     from cpcfl_tf.config import get_preset
     from cpcfl_tf.federated.centralized import run_centralized

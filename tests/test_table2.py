@@ -43,6 +43,25 @@ def test_table2_writes_every_run_and_the_papers_tables(smoke_run):
     assert not list(smoke_run.glob(".*.ckpt.npz"))  # no checkpoint left behind
 
 
+def test_records_name_the_encoder_they_started_from(smoke_run):
+    import keras
+    import numpy as np
+
+    from cpcfl_tf.results import cache_root, weights_fingerprint
+
+    start = {name: read_record(smoke_run / f"{name}.json").environment["starting_encoder"]
+             for name in ("fedavg-none", "ifca-none", "fedavg-simclr", "cp-cfl-simclr",
+                          "cp-cfl-byol", "ifca-fedavg")}
+    assert start["fedavg-none"] is None and start["ifca-none"] is None  # random init
+    assert start["fedavg-simclr"] == start["cp-cfl-simclr"]  # one pre-training serves both
+    assert len({start["cp-cfl-simclr"], start["cp-cfl-byol"], start["ifca-fedavg"]}) == 3
+    cached = next((cache_root() / "pretrained").glob("simclr-*/encoder.keras"))
+    weights = keras.saving.load_model(cached, compile=False).get_weights()
+    assert weights_fingerprint(weights) == start["cp-cfl-simclr"]
+    weights[0] = np.nextafter(weights[0], np.inf)  # one ulp in every entry of one array
+    assert weights_fingerprint(weights) != start["cp-cfl-simclr"]
+
+
 def test_a_rerun_skips_finished_runs(smoke_run, capsys):
     before = (smoke_run / "fedavg-none.json").read_text()
     table2().main(["--preset", "smoke", "--out", str(smoke_run)])
