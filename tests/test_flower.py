@@ -1,5 +1,6 @@
 """A real Flower federation on loopback (``-k flower``): 1 SuperLink + 3 SuperNodes as
-processes serving two runs in turn, N = 2 on smoke data. Skipped when the ``[flower]`` extra is not installed."""
+processes serving one run, N = 2 on smoke data, one SuperNode killed in its last round.
+Skipped when the ``[flower]`` extra is not installed."""
 import os
 import time
 from pathlib import Path
@@ -23,8 +24,8 @@ def env(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def federation(tmp_path_factory, env):
-    """One SuperLink and 3 SuperNodes for the module's runs, one after another (as a
-    deployed federation serves run after run); the last test kills SuperNode 2."""
+    """One SuperLink and 3 SuperNodes, stopped (every process group gone) after the
+    module."""
     with Federation.start(3, tmp_path_factory.mktemp("federation"), env=env) as fed:
         yield fed
     _stopped(fed)
@@ -64,36 +65,34 @@ def _simulated_cluster_ids(rounds, env):
     config, runner, encoder = _simulator(rounds, env)
     record, _ = run_federated(config, runner.clients(config), encoder_weights=encoder,
                               verbose=0)
-    return [r.cluster_ids for r in record.rounds], record.final.accuracy
+    return [r.cluster_ids for r in record.rounds]
 
 
-def test_flower_federation_assigns_the_simulators_clusters(tmp_path, env, federation):
-    # Round 1 picks at random with the encoder frozen (t < Tc), round 2 selects by loss.
-    expected, accuracy = _simulated_cluster_ids(2, env)  # also fills the encoder cache
-    federation.run({**RUN, "rounds": 2, "out": str(tmp_path / "result.json")})
+def test_flower_federation_runs_the_simulators_rounds_and_survives_a_killed_supernode(
+        tmp_path, env, federation):
+    # One run (each ClientApp message starts a Python process with TensorFlow: runs are
+    # slow to start). Rounds 1-2 as in the simulator: round 1 draws at random with the
+    # encoder frozen (t < Tc), round 2 selects by loss; SuperNode 2 dies in round 3.
+    expected = _simulated_cluster_ids(2, env)  # also fills the server's encoder cache
+    log = federation.workdir / "supernode-2.log"
+    federation.run({**RUN, "rounds": 3, "round-timeout": 60.0,
+                    "out": str(tmp_path / "result.json")})
+    deadline = time.monotonic() + 400
+    while log.read_text().count("Receiving: train message") < 3:
+        assert time.monotonic() < deadline, "SuperNode 2 never got round 3's train message"
+        assert federation.superlink.poll() is None, "the SuperLink died"
+        time.sleep(0.2)
+    federation.kill_supernode(2)  # in the middle of round 3
     record = wait_for_file(tmp_path / "result.json", federation, timeout=540)
     assert sorted(record["nodes"].values()) == [0, 1, 2]
-    assert [r["cluster_ids"] for r in record["rounds"]] == expected
-    assert all(r["replies"] == 3 and r["failed_partitions"] == [] for r in record["rounds"])
-    assert record["final"]["accuracy"] == pytest.approx(accuracy, abs=1e-6)
-
-
-def test_flower_run_survives_a_supernode_killed_in_a_round(tmp_path, env, federation):
-    _simulator(2, env)  # the server's encoder, cached before the clock starts
-    log = federation.workdir / "supernode-2.log"
-    seen = log.read_text().count("train message")  # earlier runs' messages
-    federation.run({**RUN, "rounds": 2, "round-timeout": 60.0,
-                    "out": str(tmp_path / "result.json")})
-    deadline = time.monotonic() + 300
-    while log.read_text().count("train message") == seen:
-        assert time.monotonic() < deadline, "SuperNode 2 never got a train message"
-        time.sleep(0.5)
-    federation.kill_supernode(2)  # in the middle of round 1
-    record = wait_for_file(tmp_path / "result.json", federation, timeout=540)
-    first, second = record["rounds"]
-    assert first["replies"] == 2 and first["failed_partitions"] == [2]
-    assert second["replies"] == 2 and 2 in second["failed_partitions"]
+    first, second, third = record["rounds"]
+    assert [first["cluster_ids"], second["cluster_ids"]] == expected
+    assert all(r["replies"] == 3 and r["failed_partitions"] == [] for r in (first, second))
+    # The dead node is left out of round 3 and keeps its cluster id; the others train on.
+    assert third["replies"] == 2 and third["failed_partitions"] == [2]
+    assert third["cluster_ids"][2] == second["cluster_ids"][2]
     assert set(record["final"]["client_accuracy"]) == {"0", "1"}
+    assert all(0 <= a <= 1 for a in record["final"]["client_accuracy"].values())
 
 
 def test_flower_loopback_rejects_bad_input_before_starting_anything(tmp_path):
