@@ -65,7 +65,7 @@ def _simulated_cluster_ids(rounds, env):
     config, runner, encoder = _simulator(rounds, env)
     record, _ = run_federated(config, runner.clients(config), encoder_weights=encoder,
                               verbose=0)
-    return [r.cluster_ids for r in record.rounds]
+    return [r.cluster_ids for r in record.rounds], encoder
 
 
 def test_flower_federation_runs_the_simulators_rounds_and_survives_a_killed_supernode(
@@ -73,7 +73,7 @@ def test_flower_federation_runs_the_simulators_rounds_and_survives_a_killed_supe
     # One run (each ClientApp message starts a Python process with TensorFlow: runs are
     # slow to start). Rounds 1-2 as in the simulator: round 1 draws at random with the
     # encoder frozen (t < Tc), round 2 selects by loss; SuperNode 2 dies in round 3.
-    expected = _simulated_cluster_ids(2, env)  # also fills the server's encoder cache
+    expected, encoder = _simulated_cluster_ids(2, env)  # also fills the server's cache
     log = federation.workdir / "supernode-2.log"
     federation.run({**RUN, "rounds": 3, "round-timeout": 60.0,
                     "out": str(tmp_path / "result.json")})
@@ -84,7 +84,10 @@ def test_flower_federation_runs_the_simulators_rounds_and_survives_a_killed_supe
         time.sleep(0.2)
     federation.kill_supernode(2)  # in the middle of round 3
     record = wait_for_file(tmp_path / "result.json", federation, timeout=540)
+    from cpcfl_tf.results import weights_fingerprint
+
     assert sorted(record["nodes"].values()) == [0, 1, 2]
+    assert record["environment"]["starting_encoder"] == weights_fingerprint(encoder)
     first, second, third = record["rounds"]
     assert [first["cluster_ids"], second["cluster_ids"]] == expected
     assert all(r["replies"] == 3 and r["failed_partitions"] == [] for r in (first, second))
