@@ -36,7 +36,7 @@ def test_datasets_runs_every_pair_with_centralized_baselines(tmp_path, capsys, m
     monkeypatch.setattr(pretrain, "load_pretrain_images",
                         lambda data: loads.append(data.pretrain_dataset) or load_images(data))
     out = tmp_path / "out"
-    script("datasets").main(["--preset", "smoke", "--out", str(out)])
+    script("datasets").main(["--preset", "smoke", "--out", str(out), "--set", "federated.rounds=2"])
     # Both smoke pairs pre-train on digits: the runner reads those images once for the
     # pre-training and the relevance scores of both pairs.
     assert loads == ["digits"]
@@ -96,7 +96,7 @@ def test_supervised_pretrains_with_labels_once_and_caches_it(tmp_path, monkeypat
 
 def test_trials_redraw_the_clients_and_report_mean_and_sd(tmp_path):
     out = tmp_path / "out"
-    script("trials").main(["--preset", "smoke", "--out", str(out), "--trials", "2"])
+    script("trials").main(["--preset", "smoke", "--out", str(out), "--trials", "2", "--set", "federated.rounds=2"])
     first, second = load(out, "trial1-cp-cfl-simclr"), load(out, "trial2-cp-cfl-simclr")
     assert (first["seeds"]["data"], second["seeds"]["data"]) == (0, 1)
     assert first["clients"] != second["clients"]
@@ -132,7 +132,7 @@ def test_last_cluster_change_is_the_round_after_which_ids_stay():
 
 def test_clients_scales_the_number_of_clients(tmp_path):
     out = tmp_path / "out"
-    script("clients").main(["--preset", "smoke", "--out", str(out)])
+    script("clients").main(["--preset", "smoke", "--out", str(out), "--set", "federated.rounds=2"])
     for n in (3, 6, 9):
         record = load(out, f"c{n}-cp-cfl-simclr")
         assert len(record["clients"]) == n == record["config"]["partition"]["num_clients"]
@@ -346,7 +346,7 @@ def test_all_runs_the_scripts_and_gathers_every_report(tmp_path):
 def test_heterogeneity_runs_each_kind_with_its_own_groups(tmp_path):
     out = tmp_path / "out"
     script("heterogeneity").main(["--preset", "smoke", "--out", str(out),
-                                  "--methods", "ifca-none,cp-cfl-simclr"])
+                                  "--methods", "ifca-none,cp-cfl-simclr", "--set", "federated.rounds=2"])
     rotated = load(out, "rotated-4-cp-cfl-simclr")
     assert rotated["config"]["partition"]["kind"] == "rotated"
     assert rotated["config"]["federated"]["num_clusters"] == 4 == len(

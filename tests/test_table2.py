@@ -183,7 +183,8 @@ def test_clusters_script_runs_n_1_to_5(tmp_path, monkeypatch):
 
 def test_encoder_training_script_covers_heads_and_settings(tmp_path, monkeypatch):
     monkeypatch.setenv("CPCFL_CACHE", str(tmp_path / "cache"))
-    script("encoder_training").main(["--preset", "smoke", "--out", str(tmp_path / "out")])
+    script("encoder_training").main(["--preset", "smoke", "--out", str(tmp_path / "out"),
+                                     "--set", "federated.rounds=2"])
     frozen = json.loads((tmp_path / "out" / "cp-cfl-simclr-c-3-e0.json").read_text())
     assert frozen["config"]["federated"]["encoder_epochs"] == 0
     assert frozen["config"]["federated"]["head"] == "c-3"
