@@ -59,21 +59,44 @@ def _simulator(rounds, env):
     return config, runner, runner.encoders(config)
 
 
-def _simulated_cluster_ids(rounds, env):
-    from cpcfl_tf.federated.simulator import run_federated
+def _simulated(rounds, env, dead=None):
+    """The simulator's run of the federation's config: cluster ids per round, each
+    client's test accuracy at the end, and the server's encoder. ``dead=(round, client)``
+    drops that client's reply from that round on, as a killed SuperNode's."""
+    import cpcfl_tf.federated.simulator as simulator
+    from cpcfl_tf.federated import algorithm
 
     config, runner, encoder = _simulator(rounds, env)
-    record, _ = run_federated(config, runner.clients(config), encoder_weights=encoder,
-                              verbose=0)
-    return [r.cluster_ids for r in record.rounds], encoder
+    train, score, scores = simulator._Simulation.train, simulator.client_accuracy, []
+
+    def failing(self, models, plan):
+        replies = train(self, models, plan)
+        if dead is None or plan.round + 1 < dead[0]:
+            return replies
+        keep = replies.clients != dead[1]
+        return algorithm.Replies(replies.clients[keep], replies.cluster_ids[keep],
+                                 replies.sizes[keep], [w[keep] for w in replies.weights],
+                                 [dead[1]])
+
+    def scored(labels, probs):
+        scores.append(score(labels, probs))
+        return scores[-1]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(simulator._Simulation, "train", failing)
+        patch.setattr(simulator, "client_accuracy", scored)
+        record, _ = simulator.run_federated(config, runner.clients(config),
+                                            encoder_weights=encoder, verbose=0)
+    return [r.cluster_ids for r in record.rounds], scores[-1], encoder
 
 
 def test_flower_federation_runs_the_simulators_rounds_and_survives_a_killed_supernode(
         tmp_path, env, federation):
     # One run (each ClientApp message starts a Python process with TensorFlow: runs are
-    # slow to start). Rounds 1-2 as in the simulator: round 1 draws at random with the
-    # encoder frozen (t < Tc), round 2 selects by loss; SuperNode 2 dies in round 3.
-    expected, encoder = _simulated_cluster_ids(2, env)  # also fills the server's cache
+    # slow to start). Round 1 draws at random with the encoder frozen (t < Tc), rounds
+    # 2-3 select by loss; SuperNode 2 is killed in round 3. The simulator, told that
+    # client 2's round-3 reply never comes, must give the same run.
+    ids, accuracy, encoder = _simulated(3, env, dead=(3, 2))  # also fills the cache
     log = federation.workdir / "supernode-2.log"
     federation.run({**RUN, "rounds": 3, "round-timeout": 60.0,
                     "out": str(tmp_path / "result.json")})
@@ -88,14 +111,15 @@ def test_flower_federation_runs_the_simulators_rounds_and_survives_a_killed_supe
 
     assert sorted(record["nodes"].values()) == [0, 1, 2]
     assert record["environment"]["starting_encoder"] == weights_fingerprint(encoder)
+    assert [r["cluster_ids"] for r in record["rounds"]] == ids
     first, second, third = record["rounds"]
-    assert [first["cluster_ids"], second["cluster_ids"]] == expected
     assert all(r["replies"] == 3 and r["failed_partitions"] == [] for r in (first, second))
     # The dead node is left out of round 3 and keeps its cluster id; the others train on.
     assert third["replies"] == 2 and third["failed_partitions"] == [2]
     assert third["cluster_ids"][2] == second["cluster_ids"][2]
-    assert set(record["final"]["client_accuracy"]) == {"0", "1"}
-    assert all(0 <= a <= 1 for a in record["final"]["client_accuracy"].values())
+    final = record["final"]["client_accuracy"]
+    assert set(final) == {"0", "1"}
+    assert [final["0"], final["1"]] == pytest.approx(list(accuracy[:2]), abs=1e-6)
 
 
 def test_flower_loopback_rejects_bad_input_before_starting_anything(tmp_path):
