@@ -17,11 +17,6 @@ def run(name, *args):
                           capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
 
 
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("CPCFL_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
-
-
 def test_pretraining_cost_writes_rows_keeps_them_and_refuses_to_mix(tmp_path, capsys):
     cost = script("pretraining_cost")
     cost.main(["--preset", "smoke", "--out", str(tmp_path), "--encoders", "cnn", "--repeats", "1"])

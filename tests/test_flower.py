@@ -3,7 +3,6 @@ processes serving one run, N = 2 on smoke data, one SuperNode killed in its last
 Skipped when the ``[flower]`` extra is not installed."""
 import os
 import time
-from pathlib import Path
 
 import pytest
 
@@ -17,9 +16,10 @@ RUN = {"preset": "smoke", "method": "cp-cfl", "pretraining": "simclr", "num-clus
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    cache = tmp_path_factory.getbasetemp() / "flower-cache"
-    return dict(os.environ, CPCFL_CACHE=str(cache), TF_CPP_MIN_LOG_LEVEL="3")
+def env():
+    """The processes' environment: the suite's encoder cache, so the SuperLink's
+    ServerApp loads the encoder the simulator side pre-trained."""
+    return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
 
 
 @pytest.fixture(scope="module")
@@ -48,25 +48,24 @@ def _stopped(fed):
         assert not _group_alive(proc.pid), f"processes of group {proc.pid} outlived the test"
 
 
-def _simulator(rounds, env):
+def _simulator(rounds, out):
     """The run's config, the simulator's runner, and the server's (cached) encoder."""
     from cpcfl_tf.flower.common import run_config
     from cpcfl_tf.runner import Runner
 
-    os.environ["CPCFL_CACHE"] = env["CPCFL_CACHE"]
     config = run_config({**RUN, "rounds": rounds})
-    runner = Runner("flower", config, Path(env["CPCFL_CACHE"]) / "sim", verbose=0)
+    runner = Runner("flower", config, out, verbose=0)
     return config, runner, runner.encoders(config)
 
 
-def _simulated(rounds, env, dead=None):
+def _simulated(rounds, out, dead=None):
     """The simulator's run of the federation's config: cluster ids per round, each
     client's test accuracy at the end, and the server's encoder. ``dead=(round, client)``
     drops that client's reply from that round on, as a killed SuperNode's."""
     import cpcfl_tf.federated.simulator as simulator
     from cpcfl_tf.federated import algorithm
 
-    config, runner, encoder = _simulator(rounds, env)
+    config, runner, encoder = _simulator(rounds, out)
     train, score, scores = simulator._Simulation.train, simulator.client_accuracy, []
 
     def failing(self, models, plan):
@@ -91,32 +90,32 @@ def _simulated(rounds, env, dead=None):
 
 
 def test_flower_federation_runs_the_simulators_rounds_and_survives_a_killed_supernode(
-        tmp_path, env, federation):
+        tmp_path, federation):
     # One run (each ClientApp message starts a Python process with TensorFlow: runs are
-    # slow to start). Round 1 draws at random with the encoder frozen (t < Tc), rounds
-    # 2-3 select by loss; SuperNode 2 is killed in round 3. The simulator, told that
-    # client 2's round-3 reply never comes, must give the same run.
-    ids, accuracy, encoder = _simulated(3, env, dead=(3, 2))  # also fills the cache
+    # slow to start). Round 1 draws at random with the encoder frozen (t < Tc), round 2
+    # selects by loss; SuperNode 2 is killed in round 2. The simulator, told that
+    # client 2's round-2 reply never comes, must give the same run.
+    ids, accuracy, encoder = _simulated(2, tmp_path / "sim", dead=(2, 2))  # fills the cache
     log = federation.workdir / "supernode-2.log"
-    federation.run({**RUN, "rounds": 3, "round-timeout": 60.0,
+    federation.run({**RUN, "rounds": 2, "round-timeout": 60.0,
                     "out": str(tmp_path / "result.json")})
     deadline = time.monotonic() + 400
-    while log.read_text().count("Receiving: train message") < 3:
-        assert time.monotonic() < deadline, "SuperNode 2 never got round 3's train message"
+    while log.read_text().count("Receiving: train message") < 2:
+        assert time.monotonic() < deadline, "SuperNode 2 never got round 2's train message"
         assert federation.superlink.poll() is None, "the SuperLink died"
         time.sleep(0.2)
-    federation.kill_supernode(2)  # in the middle of round 3
+    federation.kill_supernode(2)  # in the middle of round 2
     record = wait_for_file(tmp_path / "result.json", federation, timeout=540)
     from cpcfl_tf.results import weights_fingerprint
 
     assert sorted(record["nodes"].values()) == [0, 1, 2]
     assert record["environment"]["starting_encoder"] == weights_fingerprint(encoder)
     assert [r["cluster_ids"] for r in record["rounds"]] == ids
-    first, second, third = record["rounds"]
-    assert all(r["replies"] == 3 and r["failed_partitions"] == [] for r in (first, second))
-    # The dead node is left out of round 3 and keeps its cluster id; the others train on.
-    assert third["replies"] == 2 and third["failed_partitions"] == [2]
-    assert third["cluster_ids"][2] == second["cluster_ids"][2]
+    first, second = record["rounds"]
+    assert first["replies"] == 3 and first["failed_partitions"] == []
+    # The dead node is left out of round 2 and keeps its cluster id; the others train on.
+    assert second["replies"] == 2 and second["failed_partitions"] == [2]
+    assert second["cluster_ids"][2] == first["cluster_ids"][2]
     final = record["final"]["client_accuracy"]
     assert set(final) == {"0", "1"}
     assert [final["0"], final["1"]] == pytest.approx(list(accuracy[:2]), abs=1e-6)

@@ -22,12 +22,6 @@ def rows(path):
         return list(csv.DictReader(fh))
 
 
-@pytest.fixture(autouse=True)
-def shared_cache(tmp_path_factory, monkeypatch):
-    # One cache for the module: every script reuses the smoke SimCLR encoder.
-    monkeypatch.setenv("CPCFL_CACHE", str(tmp_path_factory.getbasetemp() / "scripts-cache"))
-
-
 def test_datasets_runs_every_pair_with_centralized_baselines(tmp_path, capsys, monkeypatch):
     from cpcfl_tf.contrastive import pretrain
 

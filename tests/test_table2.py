@@ -18,10 +18,7 @@ def table2():
 
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
-    import os
-
     out = tmp_path_factory.mktemp("table2")
-    os.environ["CPCFL_CACHE"] = str(tmp_path_factory.mktemp("cache"))
     table2().main(["--preset", "smoke", "--out", str(out)])
     return out
 
@@ -47,7 +44,8 @@ def test_records_name_the_encoder_they_started_from(smoke_run):
     import keras
     import numpy as np
 
-    from cpcfl_tf.results import cache_root, weights_fingerprint
+    from cpcfl_tf.contrastive.pretrain import pretrain_folder
+    from cpcfl_tf.results import weights_fingerprint
 
     start = {name: read_record(smoke_run / f"{name}.json").environment["starting_encoder"]
              for name in ("fedavg-none", "ifca-none", "fedavg-simclr", "cp-cfl-simclr",
@@ -55,7 +53,8 @@ def test_records_name_the_encoder_they_started_from(smoke_run):
     assert start["fedavg-none"] is None and start["ifca-none"] is None  # random init
     assert start["fedavg-simclr"] == start["cp-cfl-simclr"]  # one pre-training serves both
     assert len({start["cp-cfl-simclr"], start["cp-cfl-byol"], start["ifca-fedavg"]}) == 3
-    cached = next((cache_root() / "pretrained").glob("simclr-*/encoder.keras"))
+    config = read_record(smoke_run / "cp-cfl-simclr.json").config
+    cached = pretrain_folder(config.pretrain, config.data, "simclr", seed=0) / "encoder.keras"
     weights = keras.saving.load_model(cached, compile=False).get_weights()
     assert weights_fingerprint(weights) == start["cp-cfl-simclr"]
     weights[0] = np.nextafter(weights[0], np.inf)  # one ulp in every entry of one array
@@ -170,8 +169,7 @@ def test_no_arguments_means_the_paper_preset_and_offline_it_stops_at_once(tmp_pa
     assert not list((tmp_path / "out").glob("*.json"))
 
 
-def test_clusters_script_runs_n_1_to_5(tmp_path, monkeypatch):
-    monkeypatch.setenv("CPCFL_CACHE", str(tmp_path / "cache"))
+def test_clusters_script_runs_n_1_to_5(tmp_path):
     script("clusters").main(["--preset", "smoke", "--out", str(tmp_path / "out")])
     for n in range(1, 6):
         record = json.loads((tmp_path / "out" / f"cp-cfl-simclr-n{n}.json").read_text())
@@ -181,8 +179,7 @@ def test_clusters_script_runs_n_1_to_5(tmp_path, monkeypatch):
     assert (tmp_path / "out" / "accuracy.png").exists()
 
 
-def test_encoder_training_script_covers_heads_and_settings(tmp_path, monkeypatch):
-    monkeypatch.setenv("CPCFL_CACHE", str(tmp_path / "cache"))
+def test_encoder_training_script_covers_heads_and_settings(tmp_path):
     script("encoder_training").main(["--preset", "smoke", "--out", str(tmp_path / "out"),
                                      "--set", "federated.rounds=2"])
     frozen = json.loads((tmp_path / "out" / "cp-cfl-simclr-c-3-e0.json").read_text())
