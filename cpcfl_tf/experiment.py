@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 
 from cpcfl_tf.config import PRESETS, Config, get_preset, parse_settings
 from cpcfl_tf.errors import ArgumentParser
+from cpcfl_tf.results import weights_fingerprint
 
 
 def experiment_parser(name: str, description: str, *, default_preset: str = "paper",
@@ -158,6 +159,13 @@ def environment() -> dict:
     return {"tensorflow": tf.__version__, "keras": keras.__version__, "device": device,
             "cpu": cpu_model(), "onednn": onednn_enabled(),
             "python": platform.python_version(), "deterministic_ops": _DETERMINISTIC_OPS}
+
+
+def run_environment(encoder_weights) -> dict:
+    """The ``environment`` of a run record: :func:`environment` and the fingerprint of
+    the weights the run started from (``None`` for random init), so two runs can be
+    told to share a pre-training or not."""
+    return {**environment(), "starting_encoder": weights_fingerprint(encoder_weights)}
 
 
 def onednn_enabled() -> bool | None:

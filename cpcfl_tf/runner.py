@@ -22,10 +22,9 @@ import numpy as np
 
 from cpcfl_tf.config import Config, config_record
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.experiment import environment
+from cpcfl_tf.experiment import run_environment
 from cpcfl_tf.federated.starting import StartingEncoders
 from cpcfl_tf.record import RunRecord, read_record, write_record
-from cpcfl_tf.results import weights_fingerprint
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,8 +233,8 @@ class Runner:
             if config.federated.method == "fedavg" and config.federated.pretraining == "none":
                 # IFCA (FedAvg) starts from this model's encoder: kept, also for later runs.
                 self.encoders.keep_fedavg(config, global_encoder(state))
-        record = dataclasses.replace(record, experiment=self.experiment, environment={
-            **environment(), "starting_encoder": weights_fingerprint(encoder)})
+        record = dataclasses.replace(record, experiment=self.experiment,
+                                     environment=run_environment(encoder))
         write_record(path, record)
         checkpoint.unlink(missing_ok=True)
         if self.verbose:

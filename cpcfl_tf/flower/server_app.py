@@ -93,8 +93,7 @@ def main(grid: Grid, context: Context) -> None:
     from cpcfl_tf.data.sources import get_spec
     from cpcfl_tf.federated.simulator import build_template, initial_pool
     from cpcfl_tf.federated.starting import StartingEncoders
-    from cpcfl_tf.experiment import environment
-    from cpcfl_tf.results import weights_fingerprint
+    from cpcfl_tf.experiment import run_environment
 
     settings = dict(context.run_config)
     config = run_config(settings)
@@ -150,8 +149,7 @@ def main(grid: Grid, context: Context) -> None:
                        [Round.from_json(r) for r in progress.history], final,
                        {"seconds": progress.seconds,
                         "seconds_per_round": progress.seconds / max(1, fl.rounds)},
-                       experiment="flower", environment={
-                           **environment(), "starting_encoder": weights_fingerprint(encoder_weights)},
+                       experiment="flower", environment=run_environment(encoder_weights),
                        nodes={str(n): p for n, p in partition_of.items()})
     print(f"[cpcfl] final accuracy {record.final.accuracy}", flush=True)
     if settings.get("out"):
