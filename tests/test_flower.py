@@ -92,30 +92,32 @@ def _simulated(rounds, out, dead=None):
 def test_flower_federation_runs_the_simulators_rounds_and_survives_a_killed_supernode(
         tmp_path, federation):
     # One run (each ClientApp message starts a Python process with TensorFlow: runs are
-    # slow to start). Round 1 draws at random with the encoder frozen (t < Tc), round 2
-    # selects by loss; SuperNode 2 is killed in round 2. The simulator, told that
-    # client 2's round-2 reply never comes, must give the same run.
-    ids, accuracy, encoder = _simulated(2, tmp_path / "sim", dead=(2, 2))  # fills the cache
+    # slow to start). Round 1 draws at random with the encoder frozen (t < Tc), rounds
+    # 2-3 select by loss; SuperNode 2 is killed in round 3. The simulator, told that
+    # client 2's round-3 reply never comes, must give the same run. Three rounds, not
+    # two: with two, clients 0 and 1 score the same whether or not client 2's reply
+    # comes, and the accuracy check below could not tell the two apart.
+    ids, accuracy, encoder = _simulated(3, tmp_path / "sim", dead=(3, 2))  # fills the cache
     log = federation.workdir / "supernode-2.log"
-    federation.run({**RUN, "rounds": 2, "round-timeout": 60.0,
+    federation.run({**RUN, "rounds": 3, "round-timeout": 60.0,
                     "out": str(tmp_path / "result.json")})
     deadline = time.monotonic() + 400
-    while log.read_text().count("Receiving: train message") < 2:
-        assert time.monotonic() < deadline, "SuperNode 2 never got round 2's train message"
+    while log.read_text().count("Receiving: train message") < 3:
+        assert time.monotonic() < deadline, "SuperNode 2 never got round 3's train message"
         assert federation.superlink.poll() is None, "the SuperLink died"
         time.sleep(0.2)
-    federation.kill_supernode(2)  # in the middle of round 2
+    federation.kill_supernode(2)  # in the middle of round 3
     record = wait_for_file(tmp_path / "result.json", federation, timeout=540)
     from cpcfl_tf.results import weights_fingerprint
 
     assert sorted(record["nodes"].values()) == [0, 1, 2]
     assert record["environment"]["starting_encoder"] == weights_fingerprint(encoder)
     assert [r["cluster_ids"] for r in record["rounds"]] == ids
-    first, second = record["rounds"]
-    assert first["replies"] == 3 and first["failed_partitions"] == []
-    # The dead node is left out of round 2 and keeps its cluster id; the others train on.
-    assert second["replies"] == 2 and second["failed_partitions"] == [2]
-    assert second["cluster_ids"][2] == first["cluster_ids"][2]
+    first, second, third = record["rounds"]
+    assert all(r["replies"] == 3 and r["failed_partitions"] == [] for r in (first, second))
+    # The dead node is left out of round 3 and keeps its cluster id; the others train on.
+    assert third["replies"] == 2 and third["failed_partitions"] == [2]
+    assert third["cluster_ids"][2] == second["cluster_ids"][2]
     final = record["final"]["client_accuracy"]
     assert set(final) == {"0", "1"}
     assert [final["0"], final["1"]] == pytest.approx(list(accuracy[:2]), abs=1e-6)
