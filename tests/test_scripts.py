@@ -105,6 +105,7 @@ def test_trials_redraw_the_clients_and_report_mean_and_sd(tmp_path):
     trial = [read_record(out / f"trial{k}-cp-cfl-simclr.json") for k in (1, 2)]
     cells = [f"{r.final.ari:.3f} / {r.last_cluster_change()} / 0" for r in trial]
     assert f"| CP-CFL (SimCLR) | {cells[0]} | {cells[1]} |" in report
+    assert "| FedAvg (None) | one model | one model |" in report  # no clusters to score
     assert {r["last_cluster_change"] for r in table if r["run"] == "fedavg-none"} == {"1"}
 
 
