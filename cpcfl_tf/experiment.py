@@ -168,6 +168,16 @@ def run_environment(encoder_weights) -> dict:
     return {**environment(), "starting_encoder": weights_fingerprint(encoder_weights)}
 
 
+def preloaded_allocator() -> str | None:
+    """``tcmalloc`` or ``jemalloc`` when one is mapped into this process (``LD_PRELOAD``),
+    ``None`` for glibc's malloc or where ``/proc`` cannot say."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    return next((name for name in ("tcmalloc", "jemalloc") if f"lib{name}" in maps), None)
+
+
 def onednn_enabled() -> bool | None:
     """Whether TensorFlow runs its oneDNN CPU kernels (see ``cpcfl_tf/__init__.py``);
     ``None`` where this TensorFlow cannot say."""

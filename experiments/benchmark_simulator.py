@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.experiment import environment, positive_int, print_metrics
+from cpcfl_tf.experiment import environment, positive_int, preloaded_allocator, print_metrics
 from cpcfl_tf.script import Script
 
 
@@ -111,7 +111,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     result = {"experiment": "benchmark_simulator", "clients": args.clients,
               "clusters": args.clusters, "image_size": args.image_size,
               "backend": args.backend, "seconds_per_round": float(ours[1:].mean()),
-              "simulator_round_seconds": ours.tolist(), "environment": environment()}
+              "simulator_round_seconds": ours.tolist(), "environment": environment(),
+              "allocator": preloaded_allocator()}
     if args.xla:
         result["xla"] = True
     if args.participation != 1.0 or args.max_clients_per_step:

@@ -4,9 +4,10 @@ One 60-client IFCA round of the CNN at 32 px (``benchmark_simulator.py``: N = 3,
 training and 50 test images per client, 3 local epochs) is timed under each setting that
 decides how TensorFlow runs it on a CPU: oneDNN kernels on (the kit's default) or off
 (TensorFlow's own default on CPUs without AVX512_VNNI/BF16/AMX), the sizes of its two
-thread pools, and XLA for the local step. TensorFlow reads these once, at start-up, so
+thread pools, XLA for the local step, and the malloc under it (TCMalloc or jemalloc
+preloaded). TensorFlow reads these once, at start-up, so
 every variant is a fresh process. The plain per-client Keras loop is timed under the
-default and with oneDNN off. Beside them: the round's work in FLOPs and the machine's
+default, with oneDNN off and under each allocator. Beside them: the round's work in FLOPs and the machine's
 float32 peak (from its vector units and clock, and what one large matmul reaches), so
 every variant's GFLOP/s says how close a round comes to the peak.
 
@@ -43,10 +44,30 @@ VARIANTS: dict[str, tuple[str, dict[str, str], list[str]]] = {
     "threads-2x1": ("2 intra-op x 1 inter-op thread: one op at a time on both cores",
                     {"TF_NUM_INTRAOP_THREADS": "2", "TF_NUM_INTEROP_THREADS": "1"}, []),
     "xla": ("XLA-compiled local step (oneDNN on)", {}, ["--xla"]),
+    # Malloc replacements, preloaded: TensorFlow frees and allocates every op's output
+    # tensors; glibc's malloc returns large blocks to the system and faults them in again.
+    "tcmalloc": ("TCMalloc preloaded (libtcmalloc-minimal4)",
+                 {"LD_PRELOAD": "libtcmalloc_minimal.so.4"}, []),
+    "jemalloc": ("jemalloc preloaded (libjemalloc2)", {"LD_PRELOAD": "libjemalloc.so.2"}, []),
 }
-BASELINE_VARIANTS = ("default", "onednn-off")
+BASELINE_VARIANTS = ("default", "onednn-off", "tcmalloc", "jemalloc")
 """Where the plain Keras loop is timed as well (it is bound by Python and Keras' per-call
-work, so it should hardly move)."""
+work, so it should hardly move; an allocator speeds up both loops, so each is compared
+with its own as well)."""
+PACKAGES = {"libtcmalloc_minimal.so.4": "libtcmalloc-minimal4", "libjemalloc.so.2": "libjemalloc2"}
+
+
+def check_preloads(names: Sequence[str]) -> None:
+    """Every library a variant preloads must be installed: a missing one is silently
+    skipped by the loader, and the variant would time the default."""
+    from ctypes.util import find_library  # looks, does not load: jemalloc cannot be
+    # loaded after start-up (static TLS), only preloaded
+
+    for name in names:
+        library = VARIANTS[name][1].get("LD_PRELOAD")
+        if library is not None and find_library(library[3:].split(".so")[0]) != library:
+            raise UserError(f"variant {name} needs {library}: apt-get install -y "
+                            f"{PACKAGES[library]}")
 
 
 def theoretical_peak() -> dict:
@@ -143,10 +164,13 @@ def report(folder: Path) -> str:
                          f"{v['gflops']:.0f}", f"{100 * v['of_matmul_peak']:.0f} %",
                          f"{v['baseline_seconds_per_round']:.0f}"
                          if "baseline_seconds_per_round" in v else "",
-                         f"{v['speedup']:.1f}x" if "speedup" in v else ""])
+                         f"{v['speedup']:.1f}x" if "speedup" in v else "",
+                         f"{v['baseline_seconds_per_round'] / v['seconds_per_round']:.1f}x"
+                         if "baseline_seconds_per_round" in v else ""])
         lines += [*markdown_table(["variant", "what", "s / round", "GFLOP/s",
                                   "of matmul peak", "plain Keras s / round",
-                                  "speed-up (against the default's plain loop)"], rows), ""]
+                                  "speed-up (against the default's plain loop)",
+                                  "speed-up (against its own plain loop)"], rows), ""]
     return "\n".join(lines)
 
 
@@ -163,6 +187,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.rounds < 2 or args.baseline_rounds < 0:
         raise UserError("need --rounds >= 2 and --baseline-rounds >= 0")
+    check_preloads(args.variants)
     session = SCRIPT.session(args)
     config, out = session.config, session.out
 
@@ -183,6 +208,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                "gflops": work["total"] / seconds / 1e9,
                "of_matmul_peak": work["total"] / seconds / 1e9 / peak["matmul_gflops"],
                "onednn": run["environment"].get("onednn")}
+        if run.get("allocator"):
+            row["allocator"] = run["allocator"]  # what the child process really ran on
         if "baseline_seconds_per_round" in run:
             row.update(baseline_seconds_per_round=run["baseline_seconds_per_round"],
                        baseline_round_seconds=run["baseline_round_seconds"])

@@ -130,6 +130,33 @@ def test_speed_study_times_each_setting_in_a_fresh_process(tmp_path, capsys):
     assert len(error) == 1 and "--variants: unknown fast" in error[0]
 
 
+def test_speed_study_refuses_an_allocator_that_is_not_installed(tmp_path, monkeypatch):
+    study_script = script("speed_study")
+    # A missing LD_PRELOAD library is skipped by the loader with a warning: the variant
+    # would quietly time glibc's malloc under the allocator's name.
+    monkeypatch.setitem(study_script.VARIANTS, "tcmalloc",
+                        ("stand-in", {"LD_PRELOAD": "libcpcfl_absent.so.1"}, []))
+    monkeypatch.setitem(study_script.PACKAGES, "libcpcfl_absent.so.1", "cpcfl-absent1")
+    with pytest.raises(UserError, match="^variant tcmalloc needs libcpcfl_absent.so.1: "
+                       "apt-get install -y cpcfl-absent1$"):
+        study_script.main(["--out", str(tmp_path / "x"), "--variants", "default,tcmalloc"])
+    assert not (tmp_path / "x").exists()
+
+
+def test_the_allocator_a_process_runs_on_is_recorded():
+    from cpcfl_tf.experiment import preloaded_allocator
+
+    code = "from cpcfl_tf.experiment import preloaded_allocator as p; print(p())"
+    seen = {}
+    for library in ("libtcmalloc_minimal.so.4", "libjemalloc.so.2"):
+        env = dict(os.environ, LD_PRELOAD=library)
+        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                              text=True, timeout=120)
+        seen[library] = proc.stdout.strip()
+    assert preloaded_allocator() is None  # the suite runs on glibc's malloc
+    assert seen == {"libtcmalloc_minimal.so.4": "tcmalloc", "libjemalloc.so.2": "jemalloc"}
+
+
 def test_paper_shape_runs_the_paper_preset_on_a_stand_in_and_times_each_stage(tmp_path):
     script("paper_shape").main([
         "--out", str(tmp_path), "--scale", "0.02",  # 100 / 160 / 2,000 images
