@@ -134,3 +134,35 @@ def test_flower_loopback_rejects_bad_input_before_starting_anything(tmp_path):
     lines = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
     assert len(lines) == 1 and "unknown preset 'huge'" in lines[0]
     assert not (tmp_path / "out").exists()
+
+
+QUERY = """
+import sys, time
+from flwr.app import Context, Message, MessageType, RecordDict
+from flwr.common import Metadata
+from cpcfl_tf.flower.client_app import query
+
+meta = Metadata(run_id=1, message_id="m", src_node_id=1, dst_node_id=5, reply_to_message_id="",
+                group_id="0", created_at=time.time(), ttl=60.0, message_type=MessageType.QUERY)
+def ask(partition):
+    context = Context(run_id=1, node_id=5, node_config={"partition-id": partition},
+                      state=RecordDict(), run_config={"num-clients": 3})
+    try:
+        return dict(query(Message(RecordDict(), metadata=meta), context).content["metrics"])
+    except ValueError as err:
+        return str(err)
+print(ask(2), "|", ask(3), "|", "tensorflow" in sys.modules)
+"""
+
+
+def test_the_roster_query_loads_neither_data_nor_tensorflow():
+    # Every message starts a ClientApp process; the roster query is one per node, and
+    # importing TensorFlow there was seconds of CPU per node for one integer.
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", QUERY], capture_output=True, text=True,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == ("{'partition-id': 2} | partition-id 3 is outside 0..2 "
+                                   "(run config num-clients) | False")

@@ -2,7 +2,7 @@
 
 A node reads ``partition-id`` from its node config (``flower-supernode --node-config
 "partition-id=0"``), keeps its own training and test images, and answers three
-messages: ``query`` (who am I, how much data), ``train`` (select a cluster on its
+messages: ``query`` (which partition am I), ``train`` (select a cluster on its
 *training* data, train it with the simulator's local step, send weights + cluster id +
 number of examples) and ``evaluate`` (accuracy of its cluster's model on its *test*
 data). Images and labels never leave the node.
@@ -20,6 +20,16 @@ from cpcfl_tf.flower.common import from_record, run_config, to_record
 app = ClientApp()
 
 
+def _checked(run_items: tuple, partition_id: int):
+    """The run's config, once this node's partition id is known to be one of its clients."""
+    config = run_config(dict(run_items))
+    num_clients = config.partition.num_clients
+    if not 0 <= partition_id < num_clients:
+        raise ValueError(f"partition-id {partition_id} is outside 0..{num_clients - 1} "
+                         "(run config num-clients)")
+    return config
+
+
 @functools.lru_cache(maxsize=2)
 def _node(run_items: tuple, partition_id: int):
     """Config, this node's data and a backend (built once per process)."""
@@ -27,12 +37,8 @@ def _node(run_items: tuple, partition_id: int):
     from cpcfl_tf.federated.clients import clients_for
     from cpcfl_tf.federated.simulator import build_template
 
-    config = run_config(dict(run_items))
+    config = _checked(run_items, partition_id)
     fl = config.federated.resolved()
-    num_clients = config.partition.num_clients
-    if not 0 <= partition_id < num_clients:
-        raise ValueError(f"partition-id {partition_id} is outside 0..{num_clients - 1} "
-                         "(run config num-clients)")
     # Every node draws the seeded partition the simulator draws and keeps its own rows;
     # a deployment with data of its own replaces this with loading that data.
     clients = clients_for(config)
@@ -53,10 +59,12 @@ def _reply(msg: Message, **records) -> Message:
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
-    """Partition id and number of training examples (the server's client roster)."""
-    _, train, _, _ = _context(context)
-    return _reply(msg, metrics=MetricRecord({
-        "partition-id": int(context.node_config["partition-id"]), "num-examples": train.size}))
+    """The partition id (the server's client roster). Every message runs in a fresh
+    ClientApp process, so this one loads no data and no TensorFlow: train replies carry
+    the number of examples the averaging weighs by."""
+    partition_id = int(context.node_config["partition-id"])
+    _checked(tuple(sorted(context.run_config.items())), partition_id)
+    return _reply(msg, metrics=MetricRecord({"partition-id": partition_id}))
 
 
 @app.train()
