@@ -211,6 +211,10 @@ class FederatedConfig:
     optimizer_state: str = "fresh"
     """fresh: a new optimizer state per client per round (README, choices) | client: each
     client keeps its own Adam moments and step count from round to round."""
+    jit_compile: bool = False
+    """XLA-compile the local training step (both backends): one compile per client count
+    and batch shape, other kernels, so other last bits than the default (README, "Why the
+    speed-up depends on the machine")."""
 
     def __post_init__(self) -> None:
         _choice("federated", "method", self.method, FL_METHODS)
@@ -220,6 +224,8 @@ class FederatedConfig:
         _choice("federated", "backend", self.backend, ("auto", "stacked", "keras"))
         _choice("federated", "local_optimizer", self.local_optimizer, LOCAL_OPTIMIZERS)
         _choice("federated", "optimizer_state", self.optimizer_state, OPTIMIZER_STATES)
+        _check(isinstance(self.jit_compile, bool),
+               f"federated.jit_compile must be true or false, got {self.jit_compile!r}")
         _positive("federated", num_clusters=self.num_clusters, rounds=self.rounds,
                   local_epochs=self.local_epochs, batch_size=self.batch_size,
                   learning_rate=self.learning_rate, participation=self.participation,
@@ -337,6 +343,25 @@ def with_defaults(section: str, stored: dict[str, Any]) -> dict[str, Any]:
         if field.name not in filled and field.default is not dataclasses.MISSING:
             filled[field.name] = field.default
     return filled
+
+
+ADDED_FIELDS: dict[str, dict[str, Any]] = {
+    "partition": {"kind": "groups", "alpha": 1.0},
+    "federated": {"jit_compile": False},
+}
+"""Fields added after cache entries and checkpoints were first written, each with the
+value that runs as before it existed: :func:`without_added` leaves them out of cache keys
+and checkpoint fingerprints at that value, so what was stored before them is found again.
+A new field whose default keeps runs as they were goes here."""
+
+
+def without_added(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` (a config as a dict, or some of its sections) without the
+    :data:`ADDED_FIELDS` at their defaults."""
+    def section(name: str, values: dict[str, Any]) -> dict[str, Any]:
+        added = ADDED_FIELDS.get(name, {})
+        return {k: v for k, v in values.items() if k not in added or v != added[k]}
+    return {k: section(k, v) if isinstance(v, dict) else v for k, v in record.items()}
 
 
 def parse_settings(items: Sequence[str]) -> dict[str, dict[str, Any]]:

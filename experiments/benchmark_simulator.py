@@ -10,7 +10,6 @@ on the test data. Both report the mean over rounds after the first (tracing, war
 """
 from __future__ import annotations
 
-import contextlib
 import sys
 import time
 from typing import Sequence
@@ -71,7 +70,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--participation", type=float, default=1.0,
                         help="share of clients drawn each round (default 1.0)")
     parser.add_argument("--xla", action="store_true",
-                        help="XLA-compile the stacked backend's local step (runs keep it off)")
+                        help="XLA-compile the local step and forward pass "
+                             "(the same as --set federated.jit_compile=true)")
     parser.add_argument("--max-clients-per-step", type=positive_int, default=None, metavar="N",
                         help="train at most N clients per step (bounds memory)")
     args = parser.parse_args(argv)
@@ -84,7 +84,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     session = SCRIPT.session(args)
     config, out = session.config, session.out
 
-    from cpcfl_tf.federated.backends import xla_local_steps
     from cpcfl_tf.federated.clients import ClientArrays, Clients
     from cpcfl_tf.federated.simulator import build_template, initial_pool, run_federated
     from cpcfl_tf.results import write_json
@@ -99,12 +98,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         data={"image_size": args.image_size},
         federated={"method": "ifca", "pretraining": "none", "rounds": args.rounds,
                    "head_rounds": 0, "num_clusters": args.clusters, "backend": args.backend,
-                   "restart_round": args.rounds + 1, "participation": args.participation})
+                   "restart_round": args.rounds + 1, "participation": args.participation,
+                   **({"jit_compile": True} if args.xla else {})})
     stamps = [time.perf_counter()]
-    with xla_local_steps() if args.xla else contextlib.nullcontext():
-        record, _ = run_federated(run, clients, verbose=0,
-                                  on_round=lambda *_: stamps.append(time.perf_counter()),
-                                  max_clients=args.max_clients_per_step)
+    record, _ = run_federated(run, clients, verbose=0,
+                              on_round=lambda *_: stamps.append(time.perf_counter()),
+                              max_clients=args.max_clients_per_step)
     ours = np.diff(stamps)
     print(f"simulator rounds (s): {', '.join(f'{s:.2f}' for s in ours)}", file=sys.stderr)
 
@@ -113,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> None:
               "backend": args.backend, "seconds_per_round": float(ours[1:].mean()),
               "simulator_round_seconds": ours.tolist(), "environment": environment(),
               "allocator": preloaded_allocator()}
-    if args.xla:
+    if run.federated.jit_compile:
         result["xla"] = True
     if args.participation != 1.0 or args.max_clients_per_step:
         import resource  # peak resident memory of this process so far (Linux: KiB)
@@ -141,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                       speedup=float(np.mean(steady) / result["seconds_per_round"]))
     print_metrics(result, ("seconds_per_round", "baseline_seconds_per_round", "speedup",
                            "peak_memory_mb"), 3)
-    extra = ("-xla" if args.xla else "") + (
+    extra = ("-xla" if run.federated.jit_compile else "") + (
         f"-p{args.participation:g}" if args.participation != 1.0 else "") + (
         f"-k{args.max_clients_per_step}" if args.max_clients_per_step else "")
     path = write_json(out / f"c{args.clients}-n{args.clusters}-{args.image_size}px-"

@@ -90,7 +90,7 @@ def read_probe(path: Path) -> list[dict]:
 
 
 def probe_for(runner: Runner, spec: RunSpec) -> RoundProbe:
-    from cpcfl_tf.federated.backends import make_backend
+    from cpcfl_tf.federated.backends import backend_of
     from cpcfl_tf.federated.simulator import build_template
 
     config = spec.config(runner.base)
@@ -98,7 +98,7 @@ def probe_for(runner: Runner, spec: RunSpec) -> RoundProbe:
     fl = config.federated.resolved()
     template = build_template(fl, clients.test.images.shape[2:], clients.num_classes)
     return RoundProbe(runner.out / f"{spec.name}.rounds.json", clients,
-                      make_backend(template, fl.backend))
+                      backend_of(template, fl))
 
 
 def summary(record: RunRecord, probe_rounds: list[dict]) -> dict:

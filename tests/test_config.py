@@ -114,3 +114,18 @@ def test_with_encoder_changes_both_and_follows_the_papers_resnet_settings():
     c = get_preset("paper").with_encoder("resnet18")
     assert (c.pretrain.encoder, c.federated.encoder) == ("resnet18", "resnet18")
     assert (c.pretrain.batch_size, c.pretrain.epochs) == (250, 500)
+
+
+def test_keys_and_fingerprints_leave_out_added_fields_at_their_defaults():
+    """A checkpoint or cache entry written before a field existed is found again."""
+    from cpcfl_tf.config import ADDED_FIELDS, SECTIONS, without_added
+
+    now = dataclasses.asdict(get_preset("smoke"))
+    before = {k: ({f: x for f, x in v.items() if f not in ADDED_FIELDS.get(k, {})}
+                  if isinstance(v, dict) else v) for k, v in now.items()}
+    assert without_added(now) == without_added(before) == before
+    jit = dataclasses.asdict(get_preset("smoke").with_overrides(federated={"jit_compile": True}))
+    assert without_added(jit)["federated"]["jit_compile"] is True
+    for section, fields in ADDED_FIELDS.items():  # each names a real field and its default
+        defaults = dataclasses.asdict(SECTIONS[section]())
+        assert all(defaults[name] == value for name, value in fields.items())

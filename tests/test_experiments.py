@@ -89,13 +89,11 @@ def test_benchmark_simulator_runs_both_loops(tmp_path, capsys):
     assert len(record["simulator_round_seconds"]) == 2 and len(record["baseline_round_seconds"]) == 1
 
 
-def test_benchmark_xla_compiles_the_local_step_only_inside_the_benchmark(tmp_path):
-    from cpcfl_tf.federated.backends import StackedBackend
-
+@pytest.mark.parametrize("flag", [["--xla"], ["--set", "federated.jit_compile=true"]])
+def test_benchmark_xla_is_the_jit_compile_setting(tmp_path, flag):
     script("benchmark_simulator").main(["--out", str(tmp_path), "--clients", "2", "--rounds", "2",
-                                        "--baseline-rounds", "0", "--xla"])
+                                        "--baseline-rounds", "0", *flag])
     assert json.loads((tmp_path / "c2-n3-32px-auto-xla.json").read_text())["xla"] is True
-    assert StackedBackend.xla is False  # later runs in this process are not compiled
 
 
 def test_the_kit_runs_tensorflow_with_onednn_kernels():

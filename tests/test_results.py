@@ -105,3 +105,16 @@ def test_cached_pretrained_encoders_are_loaded_without_reading_any_image(cache):
     assert loads == ["digits"]
     for a, b in zip(first, again):
         np.testing.assert_array_equal(a, b)
+
+
+def test_fedavg_encoders_cached_before_a_field_existed_keep_their_key():
+    """Fields added later stay out of the FedAvg cache key at their defaults (entries
+    cached before them are found again) and enter it otherwise (their runs differ)."""
+    from cpcfl_tf.federated.starting import _fedavg_key
+
+    config = SMOKE.with_overrides(federated={"method": "ifca", "pretraining": "fedavg"})
+    key = json.loads(_fedavg_key(config))
+    assert "jit_compile" not in key["federated"] and "kind" not in key["partition"]
+    jit = SMOKE.with_overrides(federated={"method": "ifca", "pretraining": "fedavg",
+                                          "jit_compile": True})
+    assert json.loads(_fedavg_key(jit))["federated"]["jit_compile"] is True

@@ -316,3 +316,26 @@ def test_training_in_chunks_of_clients_gives_the_unchunked_run(clients, encoder)
     chunked, _ = run_federated(kept, clients, encoder_weights=encoder, verbose=0,
                                max_clients=4)  # 9 clients: steps of 4, 4 and 1
     assert chunked.rounds == whole.rounds and chunked.final == whole.final
+
+
+@pytest.mark.parametrize("kind", ["stacked", "keras"])
+def test_jit_compiled_steps_train_like_the_default_and_repeat_bit_for_bit(clients, kind):
+    """federated.jit_compile: XLA's kernels give other last bits, not another training."""
+    from cpcfl_tf.federated.backends import make_backend
+
+    keras.utils.set_random_seed(2)
+    model = build_classifier(build_encoder("cnn", (32, 32, 3)), build_classifier_head("c-1", 256, 10))
+    data = ClientArrays(clients.train.images[:3], clients.train.labels[:3])
+    pool = stack_models([model.get_weights()])
+    ids, orders, local = np.zeros(3, np.int64), batch_orders(3, 20, 2, [0]), LocalTraining(batch_size=10)
+    default, jit = make_backend(model, kind), make_backend(model, kind, jit_compile=True)
+    assert default is not jit
+    a = default.train(pool, ids, data, orders, [True, False], local)
+    b, c = (jit.train(pool, ids, data, orders, [True, False], local) for _ in range(2))
+    for x, y, z, start in zip(a, b, c, pool):
+        np.testing.assert_allclose(x, y, atol=2e-5)
+        assert np.array_equal(y, z)
+        assert not np.array_equal(y, start)
+    start = [w[0] for w in pool]
+    np.testing.assert_allclose(client_losses(jit, [start], data),
+                               client_losses(default, [start], data), rtol=1e-5)

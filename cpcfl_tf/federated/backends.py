@@ -28,9 +28,8 @@ so the head trains on the features that selection and evaluation see.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import keras
 import numpy as np
@@ -201,10 +200,8 @@ def _activate(h, activation: str, last: bool):
 class StackedBackend:
     """All clients in one compiled step (see the module docstring)."""
 
-    xla: bool = False
-    """XLA-compile the local step as well (:func:`xla_local_steps`); off in every run."""
-
-    def __init__(self, classifier: keras.Model, *, eval_batch: int = 1024):
+    def __init__(self, classifier: keras.Model, *, eval_batch: int = 1024,
+                 jit_compile: bool = False):
         layers = stackable_layers(classifier)
         if layers is None:
             raise ValueError(f"{classifier.name} has layers the stacked backend cannot run")
@@ -212,12 +209,14 @@ class StackedBackend:
         self.num_encoder = len(classifier.get_layer("encoder").weights)
         self.eval_batch = eval_batch
         # No reduce_retracing: the client axis K must stay static (one trace per K and
-        # batch size, a handful per run).
-        self._grads = tf.function(self._gradients, jit_compile=self.xla)
+        # batch size, a handful per run). jit_compile: federated.jit_compile.
+        self._grads = tf.function(self._gradients, jit_compile=jit_compile)
         # Adam over K stacked copies is pure elementwise work: XLA fuses it into one pass
         # (2.4x faster than the op-by-op update on a CPU).
         self._adam = tf.function(_adam_update, jit_compile=True)
         self._sgd = tf.function(_sgd_update, jit_compile=True)
+        # The forward pass (selection, evaluation) stays op by op: XLA was no faster there
+        # (0.76 against 0.74 s for 3 models on 3,000 images, 2-core EPYC).
         self._logits = tf.function(
             lambda params, x: stacked_logits(self.layers, params, to_float(x)))
 
@@ -315,14 +314,16 @@ def _sgd_update(params, grads, learning_rate):
 class KerasBackend:
     """Clients one by one on a single Keras classifier with swapped-in weights."""
 
-    def __init__(self, classifier: keras.Model, *, eval_batch: int = 512):
+    def __init__(self, classifier: keras.Model, *, eval_batch: int = 512,
+                 jit_compile: bool = False):
         self.model = classifier
         self.num_encoder = len(classifier.get_layer("encoder").weights)
         self.eval_batch = eval_batch
         self.optimizers = {"adam": keras.optimizers.Adam(1e-3), "sgd": keras.optimizers.SGD(1e-3)}
         for optimizer in self.optimizers.values():
             optimizer.build(classifier.trainable_variables)
-        self._steps = {(name, whole): tf.function(self._make_step(optimizer, whole))
+        self._steps = {(name, whole): tf.function(self._make_step(optimizer, whole),
+                                                  jit_compile=jit_compile)
                        for name, optimizer in self.optimizers.items() for whole in (True, False)}
         self._forward = tf.function(lambda x: classifier(to_float(x), training=False),
                                     reduce_retracing=True)
@@ -377,38 +378,29 @@ class KerasBackend:
         return np.log(np.clip(probs, 1e-12, None))
 
 
-@contextlib.contextmanager
-def xla_local_steps() -> Iterator[None]:
-    """Stacked backends made inside this block XLA-compile their local step as well.
-
-    On a 2-core CPU a 60-client round then runs about 1.1x faster, after about a minute
-    of compiling per client count and batch size, and the last bits differ from the
-    default's; so runs keep it off, and ``experiments/speed_study.py`` measures it
-    (``benchmark_simulator.py --xla``).
-    """
-    before, StackedBackend.xla = StackedBackend.xla, True
-    try:
-        yield
-    finally:
-        StackedBackend.xla = before
-
-
 _STACKED: dict[tuple, StackedBackend] = {}
 
 
-def make_backend(classifier: keras.Model, kind: str = "auto"):
-    """``stacked`` when the classifier allows it (``auto``), else ``keras``.
+def backend_of(classifier: keras.Model, fl) -> "StackedBackend | KerasBackend":
+    """The backend a :class:`~cpcfl_tf.config.FederatedConfig` names (``backend``,
+    ``jit_compile``) for ``classifier``."""
+    return make_backend(classifier, fl.backend, jit_compile=fl.jit_compile)
+
+
+def make_backend(classifier: keras.Model, kind: str = "auto", *, jit_compile: bool = False):
+    """``stacked`` when the classifier allows it (``auto``), else ``keras``;
+    ``jit_compile`` XLA-compiles their steps (``federated.jit_compile``).
 
     A stacked backend holds no weights, only compiled steps, so runs of the same
     architecture share one (tracing the K-client step costs seconds per run).
     """
     layers = stackable_layers(classifier)
     if kind == "keras" or (kind == "auto" and layers is None):
-        return KerasBackend(classifier)
+        return KerasBackend(classifier, jit_compile=jit_compile)
     key = (tuple(layers), tuple(tuple(w.shape) for w in classifier.weights),
-           len(classifier.get_layer("encoder").weights), StackedBackend.xla)
+           len(classifier.get_layer("encoder").weights), jit_compile)
     if key not in _STACKED:
-        _STACKED[key] = StackedBackend(classifier)
+        _STACKED[key] = StackedBackend(classifier, jit_compile=jit_compile)
     return _STACKED[key]
 
 

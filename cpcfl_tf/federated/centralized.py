@@ -20,8 +20,8 @@ import numpy as np
 from cpcfl_tf.config import Config
 from cpcfl_tf.data.sources import LabeledImages
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.federated.backends import (LocalTraining, batch_orders, client_probabilities,
-                                         make_backend, stack_models, unstack)
+from cpcfl_tf.federated.backends import (LocalTraining, backend_of, batch_orders,
+                                         client_probabilities, stack_models, unstack)
 from cpcfl_tf.federated.metrics import client_accuracy, pooled_scores
 from cpcfl_tf.federated.clients import ClientArrays, Clients
 from cpcfl_tf.federated.simulator import build_template, initial_pool
@@ -33,7 +33,7 @@ def _train_pooled(config: Config, data: ClientArrays, encoder_weights, num_class
     """Train one model per row of ``data`` (each row a pooled dataset), all at once."""
     fl = dataclasses.replace(config.federated.resolved(), num_clusters=data.num_clients)
     template = build_template(fl, data.images.shape[2:], num_classes)
-    backend = make_backend(template, fl.backend)
+    backend = backend_of(template, fl)
     start = stack_models(initial_pool(fl, template, encoder_weights, seed=seed, attempt=0))
     orders = batch_orders(data.num_clients, data.size, epochs, [seed, 7])
     trained = backend.train(start, np.arange(data.num_clients), data, orders, [True] * epochs,

@@ -22,11 +22,11 @@ from typing import Callable
 import keras
 import numpy as np
 
-from cpcfl_tf.config import Config, FederatedConfig
+from cpcfl_tf.config import Config, FederatedConfig, without_added
 from cpcfl_tf.errors import DivergedError, UserError
 from cpcfl_tf.federated import algorithm
-from cpcfl_tf.federated.backends import (ClientMoments, LocalTraining, batch_orders,
-                                         client_losses, client_probabilities, make_backend,
+from cpcfl_tf.federated.backends import (ClientMoments, LocalTraining, backend_of,
+                                         batch_orders, client_losses, client_probabilities,
                                          stack_models)
 from cpcfl_tf.federated.clients import Clients
 from cpcfl_tf.federated.metrics import client_accuracy, cluster_ari, pooled_scores
@@ -143,9 +143,11 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
     seed = config.seed if train_seed is None else train_seed
     shape = clients.train.images.shape[2:]
     template = build_template(fl, shape, clients.num_classes)
-    backend = make_backend(template, fl.backend)
+    backend = backend_of(template, fl)
     num_encoder = len(template.get_layer("encoder").weights)
-    fingerprint = json.dumps({"config": dataclasses.asdict(config), "federated": dataclasses.asdict(fl),
+    # Fields added since a checkpoint was written leave its fingerprint as it was.
+    fingerprint = json.dumps({"config": without_added(dataclasses.asdict(config)),
+                              **without_added({"federated": dataclasses.asdict(fl)}),
                               "seed": seed, "clients": clients.records,
                               "encoder": _digest(encoder_weights)},
                              sort_keys=True)

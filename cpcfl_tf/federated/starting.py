@@ -25,7 +25,7 @@ from typing import Callable
 
 import numpy as np
 
-from cpcfl_tf.config import PRETRAIN_METHODS, Config, config_record
+from cpcfl_tf.config import PRETRAIN_METHODS, Config, config_record, without_added
 from cpcfl_tf.federated.clients import Clients
 from cpcfl_tf.results import cache_root, read_weights, write_weights
 from cpcfl_tf.scalars import ScalarLog
@@ -169,18 +169,8 @@ class StartingEncoders:
         write_weights(_fedavg_path(key), weights, key=key)
 
 
-_KEYED_WITHOUT = {"partition": {"kind": "groups", "alpha": 1.0}}
-"""Fields added after FedAvg encoders were first cached: left out of the key while at
-these defaults, so entries cached before they existed are found again."""
-
-
 def _fedavg_key(config: Config) -> str:
-    record = config_record(fedavg_config(config))
-    for section, defaults in _KEYED_WITHOUT.items():
-        for name, default in defaults.items():
-            if record[section].get(name) == default:
-                del record[section][name]
-    return json.dumps(record, sort_keys=True)
+    return json.dumps(without_added(config_record(fedavg_config(config))), sort_keys=True)
 
 
 def _fedavg_path(key: str):

@@ -33,7 +33,7 @@ def _checked(run_items: tuple, partition_id: int):
 @functools.lru_cache(maxsize=2)
 def _node(run_items: tuple, partition_id: int):
     """Config, this node's data and a backend (built once per process)."""
-    from cpcfl_tf.federated.backends import make_backend
+    from cpcfl_tf.federated.backends import backend_of
     from cpcfl_tf.federated.clients import clients_for
     from cpcfl_tf.federated.simulator import build_template
 
@@ -45,7 +45,7 @@ def _node(run_items: tuple, partition_id: int):
     own = np.array([partition_id])
     template = build_template(fl, clients.train.images.shape[2:], clients.num_classes)
     return (config, clients.train.subset(own), clients.test.subset(own),
-            make_backend(template, fl.backend))
+            backend_of(template, fl))
 
 
 def _context(context: Context):
