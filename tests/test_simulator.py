@@ -286,6 +286,14 @@ def test_a_checkpoint_of_another_run_is_refused(clients, tmp_path):
                       checkpoint=checkpoint, verbose=0)
 
 
+def test_a_checkpoint_from_another_starting_encoder_is_refused(clients, encoder, tmp_path):
+    checkpoint, c = tmp_path / "run.npz", config(method="fedavg", rounds=2, head_rounds=1)
+    run_federated(c, clients, encoder_weights=encoder, checkpoint=checkpoint, verbose=0)
+    other = [w + np.float32(1e-3) if i == 0 else w for i, w in enumerate(encoder)]
+    with pytest.raises(UserError, match="different run"):
+        run_federated(c, clients, encoder_weights=other, checkpoint=checkpoint, verbose=0)
+
+
 def test_ifca_fedavg_starts_from_the_fedavg_models_encoder(clients):
     from cpcfl_tf.federated.simulator import fedavg_encoder
 

@@ -13,7 +13,6 @@ attempt, round, purpose), not from a running state.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import sys
 from pathlib import Path
@@ -32,7 +31,7 @@ from cpcfl_tf.federated.clients import Clients
 from cpcfl_tf.federated.metrics import client_accuracy, cluster_ari, pooled_scores
 from cpcfl_tf.models import ENCODER_DIMS, build_classifier, build_classifier_head, build_encoder
 from cpcfl_tf.record import Final, Round, RunRecord
-from cpcfl_tf.results import read_file, write_atomic
+from cpcfl_tf.results import read_file, weights_fingerprint, write_atomic
 
 
 def build_template(fl: FederatedConfig, input_shape, num_classes: int) -> keras.Model:
@@ -149,7 +148,7 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
     fingerprint = json.dumps({"config": without_added(dataclasses.asdict(config)),
                               **without_added({"federated": dataclasses.asdict(fl)}),
                               "seed": seed, "clients": clients.records,
-                              "encoder": _digest(encoder_weights)},
+                              "encoder": weights_fingerprint(encoder_weights)},
                              sort_keys=True)
     path = Path(checkpoint) if checkpoint else None
 
@@ -238,15 +237,6 @@ def fedavg_encoder(config: Config, clients: Clients, *, checkpoint: str | Path |
 def global_encoder(state: algorithm.ServerState) -> list[np.ndarray]:
     """The encoder part of a one-model (FedAvg) pool."""
     return state.models[0][:state.num_encoder]
-
-
-def _digest(weights) -> str | None:
-    if weights is None:
-        return None
-    digest = hashlib.sha1()
-    for w in weights:
-        digest.update(np.ascontiguousarray(w).tobytes())
-    return digest.hexdigest()
 
 
 def _evaluate(backend, models, assigned, clients: Clients, round_: int, fl: FederatedConfig) -> dict:
