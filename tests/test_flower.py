@@ -166,3 +166,27 @@ def test_the_roster_query_loads_neither_data_nor_tensorflow():
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == ("{'partition-id': 2} | partition-id 3 is outside 0..2 "
                                    "(run config num-clients) | False")
+
+
+def test_the_run_config_takes_any_setting_as_the_scripts_set_does():
+    from cpcfl_tf.errors import UserError
+    from cpcfl_tf.flower.common import run_config
+
+    config = run_config({**RUN, "set": "federated.local_epochs=1 federated.jit_compile=true"})
+    assert (config.federated.local_epochs, config.federated.jit_compile) == (1, True)
+    assert config.federated.num_clusters == 2  # the named keys still apply
+    assert run_config(RUN) == run_config({**RUN, "set": ""})
+    with pytest.raises(UserError, match="federated.jit_compile takes true or false"):
+        run_config({**RUN, "set": "federated.jit_compile=maybe"})
+
+
+
+def test_the_loopback_passes_set_through_flwr_run_config_parsing():
+    """``Federation.run`` quotes each value with JSON; Flower's own parser of
+    ``--run-config`` must give the ``set`` string back whole."""
+    from flwr.common.config import parse_config_args
+
+    from cpcfl_tf.flower.loopback import run_config_line
+
+    settings = {**RUN, "set": "federated.local_epochs=1 federated.jit_compile=true"}
+    assert parse_config_args([run_config_line(settings)]) == settings

@@ -11,25 +11,29 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from cpcfl_tf.config import Config, get_preset
+from cpcfl_tf.config import Config, get_preset, parse_settings
 
 DEFAULTS: dict[str, Any] = {
     "preset": "smoke", "method": "cp-cfl", "pretraining": "simclr", "num-clusters": 2,
     "rounds": 3, "head-rounds": 1, "num-clients": 3, "seed": 0, "out": "",
-    "round-timeout": 300.0, "min-nodes": 0,
+    "round-timeout": 300.0, "min-nodes": 0, "set": "",
 }
-"""Run config keys and their defaults (``min-nodes`` 0: wait for ``num-clients``)."""
+"""Run config keys and their defaults (``min-nodes`` 0: wait for ``num-clients``; ``set``:
+any other setting, as the scripts' ``--set``, e.g. ``"federated.local_epochs=1
+federated.jit_compile=true"``)."""
 
 
 def run_config(values: Mapping[str, Any]) -> Config:
     """The run's :class:`Config` from Flower's run config (missing keys: :data:`DEFAULTS`)."""
     v = {**DEFAULTS, **dict(values)}
     pretraining = v["pretraining"]
-    return get_preset(str(v["preset"])).with_overrides(
+    config = get_preset(str(v["preset"])).with_overrides(
         seed=int(v["seed"]), partition={"num_clients": int(v["num-clients"])},
         federated={"method": str(v["method"]), "pretraining": pretraining,
                    "num_clusters": int(v["num-clusters"]), "rounds": int(v["rounds"]),
                    "head_rounds": int(v["head-rounds"])})
+    settings = parse_settings(str(v["set"]).split())
+    return config.with_overrides(**settings) if settings else config
 
 
 def model_key(n: int) -> str:

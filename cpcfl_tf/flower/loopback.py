@@ -39,6 +39,11 @@ def _command(name: str) -> str:
     return path
 
 
+def run_config_line(run_config: dict[str, Any]) -> str:
+    """``run_config`` as ``flwr run --run-config`` takes it (each value JSON-quoted)."""
+    return " ".join(f"{k}={json.dumps(v)}" for k, v in run_config.items())
+
+
 @dataclasses.dataclass
 class Federation:
     """A SuperLink and its SuperNodes, each a process with a log file in ``workdir``."""
@@ -97,9 +102,8 @@ class Federation:
 
     def run(self, run_config: dict[str, Any]) -> str:
         """``flwr run`` the app with ``run_config`` overrides; returns the run's id."""
-        overrides = " ".join(f"{k}={json.dumps(v)}" for k, v in run_config.items())
         proc = subprocess.run([_command("flwr"), "run", str(APP_DIR), "loopback",
-                               "--run-config", overrides, "--format", "json"],
+                               "--run-config", run_config_line(run_config), "--format", "json"],
                               capture_output=True, text=True, env=self.env, timeout=300)
         (self.workdir / "flwr-run.log").write_text(proc.stdout + proc.stderr)
         if proc.returncode != 0:
@@ -171,11 +175,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--round-timeout", type=float, default=DEFAULTS["round-timeout"])
     parser.add_argument("--out", help="folder for the result and the logs "
                                       "(default results/<preset>/flower)")
+    parser.add_argument("--set", nargs="+", action="extend", default=[],
+                        metavar="SECTION.FIELD=VALUE", help="any other setting, as the "
+                        "scripts' --set (e.g. federated.local_epochs=1)")
     args = parser.parse_args(argv)
     settings = {"preset": args.preset, "method": args.method, "pretraining": args.pretraining,
                 "num-clusters": args.num_clusters, "rounds": args.rounds,
                 "head-rounds": args.head_rounds, "num-clients": args.nodes, "seed": args.seed,
-                "round-timeout": args.round_timeout}
+                "round-timeout": args.round_timeout, "set": " ".join(args.set)}
     run_config(settings)  # bad values fail here, before any process starts
     out = prepare_out_dir(args.out or Path("results") / args.preset / "flower")
     result = out / "flower.json"
