@@ -97,8 +97,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             percent=metric == "accuracy", paper=paper) + [""]
     lines += ["## Clustering per trial", "",
               "ARI of the final cluster ids against the true groups / the round after which "
-              "no client changed cluster again / IFCA restarts (FedAvg trains one model: "
-              "nothing to cluster).", ""]
+              "no client changed cluster again (counted in the attempt kept after IFCA's "
+              "restarts) / IFCA restarts (FedAvg trains one model: nothing to cluster).", ""]
     lines += markdown_table(
         ["method", *(f"trial {k + 1}" for k in range(args.trials))],
         [[LABELS[name], *map(_clustering, runs)] for name, runs in records.items()])
