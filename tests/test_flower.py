@@ -176,9 +176,13 @@ def test_the_run_config_takes_any_setting_as_the_scripts_set_does():
     assert (config.federated.local_epochs, config.federated.jit_compile) == (1, True)
     assert config.federated.num_clusters == 2  # the named keys still apply
     assert run_config(RUN) == run_config({**RUN, "set": ""})
+    # split as a shell would: quoted settings (the loopback joins with shlex.join)
+    quoted = "'federated.local_epochs=1' federated.jit_compile=true"
+    assert run_config({**RUN, "set": quoted}) == config
+    with pytest.raises(UserError, match="run config set: No closing quotation"):
+        run_config({**RUN, "set": "'federated.local_epochs=1"})
     with pytest.raises(UserError, match="federated.jit_compile takes true or false"):
         run_config({**RUN, "set": "federated.jit_compile=maybe"})
-
 
 
 def test_the_loopback_passes_set_through_flwr_run_config_parsing():

@@ -7,11 +7,13 @@ the same partition, models and batch orders as the simulator would.
 """
 from __future__ import annotations
 
+import shlex
 from typing import Any, Mapping
 
 import numpy as np
 
 from cpcfl_tf.config import Config, get_preset, parse_settings
+from cpcfl_tf.errors import UserError
 
 DEFAULTS: dict[str, Any] = {
     "preset": "smoke", "method": "cp-cfl", "pretraining": "simclr", "num-clusters": 2,
@@ -20,7 +22,7 @@ DEFAULTS: dict[str, Any] = {
 }
 """Run config keys and their defaults (``min-nodes`` 0: wait for ``num-clients``; ``set``:
 any other setting, as the scripts' ``--set``, e.g. ``"federated.local_epochs=1
-federated.jit_compile=true"``)."""
+federated.jit_compile=true"``; split as a shell would, so a value with spaces is quoted)."""
 
 
 def run_config(values: Mapping[str, Any]) -> Config:
@@ -32,7 +34,12 @@ def run_config(values: Mapping[str, Any]) -> Config:
         federated={"method": str(v["method"]), "pretraining": pretraining,
                    "num_clusters": int(v["num-clusters"]), "rounds": int(v["rounds"]),
                    "head_rounds": int(v["head-rounds"])})
-    settings = parse_settings(str(v["set"]).split())
+    try:
+        items = shlex.split(str(v["set"]))
+    except ValueError as e:  # e.g. an unclosed quote
+        raise UserError(f"run config set: {e}; write it as the shell would, e.g. "
+                        "set=\"data.client_dataset='folder:/my images'\"") from None
+    settings = parse_settings(items)
     return config.with_overrides(**settings) if settings else config
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -182,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     settings = {"preset": args.preset, "method": args.method, "pretraining": args.pretraining,
                 "num-clusters": args.num_clusters, "rounds": args.rounds,
                 "head-rounds": args.head_rounds, "num-clients": args.nodes, "seed": args.seed,
-                "round-timeout": args.round_timeout, "set": " ".join(args.set)}
+                "round-timeout": args.round_timeout, "set": shlex.join(args.set)}
     run_config(settings)  # bad values fail here, before any process starts
     out = prepare_out_dir(args.out or Path("results") / args.preset / "flower")
     result = out / "flower.json"
