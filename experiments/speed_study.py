@@ -11,11 +11,21 @@ default, with oneDNN off and under each allocator. Beside them: the round's work
 float32 peak (from its vector units and clock, and what one large matmul reaches), so
 every variant's GFLOP/s says how close a round comes to the peak.
 
-Writes ``<cpu>.json`` per machine and ``speed_study.md`` over every machine measured.
-Run it alone on the machine: anything sharing the cores slows some variants and not others.
+``--parts kernels`` looks inside the local training step, in this process (the kit's
+default settings): each convolution's three kernels (forward, gradient of the filter,
+gradient of the input) for all clients at the round's two batch sizes, with their
+GFLOP/s, and the step under two other layouts of the same arithmetic, timed to show what
+a rewrite would gain: the last convolution (1x1 output, its kernel covers its input) as
+one batched matmul, and every convolution as im2col + batched matmul. Neither is used by
+the kit: both change the last bits of every result.
+
+Writes ``<cpu>.json`` per machine (a run replaces the parts it measured and keeps the
+others) and ``speed_study.md`` over every machine measured. Run it alone on the machine:
+anything sharing the cores slows some variants and not others.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -119,6 +129,158 @@ def round_flops(config, clients: int, train: int = 50, test: int = 50) -> dict:
     return {"forward_per_image": forward, **parts, "total": sum(parts.values())}
 
 
+TRAIN_IMAGES = 50
+"""Training images per client in the benchmark's round (the paper's protocol)."""
+
+
+def _seconds(step, args, repeats: int) -> float:
+    """Median wall time of ``step(*args)`` after one warm-up call (tracing)."""
+    import time
+
+    import tensorflow as tf
+
+    def run():
+        return [t.numpy() for t in tf.nest.flatten(step(*args))[:1]]
+
+    run()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - started)
+    return float(sorted(times)[len(times) // 2])
+
+
+def batch_sizes(batch_size: int, images: int = TRAIN_IMAGES) -> list[int]:
+    """The per-client batch sizes of one local epoch: full batches and the remainder."""
+    return sorted({batch_size, images % batch_size} - {0}, reverse=True)
+
+
+def kernel_breakdown(classifier, clients: int, batches: Sequence[int], repeats: int = 5
+                     ) -> list[dict]:
+    """Each Conv2D's forward, filter-gradient and input-gradient kernels, one per client
+    as in the stacked step, timed for ``clients`` clients at each batch size."""
+    import keras
+    import tensorflow as tf
+
+    rows = []
+    convolutions = [layer for layer in classifier.get_layer("encoder").layers
+                    if isinstance(layer, keras.layers.Conv2D)]
+    for layer in convolutions:
+        (_, h, w, cin), (_, oh, ow, cout) = layer.input.shape, layer.output.shape
+        kh, kw = layer.kernel_size
+        strides, padding = [1, *layer.strides, 1], layer.padding.upper()
+        for b in batches:
+            rng = tf.random.Generator.from_seed(0)
+            x = [rng.normal((b, h, w, cin)) for _ in range(clients)]
+            f = [rng.normal((kh, kw, cin, cout)) for _ in range(clients)]
+            dy = [rng.normal((b, oh, ow, cout)) for _ in range(clients)]
+            ops = {
+                "forward": (lambda x, f: [tf.nn.conv2d(a, k, strides, padding)
+                                          for a, k in zip(x, f)], (x, f)),
+                "filter_gradient": (lambda x, dy: [tf.raw_ops.Conv2DBackpropFilter(
+                    input=a, filter_sizes=[kh, kw, cin, cout], out_backprop=d,
+                    strides=strides, padding=padding) for a, d in zip(x, dy)], (x, dy)),
+                "input_gradient": (lambda f, dy: [tf.raw_ops.Conv2DBackpropInput(
+                    input_sizes=[b, h, w, cin], filter=k, out_backprop=d, strides=strides,
+                    padding=padding) for k, d in zip(f, dy)], (f, dy)),
+            }
+            flops = 2 * b * oh * ow * cout * kh * kw * cin * clients
+            row = {"layer": layer.name, "input": [h, w, cin], "output": [oh, ow, cout],
+                   "batch": b, "gflop": flops / 1e9}
+            if layer is convolutions[0]:
+                del ops["input_gradient"]  # a step never computes it: images need none
+            for kind, (fn, args) in ops.items():
+                seconds = _seconds(tf.function(fn), args, repeats)
+                row[kind] = {"ms": 1e3 * seconds, "gflops": flops / seconds / 1e9}
+            rows.append(row)
+    return rows
+
+
+def _as_matmul_logits(layers, params, x, every: bool):
+    """The stacked classifier's logits with convolutions as batched matmuls: every one
+    (im2col by strided slices), or only those whose kernel covers their input (1x1
+    output: a reshape). The same arithmetic in another order (last bits differ)."""
+    import tensorflow as tf
+
+    from cpcfl_tf.federated.backends import stacked_logits
+
+    k, h, i = x.shape[0], x, 0
+    for n, layer in enumerate(layers):
+        if layer.kind == "flatten":
+            h = tf.reshape(h, [k, tf.shape(h)[1], -1])
+            continue
+        kernel, bias = params[i], params[i + 1]
+        i += 2
+        if layer.kind == "dense":
+            h = tf.einsum("kbi,kio->kbo", h, kernel) + bias[:, None, :]
+        elif not (every or h.shape[2] == kernel.shape[1]):  # as the kit runs it
+            h = tf.stack(stacked_logits([dataclasses.replace(layer, activation="linear")],
+                                        [kernel, bias], h))
+        else:
+            (kh, kw), s = kernel.shape[1:3], layer.strides[0]
+            oh, ow = (h.shape[2] - kh) // s + 1, (h.shape[3] - kw) // s + 1
+            cols = tf.concat([h[:, :, a:a + s * (oh - 1) + 1:s, c:c + s * (ow - 1) + 1:s]
+                              for a in range(kh) for c in range(kw)], axis=-1)
+            flat = tf.reshape(cols, [k, -1, cols.shape[-1]])
+            h = tf.matmul(flat, tf.reshape(kernel, [k, -1, kernel.shape[-1]])) + bias[:, None]
+            h = tf.reshape(h, [k, -1, oh, ow, kernel.shape[-1]])
+        if layer.activation == "relu" and n < len(layers) - 1:
+            h = tf.nn.relu(h)
+    return h
+
+
+def step_layouts(classifier, clients: int, batches: Sequence[int], repeats: int = 5
+                 ) -> dict[str, dict]:
+    """Milliseconds of one stacked training step (all clients, whole model) per batch
+    size, as the kit runs it and under the two matmul layouts, with each layout's
+    largest logit difference from the kit's, relative to the largest logit. (Logits,
+    not gradients: a rounding change can flip a ReLU that sits at 0, which moves a
+    gradient by a whole unit's share and says nothing about the layout.)"""
+    import numpy as np
+    import tensorflow as tf
+
+    from cpcfl_tf.data.images import to_float
+    from cpcfl_tf.federated.backends import StackedBackend, stacked_logits
+
+    backend = StackedBackend(classifier)
+
+    def matmul_layout(every: bool):
+        def logits(params, images):
+            return _as_matmul_logits(backend.layers, params, to_float(images), every)
+
+        @tf.function
+        def gradients(params, images, labels):
+            with tf.GradientTape() as tape:
+                tape.watch(params)
+                per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(
+                    labels, logits(params, images))
+                loss = tf.reduce_sum(tf.reduce_mean(per_example, axis=1))
+            return tape.gradient(loss, params)
+        return gradients, tf.function(logits)
+
+    layouts = {"kit": (lambda p, x, y: backend._grads(p, x, y, 0),
+                       tf.function(lambda p, x: stacked_logits(backend.layers, p, to_float(x)))),
+               "last_conv_as_matmul": matmul_layout(False),
+               "im2col_matmul": matmul_layout(True)}
+    params = [tf.constant(np.stack([a] * clients)) for a in classifier.get_weights()]
+    rng = np.random.default_rng(0)
+    out = {name: {"ms": {}, "max_relative_difference": 0.0} for name in layouts}
+    for b in batches:
+        size = classifier.input_shape[1:]
+        images = tf.constant(rng.integers(0, 256, (clients, b, *size), dtype=np.uint8))
+        labels = tf.constant(rng.integers(0, classifier.output_shape[-1], (clients, b)),
+                             tf.int32)
+        reference = layouts["kit"][1](params, images).numpy()
+        for name, (step, logits) in layouts.items():
+            out[name]["ms"][str(b)] = 1e3 * _seconds(step, (params, images, labels), repeats)
+            difference = np.abs(logits(params, images).numpy() - reference).max()
+            out[name]["max_relative_difference"] = max(
+                out[name]["max_relative_difference"],
+                float(difference / np.abs(reference).max()))
+    return out
+
+
 def benchmark(name: str, clients: int, rounds: int, baseline_rounds: int, tmp: Path) -> dict:
     """``benchmark_simulator.py`` in a fresh process under variant ``name``."""
     _, env, options = VARIANTS[name]
@@ -141,6 +303,55 @@ def machine_slug(cpu: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", cpu.lower()).strip("-")
 
 
+def variant_table(variants: dict) -> list[str]:
+    rows = []
+    for name, v in variants.items():
+        rows.append([name, v["about"], f"{v['seconds_per_round']:.2f}",
+                     f"{v['gflops']:.0f}", f"{100 * v['of_matmul_peak']:.0f} %",
+                     f"{v['baseline_seconds_per_round']:.0f}"
+                     if "baseline_seconds_per_round" in v else "",
+                     f"{v['speedup']:.1f}x" if "speedup" in v else "",
+                     f"{v['baseline_seconds_per_round'] / v['seconds_per_round']:.1f}x"
+                     if "baseline_seconds_per_round" in v else ""])
+    return markdown_table(["variant", "what", "s / round", "GFLOP/s", "of matmul peak",
+                           "plain Keras s / round",
+                           "speed-up (against the default's plain loop)",
+                           "speed-up (against its own plain loop)"], rows)
+
+
+def kernel_tables(part: dict) -> list[str]:
+    """The ``kernels`` part as two tables: per convolution and per layout."""
+    kinds = ("forward", "filter_gradient", "input_gradient")
+
+    def cell(k):
+        return f"{k['ms']:.0f} ({k['gflops']:.0f})" if k else "-"
+
+    def shape(dims):
+        return "x".join(map(str, dims))
+
+    rows = [[c["layer"], f"{shape(c['input'])} -> {shape(c['output'])}", str(c["batch"]),
+             f"{c['gflop']:.2f}", *(cell(c.get(k)) for k in kinds)]
+            for c in part["convolutions"]]
+    batches = [str(b) for b in part["batches"]]
+    layouts = [[name, *(f"{v['ms'][b]:.0f}" for b in batches),
+                f"{v['max_relative_difference']:.1e}"] for name, v in part["layouts"].items()]
+    summed = {b: sum(c[k]["ms"] for c in part["convolutions"] if str(c["batch"]) == b
+                     for k in kinds if k in c) for b in batches}
+    return ["Inside the local step (`--parts kernels`, oneDNN "
+            f"{'on' if part['onednn'] else 'off'}, a large matmul at "
+            f"{part['peak']['matmul_gflops']:.0f} GFLOP/s that day): each convolution's "
+            "kernels for all clients, ms (GFLOP/s). The first layer's input gradient is "
+            "never computed in a step (images need none).", "",
+            *markdown_table(["layer", "shape", "batch per client", "GFLOP", "forward",
+                             "filter gradient", "input gradient"], rows), "",
+            "Together, timed one by one as above: " + ", ".join(
+                f"{ms:.0f} ms at batch {b}" for b, ms in summed.items()) + ".", "",
+            "One training step of all clients (whole model), ms, under the kit's layout "
+            "and two matmul layouts it does not use (they change the last bits):", "",
+            *markdown_table(["layout", *(f"batch {b}" for b in batches),
+                             "largest logit difference (relative)"], layouts), ""]
+
+
 def report(folder: Path) -> str:
     """``speed_study.md``: one table per machine measured."""
     lines = ["# Speed study: one IFCA round of the CNN at 32 px", "",
@@ -158,20 +369,14 @@ def report(folder: Path) -> str:
                   f"{work['training'] / 1e9:.0f}, selection {work['selection'] / 1e9:.0f}, "
                   f"evaluation {work['evaluation'] / 1e9:.0f}; "
                   f"{work['forward_per_image'] / 1e6:.2f} MFLOP per image forward).", ""]
-        rows = []
-        for name, v in study["variants"].items():
-            rows.append([name, v["about"], f"{v['seconds_per_round']:.2f}",
-                         f"{v['gflops']:.0f}", f"{100 * v['of_matmul_peak']:.0f} %",
-                         f"{v['baseline_seconds_per_round']:.0f}"
-                         if "baseline_seconds_per_round" in v else "",
-                         f"{v['speedup']:.1f}x" if "speedup" in v else "",
-                         f"{v['baseline_seconds_per_round'] / v['seconds_per_round']:.1f}x"
-                         if "baseline_seconds_per_round" in v else ""])
-        lines += [*markdown_table(["variant", "what", "s / round", "GFLOP/s",
-                                  "of matmul peak", "plain Keras s / round",
-                                  "speed-up (against the default's plain loop)",
-                                  "speed-up (against its own plain loop)"], rows), ""]
+        if "variants" in study:
+            lines += [*variant_table(study["variants"]), ""]
+        if "kernels" in study:
+            lines += kernel_tables(study["kernels"])
     return "\n".join(lines)
+
+
+PARTS = ("rounds", "kernels")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -184,19 +389,42 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--variants", type=name_list(list(VARIANTS)), default=list(VARIANTS),
                         metavar="NAME[,NAME...]",
                         help=f"which settings to time (default all: {','.join(VARIANTS)})")
+    parser.add_argument("--parts", type=name_list(PARTS), default=["rounds"],
+                        metavar="PART[,PART...]",
+                        help="rounds: a round under each variant (default); kernels: the "
+                             "local step's kernels and layouts, in this process")
     args = parser.parse_args(argv)
     if args.rounds < 2 or args.baseline_rounds < 0:
         raise UserError("need --rounds >= 2 and --baseline-rounds >= 0")
-    check_preloads(args.variants)
+    if "rounds" in args.parts:
+        check_preloads(args.variants)
     session = SCRIPT.session(args)
     config, out = session.config, session.out
+    path = out / f"{machine_slug(cpu_model())}.json"
+    # A run replaces the parts it measures and keeps the others of this machine.
+    study = json.loads(path.read_text()) if path.exists() else {}
+    work = round_flops(config, args.clients)
+    peak = {"theoretical": theoretical_peak(), "matmul_gflops": matmul_peak()}
+    if "rounds" in args.parts or not study:  # the machine as the rounds were timed
+        study.update({"experiment": "speed_study", "clients": args.clients, "clusters": 3,
+                      "image_size": 32, "round_flops": work, "peak": peak,
+                      "environment": environment()})
+    if "rounds" in args.parts:
+        study["variants"] = time_variants(args, work, peak)
+    if "kernels" in args.parts:
+        study["kernels"] = {**time_kernels(config, args.clients), "peak": peak,
+                            "environment": environment()}
+    write_json(path, study)
+    (out / "speed_study.md").write_text(report(out))
+    print(f"wrote {path} and {out / 'speed_study.md'}", file=sys.stderr)
 
+
+def time_variants(args, work: dict, peak: dict) -> dict[str, dict]:
+    """One round under each of ``args.variants``, each in a fresh process."""
     with tempfile.TemporaryDirectory() as tmp:
         runs = {name: benchmark(name, args.clients, args.rounds,
                                 args.baseline_rounds if name in BASELINE_VARIANTS else 0,
                                 Path(tmp)) for name in args.variants}
-    work = round_flops(config, args.clients)
-    peak = {"theoretical": theoretical_peak(), "matmul_gflops": matmul_peak()}
     reference = runs.get("default", next(iter(runs.values())))
     baseline = reference.get("baseline_seconds_per_round")
     variants = {}
@@ -218,12 +446,26 @@ def main(argv: Sequence[str] | None = None) -> None:
         variants[name] = row
         print(f"{name}: {seconds:.2f} s per round, {row['gflops']:.0f} GFLOP/s"
               + (f", {row['speedup']:.1f}x the plain Keras loop" if baseline else ""))
-    study = {"experiment": "speed_study", "clients": args.clients, "clusters": 3,
-             "image_size": 32, "round_flops": work, "peak": peak, "variants": variants,
-             "environment": environment()}
-    path = write_json(out / f"{machine_slug(cpu_model())}.json", study)
-    (out / "speed_study.md").write_text(report(out))
-    print(f"wrote {path} and {out / 'speed_study.md'}", file=sys.stderr)
+    return variants
+
+
+def time_kernels(config, clients: int) -> dict:
+    """The ``kernels`` part: the local step's convolutions and layouts."""
+    from cpcfl_tf.experiment import onednn_enabled
+    from cpcfl_tf.federated.simulator import build_template
+
+    fl = config.federated
+    size = config.data.image_size
+    classifier = build_template(fl, (size, size, 3), 10)
+    batches = batch_sizes(fl.batch_size)
+    print(f"kernels: {clients} clients, batches {batches}", file=sys.stderr, flush=True)
+    part = {"batches": batches, "onednn": onednn_enabled(),
+            "convolutions": kernel_breakdown(classifier, clients, batches),
+            "layouts": step_layouts(classifier, clients, batches)}
+    for name, layout in part["layouts"].items():
+        print(f"step, {name}: " + ", ".join(f"batch {b}: {ms:.0f} ms"
+                                             for b, ms in layout["ms"].items()))
+    return part
 
 
 if __name__ == "__main__":

@@ -120,6 +120,24 @@ def test_speed_study_times_each_setting_in_a_fresh_process(tmp_path, capsys):
     assert off["gflops"] == pytest.approx(work["total"] / off["seconds_per_round"] / 1e9)
     assert study["peak"]["matmul_gflops"] > 0
     assert "| onednn-off |" in (tmp_path / "speed_study.md").read_text()
+    # --parts kernels adds its part and keeps the rounds already measured on this machine
+    study_script.main(["--out", str(tmp_path), "--clients", "2", "--parts", "kernels"])
+    merged = json.loads(path.read_text())
+    assert merged["variants"] == study["variants"]
+    kernels = merged["kernels"]
+    assert kernels["batches"] == [32, 18]  # 50 images per client in batches of 32
+    first, *rest = [c for c in kernels["convolutions"] if c["batch"] == 32]
+    assert "input_gradient" not in first and all("input_gradient" in c for c in rest)
+    h, w, cin = rest[0]["input"]
+    oh, ow, cout = rest[0]["output"]
+    assert rest[0]["gflop"] == pytest.approx(2 * 32 * oh * ow * cout * 9 * cin * 2 / 1e9)
+    layouts = kernels["layouts"]
+    assert layouts["kit"]["max_relative_difference"] == 0.0  # the kit's own step
+    for other in ("last_conv_as_matmul", "im2col_matmul"):  # same sums, another order
+        assert 0.0 < layouts[other]["max_relative_difference"] < 1e-4
+        assert set(layouts[other]["ms"]) == {"32", "18"}
+    text = (tmp_path / "speed_study.md").read_text()
+    assert "| onednn-off |" in text and "| conv4 | 3x3x192 -> 1x1x256 | 18 |" in text
     capsys.readouterr()  # the study's own progress lines
     with pytest.raises(SystemExit) as stop:
         study_script.main(["--out", str(tmp_path / "x"), "--variants", "fast"])
