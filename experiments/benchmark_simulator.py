@@ -10,6 +10,7 @@ on the test data. Both report the mean over rounds after the first (tracing, war
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Sequence
@@ -112,6 +113,9 @@ def main(argv: Sequence[str] | None = None) -> None:
               "backend": args.backend, "seconds_per_round": float(ours[1:].mean()),
               "simulator_round_seconds": ours.tolist(), "environment": environment(),
               "allocator": preloaded_allocator()}
+    tuning = {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}
+    if tuning:  # glibc malloc settings (speed_study's glibc-keep): they change speed only
+        result["malloc_settings"] = tuning
     if run.federated.jit_compile:
         result["xla"] = True
     if args.participation != 1.0 or args.max_clients_per_step:

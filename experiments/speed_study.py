@@ -59,8 +59,13 @@ VARIANTS: dict[str, tuple[str, dict[str, str], list[str]]] = {
     "tcmalloc": ("TCMalloc preloaded (libtcmalloc-minimal4)",
                  {"LD_PRELOAD": "libtcmalloc_minimal.so.4"}, []),
     "jemalloc": ("jemalloc preloaded (libjemalloc2)", {"LD_PRELOAD": "libjemalloc.so.2"}, []),
+    # glibc's malloc kept from giving memory back: no mmap per large block, no trimming,
+    # so a freed block is reused without munmap/mmap and page faults.
+    "glibc-keep": ("glibc's malloc without mmap or trimming (MALLOC_MMAP_MAX_=0, "
+                   "MALLOC_TRIM_THRESHOLD_=64 GiB)",
+                   {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(64 << 30)}, []),
 }
-BASELINE_VARIANTS = ("default", "onednn-off", "tcmalloc", "jemalloc")
+BASELINE_VARIANTS = ("default", "onednn-off", "tcmalloc", "jemalloc", "glibc-keep")
 """Where the plain Keras loop is timed as well (it is bound by Python and Keras' per-call
 work, so it should hardly move; an allocator speeds up both loops, so each is compared
 with its own as well)."""
@@ -306,14 +311,17 @@ def machine_slug(cpu: str) -> str:
 def variant_table(variants: dict) -> list[str]:
     rows = []
     for name, v in variants.items():
+        passes = v.get("pass_seconds_per_round", [v["seconds_per_round"]])
         rows.append([name, v["about"], f"{v['seconds_per_round']:.2f}",
+                     " / ".join(f"{s:.2f}" for s in passes),
                      f"{v['gflops']:.0f}", f"{100 * v['of_matmul_peak']:.0f} %",
                      f"{v['baseline_seconds_per_round']:.0f}"
                      if "baseline_seconds_per_round" in v else "",
                      f"{v['speedup']:.1f}x" if "speedup" in v else "",
                      f"{v['baseline_seconds_per_round'] / v['seconds_per_round']:.1f}x"
                      if "baseline_seconds_per_round" in v else ""])
-    return markdown_table(["variant", "what", "s / round", "GFLOP/s", "of matmul peak",
+    return markdown_table(["variant", "what", "s / round (median pass)", "passes",
+                           "GFLOP/s", "of matmul peak",
                            "plain Keras s / round",
                            "speed-up (against the default's plain loop)",
                            "speed-up (against its own plain loop)"], rows)
@@ -389,6 +397,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--variants", type=name_list(list(VARIANTS)), default=list(VARIANTS),
                         metavar="NAME[,NAME...]",
                         help=f"which settings to time (default all: {','.join(VARIANTS)})")
+    parser.add_argument("--repeats", type=positive_int, default=1,
+                        help="passes over the variants, every other one in reverse order; "
+                             "each row is the median pass (default 1)")
     parser.add_argument("--parts", type=name_list(PARTS), default=["rounds"],
                         metavar="PART[,PART...]",
                         help="rounds: a round under each variant (default); kernels: the "
@@ -420,33 +431,55 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def time_variants(args, work: dict, peak: dict) -> dict[str, dict]:
-    """One round under each of ``args.variants``, each in a fresh process."""
+    """One benchmark per variant and pass, each in a fresh process.
+
+    With ``--repeats`` R the variants run R times, every other pass in reverse order, and
+    each row gives the median pass: on a shared 2-core VM one process can be 10 % slower
+    than the next for no reason of its own, so a single pass ranks nothing.
+    """
+    passes: dict[str, list[dict]] = {name: [] for name in args.variants}
     with tempfile.TemporaryDirectory() as tmp:
-        runs = {name: benchmark(name, args.clients, args.rounds,
-                                args.baseline_rounds if name in BASELINE_VARIANTS else 0,
-                                Path(tmp)) for name in args.variants}
-    reference = runs.get("default", next(iter(runs.values())))
-    baseline = reference.get("baseline_seconds_per_round")
+        for r in range(args.repeats):
+            for name in (args.variants if r % 2 == 0 else args.variants[::-1]):
+                passes[name].append(benchmark(
+                    name, args.clients, args.rounds,
+                    args.baseline_rounds if name in BASELINE_VARIANTS else 0,
+                    Path(tmp) / f"pass{r + 1}"))
+    reference = passes.get("default", next(iter(passes.values())))
+    baseline = _median([run.get("baseline_seconds_per_round") for run in reference])
     variants = {}
-    for name, run in runs.items():
-        seconds = run["seconds_per_round"]
+    for name, runs in passes.items():
+        seconds = _median([run["seconds_per_round"] for run in runs])
+        last = runs[-1]
         row = {"about": VARIANTS[name][0], "environment": VARIANTS[name][1],
                "seconds_per_round": seconds,
-               "simulator_round_seconds": run["simulator_round_seconds"],
+               "pass_seconds_per_round": [run["seconds_per_round"] for run in runs],
+               "simulator_round_seconds": [run["simulator_round_seconds"] for run in runs],
                "gflops": work["total"] / seconds / 1e9,
                "of_matmul_peak": work["total"] / seconds / 1e9 / peak["matmul_gflops"],
-               "onednn": run["environment"].get("onednn")}
-        if run.get("allocator"):
-            row["allocator"] = run["allocator"]  # what the child process really ran on
-        if "baseline_seconds_per_round" in run:
-            row.update(baseline_seconds_per_round=run["baseline_seconds_per_round"],
-                       baseline_round_seconds=run["baseline_round_seconds"])
+               "onednn": last["environment"].get("onednn")}
+        if last.get("allocator"):
+            row["allocator"] = last["allocator"]  # what the child process really ran on
+        if last.get("malloc_settings"):
+            row["malloc_settings"] = last["malloc_settings"]  # as the child saw them
+        own = _median([run.get("baseline_seconds_per_round") for run in runs])
+        if own:
+            row.update(baseline_seconds_per_round=own,
+                       baseline_round_seconds=[run["baseline_round_seconds"] for run in runs])
         if baseline:
             row["speedup"] = baseline / seconds
         variants[name] = row
         print(f"{name}: {seconds:.2f} s per round, {row['gflops']:.0f} GFLOP/s"
               + (f", {row['speedup']:.1f}x the plain Keras loop" if baseline else ""))
     return variants
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    """The median of the values that are there (``None`` if none is)."""
+    import statistics
+
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
 
 
 def time_kernels(config, clients: int) -> dict:

@@ -109,11 +109,18 @@ def test_the_kit_runs_tensorflow_with_onednn_kernels():
 def test_speed_study_times_each_setting_in_a_fresh_process(tmp_path, capsys):
     study_script = script("speed_study")
     study_script.main(["--out", str(tmp_path), "--clients", "2", "--rounds", "2",
-                       "--baseline-rounds", "0", "--variants", "onednn-off"])
+                       "--baseline-rounds", "0", "--variants", "onednn-off,glibc-keep",
+                       "--repeats", "2"])
     (path,) = tmp_path.glob("*.json")
     study = json.loads(path.read_text())
     off, work = study["variants"]["onednn-off"], study["round_flops"]
     assert off["onednn"] is False  # the variant's environment reached its process
+    keep = study["variants"]["glibc-keep"]
+    assert keep["malloc_settings"] == study_script.VARIANTS["glibc-keep"][1]
+    assert keep["onednn"] is True and "malloc_settings" not in off
+    # two passes (the second in reverse order); a row is their median
+    assert len(off["pass_seconds_per_round"]) == len(off["simulator_round_seconds"]) == 2
+    assert off["seconds_per_round"] == pytest.approx(sum(off["pass_seconds_per_round"]) / 2)
     assert work["total"] == work["training"] + work["selection"] + work["evaluation"]
     assert work["evaluation"] == work["forward_per_image"] * 2 * 50
     assert work["training"] == 3 * 3 * work["evaluation"]  # 3 epochs, backward = 2 forwards
