@@ -118,7 +118,11 @@ def matmul_peak(sizes: Sequence[int] = (1024, 2048), repeats: int = 5) -> float:
     return best
 
 
-def round_flops(config, clients: int, train: int = 50, test: int = 50) -> dict:
+TRAIN_IMAGES = 50
+"""Training images per client in the benchmark's round (the paper's protocol)."""
+
+
+def round_flops(config, clients: int, train: int = TRAIN_IMAGES, test: int = 50) -> dict:
     """FLOPs of one IFCA round of the benchmark: local training (forward + backward taken
     as 3 forwards, the usual estimate), selection (every pool model on every training
     image) and evaluation (each client's cluster model on its test images)."""
@@ -134,28 +138,6 @@ def round_flops(config, clients: int, train: int = 50, test: int = 50) -> dict:
     return {"forward_per_image": forward, **parts, "total": sum(parts.values())}
 
 
-TRAIN_IMAGES = 50
-"""Training images per client in the benchmark's round (the paper's protocol)."""
-
-
-def _seconds(step, args, repeats: int) -> float:
-    """Median wall time of ``step(*args)`` after one warm-up call (tracing)."""
-    import time
-
-    import tensorflow as tf
-
-    def run():
-        return [t.numpy() for t in tf.nest.flatten(step(*args))[:1]]
-
-    run()
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - started)
-    return float(sorted(times)[len(times) // 2])
-
-
 def batch_sizes(batch_size: int, images: int = TRAIN_IMAGES) -> list[int]:
     """The per-client batch sizes of one local epoch: full batches and the remainder."""
     return sorted({batch_size, images % batch_size} - {0}, reverse=True)
@@ -167,6 +149,8 @@ def kernel_breakdown(classifier, clients: int, batches: Sequence[int], repeats: 
     as in the stacked step, timed for ``clients`` clients at each batch size."""
     import keras
     import tensorflow as tf
+
+    from cpcfl_tf.contrastive.timing import median_seconds
 
     rows = []
     convolutions = [layer for layer in classifier.get_layer("encoder").layers
@@ -196,7 +180,7 @@ def kernel_breakdown(classifier, clients: int, batches: Sequence[int], repeats: 
             if layer is convolutions[0]:
                 del ops["input_gradient"]  # a step never computes it: images need none
             for kind, (fn, args) in ops.items():
-                seconds = _seconds(tf.function(fn), args, repeats)
+                seconds = median_seconds(tf.function(fn), *args, repeats=repeats)
                 row[kind] = {"ms": 1e3 * seconds, "gflops": flops / seconds / 1e9}
             rows.append(row)
     return rows
@@ -245,6 +229,7 @@ def step_layouts(classifier, clients: int, batches: Sequence[int], repeats: int 
     import numpy as np
     import tensorflow as tf
 
+    from cpcfl_tf.contrastive.timing import compare_seconds
     from cpcfl_tf.data.images import to_float
     from cpcfl_tf.federated.backends import StackedBackend, stacked_logits
 
@@ -271,14 +256,15 @@ def step_layouts(classifier, clients: int, batches: Sequence[int], repeats: int 
     params = [tf.constant(np.stack([a] * clients)) for a in classifier.get_weights()]
     rng = np.random.default_rng(0)
     out = {name: {"ms": {}, "max_relative_difference": 0.0} for name in layouts}
+    size, classes = classifier.input_shape[1:], classifier.output_shape[-1]
     for b in batches:
-        size = classifier.input_shape[1:]
         images = tf.constant(rng.integers(0, 256, (clients, b, *size), dtype=np.uint8))
-        labels = tf.constant(rng.integers(0, classifier.output_shape[-1], (clients, b)),
-                             tf.int32)
+        labels = tf.constant(rng.integers(0, classes, (clients, b)), tf.int32)
+        seconds = compare_seconds({name: step for name, (step, _) in layouts.items()},
+                                  params, images, labels, repeats=repeats)
         reference = layouts["kit"][1](params, images).numpy()
-        for name, (step, logits) in layouts.items():
-            out[name]["ms"][str(b)] = 1e3 * _seconds(step, (params, images, labels), repeats)
+        for name, (_, logits) in layouts.items():
+            out[name]["ms"][str(b)] = 1e3 * seconds[name]
             difference = np.abs(logits(params, images).numpy() - reference).max()
             out[name]["max_relative_difference"] = max(
                 out[name]["max_relative_difference"],
@@ -414,14 +400,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     path = out / f"{machine_slug(cpu_model())}.json"
     # A run replaces the parts it measures and keeps the others of this machine.
     study = json.loads(path.read_text()) if path.exists() else {}
-    work = round_flops(config, args.clients)
     peak = {"theoretical": theoretical_peak(), "matmul_gflops": matmul_peak()}
     if "rounds" in args.parts or not study:  # the machine as the rounds were timed
         study.update({"experiment": "speed_study", "clients": args.clients, "clusters": 3,
-                      "image_size": 32, "round_flops": work, "peak": peak,
-                      "environment": environment()})
+                      "image_size": 32, "round_flops": round_flops(config, args.clients),
+                      "peak": peak, "environment": environment()})
     if "rounds" in args.parts:
-        study["variants"] = time_variants(args, work, peak)
+        study["variants"] = time_variants(args, study["round_flops"], peak)
     if "kernels" in args.parts:
         study["kernels"] = {**time_kernels(config, args.clients), "peak": peak,
                             "environment": environment()}

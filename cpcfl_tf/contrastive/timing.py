@@ -1,5 +1,6 @@
-"""Timing of pre-training steps, shared by experiments/pretraining_cost.py and
-experiments/benchmark_pretraining.py: compiled steps, one warm-up, median of the rest."""
+"""Timing of compiled steps, shared by experiments/pretraining_cost.py,
+experiments/benchmark_pretraining.py and experiments/speed_study.py: one warm-up, median
+of the rest."""
 from __future__ import annotations
 
 import statistics
@@ -15,29 +16,33 @@ from cpcfl_tf.contrastive.pretrain import build_contrastive_model
 from cpcfl_tf.data.images import to_float
 
 
-def _timed(step: Callable[[tf.Tensor], object], batch: tf.Tensor) -> float:
+def _timed(step: Callable[..., object], inputs: tuple) -> float:
     started = time.perf_counter()
-    out = step(batch)
-    tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, out)  # sync
+    first = tf.nest.flatten(step(*inputs))[0]
+    # A step has finished when its call returns (eager calls are synchronous); reading one
+    # output makes sure. Reading them all would time copies of large outputs as well.
+    if hasattr(first, "numpy"):
+        first.numpy()
     return time.perf_counter() - started
 
 
-def median_seconds(step: Callable[[tf.Tensor], object], batch: tf.Tensor, *, repeats: int,
+def median_seconds(step: Callable[..., object], *inputs, repeats: int,
                    warmup: int = 1) -> float:
-    """Median wall time of ``step(batch)`` over ``repeats`` calls after ``warmup`` calls."""
-    return compare_seconds({"step": step}, batch, repeats=repeats, warmup=warmup)["step"]
+    """Median wall time of ``step(*inputs)`` over ``repeats`` calls after ``warmup`` calls."""
+    return compare_seconds({"step": step}, *inputs, repeats=repeats, warmup=warmup)["step"]
 
 
-def compare_seconds(steps: dict[str, Callable[[tf.Tensor], object]], batch: tf.Tensor, *,
-                    repeats: int, warmup: int = 1) -> dict[str, float]:
-    """Median seconds of each step, measured in alternation so drift hits all alike."""
+def compare_seconds(steps: dict[str, Callable[..., object]], *inputs, repeats: int,
+                    warmup: int = 1) -> dict[str, float]:
+    """Median seconds of each ``step(*inputs)``, measured in alternation so drift hits
+    all alike."""
     for step in steps.values():
         for _ in range(warmup):
-            _timed(step, batch)
+            _timed(step, inputs)
     times: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(repeats):
         for name, step in steps.items():
-            times[name].append(_timed(step, batch))
+            times[name].append(_timed(step, inputs))
     return {name: statistics.median(t) for name, t in times.items()}
 
 
