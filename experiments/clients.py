@@ -8,16 +8,13 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from cpcfl_tf.config import Config
 from cpcfl_tf.errors import run_cli
 from cpcfl_tf.report import markdown_table
-from cpcfl_tf.runner import COMPARISON_LABELS, comparison_specs
+from cpcfl_tf.runner import COMPARISON_LABELS, client_settings, clients_partition, comparison_specs
 from cpcfl_tf.script import Script
 
 SCRIPT = Script(__file__, __doc__, methods=tuple(COMPARISON_LABELS))
 
-PAPER_SETTINGS = ((15, 40), (30, 60), (60, 100), (90, 100))
-"""(clients, rounds T) of the paper's four settings."""
 PAPER = {"fedavg-none": ((34.27, 36.13), (36.93, 37.07), (44.13, 50.73), (46.58, 46.78)),
          "fedavg-simclr": ((47.47, 47.47), (54.00, 54.20), (59.33, 59.83), (57.71, 59.04)),
          "ifca-none": ((57.60, 58.53), (62.67, 62.67), (67.80, 67.80), (70.80, 70.93)),
@@ -27,27 +24,11 @@ PAPER = {"fedavg-none": ((34.27, 36.13), (36.93, 37.07), (44.13, 50.73), (46.58,
 LABELS = COMPARISON_LABELS
 
 
-def settings(config: Config) -> list[tuple[int, int]]:
-    """(clients, rounds) for ``config``'s preset."""
-    if config.preset == "smoke":
-        return [(n, config.federated.rounds) for n in (3, 6, 9)]
-    if config.preset == "quick":
-        return [(n, min(t, config.federated.rounds)) for n, t in PAPER_SETTINGS]
-    return list(PAPER_SETTINGS)
-
-
-def partition(config: Config, clients: int) -> dict:
-    # STL-10 has 500 training images a class: 90 clients of 50 cannot hold disjoint
-    # data (README choices), so the paper preset lets them share images at 90.
-    shared = config.preset == "paper" and clients * 50 > 3000
-    return {"num_clients": clients, **({"disjoint": False} if shared else {})}
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     run = SCRIPT.start(argv)
-    config, grid = run.config, settings(run.config)
+    config, grid = run.config, client_settings(run.config)
     specs = {(n, spec.key): spec for n, t in grid
-             for spec in comparison_specs(f"c{n}-", partition=partition(config, n),
+             for spec in comparison_specs(f"c{n}-", partition=clients_partition(config, n),
                                           federated={"rounds": t})}
     run.plan(list(specs.values()))
     records = {key: run.runner.run(spec) for key, spec in specs.items() if run.wanted(key[1])}

@@ -7,8 +7,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def script(name):
     """``experiments/<name>.py`` imported as a module (its ``main(argv)`` runs in-process)."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
+    import sys
+
+    module_name = f"experiments_{name}"  # registered: dataclasses look their module up
+    spec = importlib.util.spec_from_file_location(module_name, ROOT / "experiments" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
     spec.loader.exec_module(module)
     return module
 

@@ -14,7 +14,7 @@ LAYERS = {
     "contrastive": 4,
     "federated": 5,
     "record": 3,
-    "plots": 6, "experiment": 6, "flower": 6, "report": 6,
+    "plots": 6, "experiment": 6, "flower": 6, "report": 6, "judge": 6,
     "runner": 7,
     "script": 8,
 }

@@ -78,14 +78,14 @@ def test_a_damaged_supervised_encoder_is_pre_trained_again(cache, capsys):
     from cpcfl_tf.federated.starting import StartingEncoders
 
     config = SMOKE.with_overrides(pretrain={"epochs": 1})
-    first = StartingEncoders(seed=0, verbose=0).supervised(config)
+    first = StartingEncoders(verbose=0).supervised(config)
     (path,) = cache.rglob("encoder.npz")
     path.write_bytes(b"PK\x03\x04 truncated")
-    again = StartingEncoders(seed=0, verbose=0).supervised(config)
+    again = StartingEncoders(verbose=0).supervised(config)
     assert "encoder.npz is damaged" in capsys.readouterr().err
     for a, b in zip(first, again):
         np.testing.assert_array_equal(a, b)
-    assert len(StartingEncoders(seed=0, verbose=0).supervised(config)) == len(first)
+    assert len(StartingEncoders(verbose=0).supervised(config)) == len(first)
 
 
 def test_cached_pretrained_encoders_are_loaded_without_reading_any_image(cache):
@@ -99,11 +99,27 @@ def test_cached_pretrained_encoders_are_loaded_without_reading_any_image(cache):
         return load_pretrain_images(config.data)
 
     config = SMOKE.with_overrides(federated={"pretraining": "byol"})
-    first = StartingEncoders(seed=0, unlabeled=unlabeled, verbose=0)(config)
+    first = StartingEncoders(unlabeled=unlabeled, verbose=0)(config)
     assert loads == ["digits"]
-    again = StartingEncoders(seed=0, unlabeled=unlabeled, verbose=0)(config)  # a new script
+    again = StartingEncoders(unlabeled=unlabeled, verbose=0)(config)  # a new script
     assert loads == ["digits"]
     for a, b in zip(first, again):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_each_seed_pre_trains_its_own_encoder(cache):
+    """The server pre-trains with the run's seed: trials sample the encoder too, and the
+    runs of one seed share one cached encoder."""
+    from cpcfl_tf.federated.starting import StartingEncoders
+
+    encoders = StartingEncoders(verbose=0)
+    config = SMOKE.with_overrides(federated={"pretraining": "simclr"})
+    seed0, seed1 = encoders(config), encoders(config.with_overrides(seed=1))
+    assert len(list(cache.rglob("pretrain.json"))) == 2
+    assert any(not np.array_equal(a, b) for a, b in zip(seed0, seed1))
+    again = encoders(config.with_overrides(federated={"num_clusters": 2}))
+    assert len(list(cache.rglob("pretrain.json"))) == 2
+    for a, b in zip(seed0, again):
         np.testing.assert_array_equal(a, b)
 
 

@@ -41,11 +41,12 @@ def fedavg_config(config: Config) -> Config:
 class StartingEncoders:
     """The starting encoders of one script's runs, each built at most once.
 
+    The server pre-trains with the run's own seed (``config.seed``): runs of different
+    seeds (trials) sample the encoder as they sample the partition, initial weights and
+    batch order; runs of one seed share one cached encoder.
+
     Parameters
     ----------
-    seed
-        The server's pre-training seed (the script's ``--seed``): a run's own seed
-        (trials) redraws the clients, not the server's encoder.
     clients
         ``clients(config)``: the run's clients (a FedAvg encoder is trained on them).
     unlabeled
@@ -58,10 +59,10 @@ class StartingEncoders:
         embedding std per epoch under ``pretrain/<cache key>``.
     """
 
-    def __init__(self, *, seed: int, clients: Callable[[Config], Clients] | None = None,
+    def __init__(self, *, clients: Callable[[Config], Clients] | None = None,
                  unlabeled: Callable[[Config], np.ndarray] | None = None, verbose: int = 1,
                  distribute: str = "default", tensorboard: str | Path | None = None):
-        self.seed, self.verbose, self.distribute = seed, verbose, distribute
+        self.verbose, self.distribute = verbose, distribute
         self.tensorboard = tensorboard
         self._clients, self._unlabeled = clients, unlabeled
         self._fedavg: dict[str, Weights] = {}
@@ -89,7 +90,7 @@ class StartingEncoders:
             if key in self._fedavg or _fedavg_path(key).exists():
                 return "FedAvg encoder: cached"
             return "FedAvg encoder: kept from the FedAvg (None) run (trained first if none)"
-        folder = pretrain_folder(config.pretrain, config.data, pre, self.seed)
+        folder = pretrain_folder(config.pretrain, config.data, pre, config.seed)
         done = (folder / ("encoder.npz" if pre == "supervised" else "pretrain.json")).exists()
         state = ("cached" if done else "to resume" if (folder / "checkpoint.npz").exists()
                  else f"to pre-train ({config.pretrain.epochs} epochs)")
@@ -102,7 +103,7 @@ class StartingEncoders:
 
         assert method in PRETRAIN_METHODS, method
         images = None if self._unlabeled is None else (lambda: self._unlabeled(config))
-        return pretrained_encoder(config.pretrain, config.data, method=method, seed=self.seed,
+        return pretrained_encoder(config.pretrain, config.data, method=method, seed=config.seed,
                                   verbose=self.verbose, distribute=self.distribute,
                                   images=images, on_epoch=self._epoch_log(config, method))
 
@@ -112,7 +113,7 @@ class StartingEncoders:
 
         if not self.tensorboard:
             return None
-        folder = pretrain_folder(config.pretrain, config.data, method, self.seed)
+        folder = pretrain_folder(config.pretrain, config.data, method, config.seed)
         log = ScalarLog(Path(self.tensorboard) / "pretrain" / folder.name)
         return lambda epoch, logs: log.write(epoch, {"loss": logs["loss"],
                                                      "embedding_std": logs["embedding_std"]})
@@ -126,7 +127,7 @@ class StartingEncoders:
         from cpcfl_tf.federated.centralized import supervised_encoder
 
         data, pre = config.data, config.pretrain
-        out = pretrain_folder(pre, data, "supervised", self.seed)
+        out = pretrain_folder(pre, data, "supervised", config.seed)
         cached = read_weights(out / "encoder.npz", rebuild="pre-training it again")
         if cached is not None:
             return cached
@@ -138,10 +139,10 @@ class StartingEncoders:
                                manual_dir=data.manual_dir)
         budget = config.with_overrides(federated={"batch_size": pre.batch_size,
                                                   "learning_rate": pre.learning_rate})
-        weights = supervised_encoder(budget, labeled, epochs=pre.epochs, seed=self.seed)
+        weights = supervised_encoder(budget, labeled, epochs=pre.epochs, seed=config.seed)
         write_weights(out / "encoder.npz", weights)
         (out / "source.json").write_text(json.dumps(
-            {"config": dataclasses.asdict(pre), **image_source(data), "seed": self.seed},
+            {"config": dataclasses.asdict(pre), **image_source(data), "seed": config.seed},
             indent=2))
         return weights
 

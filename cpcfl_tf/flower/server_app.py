@@ -113,7 +113,7 @@ def main(grid: Grid, context: Context) -> None:
         raise ValueError("pre-training 'fedavg' is not available on Flower; use none, "
                          "simclr, byol, simsiam or supervised")
     # The server's own pre-training (its data, never the nodes').
-    encoder_weights = StartingEncoders(seed=config.seed, verbose=0)(config)
+    encoder_weights = StartingEncoders(verbose=0)(config)
     size = config.data.image_size
     template = build_template(fl, (size, size, 3), get_spec(config.data.client_dataset).num_classes)
     num_encoder = len(template.get_layer("encoder").weights)

@@ -1,0 +1,218 @@
+"""Judging a claim from run records, the way a referee would.
+
+Three pieces, used by ``experiments/claims.py`` (which says *which* runs each claim of the
+paper needs) and by ``experiments/compare.py`` (a reproducer's runs against the committed
+ones):
+
+* :class:`RecordIndex` finds the run records of a results tree by the config that made
+  them, wherever a script wrote them (a run is the same whatever script asks for it);
+* :func:`paired` takes a statistic of two runs of the *same seed* (the same partition,
+  initial weights, batch order and pre-trained encoder) and gives their per-seed
+  differences;
+* :func:`verdict` applies :data:`RULE` to those differences.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from cpcfl_tf.config import Config, config_record
+from cpcfl_tf.errors import UserError
+from cpcfl_tf.record import RunRecord, read_record
+
+HOLDS, OPPOSITE, NOT_SHOWN, CANNOT = "holds", "opposite", "not shown", "cannot be told here"
+VERDICTS = (HOLDS, OPPOSITE, NOT_SHOWN, CANNOT)
+MIN_SEEDS = 2
+"""An interval needs at least two paired seeds."""
+
+RULE = f"""\
+Every claim is judged link by link. A link is a difference that the paper says is
+positive (an ordering, an effect, or a statistic above a threshold), computed per seed
+from two runs of the *same seed* (same partition, initial weights, batch order and
+pre-trained encoder). Over the n seeds we give its mean, min, max and the 95 % interval
+of the mean (Student's t, n - 1 degrees of freedom). The verdict:
+
+- **{HOLDS}**: the interval lies above zero (on the paper's side);
+- **{OPPOSITE}**: the interval lies below zero;
+- **{NOT_SHOWN}**: the interval contains zero;
+- **{CANNOT}**: fewer than {MIN_SEEDS} seeds have both runs (the missing runs and the
+  command that makes them are named), or the data cannot host the claim (the reason is
+  named).
+
+A "close to" link (C11) holds when the interval lies within ± its margin, is
+{OPPOSITE} when it lies wholly outside, and is {NOT_SHOWN} otherwise.
+"""
+"""The one rule every verdict follows; written at the top of ``claims.md``."""
+
+
+# -- finding records -----------------------------------------------------------------
+def config_key(config: Config) -> str:
+    """What identifies a run: its requested config, without where data is read from."""
+    return json.dumps(config_record(config), sort_keys=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Found:
+    """A record of the index, with where it is."""
+
+    path: Path
+    record: RunRecord
+
+
+class RecordIndex:
+    """Every run record under ``root``, by :func:`config_key`.
+
+    Where several records have one config (the same run asked for by two scripts, or made
+    on two kinds of machine), :meth:`get` prefers one under ``prefer`` (a folder), then
+    one that names its CPU (newer records), then the first path in sorted order; every
+    other is in :meth:`duplicates`.
+    """
+
+    def __init__(self, root: str | Path, prefer: str | Path | None = None):
+        self.root = Path(root)
+        self.prefer = Path(prefer) if prefer else None
+        self._by_key: dict[str, list[Found]] = {}
+        for path in sorted(self.root.rglob("*.json")):
+            record = _run_record(path)
+            if record is not None:
+                self._by_key.setdefault(config_key(record.requested), []).append(
+                    Found(path, record))
+        for found in self._by_key.values():
+            found.sort(key=self._rank)
+
+    def _rank(self, found: Found) -> tuple:
+        preferred = self.prefer is not None and self.prefer in found.path.parents
+        return (not preferred, "cpu" not in found.record.environment, str(found.path))
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self._by_key.values())
+
+    def get(self, config: Config) -> Found | None:
+        found = self._by_key.get(config_key(config))
+        return found[0] if found else None
+
+    def duplicates(self, config: Config) -> list[Found]:
+        return self._by_key.get(config_key(config), [])[1:]
+
+    def linear_evals(self) -> list[tuple[Path, dict]]:
+        """Every ``linear_eval.json`` under the root (``experiments/linear_eval.py``)."""
+        out = []
+        for path in sorted(self.root.rglob("linear_eval.json")):
+            try:
+                out.append((path, json.loads(path.read_text())))
+            except (OSError, ValueError):
+                continue
+        return out
+
+
+def _run_record(path: Path) -> RunRecord | None:
+    """The run record in ``path``, or None for other JSON files (reports, partitions,
+    benchmarks). A damaged run record is a one-line error naming it."""
+    try:
+        data = json.loads(path.read_text())
+    except ValueError:
+        raise UserError(f"{path} is not valid JSON; restore it (git checkout) or delete it")
+    if not (isinstance(data, dict) and {"config", "rounds", "final", "seeds"} <= set(data)):
+        return None
+    return read_record(path)
+
+
+# -- statistics ----------------------------------------------------------------------
+Statistic = Callable[[RunRecord], float]
+
+
+def final_accuracy(record: RunRecord) -> float:
+    """Accuracy (%) at the last round."""
+    return 100 * record.final.accuracy
+
+
+def accuracy_at(round_: int) -> Statistic:
+    """Accuracy (%) after ``round_`` rounds."""
+    def stat(record: RunRecord) -> float:
+        return 100 * record.accuracy_at(round_)
+    stat.__doc__ = f"accuracy (%) at T = {round_}"
+    return stat
+
+
+@dataclasses.dataclass(frozen=True)
+class Summary:
+    """Per-seed differences and what :data:`RULE` makes of them."""
+
+    per_seed: dict[int, float]
+    verdict: str
+    margin: float | None = None
+
+    @property
+    def n(self) -> int:
+        return len(self.per_seed)
+
+    @property
+    def values(self) -> np.ndarray:
+        return np.array(list(self.per_seed.values()), dtype=float)
+
+    @property
+    def mean(self) -> float | None:
+        return float(self.values.mean()) if self.n else None
+
+    @property
+    def interval(self) -> tuple[float, float] | None:
+        return t_interval(self.values) if self.n >= MIN_SEEDS else None
+
+    def to_json(self) -> dict:
+        values = self.values
+        return {"per_seed": {str(k): v for k, v in self.per_seed.items()}, "n": self.n,
+                "mean": self.mean, "min": float(values.min()) if self.n else None,
+                "max": float(values.max()) if self.n else None,
+                "ci95": list(self.interval) if self.interval else None,
+                "margin": self.margin, "verdict": self.verdict}
+
+
+def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
+    """The ``level`` interval of the mean of ``values`` (Student's t, n - 1 d.o.f.)."""
+    from scipy import stats
+
+    values = np.asarray(values, dtype=float)
+    n = len(values)
+    if n < 2:
+        raise ValueError("an interval needs at least two values")
+    half = stats.t.ppf(0.5 + level / 2, n - 1) * values.std(ddof=1) / math.sqrt(n)
+    return float(values.mean() - half), float(values.mean() + half)
+
+
+def verdict(per_seed: dict[int, float], margin: float | None = None) -> Summary:
+    """:data:`RULE` applied to per-seed differences (positive: the paper's side), or for
+    a "close to" link (``margin``) to differences that should be near zero."""
+    if len(per_seed) < MIN_SEEDS:
+        return Summary(dict(per_seed), CANNOT, margin)
+    low, high = t_interval(list(per_seed.values()))
+    if margin is None:
+        result = HOLDS if low > 0 else OPPOSITE if high < 0 else NOT_SHOWN
+    else:
+        inside = -margin <= low and high <= margin
+        outside = low > margin or high < -margin
+        result = HOLDS if inside else OPPOSITE if outside else NOT_SHOWN
+    return Summary(dict(per_seed), result, margin)
+
+
+def paired(a: dict[int, RunRecord], b: dict[int, RunRecord] | None, stat: Statistic,
+           stat_b: Statistic | None = None, threshold: float = 0.0) -> dict[int, float]:
+    """``stat(a) - stat_b(b)`` per seed that has both runs (``b`` None: ``stat(a) -
+    threshold``)."""
+    stat_b = stat_b or stat
+    if b is None:
+        return {seed: stat(r) - threshold for seed, r in sorted(a.items())}
+    return {seed: stat(a[seed]) - stat_b(b[seed]) for seed in sorted(set(a) & set(b))}
+
+
+def combined(verdicts: Iterable[str]) -> str:
+    """A claim's verdict from its links': one word when they agree, else each counted."""
+    verdicts = list(verdicts)
+    if len(set(verdicts)) == 1:
+        return verdicts[0]
+    return ", ".join(f"{verdicts.count(v)} of {len(verdicts)} links {v}"
+                     for v in VERDICTS if v in verdicts)

@@ -1,0 +1,480 @@
+"""The paper's claims C1-C11 judged from the run records of a results tree.
+
+Each claim names the runs it needs (one per seed) and the differences the paper says are
+positive; the verdict follows one rule (``cpcfl_tf.judge.RULE``, printed at the top of
+``claims.md``). Runs are found by their config wherever a script wrote them under
+``--results`` (default ``results/<preset>``); ``--run`` first makes the missing ones
+(into ``<results>/claims/``, linear evaluations into ``<results>/claims/linear_eval/``),
+each seed pre-training its own encoders. Writes ``claims.md`` and ``claims.json`` at the
+top of the results tree.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from cpcfl_tf.config import Config, config_record
+from cpcfl_tf.errors import UserError, run_cli
+from cpcfl_tf.experiment import dataset_pairs
+from cpcfl_tf.federated.metrics import cluster_ari
+from cpcfl_tf.judge import (CANNOT, RULE, RecordIndex, Statistic, Summary, accuracy_at,
+                            combined, final_accuracy, paired, verdict)
+from cpcfl_tf.record import RunRecord
+from cpcfl_tf.report import markdown_table
+from cpcfl_tf.runner import COMPARISON, COMPARISON_LABELS, RunSpec, client_settings, clients_partition
+from cpcfl_tf.script import Script
+
+SCRIPT = Script(__file__, __doc__)
+ROOT = Path(__file__).resolve().parents[1]
+CLOSE_MARGIN = 2.0
+"""Points within which CP-CFL counts as "close to" the centralized by-group bound (C11).
+The paper's gap is 0.67 points (76.80 against 77.47), its pooled baseline 13.1 points
+lower; 2 points is about three times the paper's gap (README, choices)."""
+SETTLED_AFTER = 5
+"""C3: rounds after Tc by which the clusters must match the true groups."""
+SETTLED_ARI = 0.9
+"""C3: the ARI that counts as "every client in its true group"."""
+
+
+# -- the runs the claims need --------------------------------------------------------
+def evidence(config: Config) -> dict[str, RunSpec]:
+    """Every run the claims need, by name (one run per seed; the seed is added later)."""
+    specs = {name: RunSpec(name, method, pre) for name, (method, pre, _) in COMPARISON.items()}
+    for pre in ("byol", "simsiam"):                                  # C9
+        specs[f"cp-cfl-{pre}"] = RunSpec(f"cp-cfl-{pre}", "cp-cfl", pre)
+    for n in range(1, 6):                                            # C5 (N = 1: FedAvg (SimCLR))
+        specs[f"n{n}"] = (specs["fedavg-simclr"] if n == 1 else
+                          RunSpec(f"cp-cfl-simclr-n{n}", "cp-cfl", "simclr",
+                                  federated={"num_clusters": n}))
+    for clients, rounds in client_settings(config):                  # C7
+        specs[f"c{clients}"] = RunSpec(f"cp-cfl-simclr-c{clients}", "cp-cfl", "simclr",
+                                       partition=clients_partition(config, clients),
+                                       federated={"rounds": rounds})
+    for head in ("c", "c-1", "c-2", "c-3"):                          # C8, C10
+        for epochs in (None, 1, 0):  # None: every local epoch (E_l,f = E)
+            key = f"{head}-e{config.federated.local_epochs if epochs is None else epochs}"
+            fields = {"head": head, **({} if epochs is None else {"encoder_epochs": epochs})}
+            specs[key] = RunSpec(f"cp-cfl-simclr-{key}", "cp-cfl", "simclr", federated=fields)
+    groups = config.partition.num_groups
+    for name, models in (("centralized-all", 1), ("centralized-group", groups)):  # C11
+        specs[name] = RunSpec(name, "centralized", "simclr", federated={"num_clusters": models})
+    for pair in dataset_pairs(config):                               # C6
+        for run in ("cp-cfl-simclr", "ifca-fedavg"):
+            method, pre, _ = COMPARISON[run]
+            specs[f"{pair.key}-{run}"] = RunSpec(f"{pair.key}-{run}", method, pre,
+                                                 data=pair.data, partition=pair.partition)
+    return specs
+
+
+# -- the claims ----------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Link:
+    """One difference the paper says is positive: ``stat(a) - stat(b)`` per seed
+    (``b`` None: ``stat(a) - threshold``); with ``margin``, one it says is near zero."""
+
+    label: str
+    paper: str
+    """The paper's numbers for it, as printed."""
+    a: str
+    b: str | None = None
+    c: str | None = None
+    d: str | None = None
+    """With ``c`` and ``d``: ``(stat(a) - stat(b)) - (stat(c) - stat(d))`` per seed, an
+    effect that differs between two settings (C6)."""
+    stat: Statistic = final_accuracy
+    threshold: float = 0.0
+    margin: float | None = None
+    linear_eval: bool = False
+    """``a`` and ``b`` are pre-training methods scored by linear evaluation."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    id: str
+    text: str
+    source: str
+    """Where the paper states it."""
+    links: tuple[Link, ...]
+    cannot: str | None = None
+    """Why the data here cannot host the claim (None: it can)."""
+
+
+def _failures(record: RunRecord) -> float:
+    """Clustering failures of a run: IFCA's restarts, plus one if the final clusters are
+    not the true groups."""
+    return record.final.restarts + (record.final.ari < 1)
+
+
+def _settled(round_: int) -> Statistic:
+    """ARI of the cluster ids after ``round_`` rounds against the true groups."""
+    def stat(record: RunRecord) -> float:
+        ids = next(r.cluster_ids for r in record.rounds if r.round == round_)
+        return float(cluster_ari(np.array([c["group"] for c in record.clients]), np.array(ids)))
+    return stat
+
+
+def claims(config: Config) -> list[Claim]:
+    """C1-C11 for ``config``'s preset."""
+    rounds, tc = config.federated.rounds, config.federated.head_rounds
+    settle = min(tc + SETTLED_AFTER, rounds)
+    early = min(25, rounds)
+    local = config.federated.local_epochs
+    grid = client_settings(config)
+    pairs = {pair.related: pair for pair in dataset_pairs(config)}
+    unrelated = pairs.get(False)
+    hosted = unrelated.partition.get("num_clients", config.partition.num_clients) if unrelated else 0
+    c6_cannot = (None if unrelated and hosted == config.partition.num_clients else
+                 f"the unrelated client data ({unrelated.label.split(' -> ')[1] if unrelated else 'none'}) "
+                 f"hosts {hosted} clients of 50 images, the preset has "
+                 f"{config.partition.num_clients}; no unrelated dataset offline can host them")
+    return [
+        Claim("C1", "CP-CFL (SimCLR) > IFCA (FedAvg) > IFCA (None) > FedAvg (None)",
+              "tab:different_methods (T = 100), tab:different_client_partitions (five trials)", (
+                  Link("CP-CFL (SimCLR) − IFCA (FedAvg)", "76.80 vs 70.90; trials 76.69 ± 0.47 vs 68.61 ± 1.14",
+                       "cp-cfl-simclr", "ifca-fedavg"),
+                  Link("IFCA (FedAvg) − IFCA (None)", "70.90 vs 67.80; trials 68.61 ± 1.14 vs 65.79 ± 0.74",
+                       "ifca-fedavg", "ifca-none"),
+                  Link("IFCA (None) − FedAvg (None)", "67.80 vs 44.13; trials 65.79 ± 0.74 vs 42.73 ± 0.69",
+                       "ifca-none", "fedavg-none"))),
+        Claim("C2", "CP-CFL (SimCLR) > FedAvg (SimCLR) > FedAvg (None)",
+              "tab:different_methods (T = 100), tab:different_client_partitions (five trials)", (
+                  Link("CP-CFL (SimCLR) − FedAvg (SimCLR)", "76.80 vs 59.33; trials 76.69 ± 0.47 vs 55.98 ± 1.97",
+                       "cp-cfl-simclr", "fedavg-simclr"),
+                  Link("FedAvg (SimCLR) − FedAvg (None)", "59.33 vs 44.13; trials 55.98 ± 1.97 vs 42.73 ± 0.69",
+                       "fedavg-simclr", "fedavg-none"))),
+        Claim("C3", "every client is in its true group right after Tc",
+              "fig:cluster_identity: \"correct client clusters are identified almost "
+              "immediately when the clients start selecting models\"", (
+                  Link(f"CP-CFL (SimCLR): ARI at round Tc + {settle - tc} − {SETTLED_ARI}",
+                       "(a figure, no number)", "cp-cfl-simclr", stat=_settled(settle),
+                       threshold=SETTLED_ARI),)),
+        Claim("C4", "IFCA (None) is prone to clustering failure, CP-CFL is not",
+              "Sec. \"Encoder pre-training with contrastive learning\": \"In the event that "
+              "clustering fails for IFCA, we restart the process\"", (
+                  Link("clustering failures: IFCA (None) − CP-CFL (SimCLR) (restarts, +1 if "
+                       "the final ARI < 1)", "(text, no number)", "ifca-none", "cp-cfl-simclr",
+                       stat=_failures),)),
+        Claim("C5", "N = 3 (the true number of groups) is best of N = 1-5",
+              "tab:different_clusters (T = 100)", tuple(
+                  Link(f"N = 3 − N = {n}", f"76.80 vs {paper}", "n3", f"n{n}")
+                  for n, paper in ((1, "59.33"), (2, "65.10"), (4, "72.80"), (5, "72.97")))),
+        Claim("C6", "pre-training on unrelated data gives no gain",
+              "tab:different_datasets (T = 100)", (
+                  Link("(CP-CFL (SimCLR) − IFCA (FedAvg)) related − unrelated",
+                       "(76.80 − 70.90) − (98.40 − 98.90) = 5.90 − (−0.50)",
+                       f"{pairs[True].key}-cp-cfl-simclr", f"{pairs[True].key}-ifca-fedavg",
+                       *((f"{unrelated.key}-cp-cfl-simclr", f"{unrelated.key}-ifca-fedavg")
+                         if unrelated else ())),), cannot=c6_cannot),
+        Claim("C7", "more clients, higher accuracy (CP-CFL (SimCLR))",
+              "tab:different_number_of_clients (T = 40, 60, 100, 100)", tuple(
+                  Link(f"{n2} − {n1} clients", f"{p2} vs {p1}", f"c{n2}", f"c{n1}")
+                  for (n1, _), (n2, _), p1, p2 in zip(grid, grid[1:], ("70.67", "73.87", "76.80"),
+                                                       ("73.87", "76.80", "79.80")))),
+        Claim("C8", "bigger heads help when T is small; the gap closes later",
+              "tab:head_different_dataset (STL-10 -> STL-10)", (
+                  *(Link(f"{head} − c at T = {early}", f"{paper} vs 72.30", f"{head}-e{local}",
+                         f"c-e{local}", stat=accuracy_at(early))
+                    for head, paper in (("c-1", "74.47"), ("c-2", "75.43"), ("c-3", "76.37"))),
+                  Link(f"(c-3 − c) at T = {early} − (c-3 − c) at T = {rounds}",
+                       "(76.37 − 72.30) − (77.90 − 76.80)", f"c-3-e{local}", f"c-e{local}",
+                       stat=_drop(early)))),
+        Claim("C9", "SimCLR > BYOL > SimSiam",
+              "tab:different_methods (CP-CFL, T = 100); linear evaluation: no number given", (
+                  Link("CP-CFL: SimCLR − BYOL", "76.80 vs 74.87", "cp-cfl-simclr", "cp-cfl-byol"),
+                  Link("CP-CFL: BYOL − SimSiam", "74.87 vs 68.23", "cp-cfl-byol", "cp-cfl-simsiam"),
+                  Link("linear evaluation: SimCLR − BYOL", "(not reported)", "simclr", "byol",
+                       linear_eval=True),
+                  Link("linear evaluation: BYOL − SimSiam", "(not reported)", "byol", "simsiam",
+                       linear_eval=True))),
+        Claim("C10", "training the encoder in one local epoch is worse than freezing it, for "
+                     "bigger heads", "tab:encoder_training (T = 100)", (
+                  Link("head c-3: frozen − E_l,f = 1", "76.77 vs 73.97", "c-3-e0", "c-3-e1"),
+                  Link(f"head c: E_l,f = {local} − frozen", "76.80 vs 73.67", f"c-e{local}", "c-e0"))),
+        Claim("C11", "CP-CFL comes close to the centralized by-group bound",
+              "tab:different_datasets (STL-10 -> STL-10, T = 100)", (
+                  Link(f"CP-CFL (SimCLR) − centralized by group (within ± {CLOSE_MARGIN:g})",
+                       "76.80 vs 77.47 (all clients pooled: 64.37)", "cp-cfl-simclr",
+                       "centralized-group", margin=CLOSE_MARGIN),)),
+    ]
+
+
+def _drop(early: int) -> Statistic:
+    """Accuracy (%) at T = ``early`` minus at the last round."""
+    return lambda record: 100 * (record.accuracy_at(early) - record.final.accuracy)
+
+
+CLAIM_IDS = tuple(f"C{k}" for k in range(1, 12))
+
+
+# -- judging -------------------------------------------------------------------------
+@dataclasses.dataclass
+class Judged:
+    claim: Claim
+    links: list[tuple[Link, Summary, list[str]]]
+    """Each link with its summary and what is missing (``seed K: run``)."""
+
+    @property
+    def verdict(self) -> str:
+        if self.claim.cannot:
+            return CANNOT
+        return combined(s.verdict for _, s, _ in self.links)
+
+
+class Evidence:
+    """The runs of a results tree, per claim and seed."""
+
+    def __init__(self, config: Config, results: Path, seeds: Sequence[int], own: Path):
+        self.config, self.results, self.seeds = config, results, list(seeds)
+        self.index = RecordIndex(results, prefer=own)
+        self.specs = evidence(config)
+        self.used: dict[str, str] = {}
+        """Run (``seed K: name``) -> the record's path, for claims.json."""
+
+    def spec(self, name: str, seed: int) -> RunSpec:
+        spec = self.specs[name]
+        return dataclasses.replace(spec, name=f"seed{seed}-{spec.name}", seed=seed)
+
+    def config_of(self, name: str, seed: int) -> Config:
+        return self.spec(name, seed).config(self.config)
+
+    def runs(self, name: str) -> dict[int, RunRecord]:
+        out = {}
+        for seed in self.seeds:
+            found = self.index.get(self.config_of(name, seed))
+            if found is not None:
+                out[seed] = found.record
+                self.used[f"seed {seed}: {name}"] = str(found.path)
+        return out
+
+    def linear_eval(self, method: str) -> dict[int, float]:
+        """Linear-evaluation accuracy (%) of ``method``'s encoder per seed."""
+        wanted = {seed: _eval_settings(self.config.with_overrides(seed=seed)) for seed in self.seeds}
+        out = {}
+        for path, stored in self.index.linear_evals():
+            try:
+                settings = _eval_settings(Config.from_dict(_without_method(stored["config"])))
+            except (KeyError, TypeError, UserError):
+                continue
+            for seed, want in wanted.items():
+                row = next((r for r in stored.get("rows", []) if r.get("pretraining") == method), None)
+                if settings == want and row is not None and seed not in out:
+                    out[seed] = 100 * row["accuracy"]
+                    self.used[f"seed {seed}: linear evaluation {method}"] = str(path)
+        return out
+
+    def judge(self, claim: Claim) -> Judged:
+        judged = []
+        for link in claim.links:
+            if link.linear_eval:
+                a, b = self.linear_eval(link.a), self.linear_eval(link.b)
+                diffs = {s: a[s] - b[s] for s in sorted(set(a) & set(b))}
+            else:
+                a = self.runs(link.a)
+                b = None if link.b is None else self.runs(link.b)
+                diffs = paired(a, b, link.stat, threshold=link.threshold)
+                if link.c is not None:
+                    c, d = self.runs(link.c), self.runs(link.d)
+                    other = paired(c, d, link.stat)
+                    diffs = {s: diffs[s] - other[s] for s in diffs if s in other}
+            names = [link.a, link.b, link.c, link.d]
+            missing = [f"seed {s}: {name}" for s in self.seeds for name in names
+                       if name is not None and s not in (self.linear_eval(name) if link.linear_eval
+                                                         else self.runs(name))]
+            judged.append((link, verdict(diffs, link.margin), missing))
+        return Judged(claim, judged)
+
+
+def _without_method(config: dict) -> dict:
+    # linear_eval.json files written before pre-training settings lost their method.
+    return {**config, "pretrain": {k: v for k, v in config["pretrain"].items() if k != "method"}}
+
+
+def _eval_settings(config: Config) -> dict:
+    record = config_record(config)
+    return {k: record[k] for k in ("data", "pretrain", "seed")}
+
+
+# -- making the missing runs ---------------------------------------------------------
+def needed(claim: Claim) -> list[tuple[str, bool]]:
+    """(evidence name, is a linear evaluation) of a claim, in order, each once."""
+    out: list[tuple[str, bool]] = []
+    for link in claim.links:
+        for name in (link.a, link.b, link.c, link.d):
+            if name is not None and (name, link.linear_eval) not in out:
+                out.append((name, link.linear_eval))
+    return out
+
+
+def make_missing(run, evidence_: Evidence, chosen: list[Claim]) -> None:
+    """Run every missing run of ``chosen`` (claim by claim, seed by seed) into the
+    script's folder; a record elsewhere in the tree counts only if it was made on this
+    kind of CPU (so one seed's evidence comes from one kind of machine)."""
+    from cpcfl_tf.experiment import cpu_model
+
+    cpu = cpu_model()
+    done: set[str] = set()
+    for claim in chosen:
+        if claim.cannot:
+            continue
+        for seed in evidence_.seeds:
+            for name, is_eval in needed(claim):
+                if is_eval:
+                    _linear_eval(run, seed)
+                    continue
+                config = evidence_.config_of(name, seed)
+                key = json.dumps(config_record(config), sort_keys=True)
+                found = evidence_.index.get(config)
+                if key in done or (found is not None and (
+                        run.out in found.path.parents or found.record.environment.get("cpu") == cpu)):
+                    continue
+                done.add(key)
+                run.runner.run(evidence_.spec(name, seed))
+
+
+def _linear_eval(run, seed: int) -> None:
+    out = run.out / "linear_eval" / f"seed{seed}"
+    if (out / "linear_eval.json").exists():
+        return
+    command = [sys.executable, str(ROOT / "experiments" / "linear_eval.py"), "--preset",
+               run.config.preset, "--seed", str(seed), "--out", str(out)]
+    command += [a for item in run.args.set for a in ("--set", item)]
+    print("$ " + " ".join(command[1:]), flush=True)
+    if subprocess.run(command).returncode != 0:
+        raise UserError(f"linear evaluation of seed {seed} failed (see above)")
+
+
+# -- the report ----------------------------------------------------------------------
+def _number(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:+.{digits}f}"
+
+
+def report(config: Config, results: Path, seeds: list[int], judged: list[Judged],
+           headroom: list[list[str]], command: str) -> str:
+    lines = [f"# The paper's claims (preset `{config.preset}`)", "",
+             f"Judged by `python experiments/claims.py --preset {config.preset}` from the run "
+             f"records under `{results}`, seeds {', '.join(map(str, seeds))}. The paper's "
+             "numbers are STL-10 on a GPU, copied from its tables; ours are points of "
+             "accuracy (%) unless the link says otherwise.", "", RULE]
+    rows = []
+    for j in judged:
+        for k, (link, summary, missing) in enumerate(j.links):
+            interval = summary.interval
+            ours = ("-" if not summary.n else
+                    f"{_number(summary.mean)} [{_number(interval[0]) if interval else '-'}, "
+                    f"{_number(interval[1]) if interval else '-'}]; min {_number(min(summary.values))}, "
+                    f"max {_number(max(summary.values))} (n = {summary.n})")
+            why = summary.verdict
+            if j.claim.cannot:
+                why = f"{CANNOT}: {j.claim.cannot}"
+            elif summary.verdict == CANNOT:
+                why = f"{CANNOT}: {len(missing)} run(s) missing (`{command} --claims {j.claim.id} --run --resume`)"
+            rows.append([f"{j.claim.id} {j.claim.text}" if k == 0 else "", link.label,
+                         link.paper, " / ".join(_number(v) for v in summary.per_seed.values()) or "-",
+                         ours, why])
+    lines += markdown_table(["claim", "link (ours: per seed, mean [95 % interval])", "paper",
+                             "ours per seed", "ours", "verdict"], rows)
+    lines += ["", "## Verdict per claim", ""]
+    lines += markdown_table(["claim", "source in the paper", "verdict"],
+                            [[f"{j.claim.id} {j.claim.text}", j.claim.source, j.verdict]
+                             for j in judged])
+    if headroom:
+        lines += ["", "## Headroom: gap to the centralized by-group bound of the same seed", "",
+                  "Each method's accuracy minus the centralized by-group model's (points): how "
+                  "much the data left above each method.", ""]
+        lines += markdown_table(["method", "per seed", "mean (n)"], headroom)
+    return "\n".join(lines) + "\n"
+
+
+def _headroom(ev: Evidence) -> list[list[str]]:
+    bound = ev.runs("centralized-group")
+    rows = []
+    labels = {**COMPARISON_LABELS, "cp-cfl-byol": "CP-CFL (BYOL)", "cp-cfl-simsiam": "CP-CFL (SimSiam)"}
+    for name, label in labels.items():
+        gaps = paired(ev.runs(name), bound, final_accuracy)
+        if gaps:
+            values = list(gaps.values())
+            rows.append([label, " / ".join(f"{v:+.2f}" for v in values),
+                         f"{sum(values) / len(values):+.2f} ({len(values)})"])
+    return rows
+
+
+def _seeds(text: str) -> list[int]:
+    import argparse
+
+    try:
+        if "-" in text:
+            first, last = (int(v) for v in text.split("-"))
+            seeds = list(range(first, last + 1))
+        else:
+            seeds = [int(v) for v in text.split(",") if v]
+    except ValueError:
+        seeds = []
+    if not seeds or min(seeds) < 0:
+        raise argparse.ArgumentTypeError(f"takes FIRST-LAST or a comma-separated list of "
+                                         f"seeds >= 0, got {text!r}")
+    return seeds
+
+
+def _options(parser) -> None:
+    parser.add_argument("--results", help="the results tree to judge (default: results/<preset>)")
+    parser.add_argument("--seeds", type=_seeds, default=list(range(5)),
+                        help="the seeds whose runs are paired (default 0-4)")
+    parser.add_argument("--claims", default=",".join(CLAIM_IDS),
+                        help="which claims, in this order (default: all, C1-C11)")
+    parser.add_argument("--run", action="store_true",
+                        help="first make the runs the claims need that the tree lacks "
+                             "(into --out, default results/<preset>/claims)")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    run = SCRIPT.start(argv, _options)
+    config, args = run.config, run.args
+    wanted = [c.strip() for c in args.claims.split(",") if c.strip()]
+    unknown = [c for c in wanted if c not in CLAIM_IDS]
+    if unknown or not wanted:
+        raise UserError(f"unknown claim(s) {', '.join(unknown) or '(none)'}; choose from "
+                        f"{','.join(CLAIM_IDS)}")
+    results = Path(args.results or Path("results") / config.preset)
+    if not results.is_dir():
+        raise UserError(f"no results tree at {results}; pass --results DIR (a folder the "
+                        "scripts wrote), or --run to make the runs")
+    by_id = {c.id: c for c in claims(config)}
+    chosen = [by_id[c] for c in wanted]
+    ev = Evidence(config, results, args.seeds, run.out)
+    if args.run:
+        make_missing(run, ev, chosen)
+        ev = Evidence(config, results, args.seeds, run.out)
+    judged = [ev.judge(c) for c in chosen]
+    command = f"python experiments/claims.py --preset {config.preset} --seeds {args.seeds[0]}-{args.seeds[-1]}" \
+        if args.seeds == list(range(args.seeds[0], args.seeds[-1] + 1)) else \
+        f"python experiments/claims.py --preset {config.preset} --seeds {','.join(map(str, args.seeds))}"
+    text = report(config, results, args.seeds, judged, _headroom(ev), command)
+    from cpcfl_tf.report import provenance
+    from cpcfl_tf.results import write_json, write_text
+
+    note = provenance([r for j in judged for link, _, _ in j.links if not link.linear_eval
+                       for name in (link.a, link.b) if name for r in ev.runs(name).values()])
+    if note:
+        text = text.rstrip("\n") + "\n\n" + "\n".join(note) + "\n"
+    write_json(results / "claims.json", {
+        "preset": config.preset, "results": str(results), "seeds": args.seeds,
+        "rule": RULE, "claims": [
+            {"id": j.claim.id, "claim": j.claim.text, "source": j.claim.source,
+             "verdict": j.verdict, "cannot": j.claim.cannot,
+             "links": [{"link": link.label, "paper": link.paper, **summary.to_json(),
+                        "missing": missing} for link, summary, missing in j.links]}
+            for j in judged],
+        "records": ev.used})
+    write_text(results / "claims.md", text)
+    print(text)
+    print(f"wrote {results / 'claims.md'}")
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,155 @@
+"""experiments/claims.py and cpcfl_tf.judge: each verdict kind on a synthetic tree of
+records whose answer is known, the rule's interval, the paper's numbers against the table
+scripts', and the run mode on smoke."""
+import dataclasses
+import json
+import re
+
+import numpy as np
+import pytest
+
+from cpcfl_tf.config import get_preset
+from cpcfl_tf.judge import CANNOT, HOLDS, NOT_SHOWN, OPPOSITE, t_interval, verdict
+from cpcfl_tf.record import Final, Round, RunRecord, write_record
+from helpers import script
+
+SMOKE = get_preset("smoke")
+SEEDS = range(5)
+
+
+def fake(spec, seed, accuracy, *, ari=1.0, restarts=0):
+    """A run record of ``spec`` for ``seed`` with a flat accuracy curve."""
+    spec = dataclasses.replace(spec, seed=seed)
+    requested = spec.config(SMOKE)
+    fl = requested.federated
+    config = requested if fl.method == "centralized" else dataclasses.replace(
+        requested, federated=fl.resolved())
+    clients = requested.partition.num_clients
+    groups = [k * requested.partition.num_groups // clients for k in range(clients)]
+    rounds = [Round(t, groups, accuracy) for t in range(1, fl.rounds + 1)]
+    return RunRecord(config, requested, {"data": seed, "train": seed},
+                     [{"id": k, "group": g} for k, g in enumerate(groups)], rounds,
+                     Final(accuracy, ari=ari, restarts=restarts), {"seconds": 1.0},
+                     "synthetic", {"cpu": "test"})
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """C1's three links as holds / not shown / opposite, C11 within its margin, C4 with
+    one IFCA failure, C5 with no runs at all."""
+    claims = script("claims")
+    specs = claims.evidence(SMOKE)
+    wiggle = (0.01, -0.01, 0.02, -0.02, 0.0)
+    (tmp_path / "somewhere").mkdir()
+    for seed in SEEDS:
+        for name, accuracy, extra in (
+                ("cp-cfl-simclr", 0.90 + 0.001 * seed, {}),
+                ("ifca-fedavg", 0.85, {}),
+                ("ifca-none", 0.85 + wiggle[seed], {"restarts": int(seed == 2)}),
+                ("fedavg-none", 0.95, {}),
+                ("centralized-group", 0.905, {})):
+            write_record(tmp_path / "somewhere" / f"s{seed}-{name}.json",
+                         fake(specs[name], seed, accuracy, **extra))
+    return tmp_path
+
+
+def judged(tree, *claims_):
+    script("claims").main(["--preset", "smoke", "--results", str(tree), "--out",
+                           str(tree / "claims"), "--claims", ",".join(claims_)])
+    return {c["id"]: c for c in json.loads((tree / "claims.json").read_text())["claims"]}
+
+
+def test_each_verdict_kind_is_the_known_answer(tree):
+    out = judged(tree, "C1", "C11", "C5", "C4")
+    c1 = [link["verdict"] for link in out["C1"]["links"]]
+    assert c1 == [HOLDS, NOT_SHOWN, OPPOSITE]
+    first = out["C1"]["links"][0]
+    assert first["n"] == 5 and first["per_seed"]["4"] == pytest.approx(100 * 0.054)
+    assert first["min"] == pytest.approx(5.0) and first["max"] == pytest.approx(5.4)
+    assert out["C1"]["verdict"].startswith("1 of 3 links holds")
+    assert out["C11"]["verdict"] == HOLDS  # -0.5 points, within ± 2
+    assert out["C11"]["links"][0]["margin"] == 2.0
+    # One failure of IFCA (None) in five seeds against none for CP-CFL: not shown.
+    assert out["C4"]["links"][0]["per_seed"] == {"0": 0, "1": 0, "2": 1, "3": 0, "4": 0}
+    assert out["C4"]["verdict"] == NOT_SHOWN
+    assert out["C5"]["verdict"] == CANNOT
+    assert "seed 0: n2" in out["C5"]["links"][1]["missing"]
+    text = (tree / "claims.md").read_text()
+    assert "--claims C5 --run --resume" in text  # the command that makes the missing runs
+    assert "interval lies above zero" in text  # the rule is written at the top
+
+
+def test_a_claim_the_data_cannot_host_says_why():
+    claims = script("claims")
+    standard = {c.id: c for c in claims.claims(get_preset("standard"))}
+    assert "hosts 15 clients" in standard["C6"].cannot
+    assert {c.id: c for c in claims.claims(get_preset("quick"))}["C6"].cannot is None
+
+
+def test_the_interval_is_students_t():
+    low, high = t_interval([1.0, 2.0, 3.0])
+    half = 4.302652729911275 / np.sqrt(3)  # t(0.975, 2) * sd / sqrt(n), sd = 1
+    assert (low, high) == pytest.approx((2 - half, 2 + half))
+    assert verdict({0: 1.0, 1: 2.0, 2: 3.0}).verdict == NOT_SHOWN
+    assert verdict({0: 1.0, 1: 1.1, 2: 0.9}).verdict == HOLDS
+    assert verdict({0: -1.0, 1: -1.1, 2: -0.9}).verdict == OPPOSITE
+    assert verdict({0: 1.0}).verdict == CANNOT
+    assert verdict({0: 0.3, 1: -0.2, 2: 0.1}, margin=2.0).verdict == HOLDS
+    assert verdict({0: -5.0, 1: -5.2, 2: -4.9}, margin=2.0).verdict == OPPOSITE
+
+
+def test_the_paper_numbers_are_the_paper_tables():
+    """Every number in a claim's paper column is a cell of the table scripts' copies of
+    the paper's tables (or a difference the paper prints in its text)."""
+    cells = set()
+
+    def collect(value):
+        if isinstance(value, dict):
+            for v in value.values():
+                collect(v)
+        elif isinstance(value, (tuple, list)):
+            for v in value:
+                collect(v)
+        elif isinstance(value, float):
+            cells.add(f"{value:.2f}")
+
+    for name, attrs in {"table2": ("PAPER_ACCURACY",), "trials": ("PAPER_MEAN_SD",),
+                        "clusters": ("PAPER",), "clients": ("PAPER",), "heads": ("PAPER",),
+                        "encoder_training": ("PAPER",), "datasets": ("PAPER",)}.items():
+        for attr in attrs:
+            collect(getattr(script(name), attr))
+    text_numbers = {"5.90", "0.50"}  # Sec. "Influence of pre-training ... similarity"
+    for claim in script("claims").claims(get_preset("standard")):
+        for link in claim.links:
+            for number in re.findall(r"\d+\.\d+", link.paper):
+                assert number in cells | text_numbers, (claim.id, link.label, number)
+
+
+def test_trials_carry_the_paper_mean_sd_as_printed():
+    trials = script("trials")
+    for metric, runs in trials.PAPER.items():
+        digits = 0.01 if metric == "accuracy" else 0.0001
+        for name, values in runs.items():
+            mean, sd = trials.PAPER_MEAN_SD[metric][name]
+            assert abs(np.mean(values) - mean) <= digits, (metric, name)
+            assert abs(np.std(values) - sd) <= digits, (metric, name)
+    assert trials.PAPER_MEAN_SD["accuracy"]["fedavg-none"] == (42.73, 0.69)
+
+
+def test_run_mode_makes_only_the_missing_runs(tmp_path, capsys):
+    results = tmp_path / "results"
+    results.mkdir()
+    argv = ["--preset", "smoke", "--results", str(results), "--out", str(results / "claims"),
+            "--seeds", "0-1", "--claims", "C11", "--set", "federated.rounds=2",
+            "federated.head_rounds=1", "federated.centralized_epochs=2"]
+    script("claims").main(argv + ["--run"])
+    made = sorted(p.name for p in (results / "claims").glob("*.json"))
+    assert made == ["seed0-centralized-group.json", "seed0-cp-cfl-simclr.json",
+                    "seed1-centralized-group.json", "seed1-cp-cfl-simclr.json"]
+    stored = json.loads((results / "claims.json").read_text())
+    assert stored["claims"][0]["links"][0]["n"] == 2
+    assert stored["claims"][0]["verdict"] != CANNOT
+    capsys.readouterr()
+    script("claims").main(argv + ["--run"])  # everything is there: nothing runs
+    assert "final accuracy" not in capsys.readouterr().out.replace("done before", "")
+    assert sorted(p.name for p in (results / "claims").glob("*.json")) == made
