@@ -216,3 +216,103 @@ def combined(verdicts: Iterable[str]) -> str:
         return verdicts[0]
     return ", ".join(f"{verdicts.count(v)} of {len(verdicts)} links {v}"
                      for v in VERDICTS if v in verdicts)
+
+
+# -- a reproducer's runs against the committed ones ----------------------------------
+SAME, WITHIN, OUTSIDE, DIFFERS, NO_REFERENCE = (
+    "bit for bit", "within the seed-to-seed spread", "outside the seed-to-seed spread",
+    "differs (one committed seed: no spread to compare)", "no reference")
+
+
+def _without_seed(config: Config) -> str:
+    record = config_record(config)
+    record.pop("seed")
+    return json.dumps(record, sort_keys=True)
+
+
+def _outcome(record: RunRecord) -> dict:
+    """What a run found: every round and the final result (not where or how fast)."""
+    return {"rounds": [r.to_json() for r in record.rounds], "final": record.final.to_json(),
+            "clients": record.clients}
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """One run of a reproducer against the reference."""
+
+    path: Path
+    verdict: str
+    accuracy: float
+    reference: float | None = None
+    spread: tuple[float, float] | None = None
+    """Final accuracy (%) of the reference's seeds of the same settings: (min, max)."""
+    reference_path: Path | None = None
+    note: str = ""
+
+
+def compare_runs(ours: str | Path, reference: str | Path) -> list[Comparison]:
+    """Each run record under ``ours`` against ``reference``'s record of the same config:
+    the same outcome bit for bit (every round's accuracy and cluster ids, the final
+    metrics); otherwise whether its final accuracy lies within the range of the
+    reference's seeds of the same settings (the seed-to-seed spread), or outside it."""
+    ours, reference = Path(ours), Path(reference)
+    theirs = RecordIndex(reference)
+    by_settings: dict[str, list[float]] = {}
+    for found in theirs._by_key.values():
+        record = found[0].record
+        by_settings.setdefault(_without_seed(record.requested), []).append(
+            100 * record.final.accuracy)
+    out = []
+    for path in sorted(ours.rglob("*.json")):
+        if reference.resolve() in path.resolve().parents or path.resolve() == reference.resolve():
+            continue
+        record = _run_record(path)
+        if record is None:
+            continue
+        accuracy = 100 * record.final.accuracy
+        match = _same_place(reference, path, record) or theirs.get(record.requested)
+        seeds = by_settings.get(_without_seed(record.requested), [])
+        spread = (min(seeds), max(seeds)) if len(seeds) >= 2 else None
+        if match is None:
+            out.append(Comparison(path, NO_REFERENCE, accuracy, spread=spread,
+                                  note="no committed run of this config"))
+            continue
+        ref = 100 * match.record.final.accuracy
+        if _outcome(record) == _outcome(match.record):
+            verdict_ = SAME
+        elif spread is None:
+            verdict_ = DIFFERS
+        else:
+            verdict_ = WITHIN if spread[0] <= accuracy <= spread[1] else OUTSIDE
+        note = ""
+        if record.environment.get("starting_encoder") != match.record.environment.get(
+                "starting_encoder"):
+            note = "another starting encoder (pre-trained on another kind of machine?)"
+        elif record.environment.get("cpu") != match.record.environment.get("cpu"):
+            note = (f"another CPU ({record.environment.get('cpu')} against "
+                    f"{match.record.environment.get('cpu')})")
+        out.append(Comparison(path, verdict_, accuracy, ref, spread, match.path, note))
+    return out
+
+
+def _same_place(reference: Path, path: Path, record: RunRecord) -> Found | None:
+    """The reference's record written by the same script under the same name, if it has
+    the same config (where the tree holds several runs of one config, this is the one
+    the reproducer re-made)."""
+    candidate = reference / record.experiment / path.name
+    if record.experiment and candidate.exists():
+        found = _run_record(candidate)
+        if found is not None and config_key(found.requested) == config_key(record.requested):
+            return Found(candidate, found)
+    return None
+
+
+def comparison_lines(comparisons: list[Comparison]) -> list[str]:
+    """A reproducer's summary: one line per run."""
+    lines = []
+    for c in comparisons:
+        ref = "" if c.reference is None else f" against {c.reference:.2f}"
+        spread = "" if c.spread is None else f" (seeds {c.spread[0]:.2f}-{c.spread[1]:.2f})"
+        note = f"; {c.note}" if c.note else ""
+        lines.append(f"{c.path.name}: {c.accuracy:.2f} %{ref}{spread}: {c.verdict}{note}")
+    return lines

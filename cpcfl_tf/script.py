@@ -130,3 +130,20 @@ class Session:
         write_text(self.out / f"{self.name}.md", report)
         print(report)
         print(f"wrote {self.out}")
+        self.compare_with_reference()
+
+    def compare_with_reference(self) -> None:
+        """Where the runs went elsewhere than the committed ``results/<preset>``: how
+        each compares with the committed record of the same config
+        (:func:`~cpcfl_tf.judge.compare_runs`)."""
+        from cpcfl_tf.judge import compare_runs, comparison_lines
+
+        reference = Path("results") / self.config.preset
+        if not reference.is_dir() or reference.resolve() in [self.out.resolve(),
+                                                            *self.out.resolve().parents]:
+            return
+        lines = comparison_lines(compare_runs(self.out, reference))
+        if lines:
+            print(f"\nAgainst the committed runs ({reference}; python experiments/compare.py "
+                  f"--results {self.out} --preset {self.config.preset}):")
+            print("\n".join(lines))

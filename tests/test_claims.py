@@ -153,3 +153,29 @@ def test_run_mode_makes_only_the_missing_runs(tmp_path, capsys):
     script("claims").main(argv + ["--run"])  # everything is there: nothing runs
     assert "final accuracy" not in capsys.readouterr().out.replace("done before", "")
     assert sorted(p.name for p in (results / "claims").glob("*.json")) == made
+
+
+def test_compare_tells_same_within_and_outside(tmp_path, capsys):
+    from cpcfl_tf.judge import DIFFERS, NO_REFERENCE, OUTSIDE, SAME, WITHIN
+
+    claims = script("claims")
+    specs = claims.evidence(SMOKE)
+    reference, ours = tmp_path / "reference", tmp_path / "ours"
+    (reference / "trials").mkdir(parents=True)
+    ours.mkdir()
+    for seed, accuracy in enumerate((0.80, 0.84, 0.88)):
+        write_record(reference / "trials" / f"s{seed}-cp.json",
+                     fake(specs["cp-cfl-simclr"], seed, accuracy))
+    write_record(reference / "trials" / "s0-fedavg.json", fake(specs["fedavg-none"], 0, 0.5))
+    write_record(ours / "same.json", fake(specs["cp-cfl-simclr"], 0, 0.80))
+    write_record(ours / "within.json", fake(specs["cp-cfl-simclr"], 1, 0.81))
+    write_record(ours / "outside.json", fake(specs["cp-cfl-simclr"], 2, 0.95))
+    write_record(ours / "one-seed.json", fake(specs["fedavg-none"], 0, 0.52))
+    write_record(ours / "new.json", fake(specs["ifca-none"], 0, 0.7))
+    script("compare").main(["--results", str(ours), "--reference", str(reference)])
+    printed = dict(line.split(": ", 1) for line in capsys.readouterr().out.splitlines())
+    assert printed["same.json"].endswith(SAME)
+    assert printed["within.json"].endswith(WITHIN) and "(seeds 80.00-88.00)" in printed["within.json"]
+    assert printed["outside.json"].endswith(OUTSIDE)
+    assert printed["one-seed.json"].endswith(DIFFERS)
+    assert printed["new.json"].endswith(NO_REFERENCE + "; no committed run of this config")
