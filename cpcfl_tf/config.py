@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import typing
 from typing import Any, Sequence
 
@@ -56,8 +57,9 @@ def _check(ok: bool, message: str) -> None:
 
 def _positive(section: str, **values: float) -> None:
     for name, value in values.items():
-        _check(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0,
-               f"{section}.{name} must be a positive number, got {value!r}")
+        _check(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+               and math.isfinite(value),
+               f"{section}.{name} must be a positive finite number, got {value!r}")
 
 
 def _choice(section: str, name: str, value: str, choices: tuple[str, ...]) -> None:

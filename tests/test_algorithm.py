@@ -66,6 +66,23 @@ def test_clustering_failure(ids, failed):
     assert algorithm.clustering_failed(np.array(ids), 3, 0.5) is failed
 
 
+def test_clustering_failure_is_judged_on_the_clients_that_took_part():
+    """With partial participation, clients not drawn yet hold -1 (this crashed
+    np.bincount before)."""
+    assert algorithm.clustering_failed(np.array([-1, 0, 1, 2, -1, 0, 1, 2]), 3, 0.5) is False
+    assert algorithm.clustering_failed(np.array([-1, 0, 0, -1, 0]), 3, 0.5) is True
+    assert algorithm.clustering_failed(np.array([-1, -1]), 3, 0.5) is False
+
+
+def test_ari_leaves_out_clients_that_never_took_part():
+    from cpcfl_tf.federated.metrics import cluster_ari
+
+    groups = np.array([0, 0, 1, 1, 2, 2])
+    assert cluster_ari(groups, np.array([2, 2, 0, -1, 1, -1])) == 1.0
+    assert cluster_ari(groups, np.array([2, 2, 0, 0, 1, 1])) == 1.0
+    assert cluster_ari(groups, np.array([0, -1, 0, -1, 0, -1])) == 0.0
+
+
 def test_communication_cost_is_n_plus_one_s_per_client_and_round():
     state = random_state()
     size = algorithm.model_bytes(state.models[0])

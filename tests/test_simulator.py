@@ -235,6 +235,18 @@ def test_partial_participation_and_global_encoder(clients, encoder):
         assert not np.array_equal(model[10], models[0][10])  # heads stay per cluster
 
 
+def test_ifca_restarts_under_partial_participation(clients):
+    """IFCA's restart check with clients not drawn yet (it crashed on their -1 ids); the
+    final ARI is over the clients that took part."""
+    record, _ = run_federated(config(method="ifca", pretraining="none", rounds=6,
+                                     restart_round=2, participation=0.2), clients, verbose=0)
+    assert len(record.rounds) == 6
+    ids = np.array(record.rounds[-1].cluster_ids)
+    assert (ids == -1).any()  # someone was never drawn in the kept attempt
+    from cpcfl_tf.federated.metrics import cluster_ari
+    assert record.final.ari == cluster_ari(clients.groups, ids)
+
+
 def test_divergence_is_a_clear_error(clients):
     with pytest.raises(UserError, match=r"diverged .*federated\.learning_rate"):
         run_federated(config(method="fedavg", pretraining="none", rounds=2, learning_rate=1e30),

@@ -211,11 +211,15 @@ def should_restart(fl, finished_round: int, attempt: int, cluster_ids: np.ndarra
 def clustering_failed(cluster_ids: np.ndarray, num_models: int, min_share: float) -> bool:
     """IFCA's failure: one model taken by every client, or a cluster whose share of
     clients is below ``min_share`` of the fair share ``1/N`` (README, choices)."""
-    if num_models == 1:
+    # Judged on the clients that have taken part (id >= 0): with partial participation
+    # some may not have been drawn yet.
+    assigned = np.asarray(cluster_ids)
+    assigned = assigned[assigned >= 0]
+    if num_models == 1 or assigned.size == 0:
         return False
-    counts = np.bincount(cluster_ids, minlength=num_models)
-    return bool(counts.max() == len(cluster_ids)
-                or counts.min() < min_share * len(cluster_ids) / num_models)
+    counts = np.bincount(assigned, minlength=num_models)
+    return bool(counts.max() == assigned.size
+                or counts.min() < min_share * assigned.size / num_models)
 
 
 @dataclasses.dataclass

@@ -38,8 +38,14 @@ def pooled_scores(labels: np.ndarray, probs: np.ndarray) -> dict[str, float]:
 
 
 def cluster_ari(groups: np.ndarray, cluster_ids: np.ndarray) -> float:
-    """Adjusted Rand index of the cluster identities against the true groups."""
-    return float(adjusted_rand_score(groups, cluster_ids))
+    """Adjusted Rand index of the cluster identities against the true groups, over the
+    clients that have a cluster (id >= 0; with partial participation some may never have
+    taken part). NaN when none has."""
+    groups, cluster_ids = np.asarray(groups), np.asarray(cluster_ids)
+    assigned = cluster_ids >= 0
+    if not assigned.any():
+        return float("nan")
+    return float(adjusted_rand_score(groups[assigned], cluster_ids[assigned]))
 
 
 def class_accuracy(labels: np.ndarray, probs: np.ndarray, num_classes: int) -> np.ndarray:
