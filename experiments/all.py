@@ -3,8 +3,8 @@
 Runs table2, clusters, encoder_training, datasets, heads, supervised, clients, trials,
 resnet, linear_eval, pretraining_cost and heterogeneity (finished runs are skipped,
 interrupted ones resumed) and writes ``results/<preset>/report.md``: every table with the paper's numbers
-beside ours (each script's own report), every figure, the claims table of
-``results/README.md``, and the compute time each script's runs recorded (the time each
+beside ours (each script's own report), every figure, the generated claims table
+(``results/<preset>/claims.md``, ``experiments/claims.py``), and the compute time each script's runs recorded (the time each
 script takes now is printed).
 """
 from __future__ import annotations
@@ -57,17 +57,14 @@ def recorded_seconds(folder: Path) -> float:
     return total
 
 
-def claims(readme: Path) -> list[str]:
-    """The claims table of ``results/README.md`` ("The paper's claims"), if there is one."""
-    if not readme.exists():
+def claims(root: Path) -> list[str]:
+    """The generated claims table of the preset (``<root>/claims.md``, written by
+    ``experiments/claims.py``), one heading level down, if there is one."""
+    path = root / "claims.md"
+    if not path.exists():
         return []
-    lines = readme.read_text().splitlines()
-    start = next((k for k, line in enumerate(lines) if line == "## The paper's claims"), None)
-    if start is None:
-        return []
-    end = next((k for k in range(start + 1, len(lines)) if lines[k].startswith("## ")),
-               len(lines))
-    return lines[start + 1:end]
+    return ["#" + line if line.startswith("#") else line
+            for line in path.read_text().rstrip().splitlines()]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -112,9 +109,7 @@ def main(argv: Sequence[str] | None = None) -> None:
               "Minutes of compute the script's run records say their runs took (federated and "
               "centralized runs; pre-training is timed in the cache's `pretrain.json`).", ""]
     lines += markdown_table(["script", "runs (min)"], rows) + [""]
-    claim_lines = claims(root.parent / "README.md")
-    if claim_lines:
-        lines += ["## The paper's claims (from results/README.md)", *claim_lines]
+    lines += [""] + claims(root)
     write_text(root / "report.md", "\n".join(lines).rstrip() + "\n")
     print(f"wrote {root / 'report.md'}")
 

@@ -458,8 +458,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     from cpcfl_tf.report import provenance
     from cpcfl_tf.results import write_json, write_text
 
-    note = provenance([r for j in judged for link, _, _ in j.links if not link.linear_eval
-                       for name in (link.a, link.b) if name for r in ev.runs(name).values()])
+    used = {id(r): r for j in judged for link, _, _ in j.links if not link.linear_eval
+            for name in (link.a, link.b, link.c, link.d) if name for r in ev.runs(name).values()}
+    note = provenance(list(used.values()))
     if note:
         text = text.rstrip("\n") + "\n\n" + "\n".join(note) + "\n"
     write_json(results / "claims.json", {
@@ -474,6 +475,40 @@ def main(argv: Sequence[str] | None = None) -> None:
     write_text(results / "claims.md", text)
     print(text)
     print(f"wrote {results / 'claims.md'}")
+    readme = results.parent / "README.md"
+    if (len(judged) == len(CLAIM_IDS) and readme.exists()
+            and update_readme(readme, config.preset, verdict_table(judged))):
+        print(f"updated the {config.preset} claims table in {readme}")
+
+
+def verdict_table(judged: list[Judged]) -> list[str]:
+    """One row per link: claim, link, paper, ours (mean [interval], n), verdict."""
+    rows = []
+    for j in judged:
+        for k, (link, summary, _) in enumerate(j.links):
+            interval = summary.interval
+            ours = "-" if not summary.n else (
+                f"{_number(summary.mean)} [{_number(interval[0])}, {_number(interval[1])}] "
+                f"(n = {summary.n})" if interval else f"{_number(summary.mean)} (n = {summary.n})")
+            verdict_ = CANNOT if j.claim.cannot else summary.verdict
+            rows.append([j.claim.id if k == 0 else "", link.label, link.paper, ours, verdict_])
+    return markdown_table(["claim", "link", "paper (STL-10)", "ours: mean [95 % interval]",
+                           "verdict"], rows)
+
+
+def update_readme(readme: Path, preset: str, table: list[str]) -> bool:
+    """Replace the generated block ``<!-- claims:PRESET -->`` ... ``<!-- /claims -->``
+    of ``readme`` with ``table``; False when the README has no such block."""
+    from cpcfl_tf.results import write_text
+
+    start, end = f"<!-- claims:{preset} -->", "<!-- /claims -->"
+    text = readme.read_text()
+    if start not in text:
+        return False
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    write_text(readme, head + start + "\n" + "\n".join(table) + "\n" + end + tail)
+    return True
 
 
 if __name__ == "__main__":

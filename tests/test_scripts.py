@@ -327,14 +327,14 @@ def test_all_runs_the_scripts_and_gathers_every_report(tmp_path):
     root = tmp_path / "smoke"
     (root / "table2").mkdir(parents=True)
     (root / "table2" / "table2.md").write_text("# Table 2 (earlier)\n\n| a |\n|---|\n")
-    (tmp_path / "README.md").write_text("# x\n\n## The paper's claims\n\n| C1 | holds |\n")
+    (root / "claims.md").write_text("# The paper's claims\n\n| C1 | holds |\n")
     script("all").main(["--preset", "smoke", "--out", str(root), "--scripts", "clusters"])
     report = (root / "report.md").read_text()
     assert "## Table 2 (earlier)" in report  # every script's report, a level down
     assert "## Number of clusters (preset `smoke`)" in report
     assert "![accuracy](clusters/accuracy.png)" in report
     assert "| `clusters` |" in report and "| `table2` | 0.0 |" in report
-    assert "| C1 | holds |" in report  # the claims table of results/README.md
+    assert "## The paper's claims" in report and "| C1 | holds |" in report  # claims.md
     assert len(list((root / "clusters").glob("cp-cfl-simclr-n*.json"))) == 5
 
 
