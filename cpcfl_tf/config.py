@@ -6,7 +6,7 @@ federated). Every section checks itself in ``__post_init__`` and raises
 stops a script before anything is loaded or written. ``dataclasses.replace`` re-runs
 the checks, so overrides are validated the same way.
 
-Presets (README, "Presets"):
+Presets (docs/presets-and-data.md):
 
 ========== ============================================= ===== ============ ===========
 preset     data                                          input C / T / Tc   pre-training
@@ -211,11 +211,11 @@ class FederatedConfig:
     local_optimizer: str = "adam"
     """adam (the paper's, Sec. "Experimental settings") | sgd (plain gradient steps)."""
     optimizer_state: str = "fresh"
-    """fresh: a new optimizer state per client per round (README, choices) | client: each
+    """fresh: a new optimizer state per client per round (docs/choices.md) | client: each
     client keeps its own Adam moments and step count from round to round."""
     jit_compile: bool = False
     """XLA-compile the local training step (both backends): one compile per client count
-    and batch shape, other kernels, so other last bits than the default (README, "Why the
+    and batch shape, other kernels, so other last bits than the default (docs/performance.md, "Why the
     speed-up depends on the machine")."""
 
     def __post_init__(self) -> None:

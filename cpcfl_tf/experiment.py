@@ -20,7 +20,7 @@ from cpcfl_tf.results import weights_fingerprint
 
 def experiment_parser(name: str, description: str, *, default_preset: str = "paper",
                       distribute: bool = True, dry_run: bool = True) -> ArgumentParser:
-    """The options every experiment script takes (README, "The run record")."""
+    """The options every experiment script takes (docs/run-record.md)."""
     parser = ArgumentParser(prog=f"python experiments/{name}.py", description=description)
     parser.add_argument("--preset", default=default_preset, choices=list(PRESETS),
                         help=f"paper: STL-10 on a GPU with internet; quick, standard: offline "

@@ -1,4 +1,4 @@
-"""The run record: what every run writes (README, "The run record";
+"""The run record: what every run writes (docs/run-record.md;
 ``docs/run-record.schema.json`` is its contract for outside tools).
 
 The simulator, the centralized baselines and the Flower server build a :class:`RunRecord`;

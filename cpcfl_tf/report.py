@@ -13,7 +13,7 @@ import numpy as np
 def provenance(records: Sequence) -> list[str]:
     """A note for a report whose runs come from more than one kind of CPU, or whose runs
     of one pre-training started from different encoders: their last bits differ, and on
-    the quick preset that can move a result by about 1.5 points (README, "Bit for bit").
+    the quick preset that can move a result by about 1.5 points (docs/experiments.md, "Bit for bit").
     Empty when every run shares both."""
     cpus: dict[str, int] = {}
     encoders: dict[str, set] = {}

@@ -190,7 +190,7 @@ def read_weights(path: str | os.PathLike, *, key: str | None = None,
 def weights_fingerprint(weights: list | None) -> str | None:
     """First 16 hex digits of a SHA-256 over the arrays' dtypes, shapes and bytes, or
     ``None`` for no weights: names the exact starting encoder a record came from (a cache
-    entry pre-trained on another machine has other bits, README "Reproducibility")."""
+    entry pre-trained on another machine has other bits, docs/experiments.md, "Bit for bit")."""
     if weights is None:
         return None
     import hashlib

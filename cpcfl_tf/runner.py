@@ -1,8 +1,8 @@
 """The one runner every experiment script configures.
 
 A script lists :class:`RunSpec`s (method, pre-training, overrides); :meth:`Runner.run`
-runs each through the simulator and writes one JSON per run (README, "The run
-record") into the script's output folder:
+runs each through the simulator and writes one JSON per run (docs/run-record.md) into the
+script's output folder:
 
 * a finished run (its JSON exists with the same config) is skipped, ``--force`` redoes it;
   a JSON from a *different* config is refused, so one folder never mixes settings;
@@ -95,7 +95,7 @@ def client_settings(config: Config) -> list[tuple[int, int]]:
 def clients_partition(config: Config, clients: int) -> dict[str, Any]:
     """The partition overrides for ``clients`` clients."""
     # STL-10 has 500 training images a class: 90 clients of 50 cannot hold disjoint
-    # data (README choices), so the paper preset lets them share images at 90.
+    # data (docs/choices.md), so the paper preset lets them share images at 90.
     shared = config.preset == "paper" and clients * 50 > 3000
     return {"num_clients": clients, **({"disjoint": False} if shared else {})}
 

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CLOSE_MARGIN = 2.0
 """Points within which CP-CFL counts as "close to" the centralized by-group bound (C11).
 The paper's gap is 0.67 points (76.80 against 77.47), its pooled baseline 13.1 points
-lower; 2 points is about three times the paper's gap (README, choices)."""
+lower; 2 points is about three times the paper's gap (docs/choices.md)."""
 SETTLED_AFTER = 5
 """C3: rounds after Tc by which the clusters must match the true groups."""
 SETTLED_ARI = 0.9

@@ -166,6 +166,10 @@ def test_speed_study_refuses_an_allocator_that_is_not_installed(tmp_path, monkey
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.skipif(subprocess.run(["sh", "-c", "ldconfig -p | grep -q libjemalloc.so.2 && "
+                                  "ldconfig -p | grep -q libtcmalloc_minimal.so.4"]).returncode,
+                    reason="apt-get install libtcmalloc-minimal4 libjemalloc2 (speed_study's "
+                           "allocator variants)")
 def test_the_allocator_a_process_runs_on_is_recorded():
     from cpcfl_tf.experiment import preloaded_allocator
 

@@ -68,7 +68,7 @@ DATASETS: dict[str, DatasetSpec] = {
         DatasetSpec("mnist", "tfds", 10, {"train": 60_000, "test": 10_000},
                     tfds_name="mnist", host="storage.googleapis.com"),
         # "balanced" (112,800 training images) is close in size to STL-10's 100,000
-        # unlabeled images; the paper does not name the EMNIST split (README, choices).
+        # unlabeled images; the paper does not name the EMNIST split (docs/choices.md).
         DatasetSpec("emnist", "tfds", 47, {"train": 112_800, "test": 18_800},
                     tfds_name="emnist/balanced", transpose=True, host="biometrics.nist.gov"),
         DatasetSpec("fashion_mnist", "tfds", 10, {"train": 60_000, "test": 10_000},

@@ -210,7 +210,7 @@ def should_restart(fl, finished_round: int, attempt: int, cluster_ids: np.ndarra
 
 def clustering_failed(cluster_ids: np.ndarray, num_models: int, min_share: float) -> bool:
     """IFCA's failure: one model taken by every client, or a cluster whose share of
-    clients is below ``min_share`` of the fair share ``1/N`` (README, choices)."""
+    clients is below ``min_share`` of the fair share ``1/N`` (docs/choices.md)."""
     # Judged on the clients that have taken part (id >= 0): with partial participation
     # some may not have been drawn yet.
     assigned = np.asarray(cluster_ids)

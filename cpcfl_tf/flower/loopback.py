@@ -2,7 +2,7 @@
 ``flower-supernode``s (partition-id 0..K-1) and ``flwr run`` of the app in
 ``cpcfl_tf/flower/app`` against them (the deployment engine, not the simulation one).
 
-Everything is insecure on loopback (no TLS, no node authentication); see the README's
+Everything is insecure on loopback (no TLS, no node authentication); see docs/flower.md's
 "Running on real devices" for the flags a real deployment adds. Every process is
 started by :class:`Federation` and stopped by it, by pid.
 """
