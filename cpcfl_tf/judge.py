@@ -69,15 +69,23 @@ class RecordIndex:
 
     Where several records have one config (the same run asked for by two scripts, or made
     on two kinds of machine), :meth:`get` prefers one under ``prefer`` (a folder), then
-    one that names its CPU (newer records), then the first path in sorted order; every
-    other is in :meth:`duplicates`.
+    one that names its CPU (newer records), then the first path in sorted order.
+    ``linear_evals`` holds every ``linear_eval.json`` of the tree
+    (``experiments/linear_eval.py``), read once.
     """
 
     def __init__(self, root: str | Path, prefer: str | Path | None = None):
         self.root = Path(root)
         self.prefer = Path(prefer) if prefer else None
         self._by_key: dict[str, list[Found]] = {}
+        self.linear_evals: list[tuple[Path, dict]] = []
         for path in sorted(self.root.rglob("*.json")):
+            if path.name == "linear_eval.json":
+                try:
+                    self.linear_evals.append((path, json.loads(path.read_text())))
+                except (OSError, ValueError):
+                    pass  # a damaged evaluation counts as missing
+                continue
             record = _run_record(path)
             if record is not None:
                 self._by_key.setdefault(config_key(record.requested), []).append(
@@ -89,25 +97,13 @@ class RecordIndex:
         preferred = self.prefer is not None and self.prefer in found.path.parents
         return (not preferred, "cpu" not in found.record.environment, str(found.path))
 
-    def __len__(self) -> int:
-        return sum(len(v) for v in self._by_key.values())
-
     def get(self, config: Config) -> Found | None:
         found = self._by_key.get(config_key(config))
         return found[0] if found else None
 
-    def duplicates(self, config: Config) -> list[Found]:
-        return self._by_key.get(config_key(config), [])[1:]
-
-    def linear_evals(self) -> list[tuple[Path, dict]]:
-        """Every ``linear_eval.json`` under the root (``experiments/linear_eval.py``)."""
-        out = []
-        for path in sorted(self.root.rglob("linear_eval.json")):
-            try:
-                out.append((path, json.loads(path.read_text())))
-            except (OSError, ValueError):
-                continue
-        return out
+    def preferred(self) -> Iterable[Found]:
+        """The preferred record of every config in the tree."""
+        return (found[0] for found in self._by_key.values())
 
 
 def _run_record(path: Path) -> RunRecord | None:
@@ -120,6 +116,20 @@ def _run_record(path: Path) -> RunRecord | None:
     if not (isinstance(data, dict) and {"config", "rounds", "final", "seeds"} <= set(data)):
         return None
     return read_record(path)
+
+
+def linear_eval_settings(config: Config) -> dict:
+    """What decides a linear evaluation's scores: data, pre-training settings (any
+    method) and seed."""
+    record = config_record(config)
+    return {k: record[k] for k in ("data", "pretrain", "seed")}
+
+
+def linear_eval_config(stored: dict) -> Config:
+    """The config a ``linear_eval.json`` stored (files written before pre-training
+    settings lost their method still name it)."""
+    return Config.from_dict({**stored, "pretrain": {k: v for k, v in stored["pretrain"].items()
+                                                    if k != "method"}})
 
 
 # -- statistics ----------------------------------------------------------------------
@@ -258,8 +268,8 @@ def compare_runs(ours: str | Path, reference: str | Path) -> list[Comparison]:
     ours, reference = Path(ours), Path(reference)
     theirs = RecordIndex(reference)
     by_settings: dict[str, list[float]] = {}
-    for found in theirs._by_key.values():
-        record = found[0].record
+    for found in theirs.preferred():
+        record = found.record
         by_settings.setdefault(_without_seed(record.requested), []).append(
             100 * record.final.accuracy)
     out = []

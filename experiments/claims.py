@@ -11,20 +11,20 @@ top of the results tree.
 from __future__ import annotations
 
 import dataclasses
-import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from cpcfl_tf.config import Config, config_record
+from cpcfl_tf.config import Config
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.experiment import dataset_pairs
 from cpcfl_tf.federated.metrics import cluster_ari
 from cpcfl_tf.judge import (CANNOT, RULE, RecordIndex, Statistic, Summary, accuracy_at,
-                            combined, final_accuracy, paired, verdict)
+                            combined, config_key, final_accuracy, linear_eval_config,
+                            linear_eval_settings, paired, verdict)
 from cpcfl_tf.record import RunRecord
 from cpcfl_tf.report import markdown_table
 from cpcfl_tf.runner import COMPARISON, COMPARISON_LABELS, RunSpec, client_settings, clients_partition
@@ -254,11 +254,12 @@ class Evidence:
 
     def linear_eval(self, method: str) -> dict[int, float]:
         """Linear-evaluation accuracy (%) of ``method``'s encoder per seed."""
-        wanted = {seed: _eval_settings(self.config.with_overrides(seed=seed)) for seed in self.seeds}
+        wanted = {seed: linear_eval_settings(self.config.with_overrides(seed=seed))
+                  for seed in self.seeds}
         out = {}
-        for path, stored in self.index.linear_evals():
+        for path, stored in self.index.linear_evals:
             try:
-                settings = _eval_settings(Config.from_dict(_without_method(stored["config"])))
+                settings = linear_eval_settings(linear_eval_config(stored["config"]))
             except (KeyError, TypeError, UserError):
                 continue
             for seed, want in wanted.items():
@@ -271,33 +272,21 @@ class Evidence:
     def judge(self, claim: Claim) -> Judged:
         judged = []
         for link in claim.links:
+            find = self.linear_eval if link.linear_eval else self.runs
+            found = {name: find(name) for name in (link.a, link.b, link.c, link.d)
+                     if name is not None}
+            a, b = found[link.a], found.get(link.b)
             if link.linear_eval:
-                a, b = self.linear_eval(link.a), self.linear_eval(link.b)
                 diffs = {s: a[s] - b[s] for s in sorted(set(a) & set(b))}
             else:
-                a = self.runs(link.a)
-                b = None if link.b is None else self.runs(link.b)
                 diffs = paired(a, b, link.stat, threshold=link.threshold)
                 if link.c is not None:
-                    c, d = self.runs(link.c), self.runs(link.d)
-                    other = paired(c, d, link.stat)
+                    other = paired(found[link.c], found[link.d], link.stat)
                     diffs = {s: diffs[s] - other[s] for s in diffs if s in other}
-            names = [link.a, link.b, link.c, link.d]
-            missing = [f"seed {s}: {name}" for s in self.seeds for name in names
-                       if name is not None and s not in (self.linear_eval(name) if link.linear_eval
-                                                         else self.runs(name))]
+            missing = [f"seed {s}: {name}" for s in self.seeds
+                       for name, have in found.items() if s not in have]
             judged.append((link, verdict(diffs, link.margin), missing))
         return Judged(claim, judged)
-
-
-def _without_method(config: dict) -> dict:
-    # linear_eval.json files written before pre-training settings lost their method.
-    return {**config, "pretrain": {k: v for k, v in config["pretrain"].items() if k != "method"}}
-
-
-def _eval_settings(config: Config) -> dict:
-    record = config_record(config)
-    return {k: record[k] for k in ("data", "pretrain", "seed")}
 
 
 # -- making the missing runs ---------------------------------------------------------
@@ -328,7 +317,7 @@ def make_missing(run, evidence_: Evidence, chosen: list[Claim]) -> None:
                     _linear_eval(run, seed)
                     continue
                 config = evidence_.config_of(name, seed)
-                key = json.dumps(config_record(config), sort_keys=True)
+                key = config_key(config)
                 found = evidence_.index.get(config)
                 if key in done or (found is not None and (
                         run.out in found.path.parents or found.record.environment.get("cpu") == cpu)):

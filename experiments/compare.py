@@ -10,7 +10,6 @@ your runs.
 """
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Sequence
 

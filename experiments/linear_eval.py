@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from cpcfl_tf.config import PRETRAIN_METHODS, Config, config_record
+from cpcfl_tf.config import PRETRAIN_METHODS, Config
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.experiment import environment, name_list
+from cpcfl_tf.judge import linear_eval_config, linear_eval_settings
 from cpcfl_tf.report import markdown_table
 from cpcfl_tf.script import Script
 
@@ -25,12 +26,6 @@ def _options(parser) -> None:
                         help="a subset of " + ",".join(PRETRAIN_METHODS) + " (default: all)")
 
 
-def _settings(config: Config) -> dict:
-    """What decides the scores: data, pre-training settings (any method) and seed."""
-    record = config_record(config)
-    return {k: record[k] for k in ("data", "pretrain", "seed")}
-
-
 def _earlier(path, config: Config, methods: list[str]) -> dict | None:
     """The record of an earlier run of the same settings and methods, if there is one."""
     from cpcfl_tf.results import read_json
@@ -38,10 +33,8 @@ def _earlier(path, config: Config, methods: list[str]) -> dict | None:
     if not path.exists():
         return None
     stored = read_json(path, fix="delete it to evaluate again")
-    # Files written before pre-training settings lost their method still name it.
-    earlier = {**stored["config"], "pretrain": {k: v for k, v in stored["config"]["pretrain"]
-                                                .items() if k != "method"}}
-    same = (_settings(Config.from_dict(earlier)) == _settings(config)
+    same = (linear_eval_settings(linear_eval_config(stored["config"]))
+            == linear_eval_settings(config)
             and [r["pretraining"] for r in stored["rows"][1:]] == methods)
     if not same:
         raise UserError(f"{path} was evaluated with other settings; pass --force to evaluate "
