@@ -25,18 +25,21 @@ PARTIAL = ".partial-"
 """Marks the temporary files of :func:`write_atomic`: ``.<name>.partial-<pid>-...``."""
 
 
-def prepare_out_dir(path: str | os.PathLike) -> Path:
+def prepare_out_dir(path: str | os.PathLike, *,
+                    fix: str = "pass --out DIR with a writable folder") -> Path:
     """Create ``path`` if needed, check that files can be written there, and remove what
-    killed writers left behind (:func:`remove_stale_partials`)."""
+    killed writers left behind (:func:`remove_stale_partials`). ``fix`` ends the error
+    when it cannot be written: it names the setting at fault."""
     out = Path(path).expanduser()
+    if out.exists() and not out.is_dir():
+        raise UserError(f"cannot write to {out} (a file, not a folder); {fix}")
     try:
         out.mkdir(parents=True, exist_ok=True)
         remove_stale_partials(out)
         with tempfile.NamedTemporaryFile(dir=out, prefix=f".probe{PARTIAL}{os.getpid()}-"):
             pass
     except OSError as err:
-        raise UserError(f"cannot write to {out} ({err.strerror or err}); pass --out DIR "
-                        "with a writable folder") from None
+        raise UserError(f"cannot write to {out} ({err.strerror or err}); {fix}") from None
     return out
 
 
@@ -143,6 +146,10 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
             fh.write(text)
 
     return write_atomic(path, dump)
+
+
+CACHE_FIX = "set CPCFL_CACHE to a writable folder"
+"""What to do when the cache cannot be written (the end of the error)."""
 
 
 def cache_root() -> Path:

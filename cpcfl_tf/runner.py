@@ -107,10 +107,15 @@ class Runner:
                  force: bool = False, verbose: int = 1, distribute: str = "default",
                  dry_run: bool = False, tensorboard: str | Path | None = None,
                  max_clients: int | None = None):
-        from cpcfl_tf.results import prepare_out_dir
+        from cpcfl_tf.results import CACHE_FIX, cache_root, prepare_out_dir
 
         self.experiment, self.base = experiment, base
         self.out = Path(out) if dry_run else prepare_out_dir(out)
+        if not dry_run:  # every folder a run writes, checked before any data is read
+            prepare_out_dir(cache_root(), fix=CACHE_FIX)
+            if tensorboard:
+                prepare_out_dir(tensorboard, fix="pass --tensorboard DIR with a writable "
+                                "folder")
         self.resume, self.force, self.verbose = resume, force, verbose
         self.distribute = distribute
         """How the server pre-trains (``default`` or ``mirrored``); not part of any key."""

@@ -150,3 +150,53 @@ def test_max_clients_per_step_reaches_the_runs_and_changes_nothing(tmp_path, mon
                      for d in ("whole", "chunks"))
     for key in ("config", "clients", "rounds", "final"):
         assert whole[key] == chunks[key], key
+
+
+def _no_data(*args, **kwargs):
+    raise AssertionError("data was read before the bad folder was refused")
+
+
+@pytest.mark.parametrize("at_fault", ["cache", "tensorboard", "foreign checkpoint"])
+def test_bad_folders_are_refused_by_name_before_any_data_is_read(tmp_path, monkeypatch,
+                                                                 at_fault):
+    """A cache or TensorBoard path that is a file, or another pre-training's checkpoint in
+    the cache: one error naming the setting at fault, before any image is read, and the
+    earlier results untouched."""
+    import numpy as np
+
+    import cpcfl_tf.contrastive.pretrain as pretrain
+    import cpcfl_tf.data as data
+    import cpcfl_tf.federated.clients as clients
+    from cpcfl_tf.config import get_preset
+    from cpcfl_tf.errors import UserError
+    from helpers import script
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    cache = blocker if at_fault == "cache" else tmp_path / "cache"
+    monkeypatch.setenv("CPCFL_CACHE", str(cache))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "fedavg-none.json").write_text("earlier result")
+    args = ["--preset", "smoke", "--out", str(out), "--methods", "cp-cfl-simclr"]
+    if at_fault == "tensorboard":
+        args += ["--tensorboard", str(blocker)]
+    if at_fault == "foreign checkpoint":
+        config = get_preset("smoke")
+        folder = pretrain.pretrain_folder(config.pretrain, config.data, "simclr", config.seed)
+        folder.mkdir(parents=True)
+        meta = {"config": pretrain.identity(config.pretrain, "simclr"), "seed": 12345,
+                "images": [1, 1, 1, 1]}
+        np.savez(folder / "checkpoint.npz",
+                 __record__=np.array(json.dumps({"epoch": 1, "meta": meta, "history": []})))
+    for module, name in ((data, "load_unlabeled"), (data, "load_labeled"),
+                         (clients, "load_client_splits"), (pretrain, "load_pretrain_images")):
+        monkeypatch.setattr(module, name, _no_data)
+    fix = {"cache": "set CPCFL_CACHE to a writable folder",
+           "tensorboard": "pass --tensorboard DIR with a writable folder",
+           "foreign checkpoint": "belongs to a different pre-training"}[at_fault]
+    with pytest.raises(UserError, match=fix) as err:
+        script("table2").main(args)
+    assert "\n" not in str(err.value) and "--out" not in str(err.value)
+    assert sorted(p.name for p in out.iterdir()) == ["fedavg-none.json"]
+    assert (out / "fedavg-none.json").read_text() == "earlier result"

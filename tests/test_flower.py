@@ -86,7 +86,7 @@ def _simulated(rounds, out, dead=None):
         patch.setattr(simulator, "client_accuracy", scored)
         record, _ = simulator.run_federated(config, runner.clients(config),
                                             encoder_weights=encoder, verbose=0)
-    return [r.cluster_ids for r in record.rounds], scores[-1], encoder
+    return [r.cluster_ids for r in record.rounds], scores[-1], encoder, record.final
 
 
 def test_flower_federation_runs_the_simulators_rounds_and_survives_a_killed_supernode(
@@ -97,7 +97,7 @@ def test_flower_federation_runs_the_simulators_rounds_and_survives_a_killed_supe
     # client 2's round-3 reply never comes, must give the same run. Three rounds, not
     # two: with two, clients 0 and 1 score the same whether or not client 2's reply
     # comes, and the accuracy check below could not tell the two apart.
-    ids, accuracy, encoder = _simulated(3, tmp_path / "sim", dead=(3, 2))  # fills the cache
+    ids, accuracy, encoder, sim_final = _simulated(3, tmp_path / "sim", dead=(3, 2))
     log = federation.workdir / "supernode-2.log"
     federation.run({**RUN, "rounds": 3, "round-timeout": 60.0,
                     "out": str(tmp_path / "result.json")})
@@ -121,6 +121,10 @@ def test_flower_federation_runs_the_simulators_rounds_and_survives_a_killed_supe
     final = record["final"]["client_accuracy"]
     assert set(final) == {"0", "1"}
     assert [final["0"], final["1"]] == pytest.approx(list(accuracy[:2]), abs=1e-6)
+    # Both drivers count the pool down to every participant, also in the Tc round 1.
+    assert (record["final"]["bytes_down"], record["final"]["bytes_up"]) == (
+        sim_final.bytes_down, sim_final.bytes_up)
+    assert sim_final.bytes_down == 3 * 3 * RUN["num-clusters"] * sim_final.model_bytes
 
 
 def test_flower_loopback_rejects_bad_input_before_starting_anything(tmp_path):
@@ -183,6 +187,10 @@ def test_the_run_config_takes_any_setting_as_the_scripts_set_does():
         run_config({**RUN, "set": "'federated.local_epochs=1"})
     with pytest.raises(UserError, match="federated.jit_compile takes true or false"):
         run_config({**RUN, "set": "federated.jit_compile=maybe"})
+    # the simulator keeps each client's Adam state between rounds; a ClientApp cannot
+    with pytest.raises(UserError, match="optimizer_state 'client' is not available on Flower"):
+        run_config({**RUN, "set": "federated.local_optimizer=adam "
+                                  "federated.optimizer_state=client"})
 
 
 def test_the_loopback_passes_set_through_flwr_run_config_parsing():

@@ -70,3 +70,39 @@ def test_a_broken_record_is_caught(break_it, where):
     break_it(record)
     errors = run_record_errors(record)
     assert errors and any(where in e for e in errors), errors
+
+
+def _attempted_rounds(federated: dict, restarts: int) -> int:
+    """Rounds whose bytes a run sent: its own, and ``restart_round`` per failed attempt."""
+    return federated["rounds"] + restarts * federated["restart_round"]
+
+
+@pytest.mark.parametrize("path", RECORDS, ids=lambda p: str(p.relative_to(ROOT / "results")))
+def test_every_committed_record_reports_what_its_rounds_and_clients_say(path):
+    """``final`` is the last round; the ARI is recomputed from the cluster ids and the true
+    groups (scikit-learn, clients that have taken part); bytes are the protocol's: N models
+    down and one up per participant and round, failed IFCA attempts included
+    (docs/run-record.md)."""
+    import numpy as np
+    from sklearn.metrics import adjusted_rand_score
+
+    record = json.loads(path.read_text())
+    final, fl = record["final"], record["config"]["federated"]
+    if not record["rounds"]:  # a centralized baseline: no rounds, nothing sent
+        assert fl["method"] == "centralized" and final["bytes_down"] == final["bytes_up"] == 0
+        return
+    last = record["rounds"][-1]
+    for key in set(last) - {"round", "cluster_ids"} - {"replies", "failed_partitions"}:
+        assert final[key] == last[key], key
+    if record["clients"]:  # the Flower server never sees the true groups
+        groups = np.array([c["group"] for c in record["clients"]])
+        ids = np.array(last["cluster_ids"])
+        took_part = ids >= 0
+        assert final["ari"] == pytest.approx(adjusted_rand_score(groups[took_part],
+                                                                 ids[took_part]))
+    participants = max(1, round(fl["participation"] * record["config"]["partition"]
+                                ["num_clients"]))
+    rounds = _attempted_rounds(fl, final["restarts"])
+    size = final["model_bytes"]
+    assert final["bytes_down"] == rounds * participants * fl["num_clusters"] * size
+    assert final["bytes_up"] == rounds * participants * size

@@ -29,8 +29,8 @@ from cpcfl_tf.contrastive.methods import BYOL, SimCLR, SimSiam, ContrastiveModel
 from cpcfl_tf.data.augment import build_augmenter
 from cpcfl_tf.errors import DivergedError, UserError
 from cpcfl_tf.models import ENCODER_DIMS, build_encoder, build_predictor, build_projector
-from cpcfl_tf.results import (cache_root, prepare_out_dir, read_cache_entry, write_atomic,
-                              write_json)
+from cpcfl_tf.results import (CACHE_FIX, cache_root, prepare_out_dir, read_cache_entry,
+                              write_atomic, write_json)
 
 
 @dataclasses.dataclass
@@ -119,14 +119,32 @@ def _load_checkpoint(path: Path, model: ContrastiveModel, meta: dict) -> tuple[i
         return 0, []
     record, arrays = loaded
     if record["meta"] != meta:
-        raise UserError(f"{path} belongs to a different pre-training (config, seed or data "
-                        "differ); use another output folder or delete it")
+        raise _foreign(path)
     state = _state(model)
     if len(arrays) != len(state) or any(a.shape != tuple(v.shape) for a, v in zip(arrays, state)):
         raise UserError(f"checkpoint {path} does not fit this model; delete it to start over")
     for variable, value in zip(state, arrays):
         variable.assign(value)
     return record["epoch"], record["history"]
+
+
+def _foreign(path: Path) -> UserError:
+    return UserError(f"{path} belongs to a different pre-training (config, seed or data "
+                     "differ); delete it to start this one over")
+
+
+def _check_checkpoint(path: Path, meta: dict) -> None:
+    """Refuse a checkpoint of another pre-training before any image is read: ``meta``
+    without ``images`` (the data shape, not known yet) must match its own."""
+    def load(p: Path) -> dict:
+        with np.load(p) as data:
+            return json.loads(str(data["__record__"]))["meta"]
+
+    found = read_cache_entry(path, load, rebuild="starting this pre-training over")
+    if found is None:
+        path.unlink()  # damaged: said once, redone
+    elif {k: found.get(k) for k in meta} != meta:
+        raise _foreign(path)
 
 
 def _finished(out: Path, meta: dict) -> PretrainResult | None:
@@ -316,9 +334,13 @@ def pretrained_encoder(config: PretrainConfig, data: DataConfig, *, method: str,
     encoder is loaded without reading any image.
     """
     out = pretrain_folder(config, data, method, seed)
-    cached = _finished(out, {"config": identity(config, method), "seed": seed})
+    meta = {"config": identity(config, method), "seed": seed}
+    cached = _finished(out, meta)
     if cached is not None:
         return cached
+    prepare_out_dir(out, fix=CACHE_FIX)  # before the images: the cache may be at fault
+    if (out / "checkpoint.npz").exists():
+        _check_checkpoint(out / "checkpoint.npz", meta)
     if verbose:
         print(f"pre-training {method} ({config.encoder}) on {data.pretrain_dataset}:"
               f"{data.pretrain_split} -> {out}")

@@ -40,7 +40,14 @@ def run_config(values: Mapping[str, Any]) -> Config:
         raise UserError(f"run config set: {e}; write it as the shell would, e.g. "
                         "set=\"data.client_dataset='folder:/my images'\"") from None
     settings = parse_settings(items)
-    return config.with_overrides(**settings) if settings else config
+    config = config.with_overrides(**settings) if settings else config
+    if config.federated.optimizer_state != "fresh":
+        # A ClientApp starts afresh for every message: no Adam state survives a round, so
+        # a node would silently train unlike the simulator.
+        raise UserError("federated.optimizer_state 'client' is not available on Flower; "
+                        "use optimizer_state fresh or the simulator (experiments/"
+                        "local_optimizer.py)")
+    return config
 
 
 def model_key(n: int) -> str:

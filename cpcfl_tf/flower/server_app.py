@@ -1,8 +1,8 @@
 """The ServerApp: IFCA / CP-CFL (FedAvg as N = 1) over real nodes.
 
-Per round the server sends each node the pool of N models (in the Tc phase only the
-model it drew for that node, with the encoder frozen), receives trained weights, the
-chosen cluster id and the number of examples, and averages each cluster with
+Per round the server sends each node the pool of N models (in the Tc phase the node
+trains the head of the model drawn for it, with the encoder frozen), receives trained
+weights, the chosen cluster id and the number of examples, and averages each cluster with
 :func:`cpcfl_tf.federated.algorithm.aggregate` -- the simulator's own functions, seeded
 the same way, so with the same seeds a federation assigns the same cluster ids.
 
@@ -65,11 +65,11 @@ class _Nodes:
         for node, pid in self.partition_of.items():
             if node not in online or pid not in row:
                 continue
-            # In the Tc phase a node gets only the model it drew (Algorithm "CP-CFL").
-            sent = [int(plan.drawn[row[pid]])] if plan.explore else range(plan.num_models)
+            # The whole pool, also in the Tc phase, where the node trains the model drawn
+            # for it: the paper's (N+1)S per client and round, as the simulator counts.
             contents[node] = RecordDict({
                 "config": ConfigRecord({"round": plan.round, "attempt": plan.attempt}),
-                **{model_key(n): to_record(models[n]) for n in sent}})
+                **{model_key(n): to_record(models[n]) for n in range(plan.num_models)}})
         replies, failed = _send(self.grid, contents, MessageType.TRAIN, str(plan.round + 1),
                                 self.timeout)
         metrics = [r.content["metrics"] for r in replies]
