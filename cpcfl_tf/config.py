@@ -88,6 +88,18 @@ class DataConfig:
             base = parse_split(self.client_dataset, split).base
             _check(base not in spec.unlabeled_splits,
                    f"client data must be labeled, but {self.client_dataset}:{base} has no labels")
+        # The server's images, the clients' training and test images: three disjoint sets.
+        named = [("data.pretrain_split", self.pretrain_dataset, self.pretrain_split),
+                 ("data.client_train_split", self.client_dataset, self.client_train_split),
+                 ("data.client_test_split", self.client_dataset, self.client_test_split)]
+        for (a, a_set, a_split), (b, b_set, b_split) in ((named[0], named[1]),
+                                                         (named[0], named[2]),
+                                                         (named[1], named[2])):
+            first, second = parse_split(a_set, a_split), parse_split(b_set, b_split)
+            size = get_spec(a_set).splits.get(first.base)
+            _check(a_set != b_set or not first.overlaps(second, size),
+                   f"{a} {a_split!r} and {b} {b_split!r} share images of {a_set}; make them "
+                   f"disjoint (e.g. train[:50000] and train[50000:])")
         _check(isinstance(self.image_size, int) and self.image_size >= MIN_IMAGE_SIZE,
                f"data.image_size must be an integer >= {MIN_IMAGE_SIZE} (the CNN encoder needs "
                f"31 px), got {self.image_size!r}")

@@ -42,6 +42,14 @@ def test_cpu_presets_follow_design():
     (lambda: DataConfig(client_train_split="valid"), "has no split"),
     (lambda: DataConfig(client_train_split="unlabelled"), "must be labeled"),
     (lambda: DataConfig(image_size=28), "image_size"),
+    (lambda: get_preset("quick").with_overrides(data={"pretrain_split": "train[:50001]"}),
+     r"data.pretrain_split 'train\[:50001\]' and data.client_train_split .* share images"),
+    (lambda: get_preset("quick").with_overrides(data={"client_test_split": "train[-10:]"}),
+     "data.client_train_split .* and data.client_test_split .* share images"),
+    (lambda: get_preset("smoke").with_overrides(data={"pretrain_split": "test[5:]"}),
+     "data.pretrain_split 'test\\[5:\\]' and data.client_test_split 'test' share"),
+    (lambda: DataConfig(pretrain_dataset="stl10", pretrain_split="train[:10]"),
+     "and data.client_train_split 'train' share images of stl10"),
     (lambda: DataConfig(image_size=-1), "image_size"),
     (lambda: PartitionConfig(num_clients=0), "positive"),
     (lambda: PartitionConfig(num_clients=2, num_groups=3), "more groups"),
@@ -132,3 +140,17 @@ def test_keys_and_fingerprints_leave_out_added_fields_at_their_defaults():
     for section, fields in ADDED_FIELDS.items():  # each names a real field and its default
         defaults = dataclasses.asdict(SECTIONS[section]())
         assert all(defaults[name] == value for name, value in fields.items())
+
+
+def test_disjoint_splits_of_one_dataset_pass_and_other_datasets_never_clash():
+    from cpcfl_tf.data.sources import Split
+
+    assert DataConfig(pretrain_dataset="stl10", pretrain_split="unlabelled")  # the paper's
+    get_preset("quick").with_overrides(data={"pretrain_split": "train[:49999]"})
+    get_preset("quick").with_overrides(data={"pretrain_dataset": "digits",
+                                             "pretrain_split": "train"})
+    # sizes unknown (a tfds dataset not prepared yet): judged on the bounds
+    assert Split("train", 0, 10).overlaps(Split("train", 5, None), None)
+    assert not Split("train", 0, 10).overlaps(Split("train", 10, None), None)
+    assert not Split("train", None, None).overlaps(Split("test", None, None), None)
+    assert Split("train", -10, None).overlaps(Split("train", 95, None), 100)

@@ -185,6 +185,44 @@ def test_cp_cfl_keeps_the_encoder_frozen_during_tc_then_trains_it(clients, encod
         assert same == (round_ <= 2), round_
 
 
+def test_encoder_epochs_0_keeps_the_encoder_fixed_after_tc_too(clients, encoder):
+    seen = []
+    run_federated(config(rounds=3, head_rounds=1, encoder_epochs=0), clients,
+                  encoder_weights=encoder, verbose=0,
+                  on_round=lambda record, state: seen.append(state.models))
+    for models in seen:
+        assert all(np.array_equal(a, b) for m in models for a, b in zip(m, encoder))
+    assert not np.array_equal(seen[-1][0][-1], seen[0][0][-1])  # the heads do train
+
+
+@pytest.mark.parametrize("backend", ["stacked", "keras"])
+def test_encoder_epochs_1_trains_the_encoder_in_the_first_local_epoch_only(clients, encoder,
+                                                                          backend):
+    """Three local epochs with E_l,f = 1 leave the encoder where one epoch (the same
+    batches) leaves it; the head goes on training."""
+    from cpcfl_tf.federated import algorithm
+    from cpcfl_tf.federated.backends import backend_of
+    from cpcfl_tf.federated.simulator import build_template, initial_pool
+
+    fl = config(local_epochs=3, encoder_epochs=1, head_rounds=0,
+                backend=backend).federated.resolved()
+    template = build_template(fl, clients.train.images.shape[2:], clients.num_classes)
+    trainer = backend_of(template, fl)
+    pool = stack_models(initial_pool(fl, template, encoder, seed=0, attempt=0))
+    ids = np.arange(9) % fl.num_clusters
+    orders = batch_orders(9, clients.train.size, 3, [0, 0, 1])
+    plan = algorithm.plan_round(fl, 0, 0, 0, 9)
+    assert algorithm.encoder_epochs(fl, plan) == [True, False, False]
+    local = LocalTraining.of(fl)
+    three = trainer.train(pool, ids, clients.train, orders, [True, False, False], local)
+    one = trainer.train(pool, ids, clients.train, orders[:1], [True], local)
+    n = len(encoder)
+    for a, b in zip(three[:n], one[:n]):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(three[n], one[n])
+    assert not np.array_equal(one[0], pool[0])  # the first epoch did train the encoder
+
+
 def test_cp_cfl_and_ifca_recover_the_true_groups(clients, encoder):
     cp, _ = run_federated(config(rounds=4, head_rounds=1), clients, encoder_weights=encoder,
                           verbose=0)
@@ -247,6 +285,68 @@ def test_ifca_restarts_under_partial_participation(clients):
     assert record.final.ari == cluster_ari(clients.groups, ids)
 
 
+class _Stop(Exception):
+    pass
+
+
+def test_an_ifca_restart_starts_a_new_pool_and_a_resume_after_it_gives_the_same_run(
+        clients, tmp_path):
+    """The restart branch: a failed clustering at ``restart_round`` starts attempt k+1 from
+    its own new pool with the history cleared; a run killed after a restart resumes to the
+    uninterrupted record. Two clusters of 9 clients with ``min_cluster_share`` 1 always
+    fail (one cluster holds fewer than 4.5), so every attempt restarts."""
+    from cpcfl_tf.federated.simulator import build_template, initial_pool
+
+    c = config(method="ifca", pretraining="none", num_clusters=2, rounds=3, restart_round=2,
+               max_restarts=2, min_cluster_share=1.0)
+    seen = []  # (round, pool) after every round (and restart decision)
+    whole, _ = run_federated(c, clients, verbose=0,
+                             on_round=lambda r, state: seen.append((r["round"], state.models)))
+    assert whole.final.restarts == 2
+    assert [r for r, _ in seen] == [1, 2, 1, 2, 1, 2, 3]  # each attempt counts from 1
+    assert [r.round for r in whole.rounds] == [1, 2, 3]  # only the kept attempt
+    assert whole.final.bytes_up == (3 + 2 * 2) * 9 * whole.final.model_bytes
+    fl = c.federated.resolved()
+    template = build_template(fl, clients.train.images.shape[2:], clients.num_classes)
+    for at, attempt in ((1, 1), (3, 2)):  # the pool right after each restart: the attempt's own
+        fresh = initial_pool(fl, template, None, seed=c.seed, attempt=attempt)
+        for got, want in zip(seen[at][1], fresh):
+            assert all(np.array_equal(a, b) for a, b in zip(got, want))
+    first = initial_pool(fl, template, None, seed=c.seed, attempt=0)
+    assert not np.array_equal(first[0][0], seen[1][1][0][0])
+
+    checkpoint, count = tmp_path / "run.npz", []
+
+    def stop_after_the_first_restart(record, state):
+        count.append(record["round"])
+        if count == [1, 2, 1]:
+            raise _Stop
+
+    with pytest.raises(_Stop):
+        run_federated(c, clients, checkpoint=checkpoint, verbose=0,
+                      on_round=stop_after_the_first_restart)
+    resumed, _ = run_federated(c, clients, checkpoint=checkpoint, verbose=0)
+    assert resumed.rounds == whole.rounds and resumed.final == whole.final
+
+
+def test_client_test_labels_reach_neither_selection_nor_training(clients):
+    """Selection uses the clients' training data and evaluation their test data: with the
+    test labels shuffled, cluster ids and weights stay bit for bit, only scores move."""
+    import dataclasses
+
+    rng = np.random.default_rng(3)
+    shuffled = dataclasses.replace(clients, test=dataclasses.replace(
+        clients.test, labels=rng.permutation(clients.test.labels.reshape(-1))
+        .reshape(clients.test.labels.shape)))
+    c = config(method="ifca", pretraining="none", rounds=3)
+    (real, real_state), (fake, fake_state) = (run_federated(c, data, verbose=0)
+                                              for data in (clients, shuffled))
+    assert [r.cluster_ids for r in real.rounds] == [r.cluster_ids for r in fake.rounds]
+    for a, b in zip(real_state.models, fake_state.models):
+        assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert real.final.accuracy != fake.final.accuracy  # the test labels were used: to score
+
+
 def test_divergence_is_a_clear_error(clients):
     with pytest.raises(UserError, match=r"diverged .*federated\.learning_rate"):
         run_federated(config(method="fedavg", pretraining="none", rounds=2, learning_rate=1e30),
@@ -278,7 +378,10 @@ def test_a_run_killed_mid_way_resumes_to_the_uninterrupted_result(clients, tmp_p
     finally:
         proc.kill()
         proc.wait(timeout=60)
-    assert checkpoint.exists()
+    assert proc.returncode == -signal.SIGKILL  # killed, not finished
+    import json
+    with np.load(checkpoint) as saved:  # the round whose line was printed, or the next
+        assert json.loads(str(saved["__meta__"]))["progress"]["round"] in (3, 4)
     c = config(method="ifca", pretraining="none", rounds=6)
     resumed, _ = run_federated(c, clients, checkpoint=checkpoint, verbose=0)
     whole, _ = run_federated(c, clients, verbose=0)

@@ -178,6 +178,19 @@ class Split:
     def indices(self, size: int) -> range:
         return range(size)[slice(self.start, self.stop)]
 
+    def overlaps(self, other: "Split", size: int | None) -> bool:
+        """Whether the two select a common image (``size``: the base split's, if known;
+        unknown sizes are judged on non-negative bounds alone, else assumed apart)."""
+        if self.base != other.base:
+            return False
+        if size is not None:
+            return bool(set(self.indices(size)) & set(other.indices(size)))
+        bounds = (self.start, self.stop, other.start, other.stop)
+        if any(b is not None and b < 0 for b in bounds):
+            return False
+        end = lambda stop: float("inf") if stop is None else stop  # noqa: E731
+        return max(self.start or 0, other.start or 0) < min(end(self.stop), end(other.stop))
+
     def __str__(self) -> str:
         if self.start is None and self.stop is None:
             return self.base
