@@ -25,10 +25,40 @@ def test_centralized_baselines_score_every_client(clients, by_group):
     assert centralized_baseline(SMOKE, clients, by_group=by_group) == result  # seeded
 
 
-def test_default_centralized_epochs_match_a_clients_passes():
-    c = get_preset("smoke")
-    assert c.federated.centralized_epochs is None
-    assert c.federated.rounds * c.federated.local_epochs == 4
+def test_default_centralized_epochs_are_a_clients_passes(clients):
+    c = get_preset("smoke").with_overrides(federated={"rounds": 2})
+    assert c.federated.centralized_epochs is None and c.federated.local_epochs == 1
+    default = centralized_baseline(c, clients, by_group=False)
+    assert default["epochs"] == 2
+    assert default == centralized_baseline(c.with_overrides(
+        federated={"centralized_epochs": 2}), clients, by_group=False)
+    assert default != centralized_baseline(c.with_overrides(
+        federated={"centralized_epochs": 1}), clients, by_group=False)
+
+
+def test_the_by_group_baseline_trains_one_model_per_group_on_its_data_alone(clients,
+                                                                            monkeypatch):
+    import cpcfl_tf.federated.centralized as centralized
+
+    seen = {}
+    train, score = centralized._train_pooled, centralized.client_probabilities
+
+    def pooled(config, data, *args):
+        seen["data"] = data
+        return train(config, data, *args)
+
+    def probabilities(backend, models, ids, test):
+        seen["models"], seen["ids"] = models, ids
+        return score(backend, models, ids, test)
+
+    monkeypatch.setattr(centralized, "_train_pooled", pooled)
+    monkeypatch.setattr(centralized, "client_probabilities", probabilities)
+    centralized_baseline(SMOKE, clients, by_group=True)
+    assert len(seen["models"]) == 3 and seen["ids"].tolist() == clients.groups.tolist()
+    for g in range(3):  # row g pools exactly group g's training images
+        own = clients.train.images[clients.groups == g]
+        np.testing.assert_array_equal(seen["data"].images[g], own.reshape(-1, *own.shape[2:]))
+    assert not np.array_equal(seen["models"][0][-1], seen["models"][1][-1])
 
 
 def test_supervised_encoder_learns_from_labels():

@@ -43,3 +43,48 @@ def test_a_committed_table_is_regenerated_byte_for_byte_from_its_records(folder,
     script(folder.name).main(["--preset", folder.parent.name, "--out", str(copy)])
     for table in sorted(folder.glob("*.csv")) + sorted(folder.glob("*.md")):
         assert (copy / table.name).read_text() == table.read_text(), table.name
+
+
+def _recomputed(record: dict) -> dict:
+    """What a table column means, computed here from a run record alone."""
+    final, rounds = record["final"], record["rounds"]
+    values = {k: final[k] for k in ("accuracy", "f1_macro", "f1_weighted", "auroc_ovr_macro",
+                                    "auroc_ovr_weighted", "auroc_ovo_macro",
+                                    "auroc_ovo_weighted", "ari", "restarts", "bytes_down",
+                                    "bytes_up", "model_bytes") if k in final}
+    values.update({f"accuracy_t{r['round']}": r["accuracy"] for r in rounds})
+    if rounds:
+        values["best"] = max(r["accuracy"] for r in rounds)
+    return values
+
+
+CSVS = sorted((ROOT / "results").glob("*/*/*.csv"))
+
+
+@pytest.mark.parametrize("table", CSVS, ids=lambda p: str(p.relative_to(ROOT / "results")))
+def test_every_row_of_a_committed_table_is_one_of_its_run_records(table):
+    """Each row's accuracy, best, per-round accuracy, scores, ARI, restarts and bytes
+    equal one record's, recomputed here (a row whose record is gone, or a cell copied
+    from the wrong round, fails)."""
+    import csv
+    import json
+
+    records = [json.loads(p.read_text()) for p in table.parent.glob("*.json")]
+    records = [_recomputed(r) for r in records if {"rounds", "final"} <= set(r)]
+    with open(table) as fh:
+        rows = list(csv.DictReader(fh))
+    checked = 0
+    for row in rows:
+        cells = {k: float(v) for k, v in row.items() if k in _columns(row, records) and v != ""}
+        if not cells:
+            continue
+        checked += 1
+        assert any(all(k in r and r[k] == pytest.approx(v, rel=1e-12, abs=1e-12)
+                       for k, v in cells.items()) for r in records), (row, table.name)
+    assert checked == len(rows) > 0, table
+
+
+def _columns(row: dict, records: list[dict]) -> set[str]:
+    """The row's columns a record defines (accuracy columns of rounds a run has, etc.)."""
+    known = set().union(*records) if records else set()
+    return {k for k in row if k in known}

@@ -2,7 +2,6 @@
 on the smoke preset, and the runner features they rely on."""
 import csv
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -71,11 +70,16 @@ def test_heads_reports_every_head_at_the_quarters(tmp_path):
 def test_supervised_pretrains_with_labels_once_and_caches_it(tmp_path, monkeypatch):
     from cpcfl_tf.federated import centralized
 
+    monkeypatch.setenv("CPCFL_CACHE", str(tmp_path / "cache"))  # its own: empty at first
+    calls, train = [], centralized.supervised_encoder
+    monkeypatch.setattr(centralized, "supervised_encoder",
+                        lambda *a, **k: calls.append(a[1].source) or train(*a, **k))
     out = tmp_path / "out"
     script("supervised").main(["--preset", "smoke", "--out", str(out)])
     record = load(out, "cp-cfl-supervised")
     assert record["pretraining"] == "supervised" and record["method"] == "cp-cfl"
-    cache = Path(os.environ["CPCFL_CACHE"]) / "pretrained"
+    assert calls == ["digits:train[:697]"]  # with the labels of the pre-training split
+    cache = tmp_path / "cache" / "pretrained"
     assert len(list(cache.glob("supervised-cnn-*/encoder.npz"))) == 1
 
     # A second script run reads the cached encoder instead of training again.

@@ -176,6 +176,50 @@ def test_kept_adam_state_with_different_step_counts_trains_each_client_as_alone(
             np.testing.assert_allclose(a[u], b[0], rtol=1e-5, atol=1e-9)
 
 
+def test_kept_adam_state_trains_as_adam_written_in_numpy(clients):
+    """A client resuming Adam from kept moments and step count 7: the stacked backend's
+    weights against Kingma and Ba's update in NumPy (Keras' defaults: beta 0.9 / 0.999,
+    epsilon 1e-7 outside the root), gradients of the plain Keras model."""
+    from cpcfl_tf.federated.backends import ClientMoments
+
+    keras.utils.set_random_seed(4)
+    model = build_classifier(build_encoder("cnn", (32, 32, 3)), build_classifier_head("c", 256, 10))
+    assert len(model.trainable_variables) == len(model.weights)  # no BatchNorm in the CNN
+    data = ClientArrays(clients.train.images[:1], clients.train.labels[:1])
+    pool, orders = stack_models([model.get_weights()]), batch_orders(1, 20, 1, [5])
+    rng = np.random.default_rng(1)
+    m = [0.01 * rng.standard_normal(a.shape).astype(np.float32) for a in pool]
+    v = [1e-4 * rng.random(a.shape).astype(np.float32) for a in pool]
+    kept = ClientMoments([a.copy() for a in m], [a.copy() for a in v], np.array([7]))
+    got = StackedBackend(model).train(pool, np.zeros(1, np.int64), data, orders, [True],
+                                      LocalTraining(batch_size=10), kept)
+
+    lr, b1, b2, eps = 1e-3, 0.9, 0.999, 1e-7
+    w = [a[0].astype(np.float64) for a in pool]
+    m, v = [a[0].astype(np.float64) for a in m], [a[0].astype(np.float64) for a in v]
+    for t, lo in enumerate(range(0, 20, 10), start=8):
+        batch = orders[0, 0, lo:lo + 10]
+        model.set_weights([a.astype(np.float32) for a in w])
+        x = data.images[0, batch].astype(np.float32) / 255.0
+        with tf.GradientTape() as tape:
+            probs = model(x, training=True)
+            loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
+                data.labels[0, batch], probs))
+        grads = [g.numpy().astype(np.float64)
+                 for g in tape.gradient(loss, model.trainable_variables)]
+        for i, g in enumerate(grads):
+            m[i] = b1 * m[i] + (1 - b1) * g
+            v[i] = b2 * v[i] + (1 - b2) * g * g
+            alpha = lr * np.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+            w[i] = w[i] - alpha * m[i] / (np.sqrt(v[i]) + eps)
+    assert kept.steps.tolist() == [9]
+    for a, b, start in zip(got, w, pool):
+        assert not np.array_equal(a[0], start[0])
+        np.testing.assert_allclose(a[0], b, rtol=1e-4, atol=1e-6)
+    for a, b in zip(kept.m, m):
+        np.testing.assert_allclose(a[0], b, rtol=1e-4, atol=1e-7)
+
+
 def test_cp_cfl_keeps_the_encoder_frozen_during_tc_then_trains_it(clients, encoder):
     seen = []
     run_federated(config(rounds=4, head_rounds=2), clients, encoder_weights=encoder, verbose=0,
@@ -246,7 +290,11 @@ def test_a_run_records_the_contract(clients, encoder):
                 "auroc_ovo_macro", "auroc_ovo_weighted", "ari", "restarts", "bytes_down",
                 "bytes_up"):
         assert key in final, key
-    assert final["bytes_down"] + final["bytes_up"] == (3 + 1) * final["model_bytes"] * 4 * 9
+    # 4 rounds x 9 clients: the pool of 3 down (the Tc round too), one model up
+    assert final["bytes_down"] == 3 * final["model_bytes"] * 4 * 9
+    assert final["bytes_up"] == final["model_bytes"] * 4 * 9
+    assert final["model_bytes"] == 4 * sum(int(np.prod(w.shape)) for w in encoder) + 4 * (
+        256 * 10 + 10)  # float32 encoder + head c
     assert record["config"]["federated"]["head_rounds"] == 1
     assert record["clients"][0]["group"] == 0
 
