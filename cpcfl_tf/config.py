@@ -294,18 +294,25 @@ class Config:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        from cpcfl_tf.data.partition import make_group_classes
-        from cpcfl_tf.data.sources import get_spec
+        from cpcfl_tf.data.partition import check_split_sizes, make_group_classes
+        from cpcfl_tf.data.sources import get_spec, parse_split, split_size
 
         _check(isinstance(self.seed, int) and self.seed >= 0,
                f"seed must be a non-negative integer, got {self.seed!r}")
         _check(self.pretrain.encoder == self.federated.encoder,
                f"pretrain.encoder ({self.pretrain.encoder}) and federated.encoder "
                f"({self.federated.encoder}) differ; change both, e.g. Config.with_encoder()")
-        p = self.partition
+        p, d = self.partition, self.data
         if p.kind == "groups":
             make_group_classes(p.num_groups, p.classes_per_group, p.class_overlap,
-                               get_spec(self.data.client_dataset).num_classes)
+                               get_spec(d.client_dataset).num_classes)
+        splits = (d.client_train_split, d.client_test_split)
+        known = get_spec(d.client_dataset).splits
+        if all(parse_split(d.client_dataset, s).base in known for s in splits):
+            # Impossible client counts fail here, by arithmetic, before any image is read.
+            check_split_sizes(p.num_clients, p.class_counts, p.test_fraction, p.disjoint,
+                              p.kind, tuple(split_size(d.client_dataset, s) for s in splits),
+                              tuple(f"{d.client_dataset}:{s}" for s in splits))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -26,6 +26,10 @@ def run(*args, cwd=None):
     (["--set", "federated.rounds=many"], "--set federated.rounds takes an integer"),
     (["--set", "federated.round=3"], "unknown field federated.round"),
     (["--set", "partition.num_clients=16"], "split evenly"),
+    (["--set", "partition.num_clients=99999"],
+     "fashion_mnist_idx:train[50000:] holds 10,000; use at most 200 clients"),
+    (["--set", "partition.test_fraction=20"], "15 clients of 1000 test images need 15,000 "
+                                              "but fashion_mnist_idx:test holds 10,000"),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, message):
     out = tmp_path / "out"

@@ -74,13 +74,43 @@ def test_general_shapes_of_the_protocol(fmnist_clients):
 
 def test_too_few_images_says_how_many_were_needed_and_exist(fmnist_clients):
     train, test = fmnist_clients
+    # class 0: 150 images; its 20 clients ask for about 250 in any draw
+    rare = np.concatenate([np.flatnonzero(train.labels == 0)[:150],
+                           np.flatnonzero(train.labels != 0)])
+    with pytest.raises(UserError, match=r"needs \d+ training images of class 0 from the client "
+                                        r"split but only 150 exist.*disjoint=False"):
+        partition_clients(train.labels[rare], test.labels, num_classes=10, num_clients=60,
+                          seed=0)
     small = train.labels[:400]  # about 40 images per class
-    with pytest.raises(UserError, match=r"needs \d+ training images of class \d+ .* only \d+ "
-                                        r"exist.*disjoint=False"):
-        partition_clients(small, test.labels, num_classes=10, num_clients=60, seed=0)
     shared = partition_clients(small, test.labels, num_classes=10, num_clients=60, seed=0,
                                disjoint=False)
     assert all(len(np.unique(c.train_index)) == 50 for c in shared.clients)
+
+
+@pytest.mark.parametrize("cut,message", [
+    (dict(train=400), "60 clients of 50 training images need 3,000 but the training split "
+                      "holds 400; use at most 8 clients"),
+    (dict(test=1000), "60 clients of 50 test images need 3,000 but the test split holds "
+                      "1,000; use at most 20 clients"),
+    (dict(class3=150), "needs at least 200 training images of class 3 from the training "
+                       "split but only 150 exist"),  # 40 clients share it, 5 images at least
+])
+def test_impossible_partitions_are_refused_by_arithmetic_before_any_draw(
+        fmnist_clients, monkeypatch, cut, message):
+    import cpcfl_tf.data.partition as partition
+
+    train, test = fmnist_clients
+    y, t = train.labels, test.labels
+    if "train" in cut:
+        y = y[:cut["train"]]
+    if "test" in cut:
+        t = t[:cut["test"]]
+    if "class3" in cut:
+        y = y[np.concatenate([np.flatnonzero(y == 3)[:150], np.flatnonzero(y != 3)])]
+    monkeypatch.setattr(partition, "_shortage", lambda *a: pytest.fail("a draw was tried"))
+    with pytest.raises(UserError, match=message):
+        partition_clients(y, t, num_classes=10, num_clients=60, seed=0,
+                          source="the training split", test_source="the test split")
 
 
 @pytest.mark.parametrize("kwargs,message", [

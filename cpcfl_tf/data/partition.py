@@ -97,12 +97,39 @@ def test_counts_for(class_counts: Sequence[int], test_fraction: float) -> tuple[
     return tuple(int(np.floor(c * test_fraction + 0.5)) for c in class_counts)
 
 
+def client_sizes(class_counts: Sequence[int], test_fraction: float, kind: str = "groups"
+                 ) -> tuple[int, int]:
+    """Training and test images of one client."""
+    size = sum(class_counts)
+    if kind == "groups":
+        return size, sum(test_counts_for(class_counts, test_fraction))
+    return size, int(np.floor(size * test_fraction + 0.5))
+
+
+def check_split_sizes(num_clients: int, class_counts: Sequence[int], test_fraction: float,
+                      disjoint: bool, kind: str, sizes: tuple[int, int],
+                      sources: tuple[str, str]) -> None:
+    """Arithmetic before any draw: C disjoint clients need C times a client's images of
+    each split (``sizes``: what the training and test splits hold)."""
+    for split, per_client, have, source in zip(("training", "test"),
+                                               client_sizes(class_counts, test_fraction, kind),
+                                               sizes, sources):
+        need = per_client * (num_clients if disjoint else 1)
+        if need > have:
+            most = have // per_client
+            raise UserError(f"{num_clients} clients of {per_client} {split} images need "
+                            f"{need:,} but {source} holds {have:,}; use at most {most} "
+                            f"clients or smaller class_counts"
+                            + (", or allow shared images (disjoint=False)" if disjoint else ""))
+
+
 def partition_clients(train_labels: np.ndarray, test_labels: np.ndarray, *,
                       num_classes: int, num_clients: int = 60, num_groups: int = 3,
                       classes_per_group: int = 4, class_overlap: int = 1,
                       class_counts: Sequence[int] = (20, 20, 5, 5),
                       test_fraction: float = 1.0, disjoint: bool = True, seed: int = 0,
                       max_draws: int = 1000, source: str = "the client split",
+                      test_source: str = "the client test split",
                       kind: str = "groups", alpha: float = 1.0) -> Partition:
     """Draw the paper's partition (or another ``kind`` of heterogeneity).
 
@@ -128,8 +155,8 @@ def partition_clients(train_labels: np.ndarray, test_labels: np.ndarray, *,
         Determines the whole partition; the paper's "trials" use other seeds.
     max_draws
         Redraws of the per-client count order before giving up as infeasible.
-    source
-        Name of the data, for error messages.
+    source, test_source
+        Names of the training and test splits, for error messages.
     kind, alpha
         ``groups`` (the paper's), ``rotated`` or ``dirichlet`` (with concentration
         ``alpha``); see the module's description.
@@ -147,9 +174,12 @@ def partition_clients(train_labels: np.ndarray, test_labels: np.ndarray, *,
                         f"of a group), got {tuple(class_counts)}")
     if not test_fraction > 0:
         raise UserError(f"test_fraction must be positive, got {test_fraction}")
+    sources = (source, test_source)
+    check_split_sizes(num_clients, class_counts, test_fraction, disjoint, kind,
+                      (len(train_labels), len(test_labels)), sources)
     if kind != "groups":
         return _skewed(train_labels, test_labels, num_classes, num_clients, num_groups,
-                       sum(class_counts), test_fraction, disjoint, seed, source, kind, alpha)
+                       sum(class_counts), test_fraction, disjoint, seed, sources, kind, alpha)
     groups = make_group_classes(num_groups, classes_per_group, class_overlap, num_classes)
     test_counts = test_counts_for(class_counts, test_fraction)
     rng = np.random.default_rng(seed)
@@ -158,6 +188,21 @@ def partition_clients(train_labels: np.ndarray, test_labels: np.ndarray, *,
 
     available = [np.bincount(labels, minlength=num_classes)[:num_classes]
                  for labels in (train_labels, test_labels)]
+    if disjoint:  # whatever the draw, each member of a class's groups takes min(counts)
+        members = np.zeros(num_classes, np.int64)
+        for classes in groups:
+            members[list(classes)] += per_group
+        for which, counts in enumerate((class_counts, test_counts)):
+            least = members * min(counts)
+            short = np.flatnonzero(least > available[which])
+            if len(short):
+                cls = int(short[0])
+                raise UserError(
+                    f"the partition needs at least {int(least[cls])} "
+                    f"{('training', 'test')[which]} images of class {cls} from "
+                    f"{sources[which]} but only {int(available[which][cls])} exist; use "
+                    "fewer clients or smaller class_counts, or allow shared images "
+                    "(disjoint=False)")
     # orders[u, k]: which entry of class_counts client u's k-th group class gets.
     best = None
     for _ in range(max_draws):
@@ -173,7 +218,8 @@ def partition_clients(train_labels: np.ndarray, test_labels: np.ndarray, *,
         split = ("training", "test")[which]
         hint = "use fewer clients or smaller class_counts"
         hint += ", or allow shared images (disjoint=False)" if disjoint else ""
-        raise UserError(f"the partition needs {need} {split} images of class {cls} from {source} "
+        raise UserError(f"the partition needs {need} {split} images of class {cls} from "
+                        f"{sources[which]} "
                         f"but only {have} exist (best of {max_draws} draws); {hint}")
 
     picked = [_rows(labels, _wanted(orders, client_group, groups, counts, num_classes),
@@ -231,7 +277,7 @@ def _rows(labels, wanted: np.ndarray, num_classes, disjoint, rng) -> list[np.nda
 
 
 def _skewed(train_labels, test_labels, num_classes, num_clients, num_groups, size,
-            test_fraction, disjoint, seed, source, kind, alpha) -> Partition:
+            test_fraction, disjoint, seed, sources, kind, alpha) -> Partition:
     """The ``rotated`` and ``dirichlet`` kinds: per client class counts, then rows."""
     if kind not in KINDS:
         raise UserError(f"unknown partition kind {kind!r}; choose one of {', '.join(KINDS)}")
@@ -267,7 +313,7 @@ def _skewed(train_labels, test_labels, num_classes, num_clients, num_groups, siz
                     + (", or allow shared images (disjoint=False)" if disjoint else ""))
             raise UserError(f"the {kind} partition needs {int(need[cls])} "
                             f"{('training', 'test')[which]} images of class {cls} from "
-                            f"{source} but only {int(have[cls])} exist; {hint}")
+                            f"{sources[which]} but only {int(have[cls])} exist; {hint}")
         picked.append(_rows(labels, wanted, num_classes, disjoint, rng))
     everything = tuple(range(num_classes))
     classes = [tuple(int(c) for c in np.flatnonzero(train_counts[u])) for u in range(num_clients)]

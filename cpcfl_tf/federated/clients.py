@@ -64,6 +64,7 @@ def partition_for(config: Config, train: LabeledImages, test: LabeledImages,
     """Draw ``config.partition`` over ``train``/``test`` with ``seed`` (default config.seed)."""
     return partition_clients(train.labels, test.labels, num_classes=train.num_classes,
                              seed=config.seed if seed is None else seed, source=train.source,
+                             test_source=test.source,
                              **dataclasses.asdict(config.partition))
 
 
