@@ -178,5 +178,5 @@ def test_a_tfds_dataset_with_too_few_classes_for_the_partition_is_refused():
 
     with pytest.raises(UserError, match="client data has 2"):  # 3 groups need 10 classes
         get_preset("quick").with_overrides(data={"client_dataset": "cats_vs_dogs",
-                                                 "client_train_split": "train",
-                                                 "client_test_split": "train"})
+                                                 "client_train_split": "train[:20000]",
+                                                 "client_test_split": "train[20000:]"})
