@@ -40,9 +40,10 @@ of the mean (Student's t, n - 1 degrees of freedom). The verdict:
 - **{HOLDS}**: the interval lies above zero (on the paper's side);
 - **{OPPOSITE}**: the interval lies below zero;
 - **{NOT_SHOWN}**: the interval contains zero;
-- **{CANNOT}**: fewer than {MIN_SEEDS} seeds have both runs (the missing runs and the
-  command that makes them are named), or the data cannot host the claim (the reason is
-  named).
+- **{CANNOT}**: a chosen seed lacks a run, or fewer than {MIN_SEEDS} seeds have both runs
+  (the missing runs and the command that makes them are named; what the rule makes of
+  the seeds there so far is shown beside it), or the data cannot host the claim (the
+  reason is named).
 
 A "close to" link (C11) holds when the interval lies within ± its margin, is
 {OPPOSITE} when it lies wholly outside, and is {NOT_SHOWN} otherwise.
@@ -156,6 +157,8 @@ class Summary:
     per_seed: dict[int, float]
     verdict: str
     margin: float | None = None
+    so_far: str | None = None
+    """With runs missing: the rule applied to the seeds there (None: nothing to say)."""
 
     @property
     def n(self) -> int:
@@ -179,7 +182,8 @@ class Summary:
                 "mean": self.mean, "min": float(values.min()) if self.n else None,
                 "max": float(values.max()) if self.n else None,
                 "ci95": list(self.interval) if self.interval else None,
-                "margin": self.margin, "verdict": self.verdict}
+                "margin": self.margin, "verdict": self.verdict,
+                **({"so_far": self.so_far} if self.so_far else {})}
 
 
 def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
@@ -194,11 +198,16 @@ def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, flo
     return float(values.mean() - half), float(values.mean() + half)
 
 
-def verdict(per_seed: dict[int, float], margin: float | None = None) -> Summary:
+def verdict(per_seed: dict[int, float], margin: float | None = None, *,
+            missing: int = 0) -> Summary:
     """:data:`RULE` applied to per-seed differences (positive: the paper's side), or for
-    a "close to" link (``margin``) to differences that should be near zero."""
+    a "close to" link (``margin``) to differences that should be near zero. ``missing``
+    runs of the chosen seeds make it "cannot be told here", with the verdict so far."""
     if len(per_seed) < MIN_SEEDS:
         return Summary(dict(per_seed), CANNOT, margin)
+    if missing:
+        return dataclasses.replace(verdict(per_seed, margin), verdict=CANNOT,
+                                   so_far=verdict(per_seed, margin).verdict)
     low, high = t_interval(list(per_seed.values()))
     if margin is None:
         result = HOLDS if low > 0 else OPPOSITE if high < 0 else NOT_SHOWN

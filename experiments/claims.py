@@ -285,7 +285,7 @@ class Evidence:
                     diffs = {s: diffs[s] - other[s] for s in diffs if s in other}
             missing = [f"seed {s}: {name}" for s in self.seeds
                        for name, have in found.items() if s not in have]
-            judged.append((link, verdict(diffs, link.margin), missing))
+            judged.append((link, verdict(diffs, link.margin, missing=len(missing)), missing))
         return Judged(claim, judged)
 
 
@@ -363,6 +363,8 @@ def report(config: Config, results: Path, seeds: list[int], judged: list[Judged]
                 why = f"{CANNOT}: {j.claim.cannot}"
             elif summary.verdict == CANNOT:
                 why = f"{CANNOT}: {len(missing)} run(s) missing (`{command} --claims {j.claim.id} --run --resume`)"
+                if summary.so_far:
+                    why += f"; so far (n = {summary.n}): {summary.so_far}"
             rows.append([f"{j.claim.id} {j.claim.text}" if k == 0 else "", link.label,
                          link.paper, " / ".join(_number(v) for v in summary.per_seed.values()) or "-",
                          ours, why])

@@ -79,6 +79,19 @@ def test_each_verdict_kind_is_the_known_answer(tree):
     assert "interval lies above zero" in text  # the rule is written at the top
 
 
+def test_a_link_with_a_chosen_seed_missing_is_not_judged_yet(tree):
+    """Two of five seeds would give an interval, but the verdict waits for all the chosen
+    seeds; what the rule says so far is shown beside it."""
+    for seed in (2, 3, 4):
+        (tree / "somewhere" / f"s{seed}-ifca-fedavg.json").unlink()
+    link = judged(tree, "C1")["C1"]["links"][0]
+    assert link["n"] == 2 and link["verdict"] == CANNOT and link["so_far"] == HOLDS
+    assert "3 run(s) missing" in (tree / "claims.md").read_text()
+    assert "so far (n = 2): holds" in (tree / "claims.md").read_text()
+    assert verdict({0: 1.0, 1: 1.1}, missing=1).verdict == CANNOT
+    assert verdict({0: 1.0, 1: 1.1}).verdict == HOLDS
+
+
 def test_a_claim_the_data_cannot_host_says_why():
     claims = script("claims")
     standard = {c.id: c for c in claims.claims(get_preset("standard"))}
