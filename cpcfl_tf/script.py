@@ -6,9 +6,9 @@ A script is a configuration of the runner::
     SCRIPT = Script(__file__, __doc__)
 
     def main(argv=None):
-        run = SCRIPT.start(argv)                  # parsed, validated, folder checked
-        records = {spec.name: run.runner.run(spec) for spec in SPECS}
-        run.finish(report(records), rows)         # <name>.md (+ <name>.csv), printed
+        session = SCRIPT.start(argv)              # parsed, validated, folder checked
+        records = {spec.name: session.runner.run(spec) for spec in SPECS}
+        session.finish(report(records), rows)     # <name>.md (+ <name>.csv), printed
 """
 from __future__ import annotations
 

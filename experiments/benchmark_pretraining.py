@@ -40,8 +40,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise UserError(f"--image-size must be at least 32, got {args.image_size}")
     if args.batch_size is not None and args.batch_size < 1:
         raise UserError(f"--batch-size must be positive, got {args.batch_size}")
-    run = SCRIPT.session(args)
-    config, out = run.config, run.out
+    session = SCRIPT.session(args)
+    config, out = session.config, session.out
     size = args.image_size or config.data.image_size
     pretrain = dataclasses.replace(
         config.pretrain, encoder=args.encoder,

@@ -300,7 +300,7 @@ def needed(claim: Claim) -> list[tuple[str, bool]]:
     return out
 
 
-def make_missing(run, evidence_: Evidence, chosen: list[Claim]) -> None:
+def make_missing(session, evidence_: Evidence, chosen: list[Claim]) -> None:
     """Run every missing run of ``chosen`` (claim by claim, seed by seed) into the
     script's folder; a record elsewhere in the tree counts only if it was made on this
     kind of CPU (so one seed's evidence comes from one kind of machine)."""
@@ -314,25 +314,25 @@ def make_missing(run, evidence_: Evidence, chosen: list[Claim]) -> None:
         for seed in evidence_.seeds:
             for name, is_eval in needed(claim):
                 if is_eval:
-                    _linear_eval(run, seed)
+                    _linear_eval(session, seed)
                     continue
                 config = evidence_.config_of(name, seed)
                 key = config_key(config)
                 found = evidence_.index.get(config)
                 if key in done or (found is not None and (
-                        run.out in found.path.parents or found.record.environment.get("cpu") == cpu)):
+                        session.out in found.path.parents or found.record.environment.get("cpu") == cpu)):
                     continue
                 done.add(key)
-                run.runner.run(evidence_.spec(name, seed))
+                session.runner.run(evidence_.spec(name, seed))
 
 
-def _linear_eval(run, seed: int) -> None:
-    out = run.out / "linear_eval" / f"seed{seed}"
+def _linear_eval(session, seed: int) -> None:
+    out = session.out / "linear_eval" / f"seed{seed}"
     if (out / "linear_eval.json").exists():
         return
     command = [sys.executable, str(ROOT / "experiments" / "linear_eval.py"), "--preset",
-               run.config.preset, "--seed", str(seed), "--out", str(out)]
-    command += [a for item in run.args.set for a in ("--set", item)]
+               session.config.preset, "--seed", str(seed), "--out", str(out)]
+    command += [a for item in session.args.set for a in ("--set", item)]
     print("$ " + " ".join(command[1:]), flush=True)
     if subprocess.run(command).returncode != 0:
         raise UserError(f"linear evaluation of seed {seed} failed (see above)")
@@ -424,8 +424,8 @@ def _options(parser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    run = SCRIPT.start(argv, _options)
-    config, args = run.config, run.args
+    session = SCRIPT.start(argv, _options)
+    config, args = session.config, session.args
     wanted = [c.strip() for c in args.claims.split(",") if c.strip()]
     unknown = [c for c in wanted if c not in CLAIM_IDS]
     if unknown or not wanted:
@@ -437,10 +437,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                         "scripts wrote), or --run to make the runs")
     by_id = {c.id: c for c in claims(config)}
     chosen = [by_id[c] for c in wanted]
-    ev = Evidence(config, results, args.seeds, run.out)
+    ev = Evidence(config, results, args.seeds, session.out)
     if args.run:
-        make_missing(run, ev, chosen)
-        ev = Evidence(config, results, args.seeds, run.out)
+        make_missing(session, ev, chosen)
+        ev = Evidence(config, results, args.seeds, session.out)
     judged = [ev.judge(c) for c in chosen]
     command = f"python experiments/claims.py --preset {config.preset} --seeds {args.seeds[0]}-{args.seeds[-1]}" \
         if args.seeds == list(range(args.seeds[0], args.seeds[-1] + 1)) else \

@@ -25,14 +25,14 @@ LABELS = COMPARISON_LABELS
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    run = SCRIPT.start(argv)
-    config, grid = run.config, client_settings(run.config)
+    session = SCRIPT.start(argv)
+    config, grid = session.config, client_settings(session.config)
     specs = {(n, spec.key): spec for n, t in grid
              for spec in comparison_specs(f"c{n}-", partition=clients_partition(config, n),
                                           federated={"rounds": t})}
-    run.plan(list(specs.values()))
-    records = {key: run.runner.run(spec) for key, spec in specs.items() if run.wanted(key[1])}
-    labels = {name: label for name, label in LABELS.items() if run.wanted(name)}
+    session.plan(list(specs.values()))
+    records = {key: session.runner.run(spec) for key, spec in specs.items() if session.wanted(key[1])}
+    labels = {name: label for name, label in LABELS.items() if session.wanted(name)}
 
     from cpcfl_tf.plots import plot_accuracy_curves
 
@@ -55,9 +55,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     lines += markdown_table(header, table)
     for n, t in grid:
         plot_accuracy_curves({label: records[(n, name)] for name, label in labels.items()},
-                             run.out / f"accuracy-c{n}.png",
+                             session.out / f"accuracy-c{n}.png",
                              title=f"{n} clients, T = {t} (preset {config.preset})")
-    run.finish("\n".join(lines) + "\n", rows)
+    session.finish("\n".join(lines) + "\n", rows)
 
 
 if __name__ == "__main__":

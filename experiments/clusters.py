@@ -21,9 +21,9 @@ PAPER = {1: 59.33, 2: 65.10, 3: 76.80, 4: 72.80, 5: 72.97}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    run = SCRIPT.start(argv)
-    config = run.config
-    records = {spec.federated["num_clusters"]: run.runner.run(spec) for spec in run.plan(SPECS)}
+    session = SCRIPT.start(argv)
+    config = session.config
+    records = {spec.federated["num_clusters"]: session.runner.run(spec) for spec in session.plan(SPECS)}
 
     from cpcfl_tf.plots import plot_accuracy_curves
 
@@ -40,9 +40,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                      "bytes_down": final.bytes_down, "bytes_up": final.bytes_up})
     lines += markdown_table(["N", "accuracy (%)", "best (%)", "ARI", "paper (STL-10, T = 100)"],
                             table)
-    plot_accuracy_curves({f"N = {n}": r for n, r in records.items()}, run.out / "accuracy.png",
+    plot_accuracy_curves({f"N = {n}": r for n, r in records.items()}, session.out / "accuracy.png",
                          title=f"CP-CFL (SimCLR) by number of clusters (preset {config.preset})")
-    run.finish("\n".join(lines) + "\n", rows)
+    session.finish("\n".join(lines) + "\n", rows)
 
 
 if __name__ == "__main__":

@@ -62,17 +62,17 @@ def relevance(runner: Runner, spec: RunSpec) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    run = SCRIPT.start(argv)
-    config = run.config
+    session = SCRIPT.start(argv)
+    config = session.config
     pairs = dataset_pairs(config)
     for pair in pairs:
         print(f"pair {pair.label} stands for the paper's {pair.paper} "
               f"({'related' if pair.related else 'unrelated'})")
     runs = specs(config)
-    kept = {s.name for s in run.plan([spec for pair in pairs for spec in runs[pair.key]])}
-    records = {(pair.key, spec.key): run.runner.run(spec)
+    kept = {s.name for s in session.plan([spec for pair in pairs for spec in runs[pair.key]])}
+    records = {(pair.key, spec.key): session.runner.run(spec)
                for pair in pairs for spec in runs[pair.key] if spec.name in kept}
-    scores = {pair.key: relevance(run.runner, runs[pair.key][0]) for pair in pairs}
+    scores = {pair.key: relevance(session.runner, runs[pair.key][0]) for pair in pairs}
 
     lines = [f"# Pre-training data vs client data (preset `{config.preset}`), "
              f"T = {config.federated.rounds}", "",
@@ -82,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> None:
               f"({'related' if p.related else 'unrelated'} data)" for p in pairs]
     table, rows = [], []
     for name, label in LABELS.items():
-        if not run.wanted(name):
+        if not session.wanted(name):
             continue
         cells = []
         for pair in pairs:
@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     lines += [""] + markdown_table(
         ["method", *(f"{p.label} ({scores[p.key]:.4f} / {PAPER[p.paper]['relevance']:.4f})"
                      for p in pairs)], table)
-    run.finish("\n".join(lines) + "\n", rows)
+    session.finish("\n".join(lines) + "\n", rows)
 
 
 if __name__ == "__main__":

@@ -37,10 +37,10 @@ def specs(local_epochs: int) -> list[RunSpec]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    run = SCRIPT.start(argv)
-    config = run.config
+    session = SCRIPT.start(argv)
+    config = session.config
     local = config.federated.local_epochs
-    records = run.run_all(specs(local))
+    records = session.run_all(specs(local))
 
     lines = [f"# Encoder in local training (preset `{config.preset}`), CP-CFL (SimCLR), "
              f"T = {config.federated.rounds}", "",
@@ -55,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                          "ari": final.ari, "f1_macro": final.scores["f1_macro"]})
         table.append([label, *cells])
     lines += markdown_table(["setting", *HEADS], table)
-    run.finish("\n".join(lines) + "\n", rows)
+    session.finish("\n".join(lines) + "\n", rows)
 
 
 if __name__ == "__main__":

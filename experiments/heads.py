@@ -31,15 +31,15 @@ PAPER = {
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    run = SCRIPT.start(argv)
-    config = run.config
+    session = SCRIPT.start(argv)
+    config = session.config
     pairs = dataset_pairs(config)
     specs = {(pair.key, head): RunSpec(f"{pair.key}-cp-cfl-simclr-{head}", "cp-cfl", "simclr",
                                        federated={"head": head}, data=pair.data,
                                        partition=pair.partition)
              for pair in pairs for head in HEADS}
-    run.plan(list(specs.values()))
-    records = {key: run.runner.run(spec) for key, spec in specs.items()}
+    session.plan(list(specs.values()))
+    records = {key: session.runner.run(spec) for key, spec in specs.items()}
 
     from cpcfl_tf.plots import plot_accuracy_curves
 
@@ -62,9 +62,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         lines += markdown_table(["head", *(f"T={t}" for t in marks), "paper T=25/75/100"],
                                 table) + [""]
         plot_accuracy_curves({f"head {h}": records[(pair.key, h)] for h in HEADS},
-                             run.out / f"accuracy-{pair.key}.png",
+                             session.out / f"accuracy-{pair.key}.png",
                              title=f"CP-CFL (SimCLR) by head, {pair.label}")
-    run.finish("\n".join(lines), rows)
+    session.finish("\n".join(lines), rows)
 
 
 if __name__ == "__main__":

@@ -44,9 +44,9 @@ def specs(config: Config) -> list[RunSpec]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    run = SCRIPT.start(argv)
-    config = run.config
-    records = run.run_all(specs(config))
+    session = SCRIPT.start(argv)
+    config = session.config
+    records = session.run_all(specs(config))
 
     from cpcfl_tf.plots import plot_accuracy_curves
 
@@ -76,9 +76,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         curves = {METHODS[n][2]: records[f"{key}-{n}"] for n in METHODS
                   if f"{key}-{n}" in records}
         if curves:
-            plot_accuracy_curves(curves, run.out / f"accuracy-{key}.png",
+            plot_accuracy_curves(curves, session.out / f"accuracy-{key}.png",
                                  title=f"{label} (preset {config.preset})")
-    run.finish("\n".join(lines) + "\n", rows)
+    session.finish("\n".join(lines) + "\n", rows)
 
 
 if __name__ == "__main__":

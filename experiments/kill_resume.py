@@ -151,8 +151,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         from cpcfl_tf.errors import UserError
 
         raise UserError(f"--kills must be >= 0, got {args.kills}")
-    run = SCRIPT.session(args)
-    config, out = run.config, run.out
+    session = SCRIPT.session(args)
+    config, out = session.config, session.out
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="kill_resume-"))
     try:
         summary = check(work, config, args.kills)
@@ -171,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> None:
               f"- Final record {'identical to' if summary['identical'] else 'DIFFERENT from'} "
               f"the uninterrupted run's (timing and environment aside).\n"
               f"- Partial or unreadable files left: {len(summary['leftovers'])}.\n")
-    run.finish(report)
+    session.finish(report)
     if not summary["identical"] or summary["leftovers"] or summary["final_exit"] != 0:
         raise SystemExit("error: a killed and resumed run did not end as the uninterrupted one")
 

@@ -43,13 +43,13 @@ def _earlier(path, config: Config, methods: list[str]) -> dict | None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    run = SCRIPT.start(argv, _options)
-    config, out, args = run.config, run.out, run.args
+    session = SCRIPT.start(argv, _options)
+    config, out, args = session.config, session.out, session.args
     methods = args.methods
     earlier = None if args.force else _earlier(out / "linear_eval.json", config, methods)
     if earlier is not None:
         print(f"kept the earlier evaluation ({out / 'linear_eval.json'})")
-        run.finish(_report(config, earlier["rows"], **earlier["proxy"]))
+        session.finish(_report(config, earlier["rows"], **earlier["proxy"]))
         return
     import keras
 
@@ -65,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> None:
              "accuracy": linear_eval(random_encoder, proxy_train, proxy_test, seed=config.seed)}]
     print(f"random encoder: linear evaluation accuracy {rows[0]['accuracy']:.4f}")
     for method in methods:
-        result = run.runner.encoders.contrastive(config, method)
+        result = session.runner.encoders.contrastive(config, method)
         last = result.history[-1]
         rows.append({"pretraining": method, "epochs": config.pretrain.epochs,
                      "accuracy": linear_eval(result.encoder, proxy_train, proxy_test,
@@ -80,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "seeds": {"data": config.seed, "train": config.seed},
         "proxy": {"train": proxy_train.source, "test": proxy_test.source},
         "rows": rows, "environment": environment()})
-    run.finish(_report(config, rows, proxy_train.source, proxy_test.source))
+    session.finish(_report(config, rows, proxy_train.source, proxy_test.source))
 
 
 def _report(config: Config, rows: list[dict], train: str, test: str) -> str:

@@ -146,12 +146,12 @@ def flip_lines(record: RunRecord, probe_rounds: list[dict], groups: np.ndarray) 
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    run = SCRIPT.start(argv)
-    config, out = run.config, run.out
+    session = SCRIPT.start(argv)
+    config, out = session.config, session.out
     records, probes = {}, {}
-    for spec in run.plan(SPECS):
-        probe = probe_for(run.runner, spec)
-        records[spec.name] = run.runner.run(spec, on_round=probe)
+    for spec in session.plan(SPECS):
+        probe = probe_for(session.runner, spec)
+        records[spec.name] = session.runner.run(spec, on_round=probe)
         probes[spec.name] = read_probe(out / f"{spec.name}.rounds.json")
 
     from cpcfl_tf.plots import plot_accuracy_curves, plot_class_accuracy
@@ -186,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if probes["fedavg-none-paper"]:
         plot_class_accuracy(probes["fedavg-none-paper"], out / "class_accuracy-fedavg-none.png",
                             title="FedAvg (None), Adam 1e-3 fresh: test accuracy per class")
-    run.finish("\n".join(lines) + "\n", rows)
+    session.finish("\n".join(lines) + "\n", rows)
 
 
 if __name__ == "__main__":

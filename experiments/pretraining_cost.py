@@ -30,8 +30,8 @@ def _options(parser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    run = SCRIPT.start(argv, _options)
-    config, out, args = run.config, run.out, run.args
+    session = SCRIPT.start(argv, _options)
+    config, out, args = session.config, session.out, session.args
     if args.repeats < 1:
         raise UserError(f"--repeats must be >= 1, got {args.repeats}")
 
@@ -92,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> None:
           f"{r['seconds_per_step']:.3f}", r["steps_per_epoch"], f"{r['seconds_per_epoch']:.1f}",
           r["paper_seconds_per_epoch"], f"{r['gflops']:.4f}", f"{r['gflops_96']:.4f}",
           r["paper_gflops"]] for r in rows])
-    run.finish("\n".join(lines) + "\n")
+    session.finish("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

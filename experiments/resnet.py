@@ -53,8 +53,8 @@ def _options(parser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    run = SCRIPT.start(argv, _options)
-    config, args = run.config, run.args
+    session = SCRIPT.start(argv, _options)
+    config, args = session.config, session.args
     if args.trials is not None and args.trials < 1:
         raise UserError(f"--trials must be >= 1, got {args.trials}")
     specs = {encoder: [spec for k in range(args.trials or (
@@ -63,13 +63,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                                                     seed=args.seed + k,
                                                     federated={"head": HEADS[encoder]})]
              for encoder in args.encoders}
-    run.plan([spec for runs in specs.values() for spec in runs])  # ResNets are slow on a CPU
+    session.plan([spec for runs in specs.values() for spec in runs])  # ResNets are slow on a CPU
     records: dict[str, dict[str, list]] = {}
     for encoder, runs in specs.items():
-        records[encoder] = {name: [] for name in COMPARISON if run.wanted(name)}
+        records[encoder] = {name: [] for name in COMPARISON if session.wanted(name)}
         for spec in runs:
             if spec.key in records[encoder]:
-                records[encoder][spec.key].append(run.runner.run(spec))
+                records[encoder][spec.key].append(session.runner.run(spec))
 
     from cpcfl_tf.plots import plot_accuracy_curves
 
@@ -90,10 +90,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                  for name, trial_runs in runs.items() for k, r in enumerate(trial_runs)]
         # The curves show why the paper reports the best round: FedAvg fluctuates.
         plot_accuracy_curves({LABELS[name]: trial_runs[0] for name, trial_runs in runs.items()},
-                             run.out / f"accuracy-{encoder}.png",
+                             session.out / f"accuracy-{encoder}.png",
                              title=f"{encoder}, head {HEADS[encoder]}, trial 1 "
                                    f"(preset {config.preset})")
-    run.finish("\n".join(lines), rows)
+    session.finish("\n".join(lines), rows)
 
 
 if __name__ == "__main__":

@@ -27,10 +27,10 @@ PAPER_DATA = {"pretrain_dataset": "cifar100", "pretrain_split": "train",
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    run = SCRIPT.start(argv)
-    config = run.config
+    session = SCRIPT.start(argv)
+    config = session.config
     data = PAPER_DATA if config.preset == "paper" else {}
-    records = {spec.key: run.runner.run(spec) for spec in run.plan(
+    records = {spec.key: session.runner.run(spec) for spec in session.plan(
         [RunSpec(f"cp-cfl-{pre}", "cp-cfl", pre, data=data, row=pre) for pre in LABELS])}
 
     from cpcfl_tf.plots import plot_accuracy_curves
@@ -50,9 +50,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         rows.append({"pretraining": pre, **{f"accuracy_t{t}": a for t, a in zip(marks, accuracy)},
                      "f1_macro": record.final.scores["f1_macro"], "ari": record.final.ari})
     lines += markdown_table(["pre-training", *(f"T={t}" for t in marks), "paper"], table)
-    plot_accuracy_curves({LABELS[k]: r for k, r in records.items()}, run.out / "accuracy.png",
+    plot_accuracy_curves({LABELS[k]: r for k, r in records.items()}, session.out / "accuracy.png",
                          title=f"CP-CFL by encoder pre-training (preset {config.preset})")
-    run.finish("\n".join(lines) + "\n", rows)
+    session.finish("\n".join(lines) + "\n", rows)
 
 
 if __name__ == "__main__":

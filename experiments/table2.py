@@ -88,9 +88,9 @@ def tables(records: dict[str, RunRecord], preset: str) -> tuple[str, list[dict]]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    run = SCRIPT.start(argv)
-    config, out = run.config, run.out
-    records = run.run_all(SPECS)
+    session = SCRIPT.start(argv)
+    config, out = session.config, session.out
+    records = session.run_all(SPECS)
 
     from cpcfl_tf.plots import (plot_accuracy_curves, plot_client_data_amounts,
                                 plot_cluster_identity)
@@ -102,10 +102,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     if "cp-cfl-simclr" in records:
         plot_cluster_identity(records["cp-cfl-simclr"], out / "cluster_identity.png",
                               title="Cluster identity of each client, CP-CFL (SimCLR)")
-    partition, train, _ = run.runner.partition(SPECS[4].config(config))
+    partition, train, _ = session.runner.partition(SPECS[4].config(config))
     plot_client_data_amounts(partition, train.labels, out / "client_data_amount.png",
                              title=f"Client data per class ({train.source}, seed {config.seed})")
-    run.finish(report, rows)
+    session.finish(report, rows)
 
 
 if __name__ == "__main__":

@@ -100,15 +100,15 @@ def _clustering(record) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    run = SCRIPT.start(argv, _options)
-    config, args = run.config, run.args
+    session = SCRIPT.start(argv, _options)
+    config, args = session.config, session.args
     if args.trials < 1:
         raise UserError(f"--trials must be >= 1, got {args.trials}")
-    specs = run.plan([spec for k in range(args.trials)
+    specs = session.plan([spec for k in range(args.trials)
                       for spec in comparison_specs(f"trial{k + 1}-", seed=args.seed + k)])
-    records = {name: [] for name in COMPARISON if run.wanted(name)}
+    records = {name: [] for name in COMPARISON if session.wanted(name)}
     for spec in specs:
-        records[spec.key].append(run.runner.run(spec))
+        records[spec.key].append(session.runner.run(spec))
 
     lines = [f"# Trials (preset `{config.preset}`): {args.trials} client partitions (seeds "
              f"{args.seed}..{args.seed + args.trials - 1}), {config.partition.num_clients} "
@@ -133,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> None:
              "last_cluster_change": record.last_cluster_change(),
              "restarts": record.final.restarts}
             for name, runs in records.items() for k, record in enumerate(runs)]
-    run.finish("\n".join(lines), rows)
+    session.finish("\n".join(lines), rows)
 
 
 if __name__ == "__main__":
