@@ -272,10 +272,11 @@ class Runner:
 
 def _round_scalars(record: dict, groups: np.ndarray, num_clusters: int) -> dict[str, float]:
     """What TensorBoard shows of a round: accuracy, ARI, and each cluster's size."""
+    from cpcfl_tf.federated.algorithm import cluster_sizes
     from cpcfl_tf.federated.metrics import cluster_ari
 
     ids = np.asarray(record["cluster_ids"])
-    sizes = np.bincount(ids[ids >= 0], minlength=num_clusters)
+    sizes = cluster_sizes(ids, num_clusters)
     return {"accuracy": record["accuracy"], "ari": cluster_ari(groups, ids),
             **{f"cluster_size/{n}": int(c) for n, c in enumerate(sizes)}}
 

@@ -321,12 +321,17 @@ def test_partial_participation_and_global_encoder(clients, encoder):
         assert not np.array_equal(model[10], models[0][10])  # heads stay per cluster
 
 
-def test_ifca_restarts_under_partial_participation(clients):
-    """IFCA's restart check with clients not drawn yet (it crashed on their -1 ids); the
-    final ARI is over the clients that took part."""
+def test_ifca_restarts_under_partial_participation(clients, capsys):
+    """IFCA's restart check, and its notice and progress lines, with clients not drawn yet
+    (each crashed on their -1 ids); the final ARI is over the clients that took part."""
     record, _ = run_federated(config(method="ifca", pretraining="none", rounds=6,
-                                     restart_round=2, participation=0.2), clients, verbose=0)
+                                     restart_round=2, participation=0.2), clients, verbose=1)
     assert len(record.rounds) == 6
+    notices = [l for l in capsys.readouterr().out.splitlines() if "clustering failed" in l]
+    assert len(notices) == record.final.restarts > 0
+    import re
+    sizes = [int(n) for n in re.search(r"\(\[(.*)\] clients", notices[0])[1].split(",")]
+    assert 2 <= sum(sizes) <= 4  # 2 clients a round for 2 rounds: not all 9 have a cluster
     ids = np.array(record.rounds[-1].cluster_ids)
     assert (ids == -1).any()  # someone was never drawn in the kept attempt
     from cpcfl_tf.federated.metrics import cluster_ari

@@ -208,18 +208,22 @@ def should_restart(fl, finished_round: int, attempt: int, cluster_ids: np.ndarra
             and clustering_failed(cluster_ids, fl.num_clusters, fl.min_cluster_share))
 
 
+def cluster_sizes(cluster_ids: np.ndarray, num_models: int) -> np.ndarray:
+    """``(N,)`` clients per cluster, over the clients that have taken part (id >= 0: with
+    partial participation some may not have been drawn yet)."""
+    ids = np.asarray(cluster_ids)
+    return np.bincount(ids[ids >= 0], minlength=num_models)
+
+
 def clustering_failed(cluster_ids: np.ndarray, num_models: int, min_share: float) -> bool:
     """IFCA's failure: one model taken by every client, or a cluster whose share of
-    clients is below ``min_share`` of the fair share ``1/N`` (docs/choices.md)."""
-    # Judged on the clients that have taken part (id >= 0): with partial participation
-    # some may not have been drawn yet.
-    assigned = np.asarray(cluster_ids)
-    assigned = assigned[assigned >= 0]
-    if num_models == 1 or assigned.size == 0:
+    clients is below ``min_share`` of the fair share ``1/N`` (docs/choices.md), judged on
+    the clients that have taken part."""
+    counts = cluster_sizes(cluster_ids, num_models)
+    taken = int(counts.sum())
+    if num_models == 1 or taken == 0:
         return False
-    counts = np.bincount(assigned, minlength=num_models)
-    return bool(counts.max() == assigned.size
-                or counts.min() < min_share * assigned.size / num_models)
+    return bool(counts.max() == taken or counts.min() < min_share * taken / num_models)
 
 
 @dataclasses.dataclass
@@ -314,7 +318,7 @@ def run_rounds(fl, seed: int, federation: Federation, start: Callable[[int], Ser
         if should_restart(fl, progress.round, progress.attempt, assigned):
             if say:
                 say(f"clustering failed after round {progress.round} "
-                    f"({np.bincount(assigned, minlength=fl.num_clusters).tolist()} clients per "
+                    f"({cluster_sizes(assigned, fl.num_clusters).tolist()} clients per "
                     f"cluster); restart {progress.attempt + 1}/{fl.max_restarts}")
             progress = dataclasses.replace(progress, round=0, attempt=progress.attempt + 1,
                                            history=[], assigned=[])

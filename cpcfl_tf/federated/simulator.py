@@ -259,8 +259,7 @@ def _evaluate(backend, models, assigned, clients: Clients, round_: int, fl: Fede
 def _report(record: dict, fl: FederatedConfig, progress: algorithm.Progress) -> None:
     """The run's progress line: on a terminal rewritten in place, in a log one per round."""
     done = progress.round
-    ids = np.asarray(record["cluster_ids"])
-    counts = np.bincount(ids[ids >= 0], minlength=fl.num_clusters)  # -1: not taken part yet
+    counts = algorithm.cluster_sizes(record["cluster_ids"], fl.num_clusters)
     # Time of this process's rounds: a resumed run counts from its checkpoint's total.
     eta = progress.seconds / max(1, done) * (fl.rounds - done)
     line = (f"  round {done}/{fl.rounds}: accuracy {record['accuracy']:.4f}, clusters "
