@@ -303,12 +303,12 @@ class Config:
                f"pretrain.encoder ({self.pretrain.encoder}) and federated.encoder "
                f"({self.federated.encoder}) differ; change both, e.g. Config.with_encoder()")
         p, d = self.partition, self.data
+        spec = get_spec(d.client_dataset)
         if p.kind == "groups":
             make_group_classes(p.num_groups, p.classes_per_group, p.class_overlap,
-                               get_spec(d.client_dataset).num_classes)
+                               spec.num_classes)
         splits = (d.client_train_split, d.client_test_split)
-        known = get_spec(d.client_dataset).splits
-        if all(parse_split(d.client_dataset, s).base in known for s in splits):
+        if all(parse_split(d.client_dataset, s).base in spec.splits for s in splits):
             # Impossible client counts fail here, by arithmetic, before any image is read.
             check_split_sizes(p.num_clients, p.class_counts, p.test_fraction, p.disjoint,
                               p.kind, tuple(split_size(d.client_dataset, s) for s in splits),

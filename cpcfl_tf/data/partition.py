@@ -97,6 +97,12 @@ def test_counts_for(class_counts: Sequence[int], test_fraction: float) -> tuple[
     return tuple(int(np.floor(c * test_fraction + 0.5)) for c in class_counts)
 
 
+def _fix(disjoint: bool, *, fewer: str = "fewer clients", alpha: bool = False) -> str:
+    """What to change when the data cannot hold the partition (the end of the error)."""
+    return (f"use {fewer} or smaller class_counts" + (", or a larger alpha" if alpha else "")
+            + (", or allow shared images (disjoint=False)" if disjoint else ""))
+
+
 def client_sizes(class_counts: Sequence[int], test_fraction: float, kind: str = "groups"
                  ) -> tuple[int, int]:
     """Training and test images of one client."""
@@ -118,9 +124,8 @@ def check_split_sizes(num_clients: int, class_counts: Sequence[int], test_fracti
         if need > have:
             most = have // per_client
             raise UserError(f"{num_clients} clients of {per_client} {split} images need "
-                            f"{need:,} but {source} holds {have:,}; use at most {most} "
-                            f"clients or smaller class_counts"
-                            + (", or allow shared images (disjoint=False)" if disjoint else ""))
+                            f"{need:,} but {source} holds {have:,}; "
+                            + _fix(disjoint, fewer=f"at most {most} clients"))
 
 
 def partition_clients(train_labels: np.ndarray, test_labels: np.ndarray, *,
@@ -200,9 +205,8 @@ def partition_clients(train_labels: np.ndarray, test_labels: np.ndarray, *,
                 raise UserError(
                     f"the partition needs at least {int(least[cls])} "
                     f"{('training', 'test')[which]} images of class {cls} from "
-                    f"{sources[which]} but only {int(available[which][cls])} exist; use "
-                    "fewer clients or smaller class_counts, or allow shared images "
-                    "(disjoint=False)")
+                    f"{sources[which]} but only {int(available[which][cls])} exist; "
+                    + _fix(disjoint))
     # orders[u, k]: which entry of class_counts client u's k-th group class gets.
     best = None
     for _ in range(max_draws):
@@ -216,8 +220,7 @@ def partition_clients(train_labels: np.ndarray, test_labels: np.ndarray, *,
     else:
         _, which, cls, need, have = best
         split = ("training", "test")[which]
-        hint = "use fewer clients or smaller class_counts"
-        hint += ", or allow shared images (disjoint=False)" if disjoint else ""
+        hint = _fix(disjoint)
         raise UserError(f"the partition needs {need} {split} images of class {cls} from "
                         f"{sources[which]} "
                         f"but only {have} exist (best of {max_draws} draws); {hint}")
@@ -308,9 +311,7 @@ def _skewed(train_labels, test_labels, num_classes, num_clients, num_groups, siz
         short = np.flatnonzero(need > have)
         if len(short):
             cls = int(short[0])
-            hint = ("use fewer clients or smaller class_counts"
-                    + (", or a larger alpha" if kind == "dirichlet" else "")
-                    + (", or allow shared images (disjoint=False)" if disjoint else ""))
+            hint = _fix(disjoint, alpha=kind == "dirichlet")
             raise UserError(f"the {kind} partition needs {int(need[cls])} "
                             f"{('training', 'test')[which]} images of class {cls} from "
                             f"{sources[which]} but only {int(have[cls])} exist; {hint}")
