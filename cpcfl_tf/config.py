@@ -26,6 +26,7 @@ import typing
 from typing import Any, Sequence
 
 from cpcfl_tf.errors import UserError
+from cpcfl_tf.methods import METHODS, PRETRAININGS
 
 ENCODER_DIMS = {"cnn": 256, "resnet18": 512, "resnet50": 2048}
 """The encoders and the width of their output (Sec. "Experimental settings", "ResNet-18
@@ -34,18 +35,9 @@ HEAD_WIDTHS = {"c": (), "c-1": (256,), "c-2": (256, 128), "c-3": (256, 128, 64)}
 """Hidden widths of the classifier heads (fig:head_structure)."""
 ENCODERS = tuple(ENCODER_DIMS)
 HEADS = tuple(HEAD_WIDTHS)
-PRETRAIN_METHODS = ("simclr", "byol", "simsiam")
-FL_METHODS = ("fedavg", "ifca", "cp-cfl", "centralized")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 LOCAL_OPTIMIZERS = ("adam", "sgd")
 OPTIMIZER_STATES = ("fresh", "client")
-PRETRAININGS = ("none", "simclr", "byol", "simsiam", "fedavg", "supervised")
-_METHOD_PRETRAININGS = {
-    "fedavg": ("none", "simclr", "byol", "simsiam", "supervised"),
-    "ifca": ("none", "fedavg", "simclr", "byol", "simsiam", "supervised"),
-    "cp-cfl": ("simclr", "byol", "simsiam", "supervised"),
-    "centralized": PRETRAININGS,
-}
 MIN_IMAGE_SIZE = 32
 """The CNN encoder's four valid stride-2 convolutions need at least 31 pixels."""
 
@@ -231,7 +223,7 @@ class FederatedConfig:
     speed-up depends on the machine")."""
 
     def __post_init__(self) -> None:
-        _choice("federated", "method", self.method, FL_METHODS)
+        _choice("federated", "method", self.method, tuple(METHODS))
         _choice("federated", "pretraining", self.pretraining, PRETRAININGS)
         _choice("federated", "encoder", self.encoder, ENCODERS)
         _choice("federated", "head", self.head, HEADS)
@@ -259,23 +251,15 @@ class FederatedConfig:
         _check(self.optimizer_state == "fresh" or self.local_optimizer == "adam",
                "federated.optimizer_state 'client' keeps Adam's moments; "
                f"local_optimizer {self.local_optimizer!r} has none (use fresh)")
-        allowed = _METHOD_PRETRAININGS[self.method]
-        _check(self.pretraining in allowed,
-               f"{self.method} cannot start from pre-training {self.pretraining!r}; choose one "
-               f"of {', '.join(allowed)}" + ("; for random initialisation use method ifca"
-                                             if self.method == "cp-cfl" else ""))
+        METHODS[self.method].check_start(self.pretraining)
 
     def resolved(self) -> "FederatedConfig":
-        """What the method implies: FedAvg is one model (N = 1). The Tc phase (random
-        selection, frozen encoder) belongs to every run that starts from a pre-trained
-        encoder outside IFCA: CP-CFL, and FedAvg (SimCLR) etc., which is CP-CFL with
-        N = 1 (the paper prints 59.33 % for both, tab:different_methods and
-        tab:different_clusters). FedAvg (None) and IFCA have no Tc phase."""
-        head_phase = self.method == "cp-cfl" or (self.method == "fedavg"
-                                                 and self.pretraining != "none")
+        """The settings as the method runs them (:mod:`cpcfl_tf.methods`): its number
+        of models N and its Tc."""
+        method = METHODS[self.method]
         return dataclasses.replace(
-            self, num_clusters=1 if self.method == "fedavg" else self.num_clusters,
-            head_rounds=self.head_rounds if head_phase else 0)
+            self, num_clusters=method.num_models(self.num_clusters),
+            head_rounds=method.head_rounds(self.pretraining, self.head_rounds))
 
     @property
     def encoder_trains(self) -> int:

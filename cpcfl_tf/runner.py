@@ -24,6 +24,7 @@ from cpcfl_tf.config import Config, config_record
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.experiment import run_environment
 from cpcfl_tf.federated.starting import StartingEncoders
+from cpcfl_tf.methods import FEDAVG_ENCODER_RUN, METHODS, run_label
 from cpcfl_tf.record import RunRecord, read_record, write_record
 
 
@@ -60,11 +61,9 @@ class RunSpec:
             partition=dict(self.partition), data=dict(self.data), pretrain=dict(self.pretrain))
 
 
-COMPARISON = {"fedavg-none": ("fedavg", "none", "FedAvg (None)"),
-              "fedavg-simclr": ("fedavg", "simclr", "FedAvg (SimCLR)"),
-              "ifca-none": ("ifca", "none", "IFCA (None)"),
-              "ifca-fedavg": ("ifca", "fedavg", "IFCA (FedAvg)"),
-              "cp-cfl-simclr": ("cp-cfl", "simclr", "CP-CFL (SimCLR)")}
+COMPARISON = {f"{method}-{pre}": (method, pre, run_label(method, pre))
+              for method, pre in (("fedavg", "none"), ("fedavg", "simclr"), ("ifca", "none"),
+                                  ("ifca", "fedavg"), ("cp-cfl", "simclr"))}
 """The five rows (run name: method, pre-training, label) the paper compares in most tables."""
 COMPARISON_LABELS = {name: label for name, (_, _, label) in COMPARISON.items()}
 """Run name -> the label the paper's tables use."""
@@ -242,12 +241,12 @@ class Runner:
                             "continue it or --force to start it over")
         if self.verbose:
             fl = config.federated
-            length = (f"{fl.centralized_epochs or fl.rounds * fl.local_epochs} epochs"
-                      if fl.method == "centralized" else f"{fl.rounds} rounds")
+            length = (f"{fl.rounds} rounds" if METHODS[fl.method].federated
+                      else f"{fl.centralized_epochs or fl.rounds * fl.local_epochs} epochs")
             print(f"{spec.name}: {fl.method} ({fl.pretraining}), "
                   f"{config.partition.num_clients} clients, {length}")
         encoder = self.encoders(config)
-        if config.federated.method == "centralized":
+        if not METHODS[config.federated.method].federated:
             from cpcfl_tf.federated.centralized import run_centralized
 
             record = run_centralized(config, self.clients(config), encoder)
@@ -257,7 +256,7 @@ class Runner:
                                           checkpoint=checkpoint, verbose=self.verbose,
                                           on_round=self._scalars(spec, config, clients, on_round),
                                           max_clients=self.max_clients)
-            if config.federated.method == "fedavg" and config.federated.pretraining == "none":
+            if (config.federated.method, config.federated.pretraining) == FEDAVG_ENCODER_RUN:
                 # IFCA (FedAvg) starts from this model's encoder: kept, also for later runs.
                 self.encoders.keep_fedavg(config, global_encoder(state))
         record = dataclasses.replace(record, experiment=self.experiment,
@@ -286,5 +285,5 @@ def _same_config(record: RunRecord, config: Config) -> bool:
     it resolved (what a method implies can change, e.g. FedAvg (SimCLR)'s Tc phase)."""
     if config_record(record.requested) != config_record(config):
         return False
-    return (config.federated.method == "centralized"
+    return (not METHODS[config.federated.method].federated
             or record.config.federated == config.federated.resolved())

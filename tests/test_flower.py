@@ -191,6 +191,11 @@ def test_the_run_config_takes_any_setting_as_the_scripts_set_does():
     with pytest.raises(UserError, match="optimizer_state 'client' is not available on Flower"):
         run_config({**RUN, "set": "federated.local_optimizer=adam "
                                   "federated.optimizer_state=client"})
+    # refused before any node is waited for: no federation runs these
+    with pytest.raises(UserError, match="centralized baseline, not a federation"):
+        run_config({**RUN, "method": "centralized"})
+    with pytest.raises(UserError, match="pre-training 'fedavg' is not available on Flower"):
+        run_config({**RUN, "method": "ifca", "pretraining": "fedavg"})
 
 
 def test_the_loopback_passes_set_through_flwr_run_config_parsing():

@@ -8,7 +8,7 @@ from helpers import ROOT
 
 LAYERS = {
     "errors": 0, "results": 0, "scalars": 0,
-    "data": 1,
+    "data": 1, "methods": 1,
     "config": 2,
     "models": 3, "flops": 3,
     "contrastive": 4,

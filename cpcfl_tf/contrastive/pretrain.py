@@ -24,10 +24,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from cpcfl_tf.config import PRETRAIN_METHODS, DataConfig, PretrainConfig
+from cpcfl_tf.config import DataConfig, PretrainConfig
 from cpcfl_tf.contrastive.methods import BYOL, SimCLR, SimSiam, ContrastiveModel
 from cpcfl_tf.data.augment import build_augmenter
 from cpcfl_tf.errors import DivergedError, UserError
+from cpcfl_tf.methods import PRETRAIN_METHODS
 from cpcfl_tf.models import ENCODER_DIMS, build_encoder, build_predictor, build_projector
 from cpcfl_tf.results import (CACHE_FIX, cache_root, prepare_out_dir, read_cache_entry,
                               write_atomic, write_json)

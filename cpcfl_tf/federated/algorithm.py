@@ -22,6 +22,8 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
+from cpcfl_tf.methods import METHODS
+
 Weights = list[np.ndarray]
 
 
@@ -202,8 +204,8 @@ def aggregate(state: ServerState, client_weights: Sequence[np.ndarray], cluster_
 def should_restart(fl, finished_round: int, attempt: int, cluster_ids: np.ndarray) -> bool:
     """IFCA's restart rule: after ``fl.restart_round`` rounds, an IFCA run whose clustering
     failed starts over with new random models, at most ``fl.max_restarts`` times. CP-CFL and
-    FedAvg never restart (the paper gives CP-CFL no restart rule)."""
-    return (fl.method == "ifca" and finished_round == fl.restart_round
+    FedAvg never restart (the paper gives CP-CFL no restart rule): :mod:`cpcfl_tf.methods`."""
+    return (METHODS[fl.method].restarts and finished_round == fl.restart_round
             and attempt < fl.max_restarts
             and clustering_failed(cluster_ids, fl.num_clusters, fl.min_cluster_share))
 

@@ -28,6 +28,7 @@ from cpcfl_tf.federated.backends import (ClientMoments, LocalTraining, backend_o
                                          batch_orders, client_losses, client_probabilities,
                                          stack_models)
 from cpcfl_tf.federated.clients import Clients
+from cpcfl_tf.federated.starting import fedavg_config
 from cpcfl_tf.federated.metrics import client_accuracy, cluster_ari, pooled_scores
 from cpcfl_tf.models import ENCODER_DIMS, build_classifier, build_classifier_head, build_encoder
 from cpcfl_tf.record import Final, Round, RunRecord
@@ -229,8 +230,7 @@ def fedavg_encoder(config: Config, clients: Clients, *, checkpoint: str | Path |
     """IFCA(FedAvg)'s starting encoder: the encoder of the global model of a FedAvg run
     (random initialisation, the same clients and rounds). Returns it and that run's record.
     """
-    fedavg = config.with_overrides(federated={"method": "fedavg", "pretraining": "none"})
-    record, state = run_federated(fedavg, clients, checkpoint=checkpoint, verbose=verbose)
+    record, state = run_federated(fedavg_config(config), clients, checkpoint=checkpoint, verbose=verbose)
     return global_encoder(state), record
 
 

@@ -25,8 +25,9 @@ from typing import Callable
 
 import numpy as np
 
-from cpcfl_tf.config import PRETRAIN_METHODS, Config, config_record, without_added
+from cpcfl_tf.config import Config, config_record, without_added
 from cpcfl_tf.federated.clients import Clients
+from cpcfl_tf.methods import FEDAVG_ENCODER_RUN, PRETRAIN_METHODS
 from cpcfl_tf.results import cache_root, read_weights, write_weights
 from cpcfl_tf.scalars import ScalarLog
 
@@ -35,7 +36,8 @@ Weights = list[np.ndarray]
 
 def fedavg_config(config: Config) -> Config:
     """The FedAvg (None) run whose encoder IFCA (FedAvg) with ``config`` starts from."""
-    return config.with_overrides(federated={"method": "fedavg", "pretraining": "none"})
+    method, pretraining = FEDAVG_ENCODER_RUN
+    return config.with_overrides(federated={"method": method, "pretraining": pretraining})
 
 
 class StartingEncoders:
@@ -98,7 +100,7 @@ class StartingEncoders:
 
     def contrastive(self, config: Config, method: str):
         """The server's cached contrastive pre-training (``method`` in
-        :data:`~cpcfl_tf.config.PRETRAIN_METHODS`), with its history."""
+        :data:`~cpcfl_tf.methods.PRETRAIN_METHODS`), with its history."""
         from cpcfl_tf.contrastive.pretrain import pretrained_encoder
 
         assert method in PRETRAIN_METHODS, method

@@ -14,6 +14,7 @@ import numpy as np
 
 from cpcfl_tf.config import Config, get_preset, parse_settings
 from cpcfl_tf.errors import UserError
+from cpcfl_tf.methods import METHODS
 
 DEFAULTS: dict[str, Any] = {
     "preset": "smoke", "method": "cp-cfl", "pretraining": "simclr", "num-clusters": 2,
@@ -41,7 +42,15 @@ def run_config(values: Mapping[str, Any]) -> Config:
                         "set=\"data.client_dataset='folder:/my images'\"") from None
     settings = parse_settings(items)
     config = config.with_overrides(**settings) if settings else config
-    if config.federated.optimizer_state != "fresh":
+    fl = config.federated
+    if not METHODS[fl.method].federated:
+        raise UserError(f"method {fl.method!r} is a centralized baseline, not a federation; "
+                        "run it in the simulator (experiments/datasets.py)")
+    if fl.pretraining == "fedavg":
+        # IFCA (FedAvg) starts from a FedAvg (None) run's encoder: a federation of its own.
+        raise UserError("pre-training 'fedavg' is not available on Flower; use none, simclr, "
+                        "byol, simsiam or supervised, or the simulator")
+    if fl.optimizer_state != "fresh":
         # A ClientApp starts afresh for every message: no Adam state survives a round, so
         # a node would silently train unlike the simulator.
         raise UserError("federated.optimizer_state 'client' is not available on Flower; "

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from cpcfl_tf.config import PRETRAIN_METHODS
+from cpcfl_tf.methods import METHODS, PRETRAIN_METHODS
 from cpcfl_tf.errors import UserError
 
 APP_DIR = Path(__file__).with_name("app")
@@ -166,7 +166,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                                         "on 127.0.0.1 (1 SuperLink, K SuperNodes).")
     parser.add_argument("--nodes", type=int, default=3, help="SuperNodes = clients (default 3)")
     parser.add_argument("--preset", default="smoke", help="data and model preset (default smoke)")
-    parser.add_argument("--method", default="cp-cfl", choices=["fedavg", "ifca", "cp-cfl"])
+    parser.add_argument("--method", default="cp-cfl",
+                        choices=[m for m in METHODS if METHODS[m].federated])
     parser.add_argument("--pretraining", default="simclr",
                         choices=["none", *PRETRAIN_METHODS, "supervised"])
     parser.add_argument("--num-clusters", type=int, default=2)

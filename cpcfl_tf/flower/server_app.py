@@ -109,9 +109,6 @@ def main(grid: Grid, context: Context) -> None:
     print(f"[cpcfl] {len(partition_of)} nodes: partitions {sorted(partition_of.values())}",
           flush=True)
 
-    if fl.pretraining == "fedavg":  # would need a FedAvg federation first
-        raise ValueError("pre-training 'fedavg' is not available on Flower; use none, "
-                         "simclr, byol, simsiam or supervised")
     # The server's own pre-training (its data, never the nodes').
     encoder_weights = StartingEncoders(verbose=0)(config)
     size = config.data.image_size

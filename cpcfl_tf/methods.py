@@ -1,0 +1,100 @@
+"""What each method is, in one place.
+
+A run is a method (``federated.method``) started from a starting encoder
+(``federated.pretraining``). Everything the kit does differently per method is a field of
+its :class:`Method` here; the config, the algorithm, the simulator, the Flower apps and
+the runner read these fields and never test a method's name. Adding a method is an entry
+in :data:`METHODS` plus, if it needs one, a new rule in
+:mod:`cpcfl_tf.federated.algorithm` (docs/extending.md lists the files).
+
+This module imports nothing of the kit but its errors, so every layer may read it.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from cpcfl_tf.errors import UserError
+
+PRETRAIN_METHODS = ("simclr", "byol", "simsiam")
+"""The server's contrastive pre-trainings (:mod:`cpcfl_tf.contrastive`)."""
+STARTS = {"none": "None", "simclr": "SimCLR", "byol": "BYOL", "simsiam": "SimSiam",
+          "fedavg": "FedAvg", "supervised": "Supervised"}
+"""Every starting encoder (``federated.pretraining``) and how tables name it:
+random initialisation, the three contrastive pre-trainings, the encoder of a FedAvg (None)
+run on the same clients (:data:`FEDAVG_ENCODER_RUN`), supervised pre-training."""
+PRETRAININGS = tuple(STARTS)
+
+FEDAVG_ENCODER_RUN = ("fedavg", "none")
+"""(method, starting encoder) of the run whose final global encoder is the ``fedavg``
+starting encoder (IFCA (FedAvg), tab:different_methods)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """One method: what it may start from and what its run implies."""
+
+    name: str
+    """``federated.method``."""
+    label: str
+    """How tables name it (with the starting encoder: :func:`run_label`)."""
+    starts: tuple[str, ...]
+    """The starting encoders it can use."""
+    one_model: bool = False
+    """A pool of one model (N = 1) whatever ``federated.num_clusters`` says."""
+    head_phase: bool = False
+    """From a pre-trained encoder, the first Tc rounds draw models at random and train
+    heads only (Algorithm "CP-CFL"); from random weights there is no Tc phase."""
+    restarts: bool = False
+    """IFCA's restart rule: start over with a new random pool when clustering failed
+    after ``federated.restart_round`` rounds."""
+    federated: bool = True
+    """False: a centralized baseline (no rounds, no clusters; :mod:`cpcfl_tf.federated.centralized`)."""
+    instead: str = ""
+    """What to use instead, said when a start is refused."""
+
+    def head_rounds(self, pretraining: str, tc: int) -> int:
+        """Tc as this method runs it from ``pretraining``."""
+        return tc if self.head_phase and pretraining != "none" else 0
+
+    def num_models(self, num_clusters: int) -> int:
+        """N as this method runs it."""
+        return 1 if self.one_model else num_clusters
+
+    def check_start(self, pretraining: str) -> None:
+        """Refuse, in one line, a starting encoder this method cannot use."""
+        if pretraining not in self.starts:
+            raise UserError(f"{self.name} cannot start from pre-training {pretraining!r}; "
+                            f"choose one of {', '.join(self.starts)}"
+                            + (f"; {self.instead}" if self.instead else ""))
+
+
+METHODS = {m.name: m for m in (
+    # FedAvg (SimCLR) etc. is CP-CFL with N = 1, so it has the Tc phase too: the paper
+    # prints 59.33 % for both (tab:different_methods and tab:different_clusters).
+    Method("fedavg", "FedAvg", ("none", "simclr", "byol", "simsiam", "supervised"),
+           one_model=True, head_phase=True),
+    # IFCA: no Tc phase; restarts when clustering fails (Sec. "Baselines").
+    Method("ifca", "IFCA", ("none", "fedavg", "simclr", "byol", "simsiam", "supervised"),
+           restarts=True),
+    # CP-CFL: a pre-trained encoder and the Tc phase (Algorithm "CP-CFL"); no restart
+    # rule (the paper gives it none).
+    Method("cp-cfl", "CP-CFL", ("simclr", "byol", "simsiam", "supervised"), head_phase=True,
+           instead="for random initialisation use method ifca"),
+    # The centralized baselines of tab:different_datasets (pooled, or pooled by group).
+    Method("centralized", "Centralized", PRETRAININGS, federated=False),
+)}
+"""Every method, by ``federated.method``."""
+
+
+def get_method(name: str) -> Method:
+    """The :class:`Method` called ``name`` (one-line error naming the choices)."""
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise UserError(f"unknown federated.method {name!r}; choose one of "
+                        f"{', '.join(METHODS)}") from None
+
+
+def run_label(method: str, pretraining: str) -> str:
+    """A run's name in tables, e.g. ``CP-CFL (SimCLR)``."""
+    return f"{get_method(method).label} ({STARTS[pretraining]})"

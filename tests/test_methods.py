@@ -1,0 +1,90 @@
+"""One home for what a method is: ``cpcfl_tf/methods.py``."""
+import ast
+import dataclasses
+
+import numpy as np
+import pytest
+
+from helpers import ROOT
+
+from cpcfl_tf.config import get_preset
+from cpcfl_tf.errors import UserError
+from cpcfl_tf.federated.algorithm import should_restart
+from cpcfl_tf.methods import METHODS, STARTS, get_method, run_label
+
+
+def federated(method: str, pretraining: str, **fields):
+    return get_preset("quick").with_overrides(
+        federated={"method": method, "pretraining": pretraining, **fields}).federated
+
+
+@pytest.mark.parametrize("method, pretraining, models, tc", [
+    ("fedavg", "none", 1, 0),      # FedAvg (None): one random model, no Tc phase
+    ("fedavg", "simclr", 1, 10),   # FedAvg (SimCLR): CP-CFL with N = 1
+    ("ifca", "none", 3, 0),
+    ("ifca", "fedavg", 3, 0),
+    ("ifca", "simclr", 3, 0),      # IFCA never has the Tc phase
+    ("cp-cfl", "simclr", 3, 10),
+    ("cp-cfl", "supervised", 3, 10),
+    ("centralized", "simclr", 3, 0),
+])
+def test_each_method_resolves_to_its_pool_size_and_tc(method, pretraining, models, tc):
+    fl = federated(method, pretraining, num_clusters=3, head_rounds=10).resolved()
+    assert (fl.num_clusters, fl.head_rounds) == (models, tc)
+
+
+def test_a_start_the_method_cannot_use_is_refused_in_one_line():
+    with pytest.raises(UserError, match="cp-cfl cannot start from pre-training 'none'; "
+                                        "choose one of .*; for random initialisation use "
+                                        "method ifca"):
+        federated("cp-cfl", "none")
+    with pytest.raises(UserError, match="fedavg cannot start from pre-training 'fedavg'"):
+        federated("fedavg", "fedavg")
+    with pytest.raises(UserError, match="unknown federated.method 'fedprox'; choose one of "
+                                        "fedavg, ifca, cp-cfl, centralized"):
+        federated("fedprox", "none")
+    with pytest.raises(UserError, match="unknown federated.method"):
+        get_method("fedprox")
+
+
+def test_only_ifca_restarts():
+    failed = np.zeros(15, np.int64)  # every client in cluster 0
+    for name in ("fedavg", "ifca", "cp-cfl"):
+        fl = federated(name, "simclr" if name == "cp-cfl" else "none").resolved()
+        assert should_restart(fl, fl.restart_round, 0, failed) == (name == "ifca")
+
+
+def test_a_new_method_is_one_entry(monkeypatch):
+    """A method registered in METHODS alone is accepted by the config and followed by the
+    algorithm: here IFCA without restarts and with the Tc phase from a pre-trained encoder."""
+    entry = dataclasses.replace(METHODS["ifca"], name="ifca-tc", label="IFCA-Tc",
+                                restarts=False, head_phase=True)
+    monkeypatch.setitem(METHODS, "ifca-tc", entry)
+    fl = federated("ifca-tc", "simclr", head_rounds=10).resolved()
+    assert (fl.num_clusters, fl.head_rounds) == (3, 10)
+    assert not should_restart(fl, fl.restart_round, 0, np.zeros(15, np.int64))
+    assert run_label("ifca-tc", "simclr") == "IFCA-Tc (SimCLR)"
+
+
+def test_every_start_has_a_label_and_every_method_a_known_start():
+    assert all(set(m.starts) <= set(STARTS) for m in METHODS.values())
+    assert run_label("ifca", "fedavg") == "IFCA (FedAvg)"
+
+
+def test_no_module_but_methods_compares_a_method_name():
+    """``fl.method == "ifca"`` anywhere else would be a second home for what IFCA is
+    (checked against the old code: it found runner.py, algorithm.py and config.py)."""
+    names = set(METHODS)
+    found = []
+    for path in sorted((ROOT / "cpcfl_tf").rglob("*.py")):
+        if path.name == "methods.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                parts = [node.left, *node.comparators]
+                method = any(isinstance(p, ast.Attribute) and p.attr == "method"
+                             or isinstance(p, ast.Name) and p.id == "method" for p in parts)
+                consts = {p.value for p in parts if isinstance(p, ast.Constant)}
+                if method and names & consts:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not found, found
