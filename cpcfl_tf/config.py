@@ -253,14 +253,6 @@ class FederatedConfig:
                f"local_optimizer {self.local_optimizer!r} has none (use fresh)")
         METHODS[self.method].check_start(self.pretraining)
 
-    def resolved(self) -> "FederatedConfig":
-        """The settings as the method runs them (:mod:`cpcfl_tf.methods`): its number
-        of models N and its Tc."""
-        method = METHODS[self.method]
-        return dataclasses.replace(
-            self, num_clusters=method.num_models(self.num_clusters),
-            head_rounds=method.head_rounds(self.pretraining, self.head_rounds))
-
     @property
     def encoder_trains(self) -> int:
         return self.local_epochs if self.encoder_epochs is None else self.encoder_epochs
@@ -297,6 +289,15 @@ class Config:
             check_split_sizes(p.num_clients, p.class_counts, p.test_fraction, p.disjoint,
                               p.kind, tuple(split_size(d.client_dataset, s) for s in splits),
                               tuple(f"{d.client_dataset}:{s}" for s in splits))
+
+    def resolved(self) -> "Config":
+        """The config as its method runs it (:mod:`cpcfl_tf.methods`): the number of
+        models N and Tc in ``federated``; what a run record keeps as ``config``."""
+        fl, p = self.federated, self.partition
+        method = METHODS[fl.method]
+        return dataclasses.replace(self, federated=dataclasses.replace(
+            fl, num_clusters=method.num_models(fl.num_clusters, p.num_clients, p.num_groups),
+            head_rounds=method.head_rounds(fl.pretraining, fl.head_rounds)))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -24,6 +24,17 @@ random initialisation, the three contrastive pre-trainings, the encoder of a Fed
 run on the same clients (:data:`FEDAVG_ENCODER_RUN`), supervised pre-training."""
 PRETRAININGS = tuple(STARTS)
 
+ASSIGNMENTS = {
+    "loss": "each client picks the pool model with the lowest loss on its own training "
+            "data (Eq. cluster_identity); random picks in the Tc phase",
+    "own": "each client keeps a model of its own; nothing is sent",
+    "groups": "the server puts each client in its true group (which only this reference "
+              "method is told)",
+    "nearest": "the server puts each client's trained model in the cluster of the nearest "
+               "centre (squared L2 distance), and each centre becomes its members' average",
+}
+"""The assignment rules :mod:`cpcfl_tf.federated.algorithm` implements."""
+
 FEDAVG_ENCODER_RUN = ("fedavg", "none")
 """(method, starting encoder) of the run whose final global encoder is the ``fedavg``
 starting encoder (IFCA (FedAvg), tab:different_methods)."""
@@ -41,6 +52,8 @@ class Method:
     """The starting encoders it can use."""
     one_model: bool = False
     """A pool of one model (N = 1) whatever ``federated.num_clusters`` says."""
+    assign: str = "loss"
+    """Who puts each client in a cluster (:data:`ASSIGNMENTS`)."""
     head_phase: bool = False
     """From a pre-trained encoder, the first Tc rounds draw models at random and train
     heads only (Algorithm "CP-CFL"); from random weights there is no Tc phase."""
@@ -56,9 +69,21 @@ class Method:
         """Tc as this method runs it from ``pretraining``."""
         return tc if self.head_phase and pretraining != "none" else 0
 
-    def num_models(self, num_clusters: int) -> int:
+    def num_models(self, num_clusters: int, num_clients: int, num_groups: int) -> int:
         """N as this method runs it."""
-        return 1 if self.one_model else num_clusters
+        if self.one_model:
+            return 1
+        return {"own": num_clients, "groups": num_groups}.get(self.assign, num_clusters)
+
+    @property
+    def server_assigns(self) -> bool:
+        """The server tells each client its model (it is sent that one model only)."""
+        return self.assign != "loss"
+
+    @property
+    def communicates(self) -> bool:
+        """Whether anything is sent at all (not for clients training alone)."""
+        return self.assign != "own"
 
     def check_start(self, pretraining: str) -> None:
         """Refuse, in one line, a starting encoder this method cannot use."""
@@ -68,11 +93,12 @@ class Method:
                             + (f"; {self.instead}" if self.instead else ""))
 
 
+_FEDERATED_STARTS = ("none", "simclr", "byol", "simsiam", "supervised")
+
 METHODS = {m.name: m for m in (
     # FedAvg (SimCLR) etc. is CP-CFL with N = 1, so it has the Tc phase too: the paper
     # prints 59.33 % for both (tab:different_methods and tab:different_clusters).
-    Method("fedavg", "FedAvg", ("none", "simclr", "byol", "simsiam", "supervised"),
-           one_model=True, head_phase=True),
+    Method("fedavg", "FedAvg", _FEDERATED_STARTS, one_model=True, head_phase=True),
     # IFCA: no Tc phase; restarts when clustering fails (Sec. "Baselines").
     Method("ifca", "IFCA", ("none", "fedavg", "simclr", "byol", "simsiam", "supervised"),
            restarts=True),
@@ -82,6 +108,14 @@ METHODS = {m.name: m for m in (
            instead="for random initialisation use method ifca"),
     # The centralized baselines of tab:different_datasets (pooled, or pooled by group).
     Method("centralized", "Centralized", PRETRAININGS, federated=False),
+    # The two references of clustered FL: each client alone (the lower one) and FedAvg
+    # within each true group (the upper one). From a pre-trained encoder both have the
+    # Tc phase, like FedAvg (SimCLR).
+    Method("local", "Local", PRETRAININGS, assign="own", head_phase=True),
+    Method("oracle", "Oracle", PRETRAININGS, assign="groups", head_phase=True),
+    # FeSEM (Long et al., "Multi-center federated learning"): stochastic EM over N
+    # centres by the L2 distance of the clients' models.
+    Method("fesem", "FeSEM", PRETRAININGS, assign="nearest", head_phase=True),
 )}
 """Every method, by ``federated.method``."""
 

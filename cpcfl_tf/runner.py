@@ -189,7 +189,7 @@ class Runner:
         from cpcfl_tf.scalars import ScalarLog
 
         log = ScalarLog(Path(self.tensorboard) / self.experiment / spec.name)
-        clusters = config.federated.resolved().num_clusters
+        clusters = config.resolved().federated.num_clusters
 
         def logged(record: dict, state) -> None:
             log.write(record["round"], _round_scalars(record, clients.groups, clusters))
@@ -286,4 +286,4 @@ def _same_config(record: RunRecord, config: Config) -> bool:
     if config_record(record.requested) != config_record(config):
         return False
     return (not METHODS[config.federated.method].federated
-            or record.config.federated == config.federated.resolved())
+            or record.config.federated == config.resolved().federated)

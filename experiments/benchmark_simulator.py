@@ -125,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                       max_clients_per_step=args.max_clients_per_step,
                       peak_memory_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     if args.baseline_rounds:
-        fl = run.federated.resolved()
+        fl = run.resolved().federated
         model = build_template(fl, shape[2:], 10)
         pool = initial_pool(fl, model, None, seed=args.seed, attempt=0)
         to_float = lambda a: a.astype(np.float32) / 255.0  # noqa: E731

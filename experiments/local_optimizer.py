@@ -95,7 +95,7 @@ def probe_for(runner: Runner, spec: RunSpec) -> RoundProbe:
 
     config = spec.config(runner.base)
     clients = runner.clients(config)
-    fl = config.federated.resolved()
+    fl = config.resolved().federated
     template = build_template(fl, clients.test.images.shape[2:], clients.num_classes)
     return RoundProbe(runner.out / f"{spec.name}.rounds.json", clients,
                       backend_of(template, fl))

@@ -29,7 +29,7 @@ SLOW = ["test_flower.py", "test_scripts.py", "test_table2.py", "test_experiments
 how well the processes fill the cores; a file missing here runs in a process of its own
 after these."""
 FAST = ["test_algorithm.py", "test_centralized.py", "test_config.py", "test_docs.py",
-        "test_folder_source.py", "test_methods.py", "test_metrics.py",
+        "test_families.py", "test_folder_source.py", "test_methods.py", "test_metrics.py",
         "test_layers.py", "test_models.py", "test_partition.py", "test_record_schema.py",
         "test_sources.py"]
 """Files of a few seconds each: one process for all, so TensorFlow is imported once."""

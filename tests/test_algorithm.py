@@ -102,17 +102,18 @@ def test_a_node_alone_selects_what_the_simulator_selects_for_it(participation):
     draws = []
     for t in range(20):
         plan = algorithm.plan_round(fl, 0, 0, t, len(losses))
-        assert plan.explore == (t < 2) and len(plan.participants) == int(6 * participation)
+        assert plan.head_only == (t < 2) == (plan.drawn is not None)
+        assert len(plan.participants) == int(6 * participation)
         again = algorithm.plan_round(fl, 0, 0, t, len(losses))  # recomputable anywhere
         assert np.array_equal(plan.participants, again.participants)
-        assert not plan.explore or np.array_equal(plan.drawn, again.drawn)
+        assert not plan.head_only or np.array_equal(plan.drawn, again.drawn)
         mine = losses[plan.participants]
-        together = algorithm.select(plan, None if plan.explore else mine)
+        together = algorithm.select(plan, None if plan.head_only else mine)
         draws.append(tuple(together))
         for row in range(len(mine)):  # a Flower node sees only its own row of losses
             alone = np.zeros_like(mine)
             alone[row] = mine[row]
-            picked = algorithm.select(plan, None if plan.explore else alone)
+            picked = algorithm.select(plan, None if plan.head_only else alone)
             assert picked[row] == together[row]
     assert len(set(draws[2:])) > 1  # exact ties are broken by the round's draw
 

@@ -22,8 +22,7 @@ def fake(spec, seed, accuracy, *, ari=1.0, restarts=0):
     spec = dataclasses.replace(spec, seed=seed)
     requested = spec.config(SMOKE)
     fl = requested.federated
-    config = requested if fl.method == "centralized" else dataclasses.replace(
-        requested, federated=fl.resolved())
+    config = requested if fl.method == "centralized" else requested.resolved()
     clients = requested.partition.num_clients
     groups = [k * requested.partition.num_groups // clients for k in range(clients)]
     rounds = [Round(t, groups, accuracy) for t in range(1, fl.rounds + 1)]

@@ -98,15 +98,18 @@ def test_overrides_are_validated_and_kept():
 
 
 def test_methods_resolve_to_what_they_imply():
-    fedavg = FederatedConfig(method="fedavg", pretraining="none").resolved()
+    def resolved(**fields):
+        return get_preset("paper").with_overrides(federated=fields).resolved().federated
+
+    fedavg = resolved(method="fedavg", pretraining="none")
     assert (fedavg.num_clusters, fedavg.head_rounds) == (1, 0)
-    assert FederatedConfig(method="ifca", pretraining="none").resolved().head_rounds == 0
-    assert FederatedConfig(method="ifca", pretraining="simclr").resolved().head_rounds == 0
-    assert FederatedConfig().resolved() == FederatedConfig()
+    assert resolved(method="ifca", pretraining="none").head_rounds == 0
+    assert resolved(method="ifca", pretraining="simclr").head_rounds == 0
+    assert resolved() == FederatedConfig()
     # FedAvg from a pre-trained encoder is CP-CFL with N = 1, its Tc phase included.
     for pre in ("simclr", "byol", "simsiam", "supervised"):
-        fedavg = FederatedConfig(method="fedavg", pretraining=pre).resolved()
-        one = FederatedConfig(method="cp-cfl", pretraining=pre, num_clusters=1).resolved()
+        fedavg = resolved(method="fedavg", pretraining=pre)
+        one = resolved(method="cp-cfl", pretraining=pre, num_clusters=1)
         assert dataclasses.replace(fedavg, method="cp-cfl") == one
         assert (fedavg.num_clusters, fedavg.head_rounds) == (1, 10)
 

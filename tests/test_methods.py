@@ -14,8 +14,9 @@ from cpcfl_tf.methods import METHODS, STARTS, get_method, run_label
 
 
 def federated(method: str, pretraining: str, **fields):
+    """The quick preset's federated section for ``method`` as it runs (15 clients, 3 groups)."""
     return get_preset("quick").with_overrides(
-        federated={"method": method, "pretraining": pretraining, **fields}).federated
+        federated={"method": method, "pretraining": pretraining, **fields}).resolved().federated
 
 
 @pytest.mark.parametrize("method, pretraining, models, tc", [
@@ -29,7 +30,7 @@ def federated(method: str, pretraining: str, **fields):
     ("centralized", "simclr", 3, 0),
 ])
 def test_each_method_resolves_to_its_pool_size_and_tc(method, pretraining, models, tc):
-    fl = federated(method, pretraining, num_clusters=3, head_rounds=10).resolved()
+    fl = federated(method, pretraining, num_clusters=3, head_rounds=10)
     assert (fl.num_clusters, fl.head_rounds) == (models, tc)
 
 
@@ -50,7 +51,7 @@ def test_a_start_the_method_cannot_use_is_refused_in_one_line():
 def test_only_ifca_restarts():
     failed = np.zeros(15, np.int64)  # every client in cluster 0
     for name in ("fedavg", "ifca", "cp-cfl"):
-        fl = federated(name, "simclr" if name == "cp-cfl" else "none").resolved()
+        fl = federated(name, "simclr" if name == "cp-cfl" else "none")
         assert should_restart(fl, fl.restart_round, 0, failed) == (name == "ifca")
 
 
@@ -60,14 +61,19 @@ def test_a_new_method_is_one_entry(monkeypatch):
     entry = dataclasses.replace(METHODS["ifca"], name="ifca-tc", label="IFCA-Tc",
                                 restarts=False, head_phase=True)
     monkeypatch.setitem(METHODS, "ifca-tc", entry)
-    fl = federated("ifca-tc", "simclr", head_rounds=10).resolved()
+    fl = federated("ifca-tc", "simclr", head_rounds=10)
     assert (fl.num_clusters, fl.head_rounds) == (3, 10)
     assert not should_restart(fl, fl.restart_round, 0, np.zeros(15, np.int64))
     assert run_label("ifca-tc", "simclr") == "IFCA-Tc (SimCLR)"
 
 
 def test_every_start_has_a_label_and_every_method_a_known_start():
+    import json
+
     assert all(set(m.starts) <= set(STARTS) for m in METHODS.values())
+    schema = json.loads((ROOT / "docs" / "run-record.schema.json").read_text())
+    assert schema["properties"]["method"]["enum"] == list(METHODS)
+    assert schema["properties"]["pretraining"]["enum"] == list(STARTS)
     assert run_label("ifca", "fedavg") == "IFCA (FedAvg)"
 
 

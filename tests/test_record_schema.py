@@ -86,6 +86,8 @@ def test_every_committed_record_reports_what_its_rounds_and_clients_say(path):
     import numpy as np
     from sklearn.metrics import adjusted_rand_score
 
+    from cpcfl_tf.methods import METHODS
+
     record = json.loads(path.read_text())
     final, fl = record["final"], record["config"]["federated"]
     if not record["rounds"]:  # a centralized baseline: no rounds, nothing sent
@@ -104,5 +106,9 @@ def test_every_committed_record_reports_what_its_rounds_and_clients_say(path):
                                 ["num_clients"]))
     rounds = _attempted_rounds(fl, final["restarts"])
     size = final["model_bytes"]
-    assert final["bytes_down"] == rounds * participants * fl["num_clusters"] * size
-    assert final["bytes_up"] == rounds * participants * size
+    method = METHODS[fl["method"]]
+    # N down when the client chooses, its own model when the server assigns, none alone
+    sent = (0 if method.assign == "own" else fl["num_clusters"] if method.assign == "loss"
+            else 1)
+    assert final["bytes_down"] == rounds * participants * sent * size
+    assert final["bytes_up"] == rounds * participants * size * min(1, sent)

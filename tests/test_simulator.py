@@ -249,7 +249,7 @@ def test_encoder_epochs_1_trains_the_encoder_in_the_first_local_epoch_only(clien
     from cpcfl_tf.federated.simulator import build_template, initial_pool
 
     fl = config(local_epochs=3, encoder_epochs=1, head_rounds=0,
-                backend=backend).federated.resolved()
+                backend=backend).resolved().federated
     template = build_template(fl, clients.train.images.shape[2:], clients.num_classes)
     trainer = backend_of(template, fl)
     pool = stack_models(initial_pool(fl, template, encoder, seed=0, attempt=0))
@@ -359,7 +359,7 @@ def test_an_ifca_restart_starts_a_new_pool_and_a_resume_after_it_gives_the_same_
     assert [r for r, _ in seen] == [1, 2, 1, 2, 1, 2, 3]  # each attempt counts from 1
     assert [r.round for r in whole.rounds] == [1, 2, 3]  # only the kept attempt
     assert whole.final.bytes_up == (3 + 2 * 2) * 9 * whole.final.model_bytes
-    fl = c.federated.resolved()
+    fl = c.resolved().federated
     template = build_template(fl, clients.train.images.shape[2:], clients.num_classes)
     for at, attempt in ((1, 1), (3, 2)):  # the pool right after each restart: the attempt's own
         fresh = initial_pool(fl, template, None, seed=c.seed, attempt=attempt)

@@ -36,6 +36,8 @@ class Stream(enum.IntEnum):
     """Who takes part, the random picks during Tc, and tie-breaks between equal losses."""
     BATCHES = 1
     """Each client's batch order (:func:`cpcfl_tf.federated.backends.batch_orders`)."""
+    ASSIGNMENT = 2
+    """The server's first assignment of the clients (methods whose server assigns)."""
 
 
 def stream_seed(seed: int, attempt: int, round_: int, stream: Stream) -> list[int]:
@@ -65,6 +67,9 @@ class ServerState:
     """The pool of N cluster models."""
     num_encoder: int
     """How many leading arrays of each weight list belong to the encoder."""
+    assignment: np.ndarray | None = None
+    """Methods whose server assigns the clients (not ``loss``, :data:`~cpcfl_tf.methods.ASSIGNMENTS`):
+    each client's model in the next round."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,12 +86,10 @@ class RoundPlan:
     participants: np.ndarray
     """Sorted indices of the clients taking part."""
     drawn: np.ndarray | None
-    """``t < Tc`` (explore): the model each participant drew; ``None`` after Tc."""
-
-    @property
-    def explore(self) -> bool:
-        """The Tc phase: random models, head-only training."""
-        return self.drawn is not None
+    """The model of each participant when it does not choose by loss: the random draw of
+    the Tc phase, or the server's assignment; ``None``: each chooses (Eq. cluster_identity)."""
+    head_only: bool = False
+    """The Tc phase (``t < Tc``): heads train on the frozen encoder."""
 
     @property
     def batch_seed(self) -> list[int]:
@@ -102,24 +105,30 @@ class RoundPlan:
         return rng
 
 
-def plan_round(fl, seed: int, attempt: int, t: int, num_clients: int) -> RoundPlan:
+def plan_round(fl, seed: int, attempt: int, t: int, num_clients: int,
+               assignment: np.ndarray | None = None) -> RoundPlan:
     """Round ``t`` (0-based) of restart ``attempt``: who takes part (a ``fl.participation``
-    share, everyone by default) and, for ``t < Tc``, the model each participant draws."""
+    share, everyone by default) and the model of each participant: the server's
+    ``assignment`` if it assigns, else for ``t < Tc`` a random draw."""
     rng = round_rng(seed, attempt, t, Stream.SELECTION)
     take = max(1, int(round(fl.participation * num_clients)))
     part = (np.arange(num_clients) if take == num_clients
             else np.sort(rng.choice(num_clients, take, replace=False)))
-    drawn = (select_clusters(None, fl.num_clusters, True, rng, len(part))
-             if t < fl.head_rounds else None)
-    return RoundPlan(seed, attempt, t, num_clients, fl.num_clusters, part, drawn)
+    head_only = t < fl.head_rounds
+    if assignment is not None:
+        drawn = np.asarray(assignment)[part]
+    else:
+        drawn = (select_clusters(None, fl.num_clusters, True, rng, len(part))
+                 if head_only else None)
+    return RoundPlan(seed, attempt, t, num_clients, fl.num_clusters, part, drawn, head_only)
 
 
 def select(plan: RoundPlan, losses: np.ndarray | None) -> np.ndarray:
-    """The participants' cluster ids (Eq. cluster_identity): the drawn models for ``t <
-    Tc``, else each one's lowest loss on its own training data. ``losses`` has one row per
+    """The participants' cluster ids (Eq. cluster_identity): the drawn (or assigned)
+    models, else each one's lowest loss on its own training data. ``losses`` has one row per
     participant; a node that knows only its own row may leave the others at zero, since a
     row's tie-break keys do not depend on the other rows' values."""
-    if plan.explore:
+    if plan.drawn is not None:
         return plan.drawn
     return select_clusters(losses, plan.num_models, False, plan.selection_rng())
 
@@ -127,7 +136,7 @@ def select(plan: RoundPlan, losses: np.ndarray | None) -> np.ndarray:
 def encoder_epochs(fl, plan: RoundPlan) -> list[bool]:
     """Which local epochs train the encoder too: none in the Tc phase (head only, on the
     frozen encoder), the first ``E_l,f`` after it (tab:different_encoder_training)."""
-    return [not plan.explore and e < fl.encoder_trains for e in range(fl.local_epochs)]
+    return [not plan.head_only and e < fl.encoder_trains for e in range(fl.local_epochs)]
 
 
 def select_clusters(losses: np.ndarray | None, num_models: int, explore: bool,
@@ -187,7 +196,7 @@ def aggregate(state: ServerState, client_weights: Sequence[np.ndarray], cluster_
     A cluster nobody chose keeps its weights.
     """
     if len(cluster_ids) == 0:  # nobody replied: the pool stays as it was
-        return ServerState(state.round + 1, state.models, state.num_encoder)
+        return dataclasses.replace(state, round=state.round + 1)
     sizes = np.asarray(sizes, np.float64)
     models = []
     for n, old in enumerate(state.models):
@@ -198,7 +207,49 @@ def aggregate(state: ServerState, client_weights: Sequence[np.ndarray], cluster_
         k = state.num_encoder
         encoder = weighted_average(client_weights[:k], sizes)
         models = [encoder + m[k:] for m in models]
-    return ServerState(state.round + 1, models, state.num_encoder)
+    return dataclasses.replace(state, round=state.round + 1, models=models)
+
+
+def initial_assignment(fl, seed: int, attempt: int, num_clients: int,
+                       groups: np.ndarray | None = None) -> np.ndarray | None:
+    """Each client's first model when the server assigns (:data:`~cpcfl_tf.methods.ASSIGNMENTS`):
+    its own (``own``), its true group's (``groups``: ``groups`` is the partition's group
+    ids, told to this reference method only), a seeded uniform draw (``nearest``: FeSEM
+    starts from random memberships); ``None`` when each client chooses by its loss."""
+    rule = METHODS[fl.method].assign
+    if rule == "loss":
+        return None
+    if rule == "own":
+        return np.arange(num_clients)
+    if rule == "groups":
+        if groups is None:
+            raise ValueError("the oracle needs the partition's group ids")
+        return np.unique(np.asarray(groups), return_inverse=True)[1].reshape(-1)
+    if rule == "nearest":
+        rng = round_rng(seed, attempt, 0, Stream.ASSIGNMENT)
+        return rng.integers(0, fl.num_clusters, size=num_clients)
+    raise ValueError(f"no initial assignment for rule {rule!r}")
+
+
+def nearest_centres(centres: list[Weights], client_weights: Sequence[np.ndarray]) -> np.ndarray:
+    """FeSEM's E-step: for each client (``client_weights[i][u]``: array i of client u) the
+    centre at the least squared L2 distance over all arrays, in float64 (ties: the lower id)."""
+    count = len(client_weights[0])
+    distance = np.zeros((count, len(centres)))
+    for i, stacked in enumerate(client_weights):
+        flat = stacked.reshape(count, -1).astype(np.float64)
+        for n, centre in enumerate(centres):
+            distance[:, n] += np.square(flat - centre[i].reshape(-1).astype(np.float64)).sum(1)
+    return np.argmin(distance, axis=1)
+
+
+def server_ids(fl, state: ServerState, replies: "Replies") -> np.ndarray:
+    """The cluster of each reply the server aggregates by: the client's choice (``loss``),
+    the server's assignment (``own``, ``groups``), or FeSEM's E-step against the centres
+    the clients started from (``nearest``)."""
+    if METHODS[fl.method].assign == "nearest" and len(replies.clients):
+        return nearest_centres(state.models, replies.weights)
+    return replies.cluster_ids
 
 
 def should_restart(fl, finished_round: int, attempt: int, cluster_ids: np.ndarray) -> bool:
@@ -255,8 +306,10 @@ class Federation(Protocol):
         trains locally."""
 
     def observe(self, models: list[Weights], assigned: np.ndarray, replies: Replies,
-                round_: int) -> dict:
-        """The round's record besides its number (e.g. accuracy, ``cluster_ids``)."""
+                round_: int, *, planned: np.ndarray | None = None) -> dict:
+        """The round's record besides its number (e.g. accuracy, ``cluster_ids``);
+        ``planned``: the server's assignment of every client, when it assigns (a client
+        not taken part yet is scored with that model)."""
 
 
 @dataclasses.dataclass
@@ -305,15 +358,20 @@ def run_rounds(fl, seed: int, federation: Federation, start: Callable[[int], Ser
                 else np.full(n, -1, np.int64))
     while progress.round < fl.rounds:
         t, started = progress.round, time.perf_counter()
-        plan = plan_round(fl, seed, progress.attempt, t, n)
+        plan = plan_round(fl, seed, progress.attempt, t, n, state.assignment)
         replies = federation.train(state.models, plan)
-        state = aggregate(state, replies.weights, replies.cluster_ids, replies.sizes,
+        ids = server_ids(fl, state, replies)
+        state = aggregate(state, replies.weights, ids, replies.sizes,
                           global_encoder=fl.global_encoder)
-        assigned[replies.clients] = replies.cluster_ids
-        down, up = round_bytes(len(plan.participants), fl.num_clusters, size)
+        assigned[replies.clients] = ids
+        if state.assignment is not None:
+            state.assignment = state.assignment.copy()
+            state.assignment[replies.clients] = ids
+        down, up = round_bytes(len(plan.participants), sent_models(fl), size)
         progress.bytes_down += down
         progress.bytes_up += up
-        record = {"round": t + 1, **federation.observe(state.models, assigned, replies, t + 1)}
+        record = {"round": t + 1, **federation.observe(state.models, assigned, replies, t + 1,
+                                                       planned=state.assignment)}
         progress.history.append(record)
         progress.round = t + 1
         progress.seconds += time.perf_counter() - started
@@ -336,8 +394,15 @@ def model_bytes(weights: Weights) -> int:
     return int(sum(w.nbytes for w in weights))
 
 
+def sent_models(fl) -> int:
+    """Models sent down to each participant per round: the pool of N when each client
+    chooses by its loss, its own model when the server assigns, none for clients alone."""
+    method = METHODS[fl.method]
+    return 0 if not method.communicates else 1 if method.server_assigns else fl.num_clusters
+
+
 def round_bytes(num_clients: int, num_models: int, size: int) -> tuple[int, int]:
-    """Bytes down and up in one round: the pool of N models to every participating
-    client, one model back from each (Eqs. comm_cost_fedavg / comm_cost_cfl: 2S and
-    (N+1)S per client per round)."""
-    return num_clients * num_models * size, num_clients * size
+    """Bytes down and up in one round: ``num_models`` (:func:`sent_models`) to every
+    participating client, one model back from each unless nothing is sent (Eqs.
+    comm_cost_fedavg / comm_cost_cfl: 2S and (N+1)S per client per round)."""
+    return num_clients * num_models * size, num_clients * size * min(1, num_models)

@@ -31,7 +31,7 @@ from cpcfl_tf.record import SCORES, Final, RunRecord
 def _train_pooled(config: Config, data: ClientArrays, encoder_weights, num_classes: int,
                   epochs: int, seed: int):
     """Train one model per row of ``data`` (each row a pooled dataset), all at once."""
-    fl = dataclasses.replace(config.federated.resolved(), num_clusters=data.num_clients)
+    fl = dataclasses.replace(config.resolved().federated, num_clusters=data.num_clients)
     template = build_template(fl, data.images.shape[2:], num_classes)
     backend = backend_of(template, fl)
     start = stack_models(initial_pool(fl, template, encoder_weights, seed=seed, attempt=0))

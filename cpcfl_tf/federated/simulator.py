@@ -70,9 +70,12 @@ def _save(path: Path, fingerprint: str, state: algorithm.ServerState, progress: 
     arrays = {f"m{n}_{i}": a for n, m in enumerate(state.models) for i, a in enumerate(m)}
     if moments is not None:  # the clients' own optimizer state (optimizer_state="client")
         arrays.update({f"client_{k}": a for k, a in moments.arrays().items()})
-    meta = json.dumps({"fingerprint": fingerprint, "progress": dataclasses.asdict(progress),
-                       "num_models": len(state.models), "num_arrays": len(state.models[0]),
-                       "num_encoder": state.num_encoder})
+    meta = {"fingerprint": fingerprint, "progress": dataclasses.asdict(progress),
+            "num_models": len(state.models), "num_arrays": len(state.models[0]),
+            "num_encoder": state.num_encoder}
+    if state.assignment is not None:  # the server's assignment (methods whose server assigns)
+        meta["assignment"] = state.assignment.tolist()
+    meta = json.dumps(meta)
 
     def write(tmp: str) -> None:
         with open(tmp, "wb") as fh:
@@ -96,8 +99,10 @@ def _load(path: Path, fingerprint: str
         raise UserError(f"checkpoint {path} belongs to a different run (config or seeds "
                         "differ); delete it or choose another --out")
     progress = algorithm.Progress(**meta["progress"])
-    return (algorithm.ServerState(progress.round, models, meta["num_encoder"]), progress,
-            moments)
+    assignment = meta.get("assignment")
+    return (algorithm.ServerState(progress.round, models, meta["num_encoder"],
+                                  None if assignment is None else np.array(assignment, np.int64)),
+            progress, moments)
 
 
 def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
@@ -111,7 +116,7 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
     Parameters
     ----------
     config
-        The run's configuration; ``config.federated.resolved()`` is what runs.
+        The run's configuration; ``config.resolved().federated`` is what runs.
     clients
         From :func:`cpcfl_tf.federated.clients.make_clients`.
     encoder_weights
@@ -139,7 +144,7 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
         contract's metrics, ARI, restarts and bytes sent); the runner adds ``experiment``
         and ``environment``. ``state`` is the final server state (the pool of models).
     """
-    fl = config.federated.resolved()
+    fl = config.resolved().federated
     seed = config.seed if train_seed is None else train_seed
     shape = clients.train.images.shape[2:]
     template = build_template(fl, shape, clients.num_classes)
@@ -156,8 +161,10 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
     simulation = _Simulation(fl, backend, clients, max_clients)
 
     def start(attempt: int) -> algorithm.ServerState:
-        state = algorithm.ServerState(0, initial_pool(fl, template, encoder_weights, seed=seed,
-                                                      attempt=attempt), num_encoder)
+        state = algorithm.ServerState(
+            0, initial_pool(fl, template, encoder_weights, seed=seed, attempt=attempt),
+            num_encoder, algorithm.initial_assignment(fl, seed, attempt, clients.train.num_clients,
+                                                      clients.groups))
         # optimizer_state="client": every client keeps its Adam state between rounds.
         simulation.moments = (ClientMoments.zeros(state.models[0], clients.train.num_clients)
                               if fl.optimizer_state == "client" else None)
@@ -184,7 +191,7 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
                   restarts=progress.attempt, bytes_down=progress.bytes_down,
                   bytes_up=progress.bytes_up, model_bytes=algorithm.model_bytes(state.models[0]))
     record = RunRecord(
-        dataclasses.replace(config, federated=fl), config, {"data": config.seed, "train": seed},
+        config.resolved(), config, {"data": config.seed, "train": seed},
         clients.records, rounds, final,
         {"seconds": progress.seconds, "seconds_per_round": progress.seconds / max(1, fl.rounds)})
     return record, state
@@ -206,7 +213,7 @@ class _Simulation:
         fl, part = self.fl, plan.participants
         train = (self.clients.train.subset(part) if len(part) < self.num_clients
                  else self.clients.train)
-        losses = None if plan.explore else client_losses(self.backend, models, train)
+        losses = None if plan.drawn is not None else client_losses(self.backend, models, train)
         ids = algorithm.select(plan, losses)
         orders = batch_orders(len(part), train.size, fl.local_epochs, plan.batch_seed)
         own = None if self.moments is None else self.moments.subset(part)
@@ -221,8 +228,9 @@ class _Simulation:
                                 f"{fl.learning_rate})")
         return algorithm.Replies(part, ids, self.clients.sizes[part], trained)
 
-    def observe(self, models, assigned, replies, round_: int) -> dict:
-        return _evaluate(self.backend, models, assigned, self.clients, round_, self.fl)
+    def observe(self, models, assigned, replies, round_: int, *, planned=None) -> dict:
+        return _evaluate(self.backend, models, assigned, self.clients, round_, self.fl,
+                         planned)
 
 
 def fedavg_encoder(config: Config, clients: Clients, *, checkpoint: str | Path | None = None,
@@ -239,13 +247,17 @@ def global_encoder(state: algorithm.ServerState) -> list[np.ndarray]:
     return state.models[0][:state.num_encoder]
 
 
-def _evaluate(backend, models, assigned, clients: Clients, round_: int, fl: FederatedConfig) -> dict:
+def _evaluate(backend, models, assigned, clients: Clients, round_: int, fl: FederatedConfig,
+              planned: np.ndarray | None = None) -> dict:
     """Accuracy on the clients' test data with their cluster's model; F1/AUROC at the
-    reporting rounds. A client that has not taken part yet is scored with the model it
-    would choose (lowest loss on its training data)."""
+    reporting rounds. A client that has not taken part yet is scored with the model the
+    server assigned it (``planned``), else the one it would choose (lowest loss on its
+    training data)."""
     ids = assigned.copy()
     unseen = np.flatnonzero(ids < 0)
-    if len(unseen):
+    if len(unseen) and planned is not None:
+        ids[unseen] = planned[unseen]
+    elif len(unseen):
         losses = client_losses(backend, models, clients.train.subset(unseen))
         ids[unseen] = losses.argmin(axis=1)
     probs = client_probabilities(backend, models, ids, clients.test)

@@ -38,7 +38,7 @@ def _node(run_items: tuple, partition_id: int):
     from cpcfl_tf.federated.simulator import build_template
 
     config = _checked(run_items, partition_id)
-    fl = config.federated.resolved()
+    fl = config.resolved().federated
     # Every node draws the seeded partition the simulator draws and keeps its own rows;
     # a deployment with data of its own replaces this with loading that data.
     clients = clients_for(config)
@@ -75,7 +75,7 @@ def train(msg: Message, context: Context) -> Message:
                                              stack_models, unstack)
 
     config, data, _, backend = _context(context)
-    fl = config.federated.resolved()
+    fl = config.resolved().federated
     settings = msg.content["config"]
     partition_id = int(context.node_config["partition-id"])
     # The round's plan, drawn from the seeds exactly as the server and the simulator draw it.
@@ -84,7 +84,7 @@ def train(msg: Message, context: Context) -> Message:
     row = int(np.searchsorted(plan.participants, partition_id))
     models = {int(k.split("-")[1]): from_record(r) for k, r in msg.content.array_records.items()}
     losses = None
-    if not plan.explore:  # Eq. cluster_identity on this client's own training data
+    if plan.drawn is None:  # Eq. cluster_identity on this client's own training data
         losses = np.zeros((len(plan.participants), fl.num_clusters))
         losses[row] = client_losses(backend, [models[n] for n in range(fl.num_clusters)], data)[0]
     cluster = int(algorithm.select(plan, losses)[row])

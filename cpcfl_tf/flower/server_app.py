@@ -83,7 +83,7 @@ class _Nodes:
             else [],
             sorted({self.partition_of[n] for n in failed} | (set(row) - asked)))
 
-    def observe(self, models, assigned, replies, round_: int) -> dict:
+    def observe(self, models, assigned, replies, round_: int, *, planned=None) -> dict:
         return {"cluster_ids": assigned.tolist(), "replies": len(replies.clients),
                 "failed_partitions": replies.failed}
 
@@ -97,7 +97,7 @@ def main(grid: Grid, context: Context) -> None:
 
     settings = dict(context.run_config)
     config = run_config(settings)
-    fl = config.federated.resolved()
+    fl = config.resolved().federated
     timeout = float(settings.get("round-timeout", 300.0))
     num_clients = config.partition.num_clients
     wanted = int(settings.get("min-nodes", 0)) or num_clients
