@@ -217,6 +217,9 @@ class FederatedConfig:
     optimizer_state: str = "fresh"
     """fresh: a new optimizer state per client per round (docs/choices.md) | client: each
     client keeps its own Adam moments and step count from round to round."""
+    options: dict[str, float] | None = None
+    """The method's own settings, e.g. ``{"eps1": 0.3}`` for CFL (docs/extending.md);
+    the record's resolved config shows every value used."""
     jit_compile: bool = False
     """XLA-compile the local training step (both backends): one compile per client count
     and batch shape, other kernels, so other last bits than the default (docs/performance.md, "Why the
@@ -252,6 +255,7 @@ class FederatedConfig:
                "federated.optimizer_state 'client' keeps Adam's moments; "
                f"local_optimizer {self.local_optimizer!r} has none (use fresh)")
         METHODS[self.method].check_start(self.pretraining)
+        METHODS[self.method].resolve_options(self.options)
 
     @property
     def encoder_trains(self) -> int:
@@ -297,7 +301,8 @@ class Config:
         method = METHODS[fl.method]
         return dataclasses.replace(self, federated=dataclasses.replace(
             fl, num_clusters=method.num_models(fl.num_clusters, p.num_clients, p.num_groups),
-            head_rounds=method.head_rounds(fl.pretraining, fl.head_rounds)))
+            head_rounds=method.head_rounds(fl.pretraining, fl.head_rounds),
+            options=method.resolve_options(fl.options)))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -353,7 +358,7 @@ def with_defaults(section: str, stored: dict[str, Any]) -> dict[str, Any]:
 
 ADDED_FIELDS: dict[str, dict[str, Any]] = {
     "partition": {"kind": "groups", "alpha": 1.0},
-    "federated": {"jit_compile": False},
+    "federated": {"jit_compile": False, "options": None},
 }
 """Fields added after cache entries and checkpoints were first written, each with the
 value that runs as before it existed: :func:`without_added` leaves them out of cache keys
@@ -374,7 +379,7 @@ def parse_settings(items: Sequence[str]) -> dict[str, dict[str, Any]]:
     """``["federated.rounds=200", "partition.num_clients=120", ...]`` as overrides per
     section (for :meth:`Config.with_overrides`), each value parsed by its field's type:
     integers, numbers, ``true``/``false``, ``none``, comma-separated integers for tuples,
-    JSON for ``pretrain.augment``. Unknown sections or fields and values of the wrong type
+    JSON for ``pretrain.augment`` and ``federated.options``. Unknown sections or fields and values of the wrong type
     are a one-line :class:`UserError` naming what is allowed."""
     overrides: dict[str, dict[str, Any]] = {}
     for item in items:
@@ -421,10 +426,25 @@ def _parse_value(field: str, kind: Any, text: str) -> Any:
         raise UserError(f"--set {field} takes {wanted}{none}, got {text!r}") from None
 
 
+UNSET_FIELDS: dict[str, dict[str, Any]] = {"federated": {"options": None}}
+"""Fields a run record leaves out while they are at this value (read back at their
+defaults): the records written before them stay as they were, byte for byte."""
+
+
+def config_json(config: Config) -> dict[str, Any]:
+    """``config`` as a run record writes it: every field, but :data:`UNSET_FIELDS` only
+    when set."""
+    record = dataclasses.asdict(config)
+    for section, unset in UNSET_FIELDS.items():
+        record[section] = {k: v for k, v in record[section].items()
+                           if k not in unset or v != unset[k]}
+    return record
+
+
 def config_record(config: Config) -> dict[str, Any]:
     """The part of ``config`` that decides a run's result (not where data is read from),
     as JSON-ready data: what a run record keeps as ``requested``."""
-    record = dataclasses.asdict(config)
+    record = config_json(config)
     record["data"] = {k: v for k, v in record["data"].items() if k not in ("data_dir", "manual_dir")}
     return json.loads(json.dumps(record))
 

@@ -32,6 +32,9 @@ ASSIGNMENTS = {
               "method is told)",
     "nearest": "the server puts each client's trained model in the cluster of the nearest "
                "centre (squared L2 distance), and each centre becomes its members' average",
+    "split": "all clients start in one cluster; the server splits a cluster in two by the "
+             "cosine similarity of its members' updates once their mean is small and the "
+             "largest one large",
 }
 """The assignment rules :mod:`cpcfl_tf.federated.algorithm` implements."""
 
@@ -64,6 +67,9 @@ class Method:
     """False: a centralized baseline (no rounds, no clusters; :mod:`cpcfl_tf.federated.centralized`)."""
     instead: str = ""
     """What to use instead, said when a start is refused."""
+    options: dict[str, float] = dataclasses.field(default_factory=dict)
+    """The method's own settings and their defaults (``federated.options`` overrides
+    them; the run record keeps the values used)."""
 
     def head_rounds(self, pretraining: str, tc: int) -> int:
         """Tc as this method runs it from ``pretraining``."""
@@ -84,6 +90,20 @@ class Method:
     def communicates(self) -> bool:
         """Whether anything is sent at all (not for clients training alone)."""
         return self.assign != "own"
+
+    def resolve_options(self, given: dict[str, float] | None) -> dict[str, float] | None:
+        """The options a run uses: the defaults with ``given`` over them (one-line error
+        for a name the method does not have); ``None`` for a method without options."""
+        given = dict(given or {})
+        unknown = set(given) - set(self.options)
+        if unknown:
+            known = ", ".join(self.options) or "none"
+            raise UserError(f"{self.name} has no option(s) {', '.join(sorted(unknown))} in "
+                            f"federated.options; its options: {known}")
+        for name, value in given.items():
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise UserError(f"federated.options {name} must be a number, got {value!r}")
+        return {**self.options, **given} if self.options else None
 
     def check_start(self, pretraining: str) -> None:
         """Refuse, in one line, a starting encoder this method cannot use."""
@@ -116,6 +136,14 @@ METHODS = {m.name: m for m in (
     # FeSEM (Long et al., "Multi-center federated learning"): stochastic EM over N
     # centres by the L2 distance of the clients' models.
     Method("fesem", "FeSEM", PRETRAININGS, assign="nearest", head_phase=True),
+    # CFL (Sattler, Mueller and Samek, IEEE TNNLS 2020, Algorithm 1): recursive
+    # bipartitioning by the updates' cosine similarity, into at most
+    # federated.num_clusters clusters. eps1/eps2 bound the norm of a cluster's mean update
+    # and of its largest one; split_after, min_split_size as in the authors' code (no
+    # split before round 20; only clusters of more than two clients). docs/choices.md
+    # says how eps1/eps2 were chosen for the kit's models.
+    Method("cfl", "CFL", PRETRAININGS, assign="split", head_phase=True,
+           options={"eps1": 0.4, "eps2": 1.6, "split_after": 20, "min_split_size": 3}),
 )}
 """Every method, by ``federated.method``."""
 

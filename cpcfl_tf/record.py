@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from cpcfl_tf.config import Config, config_record
+from cpcfl_tf.config import Config, config_json, config_record
 from cpcfl_tf.results import read_file, write_json
 
 SCORES = ("f1_macro", "f1_weighted", "auroc_ovr_macro", "auroc_ovr_weighted",
@@ -160,7 +160,7 @@ class RunRecord:
         out: dict[str, Any] = {
             "experiment": self.experiment, "preset": self.preset, "method": self.method,
             "pretraining": self.pretraining,
-            "config": {**dataclasses.asdict(self.config),
+            "config": {**config_json(self.config),
                        "requested": config_record(self.requested)},
             "seeds": self.seeds}
         if self.nodes is not None:

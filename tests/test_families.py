@@ -114,6 +114,71 @@ def test_nearest_centres_recovers_three_groups():
 def test_the_server_assigning_methods_are_simulator_only_for_now():
     from cpcfl_tf.flower.common import run_config
 
-    for method in ("local", "oracle", "fesem"):
+    for method in ("local", "oracle", "fesem", "cfl"):
         with pytest.raises(UserError, match=f"method '{method}' is not available on Flower"):
             run_config({"method": method, "pretraining": "none"})
+
+
+def _replies(start, ids, updates):
+    """Replies of clients in clusters ``ids`` that moved their cluster's model by ``updates``."""
+    trained = np.stack([start.models[c][0] for c in ids]) + updates
+    return algorithm.Replies(np.arange(len(ids)), np.asarray(ids), np.full(len(ids), 50.0),
+                             [trained.astype(np.float32)])
+
+
+def _cfl(**options):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(method="cfl", options={"eps1": 0.4, "eps2": 1.6, "split_after": 20,
+                                                  "min_split_size": 3, **options})
+
+
+def test_cfl_splits_three_groups_apart_in_two_steps():
+    """Constructed updates: three groups pull 120 degrees apart (the mean is ~0, each is
+    large), so round 1 splits one group off; in round 2 the two left pull opposite ways."""
+    fl, rng = _cfl(), np.random.default_rng(0)
+    truth = np.repeat([0, 1, 2], 3)
+    angle = 2 * np.pi * truth / 3
+    d = np.stack([np.cos(angle), np.sin(angle), np.zeros(9)], 1) * 2.0
+    state = algorithm.ServerState(25, [[np.zeros(3, np.float32)] for _ in range(3)], 0,
+                                  np.zeros(9, np.int64))
+    ids, state = algorithm.server_ids(fl, state, _replies(state, np.zeros(9, np.int64),
+                                                          d + 0.01 * rng.normal(size=d.shape)))
+    assert len(set(ids.tolist())) == 2 and cluster_ari(truth, ids) < 1
+    state.assignment = ids
+    pair = [c for c in set(ids.tolist()) if (ids == c).sum() == 6][0]
+    members = np.flatnonzero(ids == pair)
+    e = np.zeros((9, 3))
+    e[members, 2] = np.where(truth[members] == truth[members][0], 2.0, -2.0)
+    e[ids != pair] = [2.0, 0, 0]  # the group alone: its updates agree, no split
+    ids, state = algorithm.server_ids(fl, state, _replies(state, ids, e))
+    assert cluster_ari(truth, ids) == 1.0
+
+
+def test_cfl_does_not_split_a_group_whose_updates_agree_nor_before_split_after():
+    fl, rng = _cfl(), np.random.default_rng(1)
+    same = np.array([1.0, 1.0, 0.0]) + 0.2 * rng.normal(size=(9, 3))  # mean norm > eps1
+    state = algorithm.ServerState(25, [[np.zeros(3, np.float32)] for _ in range(3)], 0,
+                                  np.zeros(9, np.int64))
+    ids, _ = algorithm.server_ids(fl, state, _replies(state, np.zeros(9, np.int64), same))
+    assert (ids == 0).all()
+    apart = np.repeat([[2.0, 0, 0], [-2.0, 0, 0]], [5, 4], axis=0)  # would split at 25
+    early = algorithm.ServerState(19, state.models, 0, np.zeros(9, np.int64))
+    assert (algorithm.server_ids(fl, early, _replies(early, np.zeros(9, np.int64), apart))[0]
+            == 0).all()
+    assert len(set(algorithm.server_ids(fl, state, _replies(state, np.zeros(9, np.int64),
+                                                            apart))[0].tolist())) == 2
+
+
+def test_cfl_runs_and_records_its_options(clients):
+    record, state = run(clients, "cfl", options={"split_after": 1, "eps1": 1e9, "eps2": 0.0})
+    assert record.config.federated.options == {"eps1": 1e9, "eps2": 0.0, "split_after": 1,
+                                               "min_split_size": 3}
+    assert record.requested.federated.options == {"split_after": 1, "eps1": 1e9, "eps2": 0.0}
+    # split as soon as allowed, until the pool's 3 slots are used
+    assert set(record.rounds[0].cluster_ids) == {0}
+    assert len(set(record.rounds[-1].cluster_ids)) == 3
+    with pytest.raises(UserError, match="cfl has no option.* eps3 .*its options: eps1, eps2"):
+        run(clients, "cfl", options={"eps3": 1})
+    with pytest.raises(UserError, match="ifca has no option.*its options: none"):
+        run(clients, "ifca", options={"eps1": 1})

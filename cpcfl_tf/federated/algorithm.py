@@ -228,6 +228,8 @@ def initial_assignment(fl, seed: int, attempt: int, num_clients: int,
     if rule == "nearest":
         rng = round_rng(seed, attempt, 0, Stream.ASSIGNMENT)
         return rng.integers(0, fl.num_clusters, size=num_clients)
+    if rule == "split":
+        return np.zeros(num_clients, np.int64)
     raise ValueError(f"no initial assignment for rule {rule!r}")
 
 
@@ -243,13 +245,68 @@ def nearest_centres(centres: list[Weights], client_weights: Sequence[np.ndarray]
     return np.argmin(distance, axis=1)
 
 
-def server_ids(fl, state: ServerState, replies: "Replies") -> np.ndarray:
-    """The cluster of each reply the server aggregates by: the client's choice (``loss``),
-    the server's assignment (``own``, ``groups``), or FeSEM's E-step against the centres
-    the clients started from (``nearest``)."""
-    if METHODS[fl.method].assign == "nearest" and len(replies.clients):
-        return nearest_centres(state.models, replies.weights)
-    return replies.cluster_ids
+def flat_updates(state: ServerState, replies: "Replies") -> np.ndarray:
+    """``(replies, parameters)`` float64: each reply's trained weights minus the model it
+    started from, every array flattened (what CFL compares)."""
+    ids = replies.cluster_ids
+    return np.concatenate([
+        (stacked.reshape(len(ids), -1).astype(np.float64)
+         - np.stack([state.models[c][i].reshape(-1) for c in ids]).astype(np.float64))
+        for i, stacked in enumerate(replies.weights)], axis=1)
+
+
+def bipartition(updates: np.ndarray) -> np.ndarray:
+    """CFL's split of one cluster: complete-linkage agglomerative clustering of the
+    members' updates into two, by cosine similarity (the authors' code); 0/1 per member."""
+    from sklearn.cluster import AgglomerativeClustering
+
+    norms = np.linalg.norm(updates, axis=1, keepdims=True)
+    unit = updates / np.where(norms > 0, norms, 1.0)
+    similarity = unit @ unit.T
+    return AgglomerativeClustering(n_clusters=2, metric="precomputed",
+                                   linkage="complete").fit(-similarity).labels_
+
+
+def cfl_split(fl, state: ServerState, replies: "Replies") -> tuple[np.ndarray, ServerState]:
+    """CFL's server step (Sattler et al., Algorithm 1) before aggregation: every cluster
+    whose |D_u|-weighted mean update is below ``eps1`` while its largest update is above
+    ``eps2`` (after ``split_after`` rounds, with at least ``min_split_size`` members) is
+    split in two while a free pool slot is left; the new cluster starts from its parent's
+    model. Returns the replies' cluster ids and the pool."""
+    options, ids = fl.options, replies.cluster_ids.copy()
+    if state.round < options["split_after"] or len(ids) == 0:
+        return ids, state
+    updates = flat_updates(state, replies)
+    norms = np.linalg.norm(updates, axis=1)
+    used = set(np.unique(state.assignment).tolist()) | set(ids.tolist())
+    models = list(state.models)
+    for c in sorted(set(ids.tolist())):
+        members = np.flatnonzero(ids == c)
+        free = [n for n in range(len(models)) if n not in used]
+        if not free or len(members) < options["min_split_size"]:
+            continue
+        share = replies.sizes[members] / replies.sizes[members].sum()
+        mean = np.linalg.norm(share @ updates[members])
+        if mean < options["eps1"] and norms[members].max() > options["eps2"]:
+            halves = bipartition(updates[members])
+            new = free[0]
+            ids[members[halves == 1]] = new
+            models[new] = [np.array(a) for a in models[c]]
+            used.add(new)
+    return ids, dataclasses.replace(state, models=models)
+
+
+def server_ids(fl, state: ServerState, replies: "Replies") -> tuple[np.ndarray, ServerState]:
+    """The cluster of each reply the server aggregates by, and the pool it aggregates
+    into: the client's choice (``loss``), the server's assignment (``own``, ``groups``),
+    FeSEM's E-step against the centres the clients started from (``nearest``), or CFL's
+    splits (``split``)."""
+    rule = METHODS[fl.method].assign
+    if rule == "nearest" and len(replies.clients):
+        return nearest_centres(state.models, replies.weights), state
+    if rule == "split":
+        return cfl_split(fl, state, replies)
+    return replies.cluster_ids, state
 
 
 def should_restart(fl, finished_round: int, attempt: int, cluster_ids: np.ndarray) -> bool:
@@ -360,7 +417,7 @@ def run_rounds(fl, seed: int, federation: Federation, start: Callable[[int], Ser
         t, started = progress.round, time.perf_counter()
         plan = plan_round(fl, seed, progress.attempt, t, n, state.assignment)
         replies = federation.train(state.models, plan)
-        ids = server_ids(fl, state, replies)
+        ids, state = server_ids(fl, state, replies)
         state = aggregate(state, replies.weights, ids, replies.sizes,
                           global_encoder=fl.global_encoder)
         assigned[replies.clients] = ids
