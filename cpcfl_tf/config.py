@@ -379,8 +379,8 @@ def parse_settings(items: Sequence[str]) -> dict[str, dict[str, Any]]:
     """``["federated.rounds=200", "partition.num_clients=120", ...]`` as overrides per
     section (for :meth:`Config.with_overrides`), each value parsed by its field's type:
     integers, numbers, ``true``/``false``, ``none``, comma-separated integers for tuples,
-    JSON for ``pretrain.augment`` and ``federated.options``. Unknown sections or fields and values of the wrong type
-    are a one-line :class:`UserError` naming what is allowed."""
+    JSON for ``pretrain.augment`` and ``federated.options``. Unknown sections or fields and
+    values of the wrong type are a one-line :class:`UserError` naming what is allowed."""
     overrides: dict[str, dict[str, Any]] = {}
     for item in items:
         key, sep, text = item.partition("=")

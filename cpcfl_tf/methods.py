@@ -87,6 +87,12 @@ class Method:
         return self.assign != "loss"
 
     @property
+    def on_flower(self) -> bool:
+        """Whether the Flower apps run it: a federation whose clients choose by loss
+        (:func:`cpcfl_tf.flower.common.run_config` says why the others cannot)."""
+        return self.federated and not self.server_assigns
+
+    @property
     def communicates(self) -> bool:
         """Whether anything is sent at all (not for clients training alone)."""
         return self.assign != "own"

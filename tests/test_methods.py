@@ -10,7 +10,7 @@ from helpers import ROOT
 from cpcfl_tf.config import get_preset
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.federated.algorithm import should_restart
-from cpcfl_tf.methods import METHODS, STARTS, get_method, run_label
+from cpcfl_tf.methods import ASSIGNMENTS, METHODS, STARTS, get_method, run_label
 
 
 def federated(method: str, pretraining: str, **fields):
@@ -71,6 +71,9 @@ def test_every_start_has_a_label_and_every_method_a_known_start():
     import json
 
     assert all(set(m.starts) <= set(STARTS) for m in METHODS.values())
+    assert all(m.assign in ASSIGNMENTS for m in METHODS.values())
+    # the Flower loopback offers what its run config accepts
+    assert [m for m in METHODS if METHODS[m].on_flower] == ["fedavg", "ifca", "cp-cfl"]
     schema = json.loads((ROOT / "docs" / "run-record.schema.json").read_text())
     assert schema["properties"]["method"]["enum"] == list(METHODS)
     assert schema["properties"]["pretraining"]["enum"] == list(STARTS)

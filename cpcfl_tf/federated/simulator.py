@@ -144,7 +144,8 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
         contract's metrics, ARI, restarts and bytes sent); the runner adds ``experiment``
         and ``environment``. ``state`` is the final server state (the pool of models).
     """
-    fl = config.resolved().federated
+    resolved = config.resolved()
+    fl = resolved.federated
     seed = config.seed if train_seed is None else train_seed
     shape = clients.train.images.shape[2:]
     template = build_template(fl, shape, clients.num_classes)
@@ -191,7 +192,7 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
                   restarts=progress.attempt, bytes_down=progress.bytes_down,
                   bytes_up=progress.bytes_up, model_bytes=algorithm.model_bytes(state.models[0]))
     record = RunRecord(
-        config.resolved(), config, {"data": config.seed, "train": seed},
+        resolved, config, {"data": config.seed, "train": seed},
         clients.records, rounds, final,
         {"seconds": progress.seconds, "seconds_per_round": progress.seconds / max(1, fl.rounds)})
     return record, state
@@ -238,7 +239,8 @@ def fedavg_encoder(config: Config, clients: Clients, *, checkpoint: str | Path |
     """IFCA(FedAvg)'s starting encoder: the encoder of the global model of a FedAvg run
     (random initialisation, the same clients and rounds). Returns it and that run's record.
     """
-    record, state = run_federated(fedavg_config(config), clients, checkpoint=checkpoint, verbose=verbose)
+    record, state = run_federated(fedavg_config(config), clients, checkpoint=checkpoint,
+                                  verbose=verbose)
     return global_encoder(state), record
 
 

@@ -167,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--nodes", type=int, default=3, help="SuperNodes = clients (default 3)")
     parser.add_argument("--preset", default="smoke", help="data and model preset (default smoke)")
     parser.add_argument("--method", default="cp-cfl",
-                        choices=[m for m in METHODS if METHODS[m].federated])
+                        choices=[m for m in METHODS if METHODS[m].on_flower])
     parser.add_argument("--pretraining", default="simclr",
                         choices=["none", *PRETRAIN_METHODS, "supervised"])
     parser.add_argument("--num-clusters", type=int, default=2)
