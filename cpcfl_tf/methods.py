@@ -35,6 +35,11 @@ ASSIGNMENTS = {
     "split": "all clients start in one cluster; the server splits a cluster in two by the "
              "cosine similarity of its members' updates once their mean is small and the "
              "largest one large",
+    "hierarchical": "FedAvg until a set round, whose updates the server clusters once "
+                    "(agglomerative, Ward's linkage); FedAvg within each cluster after it",
+    "subspaces": "before training each client sends the leading singular vectors of its "
+                 "data; the server clusters the clients once by the principal angles "
+                 "between them; FedAvg within each cluster",
 }
 """The assignment rules :mod:`cpcfl_tf.federated.algorithm` implements."""
 
@@ -150,6 +155,14 @@ METHODS = {m.name: m for m in (
     # says how eps1/eps2 were chosen for the kit's models.
     Method("cfl", "CFL", PRETRAININGS, assign="split", head_phase=True,
            options={"eps1": 0.4, "eps2": 1.6, "split_after": 20, "min_split_size": 3}),
+    # FL+HC (Briggs, Fan and Andras, IJCNN 2020): FedAvg, then one hierarchical clustering
+    # of the updates of round cluster_round (0-based; the kit's choice: docs/choices.md).
+    Method("fl-hc", "FL+HC", PRETRAININGS, assign="hierarchical", head_phase=True,
+           options={"cluster_round": 10}),
+    # PACFL (Vahidian et al., AAAI 2023): one clustering before training from each
+    # client's `basis` leading singular vectors of its data (Sec. 3).
+    Method("pacfl", "PACFL", PRETRAININGS, assign="subspaces", head_phase=True,
+           options={"basis": 3}),
 )}
 """Every method, by ``federated.method``."""
 

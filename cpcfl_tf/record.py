@@ -81,6 +81,9 @@ class Final:
     bytes_down: int = 0
     bytes_up: int = 0
     model_bytes: int | None = None
+    bytes_other: int = 0
+    """What the clients sent besides weights (PACFL's data subspaces), counted in
+    ``bytes_up`` too; written only when not 0."""
 
     def metric(self, name: str) -> float:
         """``accuracy`` or one of :data:`SCORES`."""
@@ -97,6 +100,8 @@ class Final:
                    bytes_up=self.bytes_up)
         if self.model_bytes is not None:
             out["model_bytes"] = self.model_bytes
+        if self.bytes_other:
+            out["bytes_other"] = self.bytes_other
         return out
 
     @classmethod

@@ -1,4 +1,5 @@
-"""The clustered-FL families beside IFCA: local, oracle, FeSEM (simulator, smoke data)."""
+"""The clustered-FL families beside IFCA: local, oracle, FeSEM, CFL, FL+HC, PACFL
+(simulator, smoke data, and constructed cases with a known answer)."""
 import numpy as np
 import pytest
 
@@ -113,8 +114,11 @@ def test_nearest_centres_recovers_three_groups():
 
 def test_the_server_assigning_methods_are_simulator_only_for_now():
     from cpcfl_tf.flower.common import run_config
+    from cpcfl_tf.methods import METHODS
 
-    for method in ("local", "oracle", "fesem", "cfl"):
+    assigning = [m.name for m in METHODS.values() if m.federated and m.server_assigns]
+    assert {"local", "oracle", "fesem", "cfl", "fl-hc", "pacfl"} <= set(assigning)
+    for method in assigning:
         with pytest.raises(UserError, match=f"method '{method}' is not available on Flower"):
             run_config({"method": method, "pretraining": "none"})
 
@@ -182,3 +186,89 @@ def test_cfl_runs_and_records_its_options(clients):
         run(clients, "cfl", options={"eps3": 1})
     with pytest.raises(UserError, match="ifca has no option.*its options: none"):
         run(clients, "ifca", options={"eps1": 1})
+
+
+def test_fl_hc_clusters_once_at_its_round_and_resumes(clients, tmp_path):
+    record, state = run(clients, "fl-hc", options={"cluster_round": 1})
+    ids = [r.cluster_ids for r in record.rounds]
+    assert set(ids[0]) == {0}  # FedAvg before the clustering round
+    assert ids[1] == ids[2] and len(set(ids[1])) == 3  # clustered once, then kept
+    assert record.config.federated.options == {"cluster_round": 1}
+    n, size = clients.train.num_clients, record.final.model_bytes
+    # one model down and up per client per round; the clustering reuses that round's uploads
+    assert (record.final.bytes_down, record.final.bytes_up) == (3 * n * size, 3 * n * size)
+    assert "bytes_other" not in record.final.to_json()
+    path = tmp_path / "run.ckpt.npz"
+    with pytest.raises(Killed):
+        run(clients, "fl-hc", checkpoint=path, on_round=kill_after(2),
+            options={"cluster_round": 1})
+    again, _ = run(clients, "fl-hc", checkpoint=path, options={"cluster_round": 1})
+    assert [r.cluster_ids for r in again.rounds] == ids
+    assert [r.accuracy for r in again.rounds] == [r.accuracy for r in record.rounds]
+
+
+def test_fl_hc_round_models_start_from_the_global_model():
+    """At the clustering round every cluster's model is the average of its members'
+    updates of the one global model (no cluster starts elsewhere)."""
+    from types import SimpleNamespace
+
+    fl = SimpleNamespace(method="fl-hc", num_clusters=3, options={"cluster_round": 4})
+    truth = np.repeat([0, 1, 2], 3)
+    moves = np.array([[3.0, 0, 0], [0, 3.0, 0], [0, 0, 3.0]])[truth]
+    moves += 0.05 * np.random.default_rng(0).normal(size=moves.shape)
+    state = algorithm.ServerState(4, [[np.ones(3, np.float32)] for _ in range(3)], 0,
+                                  np.zeros(9, np.int64))
+    state.models[1] = [np.full(3, 7.0, np.float32)]  # stale slots must not leak in
+    ids, state = algorithm.server_ids(fl, state, _replies(state, np.zeros(9, np.int64), moves))
+    assert cluster_ari(truth, ids) == 1.0
+    assert all(np.array_equal(m[0], np.ones(3, np.float32)) for m in state.models)
+    early = algorithm.ServerState(3, state.models, 0, np.zeros(9, np.int64))
+    assert (algorithm.server_ids(fl, early, _replies(early, np.zeros(9, np.int64), moves))[0]
+            == 0).all()
+
+
+def test_hierarchical_clusters_recover_three_groups():
+    rng = np.random.default_rng(2)
+    truth = np.repeat([1, 2, 0], 5)
+    centres = rng.normal(size=(3, 40)) * 3
+    found = algorithm.hierarchical_clusters(centres[truth] + rng.normal(size=(15, 40)), 3)
+    assert cluster_ari(truth, found) == 1.0
+
+
+def test_principal_angles_of_known_subspaces():
+    e = np.eye(4)
+    np.testing.assert_allclose(algorithm.principal_angles(e[:, :2], e[:, :2]), [0, 0], atol=1e-7)
+    np.testing.assert_allclose(algorithm.principal_angles(e[:, :2], e[:, 2:]),
+                               [np.pi / 2, np.pi / 2])
+    tilted = np.stack([e[0], (e[1] + e[2]) / np.sqrt(2)], 1)
+    np.testing.assert_allclose(algorithm.principal_angles(e[:, :2], tilted), [0, np.pi / 4],
+                               atol=1e-7)
+
+
+def test_subspace_clusters_recover_groups_with_different_data_subspaces():
+    """Clients whose images are mixtures of their group's own few patterns: the leading
+    singular vectors span the group's patterns, so the angles separate the groups."""
+    rng = np.random.default_rng(3)
+    patterns = rng.random(size=(3, 4, 8 * 8 * 3))
+    truth = np.repeat([2, 0, 1], 4)
+    subspaces = []
+    for g in truth:
+        mix = rng.random(size=(30, 4)) @ patterns[g]
+        images = np.clip(mix / mix.max() * 255, 0, 255).astype(np.uint8).reshape(30, 8, 8, 3)
+        u = algorithm.data_subspace(images, 3)
+        assert u.shape == (8 * 8 * 3, 3) and u.dtype == np.float32
+        subspaces.append(u)
+    assert cluster_ari(truth, algorithm.subspace_clusters(subspaces, 3)) == 1.0
+
+
+def test_pacfl_clusters_before_training_and_counts_its_subspaces(clients):
+    record, _ = run(clients, "pacfl")
+    ids = [r.cluster_ids for r in record.rounds]
+    assert ids[0] == ids[-1] and len(set(ids[0])) == 3  # one clustering, before round 1
+    n, size = clients.train.num_clients, record.final.model_bytes
+    d = int(np.prod(clients.train.images.shape[2:]))
+    other = n * d * 3 * 4  # basis 3, float32, once per client
+    assert record.final.bytes_other == other
+    assert (record.final.bytes_down, record.final.bytes_up) == (3 * n * size,
+                                                                3 * n * size + other)
+    assert record.final.to_json()["bytes_other"] == other

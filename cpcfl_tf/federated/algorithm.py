@@ -211,11 +211,14 @@ def aggregate(state: ServerState, client_weights: Sequence[np.ndarray], cluster_
 
 
 def initial_assignment(fl, seed: int, attempt: int, num_clients: int,
-                       groups: np.ndarray | None = None) -> np.ndarray | None:
+                       groups: np.ndarray | None = None,
+                       subspaces: Sequence[np.ndarray] | None = None) -> np.ndarray | None:
     """Each client's first model when the server assigns (:data:`~cpcfl_tf.methods.ASSIGNMENTS`):
     its own (``own``), its true group's (``groups``: ``groups`` is the partition's group
     ids, told to this reference method only), a seeded uniform draw (``nearest``: FeSEM
-    starts from random memberships); ``None`` when each client chooses by its loss."""
+    starts from random memberships), one cluster (``split``, ``hierarchical``), PACFL's
+    clusters of the clients' data ``subspaces`` (:func:`data_subspace`, sent once before
+    training); ``None`` when each client chooses by its loss."""
     rule = METHODS[fl.method].assign
     if rule == "loss":
         return None
@@ -228,8 +231,12 @@ def initial_assignment(fl, seed: int, attempt: int, num_clients: int,
     if rule == "nearest":
         rng = round_rng(seed, attempt, 0, Stream.ASSIGNMENT)
         return rng.integers(0, fl.num_clusters, size=num_clients)
-    if rule == "split":
+    if rule in ("split", "hierarchical"):
         return np.zeros(num_clients, np.int64)
+    if rule == "subspaces":
+        if subspaces is None:
+            raise ValueError("PACFL needs the clients' data subspaces")
+        return subspace_clusters(subspaces, fl.num_clusters)
     raise ValueError(f"no initial assignment for rule {rule!r}")
 
 
@@ -296,16 +303,76 @@ def cfl_split(fl, state: ServerState, replies: "Replies") -> tuple[np.ndarray, S
     return ids, dataclasses.replace(state, models=models)
 
 
+def hierarchical_clusters(updates: np.ndarray, num_clusters: int) -> np.ndarray:
+    """FL+HC's one clustering: agglomerative clustering of the clients' updates with
+    Ward's linkage on Euclidean distance, into ``num_clusters`` (docs/choices.md)."""
+    from sklearn.cluster import AgglomerativeClustering
+
+    count = min(num_clusters, len(updates))
+    if count < 2:
+        return np.zeros(len(updates), np.int64)
+    return AgglomerativeClustering(n_clusters=count, linkage="ward").fit(updates).labels_
+
+
+def fl_hc_split(fl, state: ServerState, replies: "Replies") -> tuple[np.ndarray, ServerState]:
+    """FL+HC's server step (Briggs et al. 2020): FedAvg until round ``cluster_round``
+    (0-based), whose updates (from the one global model) are clustered once by
+    :func:`hierarchical_clusters`; every cluster model starts from the global model.
+    Clients not taking part in that round stay with cluster 0."""
+    ids = replies.cluster_ids
+    if state.round != fl.options["cluster_round"] or len(ids) == 0:
+        return ids, state
+    ids = hierarchical_clusters(flat_updates(state, replies), fl.num_clusters)
+    models = [[np.array(a) for a in state.models[0]] for _ in state.models]
+    return ids.astype(np.int64), dataclasses.replace(state, models=models)
+
+
+def data_subspace(images: np.ndarray, basis: int) -> np.ndarray:
+    """A PACFL client's message (Vahidian et al. 2023, Sec. 3): the ``basis`` leading left
+    singular vectors of its data matrix (pixels in [0, 1] by examples), ``(d, basis)``
+    float32. Computed once, on the client's training data."""
+    matrix = images.reshape(len(images), -1).astype(np.float64).T / 255.0
+    left = np.linalg.svd(matrix, full_matrices=False)[0]
+    return left[:, :basis].astype(np.float32)
+
+
+def principal_angles(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The principal angles (radians, ascending) between the spans of two orthonormal
+    bases: the arccos of the singular values of ``a.T @ b``."""
+    cosines = np.linalg.svd(a.astype(np.float64).T @ b.astype(np.float64), compute_uv=False)
+    return np.sort(np.arccos(np.clip(cosines, -1.0, 1.0)))
+
+
+def subspace_clusters(subspaces: Sequence[np.ndarray], num_clusters: int) -> np.ndarray:
+    """PACFL's server step: the proximity of two clients is the sum of the principal
+    angles between their data subspaces; average-linkage agglomerative clustering of that
+    matrix into ``num_clusters`` (docs/choices.md says why the sum and why N)."""
+    from sklearn.cluster import AgglomerativeClustering
+
+    count = len(subspaces)
+    proximity = np.zeros((count, count))
+    for i in range(count):
+        for j in range(i + 1, count):
+            proximity[i, j] = proximity[j, i] = principal_angles(subspaces[i],
+                                                                 subspaces[j]).sum()
+    if min(num_clusters, count) < 2:
+        return np.zeros(count, np.int64)
+    return AgglomerativeClustering(n_clusters=min(num_clusters, count), metric="precomputed",
+                                   linkage="average").fit(proximity).labels_.astype(np.int64)
+
+
 def server_ids(fl, state: ServerState, replies: "Replies") -> tuple[np.ndarray, ServerState]:
     """The cluster of each reply the server aggregates by, and the pool it aggregates
-    into: the client's choice (``loss``), the server's assignment (``own``, ``groups``),
-    FeSEM's E-step against the centres the clients started from (``nearest``), or CFL's
-    splits (``split``)."""
+    into: the client's choice (``loss``), the server's assignment (``own``, ``groups``,
+    ``subspaces``), FeSEM's E-step against the centres the clients started from
+    (``nearest``), CFL's splits (``split``) or FL+HC's one clustering (``hierarchical``)."""
     rule = METHODS[fl.method].assign
     if rule == "nearest" and len(replies.clients):
         return nearest_centres(state.models, replies.weights), state
     if rule == "split":
         return cfl_split(fl, state, replies)
+    if rule == "hierarchical":
+        return fl_hc_split(fl, state, replies)
     return replies.cluster_ids, state
 
 
@@ -382,6 +449,8 @@ class Progress:
     bytes_down: int = 0
     bytes_up: int = 0
     seconds: float = 0.0
+    bytes_other: int = 0
+    """Sent up besides weights (PACFL's subspaces); in ``bytes_up`` too."""
 
 
 def run_rounds(fl, seed: int, federation: Federation, start: Callable[[int], ServerState], *,

@@ -29,6 +29,7 @@ from cpcfl_tf.federated.backends import (ClientMoments, LocalTraining, backend_o
                                          stack_models)
 from cpcfl_tf.federated.clients import Clients
 from cpcfl_tf.federated.starting import fedavg_config
+from cpcfl_tf.methods import get_method
 from cpcfl_tf.federated.metrics import client_accuracy, cluster_ari, pooled_scores
 from cpcfl_tf.models import ENCODER_DIMS, build_classifier, build_classifier_head, build_encoder
 from cpcfl_tf.record import Final, Round, RunRecord
@@ -160,12 +161,16 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
     path = Path(checkpoint) if checkpoint else None
 
     simulation = _Simulation(fl, backend, clients, max_clients)
+    # PACFL: each client's data subspace, sent once before training.
+    subspaces = ([algorithm.data_subspace(images, int(fl.options["basis"]))
+                  for images in clients.train.images]
+                 if get_method(fl.method).assign == "subspaces" else None)
 
     def start(attempt: int) -> algorithm.ServerState:
         state = algorithm.ServerState(
             0, initial_pool(fl, template, encoder_weights, seed=seed, attempt=attempt),
             num_encoder, algorithm.initial_assignment(fl, seed, attempt, clients.train.num_clients,
-                                                      clients.groups))
+                                                      clients.groups, subspaces))
         # optimizer_state="client": every client keeps its Adam state between rounds.
         simulation.moments = (ClientMoments.zeros(state.models[0], clients.train.num_clients)
                               if fl.optimizer_state == "client" else None)
@@ -174,6 +179,9 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
     state = progress = None
     if path and path.exists():
         state, progress, simulation.moments = _load(path, fingerprint)
+    elif subspaces is not None:
+        other = sum(u.nbytes for u in subspaces)
+        progress = algorithm.Progress(bytes_up=other, bytes_other=other)
 
     def after(record: dict, state: algorithm.ServerState, progress: algorithm.Progress):
         if path:
@@ -190,7 +198,8 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
     final = Final(rounds[-1].accuracy, rounds[-1].scores,
                   ari=cluster_ari(clients.groups, np.array(progress.assigned, np.int64)),
                   restarts=progress.attempt, bytes_down=progress.bytes_down,
-                  bytes_up=progress.bytes_up, model_bytes=algorithm.model_bytes(state.models[0]))
+                  bytes_up=progress.bytes_up, model_bytes=algorithm.model_bytes(state.models[0]),
+                  bytes_other=progress.bytes_other)
     record = RunRecord(
         resolved, config, {"data": config.seed, "train": seed},
         clients.records, rounds, final,
