@@ -130,3 +130,32 @@ def plot_class_accuracy(rounds: list[dict], path: str | os.PathLike, *, title: s
         return write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=130, format="png"))
     finally:
         plt.close(fig)
+
+
+def plot_paired_bars(groups: list[str], bars: dict[str, list[list[float]]],
+                     path: str | os.PathLike, *, ylabel: str, title: str) -> Path:
+    """Side-by-side bars per group (e.g. a method from random weights and from SimCLR):
+    the mean over seeds with its SD, every seed as a dot.
+
+    ``bars`` maps a bar's label to one list of per-seed values per group (empty: no bar).
+    """
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(6.4, 0.9 * len(groups) + 1.5), 4.0))
+    width = 0.8 / max(1, len(bars))
+    for k, (label, values) in enumerate(bars.items()):
+        x = np.arange(len(groups)) + (k - (len(bars) - 1) / 2) * width
+        means = [np.mean(v) if v else np.nan for v in values]
+        sds = [np.std(v) if v else 0.0 for v in values]
+        ax.bar(x, means, width * 0.9, yerr=sds, capsize=3, label=label, alpha=0.8)
+        for xi, v in zip(x, values):
+            ax.scatter(np.full(len(v), xi), v, s=8, color="black", zorder=3)
+    ax.set_xticks(range(len(groups)), groups)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, frameon=False)
+    fig.tight_layout()
+    try:
+        return write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=130, format="png"))
+    finally:
+        plt.close(fig)

@@ -5,6 +5,7 @@ nothing here runs anything.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -21,11 +22,12 @@ def provenance(records: Sequence) -> list[str]:
         cpu = record.environment.get("cpu", "CPU not recorded")
         cpus[cpu] = cpus.get(cpu, 0) + 1
         if record.environment.get("starting_encoder") and record.pretraining != "fedavg":
-            # One pre-training (same method, settings and data) should be one encoder;
-            # FedAvg encoders are trained on each run's own clients.
+            # One pre-training (same method, settings, data and seed: every seed
+            # pre-trains its own) should be one encoder; FedAvg encoders are trained on
+            # each run's own clients.
             data = record.config.data
             key = (record.pretraining, repr(record.config.pretrain), data.pretrain_dataset,
-                   data.pretrain_split, data.image_size)
+                   data.pretrain_split, data.image_size, record.config.seed)
             encoders.setdefault(key, set()).add(record.environment["starting_encoder"])
     lines = []
     if len(cpus) > 1:
@@ -87,3 +89,20 @@ def trial_table(records: dict[str, list], labels: dict[str, str], value, *,
             row += f" {fmt.format(mean)}{spread} |"
         lines.append(row)
     return lines
+
+
+def replace_block(path: Path, tag: str, key: str, lines: list[str]) -> bool:
+    """Replace the generated block ``<!-- TAG:KEY -->`` ... ``<!-- /TAG -->`` of the
+    markdown file ``path`` with ``lines`` (how scripts keep tables in a README current);
+    False when the file has no such block."""
+    from cpcfl_tf.results import write_text
+
+    start, end = f"<!-- {tag}:{key} -->", f"<!-- /{tag} -->"
+    text = path.read_text() if path.exists() else ""
+    if start not in text:
+        return False
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    write_text(path, head + start + "\n" + "\n".join(lines) + "\n" + end + tail)
+    return True
+

@@ -26,7 +26,7 @@ from cpcfl_tf.judge import (CANNOT, RULE, RecordIndex, Statistic, Summary, accur
                             combined, config_key, final_accuracy, linear_eval_config,
                             linear_eval_settings, paired, verdict)
 from cpcfl_tf.record import RunRecord
-from cpcfl_tf.report import markdown_table
+from cpcfl_tf.report import markdown_table, replace_block
 from cpcfl_tf.runner import COMPARISON, COMPARISON_LABELS, RunSpec, client_settings, clients_partition
 from cpcfl_tf.script import Script
 
@@ -468,7 +468,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"wrote {results / 'claims.md'}")
     readme = results.parent / "README.md"
     if (len(judged) == len(CLAIM_IDS) and readme.exists()
-            and update_readme(readme, config.preset, verdict_table(judged))):
+            and replace_block(readme, "claims", config.preset, verdict_table(judged))):
         print(f"updated the {config.preset} claims table in {readme}")
 
 
@@ -485,21 +485,6 @@ def verdict_table(judged: list[Judged]) -> list[str]:
             rows.append([j.claim.id if k == 0 else "", link.label, link.paper, ours, verdict_])
     return markdown_table(["claim", "link", "paper (STL-10)", "ours: mean [95 % interval]",
                            "verdict"], rows)
-
-
-def update_readme(readme: Path, preset: str, table: list[str]) -> bool:
-    """Replace the generated block ``<!-- claims:PRESET -->`` ... ``<!-- /claims -->``
-    of ``readme`` with ``table``; False when the README has no such block."""
-    from cpcfl_tf.results import write_text
-
-    start, end = f"<!-- claims:{preset} -->", "<!-- /claims -->"
-    text = readme.read_text()
-    if start not in text:
-        return False
-    head, rest = text.split(start, 1)
-    _, tail = rest.split(end, 1)
-    write_text(readme, head + start + "\n" + "\n".join(table) + "\n" + end + tail)
-    return True
 
 
 if __name__ == "__main__":

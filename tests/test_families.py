@@ -146,7 +146,7 @@ def test_cfl_splits_three_groups_apart_in_two_steps():
     d = np.stack([np.cos(angle), np.sin(angle), np.zeros(9)], 1) * 2.0
     state = algorithm.ServerState(25, [[np.zeros(3, np.float32)] for _ in range(3)], 0,
                                   np.zeros(9, np.int64))
-    ids, state = algorithm.server_ids(fl, state, _replies(state, np.zeros(9, np.int64),
+    ids, state, _ = algorithm.server_ids(fl, state, _replies(state, np.zeros(9, np.int64),
                                                           d + 0.01 * rng.normal(size=d.shape)))
     assert len(set(ids.tolist())) == 2 and cluster_ari(truth, ids) < 1
     state.assignment = ids
@@ -155,7 +155,7 @@ def test_cfl_splits_three_groups_apart_in_two_steps():
     e = np.zeros((9, 3))
     e[members, 2] = np.where(truth[members] == truth[members][0], 2.0, -2.0)
     e[ids != pair] = [2.0, 0, 0]  # the group alone: its updates agree, no split
-    ids, state = algorithm.server_ids(fl, state, _replies(state, ids, e))
+    ids, state, _ = algorithm.server_ids(fl, state, _replies(state, ids, e))
     assert cluster_ari(truth, ids) == 1.0
 
 
@@ -164,7 +164,7 @@ def test_cfl_does_not_split_a_group_whose_updates_agree_nor_before_split_after()
     same = np.array([1.0, 1.0, 0.0]) + 0.2 * rng.normal(size=(9, 3))  # mean norm > eps1
     state = algorithm.ServerState(25, [[np.zeros(3, np.float32)] for _ in range(3)], 0,
                                   np.zeros(9, np.int64))
-    ids, _ = algorithm.server_ids(fl, state, _replies(state, np.zeros(9, np.int64), same))
+    ids, _, _ = algorithm.server_ids(fl, state, _replies(state, np.zeros(9, np.int64), same))
     assert (ids == 0).all()
     apart = np.repeat([[2.0, 0, 0], [-2.0, 0, 0]], [5, 4], axis=0)  # would split at 25
     early = algorithm.ServerState(19, state.models, 0, np.zeros(9, np.int64))
@@ -182,6 +182,12 @@ def test_cfl_runs_and_records_its_options(clients):
     # split as soon as allowed, until the pool's 3 slots are used
     assert set(record.rounds[0].cluster_ids) == {0}
     assert len(set(record.rounds[-1].cluster_ids)) == 3
+    # every round records both norms of every cluster its clients trained (mean <= max)
+    norms = [r.update_norms for r in record.rounds]
+    trained = [{0}] + [set(r.cluster_ids) for r in record.rounds[:-1]]
+    assert [set(map(int, n)) for n in norms] == trained
+    assert all(0 < mean <= top for n in norms for mean, top in n.values())
+    assert record.rounds[1].to_json()["update_norms"] == norms[1]
     with pytest.raises(UserError, match="cfl has no option.* eps3 .*its options: eps1, eps2"):
         run(clients, "cfl", options={"eps3": 1})
     with pytest.raises(UserError, match="ifca has no option.*its options: none"):
@@ -219,7 +225,7 @@ def test_fl_hc_round_models_start_from_the_global_model():
     state = algorithm.ServerState(4, [[np.ones(3, np.float32)] for _ in range(3)], 0,
                                   np.zeros(9, np.int64))
     state.models[1] = [np.full(3, 7.0, np.float32)]  # stale slots must not leak in
-    ids, state = algorithm.server_ids(fl, state, _replies(state, np.zeros(9, np.int64), moves))
+    ids, state, _ = algorithm.server_ids(fl, state, _replies(state, np.zeros(9, np.int64), moves))
     assert cluster_ari(truth, ids) == 1.0
     assert all(np.array_equal(m[0], np.ones(3, np.float32)) for m in state.models)
     early = algorithm.ServerState(3, state.models, 0, np.zeros(9, np.int64))

@@ -285,6 +285,10 @@ def test_a_report_says_when_its_runs_come_from_other_machines_or_encoders():
     assert len(lines) == 2
     assert "3 runs come from 2 kinds of CPU (2 on A; 1 on B)" in lines[0]
     assert "same simclr pre-training started from different encoders" in lines[1]
+    # every seed pre-trains its own encoder: two seeds, two encoders, nothing to note
+    other_seed = dataclasses.replace(run("A", "e2"), config=run("A", "e2").config.with_overrides(
+        seed=1))
+    assert provenance([run("A", "e1"), other_seed]) == []
 
 
 def test_a_centralized_run_needs_one_or_group_many_models():
@@ -357,3 +361,31 @@ def test_heterogeneity_runs_each_kind_with_its_own_groups(tmp_path):
     assert not (out / "rotated-4-fedavg-none.json").exists()  # not among --methods
     assert len(rows(out / "heterogeneity.csv")) == 6
     assert "Dir(0.1), 3 groups" in (out / "heterogeneity.md").read_text()
+
+
+def test_cfl_families_pairs_each_family_by_seed_and_judges_the_difference(tmp_path):
+    families = script("cfl_families")
+    out = tmp_path / "out"
+    readme = Path(__file__).parents[1] / "results" / "README.md"
+    before = readme.read_bytes()
+    rows_ = "pacfl-none,pacfl-simclr,cp-cfl-simclr,ifca-none"
+    families.main(["--preset", "smoke", "--out", str(out), "--trials", "2", "--methods", rows_,
+                   "--set", "federated.rounds=2"])
+    table = rows(out / "cfl_families.csv")
+    assert sorted((r["run"], r["seed"]) for r in table) == sorted(
+        (name, seed) for name in rows_.split(",") for seed in ("0", "1"))
+    pacfl = {r["seed"]: r for r in table if r["run"].startswith("pacfl")}
+    assert all(int(r["bytes_other"]) > 0 for r in pacfl.values())
+    from cpcfl_tf.judge import t_interval
+
+    acc = {(r["run"], r["seed"]): 100 * float(r["accuracy"]) for r in table}
+    diffs = [acc["cp-cfl-simclr", s] - acc["ifca-none", s] for s in ("0", "1")]
+    low, high = t_interval(diffs)
+    effect = "helps" if low > 0 else "hurts" if high < 0 else "no difference shown"
+    report = (out / "cfl_families.md").read_text()
+    assert (f"| IFCA (CP-CFL) | 2 | {np.mean(diffs):+.2f} | {min(diffs):+.2f} .. "
+            f"{max(diffs):+.2f} | [{low:+.2f}, {high:+.2f}] | {effect} |") in report
+    assert "| PACFL | 2 |" in report and "| FeSEM |" not in report  # rows not asked for
+    assert (out / "accuracy.png").stat().st_size > 0 and (out / "ari.png").exists()
+    # a run elsewhere, of a subset, leaves the committed README's table alone
+    assert readme.read_bytes() == before

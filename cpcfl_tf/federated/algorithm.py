@@ -274,33 +274,38 @@ def bipartition(updates: np.ndarray) -> np.ndarray:
                                    linkage="complete").fit(-similarity).labels_
 
 
-def cfl_split(fl, state: ServerState, replies: "Replies") -> tuple[np.ndarray, ServerState]:
+def cfl_split(fl, state: ServerState, replies: "Replies"
+              ) -> tuple[np.ndarray, ServerState, dict]:
     """CFL's server step (Sattler et al., Algorithm 1) before aggregation: every cluster
     whose |D_u|-weighted mean update is below ``eps1`` while its largest update is above
     ``eps2`` (after ``split_after`` rounds, with at least ``min_split_size`` members) is
     split in two while a free pool slot is left; the new cluster starts from its parent's
-    model. Returns the replies' cluster ids and the pool."""
+    model. Returns the replies' cluster ids, the pool, and the round record's
+    ``update_norms`` (both norms of every cluster, every round: how to calibrate eps)."""
     options, ids = fl.options, replies.cluster_ids.copy()
-    if state.round < options["split_after"] or len(ids) == 0:
-        return ids, state
+    if len(ids) == 0:
+        return ids, state, {}
     updates = flat_updates(state, replies)
     norms = np.linalg.norm(updates, axis=1)
     used = set(np.unique(state.assignment).tolist()) | set(ids.tolist())
     models = list(state.models)
+    measured = {}
     for c in sorted(set(ids.tolist())):
         members = np.flatnonzero(ids == c)
-        free = [n for n in range(len(models)) if n not in used]
-        if not free or len(members) < options["min_split_size"]:
-            continue
         share = replies.sizes[members] / replies.sizes[members].sum()
-        mean = np.linalg.norm(share @ updates[members])
+        mean = float(np.linalg.norm(share @ updates[members]))
+        measured[str(c)] = [mean, float(norms[members].max())]
+        free = [n for n in range(len(models)) if n not in used]
+        if (state.round < options["split_after"] or not free
+                or len(members) < options["min_split_size"]):
+            continue
         if mean < options["eps1"] and norms[members].max() > options["eps2"]:
             halves = bipartition(updates[members])
             new = free[0]
             ids[members[halves == 1]] = new
             models[new] = [np.array(a) for a in models[c]]
             used.add(new)
-    return ids, dataclasses.replace(state, models=models)
+    return ids, dataclasses.replace(state, models=models), {"update_norms": measured}
 
 
 def hierarchical_clusters(updates: np.ndarray, num_clusters: int) -> np.ndarray:
@@ -361,19 +366,21 @@ def subspace_clusters(subspaces: Sequence[np.ndarray], num_clusters: int) -> np.
                                    linkage="average").fit(proximity).labels_.astype(np.int64)
 
 
-def server_ids(fl, state: ServerState, replies: "Replies") -> tuple[np.ndarray, ServerState]:
-    """The cluster of each reply the server aggregates by, and the pool it aggregates
-    into: the client's choice (``loss``), the server's assignment (``own``, ``groups``,
-    ``subspaces``), FeSEM's E-step against the centres the clients started from
-    (``nearest``), CFL's splits (``split``) or FL+HC's one clustering (``hierarchical``)."""
+def server_ids(fl, state: ServerState, replies: "Replies"
+               ) -> tuple[np.ndarray, ServerState, dict]:
+    """The cluster of each reply the server aggregates by, the pool it aggregates into,
+    and what the rule adds to the round's record: the client's choice (``loss``), the
+    server's assignment (``own``, ``groups``, ``subspaces``), FeSEM's E-step against the
+    centres the clients started from (``nearest``), CFL's splits (``split``, which records
+    its update norms) or FL+HC's one clustering (``hierarchical``)."""
     rule = METHODS[fl.method].assign
     if rule == "nearest" and len(replies.clients):
-        return nearest_centres(state.models, replies.weights), state
+        return nearest_centres(state.models, replies.weights), state, {}
     if rule == "split":
         return cfl_split(fl, state, replies)
     if rule == "hierarchical":
-        return fl_hc_split(fl, state, replies)
-    return replies.cluster_ids, state
+        return (*fl_hc_split(fl, state, replies), {})
+    return replies.cluster_ids, state, {}
 
 
 def should_restart(fl, finished_round: int, attempt: int, cluster_ids: np.ndarray) -> bool:
@@ -486,7 +493,7 @@ def run_rounds(fl, seed: int, federation: Federation, start: Callable[[int], Ser
         t, started = progress.round, time.perf_counter()
         plan = plan_round(fl, seed, progress.attempt, t, n, state.assignment)
         replies = federation.train(state.models, plan)
-        ids, state = server_ids(fl, state, replies)
+        ids, state, notes = server_ids(fl, state, replies)
         state = aggregate(state, replies.weights, ids, replies.sizes,
                           global_encoder=fl.global_encoder)
         assigned[replies.clients] = ids
@@ -497,7 +504,7 @@ def run_rounds(fl, seed: int, federation: Federation, start: Callable[[int], Ser
         progress.bytes_down += down
         progress.bytes_up += up
         record = {"round": t + 1, **federation.observe(state.models, assigned, replies, t + 1,
-                                                       planned=state.assignment)}
+                                                       planned=state.assignment), **notes}
         progress.history.append(record)
         progress.round = t + 1
         progress.seconds += time.perf_counter() - started

@@ -1,0 +1,103 @@
+"""How the clustered-FL families' thresholds were chosen for the kit's models: CFL's eps1 and
+eps2 from measured update norms, PACFL's number of singular vectors from the clustering
+it gives, on partitions the reported seeds never use.
+
+CFL splits a cluster when its members' mean update is small (the federation has
+converged) while the largest update is still large (some members disagree). Those
+norms depend on the model, the optimizer and the learning rate, so the authors' values
+do not carry over. This script runs CFL with splitting switched off (eps1 = 0) on
+held-out seeds, from random weights and from the seed's own SimCLR encoder, once on the
+preset's three groups and once on one group (where nothing should split), and reads the
+norms every round records. PACFL needs p (``basis``): it is chosen by the ARI its
+clustering gives on the held-out partitions.
+
+The thresholds it derives (rule in the report) are what ``cpcfl_tf/methods.py`` uses
+for CFL and PACFL; ``docs/choices.md`` cites this report.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from cpcfl_tf.errors import UserError, run_cli
+from cpcfl_tf.methods import METHODS, STARTS
+from cpcfl_tf.report import markdown_table
+from cpcfl_tf.runner import RunSpec
+from cpcfl_tf.script import Script
+
+SCRIPT = Script(__file__, __doc__, default_preset="quick")
+
+HELD_OUT = (10, 11, 12)
+"""Partition seeds for calibration: the reported runs use seeds 0-4."""
+BASES = (1, 2, 3, 4, 5, 6, 8, 10)
+"""The values of PACFL's p tried."""
+NO_SPLIT = {"method": "cfl", "federated": {"options": {"eps1": 0.0}}}
+
+
+def norm_specs(seeds: Sequence[int]) -> list[RunSpec]:
+    """CFL without splits: three groups and one group, from random weights and SimCLR."""
+    return [RunSpec(f"seed{seed}-{shape}-{pre}", "cfl", pre, seed=seed,
+                    federated={"options": {"eps1": 0.0}},
+                    partition={} if shape == "groups" else {"num_groups": 1})
+            for seed in seeds for shape in ("groups", "one-group") for pre in ("none", "simclr")]
+
+
+def plateau(record, start: int) -> tuple[float, float]:
+    """Median over rounds > ``start`` of the one cluster's mean-update norm and largest
+    update norm."""
+    norms = np.array([r.update_norms["0"] for r in record.rounds if r.round > start])
+    return float(np.median(norms[:, 0])), float(np.median(norms[:, 1]))
+
+
+def _options(parser) -> None:
+    parser.add_argument("--seeds", type=int, default=1,
+                        help=f"held-out seeds for CFL's norms (of {HELD_OUT}; default 1)")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    session = SCRIPT.start(argv, _options)
+    config, args = session.config, session.args
+    if not 1 <= args.seeds <= len(HELD_OUT):
+        raise UserError(f"--seeds must be in 1..{len(HELD_OUT)}, got {args.seeds}")
+    from cpcfl_tf.federated import algorithm
+    from cpcfl_tf.federated.metrics import cluster_ari
+
+    # PACFL: the ARI of its clustering for each p on every held-out partition.
+    aris = {}
+    for seed in HELD_OUT:
+        clients = session.runner.clients(config.with_overrides(seed=seed))
+        aris[seed] = [cluster_ari(clients.groups, algorithm.subspace_clusters(
+            [algorithm.data_subspace(x, p) for x in clients.train.images],
+            config.federated.num_clusters)) for p in BASES]
+    mean_ari = np.mean([aris[s] for s in HELD_OUT], axis=0)
+    best = BASES[int(np.argmax(mean_ari))]  # the smallest p of the best mean ARI
+
+    # CFL: the norms with splitting off.
+    specs = session.plan(norm_specs(HELD_OUT[:args.seeds]))
+    records = {spec.name: session.runner.run(spec) for spec in specs}
+    split_after = METHODS["cfl"].options["split_after"]
+    measured = {name: plateau(r, split_after) for name, r in records.items()}
+
+    lines = [f"# Calibrating the clustered-FL families (preset `{config.preset}`, "
+             f"{config.partition.num_clients} clients, held-out seeds)", "",
+             "## PACFL: ARI of the clustering by p (leading singular vectors per client)", ""]
+    lines += markdown_table(["seed", *(f"p = {p}" for p in BASES)],
+                            [[s, *(f"{a:.2f}" for a in aris[s])] for s in HELD_OUT]
+                            + [["mean", *(f"{a:.2f}" for a in mean_ari)]])
+    lines += ["", f"Chosen: the smallest p of the best mean ARI, **p = {best}** "
+              f"(methods.py has p = {METHODS['pacfl'].options['basis']:g}).", "",
+              "## CFL: update norms with splitting off", "",
+              f"Median over rounds {split_after + 1}..{config.federated.rounds} (after "
+              "`split_after`) of the one cluster's weighted mean-update norm and largest "
+              "update norm.", ""]
+    lines += markdown_table(
+        ["run", "start", "mean-update norm", "largest update norm"],
+        [[name, STARTS[records[name].config.federated.pretraining], f"{m:.3f}", f"{x:.3f}"]
+         for name, (m, x) in measured.items()])
+    rows = [{"run": name, "mean_norm": m, "max_norm": x} for name, (m, x) in measured.items()]
+    session.finish("\n".join(lines) + "\n", rows)
+
+
+if __name__ == "__main__":
+    run_cli(main)

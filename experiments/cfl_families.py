@@ -1,0 +1,148 @@
+"""Beyond the paper: the clustered-FL families beside IFCA, each from random weights and from
+the seed's own SimCLR encoder, and whether the encoder helps each of them.
+
+The paper shows one family, clients that pick a model by their own loss (IFCA), failing
+to form clusters from random weights, and a contrastive encoder fixing that (CP-CFL).
+Here the families that cluster on the server run in the same protocol: by the clients'
+models (FeSEM), by their updates once (FL+HC) or recursively (CFL), by their data
+before training (PACFL), with the two references of clustered FL, each client alone
+(local) and FedAvg within the true groups (oracle). Every seed k (``--seed`` + k) draws
+its own partition, initial weights, batch order and pre-trained encoder. For each family
+the paired difference "from SimCLR minus from random" is judged by the claims' rule
+(``cpcfl_tf.judge.RULE``).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from cpcfl_tf.errors import UserError, run_cli
+from cpcfl_tf.judge import HOLDS, NOT_SHOWN, OPPOSITE, RULE, final_accuracy, paired, verdict
+from cpcfl_tf.methods import run_label
+from cpcfl_tf.report import markdown_table, mean_sd, replace_block
+from cpcfl_tf.runner import RunSpec
+from cpcfl_tf.script import Script
+
+FAMILIES = ("local", "oracle", "fedavg", "fesem", "cfl", "fl-hc", "pacfl")
+"""Each from random weights and from SimCLR."""
+ROWS = {f"{m}-{pre}": (m, pre) for m in FAMILIES for pre in ("none", "simclr")}
+ROWS.update({"ifca-none": ("ifca", "none"), "ifca-fedavg": ("ifca", "fedavg"),
+             "cp-cfl-simclr": ("cp-cfl", "simclr")})
+PAIRS = {run_label(m, "simclr").split(" (")[0]: (f"{m}-simclr", f"{m}-none")
+         for m in FAMILIES}
+PAIRS["IFCA (CP-CFL)"] = ("cp-cfl-simclr", "ifca-none")
+"""Family -> (from SimCLR, from random). IFCA's family from SimCLR is CP-CFL."""
+EFFECT = {HOLDS: "helps", OPPOSITE: "hurts", NOT_SHOWN: "no difference shown"}
+
+SCRIPT = Script(__file__, __doc__, default_preset="quick", methods=tuple(ROWS))
+
+
+def specs(seeds: Sequence[int]) -> list[RunSpec]:
+    return [RunSpec(f"seed{seed}-{name}", method, pre, seed=seed, row=name)
+            for seed in seeds for name, (method, pre) in ROWS.items()]
+
+
+def _ari(record) -> float | None:
+    return None if record.config.federated.num_clusters == 1 else record.final.ari
+
+
+def _cell(values, fmt: str = "{:.2f}") -> str:
+    values = [v for v in values if v is not None]
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return fmt.format(values[0])
+    mean, sd = mean_sd(values)
+    return f"{fmt.format(mean)} ± {fmt.format(sd)}"
+
+
+def _options(parser) -> None:
+    parser.add_argument("--trials", type=int, default=5,
+                        help="seeds --seed .. --seed + trials - 1 (default 5)")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    session = SCRIPT.start(argv, _options)
+    config, args = session.config, session.args
+    if args.trials < 1:
+        raise UserError(f"--trials must be >= 1, got {args.trials}")
+    seeds = list(range(args.seed, args.seed + args.trials))
+    runs: dict[str, dict[int, object]] = {name: {} for name in ROWS if session.wanted(name)}
+    for spec in session.plan(specs(seeds)):
+        runs[spec.key][spec.seed] = session.runner.run(spec)
+
+    table = []
+    for name, by_seed in runs.items():
+        records = list(by_seed.values())
+        table.append([run_label(*ROWS[name]), len(records),
+                      _cell([final_accuracy(r) for r in records]),
+                      _cell([_ari(r) for r in records], "{:.3f}"),
+                      _cell([r.last_cluster_change() for r in records if _ari(r) is not None],
+                            "{:.1f}"),
+                      _cell([(r.final.bytes_down + r.final.bytes_up) / 1e6 for r in records],
+                            "{:.0f}")])
+    effects = []
+    for family, (pre, none) in PAIRS.items():
+        if pre not in runs or none not in runs:
+            continue
+        acc = verdict(paired(runs[pre], runs[none], final_accuracy))
+        ari = paired({s: r for s, r in runs[pre].items() if _ari(r) is not None},
+                     {s: r for s, r in runs[none].items() if _ari(r) is not None},
+                     lambda r: r.final.ari)
+        interval = acc.interval
+        effects.append([
+            family, acc.n, f"{acc.mean:+.2f}" if acc.n else "-",
+            f"{min(acc.values):+.2f} .. {max(acc.values):+.2f}" if acc.n else "-",
+            f"[{interval[0]:+.2f}, {interval[1]:+.2f}]" if interval else "-",
+            EFFECT.get(acc.verdict, acc.verdict),
+            f"{sum(ari.values()) / len(ari):+.3f}" if ari else "-"])
+
+    lines = [f"# Clustered-FL families (preset `{config.preset}`): "
+             f"{config.partition.num_clients} clients in {config.partition.num_groups} groups, "
+             f"N = {config.federated.num_clusters}, T = {config.federated.rounds}, seeds "
+             f"{seeds[0]}..{seeds[-1]}", "",
+             "Mean ± SD over the seeds (ddof = 0). ARI of the final cluster ids against the "
+             "true groups (one-model runs have none); *settled*: the round after which no "
+             "client changed cluster again; *MB*: bytes sent down and up in the whole run.", ""]
+    lines += markdown_table(["run", "seeds", "accuracy (%)", "ARI", "settled after round",
+                             "MB sent"], table)
+    lines += ["", "## Does the SimCLR encoder help each family?", "",
+              "Per seed: accuracy (points) from the seed's SimCLR encoder minus from random "
+              "weights, same partition. IFCA's family from SimCLR is CP-CFL. The verdict "
+              "follows the claims' rule: *helps* when the 95 % interval lies above zero, "
+              "*hurts* when below, *no difference shown* when it contains zero.", ""]
+    effect_table = markdown_table(["family", "n", "mean", "min .. max", "95 % interval",
+                                   "SimCLR", "ARI change"], effects)
+    lines += effect_table + ["", "<details><summary>The rule</summary>", "", RULE, "</details>"]
+    rows = [{"run": name, "method": ROWS[name][0], "pretraining": ROWS[name][1], "seed": seed,
+             "accuracy": r.final.accuracy, "ari": _ari(r),
+             "last_cluster_change": r.last_cluster_change(), "restarts": r.final.restarts,
+             "bytes_down": r.final.bytes_down, "bytes_up": r.final.bytes_up,
+             "bytes_other": r.final.bytes_other}
+            for name, by_seed in runs.items() for seed, r in by_seed.items()]
+    _figures(runs, session.out, config.preset)
+    session.finish("\n".join(lines) + "\n", rows)
+    readme = Path("results") / "README.md"
+    if (session.out.resolve() == (Path("results") / config.preset / SCRIPT.name).resolve()
+            and len(runs) == len(ROWS) and replace_block(readme, "families", config.preset,
+                                                         effect_table)):
+        print(f"updated the {config.preset} families table in {readme}")
+
+
+def _figures(runs: dict, out: Path, preset: str) -> None:
+    from cpcfl_tf.plots import plot_paired_bars
+
+    families = [f for f, (a, b) in PAIRS.items() if a in runs and b in runs]
+    for name, stat in (("accuracy", final_accuracy), ("ari", _ari)):
+        bars = {}
+        for start, side in (("random weights", 1), ("SimCLR", 0)):
+            bars[start] = [[v for v in map(stat, runs[PAIRS[f][side]].values()) if v is not None]
+                           for f in families]
+        plot_paired_bars(families, bars, out / f"{name}.png",
+                         ylabel="final accuracy (%)" if name == "accuracy" else "final ARI",
+                         title=f"Clustered-FL families from random weights and from SimCLR "
+                               f"(preset {preset})")
+
+
+if __name__ == "__main__":
+    run_cli(main)
