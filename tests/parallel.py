@@ -24,12 +24,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 SLOW = ["test_flower.py", "test_scripts.py", "test_table2.py", "test_experiments.py",
         "test_simulator.py", "test_reliability.py", "test_linear_eval.py", "test_contrastive.py",
-        "test_cli.py", "test_mirrored.py", "test_results.py"]
+        "test_cli.py", "test_families.py", "test_mirrored.py", "test_results.py"]
 """Slowest first (seconds in a one-process run, ``--durations``). The order only decides
 how well the processes fill the cores; a file missing here runs in a process of its own
 after these."""
 FAST = ["test_algorithm.py", "test_centralized.py", "test_config.py", "test_docs.py",
-        "test_families.py", "test_folder_source.py", "test_methods.py", "test_metrics.py",
+        "test_folder_source.py", "test_methods.py", "test_metrics.py",
         "test_layers.py", "test_models.py", "test_partition.py", "test_record_schema.py",
         "test_sources.py"]
 """Files of a few seconds each: one process for all, so TensorFlow is imported once."""

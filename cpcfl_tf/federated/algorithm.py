@@ -36,8 +36,6 @@ class Stream(enum.IntEnum):
     """Who takes part, the random picks during Tc, and tie-breaks between equal losses."""
     BATCHES = 1
     """Each client's batch order (:func:`cpcfl_tf.federated.backends.batch_orders`)."""
-    ASSIGNMENT = 2
-    """The server's first assignment of the clients (methods whose server assigns)."""
 
 
 def stream_seed(seed: int, attempt: int, round_: int, stream: Stream) -> list[int]:
@@ -215,8 +213,8 @@ def initial_assignment(fl, seed: int, attempt: int, num_clients: int,
                        subspaces: Sequence[np.ndarray] | None = None) -> np.ndarray | None:
     """Each client's first model when the server assigns (:data:`~cpcfl_tf.methods.ASSIGNMENTS`):
     its own (``own``), its true group's (``groups``: ``groups`` is the partition's group
-    ids, told to this reference method only), a seeded uniform draw (``nearest``: FeSEM
-    starts from random memberships), one cluster (``split``, ``hierarchical``), PACFL's
+    ids, told to this reference method only), one cluster (``nearest``, ``split``,
+    ``hierarchical``: the first round trains one common model), PACFL's
     clusters of the clients' data ``subspaces`` (:func:`data_subspace`, sent once before
     training); ``None`` when each client chooses by its loss."""
     rule = METHODS[fl.method].assign
@@ -228,10 +226,7 @@ def initial_assignment(fl, seed: int, attempt: int, num_clients: int,
         if groups is None:
             raise ValueError("the oracle needs the partition's group ids")
         return np.unique(np.asarray(groups), return_inverse=True)[1].reshape(-1)
-    if rule == "nearest":
-        rng = round_rng(seed, attempt, 0, Stream.ASSIGNMENT)
-        return rng.integers(0, fl.num_clusters, size=num_clients)
-    if rule in ("split", "hierarchical"):
+    if rule in ("nearest", "split", "hierarchical"):
         return np.zeros(num_clients, np.int64)
     if rule == "subspaces":
         if subspaces is None:
@@ -250,6 +245,32 @@ def nearest_centres(centres: list[Weights], client_weights: Sequence[np.ndarray]
         for n, centre in enumerate(centres):
             distance[:, n] += np.square(flat - centre[i].reshape(-1).astype(np.float64)).sum(1)
     return np.argmin(distance, axis=1)
+
+
+def farthest_first(client_weights: Sequence[np.ndarray], count: int) -> list[Weights]:
+    """FeSEM's first centres: ``count`` of the clients' trained models, chosen by
+    farthest-first traversal (the one farthest from their mean, then each time the one
+    farthest from the centres chosen), squared L2 over all arrays, in float64. Seedless:
+    the same replies give the same centres."""
+    clients = len(client_weights[0])
+    flat = np.concatenate([a.reshape(clients, -1).astype(np.float64) for a in client_weights], 1)
+    chosen = [int(np.argmax(np.square(flat - flat.mean(0)).sum(1)))]
+    while len(chosen) < min(count, clients):
+        nearest = np.min([np.square(flat - flat[c]).sum(1) for c in chosen], axis=0)
+        chosen.append(int(np.argmax(nearest)))
+    return [[a[c] for a in client_weights] for c in chosen]
+
+
+def fesem_step(state: ServerState, replies: "Replies") -> np.ndarray:
+    """FeSEM's E-step (Long et al.): each trained model joins the nearest centre. The
+    centres are the models the round started from, except in round 1, where every client
+    trained the one common model and the centres are :func:`farthest_first` of the trained
+    models (docs/choices.md)."""
+    if state.round == 0:
+        centres = farthest_first(replies.weights, len(state.models))
+    else:
+        centres = state.models
+    return nearest_centres(centres, replies.weights)
 
 
 def flat_updates(state: ServerState, replies: "Replies") -> np.ndarray:
@@ -375,7 +396,7 @@ def server_ids(fl, state: ServerState, replies: "Replies"
     its update norms) or FL+HC's one clustering (``hierarchical``)."""
     rule = METHODS[fl.method].assign
     if rule == "nearest" and len(replies.clients):
-        return nearest_centres(state.models, replies.weights), state, {}
+        return fesem_step(state, replies), state, {}
     if rule == "split":
         return cfl_split(fl, state, replies)
     if rule == "hierarchical":
