@@ -93,9 +93,16 @@ class Method:
 
     @property
     def on_flower(self) -> bool:
-        """Whether the Flower apps run it: a federation whose clients choose by loss
+        """Whether the Flower apps run it: a federation that sends something
         (:func:`cpcfl_tf.flower.common.run_config` says why the others cannot)."""
-        return self.federated and not self.server_assigns
+        return self.federated and self.communicates
+
+    @property
+    def asks_first(self) -> str | None:
+        """What the server asks every client once, before training: its true group
+        (``group``: the oracle, the only method told it), its data subspace (``subspace``:
+        PACFL); ``None`` for the others."""
+        return {"groups": "group", "subspaces": "subspace"}.get(self.assign)
 
     @property
     def communicates(self) -> bool:
@@ -154,7 +161,8 @@ METHODS = {m.name: m for m in (
     # split before round 20; only clusters of more than two clients). docs/choices.md
     # says how eps1/eps2 were chosen for the kit's models.
     Method("cfl", "CFL", PRETRAININGS, assign="split", head_phase=True,
-           options={"eps1": 0.4, "eps2": 1.6, "split_after": 20, "min_split_size": 3}),
+           options={"eps1": 0.4, "eps2": 1.6, "split_after": 20, "min_split_size": 3,
+                    "max_cross": 1.0}),
     # FL+HC (Briggs, Fan and Andras, IJCNN 2020): FedAvg, then one hierarchical clustering
     # of the updates of round cluster_round (0-based; the kit's choice: docs/choices.md).
     Method("fl-hc", "FL+HC", PRETRAININGS, assign="hierarchical", head_phase=True,

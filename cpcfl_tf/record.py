@@ -45,10 +45,11 @@ class Round:
     """Flower: how many nodes replied."""
     failed_partitions: list[int] | None = None
     """Flower: the clients asked that did not reply."""
-    update_norms: dict[str, list[float]] | None = None
-    """CFL: for each cluster that trained (by id), the norm of its members' weighted mean
-    update and the largest member update norm: what the split rule compares with
-    ``eps1`` and ``eps2``."""
+    split_test: dict[str, dict[str, float | None]] | None = None
+    """CFL: for each cluster that trained (by id), what its split test compares:
+    ``mean_norm`` (of its members' weighted mean update, with ``eps1``), ``max_norm`` (the
+    largest update norm, with ``eps2``) and ``cross_similarity`` (of its bipartition, with
+    ``max_cross``; null for a single member)."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"round": self.round}
@@ -56,8 +57,8 @@ class Round:
             out["accuracy"] = self.accuracy
         out["cluster_ids"] = self.cluster_ids
         out.update({k: self.scores[k] for k in SCORES if k in self.scores})
-        if self.update_norms is not None:
-            out["update_norms"] = self.update_norms
+        if self.split_test is not None:
+            out["split_test"] = self.split_test
         if self.replies is not None:
             out.update(replies=self.replies, failed_partitions=self.failed_partitions)
         return out
@@ -65,10 +66,10 @@ class Round:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Round":
         _only(data, {"round", "accuracy", "cluster_ids", "replies", "failed_partitions",
-                     "update_norms", *SCORES}, "round")
+                     "split_test", *SCORES}, "round")
         return cls(data["round"], data["cluster_ids"], data.get("accuracy"),
                    {k: data[k] for k in SCORES if k in data}, data.get("replies"),
-                   data.get("failed_partitions"), data.get("update_norms"))
+                   data.get("failed_partitions"), data.get("split_test"))
 
 
 @dataclasses.dataclass

@@ -3,8 +3,9 @@ eps2 from measured update norms, PACFL's number of singular vectors from the clu
 it gives, on partitions the reported seeds never use.
 
 CFL splits a cluster when its members' mean update is small (the federation has
-converged) while the largest update is still large (some members disagree). Those
-norms depend on the model, the optimizer and the learning rate, so the authors' values
+converged) while the largest update is still large (some members disagree), and the two
+parts of its bipartition pull apart (their largest cross similarity is low). Those
+numbers depend on the model, the optimizer and the learning rate, so the authors' values
 do not carry over. This script runs CFL with splitting switched off (eps1 = 0) on
 held-out seeds, from random weights and from the seed's own SimCLR encoder, once on the
 preset's three groups and once on one group (where nothing should split), and reads the
@@ -43,11 +44,30 @@ def norm_specs(seeds: Sequence[int]) -> list[RunSpec]:
             for seed in seeds for shape in ("groups", "one-group") for pre in ("none", "simclr")]
 
 
-def plateau(record, start: int) -> tuple[float, float]:
-    """Median over rounds > ``start`` of the one cluster's mean-update norm and largest
-    update norm."""
-    norms = np.array([r.update_norms["0"] for r in record.rounds if r.round > start])
-    return float(np.median(norms[:, 0])), float(np.median(norms[:, 1]))
+def plateau(record, start: int) -> dict[str, float]:
+    """Median over rounds > ``start`` of the one cluster's split test: mean-update norm,
+    largest update norm, cross similarity of its bipartition."""
+    tests = [r.split_test["0"] for r in record.rounds if r.round > start]
+    return {k: float(np.median([t[k] for t in tests]))
+            for k in ("mean_norm", "max_norm", "cross_similarity")}
+
+
+def cfl_thresholds(measured: dict[str, dict[str, float]]) -> dict[str, float]:
+    """The rule: after ``split_after`` rounds the norm tests should let a converged
+    cluster split (eps1 = 1.25 x the largest mean-update norm, eps2 = 0.8 x the smallest
+    largest-update norm, over every run), and the bipartition's cross similarity decides
+    (max_cross = halfway between the largest three-group value and the smallest one-group
+    value; an error when they do not separate). Two decimals."""
+    groups = [m for name, m in measured.items() if "-groups-" in name]
+    one = [m for name, m in measured.items() if "-one-group-" in name]
+    apart = max(m["cross_similarity"] for m in groups)
+    together = min(m["cross_similarity"] for m in one)
+    if apart >= together:
+        raise UserError(f"the three-group cross similarity ({apart:.3f}) is not below the "
+                        f"one-group one ({together:.3f}): no max_cross separates them here")
+    return {"eps1": round(1.25 * max(m["mean_norm"] for m in measured.values()), 2),
+            "eps2": round(0.8 * min(m["max_norm"] for m in measured.values()), 2),
+            "max_cross": round((apart + together) / 2, 2)}
 
 
 def _options(parser) -> None:
@@ -89,13 +109,19 @@ def main(argv: Sequence[str] | None = None) -> None:
               f"(methods.py has p = {METHODS['pacfl'].options['basis']:g}).", "",
               "## CFL: update norms with splitting off", "",
               f"Median over rounds {split_after + 1}..{config.federated.rounds} (after "
-              "`split_after`) of the one cluster's weighted mean-update norm and largest "
-              "update norm.", ""]
+              "`split_after`) of the one cluster's split test: its weighted mean-update norm, "
+              "its largest update norm, and the largest cosine similarity across the two "
+              "parts its bipartition would make.", ""]
     lines += markdown_table(
-        ["run", "start", "mean-update norm", "largest update norm"],
-        [[name, STARTS[records[name].config.federated.pretraining], f"{m:.3f}", f"{x:.3f}"]
-         for name, (m, x) in measured.items()])
-    rows = [{"run": name, "mean_norm": m, "max_norm": x} for name, (m, x) in measured.items()]
+        ["run", "start", "mean-update norm", "largest update norm", "cross similarity"],
+        [[name, STARTS[records[name].config.federated.pretraining], f"{m['mean_norm']:.3f}",
+          f"{m['max_norm']:.3f}", f"{m['cross_similarity']:.3f}"]
+         for name, m in measured.items()])
+    derived, used = cfl_thresholds(measured), METHODS["cfl"].options
+    lines += ["", "Derived: **" + ", ".join(f"{k} = {v:g}" for k, v in derived.items())
+              + "** (methods.py has " + ", ".join(f"{k} = {used[k]:g}" for k in derived)
+              + "). " + " ".join(cfl_thresholds.__doc__.split())]
+    rows = [{"run": name, **m} for name, m in measured.items()]
     session.finish("\n".join(lines) + "\n", rows)
 
 

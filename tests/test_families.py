@@ -112,15 +112,18 @@ def test_nearest_centres_recovers_three_groups():
     assert np.array_equal(found, truth) and cluster_ari(truth, found) == 1.0
 
 
-def test_the_server_assigning_methods_are_simulator_only_for_now():
+def test_flower_runs_every_method_that_sends_something_and_refuses_local():
     from cpcfl_tf.flower.common import run_config
     from cpcfl_tf.methods import METHODS
 
-    assigning = [m.name for m in METHODS.values() if m.federated and m.server_assigns]
-    assert {"local", "oracle", "fesem", "cfl", "fl-hc", "pacfl"} <= set(assigning)
-    for method in assigning:
-        with pytest.raises(UserError, match=f"method '{method}' is not available on Flower"):
-            run_config({"method": method, "pretraining": "none"})
+    for name in ("oracle", "fesem", "cfl", "fl-hc", "pacfl"):
+        assert METHODS[name].on_flower
+        assert run_config({"method": name, "pretraining": "none"}).federated.method == name
+    with pytest.raises(UserError, match="method 'local' trains each client alone and sends "
+                                        "nothing.*run it in the simulator"):
+        run_config({"method": "local", "pretraining": "none"})
+    assert {m.asks_first for m in METHODS.values()} == {None, "group", "subspace"}
+    assert (METHODS["oracle"].asks_first, METHODS["pacfl"].asks_first) == ("group", "subspace")
 
 
 def _replies(start, ids, updates):
@@ -134,7 +137,8 @@ def _cfl(**options):
     from types import SimpleNamespace
 
     return SimpleNamespace(method="cfl", options={"eps1": 0.4, "eps2": 1.6, "split_after": 20,
-                                                  "min_split_size": 3, **options})
+                                                  "min_split_size": 3, "max_cross": 1.0,
+                                                  **options})
 
 
 def test_cfl_splits_three_groups_apart_in_two_steps():
@@ -174,20 +178,41 @@ def test_cfl_does_not_split_a_group_whose_updates_agree_nor_before_split_after()
                                                             apart))[0].tolist())) == 2
 
 
+def test_cfl_splits_only_when_the_two_parts_pull_apart_enough():
+    """max_cross guards a split: parts at 60 degrees (cross similarity 0.5) split under
+    max_cross 0.6, not under 0.4; the record shows the similarity compared."""
+    state = algorithm.ServerState(25, [[np.zeros(3, np.float32)] for _ in range(3)], 0,
+                                  np.zeros(8, np.int64))
+    angle = np.repeat([0.0, np.pi / 3], 4) + 0.01 * np.random.default_rng(5).normal(size=8)
+    apart = np.stack([np.cos(angle), np.sin(angle), np.zeros(8)], 1) * 2.0
+    replies = _replies(state, np.zeros(8, np.int64), apart)
+    ids, _, notes = algorithm.server_ids(_cfl(eps1=10.0, max_cross=0.6), state, replies)
+    assert cluster_ari(np.repeat([0, 1], 4), ids) == 1.0
+    test = notes["split_test"]["0"]
+    unit = apart / np.linalg.norm(apart, axis=1, keepdims=True)
+    assert test["cross_similarity"] == pytest.approx((unit[:4] @ unit[4:].T).max(), abs=1e-6)
+    assert test["cross_similarity"] < 0.6
+    held, _, _ = algorithm.server_ids(_cfl(eps1=10.0, max_cross=test["cross_similarity"] - 0.01),
+                                      state, replies)
+    assert (held == 0).all()
+
+
 def test_cfl_runs_and_records_its_options(clients):
     record, state = run(clients, "cfl", options={"split_after": 1, "eps1": 1e9, "eps2": 0.0})
     assert record.config.federated.options == {"eps1": 1e9, "eps2": 0.0, "split_after": 1,
-                                               "min_split_size": 3}
+                                               "min_split_size": 3, "max_cross": 1.0}
     assert record.requested.federated.options == {"split_after": 1, "eps1": 1e9, "eps2": 0.0}
     # split as soon as allowed, until the pool's 3 slots are used
     assert set(record.rounds[0].cluster_ids) == {0}
     assert len(set(record.rounds[-1].cluster_ids)) == 3
-    # every round records both norms of every cluster its clients trained (mean <= max)
-    norms = [r.update_norms for r in record.rounds]
+    # every round records the split test of every cluster its clients trained
+    tests = [r.split_test for r in record.rounds]
     trained = [{0}] + [set(r.cluster_ids) for r in record.rounds[:-1]]
-    assert [set(map(int, n)) for n in norms] == trained
-    assert all(0 < mean <= top for n in norms for mean, top in n.values())
-    assert record.rounds[1].to_json()["update_norms"] == norms[1]
+    assert [set(map(int, t)) for t in tests] == trained
+    assert all(0 < t["mean_norm"] <= t["max_norm"] for ts in tests for t in ts.values())
+    assert all(-1 <= t["cross_similarity"] <= 1 for ts in tests for t in ts.values()
+               if t["cross_similarity"] is not None)
+    assert record.rounds[1].to_json()["split_test"] == tests[1]
     with pytest.raises(UserError, match="cfl has no option.* eps3 .*its options: eps1, eps2"):
         run(clients, "cfl", options={"eps3": 1})
     with pytest.raises(UserError, match="ifca has no option.*its options: none"):
@@ -330,5 +355,5 @@ def test_cfl_does_not_split_one_group(disjoint):
     config, clients = disjoint[1]
     record = on_fixed_encoder(config, clients, "cfl", **CFL_HEADS)
     assert all(set(r.cluster_ids) == {0} for r in record.rounds)
-    norms = [r.update_norms["0"] for r in record.rounds]
-    assert all(mean > CFL_HEADS["eps1"] for mean, _ in norms)  # why: the updates agree
+    tests = [r.split_test["0"] for r in record.rounds]
+    assert all(t["mean_norm"] > CFL_HEADS["eps1"] for t in tests)  # why: the updates agree

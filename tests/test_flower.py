@@ -48,24 +48,24 @@ def _stopped(fed):
         assert not _group_alive(proc.pid), f"processes of group {proc.pid} outlived the test"
 
 
-def _simulator(rounds, out):
+def _simulator(rounds, out, run=RUN):
     """The run's config, the simulator's runner, and the server's (cached) encoder."""
     from cpcfl_tf.flower.common import run_config
     from cpcfl_tf.runner import Runner
 
-    config = run_config({**RUN, "rounds": rounds})
+    config = run_config({**run, "rounds": rounds})
     runner = Runner("flower", config, out, verbose=0)
     return config, runner, runner.encoders(config)
 
 
-def _simulated(rounds, out, dead=None):
+def _simulated(rounds, out, dead=None, run=RUN):
     """The simulator's run of the federation's config: cluster ids per round, each
     client's test accuracy at the end, and the server's encoder. ``dead=(round, client)``
     drops that client's reply from that round on, as a killed SuperNode's."""
     import cpcfl_tf.federated.simulator as simulator
     from cpcfl_tf.federated import algorithm
 
-    config, runner, encoder = _simulator(rounds, out)
+    config, runner, encoder = _simulator(rounds, out, run)
     train, score, scores = simulator._Simulation.train, simulator.client_accuracy, []
 
     def failing(self, models, plan):
@@ -87,6 +87,27 @@ def _simulated(rounds, out, dead=None):
         record, _ = simulator.run_federated(config, runner.clients(config),
                                             encoder_weights=encoder, verbose=0)
     return [r.cluster_ids for r in record.rounds], scores[-1], encoder, record.final
+
+
+PACFL = {**RUN, "method": "pacfl", "pretraining": "none", "head-rounds": 0}
+
+
+def test_flower_runs_a_method_whose_server_assigns_as_the_simulator_does(tmp_path, federation):
+    # PACFL: before training every node sends its data subspace (a second query, the
+    # only one that loads data); the server clusters them and from then on sends each
+    # node its own cluster's model only. (Runs before the test that kills a SuperNode.)
+    ids, accuracy, _, sim_final = _simulated(2, tmp_path / "sim", run=PACFL)
+    federation.run({**PACFL, "rounds": 2, "round-timeout": 120.0,
+                    "out": str(tmp_path / "result.json")})
+    record = wait_for_file(tmp_path / "result.json", federation, timeout=540)
+    assert [r["cluster_ids"] for r in record["rounds"]] == ids
+    final = record["final"]["client_accuracy"]
+    assert [final[str(k)] for k in range(3)] == pytest.approx(list(accuracy), abs=1e-6)
+    assert sim_final.bytes_other == 3 * 32 * 32 * 3 * 3 * 4  # three clients' d x p float32
+    assert (record["final"]["bytes_down"], record["final"]["bytes_up"],
+            record["final"]["bytes_other"]) == (sim_final.bytes_down, sim_final.bytes_up,
+                                                sim_final.bytes_other)
+    assert sim_final.bytes_down == 2 * 3 * sim_final.model_bytes  # one model per node
 
 
 def test_flower_federation_runs_the_simulators_rounds_and_survives_a_killed_supernode(
@@ -125,6 +146,33 @@ def test_flower_federation_runs_the_simulators_rounds_and_survives_a_killed_supe
     assert (record["final"]["bytes_down"], record["final"]["bytes_up"]) == (
         sim_final.bytes_down, sim_final.bytes_up)
     assert sim_final.bytes_down == 3 * 3 * RUN["num-clusters"] * sim_final.model_bytes
+
+
+def test_a_node_answers_what_its_method_asks_first():
+    import numpy as np
+    from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+    from flwr.common import Metadata
+
+    from cpcfl_tf.federated import algorithm
+    from cpcfl_tf.federated.clients import clients_for
+    from cpcfl_tf.flower.client_app import query
+    from cpcfl_tf.flower.common import from_record, run_config
+
+    meta = Metadata(run_id=1, message_id="m", src_node_id=1, dst_node_id=5,
+                    reply_to_message_id="", group_id="0", created_at=time.time(), ttl=60.0,
+                    message_type=MessageType.QUERY)
+    run = {"num-clients": 3, "method": "pacfl", "pretraining": "none"}
+    clients = clients_for(run_config(run))
+
+    def ask(what):
+        context = Context(run_id=1, node_id=5, node_config={"partition-id": 1},
+                          state=RecordDict(), run_config=run)
+        content = RecordDict({"config": ConfigRecord({"ask": what, "basis": 3})})
+        return query(Message(content, metadata=meta), context).content
+
+    assert dict(ask("group")["metrics"]) == {"partition-id": 1, "group": int(clients.groups[1])}
+    sent = from_record(ask("subspace")["subspace"])[0]
+    np.testing.assert_array_equal(sent, algorithm.data_subspace(clients.train.images[1], 3))
 
 
 def test_flower_loopback_rejects_bad_input_before_starting_anything(tmp_path):

@@ -283,26 +283,31 @@ def flat_updates(state: ServerState, replies: "Replies") -> np.ndarray:
         for i, stacked in enumerate(replies.weights)], axis=1)
 
 
-def bipartition(updates: np.ndarray) -> np.ndarray:
+def bipartition(updates: np.ndarray) -> tuple[np.ndarray, float]:
     """CFL's split of one cluster: complete-linkage agglomerative clustering of the
-    members' updates into two, by cosine similarity (the authors' code); 0/1 per member."""
+    members' updates into two, by cosine similarity (the authors' code); 0/1 per member,
+    and the largest cosine similarity between an update of one part and one of the other
+    (Sattler et al.'s alpha_cross^max: low when the parts pull apart)."""
     from sklearn.cluster import AgglomerativeClustering
 
     norms = np.linalg.norm(updates, axis=1, keepdims=True)
     unit = updates / np.where(norms > 0, norms, 1.0)
     similarity = unit @ unit.T
-    return AgglomerativeClustering(n_clusters=2, metric="precomputed",
-                                   linkage="complete").fit(-similarity).labels_
+    halves = AgglomerativeClustering(n_clusters=2, metric="precomputed",
+                                     linkage="complete").fit(-similarity).labels_
+    return halves, float(similarity[np.ix_(halves == 0, halves == 1)].max())
 
 
 def cfl_split(fl, state: ServerState, replies: "Replies"
               ) -> tuple[np.ndarray, ServerState, dict]:
-    """CFL's server step (Sattler et al., Algorithm 1) before aggregation: every cluster
-    whose |D_u|-weighted mean update is below ``eps1`` while its largest update is above
+    """CFL's server step (Sattler et al., Algorithm 1) before aggregation: a cluster whose
+    |D_u|-weighted mean update is below ``eps1`` while its largest update is above
     ``eps2`` (after ``split_after`` rounds, with at least ``min_split_size`` members) is
-    split in two while a free pool slot is left; the new cluster starts from its parent's
-    model. Returns the replies' cluster ids, the pool, and the round record's
-    ``update_norms`` (both norms of every cluster, every round: how to calibrate eps)."""
+    split in two by :func:`bipartition` while a free pool slot is left, if the two parts'
+    largest cross similarity is below ``max_cross`` (1: no such guard, as in the authors'
+    code); the new cluster starts from its parent's model. Returns the replies' cluster
+    ids, the pool, and the round record's ``split_test``: for every cluster that trained,
+    the three numbers the test compares (how the thresholds were calibrated)."""
     options, ids = fl.options, replies.cluster_ids.copy()
     if len(ids) == 0:
         return ids, state, {}
@@ -310,23 +315,23 @@ def cfl_split(fl, state: ServerState, replies: "Replies"
     norms = np.linalg.norm(updates, axis=1)
     used = set(np.unique(state.assignment).tolist()) | set(ids.tolist())
     models = list(state.models)
-    measured = {}
+    tests = {}
     for c in sorted(set(ids.tolist())):
         members = np.flatnonzero(ids == c)
         share = replies.sizes[members] / replies.sizes[members].sum()
-        mean = float(np.linalg.norm(share @ updates[members]))
-        measured[str(c)] = [mean, float(norms[members].max())]
+        mean, top = float(np.linalg.norm(share @ updates[members])), float(norms[members].max())
+        halves, cross = bipartition(updates[members]) if len(members) > 1 else (None, None)
+        tests[str(c)] = {"mean_norm": mean, "max_norm": top, "cross_similarity": cross}
         free = [n for n in range(len(models)) if n not in used]
         if (state.round < options["split_after"] or not free
                 or len(members) < options["min_split_size"]):
             continue
-        if mean < options["eps1"] and norms[members].max() > options["eps2"]:
-            halves = bipartition(updates[members])
+        if mean < options["eps1"] and top > options["eps2"] and cross < options["max_cross"]:
             new = free[0]
             ids[members[halves == 1]] = new
             models[new] = [np.array(a) for a in models[c]]
             used.add(new)
-    return ids, dataclasses.replace(state, models=models), {"update_norms": measured}
+    return ids, dataclasses.replace(state, models=models), {"split_test": tests}
 
 
 def hierarchical_clusters(updates: np.ndarray, num_clusters: int) -> np.ndarray:

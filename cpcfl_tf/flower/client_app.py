@@ -2,10 +2,12 @@
 
 A node reads ``partition-id`` from its node config (``flower-supernode --node-config
 "partition-id=0"``), keeps its own training and test images, and answers three
-messages: ``query`` (which partition am I), ``train`` (select a cluster on its
-*training* data, train it with the simulator's local step, send weights + cluster id +
-number of examples) and ``evaluate`` (accuracy of its cluster's model on its *test*
-data). Images and labels never leave the node.
+messages: ``query`` (which partition am I; and, once before training, what the method
+asks first: the oracle its true group, PACFL its data subspace), ``train`` (select a
+cluster on its *training* data, or take the one the server assigned, train it with the
+simulator's local step, send weights + cluster id + number of examples) and
+``evaluate`` (accuracy of its cluster's model on its *test* data). Images and labels
+never leave the node.
 """
 from __future__ import annotations
 
@@ -45,7 +47,7 @@ def _node(run_items: tuple, partition_id: int):
     own = np.array([partition_id])
     template = build_template(fl, clients.train.images.shape[2:], clients.num_classes)
     return (config, clients.train.subset(own), clients.test.subset(own),
-            backend_of(template, fl))
+            backend_of(template, fl), int(clients.groups[partition_id]))
 
 
 def _context(context: Context):
@@ -64,7 +66,18 @@ def query(msg: Message, context: Context) -> Message:
     the number of examples the averaging weighs by."""
     partition_id = int(context.node_config["partition-id"])
     _checked(tuple(sorted(context.run_config.items())), partition_id)
-    return _reply(msg, metrics=MetricRecord({"partition-id": partition_id}))
+    asked = msg.content["config"]["ask"] if "config" in msg.content else None
+    if asked is None:
+        return _reply(msg, metrics=MetricRecord({"partition-id": partition_id}))
+    # Once before training, what the method needs (Method.asks_first): only now data.
+    _, data, _, _, group = _context(context)
+    if asked == "group":
+        return _reply(msg, metrics=MetricRecord({"partition-id": partition_id, "group": group}))
+    from cpcfl_tf.federated import algorithm
+
+    basis = int(msg.content["config"]["basis"])
+    return _reply(msg, metrics=MetricRecord({"partition-id": partition_id}),
+                  subspace=to_record([algorithm.data_subspace(data.images[0], basis)]))
 
 
 @app.train()
@@ -74,7 +87,7 @@ def train(msg: Message, context: Context) -> Message:
     from cpcfl_tf.federated.backends import (LocalTraining, batch_orders, client_losses,
                                              stack_models, unstack)
 
-    config, data, _, backend = _context(context)
+    config, data, _, backend, _ = _context(context)
     fl = config.resolved().federated
     settings = msg.content["config"]
     partition_id = int(context.node_config["partition-id"])
@@ -83,11 +96,15 @@ def train(msg: Message, context: Context) -> Message:
                                 config.partition.num_clients)
     row = int(np.searchsorted(plan.participants, partition_id))
     models = {int(k.split("-")[1]): from_record(r) for k, r in msg.content.array_records.items()}
-    losses = None
-    if plan.drawn is None:  # Eq. cluster_identity on this client's own training data
-        losses = np.zeros((len(plan.participants), fl.num_clusters))
-        losses[row] = client_losses(backend, [models[n] for n in range(fl.num_clusters)], data)[0]
-    cluster = int(algorithm.select(plan, losses)[row])
+    if "cluster" in settings:  # the server assigned this node its model
+        cluster = int(settings["cluster"])
+    else:
+        losses = None
+        if plan.drawn is None:  # Eq. cluster_identity on this client's own training data
+            losses = np.zeros((len(plan.participants), fl.num_clusters))
+            losses[row] = client_losses(backend, [models[n] for n in range(fl.num_clusters)],
+                                        data)[0]
+        cluster = int(algorithm.select(plan, losses)[row])
     orders = batch_orders(len(plan.participants), data.size, fl.local_epochs,
                           plan.batch_seed)[:, row:row + 1]
     trained = backend.train(stack_models([models[cluster]]), np.array([0]), data, orders,
@@ -102,7 +119,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     from cpcfl_tf.federated.backends import client_probabilities
     from cpcfl_tf.federated.metrics import client_accuracy
 
-    _, _, test, backend = _context(context)
+    _, _, test, backend, _ = _context(context)
     model = from_record(msg.content.array_records["model"])
     probs = client_probabilities(backend, [model], np.array([0]), test)
     return _reply(msg, metrics=MetricRecord({

@@ -46,9 +46,9 @@ def run_config(values: Mapping[str, Any]) -> Config:
     if not METHODS[fl.method].federated:
         raise UserError(f"method {fl.method!r} is a centralized baseline, not a federation; "
                         "run it in the simulator (experiments/datasets.py)")
-    if METHODS[fl.method].server_assigns:
-        raise UserError(f"method {fl.method!r} is not available on Flower yet (its server "
-                        "assigns the clients); run it in the simulator")
+    if not METHODS[fl.method].communicates:
+        raise UserError(f"method {fl.method!r} trains each client alone and sends nothing: "
+                        "there is no federation to run; run it in the simulator")
     if fl.pretraining == "fedavg":
         # IFCA (FedAvg) starts from a FedAvg (None) run's encoder: a federation of its own.
         raise UserError("pre-training 'fedavg' is not available on Flower; use none, simclr, "

@@ -1,10 +1,14 @@
-"""The ServerApp: IFCA / CP-CFL (FedAvg as N = 1) over real nodes.
+"""The ServerApp: every federated method of the kit over real nodes.
 
-Per round the server sends each node the pool of N models (in the Tc phase the node
-trains the head of the model drawn for it, with the encoder frozen), receives trained
-weights, the chosen cluster id and the number of examples, and averages each cluster with
-:func:`cpcfl_tf.federated.algorithm.aggregate` -- the simulator's own functions, seeded
-the same way, so with the same seeds a federation assigns the same cluster ids.
+Per round the server sends each node the pool of N models when clients choose by loss
+(IFCA, CP-CFL, FedAvg as N = 1; in the Tc phase the node trains the head of the model
+drawn for it, with the encoder frozen), or only the model it assigned the node (oracle,
+FeSEM, CFL, FL+HC, PACFL). It receives trained weights, the cluster id and the number of
+examples, and aggregates with :func:`cpcfl_tf.federated.algorithm.run_rounds` -- the
+simulator's own round, seeded the same way, so with the same seeds a federation assigns
+the same cluster ids. Before training it asks what a method needs once
+(:attr:`~cpcfl_tf.methods.Method.asks_first`: the oracle's true groups, PACFL's data
+subspaces); the record's ``bytes_other`` counts the subspaces.
 
 Failures: a node whose reply is an error or does not come within ``round-timeout``
 seconds is left out of that round (its cluster is the average of the members that did
@@ -22,9 +26,11 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
+from cpcfl_tf.errors import UserError
 from cpcfl_tf.federated import algorithm
-from cpcfl_tf.record import Final, Round, RunRecord, write_record
 from cpcfl_tf.flower.common import from_record, model_key, run_config, to_record
+from cpcfl_tf.methods import METHODS
+from cpcfl_tf.record import Final, Round, RunRecord, write_record
 
 app = ServerApp()
 
@@ -49,14 +55,36 @@ def _send(grid: Grid, contents: dict[int, RecordDict], kind: str, group: str,
     return good, sorted(set(contents) - answered)
 
 
+def _ask_first(grid: Grid, partition_of: dict[int, int], asked: str | None, num_clients: int,
+               basis: int, timeout: float) -> tuple[np.ndarray | None, list | None]:
+    """What the method asks every client once before training (``asked``): the true
+    groups (the oracle) or the data subspaces (PACFL), by partition id; every client must
+    answer."""
+    if asked is None:
+        return None, None
+    contents = {node: RecordDict({"config": ConfigRecord({"ask": asked, "basis": basis})})
+                for node in partition_of}
+    answers, failed = _send(grid, contents, MessageType.QUERY, f"0-{asked}", timeout)
+    by_pid = {int(r.content["metrics"]["partition-id"]): r for r in answers}
+    missing = sorted(set(range(num_clients)) - set(by_pid))
+    if missing:
+        raise UserError(f"partitions {missing} did not send their {asked} before training; "
+                        f"the method needs every client's: start a SuperNode for each of "
+                        f"the {num_clients} partitions (min-nodes = num-clients)")
+    if asked == "group":
+        return np.array([int(by_pid[p].content["metrics"]["group"])
+                         for p in range(num_clients)]), None
+    return None, [from_record(by_pid[p].content["subspace"])[0] for p in range(num_clients)]
+
+
 class _Nodes:
     """The ServerApp's :class:`~cpcfl_tf.federated.algorithm.Federation`: one SuperNode per
     client, reached through the Grid. A node that fails a round is left out of it."""
 
     def __init__(self, grid: Grid, partition_of: dict[int, int], num_clients: int,
-                 timeout: float):
+                 timeout: float, assigns: bool = False):
         self.grid, self.partition_of, self.timeout = grid, partition_of, timeout
-        self.num_clients = num_clients
+        self.num_clients, self.assigns = num_clients, assigns
 
     def train(self, models, plan: algorithm.RoundPlan) -> algorithm.Replies:
         online = set(self.grid.get_node_ids())  # a node the SuperLink lost is not asked
@@ -65,10 +93,17 @@ class _Nodes:
         for node, pid in self.partition_of.items():
             if node not in online or pid not in row:
                 continue
+            settings = {"round": plan.round, "attempt": plan.attempt}
+            if self.assigns:  # the node's own model only, and which one it is
+                cluster = int(plan.drawn[row[pid]])
+                contents[node] = RecordDict({
+                    "config": ConfigRecord({**settings, "cluster": cluster}),
+                    model_key(cluster): to_record(models[cluster])})
+                continue
             # The whole pool, also in the Tc phase, where the node trains the model drawn
             # for it: the paper's (N+1)S per client and round, as the simulator counts.
             contents[node] = RecordDict({
-                "config": ConfigRecord({"round": plan.round, "attempt": plan.attempt}),
+                "config": ConfigRecord(settings),
                 **{model_key(n): to_record(models[n]) for n in range(plan.num_models)}})
         replies, failed = _send(self.grid, contents, MessageType.TRAIN, str(plan.round + 1),
                                 self.timeout)
@@ -109,6 +144,9 @@ def main(grid: Grid, context: Context) -> None:
     print(f"[cpcfl] {len(partition_of)} nodes: partitions {sorted(partition_of.values())}",
           flush=True)
 
+    groups, subspaces = _ask_first(grid, partition_of, METHODS[fl.method].asks_first,
+                                   num_clients, int((fl.options or {}).get("basis", 0)), timeout)
+
     # The server's own pre-training (its data, never the nodes').
     encoder_weights = StartingEncoders(verbose=0)(config)
     size = config.data.image_size
@@ -116,18 +154,23 @@ def main(grid: Grid, context: Context) -> None:
     num_encoder = len(template.get_layer("encoder").weights)
 
     def start(attempt: int) -> algorithm.ServerState:
-        return algorithm.ServerState(0, initial_pool(fl, template, encoder_weights,
-                                                     seed=config.seed, attempt=attempt),
-                                     num_encoder)
+        return algorithm.ServerState(
+            0, initial_pool(fl, template, encoder_weights, seed=config.seed, attempt=attempt),
+            num_encoder, algorithm.initial_assignment(fl, config.seed, attempt, num_clients,
+                                                      groups, subspaces))
 
     def after(record: dict, state, progress) -> None:
         print(f"[cpcfl] round {record['round']}/{fl.rounds}: cluster ids "
               f"{record['cluster_ids']}, {record['replies']} replies, "
               f"{len(record['failed_partitions'])} failed", flush=True)
 
-    federation = _Nodes(grid, partition_of, num_clients, timeout)
-    state, progress = algorithm.run_rounds(fl, config.seed, federation, start, on_round=after,
-                                           say=lambda line: print(f"[cpcfl] {line}", flush=True))
+    federation = _Nodes(grid, partition_of, num_clients, timeout,
+                        METHODS[fl.method].server_assigns)
+    other = sum(u.nbytes for u in subspaces) if subspaces is not None else 0
+    state, progress = algorithm.run_rounds(
+        fl, config.seed, federation, start, on_round=after,
+        progress=algorithm.Progress(bytes_up=other, bytes_other=other),
+        say=lambda line: print(f"[cpcfl] {line}", flush=True))
     assigned = np.array(progress.assigned, np.int64)
 
     # Each node scores its cluster's model on its own test data.
@@ -139,7 +182,8 @@ def main(grid: Grid, context: Context) -> None:
     final = Final(float(np.mean(list(accuracy.values()))) if accuracy else None,
                   client_accuracy={str(k): v for k, v in sorted(accuracy.items())},
                   restarts=progress.attempt, bytes_down=progress.bytes_down,
-                  bytes_up=progress.bytes_up, model_bytes=algorithm.model_bytes(state.models[0]))
+                  bytes_up=progress.bytes_up, model_bytes=algorithm.model_bytes(state.models[0]),
+                  bytes_other=progress.bytes_other)
     # The server never sees the clients' data: no class counts, no true groups, no ARI.
     record = RunRecord(dataclasses.replace(config, federated=fl), config,
                        {"data": config.seed, "train": config.seed}, [],
