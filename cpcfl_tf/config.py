@@ -117,28 +117,12 @@ class PartitionConfig:
     """Concentration of the dirichlet kind (small: few classes per group)."""
 
     def __post_init__(self) -> None:
-        from cpcfl_tf.data.partition import KINDS  # no TF import
+        from cpcfl_tf.data.partition import check_partition  # no TF import
 
         object.__setattr__(self, "class_counts", tuple(self.class_counts))
-        _choice("partition", "kind", self.kind, KINDS)
-        _positive("partition", alpha=self.alpha)
-        _check(self.kind != "rotated" or self.num_groups <= 4,
-               f"a rotated partition has 4 distinct quarter turns: at most 4 groups, got "
-               f"{self.num_groups}")
-        _positive("partition", num_clients=self.num_clients, num_groups=self.num_groups,
-                  classes_per_group=self.classes_per_group, test_fraction=self.test_fraction)
-        _check(self.num_groups <= self.num_clients,
-               f"partition has more groups ({self.num_groups}) than clients ({self.num_clients})")
-        _check(self.num_clients % self.num_groups == 0,
-               f"{self.num_clients} clients cannot be split evenly into {self.num_groups} groups; "
-               "make partition.num_clients a multiple of partition.num_groups")
-        _check(0 <= self.class_overlap < self.classes_per_group,
-               f"partition.class_overlap must be in [0, {self.classes_per_group}), "
-               f"got {self.class_overlap}")
-        _check(len(self.class_counts) == self.classes_per_group
-               and all(isinstance(c, int) and c > 0 for c in self.class_counts),
-               f"partition.class_counts needs {self.classes_per_group} positive integers, "
-               f"got {self.class_counts}")
+        check_partition(self.num_clients, self.num_groups, self.classes_per_group,
+                        self.class_overlap, self.class_counts, self.test_fraction, self.kind,
+                        self.alpha)
 
 
 @dataclasses.dataclass(frozen=True)

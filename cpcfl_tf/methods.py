@@ -157,20 +157,22 @@ METHODS = {m.name: m for m in (
     # CFL (Sattler, Mueller and Samek, IEEE TNNLS 2020, Algorithm 1): recursive
     # bipartitioning by the updates' cosine similarity, into at most
     # federated.num_clusters clusters. eps1/eps2 bound the norm of a cluster's mean update
-    # and of its largest one; split_after, min_split_size as in the authors' code (no
-    # split before round 20; only clusters of more than two clients). docs/choices.md
-    # says how eps1/eps2 were chosen for the kit's models.
+    # and of its largest one, max_cross the similarity across the two parts of a split;
+    # split_after, min_split_size as in the authors' code (no split before round 20; only
+    # clusters of more than two clients). eps1, eps2, max_cross: measured for the kit's
+    # models by experiments/calibrate_families.py (results/quick/calibrate_families/).
     Method("cfl", "CFL", PRETRAININGS, assign="split", head_phase=True,
-           options={"eps1": 0.4, "eps2": 1.6, "split_after": 20, "min_split_size": 3,
-                    "max_cross": 1.0}),
+           options={"eps1": 0.82, "eps2": 1.44, "split_after": 20, "min_split_size": 3,
+                    "max_cross": 0.04}),
     # FL+HC (Briggs, Fan and Andras, IJCNN 2020): FedAvg, then one hierarchical clustering
     # of the updates of round cluster_round (0-based; the kit's choice: docs/choices.md).
     Method("fl-hc", "FL+HC", PRETRAININGS, assign="hierarchical", head_phase=True,
            options={"cluster_round": 10}),
     # PACFL (Vahidian et al., AAAI 2023): one clustering before training from each
-    # client's `basis` leading singular vectors of its data (Sec. 3).
+    # client's `basis` leading singular vectors of its data (Sec. 3); basis chosen on
+    # held-out partitions by experiments/calibrate_families.py.
     Method("pacfl", "PACFL", PRETRAININGS, assign="subspaces", head_phase=True,
-           options={"basis": 3}),
+           options={"basis": 8}),
 )}
 """Every method, by ``federated.method``."""
 

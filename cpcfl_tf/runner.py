@@ -219,7 +219,7 @@ class Runner:
 
         ``on_round(round_record, state)`` is called after every round the run makes now
         (not for rounds of a finished run, nor those before a resumed checkpoint)."""
-        from cpcfl_tf.federated.simulator import global_encoder, run_federated
+        from cpcfl_tf.federated.simulator import pool_encoder, run_federated
 
         config = spec.config(self.base)
         path, checkpoint = self.path(spec), self.checkpoint(spec)
@@ -258,7 +258,7 @@ class Runner:
                                           max_clients=self.max_clients)
             if (config.federated.method, config.federated.pretraining) == FEDAVG_ENCODER_RUN:
                 # IFCA (FedAvg) starts from this model's encoder: kept, also for later runs.
-                self.encoders.keep_fedavg(config, global_encoder(state))
+                self.encoders.keep_fedavg(config, pool_encoder(state))
         record = dataclasses.replace(record, experiment=self.experiment,
                                      environment=run_environment(encoder))
         write_record(path, record)

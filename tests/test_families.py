@@ -1,5 +1,7 @@
 """The clustered-FL families beside IFCA: local, oracle, FeSEM, CFL, FL+HC, PACFL
 (simulator, smoke data, and constructed cases with a known answer)."""
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -49,7 +51,7 @@ def one_round_by_hand(clients, fl, ids):
     plan = algorithm.plan_round(fl, 0, 0, 0, n, ids)
     return backend.train(stack_models(pool), ids, clients.train,
                          batch_orders(n, clients.train.size, fl.local_epochs, plan.batch_seed),
-                         algorithm.encoder_epochs(fl, plan), LocalTraining.of(fl))
+                         algorithm.trains_encoder(fl, plan), LocalTraining.of(fl))
 
 
 def test_local_trains_each_client_alone_and_sends_nothing(clients):
@@ -198,10 +200,14 @@ def test_cfl_splits_only_when_the_two_parts_pull_apart_enough():
 
 
 def test_cfl_runs_and_records_its_options(clients):
-    record, state = run(clients, "cfl", options={"split_after": 1, "eps1": 1e9, "eps2": 0.0})
-    assert record.config.federated.options == {"eps1": 1e9, "eps2": 0.0, "split_after": 1,
-                                               "min_split_size": 3, "max_cross": 1.0}
-    assert record.requested.federated.options == {"split_after": 1, "eps1": 1e9, "eps2": 0.0}
+    record, state = run(clients, "cfl", options={"split_after": 1, "eps1": 1e9, "eps2": 0.0,
+                                                 "max_cross": 1.0})
+    from cpcfl_tf.methods import METHODS
+
+    assert record.config.federated.options == {**METHODS["cfl"].options, "eps1": 1e9,
+                                               "eps2": 0.0, "split_after": 1, "max_cross": 1.0}
+    assert record.requested.federated.options == {"split_after": 1, "eps1": 1e9, "eps2": 0.0,
+                                                  "max_cross": 1.0}
     # split as soon as allowed, until the pool's 3 slots are used
     assert set(record.rounds[0].cluster_ids) == {0}
     assert len(set(record.rounds[-1].cluster_ids)) == 3
@@ -298,7 +304,8 @@ def test_pacfl_clusters_before_training_and_counts_its_subspaces(clients):
     assert ids[0] == ids[-1] and len(set(ids[0])) == 3  # one clustering, before round 1
     n, size = clients.train.num_clients, record.final.model_bytes
     d = int(np.prod(clients.train.images.shape[2:]))
-    other = n * d * 3 * 4  # basis 3, float32, once per client
+    basis = record.config.federated.options["basis"]
+    other = n * d * basis * 4  # float32, once per client
     assert record.final.bytes_other == other
     assert (record.final.bytes_down, record.final.bytes_up) == (3 * n * size,
                                                                 3 * n * size + other)
@@ -357,3 +364,23 @@ def test_cfl_does_not_split_one_group(disjoint):
     assert all(set(r.cluster_ids) == {0} for r in record.rounds)
     tests = [r.split_test["0"] for r in record.rounds]
     assert all(t["mean_norm"] > CFL_HEADS["eps1"] for t in tests)  # why: the updates agree
+
+
+def test_the_cfl_and_pacfl_defaults_are_what_the_committed_calibration_derived():
+    """methods.py's thresholds are read off results/quick/calibrate_families/ by the
+    script's own rule: recomputed here from its CSV and report."""
+    import csv
+    import re
+
+    from cpcfl_tf.methods import METHODS
+    from helpers import script
+
+    folder = Path(__file__).parents[1] / "results" / "quick" / "calibrate_families"
+    with open(folder / "calibrate_families.csv") as fh:
+        measured = {r["run"]: {k: float(r[k]) for k in ("mean_norm", "max_norm",
+                                                          "cross_similarity")}
+                    for r in csv.DictReader(fh)}
+    derived = script("calibrate_families").cfl_thresholds(measured)
+    assert {k: METHODS["cfl"].options[k] for k in derived} == derived
+    chosen = re.search(r"\*\*p = (\d+)\*\*", (folder / "calibrate_families.md").read_text())
+    assert METHODS["pacfl"].options["basis"] == int(chosen.group(1))

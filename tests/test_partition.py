@@ -140,8 +140,12 @@ def test_describe_and_figure(fmnist_clients, tmp_path):
 
 def test_group_classes_helper():
     assert make_group_classes(3, 4, 1, 10) == ((0, 1, 2, 3), (3, 4, 5, 6), (6, 7, 8, 9))
-    with pytest.raises(UserError):
-        make_group_classes(3, 4, 4, 10)
+    from cpcfl_tf.data.partition import check_partition
+
+    with pytest.raises(UserError, match=r"partition.class_overlap must be in \[0, 4\), got 4"):
+        check_partition(3, 3, 4, 4, (5, 5, 5, 5), 1.0)  # the one check, before any helper
+    with pytest.raises(UserError, match="need classes 0..12"):
+        make_group_classes(4, 4, 1, 10)
 
 
 def _disjoint(partition):

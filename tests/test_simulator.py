@@ -256,7 +256,7 @@ def test_encoder_epochs_1_trains_the_encoder_in_the_first_local_epoch_only(clien
     ids = np.arange(9) % fl.num_clusters
     orders = batch_orders(9, clients.train.size, 3, [0, 0, 1])
     plan = algorithm.plan_round(fl, 0, 0, 0, 9)
-    assert algorithm.encoder_epochs(fl, plan) == [True, False, False]
+    assert algorithm.trains_encoder(fl, plan) == [True, False, False]
     local = LocalTraining.of(fl)
     three = trainer.train(pool, ids, clients.train, orders, [True, False, False], local)
     one = trainer.train(pool, ids, clients.train, orders[:1], [True], local)

@@ -25,6 +25,7 @@ clients, true groups for ARI, a clear error when the data cannot hold them):
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Sequence
 
 import numpy as np
@@ -76,12 +77,48 @@ class Partition:
                 for c in self.clients]
 
 
+def check_partition(num_clients: int, num_groups: int, classes_per_group: int,
+                    class_overlap: int, class_counts: Sequence[int], test_fraction: float,
+                    kind: str = "groups", alpha: float = 1.0) -> None:
+    """Refuse, in one line naming the ``partition.*`` setting, a request no data can
+    satisfy. The one check of a partition's shape: the config's ``PartitionConfig`` runs
+    it when a config is made, :func:`partition_clients` before drawing; whether the
+    data holds enough images is :func:`check_split_sizes`'s."""
+    def number(value, whole: bool) -> bool:
+        kinds = (int,) if whole else (int, float)
+        return isinstance(value, kinds) and not isinstance(value, bool) and value > 0 \
+            and math.isfinite(value)
+
+    for name, value, whole in (("num_clients", num_clients, True), ("num_groups", num_groups, True),
+                               ("classes_per_group", classes_per_group, True),
+                               ("test_fraction", test_fraction, False), ("alpha", alpha, False)):
+        if not number(value, whole):
+            raise UserError(f"partition.{name} must be a positive {'integer' if whole else 'number'}"
+                            f", got {value!r}")
+    if kind not in KINDS:
+        raise UserError(f"unknown partition.kind {kind!r}; choose one of {', '.join(KINDS)}")
+    if kind == "rotated" and num_groups > 4:
+        raise UserError(f"a rotated partition has 4 distinct quarter turns: at most 4 groups, "
+                        f"got {num_groups}")
+    if num_groups > num_clients:
+        raise UserError(f"partition has more groups ({num_groups}) than clients "
+                        f"({num_clients}): {num_clients} clients cannot be split evenly")
+    if num_clients % num_groups:
+        raise UserError(f"{num_clients} clients cannot be split evenly into {num_groups} groups; "
+                        "make partition.num_clients a multiple of partition.num_groups")
+    if not (isinstance(class_overlap, int) and 0 <= class_overlap < classes_per_group):
+        raise UserError(f"partition.class_overlap must be in [0, {classes_per_group}), "
+                        f"got {class_overlap!r}")
+    if not (len(class_counts) == classes_per_group
+            and all(isinstance(c, int) and not isinstance(c, bool) and c > 0
+                    for c in class_counts)):
+        raise UserError(f"partition.class_counts needs {classes_per_group} positive integers, "
+                        f"got {tuple(class_counts)}")
+
+
 def make_group_classes(num_groups: int, classes_per_group: int, class_overlap: int,
                        num_classes: int) -> tuple[tuple[int, ...], ...]:
     """Class sets of the groups: consecutive runs that share ``class_overlap`` classes."""
-    if not 0 <= class_overlap < classes_per_group:
-        raise UserError(f"class_overlap must be in [0, classes_per_group={classes_per_group}), "
-                        f"got {class_overlap}")
     stride = classes_per_group - class_overlap
     last = (num_groups - 1) * stride + classes_per_group - 1
     if last >= num_classes:
@@ -168,17 +205,8 @@ def partition_clients(train_labels: np.ndarray, test_labels: np.ndarray, *,
     """
     train_labels = np.asarray(train_labels)
     test_labels = np.asarray(test_labels)
-    if num_clients < 1 or num_groups < 1:
-        raise UserError(f"need at least one client and one group, got {num_clients} clients "
-                        f"and {num_groups} groups")
-    if num_groups > num_clients or num_clients % num_groups:
-        raise UserError(f"{num_clients} clients cannot be split evenly into {num_groups} groups; "
-                        "make the number of clients a multiple of the number of groups")
-    if len(class_counts) != classes_per_group or min(class_counts) < 1:
-        raise UserError(f"class_counts needs {classes_per_group} positive entries (one per class "
-                        f"of a group), got {tuple(class_counts)}")
-    if not test_fraction > 0:
-        raise UserError(f"test_fraction must be positive, got {test_fraction}")
+    check_partition(num_clients, num_groups, classes_per_group, class_overlap,
+                    tuple(class_counts), test_fraction, kind, alpha)
     sources = (source, test_source)
     check_split_sizes(num_clients, class_counts, test_fraction, disjoint, kind,
                       (len(train_labels), len(test_labels)), sources)
@@ -282,13 +310,6 @@ def _rows(labels, wanted: np.ndarray, num_classes, disjoint, rng) -> list[np.nda
 def _skewed(train_labels, test_labels, num_classes, num_clients, num_groups, size,
             test_fraction, disjoint, seed, sources, kind, alpha) -> Partition:
     """The ``rotated`` and ``dirichlet`` kinds: per client class counts, then rows."""
-    if kind not in KINDS:
-        raise UserError(f"unknown partition kind {kind!r}; choose one of {', '.join(KINDS)}")
-    if kind == "rotated" and num_groups > 4:
-        raise UserError(f"a rotated partition has 4 distinct quarter turns, so at most 4 "
-                        f"groups, got {num_groups}")
-    if kind == "dirichlet" and not alpha > 0:
-        raise UserError(f"partition.alpha must be positive, got {alpha}")
     rng = np.random.default_rng(seed)
     test_size = int(np.floor(size * test_fraction + 0.5))
     client_group = np.repeat(np.arange(num_groups), num_clients // num_groups)

@@ -131,7 +131,7 @@ def select(plan: RoundPlan, losses: np.ndarray | None) -> np.ndarray:
     return select_clusters(losses, plan.num_models, False, plan.selection_rng())
 
 
-def encoder_epochs(fl, plan: RoundPlan) -> list[bool]:
+def trains_encoder(fl, plan: RoundPlan) -> list[bool]:
     """Which local epochs train the encoder too: none in the Tc phase (head only, on the
     frozen encoder), the first ``E_l,f`` after it (tab:different_encoder_training)."""
     return [not plan.head_only and e < fl.encoder_trains for e in range(fl.local_epochs)]

@@ -16,7 +16,7 @@ do not care which one runs:
   backend is tested against.
 
 Local training (Sec. "Experimental settings"): E epochs of batch 32, Adam 1e-3 with a
-fresh state per client per round, cross-entropy. ``encoder_epochs`` says in which of the
+fresh state per client per round, cross-entropy. ``trains_encoder`` says in which of the
 E epochs the encoder trains (all, none during ``t < Tc``, the first E_l,f otherwise). In
 an epoch without it the encoder is *frozen* as Keras freezes a model: its weights,
 BatchNormalization statistics included, do not change and it runs in inference mode,
@@ -229,7 +229,7 @@ class StackedBackend:
         return tape.gradient(loss, params[first:])
 
     def train(self, pool: Stacked, ids: np.ndarray, data: ClientArrays, orders: np.ndarray,
-              encoder_epochs: Sequence[bool], local: LocalTraining,
+              trains_encoder: Sequence[bool], local: LocalTraining,
               moments: ClientMoments | None = None, *, max_clients: int | None = None
               ) -> Stacked:
         """Train client u from model ``ids[u]`` of the stacked ``pool``; returns the
@@ -239,19 +239,19 @@ class StackedBackend:
         the clients are independent, so chunks give the unchunked result."""
         count = len(ids)
         if max_clients is None or count <= max_clients:
-            return self._train(pool, ids, data, orders, encoder_epochs, local, moments)
+            return self._train(pool, ids, data, orders, trains_encoder, local, moments)
         parts = []
         for lo in range(0, count, max_clients):
             rows = np.arange(lo, min(lo + max_clients, count))
             own = None if moments is None else moments.subset(rows)
             parts.append(self._train(pool, ids[rows], data.subset(rows), orders[:, rows],
-                                     encoder_epochs, local, own))
+                                     trains_encoder, local, own))
             if own is not None:
                 moments.put(rows, own)
         return [np.concatenate([p[i] for p in parts]) for i in range(len(parts[0]))]
 
     def _train(self, pool: Stacked, ids: np.ndarray, data: ClientArrays, orders: np.ndarray,
-               encoder_epochs: Sequence[bool], local: LocalTraining,
+               trains_encoder: Sequence[bool], local: LocalTraining,
                moments: ClientMoments | None) -> Stacked:
         index = tf.constant(ids)
         params = [tf.gather(tf.constant(a), index) for a in pool]
@@ -264,7 +264,7 @@ class StackedBackend:
             steps = moments.steps.copy()
         images, labels = tf.constant(data.images), tf.constant(data.labels)
         for epoch, order in enumerate(orders):
-            first = 0 if encoder_epochs[epoch] else self.num_encoder
+            first = 0 if trains_encoder[epoch] else self.num_encoder
             for lo in range(0, data.size, local.batch_size):
                 idx = tf.constant(order[:, lo:lo + local.batch_size])
                 grads = self._grads(params, tf.gather(images, idx, batch_dims=1),
@@ -347,7 +347,7 @@ class KerasBackend:
         return step
 
     def train(self, pool: Stacked, ids: np.ndarray, data: ClientArrays, orders: np.ndarray,
-              encoder_epochs: Sequence[bool], local: LocalTraining,
+              trains_encoder: Sequence[bool], local: LocalTraining,
               moments: ClientMoments | None = None, *, max_clients: int | None = None
               ) -> Stacked:
         del max_clients  # one client at a time already
@@ -364,7 +364,7 @@ class KerasBackend:
             for var in state:
                 var.assign(tf.zeros_like(var))
             for epoch, order in enumerate(orders):
-                step = self._steps[local.optimizer, bool(encoder_epochs[epoch])]
+                step = self._steps[local.optimizer, bool(trains_encoder[epoch])]
                 for lo in range(0, data.size, local.batch_size):
                     idx = order[u, lo:lo + local.batch_size]
                     step(tf.constant(data.images[u, idx]), tf.constant(data.labels[u, idx]))

@@ -66,6 +66,18 @@ def initial_pool(fl: FederatedConfig, template: keras.Model, encoder_weights, *,
     return pool
 
 
+def initial_state(fl: FederatedConfig, template: keras.Model, encoder_weights, *, seed: int,
+                  attempt: int, num_clients: int, groups: np.ndarray | None = None,
+                  subspaces: list[np.ndarray] | None = None) -> algorithm.ServerState:
+    """What a (re)started run begins with, in every driver (this simulator and the Flower
+    ServerApp): :func:`initial_pool` and, when the server assigns the clients, each
+    client's first model (:func:`~cpcfl_tf.federated.algorithm.initial_assignment`)."""
+    return algorithm.ServerState(
+        0, initial_pool(fl, template, encoder_weights, seed=seed, attempt=attempt),
+        len(template.get_layer("encoder").weights),
+        algorithm.initial_assignment(fl, seed, attempt, num_clients, groups, subspaces))
+
+
 def _save(path: Path, fingerprint: str, state: algorithm.ServerState, progress: algorithm.Progress,
           moments: ClientMoments | None):
     arrays = {f"m{n}_{i}": a for n, m in enumerate(state.models) for i, a in enumerate(m)}
@@ -151,7 +163,6 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
     shape = clients.train.images.shape[2:]
     template = build_template(fl, shape, clients.num_classes)
     backend = backend_of(template, fl)
-    num_encoder = len(template.get_layer("encoder").weights)
     # Fields added since a checkpoint was written leave its fingerprint as it was.
     fingerprint = json.dumps({"config": without_added(dataclasses.asdict(config)),
                               **without_added({"federated": dataclasses.asdict(fl)}),
@@ -167,10 +178,9 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
                  if get_method(fl.method).assign == "subspaces" else None)
 
     def start(attempt: int) -> algorithm.ServerState:
-        state = algorithm.ServerState(
-            0, initial_pool(fl, template, encoder_weights, seed=seed, attempt=attempt),
-            num_encoder, algorithm.initial_assignment(fl, seed, attempt, clients.train.num_clients,
-                                                      clients.groups, subspaces))
+        state = initial_state(fl, template, encoder_weights, seed=seed, attempt=attempt,
+                              num_clients=clients.train.num_clients, groups=clients.groups,
+                              subspaces=subspaces)
         # optimizer_state="client": every client keeps its Adam state between rounds.
         simulation.moments = (ClientMoments.zeros(state.models[0], clients.train.num_clients)
                               if fl.optimizer_state == "client" else None)
@@ -228,7 +238,7 @@ class _Simulation:
         orders = batch_orders(len(part), train.size, fl.local_epochs, plan.batch_seed)
         own = None if self.moments is None else self.moments.subset(part)
         trained = self.backend.train(stack_models(models), ids, train, orders,
-                                     algorithm.encoder_epochs(fl, plan), self.local, own,
+                                     algorithm.trains_encoder(fl, plan), self.local, own,
                                      max_clients=self.max_clients)
         if own is not None:
             self.moments.put(part, own)
@@ -250,10 +260,10 @@ def fedavg_encoder(config: Config, clients: Clients, *, checkpoint: str | Path |
     """
     record, state = run_federated(fedavg_config(config), clients, checkpoint=checkpoint,
                                   verbose=verbose)
-    return global_encoder(state), record
+    return pool_encoder(state), record
 
 
-def global_encoder(state: algorithm.ServerState) -> list[np.ndarray]:
+def pool_encoder(state: algorithm.ServerState) -> list[np.ndarray]:
     """The encoder part of a one-model (FedAvg) pool."""
     return state.models[0][:state.num_encoder]
 

@@ -108,7 +108,7 @@ def train(msg: Message, context: Context) -> Message:
     orders = batch_orders(len(plan.participants), data.size, fl.local_epochs,
                           plan.batch_seed)[:, row:row + 1]
     trained = backend.train(stack_models([models[cluster]]), np.array([0]), data, orders,
-                            algorithm.encoder_epochs(fl, plan), LocalTraining.of(fl))
+                            algorithm.trains_encoder(fl, plan), LocalTraining.of(fl))
     return _reply(msg, model=to_record(unstack(trained, 0)), metrics=MetricRecord({
         "cluster-id": cluster, "num-examples": data.size, "partition-id": partition_id}))
 

@@ -126,7 +126,7 @@ class _Nodes:
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     from cpcfl_tf.data.sources import get_spec
-    from cpcfl_tf.federated.simulator import build_template, initial_pool
+    from cpcfl_tf.federated.simulator import build_template, initial_state
     from cpcfl_tf.federated.starting import StartingEncoders
     from cpcfl_tf.experiment import run_environment
 
@@ -151,13 +151,10 @@ def main(grid: Grid, context: Context) -> None:
     encoder_weights = StartingEncoders(verbose=0)(config)
     size = config.data.image_size
     template = build_template(fl, (size, size, 3), get_spec(config.data.client_dataset).num_classes)
-    num_encoder = len(template.get_layer("encoder").weights)
 
     def start(attempt: int) -> algorithm.ServerState:
-        return algorithm.ServerState(
-            0, initial_pool(fl, template, encoder_weights, seed=config.seed, attempt=attempt),
-            num_encoder, algorithm.initial_assignment(fl, config.seed, attempt, num_clients,
-                                                      groups, subspaces))
+        return initial_state(fl, template, encoder_weights, seed=config.seed, attempt=attempt,
+                             num_clients=num_clients, groups=groups, subspaces=subspaces)
 
     def after(record: dict, state, progress) -> None:
         print(f"[cpcfl] round {record['round']}/{fl.rounds}: cluster ids "
