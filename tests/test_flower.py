@@ -259,3 +259,24 @@ def test_the_loopback_passes_set_through_flwr_run_config_parsing():
 
     settings = {**RUN, "set": "federated.local_epochs=1 federated.jit_compile=true"}
     assert parse_config_args([run_config_line(settings)]) == settings
+
+
+def test_the_repository_root_is_the_flower_app_and_its_bundle_carries_the_kit(tmp_path):
+    # `flwr run .` at the root: Flower builds a bundle (FAB) of the kit's code, nothing
+    # else (no results, caches, tests or docs).
+    import subprocess
+    import zipfile
+    from pathlib import Path
+
+    from cpcfl_tf.flower.loopback import APP_DIR
+
+    root = Path(__file__).resolve().parents[1]
+    assert APP_DIR == root
+    proc = subprocess.run(["flwr", "build", "--app", str(root)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (fab,) = tmp_path.glob("*.fab")
+    names = zipfile.ZipFile(fab).namelist()
+    kit = {str(p.relative_to(root)) for p in (root / "cpcfl_tf").rglob("*.py")}
+    assert kit <= set(names)
+    assert set(names) - kit <= {"pyproject.toml", ".info/CONTENT"}

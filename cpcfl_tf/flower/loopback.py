@@ -1,6 +1,7 @@
 """A Flower federation as real processes on 127.0.0.1: one ``flower-superlink``, K
-``flower-supernode``s (partition-id 0..K-1) and ``flwr run`` of the app in
-``cpcfl_tf/flower/app`` against them (the deployment engine, not the simulation one).
+``flower-supernode``s (partition-id 0..K-1) and ``flwr run`` of the app (the repository
+root, whose pyproject.toml holds ``[tool.flwr.app]``) against them (the Deployment Engine,
+not the Simulation one).
 
 Everything is insecure on loopback (no TLS, no node authentication); see docs/flower.md's
 "Running on real devices" for the flags a real deployment adds. Every process is
@@ -23,7 +24,8 @@ from typing import Any, Sequence
 from cpcfl_tf.methods import METHODS, PRETRAIN_METHODS
 from cpcfl_tf.errors import UserError
 
-APP_DIR = Path(__file__).with_name("app")
+APP_DIR = Path(__file__).resolve().parents[2]
+"""The Flower App: the repository root (a clone with the kit installed from it)."""
 HOST = "127.0.0.1"
 
 
