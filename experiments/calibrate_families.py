@@ -123,7 +123,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     lines += ["", "Derived: **" + ", ".join(f"{k} = {v:g}" for k, v in derived.items())
               + "** (methods.py has " + ", ".join(f"{k} = {used[k]:g}" for k in derived)
               + "). " + " ".join(cfl_thresholds.__doc__.split())]
-    rows = [{"run": name, **m} for name, m in measured.items()]
+    rows = [{"run": name, "accuracy": records[name].final.accuracy, **m}
+            for name, m in measured.items()]
     session.finish("\n".join(lines) + "\n", rows)
 
 

@@ -96,8 +96,8 @@ def test_flower_runs_a_method_whose_server_assigns_as_the_simulator_does(tmp_pat
     # PACFL: before training every node sends its data subspace (a second query, the
     # only one that loads data); the server clusters them and from then on sends each
     # node its own cluster's model only. (Runs before the test that kills a SuperNode.)
-    ids, accuracy, _, sim_final = _simulated(2, tmp_path / "sim", run=PACFL)
-    federation.run({**PACFL, "rounds": 2, "round-timeout": 120.0,
+    ids, accuracy, _, sim_final = _simulated(1, tmp_path / "sim", run=PACFL)
+    federation.run({**PACFL, "rounds": 1, "round-timeout": 120.0,
                     "out": str(tmp_path / "result.json")})
     record = wait_for_file(tmp_path / "result.json", federation, timeout=540)
     assert [r["cluster_ids"] for r in record["rounds"]] == ids
@@ -110,7 +110,7 @@ def test_flower_runs_a_method_whose_server_assigns_as_the_simulator_does(tmp_pat
     assert (record["final"]["bytes_down"], record["final"]["bytes_up"],
             record["final"]["bytes_other"]) == (sim_final.bytes_down, sim_final.bytes_up,
                                                 sim_final.bytes_other)
-    assert sim_final.bytes_down == 2 * 3 * sim_final.model_bytes  # one model per node
+    assert sim_final.bytes_down == 1 * 3 * sim_final.model_bytes  # one model per node
 
 
 def test_flower_federation_runs_the_simulators_rounds_and_survives_a_killed_supernode(
