@@ -152,6 +152,32 @@ def test_flower_federation_runs_the_simulators_rounds_and_survives_a_killed_supe
     assert sim_final.bytes_down == 3 * 3 * RUN["num-clusters"] * sim_final.model_bytes
 
 
+IFCA = {**RUN, "method": "ifca", "pretraining": "none", "head-rounds": 0}
+
+
+def test_the_simulation_engine_runs_the_simulators_rounds(tmp_path, env):
+    # `flwr run . local` with 3 virtual SuperNodes, as a Flower user runs it: one process
+    # serves every partition (the ClientApp keeps one run's data and model, not one
+    # partition's), and the run is the simulator's.
+    pytest.importorskip("ray", reason='the Simulation Engine needs pip install -e ".[flower-sim]"')
+    from cpcfl_tf.flower.loopback import simulate
+
+    ids, accuracy, _, sim_final = _simulated(2, tmp_path / "sim", run=IFCA)
+    record = simulate({**IFCA, "rounds": 2, "out": str(tmp_path / "out" / "result.json")}, 3,
+                      tmp_path / "engine", env=env)
+    assert [r["cluster_ids"] for r in record["rounds"]] == ids
+    final = record["final"]["client_accuracy"]
+    assert [final[str(k)] for k in range(3)] == pytest.approx(list(accuracy), abs=1e-6)
+    assert record["final"]["bytes_down"] == sim_final.bytes_down
+    # four virtual SuperNodes for a run of three clients: refused in one line, no record
+    with pytest.raises(Exception, match="wrote no result"):
+        simulate({**IFCA, "rounds": 1, "out": str(tmp_path / "bad" / "result.json")}, 4,
+                 tmp_path / "engine-bad", env=env)
+    log = (tmp_path / "engine-bad" / "flwr-run.log").read_text()
+    assert ("the nodes were started for 4 partitions (node config num-partitions; under the "
+            "Simulation Engine num-supernodes) but the run has num-clients=3") in log
+
+
 def test_a_node_answers_what_its_method_asks_first():
     import numpy as np
     from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict

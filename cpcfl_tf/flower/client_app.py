@@ -32,22 +32,31 @@ def _checked(run_items: tuple, partition_id: int):
     return config
 
 
-@functools.lru_cache(maxsize=2)
-def _node(run_items: tuple, partition_id: int):
-    """Config, this node's data and a backend (built once per process)."""
+@functools.lru_cache(maxsize=1)
+def _run(run_items: tuple):
+    """The run's config, every client's data and a backend, built once per process and
+    run: under the Simulation Engine one process serves many partitions of a run."""
     from cpcfl_tf.federated.backends import backend_of
     from cpcfl_tf.federated.clients import clients_for
     from cpcfl_tf.federated.simulator import build_template
+    from cpcfl_tf.flower.common import run_config
 
-    config = _checked(run_items, partition_id)
+    config = run_config(dict(run_items))
     fl = config.resolved().federated
     # Every node draws the seeded partition the simulator draws and keeps its own rows;
     # a deployment with data of its own replaces this with loading that data.
     clients = clients_for(config)
-    own = np.array([partition_id])
     template = build_template(fl, clients.train.images.shape[2:], clients.num_classes)
-    return (config, clients.train.subset(own), clients.test.subset(own),
-            backend_of(template, fl), int(clients.groups[partition_id]))
+    return config, clients, backend_of(template, fl)
+
+
+def _node(run_items: tuple, partition_id: int):
+    """Config, this node's data, the backend and its true group."""
+    _checked(run_items, partition_id)
+    config, clients, backend = _run(run_items)
+    own = np.array([partition_id])
+    return (config, clients.train.subset(own), clients.test.subset(own), backend,
+            int(clients.groups[partition_id]))
 
 
 def _context(context: Context):
@@ -68,7 +77,10 @@ def query(msg: Message, context: Context) -> Message:
     _checked(tuple(sorted(context.run_config.items())), partition_id)
     asked = msg.content["config"]["ask"] if "config" in msg.content else None
     if asked is None:
-        return _reply(msg, metrics=MetricRecord({"partition-id": partition_id}))
+        declared = context.node_config.get("num-partitions")  # what the node was started for
+        return _reply(msg, metrics=MetricRecord({
+            "partition-id": partition_id,
+            **({} if declared is None else {"num-partitions": int(declared)})}))
     # Once before training, what the method needs (Method.asks_first): only now data.
     _, data, _, _, group = _context(context)
     if asked == "group":

@@ -158,6 +158,50 @@ def wait_for_file(path: Path, federation: Federation, timeout: float) -> dict:
                     f"{federation.workdir}")
 
 
+def simulate(run_config: dict[str, Any], supernodes: int, workdir: str | Path, *,
+             env: dict[str, str] | None = None, timeout: float = 900.0) -> dict:
+    """One run under Flower's Simulation Engine (``flwr run . local`` with
+    ``options.num-supernodes``), the way a Flower user starts one; returns the run record
+    (``run_config["out"]``). The kit's dependencies are the ones installed here, so the
+    managed local SuperLink runs without Flower's per-run dependency installation; it is
+    stopped at the end."""
+    workdir = Path(workdir).resolve()
+    home = workdir / "flwr-home"
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "config.toml").write_text(
+        '[superlink]\ndefault = "local"\n\n[superlink.local]\n'
+        f"options.num-supernodes = {int(supernodes)}\n")
+    env = dict(os.environ if env is None else env, FLWR_HOME=str(home), PYTHONUNBUFFERED="1",
+               FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
+    out = Path(run_config["out"])
+    try:
+        proc = subprocess.run([_command("flwr"), "run", str(APP_DIR), "local", "--run-config",
+                               run_config_line(run_config), "--stream"], capture_output=True,
+                              text=True, env=env, timeout=timeout)
+        (workdir / "flwr-run.log").write_text(proc.stdout + proc.stderr)
+    finally:
+        _stop_local_superlink(home)
+    if not out.exists():
+        raise UserError(f"the simulation wrote no result; its log: {workdir / 'flwr-run.log'}")
+    return json.loads(out.read_text())
+
+
+def _stop_local_superlink(home: Path) -> None:
+    """Kill the SuperLink ``flwr run`` started for ``home`` (it outlives the command)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if "flower-superlink" in command and str(home) in command:
+            try:
+                os.kill(int(proc.name), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     from cpcfl_tf.errors import ArgumentParser
     from cpcfl_tf.flower.common import DEFAULTS, run_config

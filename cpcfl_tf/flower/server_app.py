@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from pathlib import Path
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
@@ -53,6 +54,29 @@ def _send(grid: Grid, contents: dict[int, RecordDict], kind: str, group: str,
     good = [r for r in replies if not r.has_error()]
     answered = {r.metadata.src_node_id for r in good}
     return good, sorted(set(contents) - answered)
+
+
+def _writable(out: Path) -> None:
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        probe = out.parent / f".{out.name}.probe"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(f"cannot write the run record to {out} ({e.strerror}); set the run "
+                        "config's out to a writable path") from None
+
+
+def _check_partitions(grid: Grid, nodes: list[int], num_clients: int, timeout: float) -> None:
+    replies, _ = _send(grid, {n: RecordDict() for n in nodes}, MessageType.QUERY, "0-probe",
+                       timeout)
+    declared = {int(r.content["metrics"]["num-partitions"]) for r in replies
+                if "num-partitions" in r.content["metrics"]}
+    if declared - {num_clients}:
+        raise UserError(f"the nodes were started for {', '.join(map(str, sorted(declared)))} "
+                        f"partitions (node config num-partitions; under the Simulation Engine "
+                        f"num-supernodes) but the run has num-clients={num_clients}: make "
+                        "them equal")
 
 
 def _ask_first(grid: Grid, partition_of: dict[int, int], asked: str | None, num_clients: int,
@@ -136,6 +160,12 @@ def main(grid: Grid, context: Context) -> None:
     timeout = float(settings.get("round-timeout", 300.0))
     num_clients = config.partition.num_clients
     wanted = int(settings.get("min-nodes", 0)) or num_clients
+    if settings.get("out"):  # refuse an unwritable output before any work
+        _writable(Path(str(settings["out"])))
+    # The first nodes to connect say for how many partitions the nodes were started
+    # (num-partitions; under the Simulation Engine its num-supernodes): refuse a mismatch
+    # now rather than wait round-timeout for nodes that will never come.
+    _check_partitions(grid, _wait_for_nodes(grid, 1, timeout), num_clients, timeout)
     nodes = _wait_for_nodes(grid, wanted, timeout)
     roster, failed = _send(grid, {n: RecordDict() for n in nodes}, MessageType.QUERY, "0",
                            timeout)
