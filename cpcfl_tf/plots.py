@@ -20,6 +20,15 @@ def _pyplot():
     return plt
 
 
+def _save(plt, fig, path: str | os.PathLike) -> Path:
+    """Lay ``fig`` out, write it as a PNG atomically, close it."""
+    fig.tight_layout()
+    try:
+        return write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=130, format="png"))
+    finally:
+        plt.close(fig)
+
+
 def plot_client_data_amounts(partition: Partition, train_labels: np.ndarray,
                              path: str | os.PathLike, *, title: str | None = None) -> Path:
     """fig:client_data_amount: one dot per client x class, its area the image count.
@@ -54,11 +63,7 @@ def plot_client_data_amounts(partition: Partition, train_labels: np.ndarray,
         ax.scatter([], [], s=90.0 * size / largest, color="gray", label=f"{size} images")
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=8)
     ax.set_title(title or "Private data of the clients per class")
-    fig.tight_layout()
-    try:
-        return write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=130, format="png"))
-    finally:
-        plt.close(fig)
+    return _save(plt, fig, path)
 
 
 def plot_accuracy_curves(curves: dict[str, RunRecord], path: str | os.PathLike, *,
@@ -77,11 +82,7 @@ def plot_accuracy_curves(curves: dict[str, RunRecord], path: str | os.PathLike, 
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, frameon=False)
-    fig.tight_layout()
-    try:
-        return write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=130, format="png"))
-    finally:
-        plt.close(fig)
+    return _save(plt, fig, path)
 
 
 def plot_cluster_identity(record: RunRecord, path: str | os.PathLike, *, title: str) -> Path:
@@ -101,11 +102,7 @@ def plot_cluster_identity(record: RunRecord, path: str | os.PathLike, *, title: 
     cbar = fig.colorbar(image, ax=ax, ticks=range(int(ids.max()) + 1))
     cbar.set_label("cluster")
     cbar.ax.set_ylim(-0.5, ids.max() + 0.5)
-    fig.tight_layout()
-    try:
-        return write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=130, format="png"))
-    finally:
-        plt.close(fig)
+    return _save(plt, fig, path)
 
 
 def plot_class_accuracy(rounds: list[dict], path: str | os.PathLike, *, title: str) -> Path:
@@ -125,11 +122,7 @@ def plot_class_accuracy(rounds: list[dict], path: str | os.PathLike, *, title: s
     ax.set_ylabel("class")
     ax.set_title(title)
     fig.colorbar(image, ax=ax).set_label("test accuracy (%)")
-    fig.tight_layout()
-    try:
-        return write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=130, format="png"))
-    finally:
-        plt.close(fig)
+    return _save(plt, fig, path)
 
 
 def plot_paired_bars(groups: list[str], bars: dict[str, list[list[float]]],
@@ -154,8 +147,4 @@ def plot_paired_bars(groups: list[str], bars: dict[str, list[list[float]]],
     ax.set_title(title, fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8, frameon=False)
-    fig.tight_layout()
-    try:
-        return write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=130, format="png"))
-    finally:
-        plt.close(fig)
+    return _save(plt, fig, path)
