@@ -162,8 +162,8 @@ def test_the_simulation_engine_runs_the_simulators_rounds(tmp_path, env):
     pytest.importorskip("ray", reason='the Simulation Engine needs pip install -e ".[flower-sim]"')
     from cpcfl_tf.flower.loopback import simulate
 
-    ids, accuracy, _, sim_final = _simulated(2, tmp_path / "sim", run=IFCA)
-    record = simulate({**IFCA, "rounds": 2, "out": str(tmp_path / "out" / "result.json")}, 3,
+    ids, accuracy, _, sim_final = _simulated(1, tmp_path / "sim", run=IFCA)
+    record = simulate({**IFCA, "rounds": 1, "out": str(tmp_path / "out" / "result.json")}, 3,
                       tmp_path / "engine", env=env)
     assert [r["cluster_ids"] for r in record["rounds"]] == ids
     final = record["final"]["client_accuracy"]
