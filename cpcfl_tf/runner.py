@@ -198,20 +198,34 @@ class Runner:
 
         return logged
 
-    def status(self, spec: RunSpec) -> str:
-        """What :meth:`run` would do with ``spec`` now: ``done``, ``to resume``, ``to run``,
-        or why it would stop. Reads, never writes."""
+    def _decide(self, spec: RunSpec) -> tuple[str, RunRecord | None]:
+        """The one skip / resume / refuse decision: ``("done", record)``, ``("resume",
+        None)`` or ``("run", None)``; a one-line :class:`UserError` when the run must not
+        go ahead (another config in its place, an interruption without ``--resume``, a
+        damaged record). Reads, never writes."""
         config = spec.config(self.base)
         path, checkpoint = self.path(spec), self.checkpoint(spec)
         if path.exists() and not self.force:
-            try:
-                same = _same_config(read_record(path), config)
-            except UserError as err:
-                return f"stops: {err}"
-            return "done" if same else "stops: a run with another config is there (--force)"
+            record = read_record(path)
+            if not _same_config(record, config):
+                raise UserError(f"{path} holds a run with a different config; pass --force to "
+                                "redo it or --out another folder")
+            return "done", record
         if checkpoint.exists() and not self.force:
-            return "to resume" if self.resume else "stops: interrupted (pass --resume)"
-        return "to run"
+            if not self.resume:
+                raise UserError(f"{spec.name} was interrupted ({checkpoint}); pass --resume to "
+                                "continue it or --force to start it over")
+            return "resume", None
+        return "run", None
+
+    def status(self, spec: RunSpec) -> str:
+        """What :meth:`run` would do with ``spec`` now: ``done``, ``to resume``, ``to run``,
+        or ``stops: <why>``. Reads, never writes."""
+        try:
+            action, _ = self._decide(spec)
+        except UserError as err:
+            return f"stops: {err}"
+        return {"done": "done", "resume": "to resume", "run": "to run"}[action]
 
     def run(self, spec: RunSpec, on_round: Callable[[dict, Any], None] | None = None
             ) -> RunRecord:
@@ -223,22 +237,16 @@ class Runner:
 
         config = spec.config(self.base)
         path, checkpoint = self.path(spec), self.checkpoint(spec)
-        if path.exists() and not self.force:
-            record = read_record(path)
-            if not _same_config(record, config):
-                raise UserError(f"{path} holds a run with a different config; pass --force to "
-                                "redo it or --out another folder")
+        action, record = self._decide(spec)
+        if action == "done":
             checkpoint.unlink(missing_ok=True)  # left if a kill came right after the result
             if self.verbose:
                 print(f"{spec.name}: done before, final accuracy "
                       f"{record.final.accuracy:.4f} ({path})")
             self.records.append(record)
             return record
-        if checkpoint.exists() and self.force:
-            checkpoint.unlink()
-        if checkpoint.exists() and not self.resume:
-            raise UserError(f"{spec.name} was interrupted ({checkpoint}); pass --resume to "
-                            "continue it or --force to start it over")
+        if action == "run":  # with --force, an old checkpoint starts over
+            checkpoint.unlink(missing_ok=True)
         if self.verbose:
             fl = config.federated
             length = (f"{fl.rounds} rounds" if METHODS[fl.method].federated
