@@ -204,17 +204,30 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
     state, progress = algorithm.run_rounds(
         fl, seed, simulation, start, state=state, progress=progress, on_round=after,
         say=(lambda line: print("  " + line, flush=True)) if verbose else None)
-    rounds = [Round.from_json(r) for r in progress.history]
-    final = Final(rounds[-1].accuracy, rounds[-1].scores,
-                  ari=cluster_ari(clients.groups, np.array(progress.assigned, np.int64)),
-                  restarts=progress.attempt, bytes_down=progress.bytes_down,
-                  bytes_up=progress.bytes_up, model_bytes=algorithm.model_bytes(state.models[0]),
-                  bytes_other=progress.bytes_other)
-    record = RunRecord(
-        resolved, config, {"data": config.seed, "train": seed},
-        clients.records, rounds, final,
-        {"seconds": progress.seconds, "seconds_per_round": progress.seconds / max(1, fl.rounds)})
+    last = Round.from_json(progress.history[-1])
+    record = federated_record(
+        config, seed, progress, state, last.accuracy, scores=last.scores,
+        ari=cluster_ari(clients.groups, np.array(progress.assigned, np.int64)),
+        clients=clients.records)
     return record, state
+
+
+def federated_record(config: Config, train_seed: int, progress: algorithm.Progress,
+                     state: algorithm.ServerState, accuracy: float | None, *,
+                     clients: list[dict] | None = None, **final) -> RunRecord:
+    """A federated run's record as every driver writes it (this simulator, the Flower
+    ServerApp): the resolved and requested config, seeds, its rounds, what was sent and
+    how long it took; ``final`` adds the driver's own metrics (scores and ARI where the
+    true groups are known, each node's accuracy on Flower)."""
+    resolved = config.resolved()
+    return RunRecord(
+        resolved, config, {"data": config.seed, "train": train_seed}, list(clients or []),
+        [Round.from_json(r) for r in progress.history],
+        Final(accuracy, restarts=progress.attempt, bytes_down=progress.bytes_down,
+              bytes_up=progress.bytes_up, model_bytes=algorithm.model_bytes(state.models[0]),
+              bytes_other=progress.bytes_other, **final),
+        {"seconds": progress.seconds,
+         "seconds_per_round": progress.seconds / max(1, resolved.federated.rounds)})
 
 
 class _Simulation:

@@ -31,7 +31,7 @@ from cpcfl_tf.errors import UserError
 from cpcfl_tf.federated import algorithm
 from cpcfl_tf.flower.common import from_record, model_key, run_config, to_record
 from cpcfl_tf.methods import METHODS
-from cpcfl_tf.record import Final, Round, RunRecord, write_record
+from cpcfl_tf.record import write_record
 
 app = ServerApp()
 
@@ -150,7 +150,7 @@ class _Nodes:
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     from cpcfl_tf.data.sources import get_spec
-    from cpcfl_tf.federated.simulator import build_template, initial_state
+    from cpcfl_tf.federated.simulator import build_template, federated_record, initial_state
     from cpcfl_tf.federated.starting import StartingEncoders
     from cpcfl_tf.experiment import run_environment
 
@@ -206,19 +206,13 @@ def main(grid: Grid, context: Context) -> None:
     scores, failed = _send(grid, contents, MessageType.EVALUATE, "evaluate", timeout)
     accuracy = {int(r.content["metrics"]["partition-id"]): float(r.content["metrics"]["accuracy"])
                 for r in scores}
-    final = Final(float(np.mean(list(accuracy.values()))) if accuracy else None,
-                  client_accuracy={str(k): v for k, v in sorted(accuracy.items())},
-                  restarts=progress.attempt, bytes_down=progress.bytes_down,
-                  bytes_up=progress.bytes_up, model_bytes=algorithm.model_bytes(state.models[0]),
-                  bytes_other=progress.bytes_other)
     # The server never sees the clients' data: no class counts, no true groups, no ARI.
-    record = RunRecord(dataclasses.replace(config, federated=fl), config,
-                       {"data": config.seed, "train": config.seed}, [],
-                       [Round.from_json(r) for r in progress.history], final,
-                       {"seconds": progress.seconds,
-                        "seconds_per_round": progress.seconds / max(1, fl.rounds)},
-                       experiment="flower", environment=run_environment(encoder_weights),
-                       nodes={str(n): p for n, p in partition_of.items()})
+    record = dataclasses.replace(
+        federated_record(config, config.seed, progress, state,
+                         float(np.mean(list(accuracy.values()))) if accuracy else None,
+                         client_accuracy={str(k): v for k, v in sorted(accuracy.items())}),
+        experiment="flower", environment=run_environment(encoder_weights),
+        nodes={str(n): p for n, p in partition_of.items()})
     print(f"[cpcfl] final accuracy {record.final.accuracy}", flush=True)
     if settings.get("out"):
         write_record(settings["out"], record)
