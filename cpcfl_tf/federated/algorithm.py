@@ -396,9 +396,9 @@ def server_ids(fl, state: ServerState, replies: "Replies"
                ) -> tuple[np.ndarray, ServerState, dict]:
     """The cluster of each reply the server aggregates by, the pool it aggregates into,
     and what the rule adds to the round's record: the client's choice (``loss``), the
-    server's assignment (``own``, ``groups``, ``subspaces``), FeSEM's E-step against the
-    centres the clients started from (``nearest``), CFL's splits (``split``, which records
-    its update norms) or FL+HC's one clustering (``hierarchical``)."""
+    server's assignment (``own``, ``groups``, ``subspaces``), FeSEM's E-step
+    (``nearest``, :func:`fesem_step`), CFL's splits (``split``, which records its split
+    test) or FL+HC's one clustering (``hierarchical``)."""
     rule = METHODS[fl.method].assign
     if rule == "nearest" and len(replies.clients):
         return fesem_step(state, replies), state, {}
@@ -484,6 +484,13 @@ class Progress:
     seconds: float = 0.0
     bytes_other: int = 0
     """Sent up besides weights (PACFL's subspaces); in ``bytes_up`` too."""
+
+
+def sent_before_training(subspaces: Sequence[np.ndarray] | None) -> Progress:
+    """Where a fresh run stands before round 1: what the clients sent besides weights
+    (PACFL's data subspaces, counted up and in ``bytes_other``), nothing otherwise."""
+    other = sum(u.nbytes for u in subspaces) if subspaces is not None else 0
+    return Progress(bytes_up=other, bytes_other=other)
 
 
 def run_rounds(fl, seed: int, federation: Federation, start: Callable[[int], ServerState], *,

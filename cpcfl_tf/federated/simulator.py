@@ -189,9 +189,8 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
     state = progress = None
     if path and path.exists():
         state, progress, simulation.moments = _load(path, fingerprint)
-    elif subspaces is not None:
-        other = sum(u.nbytes for u in subspaces)
-        progress = algorithm.Progress(bytes_up=other, bytes_other=other)
+    else:
+        progress = algorithm.sent_before_training(subspaces)
 
     def after(record: dict, state: algorithm.ServerState, progress: algorithm.Progress):
         if path:

@@ -32,6 +32,7 @@ from cpcfl_tf.federated import algorithm
 from cpcfl_tf.flower.common import from_record, model_key, run_config, to_record
 from cpcfl_tf.methods import METHODS
 from cpcfl_tf.record import write_record
+from cpcfl_tf.results import prepare_out_dir
 
 app = ServerApp()
 
@@ -56,17 +57,6 @@ def _send(grid: Grid, contents: dict[int, RecordDict], kind: str, group: str,
     return good, sorted(set(contents) - answered)
 
 
-def _writable(out: Path) -> None:
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        probe = out.parent / f".{out.name}.probe"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise UserError(f"cannot write the run record to {out} ({e.strerror}); set the run "
-                        "config's out to a writable path") from None
-
-
 def _check_partitions(grid: Grid, nodes: list[int], num_clients: int, timeout: float) -> None:
     replies, _ = _send(grid, {n: RecordDict() for n in nodes}, MessageType.QUERY, "0-probe",
                        timeout)
@@ -88,7 +78,7 @@ def _ask_first(grid: Grid, partition_of: dict[int, int], asked: str | None, num_
         return None, None
     contents = {node: RecordDict({"config": ConfigRecord({"ask": asked, "basis": basis})})
                 for node in partition_of}
-    answers, failed = _send(grid, contents, MessageType.QUERY, f"0-{asked}", timeout)
+    answers, _ = _send(grid, contents, MessageType.QUERY, f"0-{asked}", timeout)
     by_pid = {int(r.content["metrics"]["partition-id"]): r for r in answers}
     missing = sorted(set(range(num_clients)) - set(by_pid))
     if missing:
@@ -161,7 +151,8 @@ def main(grid: Grid, context: Context) -> None:
     num_clients = config.partition.num_clients
     wanted = int(settings.get("min-nodes", 0)) or num_clients
     if settings.get("out"):  # refuse an unwritable output before any work
-        _writable(Path(str(settings["out"])))
+        prepare_out_dir(Path(str(settings["out"])).parent,
+                        fix="set the run config's out to a writable path")
     # The first nodes to connect say for how many partitions the nodes were started
     # (num-partitions; under the Simulation Engine its num-supernodes): refuse a mismatch
     # now rather than wait round-timeout for nodes that will never come.
@@ -193,10 +184,9 @@ def main(grid: Grid, context: Context) -> None:
 
     federation = _Nodes(grid, partition_of, num_clients, timeout,
                         METHODS[fl.method].server_assigns)
-    other = sum(u.nbytes for u in subspaces) if subspaces is not None else 0
     state, progress = algorithm.run_rounds(
         fl, config.seed, federation, start, on_round=after,
-        progress=algorithm.Progress(bytes_up=other, bytes_other=other),
+        progress=algorithm.sent_before_training(subspaces),
         say=lambda line: print(f"[cpcfl] {line}", flush=True))
     assigned = np.array(progress.assigned, np.int64)
 
