@@ -4,8 +4,8 @@ import os
 
 # TensorFlow turns its oneDNN CPU kernels on by default only on x86 CPUs with
 # neural-network extensions (AVX512_VNNI, AVX512_BF16, AMX); elsewhere, e.g. on an
-# AVX2-only AMD EPYC, it runs Eigen's, which train the simulator's per-client
-# convolutions 1.6x slower (experiments/speed_study.py) and give other last bits. The kit
+# AVX2-only AMD EPYC, it runs Eigen's, which made a simulator round about 1.5x slower
+# there (docs/performance.md) and give other last bits. The kit
 # asks for oneDNN everywhere, so every x86 machine runs the same kernel family. TensorFlow
 # reads this once, when it is imported; an explicit TF_ENABLE_ONEDNN_OPTS=0 still wins,
 # and every result's ``environment`` says which kernels ran.

@@ -206,8 +206,8 @@ class FederatedConfig:
     the record's resolved config shows every value used."""
     jit_compile: bool = False
     """XLA-compile the local training step (both backends): one compile per client count
-    and batch shape, other kernels, so other last bits than the default (docs/performance.md, "Why the
-    speed-up depends on the machine")."""
+    and batch shape, other kernels, so other last bits than the default (docs/performance.md,
+    "Settings that were timed and gave no gain")."""
 
     def __post_init__(self) -> None:
         _choice("federated", "method", self.method, tuple(METHODS))

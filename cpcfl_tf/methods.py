@@ -160,7 +160,7 @@ METHODS = {m.name: m for m in (
     # and of its largest one, max_cross the similarity across the two parts of a split;
     # split_after, min_split_size as in the authors' code (no split before round 20; only
     # clusters of more than two clients). eps1, eps2, max_cross: measured for the kit's
-    # models by experiments/calibrate_families.py (results/quick/calibrate_families/).
+    # models by tools/calibrate_families.py (results/quick/calibrate_families/).
     Method("cfl", "CFL", PRETRAININGS, assign="split", head_phase=True,
            options={"eps1": 0.82, "eps2": 1.44, "split_after": 20, "min_split_size": 3,
                     "max_cross": 0.04}),
@@ -170,7 +170,7 @@ METHODS = {m.name: m for m in (
            options={"cluster_round": 10}),
     # PACFL (Vahidian et al., AAAI 2023): one clustering before training from each
     # client's `basis` leading singular vectors of its data (Sec. 3); basis chosen on
-    # held-out partitions by experiments/calibrate_families.py.
+    # held-out partitions by tools/calibrate_families.py.
     Method("pacfl", "PACFL", PRETRAININGS, assign="subspaces", head_phase=True,
            options={"basis": 8}),
 )}

@@ -141,7 +141,11 @@ class RunRecord:
     """The script that wrote it."""
     environment: dict[str, Any] = dataclasses.field(default_factory=dict)
     nodes: dict[str, int] | None = None
-    """Flower: node id -> partition id."""
+    """Flower: node id -> client id (the partition id, or the rank of the node's data
+    folder name when nodes bring their own data)."""
+    node_data: dict[str, dict[str, Any]] | None = None
+    """Flower with nodes' own data: client id -> ``name`` (the data folder's),
+    ``num_train`` and ``num_test`` (example counts), as the nodes reported them."""
 
     @property
     def preset(self) -> str:
@@ -177,6 +181,8 @@ class RunRecord:
             "seeds": self.seeds}
         if self.nodes is not None:
             out["nodes"] = self.nodes
+        if self.node_data is not None:
+            out["node_data"] = self.node_data
         out.update(clients=self.clients, rounds=[r.to_json() for r in self.rounds],
                    final=self.final.to_json(), timing=self.timing,
                    environment=self.environment)
@@ -185,13 +191,14 @@ class RunRecord:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "RunRecord":
         _only(data, {"experiment", "preset", "method", "pretraining", "config", "seeds",
-                     "nodes", "clients", "rounds", "final", "timing", "environment"}, "record")
+                     "nodes", "node_data", "clients", "rounds", "final", "timing",
+                     "environment"}, "record")
         stored = dict(data["config"])
         requested = Config.from_dict(stored.pop("requested"))
         record = cls(Config.from_dict(stored), requested, data["seeds"], data["clients"],
                      [Round.from_json(r) for r in data["rounds"]],
                      Final.from_json(data["final"]), data["timing"], data["experiment"],
-                     data["environment"], data.get("nodes"))
+                     data["environment"], data.get("nodes"), data.get("node_data"))
         said = (data["preset"], data["method"], data["pretraining"])
         if said != (record.preset, record.method, record.pretraining):
             raise ValueError(f"preset, method, pretraining {said} disagree with the config")
@@ -214,7 +221,7 @@ def read_record(path: str | os.PathLike) -> RunRecord:
 
     return read_file(path, load, fix="delete it to run it again, or restore it (e.g. git "
                                      "checkout); records of an older kit: python "
-                                     "experiments/migrate_records.py FOLDER")
+                                     "tools/migrate_records.py FOLDER")
 
 
 def write_record(path: str | os.PathLike, record: RunRecord) -> Path:

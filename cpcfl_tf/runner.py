@@ -21,8 +21,8 @@ from typing import Any, Callable
 import numpy as np
 
 from cpcfl_tf.config import Config, config_record
+from cpcfl_tf.environment import run_environment
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.experiment import run_environment
 from cpcfl_tf.federated.starting import StartingEncoders
 from cpcfl_tf.methods import FEDAVG_ENCODER_RUN, METHODS, run_label
 from cpcfl_tf.record import RunRecord, read_record, write_record

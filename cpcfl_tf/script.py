@@ -18,16 +18,17 @@ import functools
 from pathlib import Path
 from typing import Callable, Sequence
 
+from cpcfl_tf.cli import experiment_parser, name_list, settings_changed, setup
 from cpcfl_tf.config import Config
 from cpcfl_tf.errors import ArgumentParser
-from cpcfl_tf.experiment import experiment_parser, name_list, settings_changed, setup
 from cpcfl_tf.record import RunRecord
 from cpcfl_tf.runner import Runner, RunSpec
 
 
 @dataclasses.dataclass(frozen=True)
 class Script:
-    """One script of ``experiments/``: its name is its file's."""
+    """One script of ``experiments/``, ``benchmarks/`` or ``tools/``: its name is its
+    file's."""
 
     file: str
     """The script's ``__file__``."""
@@ -48,6 +49,7 @@ class Script:
 
     def parser(self) -> ArgumentParser:
         parser = experiment_parser(self.name, self.doc.split("\n\n")[0],
+                                   folder=Path(self.file).parent.name,
                                    default_preset=self.default_preset,
                                    distribute=self.distribute, dry_run=self.runs)
         if self.methods:

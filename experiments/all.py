@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from cpcfl_tf.cli import name_list
 from cpcfl_tf.errors import run_cli
-from cpcfl_tf.experiment import name_list
 from cpcfl_tf.report import markdown_table
 from cpcfl_tf.script import Script
 
@@ -71,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = SCRIPT.parser()
     _options(parser)
     args = parser.parse_args(argv)
-    from cpcfl_tf.experiment import resolve_config
+    from cpcfl_tf.cli import resolve_config
     from cpcfl_tf.results import prepare_out_dir, write_text
 
     config = resolve_config(args)  # bad input stops here, before any script starts

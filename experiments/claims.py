@@ -19,8 +19,8 @@ from typing import Sequence
 import numpy as np
 
 from cpcfl_tf.config import Config
+from cpcfl_tf.dataset_pairs import dataset_pairs
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.experiment import dataset_pairs
 from cpcfl_tf.federated.metrics import cluster_ari
 from cpcfl_tf.judge import (CANNOT, RULE, RecordIndex, Statistic, Summary, accuracy_at,
                             combined, config_key, final_accuracy, linear_eval_config,
@@ -304,7 +304,7 @@ def make_missing(session, evidence_: Evidence, chosen: list[Claim]) -> None:
     """Run every missing run of ``chosen`` (claim by claim, seed by seed) into the
     script's folder; a record elsewhere in the tree counts only if it was made on this
     kind of CPU (so one seed's evidence comes from one kind of machine)."""
-    from cpcfl_tf.experiment import cpu_model
+    from cpcfl_tf.environment import cpu_model
 
     cpu = cpu_model()
     done: set[str] = set()

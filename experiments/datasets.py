@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from cpcfl_tf.dataset_pairs import dataset_pairs
 from cpcfl_tf.errors import run_cli
-from cpcfl_tf.experiment import dataset_pairs
 from cpcfl_tf.report import markdown_table
 from cpcfl_tf.runner import COMPARISON_LABELS, RunSpec, Runner, comparison_specs
 from cpcfl_tf.script import Script

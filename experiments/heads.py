@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from cpcfl_tf.config import HEADS
+from cpcfl_tf.dataset_pairs import dataset_pairs
 from cpcfl_tf.errors import run_cli
-from cpcfl_tf.experiment import dataset_pairs
 from cpcfl_tf.report import markdown_table, reporting_rounds
 from cpcfl_tf.runner import RunSpec
 from cpcfl_tf.script import Script

@@ -24,11 +24,10 @@ import resource
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Iterator, Sequence
 
+from cpcfl_tf.environment import environment
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.experiment import environment
 from cpcfl_tf.report import markdown_table
 from cpcfl_tf.results import write_json
 from cpcfl_tf.runner import RunSpec

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from cpcfl_tf.experiment import resolve_config
+from cpcfl_tf.cli import resolve_config
 from cpcfl_tf.errors import run_cli
 from cpcfl_tf.script import Script
 

@@ -5,12 +5,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+SCRIPT_FOLDERS = ("experiments", "benchmarks", "tools")
+"""Where the scripts live: the paper's tables and the report, speed measurements,
+maintenance tools."""
+
+
+def script_path(name):
+    """The file of script ``name``, in whichever of :data:`SCRIPT_FOLDERS` holds it."""
+    (path,) = [p for folder in SCRIPT_FOLDERS if (p := ROOT / folder / f"{name}.py").exists()]
+    return path
+
+
 def script(name):
-    """``experiments/<name>.py`` imported as a module (its ``main(argv)`` runs in-process)."""
+    """Script ``name`` imported as a module (its ``main(argv)`` runs in-process)."""
     import sys
 
     module_name = f"experiments_{name}"  # registered: dataclasses look their module up
-    spec = importlib.util.spec_from_file_location(module_name, ROOT / "experiments" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(module_name, script_path(name))
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     spec.loader.exec_module(module)
@@ -81,3 +92,46 @@ def run_record_errors(record: dict) -> list[str]:
         if any(len(r["cluster_ids"]) != len(record["clients"]) for r in record["rounds"]):
             errors.append("$.rounds: cluster_ids do not have one id per client")
     return errors
+
+
+def _simulator(rounds, out, run):
+    """The run's config, the simulator's runner, and the server's (cached) encoder."""
+    from cpcfl_tf.flower.common import run_config
+    from cpcfl_tf.runner import Runner
+
+    config = run_config({**run, "rounds": rounds})
+    runner = Runner("flower", config, out, verbose=0)
+    return config, runner, runner.encoders(config)
+
+
+def simulated(run, rounds, out, dead=None):
+    """The simulator's run of a Flower run config ``run``: cluster ids per round, each
+    client's test accuracy at the end, and the server's encoder. ``dead=(round, client)``
+    drops that client's reply from that round on, as a killed SuperNode's."""
+    import cpcfl_tf.federated.simulator as simulator
+    from cpcfl_tf.federated import algorithm
+
+    config, runner, encoder = _simulator(rounds, out, run)
+    train, score, scores = simulator._Simulation.train, simulator.client_accuracy, []
+
+    def failing(self, models, plan):
+        replies = train(self, models, plan)
+        if dead is None or plan.round + 1 < dead[0]:
+            return replies
+        keep = replies.clients != dead[1]
+        return algorithm.Replies(replies.clients[keep], replies.cluster_ids[keep],
+                                 replies.sizes[keep], [w[keep] for w in replies.weights],
+                                 [dead[1]])
+
+    def scored(labels, probs):
+        scores.append(score(labels, probs))
+        return scores[-1]
+
+    import pytest
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(simulator._Simulation, "train", failing)
+        patch.setattr(simulator, "client_accuracy", scored)
+        record, _ = simulator.run_federated(config, runner.clients(config),
+                                            encoder_weights=encoder, verbose=0)
+    return [r.cluster_ids for r in record.rounds], scores[-1], encoder, record.final

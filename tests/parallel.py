@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SLOW = ["test_flower.py", "test_scripts.py", "test_table2.py", "test_experiments.py",
+SLOW = ["test_flower.py", "test_scripts.py", "test_flower_nodes.py", "test_table2.py", "test_experiments.py",
         "test_simulator.py", "test_reliability.py", "test_linear_eval.py", "test_contrastive.py",
         "test_cli.py", "test_families.py", "test_mirrored.py", "test_results.py"]
 """Slowest first (seconds in a one-process run, ``--durations``). The order only decides

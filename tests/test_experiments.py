@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from cpcfl_tf.errors import UserError
-from helpers import ROOT, script
+from helpers import ROOT, SCRIPT_FOLDERS, script, script_path
 
 
 def run(name, *args):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    return subprocess.run([sys.executable, str(ROOT / "experiments" / f"{name}.py"), *args],
+    return subprocess.run([sys.executable, str(script_path(name)), *args],
                           capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
 
 
@@ -73,10 +73,13 @@ def test_bad_script_input_is_one_line_and_exit_2(tmp_path, name, args, message):
 
 
 def test_every_script_has_help():
-    for path in sorted((ROOT / "experiments").glob("*.py")):
+    paths = sorted(p for folder in SCRIPT_FOLDERS for p in (ROOT / folder).glob("*.py"))
+    assert {p.parent.name for p in paths} == set(SCRIPT_FOLDERS)
+    for path in paths:
         proc = run(path.stem, "--help")
         assert proc.returncode == 0, path.stem
-        if path.stem not in ("migrate_records", "compare"):  # tools that make no runs
+        assert proc.stdout.startswith(f"usage: python {path.parent.name}/{path.stem}.py")
+        if path.stem not in ("migrate_records", "compare", "results_unchanged"):  # make no runs
             assert "--preset" in proc.stdout and "--resume" in proc.stdout, path.stem
 
 
@@ -87,6 +90,8 @@ def test_benchmark_simulator_runs_both_loops(tmp_path, capsys):
     assert "seconds_per_round:" in printed and "speedup:" in printed
     record = json.loads((tmp_path / "c3-n3-32px-auto.json").read_text())
     assert len(record["simulator_round_seconds"]) == 2 and len(record["baseline_round_seconds"]) == 1
+    table = (tmp_path / "benchmark_simulator.md").read_text()
+    assert f"| {record['seconds_per_round']:.2f} | {record['baseline_seconds_per_round']:.1f} |" in table
 
 
 @pytest.mark.parametrize("flag", [["--xla"], ["--set", "federated.jit_compile=true"]])
@@ -99,89 +104,46 @@ def test_benchmark_xla_is_the_jit_compile_setting(tmp_path, flag):
 def test_the_kit_runs_tensorflow_with_onednn_kernels():
     import platform
 
-    from cpcfl_tf.experiment import environment
+    from cpcfl_tf.environment import environment
 
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("oneDNN's switch is for x86 CPUs")
     assert environment()["onednn"] is True  # cpcfl_tf asks for them before TF is imported
 
 
-def test_speed_study_times_each_setting_in_a_fresh_process(tmp_path, capsys):
+def test_speed_study_times_the_local_steps_kernels_against_the_peak(tmp_path, capsys):
     study_script = script("speed_study")
-    study_script.main(["--out", str(tmp_path), "--clients", "2", "--rounds", "2",
-                       "--baseline-rounds", "0", "--variants", "onednn-off,glibc-keep",
-                       "--repeats", "2"])
+    study_script.main(["--out", str(tmp_path), "--clients", "2"])
     (path,) = tmp_path.glob("*.json")
     study = json.loads(path.read_text())
-    off, work = study["variants"]["onednn-off"], study["round_flops"]
-    assert off["onednn"] is False  # the variant's environment reached its process
-    keep = study["variants"]["glibc-keep"]
-    assert keep["malloc_settings"] == study_script.VARIANTS["glibc-keep"][1]
-    assert keep["onednn"] is True and "malloc_settings" not in off
-    # two passes (the second in reverse order); a row is their median
-    assert len(off["pass_seconds_per_round"]) == len(off["simulator_round_seconds"]) == 2
-    assert off["seconds_per_round"] == pytest.approx(sum(off["pass_seconds_per_round"]) / 2)
+    work = study["round_flops"]
     assert work["total"] == work["training"] + work["selection"] + work["evaluation"]
     assert work["evaluation"] == work["forward_per_image"] * 2 * 50
     assert work["training"] == 3 * 3 * work["evaluation"]  # 3 epochs, backward = 2 forwards
-    assert off["gflops"] == pytest.approx(work["total"] / off["seconds_per_round"] / 1e9)
     assert study["peak"]["matmul_gflops"] > 0
-    assert "| onednn-off |" in (tmp_path / "speed_study.md").read_text()
-    # --parts kernels adds its part and keeps the rounds already measured on this machine
-    study_script.main(["--out", str(tmp_path), "--clients", "2", "--parts", "kernels"])
-    merged = json.loads(path.read_text())
-    assert merged["variants"] == study["variants"]
-    kernels = merged["kernels"]
+    kernels = study["kernels"]
     assert kernels["batches"] == [32, 18]  # 50 images per client in batches of 32
     first, *rest = [c for c in kernels["convolutions"] if c["batch"] == 32]
     assert "input_gradient" not in first and all("input_gradient" in c for c in rest)
     h, w, cin = rest[0]["input"]
     oh, ow, cout = rest[0]["output"]
     assert rest[0]["gflop"] == pytest.approx(2 * 32 * oh * ow * cout * 9 * cin * 2 / 1e9)
+    for conv in rest:
+        ms = conv["forward"]["ms"]
+        assert conv["forward"]["gflops"] == pytest.approx(conv["gflop"] / ms * 1e3)
     layouts = kernels["layouts"]
     assert layouts["kit"]["max_relative_difference"] == 0.0  # the kit's own step
     for other in ("last_conv_as_matmul", "im2col_matmul"):  # same sums, another order
         assert 0.0 < layouts[other]["max_relative_difference"] < 1e-4
         assert set(layouts[other]["ms"]) == {"32", "18"}
     text = (tmp_path / "speed_study.md").read_text()
-    assert "| onednn-off |" in text and "| conv4 | 3x3x192 -> 1x1x256 | 18 |" in text
+    assert "| conv4 | 3x3x192 -> 1x1x256 | 18 |" in text and "variant" not in text
     capsys.readouterr()  # the study's own progress lines
     with pytest.raises(SystemExit) as stop:
-        study_script.main(["--out", str(tmp_path / "x"), "--variants", "fast"])
+        study_script.main(["--out", str(tmp_path / "x"), "--clients", "0"])
     assert stop.value.code == 2 and not (tmp_path / "x").exists()
     error = capsys.readouterr().err.strip().splitlines()
-    assert len(error) == 1 and "--variants: unknown fast" in error[0]
-
-
-def test_speed_study_refuses_an_allocator_that_is_not_installed(tmp_path, monkeypatch):
-    study_script = script("speed_study")
-    # A missing LD_PRELOAD library is skipped by the loader with a warning: the variant
-    # would quietly time glibc's malloc under the allocator's name.
-    monkeypatch.setitem(study_script.VARIANTS, "tcmalloc",
-                        ("stand-in", {"LD_PRELOAD": "libcpcfl_absent.so.1"}, []))
-    monkeypatch.setitem(study_script.PACKAGES, "libcpcfl_absent.so.1", "cpcfl-absent1")
-    with pytest.raises(UserError, match="^variant tcmalloc needs libcpcfl_absent.so.1: "
-                       "apt-get install -y cpcfl-absent1$"):
-        study_script.main(["--out", str(tmp_path / "x"), "--variants", "default,tcmalloc"])
-    assert not (tmp_path / "x").exists()
-
-
-@pytest.mark.skipif(subprocess.run(["sh", "-c", "ldconfig -p | grep -q libjemalloc.so.2 && "
-                                  "ldconfig -p | grep -q libtcmalloc_minimal.so.4"]).returncode,
-                    reason="apt-get install libtcmalloc-minimal4 libjemalloc2 (speed_study's "
-                           "allocator variants)")
-def test_the_allocator_a_process_runs_on_is_recorded():
-    from cpcfl_tf.experiment import preloaded_allocator
-
-    code = "from cpcfl_tf.experiment import preloaded_allocator as p; print(p())"
-    seen = {}
-    for library in ("libtcmalloc_minimal.so.4", "libjemalloc.so.2"):
-        env = dict(os.environ, LD_PRELOAD=library)
-        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                              text=True, timeout=120)
-        seen[library] = proc.stdout.strip()
-    assert preloaded_allocator() is None  # the suite runs on glibc's malloc
-    assert seen == {"libtcmalloc_minimal.so.4": "tcmalloc", "libjemalloc.so.2": "jemalloc"}
+    assert len(error) == 1 and "--clients" in error[0]
 
 
 def test_paper_shape_runs_the_paper_preset_on_a_stand_in_and_times_each_stage(tmp_path):

@@ -10,6 +10,7 @@ pytest.importorskip("flwr")
 pytestmark = pytest.mark.flower
 
 from cpcfl_tf.flower.loopback import Federation, wait_for_file  # noqa: E402
+from helpers import simulated  # noqa: E402
 
 RUN = {"preset": "smoke", "method": "cp-cfl", "pretraining": "simclr", "num-clusters": 2,
        "num-clients": 3, "head-rounds": 1, "seed": 0}
@@ -48,45 +49,8 @@ def _stopped(fed):
         assert not _group_alive(proc.pid), f"processes of group {proc.pid} outlived the test"
 
 
-def _simulator(rounds, out, run=RUN):
-    """The run's config, the simulator's runner, and the server's (cached) encoder."""
-    from cpcfl_tf.flower.common import run_config
-    from cpcfl_tf.runner import Runner
-
-    config = run_config({**run, "rounds": rounds})
-    runner = Runner("flower", config, out, verbose=0)
-    return config, runner, runner.encoders(config)
-
-
 def _simulated(rounds, out, dead=None, run=RUN):
-    """The simulator's run of the federation's config: cluster ids per round, each
-    client's test accuracy at the end, and the server's encoder. ``dead=(round, client)``
-    drops that client's reply from that round on, as a killed SuperNode's."""
-    import cpcfl_tf.federated.simulator as simulator
-    from cpcfl_tf.federated import algorithm
-
-    config, runner, encoder = _simulator(rounds, out, run)
-    train, score, scores = simulator._Simulation.train, simulator.client_accuracy, []
-
-    def failing(self, models, plan):
-        replies = train(self, models, plan)
-        if dead is None or plan.round + 1 < dead[0]:
-            return replies
-        keep = replies.clients != dead[1]
-        return algorithm.Replies(replies.clients[keep], replies.cluster_ids[keep],
-                                 replies.sizes[keep], [w[keep] for w in replies.weights],
-                                 [dead[1]])
-
-    def scored(labels, probs):
-        scores.append(score(labels, probs))
-        return scores[-1]
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(simulator._Simulation, "train", failing)
-        patch.setattr(simulator, "client_accuracy", scored)
-        record, _ = simulator.run_federated(config, runner.clients(config),
-                                            encoder_weights=encoder, verbose=0)
-    return [r.cluster_ids for r in record.rounds], scores[-1], encoder, record.final
+    return simulated(run, rounds, out, dead)
 
 
 PACFL = {**RUN, "method": "pacfl", "pretraining": "none", "head-rounds": 0}
@@ -197,10 +161,10 @@ def test_a_node_answers_what_its_method_asks_first():
     def ask(what):
         context = Context(run_id=1, node_id=5, node_config={"partition-id": 1},
                           state=RecordDict(), run_config=run)
-        content = RecordDict({"config": ConfigRecord({"ask": what, "basis": 3})})
+        content = RecordDict({"config": ConfigRecord({"ask": what, "basis": 3, "client-id": 1})})
         return query(Message(content, metadata=meta), context).content
 
-    assert dict(ask("group")["metrics"]) == {"partition-id": 1, "group": int(clients.groups[1])}
+    assert dict(ask("group")["metrics"]) == {"client-id": 1, "group": int(clients.groups[1])}
     sent = from_record(ask("subspace")["subspace"])[0]
     np.testing.assert_array_equal(sent, algorithm.data_subspace(clients.train.images[1], 3))
 
@@ -226,28 +190,39 @@ from cpcfl_tf.flower.client_app import query
 
 meta = Metadata(run_id=1, message_id="m", src_node_id=1, dst_node_id=5, reply_to_message_id="",
                 group_id="0", created_at=time.time(), ttl=60.0, message_type=MessageType.QUERY)
-def ask(partition):
-    context = Context(run_id=1, node_id=5, node_config={"partition-id": partition},
-                      state=RecordDict(), run_config={"num-clients": 3})
-    try:
-        return dict(query(Message(RecordDict(), metadata=meta), context).content["metrics"])
-    except ValueError as err:
-        return str(err)
-print(ask(2), "|", ask(3), "|", "tensorflow" in sys.modules)
+def ask(**node_config):
+    context = Context(run_id=1, node_id=5, node_config=node_config, state=RecordDict(),
+                      run_config={"num-clients": 3, "set": "federated.batch_size=2"})
+    reply = query(Message(RecordDict(), metadata=meta), context)
+    return reply.error.reason if reply.has_error() else dict(reply.content["identity"])
+print(ask(**{"partition-id": 2}), "|", ask(**{"partition-id": 3}), "|",
+      ask(**{"data-path": sys.argv[1]}), "|", "tensorflow" in sys.modules)
 """
 
 
-def test_the_roster_query_loads_neither_data_nor_tensorflow():
+def test_the_roster_query_loads_neither_data_nor_tensorflow(tmp_path):
     # Every message starts a ClientApp process; the roster query is one per node, and
-    # importing TensorFlow there was seconds of CPU per node for one integer.
+    # importing TensorFlow there was seconds of CPU per node for one integer. A node with
+    # its own data counts its files (names only); a bad partition id is an error reply
+    # with one line in the node's log, not a traceback.
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-c", QUERY], capture_output=True, text=True,
+    for split, count in (("train", 3), ("test", 1)):
+        for k in range(count):
+            (tmp_path / "site" / split / "7").mkdir(parents=True, exist_ok=True)
+            (tmp_path / "site" / split / "7" / f"{k}.png").write_bytes(b"")
+    proc = subprocess.run([sys.executable, "-c", QUERY, str(tmp_path / "site")],
+                          capture_output=True, text=True,
                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip() == ("{'partition-id': 2} | partition-id 3 is outside 0..2 "
-                                   "(run config num-clients) | False")
+    assert proc.stdout.strip() == (
+        "{'partition-id': 2} | partition-id 3 is outside 0..2 (run config num-clients) | "
+        "{'name': 'site', 'num-train': 3, 'num-test': 1} | False")
+    refused = [line for line in proc.stderr.splitlines() if line.startswith("[cpcfl]")]
+    assert refused == ["[cpcfl] node refused query: partition-id 3 is outside 0..2 "
+                       "(run config num-clients)"]
+    assert "Traceback" not in proc.stderr
 
 
 def test_the_run_config_takes_any_setting_as_the_scripts_set_does():

@@ -1,5 +1,5 @@
 """The kit's modules import one way: data -> config -> models -> contrastive -> federated
--> the command-line edge (experiment, Flower, plots, report; the runner; the script
+-> the command-line edge (cli, Flower, plots, report; the runner; the script
 scaffold). Checked on every import
 statement, module level or inside a function."""
 import ast
@@ -7,14 +7,14 @@ import ast
 from helpers import ROOT
 
 LAYERS = {
-    "errors": 0, "results": 0, "scalars": 0,
+    "errors": 0, "results": 0, "scalars": 0, "environment": 0,
     "data": 1, "methods": 1,
-    "config": 2,
+    "config": 2, "dataset_pairs": 2,
     "models": 3, "flops": 3,
     "contrastive": 4,
     "federated": 5,
     "record": 3,
-    "plots": 6, "experiment": 6, "flower": 6, "report": 6, "judge": 6,
+    "plots": 6, "cli": 6, "flower": 6, "report": 6, "judge": 6,
     "runner": 7,
     "script": 8,
 }

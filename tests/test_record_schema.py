@@ -45,7 +45,7 @@ def test_an_older_record_is_migrated_once_with_its_rounds_and_metrics_unchanged(
     path.write_text(json.dumps(old, indent=1) + "\n")
     with pytest.raises(DamagedFile, match="migrate_records.py"):
         read_record(path)
-    script = [sys.executable, str(ROOT / "experiments/migrate_records.py")]
+    script = [sys.executable, str(ROOT / "tools/migrate_records.py")]
     done = subprocess.run(script + [str(tmp_path)], capture_output=True, text=True)
     assert done.returncode == 0 and "1 migrated" in done.stdout, done.stdout + done.stderr
     assert path.read_text() == source.read_text()

@@ -225,7 +225,7 @@ def test_name_lists_are_comma_separated_and_checked(tmp_path, capsys, name, args
 
 
 def test_name_lists_parse_into_the_names():
-    from cpcfl_tf.experiment import name_list
+    from cpcfl_tf.cli import name_list
 
     assert name_list(["a", "b", "c"])("c,a") == ["c", "a"]
 
@@ -304,8 +304,8 @@ def test_a_centralized_run_needs_one_or_group_many_models():
 
 
 def test_distribute_option_reaches_the_runner(tmp_path):
+    from cpcfl_tf.cli import experiment_parser
     from cpcfl_tf.config import get_preset
-    from cpcfl_tf.experiment import experiment_parser
     from cpcfl_tf.runner import Runner
 
     args = experiment_parser("x", "x").parse_args(["--distribute", "mirrored"])
@@ -317,21 +317,22 @@ def test_distribute_option_reaches_the_runner(tmp_path):
 def test_op_determinism_is_on_by_default_where_a_gpu_runs(monkeypatch):
     import tensorflow as tf
 
-    from cpcfl_tf import experiment
+    from cpcfl_tf import environment
+    from cpcfl_tf.cli import experiment_parser
 
     calls = []
     monkeypatch.setattr(tf.config.experimental, "enable_op_determinism",
                         lambda: calls.append("on"))
-    monkeypatch.setattr(experiment, "_DETERMINISTIC_OPS", False)
-    assert experiment.set_determinism(True, gpus=[]) is False and not calls  # CPU
-    assert experiment.set_determinism(False, gpus=["GPU:0"]) is False and not calls
-    assert experiment.set_determinism(True, gpus=["GPU:0"]) is True and calls == ["on"]
-    assert experiment.environment()["deterministic_ops"] is True
-    args = experiment.experiment_parser("x", "x").parse_args(["--nondeterministic"])
+    monkeypatch.setattr(environment, "_DETERMINISTIC_OPS", False)
+    assert environment.set_determinism(True, gpus=[]) is False and not calls  # CPU
+    assert environment.set_determinism(False, gpus=["GPU:0"]) is False and not calls
+    assert environment.set_determinism(True, gpus=["GPU:0"]) is True and calls == ["on"]
+    assert environment.environment()["deterministic_ops"] is True
+    args = experiment_parser("x", "x").parse_args(["--nondeterministic"])
     assert args.nondeterministic is True
 
 
-def test_all_runs_the_scripts_and_gathers_every_report(tmp_path):
+def test_all_runs_the_scripts_and_gathers_every_report(tmp_path, capsys):
     root = tmp_path / "smoke"
     (root / "table2").mkdir(parents=True)
     (root / "table2" / "table2.md").write_text("# Table 2 (earlier)\n\n| a |\n|---|\n")
@@ -344,6 +345,16 @@ def test_all_runs_the_scripts_and_gathers_every_report(tmp_path):
     assert "| `clusters` |" in report and "| `table2` | 0.0 |" in report
     assert "## The paper's claims" in report and "| C1 | holds |" in report  # claims.md
     assert len(list((root / "clusters").glob("cp-cfl-simclr-n*.json"))) == 5
+
+    # tools/results_unchanged.py rebuilds a copy of the tree: nothing changes ...
+    check = ["--preset", "smoke", "--results", str(root), "--scripts", "clusters"]
+    script("results_unchanged").main(check)
+    # ... unless the code would now write a report differently from what is committed.
+    (root / "clusters" / "clusters.md").write_text("# Number of clusters (edited)\n")
+    with pytest.raises(SystemExit) as status:
+        script("results_unchanged").main(check)
+    assert status.value.code == 1
+    assert "changed clusters/clusters.md" in capsys.readouterr().out
 
 
 def test_heterogeneity_runs_each_kind_with_its_own_groups(tmp_path):

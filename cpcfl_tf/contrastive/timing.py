@@ -1,5 +1,5 @@
 """Timing of compiled steps, shared by experiments/pretraining_cost.py,
-experiments/benchmark_pretraining.py and experiments/speed_study.py: one warm-up, median
+benchmarks/benchmark_pretraining.py and benchmarks/speed_study.py: one warm-up, median
 of the rest."""
 from __future__ import annotations
 

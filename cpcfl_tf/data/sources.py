@@ -164,6 +164,76 @@ def folder_spec(path: str) -> DatasetSpec:
                        files={split: tuple(files) for split, files in listed.items()})
 
 
+def class_folder_names(num_classes: int) -> tuple[str, ...]:
+    """A node folder's class subfolder names unless the run names its classes: the class
+    indices, ``0`` .. ``num_classes - 1``."""
+    return tuple(str(k) for k in range(num_classes))
+
+
+def list_node_folder(path: str | os.PathLike, class_names: tuple[str, ...]
+                     ) -> dict[str, list[tuple[str, int]]]:
+    """One client's own images (a Flower node's ``data-path``): ``train``/``test`` ->
+    ``[(file, class index), ...]``, checked without reading an image.
+
+    The folder has the image-folder layout of :func:`folder_spec` (one subfolder per
+    class, optional ``train/`` and ``test/``), but the class indices are the run's:
+    a subfolder's name is looked up in ``class_names``, so a node holding 2 of 10 classes
+    labels them as the other nodes do. Within a split, images are ordered by file name
+    across classes (``tools/export_partition.py`` names them by row: the partition's order).
+    Without ``train/`` and ``test/`` the images are split by a seeded draw
+    (:data:`FOLDER_TEST_SHARE` test). Refuses in one line a missing folder, an image
+    outside any class subfolder, a class the run does not know, and a split without
+    images. (Fewer training images than a batch are one smaller batch, as the simulator
+    trains an epoch's remainder.)
+    """
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        raise UserError(f"no folder {root} (node config data-path); give a folder with one "
+                        "subfolder of PNG/JPEG images per class")
+    split_dirs = ({"train": root / "train", "test": root / "test"}
+                  if (root / "train").is_dir() and (root / "test").is_dir() else {"all": root})
+    index = {name: k for k, name in enumerate(class_names)}
+    listed: dict[str, list[tuple[str, int]]] = {}
+    for split, folder in split_dirs.items():
+        stray = [f for f in sorted(folder.iterdir()) if f.suffix.lower() in IMAGE_SUFFIXES]
+        if stray:
+            raise UserError(f"{stray[0]} is in no class subfolder; a node's images go in one "
+                            "subfolder per class")
+        files = []
+        for sub in sorted(d for d in folder.iterdir() if d.is_dir()):
+            if sub.name not in index:
+                raise UserError(f"{sub} is a class the run does not know; its classes are "
+                                f"{', '.join(class_names)} (run config class-names)")
+            files += [(f, index[sub.name]) for f in sub.iterdir()
+                      if f.suffix.lower() in IMAGE_SUFFIXES]
+        files.sort(key=lambda item: (item[0].name, item[1]))
+        listed[split] = [(str(f), k) for f, k in files]
+    if "all" in listed:  # a seeded split, the same on every machine
+        files = listed.pop("all")
+        order = np.random.default_rng(0).permutation(len(files))
+        cut = len(files) - int(round(FOLDER_TEST_SHARE * len(files)))
+        listed = {"train": [files[i] for i in sorted(order[:cut])],
+                  "test": [files[i] for i in sorted(order[cut:])]}
+    if not listed["train"] or not listed["test"]:
+        raise UserError(f"{root} has {len(listed['train'])} training and "
+                        f"{len(listed['test'])} test images; a node needs at least one of "
+                        "each")
+    return listed
+
+
+def read_node_folder(listed: dict[str, list[tuple[str, int]]], num_classes: int,
+                     image_size: int | None = None) -> dict[str, LabeledImages]:
+    """The images of :func:`list_node_folder`'s listing, prepared as every source's."""
+    spec = DatasetSpec("node", "folder", num_classes, {k: len(v) for k, v in listed.items()},
+                       files={k: tuple(v) for k, v in listed.items()})
+    out = {}
+    for split in ("train", "test"):
+        images, labels = _read_folder(spec, Split(split, None, None), True, None, None)
+        out[split] = LabeledImages(_finish(images, spec, image_size), labels.astype(np.int64),
+                                   num_classes, f"node:{split}")
+    return out
+
+
 _SPLIT = re.compile(r"^(?P<base>[a-z_]+)(\[(?P<start>-?\d*):(?P<stop>-?\d*)\])?$")
 
 

@@ -1,23 +1,37 @@
 """The ClientApp: one node = one client of the paper's protocol.
 
-A node reads ``partition-id`` from its node config (``flower-supernode --node-config
-"partition-id=0"``), keeps its own training and test images, and answers three
-messages: ``query`` (which partition am I; and, once before training, what the method
-asks first: the oracle its true group, PACFL its data subspace), ``train`` (select a
-cluster on its *training* data, or take the one the server assigned, train it with the
-simulator's local step, send weights + cluster id + number of examples) and
-``evaluate`` (accuracy of its cluster's model on its *test* data). Images and labels
-never leave the node.
+A node holds its client's data in one of two ways, set by its node config:
+
+- ``partition-id=K`` (simulations and rehearsals): the node draws the run's seeded
+  partition, as the simulator does, and keeps client K's rows;
+- ``data-path=DIR`` (a deployment): the node reads its own image folder (one subfolder
+  per class, optional ``train/`` and ``test/``; :func:`cpcfl_tf.data.sources.list_node_folder`),
+  and no global dataset exists anywhere.
+
+It answers three messages: ``query`` (who am I: the partition id, or the folder's name
+and example counts; and, once before training, what the method asks first: the oracle
+its true group, PACFL its data subspace), ``train`` (select a cluster on its *training*
+data, or take the one the server assigned, train it with the simulator's local step,
+send weights + cluster id + number of examples) and ``evaluate`` (accuracy of its
+cluster's model on its *test* data). Images and labels never leave the node. Bad data
+of its own (a missing folder, no images, a class the run does not know, an unreadable image)
+is one line in the node's log and an error reply, which the server handles as it
+handles a node that died.
 """
 from __future__ import annotations
 
 import functools
+import sys
+from pathlib import Path
 
 import numpy as np
-from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
 
-from cpcfl_tf.flower.common import from_record, run_config, to_record
+from cpcfl_tf.data.sources import list_node_folder, read_node_folder
+from cpcfl_tf.errors import UserError
+from cpcfl_tf.flower.common import class_names, from_record, run_config, to_record
 
 app = ClientApp()
 
@@ -27,86 +41,147 @@ def _checked(run_items: tuple, partition_id: int):
     config = run_config(dict(run_items))
     num_clients = config.partition.num_clients
     if not 0 <= partition_id < num_clients:
-        raise ValueError(f"partition-id {partition_id} is outside 0..{num_clients - 1} "
-                         "(run config num-clients)")
+        raise UserError(f"partition-id {partition_id} is outside 0..{num_clients - 1} "
+                        "(run config num-clients)")
     return config
 
 
 @functools.lru_cache(maxsize=1)
-def _run(run_items: tuple):
-    """The run's config, every client's data and a backend, built once per process and
-    run: under the Simulation Engine one process serves many partitions of a run."""
+def _backend(run_items: tuple):
+    """The run's config and a backend, built once per process and run: under the
+    Simulation Engine one process serves many partitions of a run."""
     from cpcfl_tf.federated.backends import backend_of
-    from cpcfl_tf.federated.clients import clients_for
     from cpcfl_tf.federated.simulator import build_template
-    from cpcfl_tf.flower.common import run_config
 
     config = run_config(dict(run_items))
-    fl = config.resolved().federated
-    # Every node draws the seeded partition the simulator draws and keeps its own rows;
-    # a deployment with data of its own replaces this with loading that data.
-    clients = clients_for(config)
-    template = build_template(fl, clients.train.images.shape[2:], clients.num_classes)
-    return config, clients, backend_of(template, fl)
+    size = config.data.image_size
+    template = build_template(config.resolved().federated, (size, size, 3),
+                              len(class_names(dict(run_items))))
+    return config, backend_of(template, config.resolved().federated)
 
 
-def _node(run_items: tuple, partition_id: int):
-    """Config, this node's data, the backend and its true group."""
+@functools.lru_cache(maxsize=1)
+def _partition(run_items: tuple):
+    """Every client of the run's seeded partition (what the simulator draws), once per
+    process and run."""
+    from cpcfl_tf.federated.clients import clients_for
+
+    return clients_for(run_config(dict(run_items)))
+
+
+def _listing(run_items: tuple, path: str) -> dict:
+    """The node folder's files, checked (no image read, no TensorFlow)."""
+    return list_node_folder(path, class_names(dict(run_items)))
+
+
+@functools.lru_cache(maxsize=4)
+def _own(run_items: tuple, path: str):
+    """This node's own images as one client's arrays: (train, test)."""
+    from cpcfl_tf.federated.clients import ClientArrays
+
+    config = run_config(dict(run_items))
+    data = read_node_folder(_listing(run_items, path), len(class_names(dict(run_items))),
+                            config.data.image_size)
+    return tuple(ClientArrays(data[s].images[None], data[s].labels[None])
+                 for s in ("train", "test"))
+
+
+def _node(context: Context, client: int | None = None):
+    """Config, this node's (train, test) data, the backend and its true group (``None``
+    when the node brought its own data and no ``group`` in its node config)."""
+    run_items = tuple(sorted(context.run_config.items()))
+    config, backend = _backend(run_items)
+    path = context.node_config.get("data-path")
+    if path is not None:
+        train, test = _own(run_items, str(path))
+        group = context.node_config.get("group")
+        return config, train, test, backend, None if group is None else int(group)
+    partition_id = int(context.node_config["partition-id"])
     _checked(run_items, partition_id)
-    config, clients, backend = _run(run_items)
+    clients = _partition(run_items)
     own = np.array([partition_id])
     return (config, clients.train.subset(own), clients.test.subset(own), backend,
             int(clients.groups[partition_id]))
-
-
-def _context(context: Context):
-    return _node(tuple(sorted(context.run_config.items())),
-                 int(context.node_config["partition-id"]))
 
 
 def _reply(msg: Message, **records) -> Message:
     return Message(RecordDict(records), reply_to=msg)
 
 
-@app.query()
-def query(msg: Message, context: Context) -> Message:
-    """The partition id (the server's client roster). Every message runs in a fresh
-    ClientApp process, so this one loads no data and no TensorFlow: train replies carry
-    the number of examples the averaging weighs by."""
+def _refusing(handler):
+    """Bad input of this node's (its data, its node config) becomes one line in the
+    node's log and an error reply, not a traceback: the server leaves the node out."""
+    @functools.wraps(handler)
+    def wrapped(msg: Message, context: Context) -> Message:
+        try:
+            return handler(msg, context)
+        except UserError as err:
+            print(f"[cpcfl] node refused {msg.metadata.message_type}: {err}", file=sys.stderr,
+                  flush=True)
+            return Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, str(err)), reply_to=msg)
+    return wrapped
+
+
+def _identity(context: Context) -> dict:
+    """Who this node is, as the roster query reports it: its partition id, or its data
+    folder's name and example counts (checked by listing the folder, nothing loaded)."""
+    run_items = tuple(sorted(context.run_config.items()))
+    path = context.node_config.get("data-path")
+    if path is not None:
+        listed = _listing(run_items, str(path))
+        return {"name": Path(str(path)).name, "num-train": len(listed["train"]),
+                "num-test": len(listed["test"])}
+    if "partition-id" not in context.node_config:
+        raise UserError("the node config has neither partition-id nor data-path; start the "
+                        "SuperNode with --node-config \"data-path=DIR\" (its own images) or "
+                        "\"partition-id=K num-partitions=N\"")
     partition_id = int(context.node_config["partition-id"])
-    _checked(tuple(sorted(context.run_config.items())), partition_id)
-    asked = msg.content["config"]["ask"] if "config" in msg.content else None
-    if asked is None:
-        declared = context.node_config.get("num-partitions")  # what the node was started for
-        return _reply(msg, metrics=MetricRecord({
-            "partition-id": partition_id,
-            **({} if declared is None else {"num-partitions": int(declared)})}))
+    _checked(run_items, partition_id)
+    declared = context.node_config.get("num-partitions")  # what the node was started for
+    return {"partition-id": partition_id,
+            **({} if declared is None else {"num-partitions": int(declared)})}
+
+
+@app.query()
+@_refusing
+def query(msg: Message, context: Context) -> Message:
+    """Who this node is (the server's client roster). Every message runs in a fresh
+    ClientApp process, so this one loads no data and no TensorFlow."""
+    settings = msg.content["config"] if "config" in msg.content else {}
+    asked = settings.get("ask")
+    if asked is None:  # a ConfigRecord: a folder name is a string
+        return _reply(msg, identity=ConfigRecord(_identity(context)))
     # Once before training, what the method needs (Method.asks_first): only now data.
-    _, data, _, _, group = _context(context)
+    client = int(settings["client-id"])
+    _, data, _, _, group = _node(context)
     if asked == "group":
-        return _reply(msg, metrics=MetricRecord({"partition-id": partition_id, "group": group}))
+        if group is None:
+            raise UserError("the method needs this client's true group: add group=G to the "
+                            "node config")
+        return _reply(msg, metrics=MetricRecord({"client-id": client, "group": group}))
     from cpcfl_tf.federated import algorithm
 
-    basis = int(msg.content["config"]["basis"])
-    return _reply(msg, metrics=MetricRecord({"partition-id": partition_id}),
+    basis = int(settings["basis"])
+    return _reply(msg, metrics=MetricRecord({"client-id": client}),
                   subspace=to_record([algorithm.data_subspace(data.images[0], basis)]))
 
 
 @app.train()
+@_refusing
 def train(msg: Message, context: Context) -> Message:
     """Select a cluster (the drawn one in the Tc phase), train it locally, send it back."""
     from cpcfl_tf.federated import algorithm
     from cpcfl_tf.federated.backends import (LocalTraining, batch_orders, client_losses,
                                              stack_models, unstack)
 
-    config, data, _, backend, _ = _context(context)
-    fl = config.resolved().federated
     settings = msg.content["config"]
-    partition_id = int(context.node_config["partition-id"])
+    client, num_clients = int(settings["client-id"]), int(settings["num-clients"])
+    config, data, _, backend, _ = _node(context)
+    fl = config.resolved().federated
     # The round's plan, drawn from the seeds exactly as the server and the simulator draw it.
     plan = algorithm.plan_round(fl, config.seed, int(settings["attempt"]), int(settings["round"]),
-                                config.partition.num_clients)
-    row = int(np.searchsorted(plan.participants, partition_id))
+                                num_clients)
+    row = int(np.searchsorted(plan.participants, client))
     models = {int(k.split("-")[1]): from_record(r) for k, r in msg.content.array_records.items()}
     if "cluster" in settings:  # the server assigned this node its model
         cluster = int(settings["cluster"])
@@ -122,19 +197,20 @@ def train(msg: Message, context: Context) -> Message:
     trained = backend.train(stack_models([models[cluster]]), np.array([0]), data, orders,
                             algorithm.trains_encoder(fl, plan), LocalTraining.of(fl))
     return _reply(msg, model=to_record(unstack(trained, 0)), metrics=MetricRecord({
-        "cluster-id": cluster, "num-examples": data.size, "partition-id": partition_id}))
+        "cluster-id": cluster, "num-examples": data.size, "client-id": client}))
 
 
 @app.evaluate()
+@_refusing
 def evaluate(msg: Message, context: Context) -> Message:
     """Accuracy of the received cluster model on this node's local test data."""
     from cpcfl_tf.federated.backends import client_probabilities
     from cpcfl_tf.federated.metrics import client_accuracy
 
-    _, _, test, backend, _ = _context(context)
+    _, _, test, backend, _ = _node(context)
     model = from_record(msg.content.array_records["model"])
     probs = client_probabilities(backend, [model], np.array([0]), test)
     return _reply(msg, metrics=MetricRecord({
         "accuracy": float(client_accuracy(test.labels, probs)[0]), "num-examples": test.size,
-        "partition-id": int(context.node_config["partition-id"])}))
+        "client-id": int(msg.content["config"]["client-id"])}))
 

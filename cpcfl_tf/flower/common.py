@@ -19,11 +19,13 @@ from cpcfl_tf.methods import METHODS
 DEFAULTS: dict[str, Any] = {
     "preset": "smoke", "method": "cp-cfl", "pretraining": "simclr", "num-clusters": 2,
     "rounds": 3, "head-rounds": 1, "num-clients": 3, "seed": 0, "out": "",
-    "round-timeout": 300.0, "min-nodes": 0, "set": "",
+    "round-timeout": 300.0, "min-nodes": 0, "set": "", "class-names": "",
 }
 """Run config keys and their defaults (``min-nodes`` 0: wait for ``num-clients``; ``set``:
 any other setting, as the scripts' ``--set``, e.g. ``"federated.local_epochs=1
-federated.jit_compile=true"``; split as a shell would, so a value with spaces is quoted)."""
+federated.jit_compile=true"``; split as a shell would, so a value with spaces is quoted;
+``class-names``: comma-separated names of the class subfolders of nodes that bring their
+own data, default the class indices ``0,1,...`` of the run's client dataset)."""
 
 
 def run_config(values: Mapping[str, Any]) -> Config:
@@ -60,6 +62,19 @@ def run_config(values: Mapping[str, Any]) -> Config:
                         "use optimizer_state fresh or the simulator (experiments/"
                         "local_optimizer.py)")
     return config
+
+
+def class_names(values: Mapping[str, Any]) -> tuple[str, ...]:
+    """The run's classes as nodes with their own data name their class subfolders:
+    ``class-names`` of the run config, or the client dataset's class indices."""
+    given = [n.strip() for n in str(values.get("class-names", "")).split(",") if n.strip()]
+    if given:
+        if len(set(given)) != len(given):
+            raise UserError(f"run config class-names repeats a name: {','.join(given)}")
+        return tuple(given)
+    from cpcfl_tf.data.sources import class_folder_names, get_spec
+
+    return class_folder_names(get_spec(run_config(values).data.client_dataset).num_classes)
 
 
 def model_key(n: int) -> str:

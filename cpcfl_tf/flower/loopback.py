@@ -1,5 +1,6 @@
 """A Flower federation as real processes on 127.0.0.1: one ``flower-superlink``, K
-``flower-supernode``s (partition-id 0..K-1) and ``flwr run`` of the app (the repository
+``flower-supernode``s (partition-id 0..K-1, or each with a data folder of its own,
+``--data``) and ``flwr run`` of the app (the repository
 root, whose pyproject.toml holds ``[tool.flwr.app]``) against them (the Deployment Engine,
 not the Simulation one).
 
@@ -58,8 +59,12 @@ class Federation:
     env: dict[str, str]
 
     @classmethod
-    def start(cls, nodes: int, workdir: str | Path, *, env: dict[str, str] | None = None
-              ) -> "Federation":
+    def start(cls, nodes: int | Sequence[str], workdir: str | Path, *,
+              env: dict[str, str] | None = None) -> "Federation":
+        """``nodes`` SuperNodes with partition ids 0..nodes-1, or one per node config
+        given (e.g. ``data-path="/data/site3"``, a TOML string)."""
+        configs = ([f"partition-id={k} num-partitions={nodes}" for k in range(nodes)]
+                   if isinstance(nodes, int) else list(nodes))
         workdir = Path(workdir).resolve()
         workdir.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ if env is None else env, FLWR_HOME=str(workdir / "flwr-home"),
@@ -72,11 +77,10 @@ class Federation:
         fed = cls(workdir, port, superlink, [], env)
         try:
             fed._wait_for_port()
-            for k in range(nodes):
+            for k, node_config in enumerate(configs):
                 fed.supernodes.append(_spawn(
                     [_command("flower-supernode"), "--insecure", "--superlink", f"{HOST}:{port}",
-                     "--host", HOST, "--port", str(free_port()),
-                     "--node-config", f"partition-id={k} num-partitions={nodes}"],
+                     "--host", HOST, "--port", str(free_port()), "--node-config", node_config],
                     workdir / f"supernode-{k}.log", env))
         except BaseException:
             fed.stop()
@@ -211,6 +215,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                             description="Run CP-CFL as a Flower federation of real processes "
                                         "on 127.0.0.1 (1 SuperLink, K SuperNodes).")
     parser.add_argument("--nodes", type=int, default=3, help="SuperNodes = clients (default 3)")
+    parser.add_argument("--data", type=Path, metavar="DIR",
+                        help="one SuperNode per subfolder of DIR, each with that folder as its "
+                             "own data (tools/export_partition.py writes such folders); "
+                             "replaces --nodes")
     parser.add_argument("--preset", default="smoke", help="data and model preset (default smoke)")
     parser.add_argument("--method", default="cp-cfl",
                         choices=[m for m in METHODS if METHODS[m].on_flower])
@@ -227,22 +235,31 @@ def main(argv: Sequence[str] | None = None) -> None:
                         metavar="SECTION.FIELD=VALUE", help="any other setting, as the "
                         "scripts' --set (e.g. federated.local_epochs=1)")
     args = parser.parse_args(argv)
+    nodes: int | list[str] = args.nodes
     settings = {"preset": args.preset, "method": args.method, "pretraining": args.pretraining,
                 "num-clusters": args.num_clusters, "rounds": args.rounds,
                 "head-rounds": args.head_rounds, "num-clients": args.nodes, "seed": args.seed,
                 "round-timeout": args.round_timeout, "set": shlex.join(args.set)}
+    if args.data is not None:
+        folders = sorted(p for p in args.data.iterdir() if p.is_dir()) if args.data.is_dir() else []
+        if not folders:
+            raise UserError(f"no client folders in {args.data}; write them with "
+                            "python tools/export_partition.py --out DIR")
+        nodes = [f"data-path={json.dumps(str(p.resolve()))}" for p in folders]  # TOML string
+        settings.pop("num-clients")
+        settings["min-nodes"] = len(nodes)
     run_config(settings)  # bad values fail here, before any process starts
     out = prepare_out_dir(args.out or Path("results") / args.preset / "flower")
     result = out / "flower.json"
     result.unlink(missing_ok=True)
-    with Federation.start(args.nodes, out / "logs") as federation:
-        print(f"SuperLink on {HOST}:{federation.port}, {args.nodes} SuperNodes; logs in "
-              f"{out / 'logs'}", flush=True)
+    with Federation.start(nodes, out / "logs") as federation:
+        print(f"SuperLink on {HOST}:{federation.port}, {len(federation.supernodes)} "
+              f"SuperNodes; logs in {out / 'logs'}", flush=True)
         run_id = federation.run({**settings, "out": str(result.resolve())})
         print(f"run {run_id} submitted; waiting for the ServerApp", flush=True)
         record = wait_for_file(result, federation, timeout=args.rounds * args.round_timeout + 600)
     for r in record["rounds"]:
-        print(f"round {r['round']}: cluster ids {r['cluster_ids']}, failed partitions "
+        print(f"round {r['round']}: cluster ids {r['cluster_ids']}, failed clients "
               f"{r['failed_partitions']}")
     print(f"final accuracy {record['final']['accuracy']:.4f}; wrote {result}")
 

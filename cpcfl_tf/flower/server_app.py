@@ -10,6 +10,13 @@ the same cluster ids. Before training it asks what a method needs once
 (:attr:`~cpcfl_tf.methods.Method.asks_first`: the oracle's true groups, PACFL's data
 subspaces); the record's ``bytes_other`` counts the subspaces.
 
+Clients: a node started with ``partition-id`` is that client of the run's seeded
+partition; nodes started with ``data-path`` bring their own data, and the server learns
+them from the roster: each reports its folder's name and example counts, and the clients
+are the nodes that answered, numbered by folder name (``num-clients`` is then how many
+nodes to wait for). A node whose data is bad answers the roster with an error and is left
+out, as a node that died.
+
 Failures: a node whose reply is an error or does not come within ``round-timeout``
 seconds is left out of that round (its cluster is the average of the members that did
 reply, or keeps its weights if none did) and keeps its previous cluster id; it is asked
@@ -29,7 +36,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.federated import algorithm
-from cpcfl_tf.flower.common import from_record, model_key, run_config, to_record
+from cpcfl_tf.flower.common import class_names, from_record, model_key, run_config, to_record
 from cpcfl_tf.methods import METHODS
 from cpcfl_tf.record import write_record
 from cpcfl_tf.results import prepare_out_dir
@@ -48,10 +55,15 @@ def _wait_for_nodes(grid: Grid, count: int, timeout: float) -> list[int]:
 
 def _send(grid: Grid, contents: dict[int, RecordDict], kind: str, group: str,
           timeout: float) -> tuple[list[Message], list[int]]:
-    """Send ``contents[node]`` to every node; return the good replies and failed nodes."""
+    """Send ``contents[node]`` to every node; return the good replies and failed nodes
+    (an error reply's reason is printed: e.g. a node's bad data)."""
     messages = [Message(content, dst_node_id=node, message_type=kind, group_id=group)
                 for node, content in contents.items()]
     replies = list(grid.send_and_receive(messages, timeout=timeout))
+    for reply in replies:
+        if reply.has_error():
+            print(f"[cpcfl] node {reply.metadata.src_node_id} failed {kind} {group}: "
+                  f"{reply.error.reason}", flush=True)
     good = [r for r in replies if not r.has_error()]
     answered = {r.metadata.src_node_id for r in good}
     return good, sorted(set(contents) - answered)
@@ -60,8 +72,8 @@ def _send(grid: Grid, contents: dict[int, RecordDict], kind: str, group: str,
 def _check_partitions(grid: Grid, nodes: list[int], num_clients: int, timeout: float) -> None:
     replies, _ = _send(grid, {n: RecordDict() for n in nodes}, MessageType.QUERY, "0-probe",
                        timeout)
-    declared = {int(r.content["metrics"]["num-partitions"]) for r in replies
-                if "num-partitions" in r.content["metrics"]}
+    declared = {int(r.content["identity"]["num-partitions"]) for r in replies
+                if "num-partitions" in r.content["identity"]}
     if declared - {num_clients}:
         raise UserError(f"the nodes were started for {', '.join(map(str, sorted(declared)))} "
                         f"partitions (node config num-partitions; under the Simulation Engine "
@@ -69,47 +81,80 @@ def _check_partitions(grid: Grid, nodes: list[int], num_clients: int, timeout: f
                         "them equal")
 
 
-def _ask_first(grid: Grid, partition_of: dict[int, int], asked: str | None, num_clients: int,
+def _ask_first(grid: Grid, client_of: dict[int, int], asked: str | None, num_clients: int,
                basis: int, timeout: float) -> tuple[np.ndarray | None, list | None]:
     """What the method asks every client once before training (``asked``): the true
-    groups (the oracle) or the data subspaces (PACFL), by partition id; every client must
+    groups (the oracle) or the data subspaces (PACFL), by client id; every client must
     answer."""
     if asked is None:
         return None, None
-    contents = {node: RecordDict({"config": ConfigRecord({"ask": asked, "basis": basis})})
-                for node in partition_of}
+    contents = {node: RecordDict({"config": ConfigRecord({"ask": asked, "basis": basis,
+                                                          "client-id": client})})
+                for node, client in client_of.items()}
     answers, _ = _send(grid, contents, MessageType.QUERY, f"0-{asked}", timeout)
-    by_pid = {int(r.content["metrics"]["partition-id"]): r for r in answers}
-    missing = sorted(set(range(num_clients)) - set(by_pid))
+    by_client = {int(r.content["metrics"]["client-id"]): r for r in answers}
+    missing = sorted(set(range(num_clients)) - set(by_client))
     if missing:
-        raise UserError(f"partitions {missing} did not send their {asked} before training; "
+        raise UserError(f"clients {missing} did not send their {asked} before training; "
                         f"the method needs every client's: start a SuperNode for each of "
-                        f"the {num_clients} partitions (min-nodes = num-clients)")
+                        f"the {num_clients} clients (min-nodes = num-clients)"
+                        + (" with group=G in its node config" if asked == "group" else ""))
     if asked == "group":
-        return np.array([int(by_pid[p].content["metrics"]["group"])
-                         for p in range(num_clients)]), None
-    return None, [from_record(by_pid[p].content["subspace"])[0] for p in range(num_clients)]
+        return np.array([int(by_client[c].content["metrics"]["group"])
+                         for c in range(num_clients)]), None
+    return None, [from_record(by_client[c].content["subspace"])[0] for c in range(num_clients)]
+
+
+def _roster(grid: Grid, nodes: list[int], timeout: float
+            ) -> tuple[dict[int, int], dict[str, dict] | None]:
+    """Who the clients are: node id -> client id, and, when the nodes brought their own
+    data, client id -> the folder name and example counts they reported (``None`` for
+    partition ids). A node that cannot serve (its data is bad) is left out, its reason
+    printed."""
+    replies, failed = _send(grid, {n: RecordDict() for n in nodes}, MessageType.QUERY, "0",
+                            timeout)
+    if failed:
+        print(f"[cpcfl] left out: nodes {failed} (no roster reply)", flush=True)
+    said = {r.metadata.src_node_id: r.content["identity"] for r in replies}
+    if not said:
+        raise UserError("no node answered the roster query (their reasons are above)")
+    own = {n for n, m in said.items() if "name" in m}
+    if own and own != set(said):
+        raise UserError("some nodes have a partition-id and some a data-path: start every "
+                        "SuperNode the same way")
+    if not own:
+        return {n: int(m["partition-id"]) for n, m in said.items()}, None
+    names = sorted((str(m["name"]), n) for n, m in said.items())
+    repeated = sorted({a for (a, _), (b, _) in zip(names, names[1:]) if a == b})
+    if repeated:
+        raise UserError(f"several nodes have data folders named {', '.join(repeated)}: the "
+                        "clients are numbered by folder name, give each node its own")
+    client_of = {node: k for k, (_, node) in enumerate(names)}
+    data = {str(client_of[n]): {"name": str(m["name"]), "num_train": int(m["num-train"]),
+                                "num_test": int(m["num-test"])} for n, m in said.items()}
+    return client_of, dict(sorted(data.items(), key=lambda kv: int(kv[0])))
 
 
 class _Nodes:
     """The ServerApp's :class:`~cpcfl_tf.federated.algorithm.Federation`: one SuperNode per
     client, reached through the Grid. A node that fails a round is left out of it."""
 
-    def __init__(self, grid: Grid, partition_of: dict[int, int], num_clients: int,
+    def __init__(self, grid: Grid, client_of: dict[int, int], num_clients: int,
                  timeout: float, assigns: bool = False):
-        self.grid, self.partition_of, self.timeout = grid, partition_of, timeout
+        self.grid, self.client_of, self.timeout = grid, client_of, timeout
         self.num_clients, self.assigns = num_clients, assigns
 
     def train(self, models, plan: algorithm.RoundPlan) -> algorithm.Replies:
         online = set(self.grid.get_node_ids())  # a node the SuperLink lost is not asked
         row = {int(c): k for k, c in enumerate(plan.participants)}
         contents = {}
-        for node, pid in self.partition_of.items():
-            if node not in online or pid not in row:
+        for node, client in self.client_of.items():
+            if node not in online or client not in row:
                 continue
-            settings = {"round": plan.round, "attempt": plan.attempt}
+            settings = {"round": plan.round, "attempt": plan.attempt, "client-id": client,
+                        "num-clients": self.num_clients}
             if self.assigns:  # the node's own model only, and which one it is
-                cluster = int(plan.drawn[row[pid]])
+                cluster = int(plan.drawn[row[client]])
                 contents[node] = RecordDict({
                     "config": ConfigRecord({**settings, "cluster": cluster}),
                     model_key(cluster): to_record(models[cluster])})
@@ -123,14 +168,14 @@ class _Nodes:
                                 self.timeout)
         metrics = [r.content["metrics"] for r in replies]
         trained = [from_record(r.content["model"]) for r in replies]
-        asked = {self.partition_of[n] for n in contents}
+        asked = {self.client_of[n] for n in contents}
         return algorithm.Replies(
-            np.array([int(m["partition-id"]) for m in metrics], np.int64),
+            np.array([int(m["client-id"]) for m in metrics], np.int64),
             np.array([int(m["cluster-id"]) for m in metrics], np.int64),
             np.array([float(m["num-examples"]) for m in metrics]),
             [np.stack([w[i] for w in trained]) for i in range(len(trained[0]))] if trained
             else [],
-            sorted({self.partition_of[n] for n in failed} | (set(row) - asked)))
+            sorted({self.client_of[n] for n in failed} | (set(row) - asked)))
 
     def observe(self, models, assigned, replies, round_: int, *, planned=None) -> dict:
         return {"cluster_ids": assigned.tolist(), "replies": len(replies.clients),
@@ -139,39 +184,45 @@ class _Nodes:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    from cpcfl_tf.data.sources import get_spec
+    from cpcfl_tf.environment import run_environment
     from cpcfl_tf.federated.simulator import build_template, federated_record, initial_state
     from cpcfl_tf.federated.starting import StartingEncoders
-    from cpcfl_tf.experiment import run_environment
 
     settings = dict(context.run_config)
     config = run_config(settings)
-    fl = config.resolved().federated
+    classes = class_names(settings)
     timeout = float(settings.get("round-timeout", 300.0))
-    num_clients = config.partition.num_clients
-    wanted = int(settings.get("min-nodes", 0)) or num_clients
+    wanted = int(settings.get("min-nodes", 0)) or config.partition.num_clients
     if settings.get("out"):  # refuse an unwritable output before any work
         prepare_out_dir(Path(str(settings["out"])).parent,
                         fix="set the run config's out to a writable path")
     # The first nodes to connect say for how many partitions the nodes were started
     # (num-partitions; under the Simulation Engine its num-supernodes): refuse a mismatch
     # now rather than wait round-timeout for nodes that will never come.
-    _check_partitions(grid, _wait_for_nodes(grid, 1, timeout), num_clients, timeout)
-    nodes = _wait_for_nodes(grid, wanted, timeout)
-    roster, failed = _send(grid, {n: RecordDict() for n in nodes}, MessageType.QUERY, "0",
-                           timeout)
-    partition_of = {r.metadata.src_node_id: int(r.content["metrics"]["partition-id"])
-                    for r in roster}
-    print(f"[cpcfl] {len(partition_of)} nodes: partitions {sorted(partition_of.values())}",
-          flush=True)
+    _check_partitions(grid, _wait_for_nodes(grid, 1, timeout), config.partition.num_clients,
+                      timeout)
+    client_of, node_data = _roster(grid, _wait_for_nodes(grid, wanted, timeout), timeout)
+    if node_data is not None:
+        # The nodes' own data: the clients are the nodes that answered; the partition
+        # settings describe no draw (one group: the server knows none).
+        config = config.with_overrides(partition={"num_clients": len(client_of),
+                                                  "num_groups": 1})
+        print(f"[cpcfl] {len(client_of)} nodes with their own data: "
+              + ", ".join(f"{k} {d['name']} ({d['num_train']} + {d['num_test']} images)"
+                          for k, d in node_data.items()), flush=True)
+    else:
+        print(f"[cpcfl] {len(client_of)} nodes: partitions {sorted(client_of.values())}",
+              flush=True)
+    fl = config.resolved().federated
+    num_clients = config.partition.num_clients
 
-    groups, subspaces = _ask_first(grid, partition_of, METHODS[fl.method].asks_first,
+    groups, subspaces = _ask_first(grid, client_of, METHODS[fl.method].asks_first,
                                    num_clients, int((fl.options or {}).get("basis", 0)), timeout)
 
     # The server's own pre-training (its data, never the nodes').
     encoder_weights = StartingEncoders(verbose=0)(config)
     size = config.data.image_size
-    template = build_template(fl, (size, size, 3), get_spec(config.data.client_dataset).num_classes)
+    template = build_template(fl, (size, size, 3), len(classes))
 
     def start(attempt: int) -> algorithm.ServerState:
         return initial_state(fl, template, encoder_weights, seed=config.seed, attempt=attempt,
@@ -182,7 +233,7 @@ def main(grid: Grid, context: Context) -> None:
               f"{record['cluster_ids']}, {record['replies']} replies, "
               f"{len(record['failed_partitions'])} failed", flush=True)
 
-    federation = _Nodes(grid, partition_of, num_clients, timeout,
+    federation = _Nodes(grid, client_of, num_clients, timeout,
                         METHODS[fl.method].server_assigns)
     state, progress = algorithm.run_rounds(
         fl, config.seed, federation, start, on_round=after,
@@ -191,10 +242,11 @@ def main(grid: Grid, context: Context) -> None:
     assigned = np.array(progress.assigned, np.int64)
 
     # Each node scores its cluster's model on its own test data.
-    contents = {node: RecordDict({"model": to_record(state.models[assigned[pid]])})
-                for node, pid in partition_of.items() if assigned[pid] >= 0}
+    contents = {node: RecordDict({"model": to_record(state.models[assigned[client]]),
+                                  "config": ConfigRecord({"client-id": client})})
+                for node, client in client_of.items() if assigned[client] >= 0}
     scores, failed = _send(grid, contents, MessageType.EVALUATE, "evaluate", timeout)
-    accuracy = {int(r.content["metrics"]["partition-id"]): float(r.content["metrics"]["accuracy"])
+    accuracy = {int(r.content["metrics"]["client-id"]): float(r.content["metrics"]["accuracy"])
                 for r in scores}
     # The server never sees the clients' data: no class counts, no true groups, no ARI.
     record = dataclasses.replace(
@@ -202,7 +254,7 @@ def main(grid: Grid, context: Context) -> None:
                          float(np.mean(list(accuracy.values()))) if accuracy else None,
                          client_accuracy={str(k): v for k, v in sorted(accuracy.items())}),
         experiment="flower", environment=run_environment(encoder_weights),
-        nodes={str(n): p for n, p in partition_of.items()})
+        nodes={str(n): c for n, c in client_of.items()}, node_data=node_data)
     print(f"[cpcfl] final accuracy {record.final.accuracy}", flush=True)
     if settings.get("out"):
         write_record(settings["out"], record)

@@ -1,27 +1,20 @@
-"""Why the simulator's speed-up over a plain Keras loop depends on the machine, measured.
+"""What a simulator round's speed is made of, measured: the local step's convolution
+kernels against the CPU's float32 peak.
 
-One 60-client IFCA round of the CNN at 32 px (``benchmark_simulator.py``: N = 3, 50
-training and 50 test images per client, 3 local epochs) is timed under each setting that
-decides how TensorFlow runs it on a CPU: oneDNN kernels on (the kit's default) or off
-(TensorFlow's own default on CPUs without AVX512_VNNI/BF16/AMX), the sizes of its two
-thread pools, XLA for the local step, and the malloc under it (TCMalloc or jemalloc
-preloaded). TensorFlow reads these once, at start-up, so
-every variant is a fresh process. The plain per-client Keras loop is timed under the
-default, with oneDNN off and under each allocator. Beside them: the round's work in FLOPs and the machine's
-float32 peak (from its vector units and clock, and what one large matmul reaches), so
-every variant's GFLOP/s says how close a round comes to the peak.
+One 60-client round of the CNN at 32 px (``benchmark_simulator.py``: N = 3, 50 training
+and 50 test images per client, 3 local epochs) is mostly its local training step, and the
+step is its convolutions. This times each convolution's three kernels (forward, gradient
+of the filter, gradient of the input) for all clients at the round's two batch sizes,
+with their GFLOP/s beside the machine's peak (a large matmul, and cores x clock x lanes x
+FMA from ``/proc/cpuinfo``), and the step under two other layouts of the same arithmetic
+to show what a rewrite would gain: the last convolution (1x1 output) as one batched
+matmul, and every convolution as im2col + batched matmul. The kit uses neither: both
+change the last bits of every result. Settings that were timed and gave no gain (thread
+pools, malloc replacements, oneDNN off) are in docs/performance.md.
 
-``--parts kernels`` looks inside the local training step, in this process (the kit's
-default settings): each convolution's three kernels (forward, gradient of the filter,
-gradient of the input) for all clients at the round's two batch sizes, with their
-GFLOP/s, and the step under two other layouts of the same arithmetic, timed to show what
-a rewrite would gain: the last convolution (1x1 output, its kernel covers its input) as
-one batched matmul, and every convolution as im2col + batched matmul. Neither is used by
-the kit: both change the last bits of every result.
-
-Writes ``<cpu>.json`` per machine (a run replaces the parts it measured and keeps the
-others) and ``speed_study.md`` over every machine measured. Run it alone on the machine:
-anything sharing the cores slows some variants and not others.
+Writes ``<cpu>.json`` per machine (a run replaces that machine's) and ``speed_study.md``
+over every machine measured. Run it alone on the machine: anything sharing the cores
+slows some kernels and not others.
 """
 from __future__ import annotations
 
@@ -29,60 +22,18 @@ import dataclasses
 import json
 import os
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
-from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.experiment import cpu_model, environment, name_list, positive_int
+from cpcfl_tf.cli import positive_int
+from cpcfl_tf.environment import cpu_model, environment
+from cpcfl_tf.errors import run_cli
 from cpcfl_tf.report import markdown_table
 from cpcfl_tf.results import write_json
 from cpcfl_tf.script import Script
 
 SCRIPT = Script(__file__, __doc__, default_preset="standard", distribute=False, runs=False)
-BENCHMARK = Path(__file__).with_name("benchmark_simulator.py")
-
-VARIANTS: dict[str, tuple[str, dict[str, str], list[str]]] = {
-    # name: (what it is, environment, benchmark options)
-    "default": ("the kit's default: oneDNN on, TensorFlow's thread pools", {}, []),
-    "onednn-off": ("oneDNN off: TensorFlow's default on CPUs without AVX512_VNNI/BF16/AMX",
-                   {"TF_ENABLE_ONEDNN_OPTS": "0"}, []),
-    "threads-1x2": ("1 intra-op x 2 inter-op threads: clients' ops side by side",
-                    {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "2"}, []),
-    "threads-2x1": ("2 intra-op x 1 inter-op thread: one op at a time on both cores",
-                    {"TF_NUM_INTRAOP_THREADS": "2", "TF_NUM_INTEROP_THREADS": "1"}, []),
-    "xla": ("XLA-compiled local step (oneDNN on)", {}, ["--xla"]),
-    # Malloc replacements, preloaded: TensorFlow frees and allocates every op's output
-    # tensors; glibc's malloc returns large blocks to the system and faults them in again.
-    "tcmalloc": ("TCMalloc preloaded (libtcmalloc-minimal4)",
-                 {"LD_PRELOAD": "libtcmalloc_minimal.so.4"}, []),
-    "jemalloc": ("jemalloc preloaded (libjemalloc2)", {"LD_PRELOAD": "libjemalloc.so.2"}, []),
-    # glibc's malloc kept from giving memory back: no mmap per large block, no trimming,
-    # so a freed block is reused without munmap/mmap and page faults.
-    "glibc-keep": ("glibc's malloc without mmap or trimming (MALLOC_MMAP_MAX_=0, "
-                   "MALLOC_TRIM_THRESHOLD_=64 GiB)",
-                   {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(64 << 30)}, []),
-}
-BASELINE_VARIANTS = ("default", "onednn-off", "tcmalloc", "jemalloc", "glibc-keep")
-"""Where the plain Keras loop is timed as well (it is bound by Python and Keras' per-call
-work, so it should hardly move; an allocator speeds up both loops, so each is compared
-with its own as well)."""
-PACKAGES = {"libtcmalloc_minimal.so.4": "libtcmalloc-minimal4", "libjemalloc.so.2": "libjemalloc2"}
-
-
-def check_preloads(names: Sequence[str]) -> None:
-    """Every library a variant preloads must be installed: a missing one is silently
-    skipped by the loader, and the variant would time the default."""
-    from ctypes.util import find_library  # looks, does not load: jemalloc cannot be
-    # loaded after start-up (static TLS), only preloaded
-
-    for name in names:
-        library = VARIANTS[name][1].get("LD_PRELOAD")
-        if library is not None and find_library(library[3:].split(".so")[0]) != library:
-            raise UserError(f"variant {name} needs {library}: apt-get install -y "
-                            f"{PACKAGES[library]}")
 
 
 def theoretical_peak() -> dict:
@@ -272,45 +223,8 @@ def step_layouts(classifier, clients: int, batches: Sequence[int], repeats: int 
     return out
 
 
-def benchmark(name: str, clients: int, rounds: int, baseline_rounds: int, tmp: Path) -> dict:
-    """``benchmark_simulator.py`` in a fresh process under variant ``name``."""
-    _, env, options = VARIANTS[name]
-    out = tmp / name
-    command = [sys.executable, str(BENCHMARK), "--clients", str(clients), "--clusters", "3",
-               "--image-size", "32", "--rounds", str(rounds),
-               "--baseline-rounds", str(baseline_rounds), "--out", str(out), *options]
-    print(f"{name}: {' '.join(f'{k}={v}' for k, v in env.items())} "
-          f"benchmark_simulator.py {' '.join(command[2:])}", file=sys.stderr, flush=True)
-    proc = subprocess.run(command, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **env},
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise UserError(f"the {name} benchmark failed: "
-                        f"{(proc.stderr.strip().splitlines() or ['no output'])[-1]}")
-    (result,) = out.glob("*.json")
-    return json.loads(result.read_text())
-
-
 def machine_slug(cpu: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", cpu.lower()).strip("-")
-
-
-def variant_table(variants: dict) -> list[str]:
-    rows = []
-    for name, v in variants.items():
-        passes = v.get("pass_seconds_per_round", [v["seconds_per_round"]])
-        rows.append([name, v["about"], f"{v['seconds_per_round']:.2f}",
-                     " / ".join(f"{s:.2f}" for s in passes),
-                     f"{v['gflops']:.0f}", f"{100 * v['of_matmul_peak']:.0f} %",
-                     f"{v['baseline_seconds_per_round']:.0f}"
-                     if "baseline_seconds_per_round" in v else "",
-                     f"{v['speedup']:.1f}x" if "speedup" in v else "",
-                     f"{v['baseline_seconds_per_round'] / v['seconds_per_round']:.1f}x"
-                     if "baseline_seconds_per_round" in v else ""])
-    return markdown_table(["variant", "what", "s / round (median pass)", "passes",
-                           "GFLOP/s", "of matmul peak",
-                           "plain Keras s / round",
-                           "speed-up (against the default's plain loop)",
-                           "speed-up (against its own plain loop)"], rows)
 
 
 def kernel_tables(part: dict) -> list[str]:
@@ -331,7 +245,7 @@ def kernel_tables(part: dict) -> list[str]:
                 f"{v['max_relative_difference']:.1e}"] for name, v in part["layouts"].items()]
     summed = {b: sum(c[k]["ms"] for c in part["convolutions"] if str(c["batch"]) == b
                      for k in kinds if k in c) for b in batches}
-    return ["Inside the local step (`--parts kernels`, oneDNN "
+    return ["Inside the local step (oneDNN "
             f"{'on' if part['onednn'] else 'off'}, a large matmul at "
             f"{part['peak']['matmul_gflops']:.0f} GFLOP/s that day): each convolution's "
             "kernels for all clients, ms (GFLOP/s). The first layer's input gradient is "
@@ -347,9 +261,9 @@ def kernel_tables(part: dict) -> list[str]:
 
 
 def report(folder: Path) -> str:
-    """``speed_study.md``: one table per machine measured."""
-    lines = ["# Speed study: one IFCA round of the CNN at 32 px", "",
-             "Written by `python experiments/speed_study.py` from every `<cpu>.json` here.", ""]
+    """``speed_study.md``: one section per machine measured."""
+    lines = ["# Speed study: the local step of a 60-client round of the CNN at 32 px", "",
+             "Written by `python benchmarks/speed_study.py` from every `<cpu>.json` here.", ""]
     for path in sorted(folder.glob("*.json")):
         study = json.loads(path.read_text())
         peak, work = study["peak"], study["round_flops"]
@@ -363,113 +277,29 @@ def report(folder: Path) -> str:
                   f"{work['training'] / 1e9:.0f}, selection {work['selection'] / 1e9:.0f}, "
                   f"evaluation {work['evaluation'] / 1e9:.0f}; "
                   f"{work['forward_per_image'] / 1e6:.2f} MFLOP per image forward).", ""]
-        if "variants" in study:
-            lines += [*variant_table(study["variants"]), ""]
-        if "kernels" in study:
-            lines += kernel_tables(study["kernels"])
+        lines += kernel_tables(study["kernels"])
     return "\n".join(lines)
-
-
-PARTS = ("rounds", "kernels")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = SCRIPT.parser()
     parser.add_argument("--clients", type=positive_int, default=60)
-    parser.add_argument("--rounds", type=int, default=4,
-                        help="simulator rounds per variant; the first (tracing) is left out")
-    parser.add_argument("--baseline-rounds", type=int, default=2,
-                        help="rounds of the plain Keras loop where it is timed (0: skip it)")
-    parser.add_argument("--variants", type=name_list(list(VARIANTS)), default=list(VARIANTS),
-                        metavar="NAME[,NAME...]",
-                        help=f"which settings to time (default all: {','.join(VARIANTS)})")
-    parser.add_argument("--repeats", type=positive_int, default=1,
-                        help="passes over the variants, every other one in reverse order; "
-                             "each row is the median pass (default 1)")
-    parser.add_argument("--parts", type=name_list(PARTS), default=["rounds"],
-                        metavar="PART[,PART...]",
-                        help="rounds: a round under each variant (default); kernels: the "
-                             "local step's kernels and layouts, in this process")
-    args = parser.parse_args(argv)
-    if args.rounds < 2 or args.baseline_rounds < 0:
-        raise UserError("need --rounds >= 2 and --baseline-rounds >= 0")
-    if "rounds" in args.parts:
-        check_preloads(args.variants)
-    session = SCRIPT.session(args)
+    session = SCRIPT.session(parser.parse_args(argv))
     config, out = session.config, session.out
     path = out / f"{machine_slug(cpu_model())}.json"
-    # A run replaces the parts it measures and keeps the others of this machine.
-    study = json.loads(path.read_text()) if path.exists() else {}
     peak = {"theoretical": theoretical_peak(), "matmul_gflops": matmul_peak()}
-    if "rounds" in args.parts or not study:  # the machine as the rounds were timed
-        study.update({"experiment": "speed_study", "clients": args.clients, "clusters": 3,
-                      "image_size": 32, "round_flops": round_flops(config, args.clients),
-                      "peak": peak, "environment": environment()})
-    if "rounds" in args.parts:
-        study["variants"] = time_variants(args, study["round_flops"], peak)
-    if "kernels" in args.parts:
-        study["kernels"] = {**time_kernels(config, args.clients), "peak": peak,
-                            "environment": environment()}
+    study = {"experiment": "speed_study", "clients": session.args.clients, "image_size": config.data.image_size,
+             "round_flops": round_flops(config, session.args.clients), "peak": peak,
+             "kernels": {**time_kernels(config, session.args.clients), "peak": peak},
+             "environment": environment()}
     write_json(path, study)
     (out / "speed_study.md").write_text(report(out))
     print(f"wrote {path} and {out / 'speed_study.md'}", file=sys.stderr)
 
 
-def time_variants(args, work: dict, peak: dict) -> dict[str, dict]:
-    """One benchmark per variant and pass, each in a fresh process.
-
-    With ``--repeats`` R the variants run R times, every other pass in reverse order, and
-    each row gives the median pass: on a shared 2-core VM one process can be 10 % slower
-    than the next for no reason of its own, so a single pass ranks nothing.
-    """
-    passes: dict[str, list[dict]] = {name: [] for name in args.variants}
-    with tempfile.TemporaryDirectory() as tmp:
-        for r in range(args.repeats):
-            for name in (args.variants if r % 2 == 0 else args.variants[::-1]):
-                passes[name].append(benchmark(
-                    name, args.clients, args.rounds,
-                    args.baseline_rounds if name in BASELINE_VARIANTS else 0,
-                    Path(tmp) / f"pass{r + 1}"))
-    reference = passes.get("default", next(iter(passes.values())))
-    baseline = _median([run.get("baseline_seconds_per_round") for run in reference])
-    variants = {}
-    for name, runs in passes.items():
-        seconds = _median([run["seconds_per_round"] for run in runs])
-        last = runs[-1]
-        row = {"about": VARIANTS[name][0], "environment": VARIANTS[name][1],
-               "seconds_per_round": seconds,
-               "pass_seconds_per_round": [run["seconds_per_round"] for run in runs],
-               "simulator_round_seconds": [run["simulator_round_seconds"] for run in runs],
-               "gflops": work["total"] / seconds / 1e9,
-               "of_matmul_peak": work["total"] / seconds / 1e9 / peak["matmul_gflops"],
-               "onednn": last["environment"].get("onednn")}
-        if last.get("allocator"):
-            row["allocator"] = last["allocator"]  # what the child process really ran on
-        if last.get("malloc_settings"):
-            row["malloc_settings"] = last["malloc_settings"]  # as the child saw them
-        own = _median([run.get("baseline_seconds_per_round") for run in runs])
-        if own:
-            row.update(baseline_seconds_per_round=own,
-                       baseline_round_seconds=[run["baseline_round_seconds"] for run in runs])
-        if baseline:
-            row["speedup"] = baseline / seconds
-        variants[name] = row
-        print(f"{name}: {seconds:.2f} s per round, {row['gflops']:.0f} GFLOP/s"
-              + (f", {row['speedup']:.1f}x the plain Keras loop" if baseline else ""))
-    return variants
-
-
-def _median(values: Sequence[float | None]) -> float | None:
-    """The median of the values that are there (``None`` if none is)."""
-    import statistics
-
-    present = [v for v in values if v is not None]
-    return statistics.median(present) if present else None
-
-
 def time_kernels(config, clients: int) -> dict:
     """The ``kernels`` part: the local step's convolutions and layouts."""
-    from cpcfl_tf.experiment import onednn_enabled
+    from cpcfl_tf.environment import onednn_enabled
     from cpcfl_tf.federated.simulator import build_template
 
     fl = config.federated

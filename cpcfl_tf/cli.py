@@ -1,4 +1,5 @@
-"""What every experiment script shares: its command line, output folder and environment.
+"""The command line every experiment script shares: its options, how they become a
+validated config and a checked output folder, and small argparse types.
 
 :class:`cpcfl_tf.script.Script` builds each script's parser with :func:`experiment_parser`
 and resolves the preset and output folder with :func:`setup`; scripts run through
@@ -8,20 +9,20 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
-import platform
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from cpcfl_tf.config import PRESETS, Config, get_preset, parse_settings
+from cpcfl_tf.environment import set_determinism
 from cpcfl_tf.errors import ArgumentParser
-from cpcfl_tf.results import weights_fingerprint
 
 
-def experiment_parser(name: str, description: str, *, default_preset: str = "paper",
-                      distribute: bool = True, dry_run: bool = True) -> ArgumentParser:
-    """The options every experiment script takes (docs/run-record.md)."""
-    parser = ArgumentParser(prog=f"python experiments/{name}.py", description=description)
+def experiment_parser(name: str, description: str, *, folder: str = "experiments",
+                      default_preset: str = "paper", distribute: bool = True,
+                      dry_run: bool = True) -> ArgumentParser:
+    """The options every script of ``experiments/``, ``benchmarks/`` and ``tools/`` takes
+    (docs/experiments.md); ``folder`` is the script's, for its usage line."""
+    parser = ArgumentParser(prog=f"python {folder}/{name}.py", description=description)
     parser.add_argument("--preset", default=default_preset, choices=list(PRESETS),
                         help=f"paper: STL-10 on a GPU with internet; quick, standard: offline "
                              f"Fashion-MNIST on a CPU; smoke: seconds, for tests (default: "
@@ -126,130 +127,8 @@ def setup(args: argparse.Namespace, name: str) -> tuple[Config, Path]:
     return config, out
 
 
-_DETERMINISTIC_OPS = False
-
-
-def set_determinism(deterministic: bool, gpus: list | None = None) -> bool:
-    """Turn on TensorFlow's op determinism where it matters: on a GPU, several kernels
-    (reductions, convolution algorithms picked at run time) differ from run to run
-    otherwise. A CPU's kernels are deterministic already, and turning it on there could
-    change the last bits of results recorded without it, so it stays off. Returns
-    whether it is on (recorded in every result's ``environment``)."""
-    global _DETERMINISTIC_OPS
-    import tensorflow as tf
-
-    gpus = tf.config.list_physical_devices("GPU") if gpus is None else gpus
-    if deterministic and gpus and not _DETERMINISTIC_OPS:
-        tf.config.experimental.enable_op_determinism()
-        _DETERMINISTIC_OPS = True
-    return _DETERMINISTIC_OPS
-
-
-def environment() -> dict:
-    """Versions and device, for the ``environment`` field of every result file."""
-    import keras
-    import tensorflow as tf
-
-    gpus = tf.config.list_physical_devices("GPU")
-    if gpus:
-        details = tf.config.experimental.get_device_details(gpus[0])
-        device = f"gpu: {details.get('device_name', gpus[0].name)}"
-    else:
-        device = f"cpu: {os.cpu_count()} cores ({platform.processor() or platform.machine()})"
-    return {"tensorflow": tf.__version__, "keras": keras.__version__, "device": device,
-            "cpu": cpu_model(), "onednn": onednn_enabled(),
-            "python": platform.python_version(), "deterministic_ops": _DETERMINISTIC_OPS}
-
-
-def run_environment(encoder_weights) -> dict:
-    """The ``environment`` of a run record: :func:`environment` and the fingerprint of
-    the weights the run started from (``None`` for random init), so two runs can be
-    told to share a pre-training or not."""
-    return {**environment(), "starting_encoder": weights_fingerprint(encoder_weights)}
-
-
-def preloaded_allocator() -> str | None:
-    """``tcmalloc`` or ``jemalloc`` when one is mapped into this process (``LD_PRELOAD``),
-    ``None`` for glibc's malloc or where ``/proc`` cannot say."""
-    try:
-        maps = Path("/proc/self/maps").read_text()
-    except OSError:
-        return None
-    return next((name for name in ("tcmalloc", "jemalloc") if f"lib{name}" in maps), None)
-
-
-def onednn_enabled() -> bool | None:
-    """Whether TensorFlow runs its oneDNN CPU kernels (see ``cpcfl_tf/__init__.py``);
-    ``None`` where this TensorFlow cannot say."""
-    try:
-        from tensorflow.python.util import _pywrap_util_port
-    except ImportError:
-        return None
-    return bool(_pywrap_util_port.IsMklEnabled())
-
-
-def cpu_model() -> str:
-    """The CPU's model name and widest vector extension: float kernels (and so the last
-    bits of a run) differ between CPUs with and without AVX-512, so records say which."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or platform.machine()
-    name = next((line.split(":", 1)[1].strip() for line in info.splitlines()
-                 if line.startswith("model name")), platform.machine())
-    flags = next((set(line.split(":", 1)[1].split()) for line in info.splitlines()
-                  if line.startswith("flags")), set())
-    widest = next((f for f in ("avx512f", "avx2", "avx") if f in flags), "no avx")
-    return f"{name} ({widest})"
-
-
 def print_metrics(record: dict, keys: tuple[str, ...], digits: int = 4) -> None:
     """Print ``key: value`` lines for the keys ``record`` has (what benchmarks report)."""
     for key in keys:
         if key in record:
             print(f"{key}: {record[key]:.{digits}f}")
-
-
-@dataclasses.dataclass(frozen=True)
-class DatasetPair:
-    """Pre-training data -> client data, one column of the cross-dataset tables."""
-
-    key: str
-    label: str
-    paper: str
-    """The paper's pair this one stands for."""
-    related: bool
-    data: dict[str, Any] = dataclasses.field(default_factory=dict)
-    """Overrides of the preset's DataConfig."""
-    partition: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-
-def _clients_from(dataset: str, train: str = "train", test: str = "test") -> dict[str, str]:
-    return {"client_dataset": dataset, "client_train_split": train, "client_test_split": test}
-
-
-def dataset_pairs(config: Config) -> list[DatasetPair]:
-    """The pre-training -> client data pairs of tab:different_datasets for ``config``'s
-    preset. ``paper`` has the paper's four; offline presets map them onto what exists
-    here: a related pair (the preset's own) and an unrelated one (clothes -> digits)."""
-    if config.preset == "paper":
-        return [DatasetPair("stl10-stl10", "STL-10 -> STL-10", "STL-10 -> STL-10", True),
-                DatasetPair("stl10-cifar10", "STL-10 -> CIFAR-10", "STL-10 -> CIFAR-10", True,
-                            _clients_from("cifar10")),
-                DatasetPair("stl10-mnist", "STL-10 -> MNIST", "STL-10 -> MNIST", False,
-                            _clients_from("mnist")),
-                DatasetPair("emnist-mnist", "EMNIST -> MNIST", "EMNIST -> MNIST", True,
-                            {"pretrain_dataset": "emnist", "pretrain_split": "train",
-                             **_clients_from("mnist")})]
-    if config.preset == "smoke":
-        return [DatasetPair("digits-digits", "digits -> digits", "STL-10 -> STL-10", True),
-                DatasetPair("digits-fmnist", "digits -> Fashion-MNIST", "STL-10 -> MNIST",
-                            False, _clients_from("fashion_mnist_idx", "train[50000:]"))]
-    # digits has 1,297 training and 500 test images: at most 15 clients of 50 fit, with
-    # 20 local test images each (test_fraction 0.4).
-    return [DatasetPair("fmnist-fmnist", "Fashion-MNIST -> Fashion-MNIST", "STL-10 -> STL-10",
-                        True),
-            DatasetPair("fmnist-digits", "Fashion-MNIST -> digits", "STL-10 -> MNIST", False,
-                        _clients_from("digits"),
-                        {"num_clients": min(15, config.partition.num_clients),
-                         "test_fraction": 0.4})]

@@ -7,18 +7,24 @@ training loss and trains the whole model: the full cost of a CFL round). Ours is
 reproduction writes: per client, ``model.evaluate`` each of the N models, then
 ``model.compile`` (fresh Adam) and ``model.fit`` for 3 epochs, then ``model.evaluate``
 on the test data. Both report the mean over rounds after the first (tracing, warm-up).
+
+Writes one JSON per setting into ``--out`` and ``benchmark_simulator.md`` over every JSON
+under it (``--report-only`` rewrites that table and times nothing).
 """
 from __future__ import annotations
 
-import os
+import json
 import sys
 import time
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from cpcfl_tf.cli import positive_int, print_metrics
+from cpcfl_tf.environment import environment
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.experiment import environment, positive_int, preloaded_allocator, print_metrics
+from cpcfl_tf.report import markdown_table
 from cpcfl_tf.script import Script
 
 
@@ -59,6 +65,29 @@ SCRIPT = Script(__file__, __doc__, default_preset="standard", distribute=False,
                 runs=False)
 
 
+def report(folder: Path) -> str:
+    """``benchmark_simulator.md``: one row per JSON under ``folder``."""
+    rows = []
+    for path in sorted(folder.rglob("*.json")):
+        r = json.loads(path.read_text())
+        plain = r.get("baseline_seconds_per_round")
+        memory = r.get("peak_memory_mb")
+        rows.append([f"`{path.relative_to(folder)}`", r["environment"].get("cpu", "not recorded"),
+                     r["clients"], f"{r.get('participation', 1.0):g}",
+                     r.get("max_clients_per_step") or "all", "yes" if r.get("xla") else "no",
+                     f"{r['seconds_per_round']:.2f}", f"{plain:.1f}" if plain else "",
+                     f"{r['speedup']:.1f}x" if plain else "",
+                     f"{memory:,.0f}" if memory else ""])
+    return "\n".join([
+        "# One IFCA round of the CNN: the simulator against a plain Keras loop", "",
+        "Written by `python benchmarks/benchmark_simulator.py` from every JSON under this "
+        "folder; each row's CPU is the one it ran on. Rounds after the first, N = 3, 50 "
+        "training and 50 test images per client, 3 local epochs.", "",
+        *markdown_table(["file", "CPU", "clients", "participation", "clients per step",
+                         "XLA", "s / round", "plain Keras s / round", "speed-up",
+                         "peak memory (MB)"], rows), ""])
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = SCRIPT.parser()
     parser.add_argument("--clients", type=int, default=60)
@@ -75,6 +104,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                              "(the same as --set federated.jit_compile=true)")
     parser.add_argument("--max-clients-per-step", type=positive_int, default=None, metavar="N",
                         help="train at most N clients per step (bounds memory)")
+    parser.add_argument("--report-only", action="store_true",
+                        help="rewrite benchmark_simulator.md from the JSONs under --out")
     args = parser.parse_args(argv)
     if not 0 < args.participation <= 1:
         raise UserError(f"need 0 < --participation <= 1, got {args.participation}")
@@ -84,6 +115,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise UserError(f"--image-size must be at least 32, got {args.image_size}")
     session = SCRIPT.session(args)
     config, out = session.config, session.out
+    if args.report_only:
+        (out / "benchmark_simulator.md").write_text(report(out))
+        return
 
     from cpcfl_tf.federated.clients import ClientArrays, Clients
     from cpcfl_tf.federated.simulator import build_template, initial_pool, run_federated
@@ -111,11 +145,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     result = {"experiment": "benchmark_simulator", "clients": args.clients,
               "clusters": args.clusters, "image_size": args.image_size,
               "backend": args.backend, "seconds_per_round": float(ours[1:].mean()),
-              "simulator_round_seconds": ours.tolist(), "environment": environment(),
-              "allocator": preloaded_allocator()}
-    tuning = {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}
-    if tuning:  # glibc malloc settings (speed_study's glibc-keep): they change speed only
-        result["malloc_settings"] = tuning
+              "simulator_round_seconds": ours.tolist(), "environment": environment()}
     if run.federated.jit_compile:
         result["xla"] = True
     if args.participation != 1.0 or args.max_clients_per_step:
@@ -150,7 +180,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     path = write_json(out / f"c{args.clients}-n{args.clusters}-{args.image_size}px-"
                             f"{args.backend}{extra}.json",
                       result)
-    print(f"wrote {path}", file=sys.stderr)
+    (out / "benchmark_simulator.md").write_text(report(out))
+    print(f"wrote {path} and {out / 'benchmark_simulator.md'}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -12,10 +12,11 @@ import dataclasses
 import sys
 from typing import Sequence
 
+from cpcfl_tf.cli import print_metrics
 from cpcfl_tf.config import ENCODERS
-from cpcfl_tf.methods import PRETRAIN_METHODS
+from cpcfl_tf.environment import environment
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.experiment import environment, print_metrics
+from cpcfl_tf.methods import PRETRAIN_METHODS
 from cpcfl_tf.script import Script
 
 

@@ -35,7 +35,7 @@ def is_run_record(data) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = ArgumentParser(prog="python experiments/migrate_records.py",
+    parser = ArgumentParser(prog="python tools/migrate_records.py",
                             description=__doc__.split("\n\n")[0])
     parser.add_argument("folders", nargs="*", default=["results"],
                         help="folders to search for run records (default: results)")

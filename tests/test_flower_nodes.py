@@ -1,0 +1,136 @@
+"""Flower nodes that bring their own data (``data-path``): the folder format, the export
+tool, and a loopback federation of such nodes against the simulator on the same partition,
+with one node whose data is bad."""
+import os
+
+import numpy as np
+import pytest
+
+from cpcfl_tf.data.sources import list_node_folder, read_node_folder
+from cpcfl_tf.errors import UserError
+from helpers import script, simulated
+
+CLASSES = tuple(str(k) for k in range(10))
+
+
+def _touch(path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"")
+
+
+def test_a_node_folder_is_listed_in_file_order_with_the_runs_class_indices(tmp_path):
+    for split, files in (("train", [("7", "00002"), ("3", "00000"), ("7", "00001")]),
+                         ("test", [("3", "00000")])):
+        for label, name in files:
+            _touch(tmp_path / split / label / f"{name}.png")
+    listed = list_node_folder(tmp_path, CLASSES)
+    # by file name across classes (the partition's row order), labels by the run's names
+    assert [(p.split("/")[-1], k) for p, k in listed["train"]] == [
+        ("00000.png", 3), ("00001.png", 7), ("00002.png", 7)]
+    assert [k for _, k in listed["test"]] == [3]
+
+
+def test_a_node_folder_without_splits_is_split_by_a_seeded_draw(tmp_path):
+    for k in range(10):
+        _touch(tmp_path / str(k % 2) / f"{k:05d}.png")
+    listed = list_node_folder(tmp_path, CLASSES)
+    assert (len(listed["train"]), len(listed["test"])) == (8, 2)
+    assert listed == list_node_folder(tmp_path, CLASSES)  # the same draw every time
+    assert not set(listed["train"]) & set(listed["test"])
+
+
+def _unknown_class(root):
+    _touch(root / "train" / "cat" / "0.png")
+    _touch(root / "test" / "3" / "0.png")
+
+
+def _stray_image(root):
+    _touch(root / "0.png")
+
+
+def _no_training_images(root):
+    (root / "train" / "1").mkdir(parents=True)
+    _touch(root / "test" / "1" / "0.png")
+
+
+@pytest.mark.parametrize("make,message", [
+    (None, "no folder .*site \\(node config data-path\\)"),
+    (_unknown_class, "site/train/cat is a class the run does not know; its classes are 0, 1,"),
+    (_stray_image, "site/0.png is in no class subfolder"),
+    (_no_training_images, "has 0 training and 1 test images; a node needs at least one of each"),
+])
+def test_bad_node_data_is_refused_in_one_line(tmp_path, make, message):
+    root = tmp_path / "site"
+    if make is not None:
+        root.mkdir()
+        make(root)
+    with pytest.raises(UserError, match=message) as err:
+        list_node_folder(root, CLASSES)
+    assert "\n" not in str(err.value)
+
+
+def test_the_export_writes_each_clients_images_as_the_simulator_holds_them(tmp_path, capsys):
+    from cpcfl_tf.config import get_preset
+    from cpcfl_tf.federated.clients import clients_for
+
+    out = tmp_path / "clients"
+    script("export_partition").main(["--preset", "smoke", "--out", str(out),
+                                     "--set", "partition.num_clients=3"])
+    clients = clients_for(get_preset("smoke").with_overrides(partition={"num_clients": 3}))
+    folders = sorted(p for p in out.iterdir() if p.is_dir())
+    assert [p.name for p in folders] == ["client-000", "client-001", "client-002"]
+    for u, folder in enumerate(folders):
+        data = read_node_folder(list_node_folder(folder, CLASSES), 10, 32)
+        for split, arrays in (("train", clients.train), ("test", clients.test)):
+            np.testing.assert_array_equal(data[split].images, arrays.images[u])
+            np.testing.assert_array_equal(data[split].labels, arrays.labels[u])
+    assert (out / "partition.json").exists()
+    printed = capsys.readouterr().out
+    assert f"--node-config 'data-path=\"{folders[0].resolve()}\"'" in printed
+    with pytest.raises(UserError, match="is not empty"):
+        script("export_partition").main(["--preset", "smoke", "--out", str(out)])
+
+
+RUN = {"preset": "smoke", "method": "ifca", "pretraining": "none", "num-clusters": 2,
+       "num-clients": 3, "head-rounds": 0, "seed": 0}
+
+
+@pytest.mark.flower
+def test_nodes_with_their_own_data_run_the_simulators_rounds_and_a_bad_one_is_left_out(
+        tmp_path):
+    # The smoke partition exported as one folder per client; a SuperNode per folder, plus
+    # one whose folder holds a class the run does not know. The server learns the clients
+    # from the nodes (names and counts), leaves the bad node out with its reason, and the
+    # run is the simulator's on the same partition.
+    pytest.importorskip("flwr")
+    from cpcfl_tf.flower.loopback import Federation, wait_for_file
+
+    out = tmp_path / "clients"
+    script("export_partition").main(["--preset", "smoke", "--out", str(out),
+                                     "--set", "partition.num_clients=3"])
+    _touch(tmp_path / "zz-bad" / "train" / "cat" / "0.png")
+    _touch(tmp_path / "zz-bad" / "test" / "cat" / "0.png")
+    folders = [*sorted(p for p in out.iterdir() if p.is_dir()), tmp_path / "zz-bad"]
+    ids, accuracy, _, sim_final = simulated(RUN, 2, tmp_path / "sim")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    configs = [f'data-path="{p}"' for p in folders]
+    with Federation.start(configs, tmp_path / "federation", env=env) as federation:
+        federation.run({**RUN, "rounds": 2, "min-nodes": 4, "round-timeout": 120.0,
+                        "out": str(tmp_path / "result.json")})
+        record = wait_for_file(tmp_path / "result.json", federation, timeout=540)
+        bad_log = (federation.workdir / "supernode-3.log").read_text()
+    counts = [[len(list((p / split).rglob("*.png"))) for split in ("train", "test")]
+              for p in folders[:3]]
+    assert record["node_data"] == {str(k): {"name": p.name, "num_train": n, "num_test": m}
+                                   for k, (p, (n, m)) in enumerate(zip(folders, counts))}
+    assert sorted(record["nodes"].values()) == [0, 1, 2]
+    assert record["config"]["partition"]["num_clients"] == 3
+    assert [r["cluster_ids"] for r in record["rounds"]] == ids
+    final = record["final"]["client_accuracy"]
+    assert [final[str(k)] for k in range(3)] == pytest.approx(list(accuracy), abs=1e-6)
+    assert record["final"]["bytes_down"] == sim_final.bytes_down
+    # the bad node: one line in its own log per message it refused, no traceback
+    refused = [line for line in bad_log.splitlines() if "[cpcfl]" in line]
+    assert refused and all("node refused query: " in line and "zz-bad/train/cat is a class "
+                           "the run does not know" in line for line in refused)
+    assert "Traceback" not in bad_log
