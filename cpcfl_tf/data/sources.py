@@ -123,6 +123,17 @@ def tfds_spec(name: str) -> DatasetSpec:
     return DatasetSpec(name, "tfds", label.num_classes, splits, tfds_name=name)
 
 
+def _split_dirs(root: Path, what: str) -> dict[str, Path]:
+    """An image folder's split folders: ``train/`` and ``test/`` when it has both, else
+    the whole folder as ``all`` (to be split by a seeded draw)."""
+    if not root.is_dir():
+        raise UserError(f"no folder {root} {what}; give a folder with one subfolder of "
+                        "PNG/JPEG images per class")
+    if (root / "train").is_dir() and (root / "test").is_dir():
+        return {"train": root / "train", "test": root / "test"}
+    return {"all": root}
+
+
 @functools.lru_cache(maxsize=16)
 def folder_spec(path: str) -> DatasetSpec:
     """A folder of images with one subfolder per class (PNG/JPEG), as a dataset.
@@ -134,11 +145,7 @@ def folder_spec(path: str) -> DatasetSpec:
     client data. Only names are read here, no image.
     """
     root = Path(path).expanduser()
-    if not root.is_dir():
-        raise UserError(f"no folder {root} for {FOLDER}{path}; give a folder with one "
-                        "subfolder of PNG/JPEG images per class")
-    split_dirs = ({"train": root / "train", "test": root / "test"}
-                  if (root / "train").is_dir() and (root / "test").is_dir() else {"all": root})
+    split_dirs = _split_dirs(root, f"for {FOLDER}{path}")
     classes = sorted({d.name for folder in split_dirs.values() for d in folder.iterdir()
                       if d.is_dir()})
     listed = {}
@@ -187,11 +194,7 @@ def list_node_folder(path: str | os.PathLike, class_names: tuple[str, ...]
     trains an epoch's remainder.)
     """
     root = Path(path).expanduser()
-    if not root.is_dir():
-        raise UserError(f"no folder {root} (node config data-path); give a folder with one "
-                        "subfolder of PNG/JPEG images per class")
-    split_dirs = ({"train": root / "train", "test": root / "test"}
-                  if (root / "train").is_dir() and (root / "test").is_dir() else {"all": root})
+    split_dirs = _split_dirs(root, "(node config data-path)")
     index = {name: k for k, name in enumerate(class_names)}
     listed: dict[str, list[tuple[str, int]]] = {}
     for split, folder in split_dirs.items():
