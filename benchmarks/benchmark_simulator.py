@@ -74,18 +74,23 @@ def report(folder: Path) -> str:
         memory = r.get("peak_memory_mb")
         rows.append([f"`{path.relative_to(folder)}`", r["environment"].get("cpu", "not recorded"),
                      r["clients"], f"{r.get('participation', 1.0):g}",
-                     r.get("max_clients_per_step") or "all", "yes" if r.get("xla") else "no",
-                     f"{r['seconds_per_round']:.2f}", f"{plain:.1f}" if plain else "",
+                     r.get("max_clients_per_step") or "all", r.get("eval_every", 1),
+                     "yes" if r.get("xla") else "no", f"{r['seconds_per_round']:.2f}",
+                     (f"{r['cost_vs_reference']:.2f}x {r['reference_clients']} clients' "
+                      f"{r['reference_seconds_per_round']:.2f} s") if "cost_vs_reference" in r
+                     else "",
+                     f"{plain:.1f}" if plain else "",
                      f"{r['speedup']:.1f}x" if plain else "",
                      f"{memory:,.0f}" if memory else ""])
     return "\n".join([
         "# One IFCA round of the CNN: the simulator against a plain Keras loop", "",
         "Written by `python benchmarks/benchmark_simulator.py` from every JSON under this "
         "folder; each row's CPU is the one it ran on. Rounds after the first, N = 3, 50 "
-        "training and 50 test images per client, 3 local epochs.", "",
+        "training and 50 test images per client, 3 local epochs; *scored every*: rounds "
+        "between scoring every client on its test data (and the last round).", "",
         *markdown_table(["file", "CPU", "clients", "participation", "clients per step",
-                         "XLA", "s / round", "plain Keras s / round", "speed-up",
-                         "peak memory (MB)"], rows), ""])
+                         "scored every", "XLA", "s / round", "against a round of (same run)",
+                         "plain Keras s / round", "speed-up", "peak memory (MB)"], rows), ""])
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -104,6 +109,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                              "(the same as --set federated.jit_compile=true)")
     parser.add_argument("--max-clients-per-step", type=positive_int, default=None, metavar="N",
                         help="train at most N clients per step (bounds memory)")
+    parser.add_argument("--eval-every", type=positive_int, default=1,
+                        help="score every client every this many rounds and in the last "
+                             "(federated.eval_every; default 1)")
+    parser.add_argument("--reference-clients", type=positive_int, metavar="K",
+                        help="first time a round of K clients, all taking part and scored "
+                             "every round, in the same process: the record's "
+                             "cost_vs_reference is this run's round over that one")
     parser.add_argument("--report-only", action="store_true",
                         help="rewrite benchmark_simulator.md from the JSONs under --out")
     args = parser.parse_args(argv)
@@ -123,24 +135,35 @@ def main(argv: Sequence[str] | None = None) -> None:
     from cpcfl_tf.federated.simulator import build_template, initial_pool, run_federated
     from cpcfl_tf.results import write_json
 
-    rng = np.random.default_rng(args.seed)
-    shape = (args.clients, 50, args.image_size, args.image_size, 3)
-    data = [ClientArrays(rng.integers(0, 256, shape, np.uint8),
-                         rng.integers(0, 10, shape[:2])) for _ in range(2)]
-    clients = Clients(data[0], data[1], np.arange(args.clients) % 3, 10,
-                      [{"id": u} for u in range(args.clients)])
-    run = config.with_overrides(
-        data={"image_size": args.image_size},
-        federated={"method": "ifca", "pretraining": "none", "rounds": args.rounds,
-                   "head_rounds": 0, "num_clusters": args.clusters, "backend": args.backend,
-                   "restart_round": args.rounds + 1, "participation": args.participation,
-                   **({"jit_compile": True} if args.xla else {})})
-    stamps = [time.perf_counter()]
-    record, _ = run_federated(run, clients, verbose=0,
-                              on_round=lambda *_: stamps.append(time.perf_counter()),
-                              max_clients=args.max_clients_per_step)
-    ours = np.diff(stamps)
-    print(f"simulator rounds (s): {', '.join(f'{s:.2f}' for s in ours)}", file=sys.stderr)
+    def timed(clients_count: int, participation: float, eval_every: int):
+        """Seconds of each simulator round of ``clients_count`` random clients, and the
+        config and clients it ran."""
+        rng = np.random.default_rng(args.seed)
+        shape = (clients_count, 50, args.image_size, args.image_size, 3)
+        data = [ClientArrays(rng.integers(0, 256, shape, np.uint8),
+                             rng.integers(0, 10, shape[:2])) for _ in range(2)]
+        clients = Clients(data[0], data[1], np.arange(clients_count) % 3, 10,
+                          [{"id": u} for u in range(clients_count)])
+        run = config.with_overrides(
+            data={"image_size": args.image_size},
+            federated={"method": "ifca", "pretraining": "none", "rounds": args.rounds,
+                       "head_rounds": 0, "num_clusters": args.clusters,
+                       "backend": args.backend, "restart_round": args.rounds + 1,
+                       "participation": participation, "eval_every": eval_every,
+                       **({"jit_compile": True} if args.xla else {})})
+        stamps = [time.perf_counter()]
+        run_federated(run, clients, verbose=0,
+                      on_round=lambda *_: stamps.append(time.perf_counter()),
+                      max_clients=args.max_clients_per_step)
+        seconds = np.diff(stamps)
+        print(f"{clients_count} clients, rounds (s): {', '.join(f'{s:.2f}' for s in seconds)}",
+              file=sys.stderr)
+        return seconds, run, data, shape
+
+    reference = None
+    if args.reference_clients:  # first, so both share this process's warm-up
+        reference, *_ = timed(args.reference_clients, 1.0, 1)
+    ours, run, data, shape = timed(args.clients, args.participation, args.eval_every)
 
     result = {"experiment": "benchmark_simulator", "clients": args.clients,
               "clusters": args.clusters, "image_size": args.image_size,
@@ -148,6 +171,13 @@ def main(argv: Sequence[str] | None = None) -> None:
               "simulator_round_seconds": ours.tolist(), "environment": environment()}
     if run.federated.jit_compile:
         result["xla"] = True
+    if args.eval_every != 1:
+        result["eval_every"] = args.eval_every
+    if reference is not None:
+        result.update(reference_clients=args.reference_clients,
+                      reference_round_seconds=reference.tolist(),
+                      reference_seconds_per_round=float(reference[1:].mean()),
+                      cost_vs_reference=float(ours[1:].mean() / reference[1:].mean()))
     if args.participation != 1.0 or args.max_clients_per_step:
         import resource  # peak resident memory of this process so far (Linux: KiB)
 
@@ -172,10 +202,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         result.update(baseline_round_seconds=times,
                       baseline_seconds_per_round=float(np.mean(steady)),
                       speedup=float(np.mean(steady) / result["seconds_per_round"]))
-    print_metrics(result, ("seconds_per_round", "baseline_seconds_per_round", "speedup",
+    print_metrics(result, ("seconds_per_round", "reference_seconds_per_round",
+                           "cost_vs_reference", "baseline_seconds_per_round", "speedup",
                            "peak_memory_mb"), 3)
     extra = ("-xla" if run.federated.jit_compile else "") + (
         f"-p{args.participation:g}" if args.participation != 1.0 else "") + (
+        f"-e{args.eval_every}" if args.eval_every != 1 else "") + (
+        f"-vs{args.reference_clients}" if args.reference_clients else "") + (
         f"-k{args.max_clients_per_step}" if args.max_clients_per_step else "")
     path = write_json(out / f"c{args.clients}-n{args.clusters}-{args.image_size}px-"
                             f"{args.backend}{extra}.json",

@@ -191,6 +191,11 @@ class FederatedConfig:
     """IFCA: a cluster with fewer than this share of N-th of the clients has failed."""
     report_every: int = 25
     """F1/AUROC are computed every this many rounds and at the end (paper: 25/50/75/100)."""
+    eval_every: int = 1
+    """Every client is scored on its test data every this many rounds, at every
+    ``report_every`` round and at the end; the rounds between record no accuracy (null).
+    1, every round, is the paper's curve; with many clients taking part a few at a time,
+    scoring all of them is most of a round."""
     centralized_epochs: int | None = None
     """Epochs of the centralized baselines; None = rounds * local_epochs (the passes a
     client makes over its own data in a federated run)."""
@@ -222,7 +227,7 @@ class FederatedConfig:
         _positive("federated", num_clusters=self.num_clusters, rounds=self.rounds,
                   local_epochs=self.local_epochs, batch_size=self.batch_size,
                   learning_rate=self.learning_rate, participation=self.participation,
-                  report_every=self.report_every)
+                  report_every=self.report_every, eval_every=self.eval_every)
         _check(isinstance(self.head_rounds, int) and 0 <= self.head_rounds < self.rounds,
                f"federated.head_rounds (Tc) must be in [0, rounds={self.rounds}), "
                f"got {self.head_rounds}")
@@ -342,7 +347,7 @@ def with_defaults(section: str, stored: dict[str, Any]) -> dict[str, Any]:
 
 ADDED_FIELDS: dict[str, dict[str, Any]] = {
     "partition": {"kind": "groups", "alpha": 1.0},
-    "federated": {"jit_compile": False, "options": None},
+    "federated": {"jit_compile": False, "options": None, "eval_every": 1},
 }
 """Fields added after cache entries and checkpoints were first written, each with the
 value that runs as before it existed: :func:`without_added` leaves them out of cache keys
@@ -410,7 +415,7 @@ def _parse_value(field: str, kind: Any, text: str) -> Any:
         raise UserError(f"--set {field} takes {wanted}{none}, got {text!r}") from None
 
 
-UNSET_FIELDS: dict[str, dict[str, Any]] = {"federated": {"options": None}}
+UNSET_FIELDS: dict[str, dict[str, Any]] = {"federated": {"options": None, "eval_every": 1}}
 """Fields a run record leaves out while they are at this value (read back at their
 defaults): the records written before them stay as they were, byte for byte."""
 

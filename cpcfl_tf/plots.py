@@ -75,8 +75,9 @@ def plot_accuracy_curves(curves: dict[str, RunRecord], path: str | os.PathLike, 
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for label, record in curves.items():
-        rounds = [r.round for r in record.rounds]
-        ax.plot(rounds, [100 * r.accuracy for r in record.rounds], label=label, lw=1.4)
+        scored = [r for r in record.rounds if r.accuracy is not None]  # eval_every
+        ax.plot([r.round for r in scored], [100 * r.accuracy for r in scored], label=label,
+                lw=1.4)
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy (%)")
     ax.set_title(title)

@@ -165,7 +165,7 @@ class RunRecord:
 
     def best_accuracy(self) -> float:
         """The best mean client accuracy over the rounds."""
-        return max(r.accuracy for r in self.rounds)
+        return max(r.accuracy for r in self.rounds if r.accuracy is not None)
 
     def last_cluster_change(self) -> int:
         """The round after which no client changed its cluster again (1 if none did)."""

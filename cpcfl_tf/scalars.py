@@ -30,6 +30,8 @@ class ScalarLog:
         metadata.plugin_data.plugin_name = "scalars"  # what tensorboard's scalar() writes
         with self._writer.as_default(step=step):
             for name, value in values.items():
+                if value is None:  # a round without evaluation (federated.eval_every)
+                    continue
                 tf.summary.write(name, tf.constant(float(value), tf.float32),
                                  metadata=metadata)
         self._writer.flush()

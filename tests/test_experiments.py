@@ -91,7 +91,39 @@ def test_benchmark_simulator_runs_both_loops(tmp_path, capsys):
     record = json.loads((tmp_path / "c3-n3-32px-auto.json").read_text())
     assert len(record["simulator_round_seconds"]) == 2 and len(record["baseline_round_seconds"]) == 1
     table = (tmp_path / "benchmark_simulator.md").read_text()
-    assert f"| {record['seconds_per_round']:.2f} | {record['baseline_seconds_per_round']:.1f} |" in table
+    assert f"| {record['seconds_per_round']:.2f} |  | {record['baseline_seconds_per_round']:.1f} |" in table
+
+
+def test_benchmark_times_many_clients_against_a_reference_round_in_the_same_run(tmp_path):
+    script("benchmark_simulator").main([
+        "--out", str(tmp_path), "--clients", "4", "--participation", "0.5", "--eval-every", "2",
+        "--reference-clients", "2", "--rounds", "3", "--baseline-rounds", "0"])
+    record = json.loads((tmp_path / "c4-n3-32px-auto-p0.5-e2-vs2.json").read_text())
+    assert record["eval_every"] == 2 and record["reference_clients"] == 2
+    assert len(record["reference_round_seconds"]) == 3
+    assert record["cost_vs_reference"] == pytest.approx(
+        record["seconds_per_round"] / record["reference_seconds_per_round"])
+    assert "x 2 clients'" in (tmp_path / "benchmark_simulator.md").read_text()
+
+
+def test_flower_simulation_measures_every_process_of_a_run_and_tabulates_both_drivers(
+        tmp_path):
+    bench = script("flower_simulation")
+    # a run's processes are found by the mark they inherit: a child holding 300 MB counts
+    code = ("import subprocess, sys; subprocess.run([sys.executable, '-c', "
+            "'import time; b = bytearray(300 << 20); b[::4096] = b\"x\" * len(b[::4096]); "
+            "time.sleep(2)'])")
+    seconds, peak, status = bench.measured([sys.executable, "-c", code], dict(os.environ),
+                                           "t1", tmp_path / "log")
+    assert status == 0 and seconds >= 2 and 300 <= peak < 2000
+    sim = {"seconds_per_round": 1.0, "wall_seconds": 10.0, "peak_pss_mb": 900.0,
+           "cluster_ids": [[0, 1]]}
+    study = {"run": {"preset": "quick", "method": "ifca", "rounds": 3},
+             "runs": {"15": {"simulator": sim, "engine": {**sim, "seconds_per_round": 4.0}}},
+             "environment": {"cpu": "Some CPU (avx2)"}}
+    (tmp_path / "x.json").write_text(json.dumps(study))
+    assert "| Some CPU (avx2) | quick | 15 | ifca | 3 | 1.0 | 10 | 900 | 4.0 | 10 | 900 | yes |" \
+        in bench.report(tmp_path)
 
 
 @pytest.mark.parametrize("flag", [["--xla"], ["--set", "federated.jit_compile=true"]])

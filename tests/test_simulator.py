@@ -308,6 +308,30 @@ def test_the_same_seeds_give_the_same_run(clients, encoder):
     assert other != runs[0]
 
 
+def test_eval_every_thins_the_scoring_and_changes_nothing_else(clients, tmp_path):
+    # Scoring every client is most of a round with many clients taking part a few at a
+    # time; eval_every skips it between rounds, keeps the report rounds and the last.
+    every = config(method="ifca", pretraining="none", rounds=5, report_every=4,
+                   participation=1 / 3)
+    thinned = config(method="ifca", pretraining="none", rounds=5, report_every=4,
+                     participation=1 / 3, eval_every=3)
+    full, _ = run_federated(every, clients, verbose=0)
+    sparse, _ = run_federated(thinned, clients, verbose=0)
+    assert [r.round for r in sparse.rounds if r.accuracy is not None] == [3, 4, 5]
+    for a, b in zip(full.rounds, sparse.rounds):  # scoring never feeds back into training
+        assert a.cluster_ids == b.cluster_ids
+        if b.accuracy is not None:
+            assert (a.accuracy, a.scores) == (b.accuracy, b.scores)
+    assert sparse.final == full.final and sparse.best_accuracy() <= full.best_accuracy()
+    # the record leaves the field out at its default: earlier records stay byte for byte
+    from cpcfl_tf.config import config_json
+
+    assert "eval_every" not in config_json(every)["federated"]
+    assert config_json(thinned)["federated"]["eval_every"] == 3
+    with pytest.raises(UserError, match="eval_every"):
+        config(eval_every=0)
+
+
 def test_partial_participation_and_global_encoder(clients, encoder):
     record, state = run_federated(
         config(rounds=3, head_rounds=1, participation=1 / 3, global_encoder=True), clients,

@@ -285,7 +285,9 @@ def _evaluate(backend, models, assigned, clients: Clients, round_: int, fl: Fede
     """Accuracy on the clients' test data with their cluster's model; F1/AUROC at the
     reporting rounds. A client that has not taken part yet is scored with the model the
     server assigned it (``planned``), else the one it would choose (lowest loss on its
-    training data)."""
+    training data). Between ``eval_every`` rounds nobody is scored: no accuracy."""
+    if round_ % fl.eval_every and round_ % fl.report_every and round_ != fl.rounds:
+        return {"accuracy": None, "cluster_ids": assigned.tolist()}
     ids = assigned.copy()
     unseen = np.flatnonzero(ids < 0)
     if len(unseen) and planned is not None:
@@ -307,7 +309,8 @@ def _report(record: dict, fl: FederatedConfig, progress: algorithm.Progress) -> 
     counts = algorithm.cluster_sizes(record["cluster_ids"], fl.num_clusters)
     # Time of this process's rounds: a resumed run counts from its checkpoint's total.
     eta = progress.seconds / max(1, done) * (fl.rounds - done)
-    line = (f"  round {done}/{fl.rounds}: accuracy {record['accuracy']:.4f}, clusters "
+    accuracy = "-" if record["accuracy"] is None else f"{record['accuracy']:.4f}"
+    line = (f"  round {done}/{fl.rounds}: accuracy {accuracy}, clusters "
             f"{counts.tolist()}, {_clock(progress.seconds)} elapsed, ETA {_clock(eta)}")
     end = "\n" if done == fl.rounds or not sys.stdout.isatty() else "\r"
     print(line, end=end, flush=True)
