@@ -123,6 +123,48 @@ def one(settings: dict, driver: str, work: Path) -> dict:
             "cluster_ids": [r["cluster_ids"] for r in record["rounds"]]}
 
 
+def _memory_mb() -> float | None:
+    """This machine's memory (``MemTotal``), MB."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def _extrapolation(folder: Path) -> list[str]:
+    """Per CPU and driver: the least-squares line of peak memory against clients over
+    every run measured, and how many clients the machine's memory would hold at that
+    rate (an extrapolation, not a measurement)."""
+    by_cpu: dict[str, dict] = {}
+    for path in sorted(folder.glob("*.json")):
+        study = json.loads(path.read_text())
+        entry = by_cpu.setdefault(study["environment"]["cpu"], {"memory": None, "points": {}})
+        entry["memory"] = study.get("memory_mb") or entry["memory"]
+        for k, drivers in study["runs"].items():
+            for driver, r in drivers.items():
+                entry["points"].setdefault(driver, []).append((int(k), r["peak_pss_mb"]))
+    lines = []
+    for cpu, entry in by_cpu.items():
+        for driver, points in entry["points"].items():
+            ks = sorted({k for k, _ in points})
+            if len(ks) < 2:
+                continue
+            import numpy as np
+
+            slope, base = np.polyfit([k for k, _ in points], [m for _, m in points], 1)
+            line = (f"- {cpu}, {driver}: peak memory grows by about {slope:.0f} MB per client "
+                    f"over {ks[0]}-{ks[-1]} clients (from {base:,.0f} MB)")
+            if entry["memory"] and slope > 0:
+                line += (f"; at that rate this machine's {entry['memory'] / 1024:.0f} GiB "
+                         f"would hold about {(entry['memory'] - base) / slope:,.0f} clients "
+                         "(extrapolated, not run)")
+            lines.append(line + ".")
+    return lines
+
+
 def report(folder: Path) -> str:
     lines = ["# Flower's Simulation Engine against the simulator", "",
              "Written by `python benchmarks/flower_simulation.py` from every JSON here. "
@@ -132,20 +174,22 @@ def report(folder: Path) -> str:
     rows = []
     for path in sorted(folder.glob("*.json")):
         study = json.loads(path.read_text())
-        for k, drivers in study["runs"].items():
+        for k, drivers in sorted(study["runs"].items(), key=lambda kv: int(kv[0])):
             sim, eng = drivers["simulator"], drivers.get("engine")
             rows.append([study["environment"]["cpu"], study["run"]["preset"], k,
                          study["run"]["method"], study["run"]["rounds"],
+                         f"`{study['run']['set']}`" if study["run"].get("set") else "",
                          f"{sim['seconds_per_round']:.1f}", f"{sim['wall_seconds']:.0f}",
                          f"{sim['peak_pss_mb']:,.0f}",
                          *((f"{eng['seconds_per_round']:.1f}", f"{eng['wall_seconds']:.0f}",
                             f"{eng['peak_pss_mb']:,.0f}",
                             "yes" if eng["cluster_ids"] == sim["cluster_ids"] else "no")
                            if eng else ("", "", "", ""))])
-    lines += markdown_table(["CPU", "preset", "clients", "method", "rounds",
+    lines += markdown_table(["CPU", "preset", "clients", "method", "rounds", "--set",
                              "simulator s / round", "simulator wall s", "simulator peak MB",
                              "engine s / round", "engine wall s", "engine peak MB",
                              "same cluster ids"], rows)
+    lines += ["", *_extrapolation(folder)]
     return "\n".join(lines) + "\n"
 
 
@@ -182,10 +226,17 @@ def main(argv: Sequence[str] | None = None) -> None:
                 print(f"{k} clients, {d}: {r['seconds_per_round']:.1f} s per round, "
                       f"{r['wall_seconds']:.0f} s in all, peak {r['peak_pss_mb']:,.0f} MB",
                       flush=True)
-    slug = re.sub(r"[^a-z0-9]+", "-", cpu_model().lower()).strip("-")
-    path = write_json(session.out / f"{slug}-{args.method}-{args.pretraining}.json",
-                      {"experiment": "flower_simulation", "run": settings, "runs": runs,
-                       "environment": environment()})
+    # One file per machine and run settings; client counts measured earlier are kept.
+    slug = re.sub(r"[^a-z0-9]+", "-", " ".join(
+        [cpu_model(), args.method, args.pretraining, f"r{args.rounds}", *args.set]).lower())
+    path = session.out / f"{slug.strip('-')}.json"
+    if path.exists():
+        earlier = json.loads(path.read_text())
+        if earlier["run"] == settings:
+            runs = {**earlier["runs"], **runs}
+    path = write_json(path, {"experiment": "flower_simulation", "run": settings,
+                             "runs": dict(sorted(runs.items(), key=lambda kv: int(kv[0]))),
+                             "memory_mb": _memory_mb(), "environment": environment()})
     (session.out / "flower_simulation.md").write_text(report(session.out))
     print(f"wrote {path} and {session.out / 'flower_simulation.md'}", file=sys.stderr)
 

@@ -118,11 +118,11 @@ def test_flower_simulation_measures_every_process_of_a_run_and_tabulates_both_dr
     assert status == 0 and seconds >= 2 and 300 <= peak < 2000
     sim = {"seconds_per_round": 1.0, "wall_seconds": 10.0, "peak_pss_mb": 900.0,
            "cluster_ids": [[0, 1]]}
-    study = {"run": {"preset": "quick", "method": "ifca", "rounds": 3},
+    study = {"run": {"preset": "quick", "method": "ifca", "rounds": 3, "set": ""},
              "runs": {"15": {"simulator": sim, "engine": {**sim, "seconds_per_round": 4.0}}},
              "environment": {"cpu": "Some CPU (avx2)"}}
     (tmp_path / "x.json").write_text(json.dumps(study))
-    assert "| Some CPU (avx2) | quick | 15 | ifca | 3 | 1.0 | 10 | 900 | 4.0 | 10 | 900 | yes |" \
+    assert "| Some CPU (avx2) | quick | 15 | ifca | 3 |  | 1.0 | 10 | 900 | 4.0 | 10 | 900 | yes |" \
         in bench.report(tmp_path)
 
 

@@ -31,19 +31,21 @@ own data, default the class indices ``0,1,...`` of the run's client dataset)."""
 def run_config(values: Mapping[str, Any]) -> Config:
     """The run's :class:`Config` from Flower's run config (missing keys: :data:`DEFAULTS`)."""
     v = {**DEFAULTS, **dict(values)}
-    pretraining = v["pretraining"]
-    config = get_preset(str(v["preset"])).with_overrides(
-        seed=int(v["seed"]), partition={"num_clients": int(v["num-clients"])},
-        federated={"method": str(v["method"]), "pretraining": pretraining,
-                   "num_clusters": int(v["num-clusters"]), "rounds": int(v["rounds"]),
-                   "head_rounds": int(v["head-rounds"])})
     try:
         items = shlex.split(str(v["set"]))
     except ValueError as e:  # e.g. an unclosed quote
         raise UserError(f"run config set: {e}; write it as the shell would, e.g. "
                         "set=\"data.client_dataset='folder:/my images'\"") from None
     settings = parse_settings(items)
-    config = config.with_overrides(**settings) if settings else config
+    # One config from the named keys and `set` together (set wins), so that a setting
+    # the other depends on (e.g. partition.disjoint for many clients) is seen at once.
+    named = {"partition": {"num_clients": int(v["num-clients"])},
+             "federated": {"method": str(v["method"]), "pretraining": v["pretraining"],
+                           "num_clusters": int(v["num-clusters"]), "rounds": int(v["rounds"]),
+                           "head_rounds": int(v["head-rounds"])}}
+    for section, fields in settings.items():
+        named[section] = {**named.get(section, {}), **fields}
+    config = get_preset(str(v["preset"])).with_overrides(seed=int(v["seed"]), **named)
     fl = config.federated
     if not METHODS[fl.method].federated:
         raise UserError(f"method {fl.method!r} is a centralized baseline, not a federation; "
