@@ -25,6 +25,7 @@ import math
 import typing
 from typing import Any, Sequence
 
+from cpcfl_tf.compat import UNSET_FIELDS
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.methods import METHODS, PRETRAININGS
 
@@ -345,25 +346,6 @@ def with_defaults(section: str, stored: dict[str, Any]) -> dict[str, Any]:
     return filled
 
 
-ADDED_FIELDS: dict[str, dict[str, Any]] = {
-    "partition": {"kind": "groups", "alpha": 1.0},
-    "federated": {"jit_compile": False, "options": None, "eval_every": 1},
-}
-"""Fields added after cache entries and checkpoints were first written, each with the
-value that runs as before it existed: :func:`without_added` leaves them out of cache keys
-and checkpoint fingerprints at that value, so what was stored before them is found again.
-A new field whose default keeps runs as they were goes here."""
-
-
-def without_added(record: dict[str, Any]) -> dict[str, Any]:
-    """``record`` (a config as a dict, or some of its sections) without the
-    :data:`ADDED_FIELDS` at their defaults."""
-    def section(name: str, values: dict[str, Any]) -> dict[str, Any]:
-        added = ADDED_FIELDS.get(name, {})
-        return {k: v for k, v in values.items() if k not in added or v != added[k]}
-    return {k: section(k, v) if isinstance(v, dict) else v for k, v in record.items()}
-
-
 def parse_settings(items: Sequence[str]) -> dict[str, dict[str, Any]]:
     """``["federated.rounds=200", "partition.num_clients=120", ...]`` as overrides per
     section (for :meth:`Config.with_overrides`), each value parsed by its field's type:
@@ -415,14 +397,9 @@ def _parse_value(field: str, kind: Any, text: str) -> Any:
         raise UserError(f"--set {field} takes {wanted}{none}, got {text!r}") from None
 
 
-UNSET_FIELDS: dict[str, dict[str, Any]] = {"federated": {"options": None, "eval_every": 1}}
-"""Fields a run record leaves out while they are at this value (read back at their
-defaults): the records written before them stay as they were, byte for byte."""
-
-
 def config_json(config: Config) -> dict[str, Any]:
-    """``config`` as a run record writes it: every field, but :data:`UNSET_FIELDS` only
-    when set."""
+    """``config`` as a run record writes it: every field, but
+    :data:`cpcfl_tf.compat.UNSET_FIELDS` only when set."""
     record = dataclasses.asdict(config)
     for section, unset in UNSET_FIELDS.items():
         record[section] = {k: v for k, v in record[section].items()

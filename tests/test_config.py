@@ -132,7 +132,8 @@ def test_with_encoder_changes_both_and_follows_the_papers_resnet_settings():
 
 def test_keys_and_fingerprints_leave_out_added_fields_at_their_defaults():
     """A checkpoint or cache entry written before a field existed is found again."""
-    from cpcfl_tf.config import ADDED_FIELDS, SECTIONS, without_added
+    from cpcfl_tf.compat import ADDED_FIELDS, without_added
+    from cpcfl_tf.config import SECTIONS
 
     now = dataclasses.asdict(get_preset("smoke"))
     before = {k: ({f: x for f, x in v.items() if f not in ADDED_FIELDS.get(k, {})}

@@ -111,11 +111,11 @@ def test_nodes_with_their_own_data_run_the_simulators_rounds_and_a_bad_one_is_le
     _touch(tmp_path / "zz-bad" / "train" / "cat" / "0.png")
     _touch(tmp_path / "zz-bad" / "test" / "cat" / "0.png")
     folders = [*sorted(p for p in out.iterdir() if p.is_dir()), tmp_path / "zz-bad"]
-    ids, accuracy, _, sim_final = simulated(RUN, 2, tmp_path / "sim")
+    ids, accuracy, _, sim_final = simulated(RUN, 1, tmp_path / "sim")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     configs = [f'data-path="{p}"' for p in folders]
     with Federation.start(configs, tmp_path / "federation", env=env) as federation:
-        federation.run({**RUN, "rounds": 2, "min-nodes": 4, "round-timeout": 120.0,
+        federation.run({**RUN, "rounds": 1, "min-nodes": 4, "round-timeout": 120.0,
                         "out": str(tmp_path / "result.json")})
         record = wait_for_file(tmp_path / "result.json", federation, timeout=540)
         bad_log = (federation.workdir / "supernode-3.log").read_text()

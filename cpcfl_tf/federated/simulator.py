@@ -21,7 +21,8 @@ from typing import Callable
 import keras
 import numpy as np
 
-from cpcfl_tf.config import Config, FederatedConfig, without_added
+from cpcfl_tf.compat import without_added
+from cpcfl_tf.config import Config, FederatedConfig
 from cpcfl_tf.errors import DivergedError, UserError
 from cpcfl_tf.federated import algorithm
 from cpcfl_tf.federated.backends import (ClientMoments, LocalTraining, backend_of,

@@ -25,7 +25,8 @@ from typing import Callable
 
 import numpy as np
 
-from cpcfl_tf.config import Config, config_record, without_added
+from cpcfl_tf.compat import without_added
+from cpcfl_tf.config import Config, config_record
 from cpcfl_tf.federated.clients import Clients
 from cpcfl_tf.methods import FEDAVG_ENCODER_RUN, PRETRAIN_METHODS
 from cpcfl_tf.results import cache_root, read_weights, write_weights
