@@ -2,8 +2,9 @@
 
 Most tests run small tensors, where TensorFlow keeps one core busy, so one pytest
 process leaves the other core of a 2-core machine idle for most of the suite. This runs
-one pytest process per slow test file (and one for all the fast files), ``WORKERS`` at a
-time (default: the number of CPUs), slowest first so the last to finish are short. Every
+one pytest process per slow test file (one for the medium files, one for all the fast
+files), ``WORKERS`` at a time (default: the number of CPUs), slowest first so the last to
+finish are short. Every
 process gets its own ``--basetemp``, so its temporary files and encoder cache are its own
 and the tests need no change; ``python -m pytest -q`` runs the same tests in one process.
 
@@ -22,12 +23,17 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SLOW = ["test_flower.py", "test_scripts.py", "test_flower_nodes.py", "test_table2.py", "test_experiments.py",
-        "test_simulator.py", "test_reliability.py", "test_linear_eval.py", "test_contrastive.py",
-        "test_cli.py", "test_families.py", "test_mirrored.py", "test_results.py"]
-"""Slowest first (seconds in a one-process run, ``--durations``). The order only decides
-how well the processes fill the cores; a file missing here runs in a process of its own
-after these."""
+SLOW = ["test_flower.py", "test_scripts.py", "test_table2.py", "test_simulator.py",
+        "test_flower_nodes.py", "test_experiments.py", "test_linear_eval.py",
+        "test_reliability.py", "test_contrastive.py", "test_mirrored.py"]
+"""Slowest first (seconds in a one-process run, ``--durations``), one process each. The
+order only decides how well the processes fill the cores; a file missing from every list
+runs in a process of its own after these. (``test_mirrored.py`` must be alone: it sets
+TensorFlow's logical devices before anything else initialises them.)"""
+MEDIUM = ["test_families.py", "test_cli.py", "test_committed_tables.py", "test_results.py",
+          "test_claims.py", "test_parallel.py"]
+"""Files of 20-45 s each: one process for all, so TensorFlow is imported and the session
+fixtures built once rather than six times."""
 FAST = ["test_algorithm.py", "test_centralized.py", "test_config.py", "test_docs.py",
         "test_folder_source.py", "test_methods.py", "test_metrics.py",
         "test_layers.py", "test_models.py", "test_partition.py", "test_record_schema.py",
@@ -39,9 +45,11 @@ NOTHING_COLLECTED = 5  # pytest's exit status when -k leaves a process no test
 def jobs(folder: Path = HERE) -> list[list[str]]:
     """The test files, grouped into one list per pytest process, slowest first."""
     files = sorted(p.name for p in folder.glob("test_*.py"))
-    slow = [f for f in SLOW if f in files] + [f for f in files if f not in SLOW + FAST]
-    fast = [f for f in FAST if f in files]
-    return [[f] for f in slow] + ([fast] if fast else [])
+    slow = [f for f in SLOW if f in files]
+    alone = [f for f in files if f not in SLOW + MEDIUM + FAST]
+    medium, fast = ([f for f in group if f in files] for group in (MEDIUM, FAST))
+    return [[f] for f in slow] + ([medium] if medium else []) + [[f] for f in alone] \
+        + ([fast] if fast else [])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -56,27 +56,6 @@ def _simulated(rounds, out, dead=None, run=RUN):
 PACFL = {**RUN, "method": "pacfl", "pretraining": "none", "head-rounds": 0}
 
 
-def test_flower_runs_a_method_whose_server_assigns_as_the_simulator_does(tmp_path, federation):
-    # PACFL: before training every node sends its data subspace (a second query, the
-    # only one that loads data); the server clusters them and from then on sends each
-    # node its own cluster's model only. (Runs before the test that kills a SuperNode.)
-    ids, accuracy, _, sim_final = _simulated(1, tmp_path / "sim", run=PACFL)
-    federation.run({**PACFL, "rounds": 1, "round-timeout": 120.0,
-                    "out": str(tmp_path / "result.json")})
-    record = wait_for_file(tmp_path / "result.json", federation, timeout=540)
-    assert [r["cluster_ids"] for r in record["rounds"]] == ids
-    final = record["final"]["client_accuracy"]
-    assert [final[str(k)] for k in range(3)] == pytest.approx(list(accuracy), abs=1e-6)
-    from cpcfl_tf.methods import METHODS
-
-    basis = METHODS["pacfl"].options["basis"]
-    assert sim_final.bytes_other == 3 * 32 * 32 * 3 * basis * 4  # three clients' d x p float32
-    assert (record["final"]["bytes_down"], record["final"]["bytes_up"],
-            record["final"]["bytes_other"]) == (sim_final.bytes_down, sim_final.bytes_up,
-                                                sim_final.bytes_other)
-    assert sim_final.bytes_down == 1 * 3 * sim_final.model_bytes  # one model per node
-
-
 def test_flower_federation_runs_the_simulators_rounds_and_survives_a_killed_supernode(
         tmp_path, federation):
     # One run (each ClientApp message starts a Python process with TensorFlow: runs are
@@ -116,30 +95,46 @@ def test_flower_federation_runs_the_simulators_rounds_and_survives_a_killed_supe
     assert sim_final.bytes_down == 3 * 3 * RUN["num-clusters"] * sim_final.model_bytes
 
 
-IFCA = {**RUN, "method": "ifca", "pretraining": "none", "head-rounds": 0}
-
-
 def test_the_simulation_engine_runs_the_simulators_rounds(tmp_path, env):
     # `flwr run . local` with 3 virtual SuperNodes, as a Flower user runs it: one process
     # serves every partition (the ClientApp keeps one run's data and model, not one
-    # partition's), and the run is the simulator's.
+    # partition's), and the run is the simulator's. PACFL: before training every node
+    # sends its data subspace (a second query, the only one that loads data); the server
+    # clusters them and from then on sends each node its own cluster's model only. (The
+    # same ServerApp and ClientApp as on the Deployment Engine: only the transport differs.)
     pytest.importorskip("ray", reason='the Simulation Engine needs pip install -e ".[flower-sim]"')
     from cpcfl_tf.flower.loopback import simulate
+    from cpcfl_tf.methods import METHODS
 
-    ids, accuracy, _, sim_final = _simulated(1, tmp_path / "sim", run=IFCA)
-    record = simulate({**IFCA, "rounds": 1, "out": str(tmp_path / "out" / "result.json")}, 3,
+    ids, accuracy, _, sim_final = _simulated(1, tmp_path / "sim", run=PACFL)
+    record = simulate({**PACFL, "rounds": 1, "out": str(tmp_path / "out" / "result.json")}, 3,
                       tmp_path / "engine", env=env)
     assert [r["cluster_ids"] for r in record["rounds"]] == ids
     final = record["final"]["client_accuracy"]
     assert [final[str(k)] for k in range(3)] == pytest.approx(list(accuracy), abs=1e-6)
-    assert record["final"]["bytes_down"] == sim_final.bytes_down
-    # four virtual SuperNodes for a run of three clients: refused in one line, no record
-    with pytest.raises(Exception, match="wrote no result"):
-        simulate({**IFCA, "rounds": 1, "out": str(tmp_path / "bad" / "result.json")}, 4,
-                 tmp_path / "engine-bad", env=env)
-    log = (tmp_path / "engine-bad" / "flwr-run.log").read_text()
-    assert ("the nodes were started for 4 partitions (node config num-partitions; under the "
-            "Simulation Engine num-supernodes) but the run has num-clients=3") in log
+    basis = METHODS["pacfl"].options["basis"]
+    assert sim_final.bytes_other == 3 * 32 * 32 * 3 * basis * 4  # three clients' d x p float32
+    assert (record["final"]["bytes_down"], record["final"]["bytes_up"],
+            record["final"]["bytes_other"]) == (sim_final.bytes_down, sim_final.bytes_up,
+                                                sim_final.bytes_other)
+    assert sim_final.bytes_down == 1 * 3 * sim_final.model_bytes  # one model per node
+
+
+def test_the_server_refuses_nodes_started_for_another_number_of_partitions(monkeypatch):
+    # Under the Simulation Engine a node's config carries num-partitions = num-supernodes
+    # (Flower's contract; the engine run above reads partition-id from the same config).
+    from types import SimpleNamespace
+
+    from cpcfl_tf.errors import UserError
+    from cpcfl_tf.flower import server_app
+
+    said = [SimpleNamespace(content={"identity": {"partition-id": 0, "num-partitions": 4}})]
+    monkeypatch.setattr(server_app, "_send", lambda *args: (said, []))
+    with pytest.raises(UserError, match="the nodes were started for 4 partitions \\(node config "
+                       "num-partitions; under the Simulation Engine num-supernodes\\) but the "
+                       "run has num-clients=3"):
+        server_app._check_partitions(None, [1], 3, 1.0)
+    server_app._check_partitions(None, [1], 4, 1.0)  # the same number: no complaint
 
 
 def test_a_node_answers_what_its_method_asks_first():
