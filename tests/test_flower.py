@@ -276,3 +276,16 @@ def test_the_repository_root_is_the_flower_app_and_its_bundle_carries_the_kit(tm
     kit = {str(p.relative_to(root)) for p in (root / "cpcfl_tf").rglob("*.py")}
     assert kit <= set(names)
     assert set(names) - kit <= {"pyproject.toml", ".info/CONTENT"}
+
+
+def test_the_apps_run_config_defaults_are_the_servers():
+    # `flwr run --run-config` overrides what pyproject.toml declares; every key the
+    # ServerApp and ClientApp read must be declared there, with the same default.
+    import tomllib
+    from pathlib import Path
+
+    from cpcfl_tf.flower.common import DEFAULTS
+
+    root = Path(__file__).resolve().parents[1]
+    declared = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    assert declared == DEFAULTS
