@@ -19,9 +19,11 @@ from cpcfl_tf.errors import ArgumentParser
 
 def experiment_parser(name: str, description: str, *, folder: str = "experiments",
                       default_preset: str = "paper", distribute: bool = True,
-                      dry_run: bool = True) -> ArgumentParser:
+                      runs: bool = True) -> ArgumentParser:
     """The options every script of ``experiments/``, ``benchmarks/`` and ``tools/`` takes
-    (docs/experiments.md); ``folder`` is the script's, for its usage line."""
+    (docs/experiments.md); ``folder`` is the script's, for its usage line. ``runs``: the
+    script is made of runs, so it also takes what plans and shapes runs (``--dry-run``,
+    ``--max-clients-per-step``, ``--tensorboard``); measurements leave them out."""
     parser = ArgumentParser(prog=f"python {folder}/{name}.py", description=description)
     parser.add_argument("--preset", default=default_preset, choices=list(PRESETS),
                         help=f"paper: STL-10 on a GPU with internet; quick, standard: offline "
@@ -37,12 +39,11 @@ def experiment_parser(name: str, description: str, *, folder: str = "experiments
         parser.add_argument("--distribute", default="default", choices=["default", "mirrored"],
                             help="pre-training on one device (default) or split over all "
                                  "GPUs with tf.distribute.MirroredStrategy (mirrored)")
-    if dry_run:  # scripts made of runs; measurements have nothing to plan
+    if runs:
         parser.add_argument("--dry-run", action="store_true",
                             help="print the settings that differ from the preset and what each "
                                  "run would do (done, to resume, to run; encoders cached or to "
                                  "pre-train), touching nothing")
-    if dry_run:
         parser.add_argument("--max-clients-per-step", type=positive_int, metavar="N",
                             help="train at most N clients in one step: bounds memory when "
                                  "there are many clients; results are the same")

@@ -51,7 +51,7 @@ class Script:
         parser = experiment_parser(self.name, self.doc.split("\n\n")[0],
                                    folder=Path(self.file).parent.name,
                                    default_preset=self.default_preset,
-                                   distribute=self.distribute, dry_run=self.runs)
+                                   distribute=self.distribute, runs=self.runs)
         if self.methods:
             parser.add_argument("--methods", type=name_list(self.methods),
                                 default=list(self.methods), metavar="NAME[,NAME...]",
