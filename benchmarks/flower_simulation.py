@@ -91,7 +91,7 @@ write_record(sys.argv[3], record)
 
 def one(settings: dict, driver: str, work: Path) -> dict:
     """One run of ``settings`` under ``driver`` (simulator | engine), measured."""
-    from cpcfl_tf.flower.loopback import APP_DIR, _command, _stop_local_superlink, run_config_line
+    from cpcfl_tf.flower.loopback import simulation_command, stop_local_superlink
 
     out = work / driver / "result.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -101,19 +101,14 @@ def one(settings: dict, driver: str, work: Path) -> dict:
         command = [sys.executable, "-c", SIMULATOR, json.dumps(settings), str(work / driver),
                    str(out)]
     else:
-        home = work / driver / "flwr-home"
-        home.mkdir(parents=True, exist_ok=True)
-        (home / "config.toml").write_text(
-            '[superlink]\ndefault = "local"\n\n[superlink.local]\n'
-            f"options.num-supernodes = {int(settings['num-clients'])}\n")
-        env.update(FLWR_HOME=str(home), FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
-        command = [_command("flwr"), "run", str(APP_DIR), "local", "--run-config",
-                   run_config_line({**settings, "out": str(out)}), "--stream"]
+        command, env = simulation_command({**settings, "out": str(out)},
+                                          int(settings["num-clients"]),
+                                          work / driver / "flwr-home", env=env)
     try:
         seconds, peak, status = measured(command, env, token, work / driver / "run.log")
     finally:
         if driver == "engine":
-            _stop_local_superlink(work / driver / "flwr-home")
+            stop_local_superlink(work / driver / "flwr-home")
     if status != 0 or not out.exists():
         tail = (work / driver / "run.log").read_text(errors="replace").strip().splitlines()[-1:]
         raise UserError(f"the {driver} run with {settings['num-clients']} clients failed: {tail}")

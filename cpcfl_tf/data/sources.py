@@ -134,6 +134,14 @@ def _split_dirs(root: Path, what: str) -> dict[str, Path]:
     return {"all": root}
 
 
+def _seeded_split(count: int) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of a folder without ``train/`` and ``test/``: a seeded draw, the same on
+    every machine, :data:`FOLDER_TEST_SHARE` of them for testing (train rows, test rows)."""
+    order = np.random.default_rng(0).permutation(count)
+    cut = count - int(round(FOLDER_TEST_SHARE * count))
+    return order[:cut], order[cut:]
+
+
 @functools.lru_cache(maxsize=16)
 def folder_spec(path: str) -> DatasetSpec:
     """A folder of images with one subfolder per class (PNG/JPEG), as a dataset.
@@ -158,12 +166,10 @@ def folder_spec(path: str) -> DatasetSpec:
                 files += [(str(f), k) for f in sorted(sub.iterdir())
                           if f.suffix.lower() in IMAGE_SUFFIXES]
         listed[split] = files
-    if "all" in listed:  # a seeded split, the same on every machine
+    if "all" in listed:
         files = listed.pop("all")
-        order = np.random.default_rng(0).permutation(len(files))
-        cut = len(files) - int(round(FOLDER_TEST_SHARE * len(files)))
-        listed = {"train": [files[i] for i in order[:cut]],
-                  "test": [files[i] for i in order[cut:]]}
+        train, test = _seeded_split(len(files))
+        listed = {"train": [files[i] for i in train], "test": [files[i] for i in test]}
     if not any(listed.values()):
         raise UserError(f"{root} holds no PNG or JPEG images")
     return DatasetSpec(f"{FOLDER}{path}", "folder", len(classes),
@@ -211,12 +217,11 @@ def list_node_folder(path: str | os.PathLike, class_names: tuple[str, ...]
                       if f.suffix.lower() in IMAGE_SUFFIXES]
         files.sort(key=lambda item: (item[0].name, item[1]))
         listed[split] = [(str(f), k) for f, k in files]
-    if "all" in listed:  # a seeded split, the same on every machine
+    if "all" in listed:
         files = listed.pop("all")
-        order = np.random.default_rng(0).permutation(len(files))
-        cut = len(files) - int(round(FOLDER_TEST_SHARE * len(files)))
-        listed = {"train": [files[i] for i in sorted(order[:cut])],
-                  "test": [files[i] for i in sorted(order[cut:])]}
+        train, test = _seeded_split(len(files))  # kept in file order
+        listed = {"train": [files[i] for i in sorted(train)],
+                  "test": [files[i] for i in sorted(test)]}
     if not listed["train"] or not listed["test"]:
         raise UserError(f"{root} has {len(listed['train'])} training and "
                         f"{len(listed['test'])} test images; a node needs at least one of "

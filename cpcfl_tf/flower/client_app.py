@@ -54,10 +54,9 @@ def _backend(run_items: tuple):
     from cpcfl_tf.federated.simulator import build_template
 
     config = run_config(dict(run_items))
-    size = config.data.image_size
-    template = build_template(config.resolved().federated, (size, size, 3),
-                              len(class_names(dict(run_items))))
-    return config, backend_of(template, config.resolved().federated)
+    fl, size = config.resolved().federated, config.data.image_size
+    template = build_template(fl, (size, size, 3), len(class_names(dict(run_items))))
+    return config, backend_of(template, fl)
 
 
 @functools.lru_cache(maxsize=1)
@@ -86,7 +85,7 @@ def _own(run_items: tuple, path: str):
                  for s in ("train", "test"))
 
 
-def _node(context: Context, client: int | None = None):
+def _node(context: Context):
     """Config, this node's (train, test) data, the backend and its true group (``None``
     when the node brought its own data and no ``group`` in its node config)."""
     run_items = tuple(sorted(context.run_config.items()))
@@ -133,8 +132,8 @@ def _identity(context: Context) -> dict:
                 "num-test": len(listed["test"])}
     if "partition-id" not in context.node_config:
         raise UserError("the node config has neither partition-id nor data-path; start the "
-                        "SuperNode with --node-config \"data-path=DIR\" (its own images) or "
-                        "\"partition-id=K num-partitions=N\"")
+                        "SuperNode with --node-config 'data-path=\"DIR\"' (its own images) "
+                        "or \"partition-id=K num-partitions=N\"")
     partition_id = int(context.node_config["partition-id"])
     _checked(run_items, partition_id)
     declared = context.node_config.get("num-partitions")  # what the node was started for

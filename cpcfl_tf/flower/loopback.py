@@ -162,35 +162,42 @@ def wait_for_file(path: Path, federation: Federation, timeout: float) -> dict:
                     f"{federation.workdir}")
 
 
-def simulate(run_config: dict[str, Any], supernodes: int, workdir: str | Path, *,
-             env: dict[str, str] | None = None, timeout: float = 900.0) -> dict:
-    """One run under Flower's Simulation Engine (``flwr run . local`` with
-    ``options.num-supernodes``), the way a Flower user starts one; returns the run record
-    (``run_config["out"]``). The kit's dependencies are the ones installed here, so the
-    managed local SuperLink runs without Flower's per-run dependency installation; it is
-    stopped at the end."""
-    workdir = Path(workdir).resolve()
-    home = workdir / "flwr-home"
+def simulation_command(run_config: dict[str, Any], supernodes: int, home: Path, *,
+                       env: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """``flwr run . local`` for one run of ``supernodes`` virtual SuperNodes under Flower's
+    Simulation Engine, the way a Flower user starts one, and the environment to run it in:
+    the Flower home ``home``, whose local connection sets ``options.num-supernodes``, and
+    the kit's dependencies as installed here (no per-run dependency installation). The
+    managed local SuperLink it starts outlives the command: :func:`stop_local_superlink`."""
     home.mkdir(parents=True, exist_ok=True)
     (home / "config.toml").write_text(
         '[superlink]\ndefault = "local"\n\n[superlink.local]\n'
         f"options.num-supernodes = {int(supernodes)}\n")
     env = dict(os.environ if env is None else env, FLWR_HOME=str(home), PYTHONUNBUFFERED="1",
                FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
+    return [_command("flwr"), "run", str(APP_DIR), "local", "--run-config",
+            run_config_line(run_config), "--stream"], env
+
+
+def simulate(run_config: dict[str, Any], supernodes: int, workdir: str | Path, *,
+             env: dict[str, str] | None = None, timeout: float = 900.0) -> dict:
+    """One run under the Simulation Engine (:func:`simulation_command`); returns the run
+    record (``run_config["out"]``). The local SuperLink is stopped at the end."""
+    workdir = Path(workdir).resolve()
+    home = workdir / "flwr-home"
+    command, env = simulation_command(run_config, supernodes, home, env=env)
     out = Path(run_config["out"])
     try:
-        proc = subprocess.run([_command("flwr"), "run", str(APP_DIR), "local", "--run-config",
-                               run_config_line(run_config), "--stream"], capture_output=True,
-                              text=True, env=env, timeout=timeout)
+        proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
         (workdir / "flwr-run.log").write_text(proc.stdout + proc.stderr)
     finally:
-        _stop_local_superlink(home)
+        stop_local_superlink(home)
     if not out.exists():
         raise UserError(f"the simulation wrote no result; its log: {workdir / 'flwr-run.log'}")
     return json.loads(out.read_text())
 
 
-def _stop_local_superlink(home: Path) -> None:
+def stop_local_superlink(home: Path) -> None:
     """Kill the SuperLink ``flwr run`` started for ``home`` (it outlives the command)."""
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():

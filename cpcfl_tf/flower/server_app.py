@@ -129,10 +129,10 @@ def _roster(grid: Grid, nodes: list[int], timeout: float
     if repeated:
         raise UserError(f"several nodes have data folders named {', '.join(repeated)}: the "
                         "clients are numbered by folder name, give each node its own")
-    client_of = {node: k for k, (_, node) in enumerate(names)}
-    data = {str(client_of[n]): {"name": str(m["name"]), "num_train": int(m["num-train"]),
-                                "num_test": int(m["num-test"])} for n, m in said.items()}
-    return client_of, dict(sorted(data.items(), key=lambda kv: int(kv[0])))
+    return ({node: k for k, (_, node) in enumerate(names)},
+            {str(k): {"name": name, "num_train": int(said[node]["num-train"]),
+                      "num_test": int(said[node]["num-test"])}
+             for k, (name, node) in enumerate(names)})
 
 
 class _Nodes:
