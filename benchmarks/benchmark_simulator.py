@@ -75,6 +75,7 @@ def report(folder: Path) -> str:
         rows.append([f"`{path.relative_to(folder)}`", r["environment"].get("cpu", "not recorded"),
                      r["clients"], f"{r.get('participation', 1.0):g}",
                      r.get("max_clients_per_step") or "all", r.get("eval_every", 1),
+                     len(r["simulator_round_seconds"]),
                      "yes" if r.get("xla") else "no", f"{r['seconds_per_round']:.2f}",
                      (f"{r['cost_vs_reference']:.2f}x {r['reference_clients']} clients' "
                       f"{r['reference_seconds_per_round']:.2f} s") if "cost_vs_reference" in r
@@ -87,9 +88,11 @@ def report(folder: Path) -> str:
         "Written by `python benchmarks/benchmark_simulator.py` from every JSON under this "
         "folder; each row's CPU is the one it ran on. Rounds after the first, N = 3, 50 "
         "training and 50 test images per client, 3 local epochs; *scored every*: rounds "
-        "between scoring every client on its test data (and the last round).", "",
+        "between scoring every client on its test data (`federated.eval_every`; the rounds "
+        "a report reads are scored too: the quarters of the run, every 25th, the last); "
+        "*rounds*: the run's length.", "",
         *markdown_table(["file", "CPU", "clients", "participation", "clients per step",
-                         "scored every", "XLA", "s / round", "against a round of (same run)",
+                         "scored every", "rounds", "XLA", "s / round", "against a round of (same run)",
                          "plain Keras s / round", "speed-up", "peak memory (MB)"], rows), ""])
 
 
@@ -99,6 +102,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--clusters", type=int, default=3)
     parser.add_argument("--image-size", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3, help="rounds of the simulator")
+    parser.add_argument("--reference-rounds", type=int,
+                        help="rounds of the --reference-clients run (default --rounds)")
     parser.add_argument("--baseline-rounds", type=int, default=2,
                         help="rounds of the plain Keras loop (0: skip it)")
     parser.add_argument("--backend", default="auto", choices=["auto", "stacked", "keras"])
@@ -121,8 +126,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if not 0 < args.participation <= 1:
         raise UserError(f"need 0 < --participation <= 1, got {args.participation}")
-    if args.clients < 1 or args.clusters < 1 or args.rounds < 2 or args.baseline_rounds < 0:
-        raise UserError("need --clients >= 1, --clusters >= 1, --rounds >= 2, --baseline-rounds >= 0")
+    args.reference_rounds = args.reference_rounds or args.rounds
+    if (args.clients < 1 or args.clusters < 1 or args.rounds < 2 or args.baseline_rounds < 0
+            or args.reference_rounds < 2):
+        raise UserError("need --clients >= 1, --clusters >= 1, --rounds >= 2, "
+                        "--reference-rounds >= 2, --baseline-rounds >= 0")
     if args.image_size < 32:
         raise UserError(f"--image-size must be at least 32, got {args.image_size}")
     session = SCRIPT.session(args)
@@ -135,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from cpcfl_tf.federated.simulator import build_template, initial_pool, run_federated
     from cpcfl_tf.results import write_json
 
-    def timed(clients_count: int, participation: float, eval_every: int):
+    def timed(clients_count: int, participation: float, eval_every: int, rounds: int):
         """Seconds of each simulator round of ``clients_count`` random clients, and the
         config and clients it ran."""
         rng = np.random.default_rng(args.seed)
@@ -146,9 +154,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                           [{"id": u} for u in range(clients_count)])
         run = config.with_overrides(
             data={"image_size": args.image_size},
-            federated={"method": "ifca", "pretraining": "none", "rounds": args.rounds,
+            federated={"method": "ifca", "pretraining": "none", "rounds": rounds,
                        "head_rounds": 0, "num_clusters": args.clusters,
-                       "backend": args.backend, "restart_round": args.rounds + 1,
+                       "backend": args.backend, "restart_round": rounds + 1,
                        "participation": participation, "eval_every": eval_every,
                        **({"jit_compile": True} if args.xla else {})})
         stamps = [time.perf_counter()]
@@ -162,8 +170,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     reference = None
     if args.reference_clients:  # first, so both share this process's warm-up
-        reference, *_ = timed(args.reference_clients, 1.0, 1)
-    ours, run, data, shape = timed(args.clients, args.participation, args.eval_every)
+        reference, *_ = timed(args.reference_clients, 1.0, 1, args.reference_rounds)
+    ours, run, data, shape = timed(args.clients, args.participation, args.eval_every, args.rounds)
 
     result = {"experiment": "benchmark_simulator", "clients": args.clients,
               "clusters": args.clusters, "image_size": args.image_size,

@@ -193,10 +193,10 @@ class FederatedConfig:
     report_every: int = 25
     """F1/AUROC are computed every this many rounds and at the end (paper: 25/50/75/100)."""
     eval_every: int = 1
-    """Every client is scored on its test data every this many rounds, at every
-    ``report_every`` round and at the end; the rounds between record no accuracy (null).
-    1, every round, is the paper's curve; with many clients taking part a few at a time,
-    scoring all of them is most of a round."""
+    """Every client is scored on its test data every this many rounds and at the rounds
+    the tables report (:attr:`quarters`, every ``report_every`` round, the last); the
+    rounds between record no accuracy (null). 1, every round, is the paper's curve; with
+    many clients taking part a few at a time, scoring all of them is most of a round."""
     centralized_epochs: int | None = None
     """Epochs of the centralized baselines; None = rounds * local_epochs (the passes a
     client makes over its own data in a federated run)."""
@@ -250,6 +250,18 @@ class FederatedConfig:
     @property
     def encoder_trains(self) -> int:
         return self.local_epochs if self.encoder_epochs is None else self.encoder_epochs
+
+    @property
+    def quarters(self) -> list[int]:
+        """The rounds the tables report: the paper's T = 25/50/75/100 of 100 rounds are
+        the quarters of the run."""
+        return [math.ceil(self.rounds * q / 4) for q in (1, 2, 3, 4)]
+
+    def scored(self, round_: int) -> bool:
+        """Whether every client is scored on its test data after round ``round_``
+        (counting from 1): every ``eval_every`` round and every round a report reads."""
+        return (round_ % self.eval_every == 0 or round_ % self.report_every == 0
+                or round_ == self.rounds or round_ in self.quarters)
 
 
 @dataclasses.dataclass(frozen=True)

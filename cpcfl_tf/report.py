@@ -50,11 +50,6 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list
     return lines
 
 
-def reporting_rounds(rounds: int) -> list[int]:
-    """The paper reports T = 25/50/75/100 of 100 rounds: the quarters of the run."""
-    return [int(np.ceil(rounds * q / 4)) for q in (1, 2, 3, 4)]
-
-
 def mean_sd(values) -> tuple[float, float]:
     """Mean and standard deviation (ddof = 0, as the paper's trial tables compute it)."""
     values = np.asarray(values, np.float64)

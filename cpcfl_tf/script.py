@@ -92,10 +92,10 @@ class Session:
         """Whether the row ``key`` is among ``--methods`` (always, without the option)."""
         return key in getattr(self.args, "methods", [key])
 
-    def plan(self, specs: Sequence[RunSpec]) -> list[RunSpec]:
+    def plan(self, specs: Sequence[RunSpec], also: Sequence[str] = ()) -> list[RunSpec]:
         """The runs of ``specs`` that ``--methods`` keeps. With ``--dry-run``: print the
-        settings that differ from the preset and what each run would do, then stop
-        (exit 0) having touched nothing."""
+        settings that differ from the preset and what each run would do (then the lines
+        ``also``: work that is not a run), then stop (exit 0) having touched nothing."""
         kept = [s for s in specs if self.wanted(s.key)]
         if getattr(self.args, "dry_run", False):
             changed = settings_changed(self.config)
@@ -108,6 +108,8 @@ class Session:
                 if status != "done":
                     encoders.setdefault(self.runner.encoders.status(spec.config(self.config)))
                 print(f"  {spec.name}: {status}")
+            for line in also:
+                print(f"  {line}")
             for line in encoders:
                 print(f"  starting encoder: {line}")
             raise SystemExit(0)

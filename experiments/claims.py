@@ -123,7 +123,7 @@ def claims(config: Config) -> list[Claim]:
     """C1-C11 for ``config``'s preset."""
     rounds, tc = config.federated.rounds, config.federated.head_rounds
     settle = min(tc + SETTLED_AFTER, rounds)
-    early = min(25, rounds)
+    early = config.federated.quarters[0]  # the paper's T = 25 of 100, as heads.py reports
     local = config.federated.local_epochs
     grid = client_settings(config)
     pairs = {pair.related: pair for pair in dataset_pairs(config)}
@@ -303,10 +303,12 @@ def needed(claim: Claim) -> list[tuple[str, bool]]:
 def make_missing(session, evidence_: Evidence, chosen: list[Claim]) -> None:
     """Run every missing run of ``chosen`` (claim by claim, seed by seed) into the
     script's folder; a record elsewhere in the tree counts only if it was made on this
-    kind of CPU (so one seed's evidence comes from one kind of machine)."""
+    kind of CPU (so one seed's evidence comes from one kind of machine). With
+    ``--dry-run``, list them with what each would do and stop."""
     from cpcfl_tf.environment import cpu_model
 
     cpu = cpu_model()
+    todo: list[RunSpec | int] = []  # a run, or the seed of a linear evaluation
     done: set[str] = set()
     for claim in chosen:
         if claim.cannot:
@@ -314,7 +316,8 @@ def make_missing(session, evidence_: Evidence, chosen: list[Claim]) -> None:
         for seed in evidence_.seeds:
             for name, is_eval in needed(claim):
                 if is_eval:
-                    _linear_eval(session, seed)
+                    if seed not in todo and not _linear_eval_out(session, seed).exists():
+                        todo.append(seed)
                     continue
                 config = evidence_.config_of(name, seed)
                 key = config_key(config)
@@ -323,13 +326,22 @@ def make_missing(session, evidence_: Evidence, chosen: list[Claim]) -> None:
                         session.out in found.path.parents or found.record.environment.get("cpu") == cpu)):
                     continue
                 done.add(key)
-                session.runner.run(evidence_.spec(name, seed))
+                todo.append(evidence_.spec(name, seed))
+    session.plan([t for t in todo if isinstance(t, RunSpec)],
+                 also=[f"seed{t}-linear-eval: to run" for t in todo if isinstance(t, int)])
+    for item in todo:
+        if isinstance(item, int):
+            _linear_eval(session, item)
+        else:
+            session.runner.run(item)
+
+
+def _linear_eval_out(session, seed: int) -> Path:
+    return session.out / "linear_eval" / f"seed{seed}" / "linear_eval.json"
 
 
 def _linear_eval(session, seed: int) -> None:
-    out = session.out / "linear_eval" / f"seed{seed}"
-    if (out / "linear_eval.json").exists():
-        return
+    out = _linear_eval_out(session, seed).parent
     command = [sys.executable, str(ROOT / "experiments" / "linear_eval.py"), "--preset",
                session.config.preset, "--seed", str(seed), "--out", str(out)]
     command += [a for item in session.args.set for a in ("--set", item)]

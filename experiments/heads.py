@@ -11,7 +11,7 @@ from typing import Sequence
 from cpcfl_tf.config import HEADS
 from cpcfl_tf.dataset_pairs import dataset_pairs
 from cpcfl_tf.errors import run_cli
-from cpcfl_tf.report import markdown_table, reporting_rounds
+from cpcfl_tf.report import markdown_table
 from cpcfl_tf.runner import RunSpec
 from cpcfl_tf.script import Script
 
@@ -43,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     from cpcfl_tf.plots import plot_accuracy_curves
 
-    marks = reporting_rounds(config.federated.rounds)
+    marks = config.federated.quarters
     lines = [f"# Classifier heads (preset `{config.preset}`), CP-CFL (SimCLR)", "",
              "Accuracy (%) at the quarters of the run; the paper's STL-10-family figures "
              "(GPU) at T = 25 / 75 / 100 in the last column.", ""]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from cpcfl_tf.errors import run_cli
-from cpcfl_tf.report import markdown_table, reporting_rounds
+from cpcfl_tf.report import markdown_table
 from cpcfl_tf.runner import RunSpec
 from cpcfl_tf.script import Script
 
@@ -36,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from cpcfl_tf.plots import plot_accuracy_curves
 
     source = records["simclr"].config.data
-    marks = reporting_rounds(config.federated.rounds)
+    marks = config.federated.quarters
     lines = [f"# Supervised vs contrastive pre-training (preset `{config.preset}`), "
              f"{source.pretrain_dataset}:{source.pretrain_split} -> "
              f"{source.client_dataset}", "",

@@ -12,7 +12,7 @@ from typing import Sequence
 
 from cpcfl_tf.errors import run_cli
 from cpcfl_tf.record import SCORES, RunRecord
-from cpcfl_tf.report import markdown_table, reporting_rounds
+from cpcfl_tf.report import markdown_table
 from cpcfl_tf.runner import RunSpec
 from cpcfl_tf.script import Script
 
@@ -44,7 +44,7 @@ def tables(records: dict[str, RunRecord], preset: str) -> tuple[str, list[dict]]
     """The markdown report and the rows of the CSV summary, from the run records."""
     reference = next(iter(records.values()))
     rounds, data = reference.config.federated.rounds, reference.config.data
-    marks = reporting_rounds(rounds)
+    marks = reference.config.federated.quarters
     clients = len(reference.clients)
     lines = [f"# Table 2 (preset `{preset}`): {data.pretrain_dataset}:{data.pretrain_split} "
              f"-> {data.client_dataset}, {clients} clients, T = {rounds}", "",

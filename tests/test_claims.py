@@ -154,6 +154,11 @@ def test_run_mode_makes_only_the_missing_runs(tmp_path, capsys):
     argv = ["--preset", "smoke", "--results", str(results), "--out", str(results / "claims"),
             "--seeds", "0-1", "--claims", "C11", "--set", "federated.rounds=2",
             "federated.head_rounds=1", "federated.centralized_epochs=2"]
+    with pytest.raises(SystemExit) as stop:  # --dry-run lists what --run would make
+        script("claims").main(argv + ["--run", "--dry-run"])
+    assert stop.value.code == 0 and not (results / "claims").exists()
+    assert [line.strip() for line in capsys.readouterr().out.splitlines() if "to run" in line] == [
+        f"seed{s}-{name}: to run" for s in (0, 1) for name in ("cp-cfl-simclr", "centralized-group")]
     script("claims").main(argv + ["--run"])
     made = sorted(p.name for p in (results / "claims").glob("*.json"))
     assert made == ["seed0-centralized-group.json", "seed0-cp-cfl-simclr.json",

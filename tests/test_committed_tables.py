@@ -84,3 +84,18 @@ def test_every_row_of_a_committed_table_is_one_of_its_run_records(table):
                        for k, v in cells.items()) for r in records), (row, table.name)
     assert checked == len(rows) > 0, table
 
+
+
+@pytest.mark.parametrize("preset", ["quick", "standard"])
+def test_the_committed_claims_are_what_the_judge_makes_of_the_committed_records(
+        preset, tmp_path, monkeypatch):
+    """claims.md/json (and README's generated table) go stale when a script adds records
+    the judge prefers (it finds runs by config anywhere in the tree): judge a copy again."""
+    committed = ROOT / "results"
+    shutil.copytree(committed / preset, tmp_path / "results" / preset,
+                    ignore=shutil.ignore_patterns("*.png", ".*"))
+    shutil.copy(committed / "README.md", tmp_path / "results" / "README.md")
+    monkeypatch.chdir(tmp_path)  # the judge writes its tree's paths as given: results/<preset>
+    script("claims").main(["--preset", preset])
+    for name in (f"{preset}/claims.md", f"{preset}/claims.json", "README.md"):
+        assert (tmp_path / "results" / name).read_text() == (committed / name).read_text(), name

@@ -97,10 +97,12 @@ def test_benchmark_simulator_runs_both_loops(tmp_path, capsys):
 def test_benchmark_times_many_clients_against_a_reference_round_in_the_same_run(tmp_path):
     script("benchmark_simulator").main([
         "--out", str(tmp_path), "--clients", "4", "--participation", "0.5", "--eval-every", "2",
-        "--reference-clients", "2", "--rounds", "3", "--baseline-rounds", "0"])
+        "--reference-clients", "2", "--reference-rounds", "2", "--rounds", "3",
+        "--baseline-rounds", "0"])
     record = json.loads((tmp_path / "c4-n3-32px-auto-p0.5-e2-vs2.json").read_text())
     assert record["eval_every"] == 2 and record["reference_clients"] == 2
-    assert len(record["reference_round_seconds"]) == 3
+    assert len(record["reference_round_seconds"]) == 2
+    assert len(record["simulator_round_seconds"]) == 3
     assert record["cost_vs_reference"] == pytest.approx(
         record["seconds_per_round"] / record["reference_seconds_per_round"])
     assert "x 2 clients'" in (tmp_path / "benchmark_simulator.md").read_text()

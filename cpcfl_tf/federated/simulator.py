@@ -286,8 +286,8 @@ def _evaluate(backend, models, assigned, clients: Clients, round_: int, fl: Fede
     """Accuracy on the clients' test data with their cluster's model; F1/AUROC at the
     reporting rounds. A client that has not taken part yet is scored with the model the
     server assigned it (``planned``), else the one it would choose (lowest loss on its
-    training data). Between ``eval_every`` rounds nobody is scored: no accuracy."""
-    if round_ % fl.eval_every and round_ % fl.report_every and round_ != fl.rounds:
+    training data). In the rounds ``fl.scored`` skips nobody is scored: no accuracy."""
+    if not fl.scored(round_):
         return {"accuracy": None, "cluster_ids": assigned.tolist()}
     ids = assigned.copy()
     unseen = np.flatnonzero(ids < 0)
