@@ -24,6 +24,9 @@ SCRIPTS = ("table2", "clusters", "encoder_training", "datasets", "heads", "super
            "clients", "trials", "resnet", "linear_eval", "pretraining_cost", "heterogeneity")
 """In the order of the paper's tables, then what goes beyond the paper; each is
 ``experiments/<name>.py``."""
+OTHER_RUNS = ("claims", "cfl_families")
+"""Folders of run records that other scripts write under the preset's (``claims.py
+--run``, ``cfl_families.py``): their compute time is in the report's table too."""
 SCRIPT = Script(__file__, __doc__, default_preset="quick", runs=False)
 """Its options are every script's (``--out`` is the preset's folder, default
 ``results/<preset>``)."""
@@ -104,6 +107,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         lines += [f"![{png.stem}]({name}/{png.name})" for png in sorted(folder.glob("*.png"))]
         lines.append("")
         rows.append([f"`{name}`", f"{recorded_seconds(folder) / 60:.1f}"])
+    for name in OTHER_RUNS:  # runs of scripts beyond the paper's tables, if made here
+        seconds = recorded_seconds(root / name)
+        if seconds:
+            rows.append([f"`{name}`", f"{seconds / 60:.1f}"])
     # The runs' own timings, so the report is the same however often it is rebuilt.
     lines += ["## Time per script", "",
               "Minutes of compute the script's run records say their runs took (federated and "

@@ -337,12 +337,15 @@ def test_all_runs_the_scripts_and_gathers_every_report(tmp_path, capsys):
     (root / "table2").mkdir(parents=True)
     (root / "table2" / "table2.md").write_text("# Table 2 (earlier)\n\n| a |\n|---|\n")
     (root / "claims.md").write_text("# The paper's claims\n\n| C1 | holds |\n")
+    (root / "claims").mkdir()  # a run claims.py --run made: its time is counted too
+    (root / "claims" / "seed0-x.json").write_text('{"timing": {"seconds": 120}}')
     script("all").main(["--preset", "smoke", "--out", str(root), "--scripts", "clusters"])
     report = (root / "report.md").read_text()
     assert "## Table 2 (earlier)" in report  # every script's report, a level down
     assert "## Number of clusters (preset `smoke`)" in report
     assert "![accuracy](clusters/accuracy.png)" in report
     assert "| `clusters` |" in report and "| `table2` | 0.0 |" in report
+    assert "| `claims` | 2.0 |" in report and "`cfl_families`" not in report
     assert "## The paper's claims" in report and "| C1 | holds |" in report  # claims.md
     assert len(list((root / "clusters").glob("cp-cfl-simclr-n*.json"))) == 5
 
