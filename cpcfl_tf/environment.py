@@ -49,6 +49,20 @@ def environment() -> dict:
             "python": platform.python_version(), "deterministic_ops": _DETERMINISTIC_OPS}
 
 
+REPRODUCING = ("tensorflow", "keras", "device", "cpu", "onednn", "deterministic_ops")
+"""The fields of :func:`environment` a run's last bits depend on besides its config and
+starting encoder: where all of them are the same, the run comes out bit for bit the same
+(docs/experiments.md, "Bit for bit")."""
+
+
+def reproduces(recorded: dict, here: dict | None = None) -> bool:
+    """Whether this machine (``here``, default :func:`environment`) would make the run
+    whose record has environment ``recorded`` bit for bit, given its config and starting
+    encoder. Records without a field (older ones) never do."""
+    here = environment() if here is None else here
+    return all(k in recorded and recorded[k] == here.get(k) for k in REPRODUCING)
+
+
 def run_environment(encoder_weights) -> dict:
     """The ``environment`` of a run record: :func:`environment` and the fingerprint of
     the weights the run started from (``None`` for random init), so two runs can be

@@ -99,8 +99,18 @@ class RecordIndex:
         return (not preferred, "cpu" not in found.record.environment, str(found.path))
 
     def get(self, config: Config) -> Found | None:
-        found = self._by_key.get(config_key(config))
+        found = self.every(config)
         return found[0] if found else None
+
+    def every(self, config: Config) -> list[Found]:
+        """Every record of ``config``, the preferred first."""
+        return list(self._by_key.get(config_key(config), []))
+
+    def add(self, path: Path, record: RunRecord) -> None:
+        """Index a record written after the tree was read."""
+        found = self._by_key.setdefault(config_key(record.requested), [])
+        found.append(Found(Path(path), record))
+        found.sort(key=self._rank)
 
     def preferred(self) -> Iterable[Found]:
         """The preferred record of every config in the tree."""

@@ -21,11 +21,13 @@ from typing import Any, Callable
 import numpy as np
 
 from cpcfl_tf.config import Config, config_record
-from cpcfl_tf.environment import run_environment
+from cpcfl_tf.environment import environment, reproduces, run_environment
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.federated.starting import StartingEncoders
+from cpcfl_tf.judge import Found, RecordIndex
 from cpcfl_tf.methods import FEDAVG_ENCODER_RUN, METHODS, run_label
 from cpcfl_tf.record import RunRecord, read_record, write_record
+from cpcfl_tf.results import weights_fingerprint
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +134,13 @@ class Runner:
         as the result is the same."""
         self.records: list[RunRecord] = []
         """Every record :meth:`run` returned, in order: what the script's report shows."""
+        self.reuse: RecordIndex | None = None
+        """Records made elsewhere (e.g. by other scripts of the results tree): a run this
+        machine would make bit for bit the same (same config, starting encoder and
+        :data:`~cpcfl_tf.environment.REPRODUCING` fields) is taken from there instead of
+        being run again, and not copied."""
+        self.reused: dict[str, Path] = {}
+        """Run name -> the record taken from :attr:`reuse` for it."""
 
     @classmethod
     def for_script(cls, experiment: str, base: Config, out: Path, args) -> "Runner":
@@ -225,7 +234,19 @@ class Runner:
             action, _ = self._decide(spec)
         except UserError as err:
             return f"stops: {err}"
+        if action == "run" and self._candidates(spec):
+            return f"found: {self._candidates(spec)[0].path}"
         return {"done": "done", "resume": "to resume", "run": "to run"}[action]
+
+    def _candidates(self, spec: RunSpec) -> list[Found]:
+        """Records of ``spec``'s config in :attr:`reuse` that this machine would make bit
+        for bit, if their starting encoder is the one it starts from (checked in
+        :meth:`run`)."""
+        if self.reuse is None or self.force:
+            return []
+        here, config = environment(), spec.config(self.base)
+        return [f for f in self.reuse.every(config) if f.path != self.path(spec)
+                and reproduces(f.record.environment, here) and _same_config(f.record, config)]
 
     def run(self, spec: RunSpec, on_round: Callable[[dict, Any], None] | None = None
             ) -> RunRecord:
@@ -254,6 +275,18 @@ class Runner:
             print(f"{spec.name}: {fl.method} ({fl.pretraining}), "
                   f"{config.partition.num_clients} clients, {length}")
         encoder = self.encoders(config)
+        if action == "run":
+            starting = weights_fingerprint(encoder)
+            found = next((f for f in self._candidates(spec)
+                          if f.record.environment.get("starting_encoder") == starting), None)
+            if found is not None:
+                if self.verbose:
+                    print(f"{spec.name}: the same run as {found.path} (same config, machine "
+                          f"kind and starting encoder), final accuracy "
+                          f"{found.record.final.accuracy:.4f}")
+                self.reused[spec.name] = found.path
+                self.records.append(found.record)
+                return found.record
         if not METHODS[config.federated.method].federated:
             from cpcfl_tf.federated.centralized import run_centralized
 
@@ -270,6 +303,8 @@ class Runner:
         record = dataclasses.replace(record, experiment=self.experiment,
                                      environment=run_environment(encoder))
         write_record(path, record)
+        if self.reuse is not None:
+            self.reuse.add(path, record)
         checkpoint.unlink(missing_ok=True)
         if self.verbose:
             print(f"{spec.name}: final accuracy {record.final.accuracy:.4f} -> {path}")

@@ -127,6 +127,11 @@ class Session:
         from cpcfl_tf.results import write_csv, write_text
 
         note = provenance(self.runner.records) if "runner" in self.__dict__ else []
+        if "runner" in self.__dict__ and self.runner.reused:
+            folders = sorted({str(p.parent) for p in self.runner.reused.values()})
+            note.append(f"{len(self.runner.reused)} of these runs were taken from "
+                        f"{', '.join(f'`{f}`' for f in folders)}: this machine would make "
+                        "them bit for bit (same config, machine kind and starting encoder).")
         if note:
             report = report.rstrip("\n") + "\n\n" + "\n".join(note) + "\n"
         if rows:

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Sequence
 
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.judge import HOLDS, NOT_SHOWN, OPPOSITE, RULE, final_accuracy, paired, verdict
+from cpcfl_tf.judge import (HOLDS, NOT_SHOWN, OPPOSITE, RULE, RecordIndex, final_accuracy,
+                            paired, verdict)
 from cpcfl_tf.methods import run_label
 from cpcfl_tf.report import markdown_table, mean_sd, replace_block
 from cpcfl_tf.runner import RunSpec
@@ -59,6 +60,11 @@ def _cell(values, fmt: str = "{:.2f}") -> str:
 def _options(parser) -> None:
     parser.add_argument("--trials", type=int, default=5,
                         help="seeds --seed .. --seed + trials - 1 (default 5)")
+    parser.add_argument("--reuse", metavar="TREE",
+                        help="a results tree whose runs of the same config this machine would "
+                             "make bit for bit (e.g. the trials' IFCA and CP-CFL runs) are "
+                             "used instead of run again (default: results/<preset> if it "
+                             "exists; --force runs everything)")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -67,6 +73,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.trials < 1:
         raise UserError(f"--trials must be >= 1, got {args.trials}")
     seeds = list(range(args.seed, args.seed + args.trials))
+    tree = Path(args.reuse or Path("results") / config.preset)
+    if args.reuse and not tree.is_dir():
+        raise UserError(f"--reuse {tree}: no such folder; pass a results tree the scripts wrote")
+    if tree.is_dir():
+        session.runner.reuse = RecordIndex(tree, prefer=session.out)
     runs: dict[str, dict[int, object]] = {name: {} for name in ROWS if session.wanted(name)}
     for spec in session.plan(specs(seeds)):
         runs[spec.key][spec.seed] = session.runner.run(spec)

@@ -301,13 +301,12 @@ def needed(claim: Claim) -> list[tuple[str, bool]]:
 
 
 def make_missing(session, evidence_: Evidence, chosen: list[Claim]) -> None:
-    """Run every missing run of ``chosen`` (claim by claim, seed by seed) into the
-    script's folder; a record elsewhere in the tree counts only if it was made on this
-    kind of CPU (so one seed's evidence comes from one kind of machine). With
-    ``--dry-run``, list them with what each would do and stop."""
-    from cpcfl_tf.environment import cpu_model
-
-    cpu = cpu_model()
+    """Make every run of ``chosen`` (claim by claim, seed by seed) that the tree lacks into
+    the script's folder. A record elsewhere in the tree is used where this machine would
+    make it bit for bit (:attr:`~cpcfl_tf.runner.Runner.reuse`), so one seed's evidence
+    comes from one kind of machine. With ``--dry-run``, list them with what each would do
+    and stop."""
+    session.runner.reuse = evidence_.index
     todo: list[RunSpec | int] = []  # a run, or the seed of a linear evaluation
     done: set[str] = set()
     for claim in chosen:
@@ -319,14 +318,10 @@ def make_missing(session, evidence_: Evidence, chosen: list[Claim]) -> None:
                     if seed not in todo and not _linear_eval_out(session, seed).exists():
                         todo.append(seed)
                     continue
-                config = evidence_.config_of(name, seed)
-                key = config_key(config)
-                found = evidence_.index.get(config)
-                if key in done or (found is not None and (
-                        session.out in found.path.parents or found.record.environment.get("cpu") == cpu)):
-                    continue
-                done.add(key)
-                todo.append(evidence_.spec(name, seed))
+                key = config_key(evidence_.config_of(name, seed))
+                if key not in done:
+                    done.add(key)
+                    todo.append(evidence_.spec(name, seed))
     session.plan([t for t in todo if isinstance(t, RunSpec)],
                  also=[f"seed{t}-linear-eval: to run" for t in todo if isinstance(t, int)])
     for item in todo:

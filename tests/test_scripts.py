@@ -332,6 +332,16 @@ def test_op_determinism_is_on_by_default_where_a_gpu_runs(monkeypatch):
     assert args.nondeterministic is True
 
 
+def test_a_record_is_reproducible_here_only_where_every_deciding_field_matches():
+    from cpcfl_tf.environment import REPRODUCING, environment, reproduces
+
+    here = environment()
+    assert reproduces(dict(here), here) and reproduces({**here, "python": "2.7"}, here)
+    for field in REPRODUCING:  # any one of them changes the last bits
+        assert not reproduces({**here, field: "other"}, here)
+        assert not reproduces({k: v for k, v in here.items() if k != field}, here)  # older
+
+
 def test_all_runs_the_scripts_and_gathers_every_report(tmp_path, capsys):
     root = tmp_path / "smoke"
     (root / "table2").mkdir(parents=True)
@@ -403,3 +413,45 @@ def test_cfl_families_pairs_each_family_by_seed_and_judges_the_difference(tmp_pa
     assert (out / "accuracy.png").stat().st_size > 0 and (out / "ari.png").exists()
     # a run elsewhere, of a subset, leaves the committed README's table alone
     assert readme.read_bytes() == before
+
+
+def test_families_take_runs_this_machine_would_repeat_bit_for_bit_from_the_tree(
+        tmp_path, monkeypatch, capsys):
+
+    import cpcfl_tf.federated.simulator as simulator
+
+    families = script("cfl_families")
+    tree = tmp_path / "tree"
+    argv = ["--preset", "smoke", "--trials", "2", "--methods", "ifca-none,cp-cfl-simclr",
+            "--set", "federated.rounds=2"]
+    families.main(argv + ["--out", str(tree / "trials")])  # stands for another script's runs
+    made = {p.name: json.loads(p.read_text()) for p in (tree / "trials").glob("seed*.json")}
+    assert len(made) == 4
+    capsys.readouterr()
+    with pytest.raises(SystemExit):  # the dry run says where each run would come from
+        families.main(argv + ["--out", str(tree / "families"), "--reuse", str(tree), "--dry-run"])
+    assert f"seed1-cp-cfl-simclr: found: {tree / 'trials' / 'seed1-cp-cfl-simclr.json'}" in \
+        capsys.readouterr().out
+
+    real = simulator.run_federated
+    monkeypatch.setattr(simulator, "run_federated", lambda *a, **k: pytest.fail("ran again"))
+    families.main(argv + ["--out", str(tree / "families"), "--reuse", str(tree)])
+    assert not list((tree / "families").glob("seed*.json"))  # used where they are
+    report = (tree / "families" / "cfl_families.md").read_text()
+    assert f"4 of these runs were taken from `{tree / 'trials'}`" in report
+
+    # another kind of machine, or another starting encoder: that run is made here
+    moved = made["seed1-ifca-none.json"]
+    moved["environment"]["cpu"] = "another CPU"
+    (tree / "trials" / "seed1-ifca-none.json").write_text(json.dumps(moved))
+    other = made["seed0-cp-cfl-simclr.json"]
+    other["environment"]["starting_encoder"] = "0" * 16
+    (tree / "trials" / "seed0-cp-cfl-simclr.json").write_text(json.dumps(other))
+    monkeypatch.setattr(simulator, "run_federated", real)
+    families.main(argv + ["--out", str(tree / "again"), "--reuse", str(tree)])
+    assert sorted(p.name for p in (tree / "again").glob("seed*.json")) == [
+        "seed0-cp-cfl-simclr.json", "seed1-ifca-none.json"]
+    assert json.loads((tree / "again" / "seed1-ifca-none.json").read_text())["rounds"] == \
+        made["seed1-ifca-none.json"]["rounds"]  # and comes out the same
+    with pytest.raises(UserError, match="--reuse"):
+        families.main(argv + ["--out", str(tree / "x"), "--reuse", str(tmp_path / "none")])
