@@ -8,11 +8,18 @@ import sys
 from helpers import script
 
 
-def test_a_run_killed_at_any_moment_resumes_to_the_uninterrupted_record(tmp_path):
-    script("kill_resume").main(["--preset", "smoke", "--kills", "4", "--out", str(tmp_path)])
+def test_a_run_killed_at_any_moment_resumes_to_the_uninterrupted_record(tmp_path, monkeypatch):
+    tool = script("kill_resume")
+    drawn = tool.plans
+    # The random moment is set far beyond the run's end (a loaded machine's seconds per
+    # round, then a fast attempt): it must still kill, at the latest writing the result.
+    monkeypatch.setattr(tool, "plans", lambda *a: [
+        "moment:1:1000" if p.startswith("moment") else p for p in drawn(*a)])
+    tool.main(["--preset", "smoke", "--kills", "4", "--out", str(tmp_path)])
     summary = json.loads((tmp_path / "kill_resume.json").read_text())
     assert summary["kills_survived"] == 4 and summary["final_exit"] == 0
-    assert {k["kind"] for k in summary["kills"]} >= {"cache entry", "checkpoint", "result"}
+    assert [k["kind"] for k in summary["kills"]] == ["cache entry", "checkpoint", "result",
+                                                     "result"]
     assert summary["identical"] is True and summary["leftovers"] == []
     assert "identical to" in (tmp_path / "kill_resume.md").read_text()
 
