@@ -63,8 +63,8 @@ def _options(parser) -> None:
     parser.add_argument("--reuse", metavar="TREE",
                         help="a results tree whose runs of the same config this machine would "
                              "make bit for bit (e.g. the trials' IFCA and CP-CFL runs) are "
-                             "used instead of run again (default: results/<preset> if it "
-                             "exists; --force runs everything)")
+                             "used instead of run again (default: results/<preset> when "
+                             "writing into it; --force runs everything)")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -73,10 +73,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.trials < 1:
         raise UserError(f"--trials must be >= 1, got {args.trials}")
     seeds = list(range(args.seed, args.seed + args.trials))
-    tree = Path(args.reuse or Path("results") / config.preset)
+    tree = Path(args.reuse) if args.reuse else Path("results") / config.preset
     if args.reuse and not tree.is_dir():
         raise UserError(f"--reuse {tree}: no such folder; pass a results tree the scripts wrote")
-    if tree.is_dir():
+    # By default only within the kit's own tree: a reproducer writing elsewhere (--out)
+    # wants every run made on their machine, to compare with the committed ones.
+    if args.reuse or (tree.is_dir() and session.out.resolve().parent == tree.resolve()):
         session.runner.reuse = RecordIndex(tree, prefer=session.out)
     runs: dict[str, dict[int, object]] = {name: {} for name in ROWS if session.wanted(name)}
     for spec in session.plan(specs(seeds)):

@@ -417,11 +417,11 @@ def test_cfl_families_pairs_each_family_by_seed_and_judges_the_difference(tmp_pa
 
 def test_families_take_runs_this_machine_would_repeat_bit_for_bit_from_the_tree(
         tmp_path, monkeypatch, capsys):
-
     import cpcfl_tf.federated.simulator as simulator
 
     families = script("cfl_families")
-    tree = tmp_path / "tree"
+    monkeypatch.chdir(tmp_path)
+    tree = Path("results") / "smoke"  # the kit's own tree, as the scripts write it
     argv = ["--preset", "smoke", "--trials", "2", "--methods", "ifca-none,cp-cfl-simclr",
             "--set", "federated.rounds=2"]
     families.main(argv + ["--out", str(tree / "trials")])  # stands for another script's runs
@@ -429,16 +429,18 @@ def test_families_take_runs_this_machine_would_repeat_bit_for_bit_from_the_tree(
     assert len(made) == 4
     capsys.readouterr()
     with pytest.raises(SystemExit):  # the dry run says where each run would come from
-        families.main(argv + ["--out", str(tree / "families"), "--reuse", str(tree), "--dry-run"])
+        families.main(argv + ["--out", str(tree / "families"), "--dry-run"])
     assert f"seed1-cp-cfl-simclr: found: {tree / 'trials' / 'seed1-cp-cfl-simclr.json'}" in \
         capsys.readouterr().out
 
     real = simulator.run_federated
     monkeypatch.setattr(simulator, "run_federated", lambda *a, **k: pytest.fail("ran again"))
-    families.main(argv + ["--out", str(tree / "families"), "--reuse", str(tree)])
+    families.main(argv + ["--out", str(tree / "families")])  # into the tree: taken from it
     assert not list((tree / "families").glob("seed*.json"))  # used where they are
     report = (tree / "families" / "cfl_families.md").read_text()
     assert f"4 of these runs were taken from `{tree / 'trials'}`" in report
+    with pytest.raises(pytest.fail.Exception, match="ran again"):  # a reproducer's --out
+        families.main(argv + ["--out", "mine"])
 
     # another kind of machine, or another starting encoder: that run is made here
     moved = made["seed1-ifca-none.json"]
@@ -448,10 +450,10 @@ def test_families_take_runs_this_machine_would_repeat_bit_for_bit_from_the_tree(
     other["environment"]["starting_encoder"] = "0" * 16
     (tree / "trials" / "seed0-cp-cfl-simclr.json").write_text(json.dumps(other))
     monkeypatch.setattr(simulator, "run_federated", real)
-    families.main(argv + ["--out", str(tree / "again"), "--reuse", str(tree)])
-    assert sorted(p.name for p in (tree / "again").glob("seed*.json")) == [
+    families.main(argv + ["--out", "again", "--reuse", str(tree)])
+    assert sorted(p.name for p in Path("again").glob("seed*.json")) == [
         "seed0-cp-cfl-simclr.json", "seed1-ifca-none.json"]
-    assert json.loads((tree / "again" / "seed1-ifca-none.json").read_text())["rounds"] == \
+    assert json.loads(Path("again", "seed1-ifca-none.json").read_text())["rounds"] == \
         made["seed1-ifca-none.json"]["rounds"]  # and comes out the same
     with pytest.raises(UserError, match="--reuse"):
-        families.main(argv + ["--out", str(tree / "x"), "--reuse", str(tmp_path / "none")])
+        families.main(argv + ["--out", "x", "--reuse", "none"])
