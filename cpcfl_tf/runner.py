@@ -14,6 +14,7 @@ script's output folder:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 from typing import Any, Callable
@@ -234,8 +235,9 @@ class Runner:
             action, _ = self._decide(spec)
         except UserError as err:
             return f"stops: {err}"
-        if action == "run" and self._candidates(spec):
-            return f"found: {self._candidates(spec)[0].path}"
+        candidates = self._candidates(spec) if action == "run" else []
+        if candidates:
+            return f"found: {candidates[0].path}"
         return {"done": "done", "resume": "to resume", "run": "to run"}[action]
 
     def _candidates(self, spec: RunSpec) -> list[Found]:
@@ -244,9 +246,14 @@ class Runner:
         :meth:`run`)."""
         if self.reuse is None or self.force:
             return []
-        here, config = environment(), spec.config(self.base)
+        config = spec.config(self.base)
         return [f for f in self.reuse.every(config) if f.path != self.path(spec)
-                and reproduces(f.record.environment, here) and _same_config(f.record, config)]
+                and reproduces(f.record.environment, self._here) and _same_config(f.record, config)]
+
+    @functools.cached_property
+    def _here(self) -> dict:
+        """This machine's :func:`environment`, read once (a process's does not change)."""
+        return environment()
 
     def run(self, spec: RunSpec, on_round: Callable[[dict, Any], None] | None = None
             ) -> RunRecord:
@@ -275,9 +282,10 @@ class Runner:
             print(f"{spec.name}: {fl.method} ({fl.pretraining}), "
                   f"{config.partition.num_clients} clients, {length}")
         encoder = self.encoders(config)
-        if action == "run":
+        candidates = self._candidates(spec) if action == "run" else []
+        if candidates:
             starting = weights_fingerprint(encoder)
-            found = next((f for f in self._candidates(spec)
+            found = next((f for f in candidates
                           if f.record.environment.get("starting_encoder") == starting), None)
             if found is not None:
                 if self.verbose:
