@@ -38,13 +38,14 @@ class Round:
     cluster_ids: list[int]
     """Per client; -1 before its first round."""
     accuracy: float | None = None
-    """Mean client accuracy on the clients' test data (a Flower server does not see it)."""
+    """Mean client accuracy on the clients' test data; None in the rounds
+    ``federated.eval_every`` skips (Flower: over the nodes that answered)."""
     scores: dict[str, float] = dataclasses.field(default_factory=dict)
     """:data:`SCORES`, at the reporting rounds only."""
     replies: int | None = None
     """Flower: how many nodes replied."""
     failed_partitions: list[int] | None = None
-    """Flower: the clients asked that did not reply."""
+    """Flower: the clients asked (to train or to be scored) that did not reply."""
     split_test: dict[str, dict[str, float | None]] | None = None
     """CFL: for each cluster that trained (by id), what its split test compares:
     ``mean_norm`` (of its members' weighted mean update, with ``eps1``), ``max_norm`` (the

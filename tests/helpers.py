@@ -106,7 +106,8 @@ def _simulator(rounds, out, run):
 
 def simulated(run, rounds, out, dead=None):
     """The simulator's run of a Flower run config ``run``: cluster ids per round, each
-    client's test accuracy at the end, and the server's encoder. ``dead=(round, client)``
+    client's test accuracy in every scored round (the last is the final's), the server's
+    encoder and the record's final. ``dead=(round, client)``
     drops that client's reply from that round on, as a killed SuperNode's."""
     import cpcfl_tf.federated.simulator as simulator
     from cpcfl_tf.federated import algorithm
@@ -134,4 +135,4 @@ def simulated(run, rounds, out, dead=None):
         patch.setattr(simulator, "client_accuracy", scored)
         record, _ = simulator.run_federated(config, runner.clients(config),
                                             encoder_weights=encoder, verbose=0)
-    return [r.cluster_ids for r in record.rounds], scores[-1], encoder, record.final
+    return [r.cluster_ids for r in record.rounds], scores, encoder, record.final

@@ -86,9 +86,14 @@ def test_flower_federation_runs_the_simulators_rounds_and_survives_a_killed_supe
     # The dead node is left out of round 3 and keeps its cluster id; the others train on.
     assert third["replies"] == 2 and third["failed_partitions"] == [2]
     assert third["cluster_ids"][2] == second["cluster_ids"][2]
+    # Every round is scored (T = 3: each is a quarter), on the nodes' own test data, as
+    # the simulator scores it; the dead node answers no evaluation in round 3.
+    assert [r["accuracy"] for r in record["rounds"]] == pytest.approx(
+        [accuracy[0].mean(), accuracy[1].mean(), accuracy[2][:2].mean()], abs=1e-6)
     final = record["final"]["client_accuracy"]
     assert set(final) == {"0", "1"}
-    assert [final["0"], final["1"]] == pytest.approx(list(accuracy[:2]), abs=1e-6)
+    assert [final["0"], final["1"]] == pytest.approx(list(accuracy[2][:2]), abs=1e-6)
+    assert record["final"]["accuracy"] == record["rounds"][-1]["accuracy"]
     # Both drivers count the pool down to every participant, also in the Tc round 1.
     assert (record["final"]["bytes_down"], record["final"]["bytes_up"]) == (
         sim_final.bytes_down, sim_final.bytes_up)
@@ -111,7 +116,7 @@ def test_the_simulation_engine_runs_the_simulators_rounds(tmp_path, env):
                       tmp_path / "engine", env=env)
     assert [r["cluster_ids"] for r in record["rounds"]] == ids
     final = record["final"]["client_accuracy"]
-    assert [final[str(k)] for k in range(3)] == pytest.approx(list(accuracy), abs=1e-6)
+    assert [final[str(k)] for k in range(3)] == pytest.approx(list(accuracy[-1]), abs=1e-6)
     basis = METHODS["pacfl"].options["basis"]
     assert sim_final.bytes_other == 3 * 32 * 32 * 3 * basis * 4  # three clients' d x p float32
     assert (record["final"]["bytes_down"], record["final"]["bytes_up"],
@@ -162,6 +167,71 @@ def test_a_node_answers_what_its_method_asks_first():
     assert dict(ask("group")["metrics"]) == {"client-id": 1, "group": int(clients.groups[1])}
     sent = from_record(ask("subspace")["subspace"])[0]
     np.testing.assert_array_equal(sent, algorithm.data_subspace(clients.train.images[1], 3))
+
+
+def test_a_scored_round_scores_each_node_with_its_model_or_the_one_it_would_choose(
+        monkeypatch):
+    # The server sends a node its cluster's model; one that has not taken part yet the
+    # model planned for it, else the pool, from which the node scores the model of lowest
+    # loss on its own training data (the simulator's rule). Rounds the simulator does not
+    # score send nothing; a node that does not answer is a failed partition of the round.
+    from types import SimpleNamespace
+
+    import numpy as np
+    from flwr.app import Context, Message, MessageType, RecordDict
+    from flwr.common import Metadata
+
+    from cpcfl_tf.federated import algorithm
+    from cpcfl_tf.federated.backends import client_losses
+    from cpcfl_tf.federated.simulator import build_template, initial_pool
+    from cpcfl_tf.flower import client_app, server_app
+    from cpcfl_tf.flower.common import from_record, run_config
+
+    run = {"num-clients": 3, "method": "ifca", "pretraining": "none", "num-clusters": 3,
+           "rounds": 8, "set": "federated.eval_every=3"}
+    fl = run_config(run).resolved().federated
+    pool = initial_pool(fl, build_template(fl, (32, 32, 3), 10), None, seed=0, attempt=0)
+    # Model k all but always says class (3, 0, 5)[k]: client 1 holds 2, 0 and 8 of those.
+    pool = [[*m[:-1], 20 * np.eye(10, dtype=np.float32)[c]] for m, c in zip(pool, (3, 0, 5))]
+    contexts = {10 + k: Context(run_id=1, node_id=10 + k, node_config={"partition-id": k},
+                                state=RecordDict(), run_config=run) for k in range(3)}
+    sent = {}
+
+    def evaluate(node, content):
+        meta = Metadata(run_id=1, message_id="m", src_node_id=1, dst_node_id=node,
+                        reply_to_message_id="", group_id="e", created_at=time.time(),
+                        ttl=60.0, message_type=MessageType.EVALUATE)
+        return client_app.evaluate(Message(content, metadata=meta), contexts[node])
+
+    def send(grid, contents, kind, group, timeout):  # nodes 10, 11 answer; 12 is silent
+        sent.clear()
+        sent.update(contents)
+        return [evaluate(node, content) for node, content in contents.items()
+                if node != 12], []
+
+    monkeypatch.setattr(server_app, "_send", send)
+    grid = SimpleNamespace(get_node_ids=lambda: [10, 11, 12])
+    nodes = server_app._Nodes(grid, {10: 0, 11: 1, 12: 2}, 3, 1.0, fl)
+    trained = algorithm.Replies(np.array([0]), np.array([2]), np.array([1.0]), [], [])
+    assigned = np.array([2, -1, -1])  # client 0 took part; 1 and 2 have not yet
+    assert [r for r in range(1, 9) if fl.scored(r)] == [2, 3, 4, 6, 8]  # quarters, 3s, last
+    assert "accuracy" not in nodes.observe(pool, assigned, trained, 1) and not sent
+
+    record = nodes.observe(pool, assigned, trained, 3)
+    assert sorted(sent[10].array_records) == ["model"]
+    assert sorted(sent[11].array_records) == ["model-0", "model-1", "model-2"]
+    assert record["failed_partitions"] == [2] and sorted(nodes.scores) == [0, 1]
+    assert record["accuracy"] == pytest.approx(np.mean([nodes.scores[0], nodes.scores[1]]))
+    _, data, _, backend, _ = client_app._node(contexts[11])
+    assert int(client_losses(backend, pool, data)[0].argmin()) == 2
+    alone = [evaluate(11, RecordDict({"config": sent[11]["config"],
+                                      "model": sent[11][f"model-{n}"]})) for n in range(3)]
+    assert [a.content["metrics"]["accuracy"] for a in alone] == pytest.approx([0.1, 0, 0.4])
+    assert nodes.scores[1] == alone[2].content["metrics"]["accuracy"]
+
+    nodes.observe(pool, assigned, trained, 4, planned=np.array([0, 1, 0]))
+    got = from_record(sent[11]["model"])
+    assert all(np.array_equal(a, b) for a, b in zip(got, pool[1]))  # the planned model
 
 
 def test_flower_loopback_rejects_bad_input_before_starting_anything(tmp_path):

@@ -12,11 +12,11 @@ It answers three messages: ``query`` (who am I: the partition id, or the folder'
 and example counts; and, once before training, what the method asks first: the oracle
 its true group, PACFL its data subspace), ``train`` (select a cluster on its *training*
 data, or take the one the server assigned, train it with the simulator's local step,
-send weights + cluster id + number of examples) and ``evaluate`` (accuracy of its
-cluster's model on its *test* data). Images and labels never leave the node. Bad data
-of its own (a missing folder, no images, a class the run does not know, an unreadable image)
-is one line in the node's log and an error reply, which the server handles as it
-handles a node that died.
+send weights + cluster id + number of examples) and ``evaluate`` (in the scored rounds:
+accuracy of its cluster's model on its *test* data). Images and labels never leave the
+node. Bad data of its own (a missing folder, no images, a class the run does not know, an
+unreadable image) is one line in the node's log and an error reply, which the server
+handles as it handles a node that died.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from flwr.common.constant import ErrorCode
 
 from cpcfl_tf.data.sources import list_node_folder, read_node_folder
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.flower.common import class_names, from_record, run_config, to_record
+from cpcfl_tf.flower.common import class_names, from_record, model_key, run_config, to_record
 
 app = ClientApp()
 
@@ -202,12 +202,19 @@ def train(msg: Message, context: Context) -> Message:
 @app.evaluate()
 @_refusing
 def evaluate(msg: Message, context: Context) -> Message:
-    """Accuracy of the received cluster model on this node's local test data."""
-    from cpcfl_tf.federated.backends import client_probabilities
+    """Accuracy of the received cluster model on this node's local test data. Sent the
+    whole pool (the node has not taken part yet), the node scores the model of lowest
+    loss on its training data, as it would choose it."""
+    from cpcfl_tf.federated.backends import client_losses, client_probabilities
     from cpcfl_tf.federated.metrics import client_accuracy
 
-    _, _, test, backend, _ = _node(context)
-    model = from_record(msg.content.array_records["model"])
+    _, data, test, backend, _ = _node(context)
+    records = msg.content.array_records
+    if "model" in records:
+        model = from_record(records["model"])
+    else:
+        pool = [from_record(records[model_key(n)]) for n in range(len(records))]
+        model = pool[int(client_losses(backend, pool, data)[0].argmin())]
     probs = client_probabilities(backend, [model], np.array([0]), test)
     return _reply(msg, metrics=MetricRecord({
         "accuracy": float(client_accuracy(test.labels, probs)[0]), "num-examples": test.size,

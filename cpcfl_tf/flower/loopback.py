@@ -266,8 +266,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"run {run_id} submitted; waiting for the ServerApp", flush=True)
         record = wait_for_file(result, federation, timeout=args.rounds * args.round_timeout + 600)
     for r in record["rounds"]:
+        scored = f", accuracy {r['accuracy']:.4f}" if "accuracy" in r else ""
         print(f"round {r['round']}: cluster ids {r['cluster_ids']}, failed clients "
-              f"{r['failed_partitions']}")
+              f"{r['failed_partitions']}{scored}")
     print(f"final accuracy {record['final']['accuracy']:.4f}; wrote {result}")
 
 

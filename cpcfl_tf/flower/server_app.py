@@ -21,8 +21,12 @@ Failures: a node whose reply is an error or does not come within ``round-timeout
 seconds is left out of that round (its cluster is the average of the members that did
 reply, or keeps its weights if none did) and keeps its previous cluster id; it is asked
 again in later rounds while the SuperLink lists it as connected. Each round's record
-lists the partitions that failed it; the final accuracy is the mean over the nodes that
-answer the evaluation. The server only ever sees weights, counts and cluster ids.
+lists the partitions that failed it (to train or to be scored).
+
+Evaluation: in the rounds the simulator scores (``federated.eval_every``, the quarters,
+the last), every node scores its cluster's model on its own test data and sends its
+accuracy; a round's accuracy is the mean over the nodes that answered, the final one the
+last round's. Besides those accuracies the server sees weights, counts and cluster ids.
 """
 from __future__ import annotations
 
@@ -140,9 +144,12 @@ class _Nodes:
     client, reached through the Grid. A node that fails a round is left out of it."""
 
     def __init__(self, grid: Grid, client_of: dict[int, int], num_clients: int,
-                 timeout: float, assigns: bool = False):
-        self.grid, self.client_of, self.timeout = grid, client_of, timeout
-        self.num_clients, self.assigns = num_clients, assigns
+                 timeout: float, fl):
+        self.grid, self.client_of, self.timeout, self.fl = grid, client_of, timeout, fl
+        self.num_clients, self.assigns = num_clients, METHODS[fl.method].server_assigns
+        self.scores: dict[int, float] = {}
+        """The last scored round's accuracy per client that answered (the last round is
+        always scored: the final)."""
 
     def train(self, models, plan: algorithm.RoundPlan) -> algorithm.Replies:
         online = set(self.grid.get_node_ids())  # a node the SuperLink lost is not asked
@@ -178,8 +185,41 @@ class _Nodes:
             sorted({self.client_of[n] for n in failed} | (set(row) - asked)))
 
     def observe(self, models, assigned, replies, round_: int, *, planned=None) -> dict:
-        return {"cluster_ids": assigned.tolist(), "replies": len(replies.clients),
-                "failed_partitions": replies.failed}
+        """The round's record. In the rounds the simulator scores (``fl.scored``) each node
+        scores its cluster's model on its own test data, as Flower's evaluate rounds do."""
+        record = {"cluster_ids": assigned.tolist(), "replies": len(replies.clients),
+                  "failed_partitions": replies.failed}
+        if not self.fl.scored(round_):
+            return record
+        self.scores, failed = self.evaluate(models, assigned, round_, planned)
+        if self.scores:
+            record["accuracy"] = float(np.mean(list(self.scores.values())))
+        record["failed_partitions"] = sorted(set(replies.failed) | set(failed))
+        return record
+
+    def evaluate(self, models, assigned: np.ndarray, round_: int,
+                 planned: np.ndarray | None = None) -> tuple[dict[int, float], list[int]]:
+        """Each online node's accuracy on its test data (client id -> accuracy) and the
+        clients that did not answer. A node scores its cluster's model; one that has not
+        taken part yet the model the server planned for it, else the pool, from which it
+        takes the model of lowest loss on its training data (the simulator's rule)."""
+        online = set(self.grid.get_node_ids())
+        contents = {}
+        for node, client in self.client_of.items():
+            if node not in online:
+                continue
+            cluster = int(assigned[client])
+            if cluster < 0 and planned is not None:
+                cluster = int(planned[client])
+            config = ConfigRecord({"client-id": client})
+            contents[node] = RecordDict(
+                {"config": config, "model": to_record(models[cluster])} if cluster >= 0 else
+                {"config": config, **{model_key(n): to_record(m) for n, m in enumerate(models)}})
+        scores, _ = _send(self.grid, contents, MessageType.EVALUATE, f"{round_}-evaluate",
+                          self.timeout)
+        accuracy = {int(r.content["metrics"]["client-id"]): float(r.content["metrics"]["accuracy"])
+                    for r in scores}
+        return accuracy, sorted(set(self.client_of.values()) - set(accuracy))
 
 
 @app.main()
@@ -229,25 +269,17 @@ def main(grid: Grid, context: Context) -> None:
                              num_clients=num_clients, groups=groups, subspaces=subspaces)
 
     def after(record: dict, state, progress) -> None:
+        scored = f", accuracy {record['accuracy']:.4f}" if "accuracy" in record else ""
         print(f"[cpcfl] round {record['round']}/{fl.rounds}: cluster ids "
               f"{record['cluster_ids']}, {record['replies']} replies, "
-              f"{len(record['failed_partitions'])} failed", flush=True)
+              f"{len(record['failed_partitions'])} failed{scored}", flush=True)
 
-    federation = _Nodes(grid, client_of, num_clients, timeout,
-                        METHODS[fl.method].server_assigns)
+    federation = _Nodes(grid, client_of, num_clients, timeout, fl)
     state, progress = algorithm.run_rounds(
         fl, config.seed, federation, start, on_round=after,
         progress=algorithm.sent_before_training(subspaces),
         say=lambda line: print(f"[cpcfl] {line}", flush=True))
-    assigned = np.array(progress.assigned, np.int64)
-
-    # Each node scores its cluster's model on its own test data.
-    contents = {node: RecordDict({"model": to_record(state.models[assigned[client]]),
-                                  "config": ConfigRecord({"client-id": client})})
-                for node, client in client_of.items() if assigned[client] >= 0}
-    scores, failed = _send(grid, contents, MessageType.EVALUATE, "evaluate", timeout)
-    accuracy = {int(r.content["metrics"]["client-id"]): float(r.content["metrics"]["accuracy"])
-                for r in scores}
+    accuracy = federation.scores  # the last round's
     # The server never sees the clients' data: no class counts, no true groups, no ARI.
     record = dataclasses.replace(
         federated_record(config, config.seed, progress, state,
