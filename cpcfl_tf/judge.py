@@ -17,7 +17,7 @@ import dataclasses
 import json
 import math
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -111,6 +111,11 @@ class RecordIndex:
         found = self._by_key.setdefault(config_key(record.requested), [])
         found.append(Found(Path(path), record))
         found.sort(key=self._rank)
+
+    def __iter__(self) -> Iterator[Found]:
+        """Every record of the tree, in path order."""
+        return iter(sorted((f for found in self._by_key.values() for f in found),
+                           key=lambda f: str(f.path)))
 
     def preferred(self) -> Iterable[Found]:
         """The preferred record of every config in the tree."""

@@ -300,6 +300,14 @@ def needed(claim: Claim) -> list[tuple[str, bool]]:
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class LinearEval:
+    """One seed's linear evaluation of its encoders (``experiments/linear_eval.py``), a
+    step of the evidence beside the runs."""
+
+    seed: int
+
+
 def make_missing(session, evidence_: Evidence, chosen: list[Claim]) -> None:
     """Make every run of ``chosen`` (claim by claim, seed by seed) that the tree lacks into
     the script's folder. A record elsewhere in the tree is used where this machine would
@@ -307,7 +315,7 @@ def make_missing(session, evidence_: Evidence, chosen: list[Claim]) -> None:
     comes from one kind of machine. With ``--dry-run``, list them with what each would do
     and stop."""
     session.runner.reuse = evidence_.index
-    todo: list[RunSpec | int] = []  # a run, or the seed of a linear evaluation
+    todo: list[RunSpec | LinearEval] = []  # in the order they run: claim, seed, step
     done: set[str] = set()
     for claim in chosen:
         if claim.cannot:
@@ -315,20 +323,22 @@ def make_missing(session, evidence_: Evidence, chosen: list[Claim]) -> None:
         for seed in evidence_.seeds:
             for name, is_eval in needed(claim):
                 if is_eval:
-                    if seed not in todo and not _linear_eval_out(session, seed).exists():
-                        todo.append(seed)
+                    step = LinearEval(seed)
+                    if step not in todo and not _linear_eval_out(session, seed).exists():
+                        todo.append(step)
                     continue
                 key = config_key(evidence_.config_of(name, seed))
                 if key not in done:
                     done.add(key)
                     todo.append(evidence_.spec(name, seed))
     session.plan([t for t in todo if isinstance(t, RunSpec)],
-                 also=[f"seed{t}-linear-eval: to run" for t in todo if isinstance(t, int)])
-    for item in todo:
-        if isinstance(item, int):
-            _linear_eval(session, item)
+                 also=[f"seed{t.seed}-linear-eval: to run" for t in todo
+                       if isinstance(t, LinearEval)])
+    for step in todo:
+        if isinstance(step, LinearEval):
+            _linear_eval(session, step.seed)
         else:
-            session.runner.run(item)
+            session.runner.run(step)
 
 
 def _linear_eval_out(session, seed: int) -> Path:

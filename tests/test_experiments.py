@@ -64,6 +64,7 @@ def test_linear_eval_scores_random_and_pretrained_encoders(tmp_path):
     ("linear_eval", ["--preset", "smoke", "--methods", "moco"], "--methods"),
     ("benchmark_pretraining", ["--preset", "smoke", "--image-size", "16"], "at least 32"),
     ("benchmark_simulator", ["--clusters", "0"], "--clusters >= 1"),
+    ("encoders", ["pack", "--results", "nowhere"], "--results nowhere is not a folder"),
 ])
 def test_bad_script_input_is_one_line_and_exit_2(tmp_path, name, args, message):
     proc = run(name, *args, "--out", str(tmp_path / "out"))
@@ -79,7 +80,7 @@ def test_every_script_has_help():
         proc = run(path.stem, "--help")
         assert proc.returncode == 0, path.stem
         assert proc.stdout.startswith(f"usage: python {path.parent.name}/{path.stem}.py")
-        if path.stem not in ("migrate_records", "compare", "results_unchanged"):  # make no runs
+        if path.stem not in ("migrate_records", "compare", "results_unchanged", "encoders"):  # no runs
             assert "--preset" in proc.stdout and "--resume" in proc.stdout, path.stem
 
 

@@ -1,5 +1,6 @@
 """Reading back what the kit wrote: damage is one line naming the file and the fix, a
 damaged cache entry is rebuilt, results are written with the user's umask."""
+import io
 import json
 import os
 import stat
@@ -134,3 +135,102 @@ def test_fedavg_encoders_cached_before_a_field_existed_keep_their_key():
     jit = SMOKE.with_overrides(federated={"method": "ifca", "pretraining": "fedavg",
                                           "jit_compile": True})
     assert json.loads(_fedavg_key(jit))["federated"]["jit_compile"] is True
+
+
+def test_the_starting_encoders_of_a_tree_move_to_another_machines_cache(cache, tmp_path,
+                                                                        monkeypatch, capsys):
+    # tools/encoders.py: `status` lists the encoders the records start from and whether
+    # this cache holds them; `pack` writes those entries (not a resumable checkpoint);
+    # `unpack` checks every fingerprint before the other cache gets anything, keeps an
+    # entry it has already, and replaces one with other bits only when told to.
+    import tarfile
+
+    from cpcfl_tf.federated.starting import StartingEncoders, cache_entries
+    from cpcfl_tf.record import Final, RunRecord, write_record
+    from cpcfl_tf.results import weights_fingerprint, write_weights
+    from helpers import script
+
+    tool = script("encoders")
+    config = SMOKE.with_overrides(federated={"pretraining": "simclr"})
+    simclr = StartingEncoders(verbose=0)(config)
+    ifca = SMOKE.with_overrides(federated={"method": "ifca", "pretraining": "fedavg"})
+    StartingEncoders(verbose=0).keep_fedavg(ifca, [np.arange(6.0).reshape(2, 3)])
+    (fedavg_file,) = (cache / "fedavg").iterdir()
+    (folder,) = (cache / "pretrained").iterdir()
+    (folder / "checkpoint.npz").write_bytes(b"a resumable pre-training's")
+    (cache / "pretrained" / "byol-cnn-unfinished").mkdir()
+    fingerprints = {"simclr": weights_fingerprint(simclr),
+                    "fedavg": weights_fingerprint([np.arange(6.0).reshape(2, 3)]),
+                    "byol": "0123456789abcdef"}  # made elsewhere, not cached here
+    (tmp_path / "results").mkdir()
+    assert cache_entries() == {fingerprints["simclr"]: folder,
+                               fingerprints["fedavg"]: fedavg_file}
+    for name, fingerprint in fingerprints.items():
+        requested = SMOKE.with_overrides(federated={"pretraining": name, "method": (
+            "ifca" if name == "fedavg" else "cp-cfl")})
+        write_record(tmp_path / "results" / f"{name}.json", RunRecord(
+            requested.resolved(), requested, {"data": 0, "train": 0}, [], [], Final(0.5),
+            {"seconds": 1.0}, "synthetic", {"cpu": "test", "starting_encoder": fingerprint}))
+    results = str(tmp_path / "results")
+
+    capsys.readouterr()
+    tool.main(["status", "--results", results])
+    said = capsys.readouterr().out.splitlines()
+    assert said[-1] == f"2 of 3 starting encoders in {cache}"
+    assert any(line.startswith(fingerprints["byol"]) and "not in this cache" in line
+               for line in said)
+
+    archive = tmp_path / "encoders.tar"
+    tool.main(["pack", "--results", results, "--out", str(archive)])
+    with tarfile.open(archive) as tar:
+        names = sorted(tar.getnames())
+    assert names == sorted(["manifest.json", str(fedavg_file.relative_to(cache)),
+                            *(str((folder / f).relative_to(cache)) for f in
+                              ("encoder.keras", "encoder.weights.h5", "pretrain.json"))])
+
+    other = tmp_path / "other-machine"
+    monkeypatch.setenv("CPCFL_CACHE", str(other))
+    tool.main(["unpack", str(archive)])
+    assert {f: p.relative_to(other) for f, p in cache_entries().items()} == {
+        f: p.relative_to(cache) for f, p in cache_entries(cache).items()}
+
+    def no_images(config):
+        raise AssertionError("pre-trained again")
+
+    for a, b in zip(StartingEncoders(unlabeled=no_images, verbose=0)(config), simclr):
+        np.testing.assert_array_equal(a, b)
+
+    capsys.readouterr()
+    tool.main(["unpack", str(archive)])
+    assert capsys.readouterr().out.splitlines()[-1] == f"0 of 2 encoders unpacked into {other}"
+
+    mine = other / fedavg_file.relative_to(cache)
+    write_weights(mine, [np.ones(3)])  # this machine's own FedAvg encoder: other bits
+    before = mine.read_bytes()
+    with pytest.raises(UserError, match="holds another encoder .*; pass --force to replace it"):
+        tool.main(["unpack", str(archive)])
+    assert mine.read_bytes() == before
+    tool.main(["unpack", str(archive), "--force"])
+    assert mine.read_bytes() == fedavg_file.read_bytes()
+
+    with tarfile.open(archive) as tar:  # a manifest that lies about its encoders
+        members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+    manifest = json.loads(members["manifest.json"])
+    manifest["encoders"][0]["fingerprint"] = "ffffffffffffffff"
+    members["manifest.json"] = json.dumps(manifest).encode()
+    lying = tmp_path / "lying.tar"
+    with tarfile.open(lying, "w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    monkeypatch.setenv("CPCFL_CACHE", str(tmp_path / "third-machine"))
+    with pytest.raises(UserError, match="not ffffffffffffffff as its manifest says"):
+        tool.main(["unpack", str(lying)])
+    assert cache_entries() == {}
+    (tmp_path / "not.tar").write_text("hello")
+    with pytest.raises(UserError, match="is not an archive of tools/encoders.py pack"):
+        tool.main(["unpack", str(tmp_path / "not.tar")])
+    with pytest.raises(UserError, match="none of the 3 starting encoders the records under"):
+        tool.main(["pack", "--results", results, "--out", str(tmp_path / "x.tar")])
+    assert not (tmp_path / "x.tar").exists()

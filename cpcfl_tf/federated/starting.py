@@ -179,3 +179,40 @@ def _fedavg_key(config: Config) -> str:
 
 def _fedavg_path(key: str):
     return cache_root() / "fedavg" / f"{hashlib.sha1(key.encode()).hexdigest()[:16]}.npz"
+
+
+def cache_entries(root: str | Path | None = None) -> dict[str, Path]:
+    """Every finished starting encoder in the cache (``root``, default
+    :func:`~cpcfl_tf.results.cache_root`) by the fingerprint of its weights, the
+    ``environment.starting_encoder`` of the records of runs that started from it: the
+    server's pre-trainings (``pretrained/<name>/``) and FedAvg encoders
+    (``fedavg/<hash>.npz``). Unfinished and damaged entries are left out."""
+    from cpcfl_tf.results import weights_fingerprint
+
+    root = cache_root() if root is None else Path(root)
+    found = {}
+    for path in sorted([*root.glob("pretrained/*/"), *root.glob("fedavg/*.npz")]):
+        weights = entry_weights(path)
+        if weights is not None:
+            found.setdefault(weights_fingerprint(weights), path)
+    return found
+
+
+def entry_weights(path: str | Path) -> Weights | None:
+    """The encoder weights one cache entry holds (a pre-training's folder or a FedAvg
+    encoder's file), as a run starting from it receives them; ``None`` when the entry is
+    unfinished or damaged (one warning line)."""
+    path = Path(path)
+    again = "pre-training it again"
+    if path.suffix == ".npz":
+        return read_weights(path, rebuild="training FedAvg again")
+    if (path / "encoder.npz").exists():  # supervised (StartingEncoders.supervised)
+        return read_weights(path / "encoder.npz", rebuild=again)
+    if (path / "pretrain.json").exists() and (path / "encoder.keras").exists():
+        import keras
+
+        from cpcfl_tf.results import read_cache_entry
+
+        model = read_cache_entry(path / "encoder.keras", keras.models.load_model, rebuild=again)
+        return None if model is None else model.get_weights()
+    return None
