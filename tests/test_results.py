@@ -213,21 +213,29 @@ def test_the_starting_encoders_of_a_tree_move_to_another_machines_cache(cache, t
     tool.main(["unpack", str(archive), "--force"])
     assert mine.read_bytes() == fedavg_file.read_bytes()
 
+    def retar(path, members):
+        with tarfile.open(path, "w") as tar:
+            for name, data in members.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
     with tarfile.open(archive) as tar:  # a manifest that lies about its encoders
         members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
     manifest = json.loads(members["manifest.json"])
     manifest["encoders"][0]["fingerprint"] = "ffffffffffffffff"
     members["manifest.json"] = json.dumps(manifest).encode()
     lying = tmp_path / "lying.tar"
-    with tarfile.open(lying, "w") as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
+    retar(lying, members)
     monkeypatch.setenv("CPCFL_CACHE", str(tmp_path / "third-machine"))
     with pytest.raises(UserError, match="not ffffffffffffffff as its manifest says"):
         tool.main(["unpack", str(lying)])
-    assert cache_entries() == {}
+    manifest["encoders"][0]["entry"] = "../outside"  # where no cache entry lives
+    members["manifest.json"] = json.dumps(manifest).encode()
+    retar(lying, members)
+    with pytest.raises(UserError, match="../outside is not a cache entry"):
+        tool.main(["unpack", str(lying)])
+    assert cache_entries() == {} and not (tmp_path / "outside").exists()
     (tmp_path / "not.tar").write_text("hello")
     with pytest.raises(UserError, match="is not an archive of tools/encoders.py pack"):
         tool.main(["unpack", str(tmp_path / "not.tar")])

@@ -57,6 +57,14 @@ def _files(entry: Path) -> list[Path]:
                   if p.is_file() and p.name != "checkpoint.npz" and not p.name.startswith("."))
 
 
+def _is_entry(entry: Path) -> bool:
+    """Whether ``entry`` names a place in the cache where an encoder lives, and nothing
+    outside it."""
+    return (len(entry.parts) == 2 and ".." not in entry.parts and not entry.is_absolute()
+            and (entry.parts[0] == "pretrained"
+                 or (entry.parts[0] == "fedavg" and entry.suffix == ".npz")))
+
+
 def _tree(results: str) -> Path:
     path = Path(results)
     if not path.is_dir():
@@ -131,11 +139,17 @@ def unpack(args) -> None:
     root = cache_root()
     prepare_out_dir(root, fix="set CPCFL_CACHE to a writable folder")
     with tar, tempfile.TemporaryDirectory(dir=root, prefix=".unpack-") as tmp:
-        tar.extractall(tmp, filter="data")  # no path outside tmp, no links out
+        try:
+            tar.extractall(tmp, filter="data")  # no path outside tmp, no links out
+        except (OSError, tarfile.TarError) as err:
+            raise UserError(f"{archive} cannot be unpacked ({err}); pack it again") from None
         # Every entry is checked before any goes into the cache.
         moves = []
         for item in manifest:
             entry, fingerprint = Path(item["entry"]), item["fingerprint"]
+            if not _is_entry(entry):
+                raise UserError(f"{archive}: {entry} is not a cache entry (pretrained/<name> "
+                                "or fedavg/<name>.npz); pack it again")
             got = weights_fingerprint(entry_weights(Path(tmp) / entry))
             if got != fingerprint:
                 raise UserError(f"{archive}: {entry} holds encoder {got}, not {fingerprint} "
