@@ -321,7 +321,8 @@ def compare_runs(ours: str | Path, reference: str | Path) -> list[Comparison]:
         note = ""
         if record.environment.get("starting_encoder") != match.record.environment.get(
                 "starting_encoder"):
-            note = "another starting encoder (pre-trained on another kind of machine?)"
+            note = ("another starting encoder (pre-trained on another kind of machine?; "
+                    "tools/encoders.py carries encoders between machines)")
         elif record.environment.get("cpu") != match.record.environment.get("cpu"):
             note = (f"another CPU ({record.environment.get('cpu')} against "
                     f"{match.record.environment.get('cpu')})")

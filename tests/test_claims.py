@@ -187,13 +187,17 @@ def test_compare_tells_same_within_and_outside(tmp_path, capsys):
     write_record(reference / "trials" / "s0-fedavg.json", fake(specs["fedavg-none"], 0, 0.5))
     write_record(ours / "same.json", fake(specs["cp-cfl-simclr"], 0, 0.80))
     write_record(ours / "within.json", fake(specs["cp-cfl-simclr"], 1, 0.81))
-    write_record(ours / "outside.json", fake(specs["cp-cfl-simclr"], 2, 0.95))
+    outside = fake(specs["cp-cfl-simclr"], 2, 0.95)
+    write_record(ours / "outside.json", dataclasses.replace(  # its own pre-training
+        outside, environment={**outside.environment, "starting_encoder": "0123456789abcdef"}))
     write_record(ours / "one-seed.json", fake(specs["fedavg-none"], 0, 0.52))
     write_record(ours / "new.json", fake(specs["ifca-none"], 0, 0.7))
     script("compare").main(["--results", str(ours), "--reference", str(reference)])
     printed = dict(line.split(": ", 1) for line in capsys.readouterr().out.splitlines())
     assert printed["same.json"].endswith(SAME)
     assert printed["within.json"].endswith(WITHIN) and "(seeds 80.00-88.00)" in printed["within.json"]
-    assert printed["outside.json"].endswith(OUTSIDE)
+    assert printed["outside.json"].endswith(
+        OUTSIDE + "; another starting encoder (pre-trained on another kind of machine?; "
+        "tools/encoders.py carries encoders between machines)")
     assert printed["one-seed.json"].endswith(DIFFERS)
     assert printed["new.json"].endswith(NO_REFERENCE + "; no committed run of this config")
