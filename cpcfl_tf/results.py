@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -88,13 +89,17 @@ def _umask() -> int:
 
 
 def remove_stale_partials(folder: Path, name: str = "*") -> list[Path]:
-    """Delete the temporary files a killed writer left in ``folder`` (of files called
-    ``name``): those whose writing process no longer runs. Returns what was deleted."""
+    """Delete the temporary files (or folders) a killed writer left in ``folder`` (of
+    files called ``name``): those whose writing process no longer runs. Returns what was
+    deleted."""
     removed = []
     for partial in folder.glob(f".{name}{PARTIAL}*"):
         pid = partial.name.split(PARTIAL, 1)[1].split("-", 1)[0]
         if pid.isdigit() and not _running(int(pid)):
-            partial.unlink(missing_ok=True)
+            if partial.is_dir():
+                shutil.rmtree(partial, ignore_errors=True)
+            else:
+                partial.unlink(missing_ok=True)
             removed.append(partial)
     return removed
 

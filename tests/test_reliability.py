@@ -34,8 +34,10 @@ def test_partial_files_of_dead_writers_are_removed_and_live_ones_kept(tmp_path):
     other = tmp_path / f".other.json{PARTIAL}{gone.pid}-x3.json"
     for path in (dead, alive, other):
         path.write_text("half")
+    unpacking = tmp_path / f".unpack{PARTIAL}{gone.pid}-x4"  # tools/encoders.py's folder
+    (unpacking / "pretrained").mkdir(parents=True)
     write_json(tmp_path / "run.json", {"ok": 1})  # cleans what was left for run.json
     assert not dead.exists() and alive.exists() and other.exists()
     prepare_out_dir(tmp_path)  # cleans the whole folder
-    assert not other.exists() and alive.exists()
+    assert not other.exists() and not unpacking.exists() and alive.exists()
     assert json.loads((tmp_path / "run.json").read_text()) == {"ok": 1}

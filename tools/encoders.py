@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import io
 import json
+import os
 import shutil
 import tarfile
 import tempfile
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Sequence
 
 from cpcfl_tf.errors import ArgumentParser, UserError, run_cli
-from cpcfl_tf.results import cache_root, prepare_out_dir, write_atomic
+from cpcfl_tf.results import PARTIAL, cache_root, prepare_out_dir, write_atomic
 
 MANIFEST = "manifest.json"
 
@@ -137,8 +138,10 @@ def unpack(args) -> None:
         raise UserError(f"{archive} is not an archive of tools/encoders.py pack "
                         f"({type(err).__name__}); pack it again") from None
     root = cache_root()
-    prepare_out_dir(root, fix="set CPCFL_CACHE to a writable folder")
-    with tar, tempfile.TemporaryDirectory(dir=root, prefix=".unpack-") as tmp:
+    prepare_out_dir(root, fix="set CPCFL_CACHE to a writable folder")  # removes a killed
+    # unpack's folder (its name carries its pid, as write_atomic's partial files do)
+    with tar, tempfile.TemporaryDirectory(dir=root,
+                                          prefix=f".unpack{PARTIAL}{os.getpid()}-") as tmp:
         try:
             tar.extractall(tmp, filter="data")  # no path outside tmp, no links out
         except (OSError, tarfile.TarError) as err:
