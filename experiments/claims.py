@@ -283,8 +283,12 @@ class Evidence:
                 if link.c is not None:
                     other = paired(found[link.c], found[link.d], link.stat)
                     diffs = {s: diffs[s] - other[s] for s in diffs if s in other}
-            missing = [f"seed {s}: {name}" for s in self.seeds
-                       for name, have in found.items() if s not in have]
+            if link.linear_eval:  # one evaluation per seed scores all its encoders
+                missing = [f"seed {s}: linear evaluation" for s in self.seeds
+                           if any(s not in have for have in found.values())]
+            else:
+                missing = [f"seed {s}: {name}" for s in self.seeds
+                           for name, have in found.items() if s not in have]
             judged.append((link, verdict(diffs, link.margin, missing=len(missing)), missing))
         return Judged(claim, judged)
 
@@ -379,7 +383,9 @@ def report(config: Config, results: Path, seeds: list[int], judged: list[Judged]
             if j.claim.cannot:
                 why = f"{CANNOT}: {j.claim.cannot}"
             elif summary.verdict == CANNOT:
-                why = f"{CANNOT}: {len(missing)} run(s) missing (`{command} --claims {j.claim.id} --run --resume`)"
+                what = "linear evaluation(s)" if link.linear_eval else "run(s)"
+                why = (f"{CANNOT}: {len(missing)} {what} missing "
+                       f"(`{command} --claims {j.claim.id} --run --resume`)")
                 if summary.so_far:
                     why += f"; so far (n = {summary.n}): {summary.so_far}"
             rows.append([f"{j.claim.id} {j.claim.text}" if k == 0 else "", link.label,

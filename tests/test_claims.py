@@ -91,6 +91,24 @@ def test_a_link_with_a_chosen_seed_missing_is_not_judged_yet(tree):
     assert verdict({0: 1.0, 1: 1.1}).verdict == HOLDS
 
 
+def test_a_linear_evaluation_missing_is_counted_once_per_seed(tmp_path):
+    # One linear_eval.json per seed scores the three encoders: with seeds 0 and 1
+    # evaluated, three evaluations are missing, not six encoders' worth of runs.
+    from cpcfl_tf.results import write_json
+
+    for seed, (simclr, byol) in enumerate(((0.80, 0.75), (0.82, 0.76))):
+        (tmp_path / f"seed{seed}").mkdir()
+        write_json(tmp_path / f"seed{seed}" / "linear_eval.json", {
+            "config": SMOKE.with_overrides(seed=seed).to_dict(),
+            "rows": [{"pretraining": "simclr", "accuracy": simclr},
+                     {"pretraining": "byol", "accuracy": byol},
+                     {"pretraining": "simsiam", "accuracy": 0.7}]})
+    link = judged(tmp_path, "C9")["C9"]["links"][2]
+    assert link["per_seed"] == pytest.approx({"0": 5.0, "1": 6.0})
+    assert link["verdict"] == CANNOT and len(link["missing"]) == 3
+    assert "3 linear evaluation(s) missing" in (tmp_path / "claims.md").read_text()
+
+
 def test_a_claim_the_data_cannot_host_says_why():
     claims = script("claims")
     standard = {c.id: c for c in claims.claims(get_preset("standard"))}
