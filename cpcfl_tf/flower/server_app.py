@@ -38,6 +38,7 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
+from cpcfl_tf.config import FederatedConfig
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.federated import algorithm
 from cpcfl_tf.flower.common import class_names, from_record, model_key, run_config, to_record
@@ -144,7 +145,7 @@ class _Nodes:
     client, reached through the Grid. A node that fails a round is left out of it."""
 
     def __init__(self, grid: Grid, client_of: dict[int, int], num_clients: int,
-                 timeout: float, fl):
+                 timeout: float, fl: FederatedConfig):
         self.grid, self.client_of, self.timeout, self.fl = grid, client_of, timeout, fl
         self.num_clients, self.assigns = num_clients, METHODS[fl.method].server_assigns
         self.scores: dict[int, float] = {}
