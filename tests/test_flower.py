@@ -218,19 +218,20 @@ def test_a_scored_round_scores_each_node_with_its_model_or_the_one_it_would_choo
     assert "accuracy" not in nodes.observe(pool, assigned, trained, 1) and not sent
 
     record = nodes.observe(pool, assigned, trained, 3)
-    assert sorted(sent[10].array_records) == ["model"]
+    assert sorted(sent[10].array_records) == ["model-2"]  # its cluster's model
     assert sorted(sent[11].array_records) == ["model-0", "model-1", "model-2"]
     assert record["failed_partitions"] == [2] and sorted(nodes.scores) == [0, 1]
     assert record["accuracy"] == pytest.approx(np.mean([nodes.scores[0], nodes.scores[1]]))
     _, data, _, backend, _ = client_app._node(contexts[11])
     assert int(client_losses(backend, pool, data)[0].argmin()) == 2
     alone = [evaluate(11, RecordDict({"config": sent[11]["config"],
-                                      "model": sent[11][f"model-{n}"]})) for n in range(3)]
+                                      f"model-{n}": sent[11][f"model-{n}"]})) for n in range(3)]
     assert [a.content["metrics"]["accuracy"] for a in alone] == pytest.approx([0.1, 0, 0.4])
     assert nodes.scores[1] == alone[2].content["metrics"]["accuracy"]
 
     nodes.observe(pool, assigned, trained, 4, planned=np.array([0, 1, 0]))
-    got = from_record(sent[11]["model"])
+    assert sorted(sent[11].array_records) == ["model-1"]
+    got = from_record(sent[11]["model-1"])
     assert all(np.array_equal(a, b) for a, b in zip(got, pool[1]))  # the planned model
 
 

@@ -31,7 +31,7 @@ from flwr.common.constant import ErrorCode
 
 from cpcfl_tf.data.sources import list_node_folder, read_node_folder
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.flower.common import class_names, from_record, model_key, run_config, to_record
+from cpcfl_tf.flower.common import class_names, models_from_records, run_config, to_record
 
 app = ClientApp()
 
@@ -181,7 +181,7 @@ def train(msg: Message, context: Context) -> Message:
     plan = algorithm.plan_round(fl, config.seed, int(settings["attempt"]), int(settings["round"]),
                                 num_clients)
     row = int(np.searchsorted(plan.participants, client))
-    models = {int(k.split("-")[1]): from_record(r) for k, r in msg.content.array_records.items()}
+    models = models_from_records(msg.content.array_records)
     if "cluster" in settings:  # the server assigned this node its model
         cluster = int(settings["cluster"])
     else:
@@ -209,12 +209,9 @@ def evaluate(msg: Message, context: Context) -> Message:
     from cpcfl_tf.federated.metrics import client_accuracy
 
     _, data, test, backend, _ = _node(context)
-    records = msg.content.array_records
-    if "model" in records:
-        model = from_record(records["model"])
-    else:
-        pool = [from_record(records[model_key(n)]) for n in range(len(records))]
-        model = pool[int(client_losses(backend, pool, data)[0].argmin())]
+    sent = models_from_records(msg.content.array_records)
+    pool = [sent[n] for n in sorted(sent)]  # by cluster id: ties go as the simulator's
+    model = pool[0] if len(pool) == 1 else pool[client_losses(backend, pool, data)[0].argmin()]
     probs = client_probabilities(backend, [model], np.array([0]), test)
     return _reply(msg, metrics=MetricRecord({
         "accuracy": float(client_accuracy(test.labels, probs)[0]), "num-examples": test.size,

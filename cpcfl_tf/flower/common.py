@@ -83,6 +83,17 @@ def model_key(n: int) -> str:
     return f"model-{n}"
 
 
+def models_to_records(models: dict[int, list[np.ndarray]]) -> dict:
+    """Cluster models as a message's array records, keyed by cluster id
+    (:func:`model_key`): the pool, or the one model a node is sent."""
+    return {model_key(n): to_record(weights) for n, weights in models.items()}
+
+
+def models_from_records(records) -> dict[int, list[np.ndarray]]:
+    """The cluster models a message's array records carry, by cluster id."""
+    return {int(key.split("-")[1]): from_record(r) for key, r in records.items()}
+
+
 def to_record(weights: list[np.ndarray]):
     from flwr.app import ArrayRecord
 

@@ -41,7 +41,8 @@ from flwr.serverapp import Grid, ServerApp
 from cpcfl_tf.config import FederatedConfig
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.federated import algorithm
-from cpcfl_tf.flower.common import class_names, from_record, model_key, run_config, to_record
+from cpcfl_tf.flower.common import (class_names, from_record, models_to_records, run_config,
+                                    to_record)
 from cpcfl_tf.methods import METHODS
 from cpcfl_tf.record import write_record
 from cpcfl_tf.results import prepare_out_dir
@@ -165,13 +166,13 @@ class _Nodes:
                 cluster = int(plan.drawn[row[client]])
                 contents[node] = RecordDict({
                     "config": ConfigRecord({**settings, "cluster": cluster}),
-                    model_key(cluster): to_record(models[cluster])})
+                    **models_to_records({cluster: models[cluster]})})
                 continue
             # The whole pool, also in the Tc phase, where the node trains the model drawn
             # for it: the paper's (N+1)S per client and round, as the simulator counts.
             contents[node] = RecordDict({
                 "config": ConfigRecord(settings),
-                **{model_key(n): to_record(models[n]) for n in range(plan.num_models)}})
+                **models_to_records({n: models[n] for n in range(plan.num_models)})})
         replies, failed = _send(self.grid, contents, MessageType.TRAIN, str(plan.round + 1),
                                 self.timeout)
         metrics = [r.content["metrics"] for r in replies]
@@ -212,10 +213,9 @@ class _Nodes:
             cluster = int(assigned[client])
             if cluster < 0 and planned is not None:
                 cluster = int(planned[client])
-            config = ConfigRecord({"client-id": client})
-            contents[node] = RecordDict(
-                {"config": config, "model": to_record(models[cluster])} if cluster >= 0 else
-                {"config": config, **{model_key(n): to_record(m) for n, m in enumerate(models)}})
+            sent = {cluster: models[cluster]} if cluster >= 0 else dict(enumerate(models))
+            contents[node] = RecordDict({"config": ConfigRecord({"client-id": client}),
+                                         **models_to_records(sent)})
         scores, _ = _send(self.grid, contents, MessageType.EVALUATE, f"{round_}-evaluate",
                           self.timeout)
         accuracy = {int(r.content["metrics"]["client-id"]): float(r.content["metrics"]["accuracy"])
