@@ -365,7 +365,7 @@ def _number(value: float | None, digits: int = 2) -> str:
 
 
 def report(config: Config, results: Path, seeds: list[int], judged: list[Judged],
-           headroom: list[list[str]], command: str) -> str:
+           headroom: list[list[str]], groups: list[list[str]], command: str) -> str:
     lines = [f"# The paper's claims (preset `{config.preset}`)", "",
              f"Judged by `python experiments/claims.py --preset {config.preset}` from the run "
              f"records under `{results}`, seeds {', '.join(map(str, seeds))}. The paper's "
@@ -402,19 +402,54 @@ def report(config: Config, results: Path, seeds: list[int], judged: list[Judged]
                   "Each method's accuracy minus the centralized by-group model's (points): how "
                   "much the data left above each method.", ""]
         lines += markdown_table(["method", "per seed", "mean (n)"], headroom)
+    if groups:
+        lines += ["", "## Groups found: the clusters against the true groups", "",
+                  "Per seed: the final clusters' adjusted Rand index against the clients' true "
+                  "groups (1: every client with its group), the first round after which every "
+                  "client was in its true group, and IFCA's restarts (the final attempt's "
+                  "rounds are the record's). A run that ends below 1 kept groups merged or "
+                  "split; the links that compare clustered methods move with it.", ""]
+        lines += markdown_table(["method", "final ARI per seed", "groups first found (round)",
+                                 "restarts", "runs ending with the true groups"], groups)
     return "\n".join(lines) + "\n"
+
+
+LABELS = {**COMPARISON_LABELS, "cp-cfl-byol": "CP-CFL (BYOL)", "cp-cfl-simsiam": "CP-CFL (SimSiam)"}
+CLUSTERED = ("ifca-none", "ifca-fedavg", "cp-cfl-simclr", "cp-cfl-byol", "cp-cfl-simsiam")
 
 
 def _headroom(ev: Evidence) -> list[list[str]]:
     bound = ev.runs("centralized-group")
     rows = []
-    labels = {**COMPARISON_LABELS, "cp-cfl-byol": "CP-CFL (BYOL)", "cp-cfl-simsiam": "CP-CFL (SimSiam)"}
-    for name, label in labels.items():
+    for name, label in LABELS.items():
         gaps = paired(ev.runs(name), bound, final_accuracy)
         if gaps:
             values = list(gaps.values())
             rows.append([label, " / ".join(f"{v:+.2f}" for v in values),
                          f"{sum(values) / len(values):+.2f} ({len(values)})"])
+    return rows
+
+
+def _found_at(record: RunRecord) -> int | None:
+    """The first round after which every client was in its true group (None: never)."""
+    groups = np.array([c["group"] for c in record.clients])
+    return next((r.round for r in record.rounds
+                 if cluster_ari(groups, np.array(r.cluster_ids)) == 1.0), None)
+
+
+def _groups(ev: Evidence) -> list[list[str]]:
+    """Per clustered method: final ARI and the round the true groups were first found, per
+    seed, and how many runs end with them (a run below ARI 1 kept groups merged or split)."""
+    rows = []
+    for name in CLUSTERED:
+        runs = ev.runs(name)
+        if not runs:
+            continue
+        found = [_found_at(r) for r in runs.values()]
+        rows.append([LABELS[name], " / ".join(f"{r.final.ari:.2f}" for r in runs.values()),
+                     " / ".join("never" if f is None else str(f) for f in found),
+                     " / ".join(str(r.final.restarts) for r in runs.values()),
+                     f"{sum(r.final.ari == 1.0 for r in runs.values())} of {len(runs)}"])
     return rows
 
 
@@ -468,7 +503,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     command = f"python experiments/claims.py --preset {config.preset} --seeds {args.seeds[0]}-{args.seeds[-1]}" \
         if args.seeds == list(range(args.seeds[0], args.seeds[-1] + 1)) else \
         f"python experiments/claims.py --preset {config.preset} --seeds {','.join(map(str, args.seeds))}"
-    text = report(config, results, args.seeds, judged, _headroom(ev), command)
+    text = report(config, results, args.seeds, judged, _headroom(ev), _groups(ev), command)
     from cpcfl_tf.report import provenance
     from cpcfl_tf.results import write_json, write_text
 

@@ -109,6 +109,32 @@ def test_a_linear_evaluation_missing_is_counted_once_per_seed(tmp_path):
     assert "3 linear evaluation(s) missing" in (tmp_path / "claims.md").read_text()
 
 
+def test_groups_found_shows_each_clustered_runs_final_ari_and_first_round(tree):
+    # Seed 3's CP-CFL run keeps groups 1 and 2 merged from round 2 on (never found, final
+    # ARI below 1); every other run has its clients in their groups from round 1.
+    claims = script("claims")
+    spec = claims.evidence(SMOKE)["cp-cfl-simclr"]
+    merged = fake(spec, 3, 0.85, ari=0.4)
+    first = merged.rounds[0]
+    rounds = [first] + [dataclasses.replace(r, cluster_ids=[min(g, 1) for g in r.cluster_ids])
+                        for r in merged.rounds[1:]]
+    rounds[0] = dataclasses.replace(first, cluster_ids=[0] * len(first.cluster_ids))
+    write_record(tree / "somewhere" / "s3-cp-cfl-simclr.json",
+                 dataclasses.replace(merged, rounds=rounds))
+    assert claims._found_at(merged) == 1 and claims._found_at(
+        dataclasses.replace(merged, rounds=rounds)) is None
+    judged(tree, "C4")
+    text = (tree / "claims.md").read_text()
+    section = text[text.index("## Groups found"):]
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1:]
+            for line in section.splitlines() if line.startswith("| ")}
+    assert rows["IFCA (None)"] == ["1.00 / 1.00 / 1.00 / 1.00 / 1.00", "1 / 1 / 1 / 1 / 1",
+                                   "0 / 0 / 1 / 0 / 0", "5 of 5 |"]
+    assert rows["CP-CFL (SimCLR)"] == ["1.00 / 1.00 / 1.00 / 0.40 / 1.00",
+                                       "1 / 1 / 1 / never / 1", "0 / 0 / 0 / 0 / 0", "4 of 5 |"]
+    assert "CP-CFL (BYOL)" not in rows  # no runs: no row
+
+
 def test_a_claim_the_data_cannot_host_says_why():
     claims = script("claims")
     standard = {c.id: c for c in claims.claims(get_preset("standard"))}
