@@ -58,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from cpcfl_tf.contrastive.linear_eval import linear_eval
     from cpcfl_tf.federated.clients import load_client_splits
     from cpcfl_tf.models import build_encoder
-    from cpcfl_tf.results import write_json
+    from cpcfl_tf.results import weights_fingerprint, write_json
 
     proxy_train, proxy_test = load_client_splits(config.data)
     keras.utils.set_random_seed(config.seed)  # the initialisation pre-training starts from
@@ -74,7 +74,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                                              seed=config.seed),
                      "final_loss": last["loss"], "embedding_std": last["embedding_std"],
                      "seconds_per_epoch": sum(h["seconds"] for h in result.history)
-                     / len(result.history), "cache": str(result.out_dir)})
+                     / len(result.history), "cache": str(result.out_dir),
+                     # the bits scored, as a run record's environment.starting_encoder
+                     "encoder_fingerprint": weights_fingerprint(result.encoder.get_weights())})
         print(f"{method}: linear evaluation accuracy {rows[-1]['accuracy']:.4f}")
 
     write_json(out / "linear_eval.json", {

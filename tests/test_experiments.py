@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from cpcfl_tf.config import get_preset
 from cpcfl_tf.errors import UserError
 from helpers import ROOT, SCRIPT_FOLDERS, script, script_path
 
@@ -56,6 +57,13 @@ def test_linear_eval_scores_random_and_pretrained_encoders(tmp_path):
     assert all(0.0 <= r["accuracy"] <= 1.0 for r in record["rows"])
     assert record["proxy"] == {"train": "digits:train[697:]", "test": "digits:test"}
     assert Path(record["rows"][1]["cache"], "encoder.keras").exists()
+    # The encoder's bits, named as a run record names the encoder it started from.
+    from cpcfl_tf.federated.starting import StartingEncoders
+    from cpcfl_tf.results import weights_fingerprint
+
+    config = get_preset("smoke").with_overrides(federated={"pretraining": "simclr"})
+    assert record["rows"][1]["encoder_fingerprint"] == weights_fingerprint(
+        StartingEncoders(verbose=0)(config))
 
 
 @pytest.mark.parametrize("name,args,message", [
