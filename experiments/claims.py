@@ -235,6 +235,9 @@ class Evidence:
         self.specs = evidence(config)
         self.used: dict[str, str] = {}
         """Run (``seed K: name``) -> the record's path, for claims.json."""
+        self.scored: dict[tuple[int, str], str | None] = {}
+        """(seed, pre-training) -> the fingerprint of the encoder its linear evaluation
+        scored (None: the row does not name it)."""
 
     def spec(self, name: str, seed: int) -> RunSpec:
         spec = self.specs[name]
@@ -266,6 +269,7 @@ class Evidence:
                 row = next((r for r in stored.get("rows", []) if r.get("pretraining") == method), None)
                 if settings == want and row is not None and seed not in out:
                     out[seed] = 100 * row["accuracy"]
+                    self.scored[seed, method] = row.get("encoder_fingerprint")
                     self.used[f"seed {seed}: linear evaluation {method}"] = str(path)
         return out
 
@@ -453,6 +457,25 @@ def _groups(ev: Evidence) -> list[list[str]]:
     return rows
 
 
+def _encoder_notes(ev: Evidence) -> list[str]:
+    """Whether each linear evaluation scored the encoder its seed's CP-CFL run of the same
+    pre-training started from (``environment.starting_encoder``)."""
+    notes, unnamed = [], sorted({seed for (seed, _), f in ev.scored.items() if f is None})
+    for (seed, method), scored in sorted(ev.scored.items()):
+        run = ev.runs(f"cp-cfl-{method}").get(seed)
+        started = run.environment.get("starting_encoder") if run else None
+        if scored and started and scored != started:
+            notes.append(f"Note: seed {seed}'s linear evaluation of {method} scored encoder "
+                         f"`{scored[:16]}`, its CP-CFL run started from `{started[:16]}`: "
+                         "the two links of C9 rest on different pre-trainings of that seed.")
+    if unnamed:
+        notes.append(f"Note: the linear evaluations of seed(s) {', '.join(map(str, unnamed))} "
+                     "do not name the encoder they scored (written before linear_eval.json "
+                     "had `encoder_fingerprint`); `python experiments/linear_eval.py --force` "
+                     "with the same settings, where the cache holds those encoders, names it.")
+    return notes
+
+
 def _seeds(text: str) -> list[int]:
     import argparse
 
@@ -509,9 +532,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     used = {id(r): r for j in judged for link, _, _ in j.links if not link.linear_eval
             for name in (link.a, link.b, link.c, link.d) if name for r in ev.runs(name).values()}
-    note = provenance(list(used.values()))
+    note = provenance(list(used.values())) + _encoder_notes(ev)
     if note:
-        text = text.rstrip("\n") + "\n\n" + "\n".join(note) + "\n"
+        text = text.rstrip("\n") + "\n\n" + "\n\n".join(note) + "\n"
     write_json(results / "claims.json", {
         "preset": config.preset, "results": str(results), "seeds": args.seeds,
         "rule": RULE, "claims": [

@@ -106,7 +106,30 @@ def test_a_linear_evaluation_missing_is_counted_once_per_seed(tmp_path):
     link = judged(tmp_path, "C9")["C9"]["links"][2]
     assert link["per_seed"] == pytest.approx({"0": 5.0, "1": 6.0})
     assert link["verdict"] == CANNOT and len(link["missing"]) == 3
-    assert "3 linear evaluation(s) missing" in (tmp_path / "claims.md").read_text()
+    text = (tmp_path / "claims.md").read_text()
+    assert "3 linear evaluation(s) missing" in text
+    assert "seed(s) 0, 1 do not name the encoder they scored" in text
+
+
+def test_a_linear_evaluation_of_another_encoder_than_the_seeds_run_is_noted(tmp_path):
+    # Seed 0 evaluated the SimCLR encoder its CP-CFL run started from; seed 1's
+    # evaluation scored other bits (e.g. pre-trained again on another machine).
+    from cpcfl_tf.results import write_json
+
+    spec = script("claims").evidence(SMOKE)["cp-cfl-simclr"]
+    for seed in (0, 1):
+        (tmp_path / f"seed{seed}").mkdir()
+        write_json(tmp_path / f"seed{seed}" / "linear_eval.json", {
+            "config": SMOKE.with_overrides(seed=seed).to_dict(),
+            "rows": [{"pretraining": m, "accuracy": 0.8, "encoder_fingerprint": f"{m}{seed}" * 8}
+                     for m in ("simclr", "byol", "simsiam")]})
+        run = fake(spec, seed, 0.9)
+        write_record(tmp_path / f"s{seed}.json", dataclasses.replace(
+            run, environment={"cpu": "test", "starting_encoder": "simclr0" * 8}))
+    judged(tmp_path, "C9")
+    text = (tmp_path / "claims.md").read_text()
+    assert "seed 1's linear evaluation of simclr scored encoder `simclr1simclr1si`" in text
+    assert "seed 0's linear evaluation" not in text and "do not name" not in text
 
 
 def test_groups_found_shows_each_clustered_runs_final_ari_and_first_round(tree):
