@@ -11,6 +11,7 @@ top of the results tree.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import subprocess
 import sys
 from pathlib import Path
@@ -213,6 +214,21 @@ CLAIM_IDS = tuple(f"C{k}" for k in range(1, 12))
 
 
 # -- judging -------------------------------------------------------------------------
+def _mismatch(records: Sequence[RunRecord]) -> tuple[bool, bool]:
+    """(runs of one pre-training started from different encoders, the runs ran on more
+    than one kind of CPU): what keeps runs of one seed from being one sample of chance.
+    FedAvg encoders are each run's own (trained on its clients), so they are not compared."""
+    encoders: dict[tuple, set] = {}
+    for r in records:
+        if r.pretraining not in ("none", "fedavg"):
+            data = r.config.data
+            key = (r.pretraining, repr(r.config.pretrain), data.pretrain_dataset,
+                   data.pretrain_split, data.image_size)
+            encoders.setdefault(key, set()).add(r.environment.get("starting_encoder"))
+    return (any(len(seen) > 1 for seen in encoders.values()),
+            len({r.environment.get("cpu") for r in records}) > 1)
+
+
 @dataclasses.dataclass
 class Judged:
     claim: Claim
@@ -233,8 +249,11 @@ class Evidence:
         self.config, self.results, self.seeds = config, results, list(seeds)
         self.index = RecordIndex(results, prefer=own)
         self.specs = evidence(config)
-        self.used: dict[str, str] = {}
-        """Run (``seed K: name``) -> the record's path, for claims.json."""
+        self.used: dict[str, list[str]] = {}
+        """Run (``seed K: name``) -> the paths of the records used, for claims.json (one
+        unless links paired the run with runs from different encoders or machines)."""
+        self.paired: dict[str, RunRecord] = {}
+        """Path -> record, of every record a link used."""
         self.scored: dict[tuple[int, str], str | None] = {}
         """(seed, pre-training) -> the fingerprint of the encoder its linear evaluation
         scored (None: the row does not name it)."""
@@ -246,14 +265,35 @@ class Evidence:
     def config_of(self, name: str, seed: int) -> Config:
         return self.spec(name, seed).config(self.config)
 
+    def _use(self, seed: int, name: str, path: Path) -> None:
+        paths = self.used.setdefault(f"seed {seed}: {name}", [])
+        if str(path) not in paths:
+            paths.append(str(path))
+
     def runs(self, name: str) -> dict[int, RunRecord]:
+        """The preferred record of ``name`` per seed that has one."""
         out = {}
         for seed in self.seeds:
             found = self.index.get(self.config_of(name, seed))
             if found is not None:
                 out[seed] = found.record
-                self.used[f"seed {seed}: {name}"] = str(found.path)
+                self._use(seed, name, found.path)
         return out
+
+    def records(self, names: Sequence[str], seed: int) -> dict[str, RunRecord] | None:
+        """One record of each run in ``names`` for ``seed`` (None: one is missing), chosen
+        so that they are one sample of chance: runs of one pre-training start from one
+        encoder (``environment.starting_encoder``) and, where the tree allows, ran on
+        one kind of CPU. Among equals, the index's preferred (:class:`RecordIndex`)."""
+        options = [self.index.every(self.config_of(name, seed)) for name in names]
+        if not all(options):
+            return None
+        # min keeps the first of the best: product order is the index's preference order
+        chosen = min(itertools.product(*options), key=lambda c: _mismatch([f.record for f in c]))
+        for name, found in zip(names, chosen):
+            self._use(seed, name, found.path)
+            self.paired[str(found.path)] = found.record
+        return {name: found.record for name, found in zip(names, chosen)}
 
     def linear_eval(self, method: str) -> dict[int, float]:
         """Linear-evaluation accuracy (%) of ``method``'s encoder per seed."""
@@ -276,23 +316,22 @@ class Evidence:
     def judge(self, claim: Claim) -> Judged:
         judged = []
         for link in claim.links:
-            find = self.linear_eval if link.linear_eval else self.runs
-            found = {name: find(name) for name in (link.a, link.b, link.c, link.d)
-                     if name is not None}
-            a, b = found[link.a], found.get(link.b)
-            if link.linear_eval:
-                diffs = {s: a[s] - b[s] for s in sorted(set(a) & set(b))}
-            else:
-                diffs = paired(a, b, link.stat, threshold=link.threshold)
-                if link.c is not None:
-                    other = paired(found[link.c], found[link.d], link.stat)
-                    diffs = {s: diffs[s] - other[s] for s in diffs if s in other}
+            names = [n for n in (link.a, link.b, link.c, link.d) if n is not None]
             if link.linear_eval:  # one evaluation per seed scores all its encoders
+                a, b = self.linear_eval(link.a), self.linear_eval(link.b)
+                diffs = {s: a[s] - b[s] for s in sorted(set(a) & set(b))}
                 missing = [f"seed {s}: linear evaluation" for s in self.seeds
-                           if any(s not in have for have in found.values())]
+                           if s not in a or s not in b]
             else:
-                missing = [f"seed {s}: {name}" for s in self.seeds
-                           for name, have in found.items() if s not in have]
+                chosen = {s: self.records(names, s) for s in self.seeds}
+                runs = {name: {s: r[name] for s, r in chosen.items() if r} for name in names}
+                diffs = paired(runs[link.a], runs.get(link.b), link.stat,
+                               threshold=link.threshold)
+                if link.c is not None:
+                    other = paired(runs[link.c], runs[link.d], link.stat)
+                    diffs = {s: diffs[s] - other[s] for s in diffs if s in other}
+                missing = [f"seed {s}: {name}" for s in self.seeds for name in names
+                           if not self.index.every(self.config_of(name, s))]
             judged.append((link, verdict(diffs, link.margin, missing=len(missing)), missing))
         return Judged(claim, judged)
 
@@ -423,10 +462,11 @@ CLUSTERED = ("ifca-none", "ifca-fedavg", "cp-cfl-simclr", "cp-cfl-byol", "cp-cfl
 
 
 def _headroom(ev: Evidence) -> list[list[str]]:
-    bound = ev.runs("centralized-group")
     rows = []
     for name, label in LABELS.items():
-        gaps = paired(ev.runs(name), bound, final_accuracy)
+        pairs = {s: r for s in ev.seeds if (r := ev.records([name, "centralized-group"], s))}
+        gaps = {s: final_accuracy(r[name]) - final_accuracy(r["centralized-group"])
+                for s, r in pairs.items()}
         if gaps:
             values = list(gaps.values())
             rows.append([label, " / ".join(f"{v:+.2f}" for v in values),
@@ -462,12 +502,14 @@ def _encoder_notes(ev: Evidence) -> list[str]:
     pre-training started from (``environment.starting_encoder``)."""
     notes, unnamed = [], sorted({seed for (seed, _), f in ev.scored.items() if f is None})
     for (seed, method), scored in sorted(ev.scored.items()):
-        run = ev.runs(f"cp-cfl-{method}").get(seed)
-        started = run.environment.get("starting_encoder") if run else None
-        if scored and started and scored != started:
+        started = {f.record.environment.get("starting_encoder")
+                   for f in ev.index.every(ev.config_of(f"cp-cfl-{method}", seed))} - {None}
+        if scored and started and scored not in started:
             notes.append(f"Note: seed {seed}'s linear evaluation of {method} scored encoder "
-                         f"`{scored[:16]}`, its CP-CFL run started from `{started[:16]}`: "
-                         "the two links of C9 rest on different pre-trainings of that seed.")
+                         f"`{scored[:16]}`, its CP-CFL runs started from "
+                         f"{', '.join(f'`{e[:16]}`' for e in sorted(started))}: the CP-CFL and "
+                         "linear-evaluation links of C9 rest on different pre-trainings of "
+                         "that seed.")
     if unnamed:
         notes.append(f"Note: the linear evaluations of seed(s) {', '.join(map(str, unnamed))} "
                      "do not name the encoder they scored (written before linear_eval.json "
@@ -523,16 +565,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         make_missing(session, ev, chosen)
         ev = Evidence(config, results, args.seeds, session.out)
     judged = [ev.judge(c) for c in chosen]
+    from cpcfl_tf.report import provenance
+    from cpcfl_tf.results import write_json, write_text
+
+    note = provenance(list(ev.paired.values())) + _encoder_notes(ev)  # the links' runs
     command = f"python experiments/claims.py --preset {config.preset} --seeds {args.seeds[0]}-{args.seeds[-1]}" \
         if args.seeds == list(range(args.seeds[0], args.seeds[-1] + 1)) else \
         f"python experiments/claims.py --preset {config.preset} --seeds {','.join(map(str, args.seeds))}"
     text = report(config, results, args.seeds, judged, _headroom(ev), _groups(ev), command)
-    from cpcfl_tf.report import provenance
-    from cpcfl_tf.results import write_json, write_text
-
-    used = {id(r): r for j in judged for link, _, _ in j.links if not link.linear_eval
-            for name in (link.a, link.b, link.c, link.d) if name for r in ev.runs(name).values()}
-    note = provenance(list(used.values())) + _encoder_notes(ev)
     if note:
         text = text.rstrip("\n") + "\n\n" + "\n\n".join(note) + "\n"
     write_json(results / "claims.json", {

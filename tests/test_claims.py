@@ -158,6 +158,34 @@ def test_groups_found_shows_each_clustered_runs_final_ari_and_first_round(tree):
     assert "CP-CFL (BYOL)" not in rows  # no runs: no row
 
 
+def test_a_link_pairs_runs_of_one_encoder_and_one_machine(tmp_path):
+    # CP-CFL (SimCLR) was run on two machines, each with its own SimCLR encoder; the
+    # index prefers machine A's record (first path). FedAvg (SimCLR) exists from
+    # machine B only, so C2 must pair it with B's CP-CFL run (same encoder): +10 points,
+    # not A's +15. IFCA (FedAvg) (each run's own FedAvg encoder) exists from B only: C1
+    # pairs it with B's run too, by machine kind.
+    specs = script("claims").evidence(SMOKE)
+
+    def put(folder, name, seed, accuracy, cpu, encoder):
+        run = fake(specs[name], seed, accuracy)
+        (tmp_path / folder).mkdir(exist_ok=True)
+        write_record(tmp_path / folder / f"s{seed}-{name}.json", dataclasses.replace(
+            run, environment={"cpu": cpu, "starting_encoder": encoder}))
+
+    for seed in SEEDS:
+        put("a", "cp-cfl-simclr", seed, 0.95, "A", f"a{seed}")
+        put("b", "cp-cfl-simclr", seed, 0.90, "B", f"b{seed}")
+        put("b", "fedavg-simclr", seed, 0.80 + 0.001 * seed, "B", f"b{seed}")
+        put("b", "ifca-fedavg", seed, 0.85, "B", f"f{seed}")
+    out = judged(tmp_path, "C1", "C2")
+    assert out["C2"]["links"][0]["per_seed"]["0"] == pytest.approx(10.0)
+    assert out["C1"]["links"][0]["per_seed"]["0"] == pytest.approx(5.0)
+    used = json.loads((tmp_path / "claims.json").read_text())["records"]
+    # The links used B's; the groups table, one run alone, reads the preferred (A's).
+    assert used["seed 0: cp-cfl-simclr"] == [str(tmp_path / folder / "s0-cp-cfl-simclr.json")
+                                             for folder in ("b", "a")]
+
+
 def test_a_claim_the_data_cannot_host_says_why():
     claims = script("claims")
     standard = {c.id: c for c in claims.claims(get_preset("standard"))}
