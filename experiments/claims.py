@@ -587,10 +587,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     write_text(results / "claims.md", text)
     print(text)
     print(f"wrote {results / 'claims.md'}")
+    if len(judged) == len(CLAIM_IDS):
+        _update_readmes(results, config.preset, judged)
+
+
+def _update_readmes(results: Path, preset: str, judged: list[Judged]) -> None:
+    """The generated tables of ``results/README.md`` (per link) and, for a tree at
+    ``<repository>/results/<preset>``, of the repository's README (per claim)."""
     readme = results.parent / "README.md"
-    if (len(judged) == len(CLAIM_IDS) and readme.exists()
-            and replace_block(readme, "claims", config.preset, verdict_table(judged))):
-        print(f"updated the {config.preset} claims table in {readme}")
+    if readme.exists() and replace_block(readme, "claims", preset, verdict_table(judged)):
+        print(f"updated the {preset} claims table in {readme}")
+    top = results.resolve().parent
+    front = top.parent / "README.md"
+    if (top.name == "results" and front.exists()
+            and replace_block(front, "verdicts", preset, markdown_table(
+                ["claim", "verdict"], [[f"{j.claim.id} {j.claim.text}", j.verdict]
+                                       for j in judged]))):
+        print(f"updated the {preset} verdicts in {front}")
 
 
 def verdict_table(judged: list[Judged]) -> list[str]:

@@ -186,6 +186,25 @@ def test_a_link_pairs_runs_of_one_encoder_and_one_machine(tmp_path):
                                              for folder in ("b", "a")]
 
 
+def test_only_a_repositorys_results_tree_writes_the_front_doors_verdicts(tmp_path):
+    # README.md's verdicts come from <repository>/results/<preset>; judging a tree of
+    # one's own runs elsewhere (here runs/smoke) leaves them as they are.
+    spec = script("claims").evidence(SMOKE)["cp-cfl-simclr"]
+    front = tmp_path / "README.md"
+    front.write_text("intro\n<!-- verdicts:smoke -->\nSTALE\n<!-- /verdicts -->\nend\n")
+    for folder in ("runs", "results"):
+        tree = tmp_path / folder / "smoke"
+        tree.mkdir(parents=True)
+        write_record(tree / "run.json", fake(spec, 0, 0.9))
+        script("claims").main(["--preset", "smoke", "--results", str(tree),
+                               "--out", str(tree / "claims")])
+        if folder == "runs":
+            assert "STALE" in front.read_text()
+    text = front.read_text()
+    assert "STALE" not in text and text.startswith("intro\n") and text.endswith("end\n")
+    assert "| C11 CP-CFL comes close to the centralized by-group bound | cannot be told here |" in text
+
+
 def test_a_claim_the_data_cannot_host_says_why():
     claims = script("claims")
     standard = {c.id: c for c in claims.claims(get_preset("standard"))}

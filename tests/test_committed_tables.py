@@ -95,7 +95,9 @@ def test_the_committed_claims_are_what_the_judge_makes_of_the_committed_records(
     shutil.copytree(committed / preset, tmp_path / "results" / preset,
                     ignore=shutil.ignore_patterns("*.png", ".*"))
     shutil.copy(committed / "README.md", tmp_path / "results" / "README.md")
+    shutil.copy(ROOT / "README.md", tmp_path / "README.md")  # the front door's verdicts
     monkeypatch.chdir(tmp_path)  # the judge writes its tree's paths as given: results/<preset>
     script("claims").main(["--preset", preset])
     for name in (f"{preset}/claims.md", f"{preset}/claims.json", "README.md"):
         assert (tmp_path / "results" / name).read_text() == (committed / name).read_text(), name
+    assert (tmp_path / "README.md").read_text() == (ROOT / "README.md").read_text()
