@@ -22,6 +22,7 @@ import numpy as np
 from cpcfl_tf.config import Config
 from cpcfl_tf.dataset_pairs import dataset_pairs
 from cpcfl_tf.errors import UserError, run_cli
+from cpcfl_tf.federated.algorithm import cluster_sizes, clustering_failed
 from cpcfl_tf.federated.metrics import cluster_ari
 from cpcfl_tf.judge import (CANNOT, RULE, RecordIndex, Statistic, Summary, accuracy_at,
                             combined, config_key, final_accuracy, linear_eval_config,
@@ -408,7 +409,7 @@ def _number(value: float | None, digits: int = 2) -> str:
 
 
 def report(config: Config, results: Path, seeds: list[int], judged: list[Judged],
-           headroom: list[list[str]], groups: list[list[str]], command: str) -> str:
+           headroom: list[list[str]], groups: list[str], command: str) -> str:
     lines = [f"# The paper's claims (preset `{config.preset}`)", "",
              f"Judged by `python experiments/claims.py --preset {config.preset}` from the run "
              f"records under `{results}`, seeds {', '.join(map(str, seeds))}. The paper's "
@@ -445,15 +446,7 @@ def report(config: Config, results: Path, seeds: list[int], judged: list[Judged]
                   "Each method's accuracy minus the centralized by-group model's (points): how "
                   "much the data left above each method.", ""]
         lines += markdown_table(["method", "per seed", "mean (n)"], headroom)
-    if groups:
-        lines += ["", "## Groups found: the clusters against the true groups", "",
-                  "Per seed: the final clusters' adjusted Rand index against the clients' true "
-                  "groups (1: every client with its group), the first round after which every "
-                  "client was in its true group, and IFCA's restarts (the final attempt's "
-                  "rounds are the record's). A run that ends below 1 kept groups merged or "
-                  "split; the links that compare clustered methods move with it.", ""]
-        lines += markdown_table(["method", "final ARI per seed", "groups first found (round)",
-                                 "restarts", "runs ending with the true groups"], groups)
+    lines += groups
     return "\n".join(lines) + "\n"
 
 
@@ -481,20 +474,58 @@ def _found_at(record: RunRecord) -> int | None:
                  if cluster_ari(groups, np.array(r.cluster_ids)) == 1.0), None)
 
 
-def _groups(ev: Evidence) -> list[list[str]]:
-    """Per clustered method: final ARI and the round the true groups were first found, per
-    seed, and how many runs end with them (a run below ARI 1 kept groups merged or split)."""
-    rows = []
+def _sizes(record: RunRecord) -> str:
+    """The final clusters' sizes, e.g. ``16,40,4``."""
+    return ",".join(map(str, cluster_sizes(np.array(record.rounds[-1].cluster_ids),
+                                           record.config.federated.num_clusters)))
+
+
+def _flagged(record: RunRecord) -> bool:
+    """Whether IFCA's failure test flags the final clusters."""
+    fl = record.config.federated
+    return clustering_failed(np.array(record.rounds[-1].cluster_ids), fl.num_clusters,
+                             fl.min_cluster_share)
+
+
+def _groups(ev: Evidence) -> list[str]:
+    """The "Groups found" section: per clustered method and seed, the final clusters'
+    ARI and sizes, the round the true groups were first found and IFCA's restarts; and
+    whether IFCA's failure test would have caught CP-CFL's runs that end without them."""
+    rows, cp_cfl = [], []
     for name in CLUSTERED:
-        runs = ev.runs(name)
+        runs = list(ev.runs(name).values())
         if not runs:
             continue
-        found = [_found_at(r) for r in runs.values()]
-        rows.append([LABELS[name], " / ".join(f"{r.final.ari:.2f}" for r in runs.values()),
+        if name.startswith("cp-cfl"):
+            cp_cfl += runs
+        found = [_found_at(r) for r in runs]
+        rows.append([LABELS[name], " / ".join(f"{r.final.ari:.2f}" for r in runs),
+                     " / ".join(_sizes(r) for r in runs),
                      " / ".join("never" if f is None else str(f) for f in found),
-                     " / ".join(str(r.final.restarts) for r in runs.values()),
-                     f"{sum(r.final.ari == 1.0 for r in runs.values())} of {len(runs)}"])
-    return rows
+                     " / ".join(str(r.final.restarts) for r in runs),
+                     f"{sum(r.final.ari == 1.0 for r in runs)} of {len(runs)}"])
+    if not rows:
+        return []
+    lines = ["", "## Groups found: the clusters against the true groups", "",
+             "Per seed: the final clusters' adjusted Rand index against the clients' true "
+             "groups (1: every client with its group) and their sizes, the first round after "
+             "which every client was in its true group, and IFCA's restarts (the final "
+             "attempt's rounds are the record's). A run that ends below 1 kept groups merged "
+             "or split; the links that compare clustered methods move with it.", ""]
+    lines += markdown_table(["method", "final ARI per seed", "final cluster sizes",
+                             "groups first found (round)", "restarts",
+                             "runs ending with the true groups"], rows)
+    missed = [r for r in cp_cfl if r.final.ari < 1.0]
+    if missed:
+        kept = [r for r in cp_cfl if r.final.ari == 1.0]
+        share = missed[0].config.federated.min_cluster_share
+        lines += ["", f"CP-CFL has no restart rule (the paper gives it none). IFCA's failure "
+                      f"test (one model for every client, or a cluster below {share:g} of its "
+                      f"fair share: docs/choices.md), applied to CP-CFL's final clusters, "
+                      f"flags {sum(map(_flagged, missed))} of the {len(missed)} CP-CFL runs "
+                      f"that end below ARI 1 and {sum(map(_flagged, kept))} of the "
+                      f"{len(kept)} that end with the true groups."]
+    return lines
 
 
 def _encoder_notes(ev: Evidence) -> list[str]:

@@ -151,11 +151,18 @@ def test_groups_found_shows_each_clustered_runs_final_ari_and_first_round(tree):
     section = text[text.index("## Groups found"):]
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1:]
             for line in section.splitlines() if line.startswith("| ")}
-    assert rows["IFCA (None)"] == ["1.00 / 1.00 / 1.00 / 1.00 / 1.00", "1 / 1 / 1 / 1 / 1",
-                                   "0 / 0 / 1 / 0 / 0", "5 of 5 |"]
-    assert rows["CP-CFL (SimCLR)"] == ["1.00 / 1.00 / 1.00 / 0.40 / 1.00",
-                                       "1 / 1 / 1 / never / 1", "0 / 0 / 0 / 0 / 0", "4 of 5 |"]
+    sizes = ",".join(map(str, np.bincount(first.cluster_ids)))  # the true groups
+    assert rows["IFCA (None)"] == ["1.00 / 1.00 / 1.00 / 1.00 / 1.00", " / ".join([sizes] * 5),
+                                   "1 / 1 / 1 / 1 / 1", "0 / 0 / 1 / 0 / 0", "5 of 5 |"]
+    merged_sizes = ",".join(map(str, np.bincount(rounds[-1].cluster_ids, minlength=3)))
+    assert merged_sizes.endswith(",0")  # groups 1 and 2 share model 1, model 2 is unused
+    assert rows["CP-CFL (SimCLR)"] == [
+        "1.00 / 1.00 / 1.00 / 0.40 / 1.00", " / ".join([sizes] * 3 + [merged_sizes, sizes]),
+        "1 / 1 / 1 / never / 1", "0 / 0 / 0 / 0 / 0", "4 of 5 |"]
     assert "CP-CFL (BYOL)" not in rows  # no runs: no row
+    # IFCA's failure test catches the merged run (an empty model), not the others.
+    assert ("flags 1 of the 1 CP-CFL runs that end below ARI 1 and 0 of the 4 that end "
+            "with the true groups") in section
 
 
 def test_a_link_pairs_runs_of_one_encoder_and_one_machine(tmp_path):
