@@ -47,17 +47,33 @@ def load(name: str):
     return module
 
 
-def recorded_seconds(folder: Path) -> float:
-    """Seconds of compute the run records in ``folder`` say they took."""
-    total = 0.0
-    for path in folder.glob("*.json"):
+def _records(folder: Path) -> list[dict]:
+    """The JSON objects in ``folder`` (run records, evaluations), unreadable ones skipped."""
+    out = []
+    for path in sorted(folder.glob("*.json")):
         try:
             data = json.loads(path.read_text())
         except ValueError:
             continue
-        if isinstance(data, dict) and isinstance(data.get("timing"), dict):
-            total += data["timing"].get("seconds") or 0.0
-    return total
+        if isinstance(data, dict):
+            out.append(data)
+    return out
+
+
+def recorded_seconds(folder: Path) -> float:
+    """Seconds of compute the run records in ``folder`` say they took."""
+    return sum(d["timing"].get("seconds") or 0.0 for d in _records(folder)
+               if isinstance(d.get("timing"), dict))
+
+
+def recorded_seeds(folder: Path) -> list[int]:
+    """The seeds (partition and training) of the records in ``folder``."""
+    return sorted({d["seeds"]["data"] for d in _records(folder)
+                   if isinstance(d.get("seeds"), dict) and "data" in d["seeds"]})
+
+
+def _seed_list(seeds: list[int]) -> str:
+    return ", ".join(map(str, seeds)) or "-"
 
 
 def claims(root: Path) -> list[str]:
@@ -102,20 +118,28 @@ def main(argv: Sequence[str] | None = None) -> None:
         if not report.exists():
             continue
         # One level down: the report's title becomes a section of this one.
-        lines += ["#" + line if line.startswith("#") else line
-                  for line in report.read_text().rstrip().splitlines()] + [""]
+        section = ["#" + line if line.startswith("#") else line
+                   for line in report.read_text().rstrip().splitlines()]
+        seeds = recorded_seeds(folder)
+        if len(seeds) == 1:  # say it under the title: one draw of every source of chance
+            section[1:1] = ["", f"*One seed ({seeds[0]}): one partition, initialisation and "
+                                "pre-training. An illustration; the claims are judged over "
+                                "seeds (last section).*"]
+        lines += section + [""]
         lines += [f"![{png.stem}]({name}/{png.name})" for png in sorted(folder.glob("*.png"))]
         lines.append("")
-        rows.append([f"`{name}`", f"{recorded_seconds(folder) / 60:.1f}"])
+        rows.append([f"`{name}`", _seed_list(seeds), f"{recorded_seconds(folder) / 60:.1f}"])
     for name in OTHER_RUNS:  # runs of scripts beyond the paper's tables, if made here
         seconds = recorded_seconds(root / name)
         if seconds:
-            rows.append([f"`{name}`", f"{seconds / 60:.1f}"])
+            rows.append([f"`{name}`", _seed_list(recorded_seeds(root / name)),
+                         f"{seconds / 60:.1f}"])
     # The runs' own timings, so the report is the same however often it is rebuilt.
-    lines += ["## Time per script", "",
-              "Minutes of compute the script's run records say their runs took (federated and "
-              "centralized runs; pre-training is timed in the cache's `pretrain.json`).", ""]
-    lines += markdown_table(["script", "runs (min)"], rows) + [""]
+    lines += ["## Seeds and time per script", "",
+              "The seeds of each script's records, and the minutes of compute its run records "
+              "say their runs took (federated and centralized runs; pre-training is timed in "
+              "the cache's `pretrain.json`).", ""]
+    lines += markdown_table(["script", "seeds", "runs (min)"], rows) + [""]
     lines += [""] + claims(root)
     write_text(root / "report.md", "\n".join(lines).rstrip() + "\n")
     print(f"wrote {root / 'report.md'}")

@@ -354,8 +354,13 @@ def test_all_runs_the_scripts_and_gathers_every_report(tmp_path, capsys):
     assert "## Table 2 (earlier)" in report  # every script's report, a level down
     assert "## Number of clusters (preset `smoke`)" in report
     assert "![accuracy](clusters/accuracy.png)" in report
-    assert "| `clusters` |" in report and "| `table2` | 0.0 |" in report
-    assert "| `claims` | 2.0 |" in report and "`cfl_families`" not in report
+    assert "| `clusters` | 0 |" in report and "| `table2` | - | 0.0 |" in report
+    assert "| `claims` | - | 2.0 |" in report and "`cfl_families`" not in report
+    # A table from one seed says under its title that it is one draw of chance.
+    clusters = report[report.index("## Number of clusters"):]
+    assert clusters.splitlines()[2].startswith("*One seed (0):")
+    assert "One seed" not in report[report.index("## Table 2 (earlier)"):
+                                    report.index("## Number of clusters")]
     assert "## The paper's claims" in report and "| C1 | holds |" in report  # claims.md
     assert len(list((root / "clusters").glob("cp-cfl-simclr-n*.json"))) == 5
 
