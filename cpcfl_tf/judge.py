@@ -5,7 +5,8 @@ paper needs) and by ``experiments/compare.py`` (a reproducer's runs against the 
 ones):
 
 * :class:`RecordIndex` finds the run records of a results tree by the config that made
-  them, wherever a script wrote them (a run is the same whatever script asks for it);
+  them, wherever a script wrote them (a run is the same whatever script asks for it),
+  and the runs of one seed together (one encoder per pre-training, one kind of CPU);
 * :func:`paired` takes a statistic of two runs of the *same seed* (the same partition,
   initial weights, batch order and pre-trained encoder) and gives their per-seed
   differences;
@@ -14,6 +15,7 @@ ones):
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 from pathlib import Path
@@ -106,6 +108,18 @@ class RecordIndex:
         """Every record of ``config``, the preferred first."""
         return list(self._by_key.get(config_key(config), []))
 
+    def together(self, configs: Sequence[Config]) -> list[Found] | None:
+        """One record of each config (None: one has none), chosen so that they are one
+        sample of chance: runs of one pre-training start from one encoder
+        (``environment.starting_encoder``) and, where the tree allows, ran on one kind
+        of CPU. Among equals, the preferred (:meth:`every`'s order)."""
+        options = [self.every(config) for config in configs]
+        if not all(options):
+            return None
+        # min keeps the first of the best, and product order is the preference order
+        return list(min(itertools.product(*options),
+                        key=lambda chosen: mismatch([f.record for f in chosen])))
+
     def add(self, path: Path, record: RunRecord) -> None:
         """Index a record written after the tree was read."""
         found = self._by_key.setdefault(config_key(record.requested), [])
@@ -120,6 +134,21 @@ class RecordIndex:
     def preferred(self) -> Iterable[Found]:
         """The preferred record of every config in the tree."""
         return (found[0] for found in self._by_key.values())
+
+
+def mismatch(records: Sequence[RunRecord]) -> tuple[bool, bool]:
+    """(runs of one pre-training started from different encoders, the runs ran on more
+    than one kind of CPU): what keeps runs of one seed from being one sample of chance.
+    FedAvg encoders are each run's own (trained on its clients), so they are not compared."""
+    encoders: dict[tuple, set] = {}
+    for r in records:
+        if r.pretraining not in ("none", "fedavg"):
+            data = r.config.data
+            key = (r.pretraining, repr(r.config.pretrain), data.pretrain_dataset,
+                   data.pretrain_split, data.image_size)
+            encoders.setdefault(key, set()).add(r.environment.get("starting_encoder"))
+    return (any(len(seen) > 1 for seen in encoders.values()),
+            len({r.environment.get("cpu") for r in records}) > 1)
 
 
 def _run_record(path: Path) -> RunRecord | None:

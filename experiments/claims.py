@@ -11,7 +11,6 @@ top of the results tree.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import subprocess
 import sys
 from pathlib import Path
@@ -215,21 +214,6 @@ CLAIM_IDS = tuple(f"C{k}" for k in range(1, 12))
 
 
 # -- judging -------------------------------------------------------------------------
-def _mismatch(records: Sequence[RunRecord]) -> tuple[bool, bool]:
-    """(runs of one pre-training started from different encoders, the runs ran on more
-    than one kind of CPU): what keeps runs of one seed from being one sample of chance.
-    FedAvg encoders are each run's own (trained on its clients), so they are not compared."""
-    encoders: dict[tuple, set] = {}
-    for r in records:
-        if r.pretraining not in ("none", "fedavg"):
-            data = r.config.data
-            key = (r.pretraining, repr(r.config.pretrain), data.pretrain_dataset,
-                   data.pretrain_split, data.image_size)
-            encoders.setdefault(key, set()).add(r.environment.get("starting_encoder"))
-    return (any(len(seen) > 1 for seen in encoders.values()),
-            len({r.environment.get("cpu") for r in records}) > 1)
-
-
 @dataclasses.dataclass
 class Judged:
     claim: Claim
@@ -283,14 +267,10 @@ class Evidence:
 
     def records(self, names: Sequence[str], seed: int) -> dict[str, RunRecord] | None:
         """One record of each run in ``names`` for ``seed`` (None: one is missing), chosen
-        so that they are one sample of chance: runs of one pre-training start from one
-        encoder (``environment.starting_encoder``) and, where the tree allows, ran on
-        one kind of CPU. Among equals, the index's preferred (:class:`RecordIndex`)."""
-        options = [self.index.every(self.config_of(name, seed)) for name in names]
-        if not all(options):
+        together as one sample of chance (:meth:`RecordIndex.together`)."""
+        chosen = self.index.together([self.config_of(name, seed) for name in names])
+        if chosen is None:
             return None
-        # min keeps the first of the best: product order is the index's preference order
-        chosen = min(itertools.product(*options), key=lambda c: _mismatch([f.record for f in c]))
         for name, found in zip(names, chosen):
             self._use(seed, name, found.path)
             self.paired[str(found.path)] = found.record
