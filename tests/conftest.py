@@ -11,6 +11,25 @@ import pytest  # noqa: E402
 from cpcfl_tf.data.sources import load_labeled  # noqa: E402
 
 
+SLOW_FILES = ("test_flower.py", "test_scripts.py", "test_table2.py", "test_simulator.py",
+              "test_flower_nodes.py", "test_experiments.py", "test_reliability.py",
+              "test_linear_eval.py", "test_contrastive.py")
+"""The files whose tests take longest in all (measured with ``--durations=0``), longest
+first: under ``--dist loadfile`` they start first and the short files fill the gaps at
+the end, instead of xdist's default order (files with the most tests first), which
+queued the Flower files late."""
+
+
+def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: keep our file order
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: k for k, name in enumerate(SLOW_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FILES)))  # stable
+
+
 @pytest.fixture(scope="session", autouse=True)
 def encoder_cache(tmp_path_factory):
     """One encoder cache for the whole suite, so the smoke SimCLR encoder and FedAvg
