@@ -138,15 +138,13 @@ class RecordIndex:
 
 def mismatch(records: Sequence[RunRecord]) -> tuple[bool, bool]:
     """(runs of one pre-training started from different encoders, the runs ran on more
-    than one kind of CPU): what keeps runs of one seed from being one sample of chance.
-    FedAvg encoders are each run's own (trained on its clients), so they are not compared."""
+    than one kind of CPU): what keeps runs of one seed from being one sample of chance
+    (:attr:`~cpcfl_tf.record.RunRecord.pretraining_key` says which runs share one)."""
     encoders: dict[tuple, set] = {}
     for r in records:
-        if r.pretraining not in ("none", "fedavg"):
-            data = r.config.data
-            key = (r.pretraining, repr(r.config.pretrain), data.pretrain_dataset,
-                   data.pretrain_split, data.image_size)
-            encoders.setdefault(key, set()).add(r.environment.get("starting_encoder"))
+        if r.pretraining_key is not None:
+            encoders.setdefault(r.pretraining_key, set()).add(
+                r.environment.get("starting_encoder"))
     return (any(len(seen) > 1 for seen in encoders.values()),
             len({r.environment.get("cpu") for r in records}) > 1)
 

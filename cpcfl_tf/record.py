@@ -160,6 +160,17 @@ class RunRecord:
     def pretraining(self) -> str:
         return self.config.federated.pretraining
 
+    @property
+    def pretraining_key(self) -> tuple | None:
+        """What names one server pre-training (method, its settings, data and seed): runs
+        with the same key should start from one encoder. None for a start that is no
+        shared pre-training: random weights, or FedAvg's encoder (each run's own)."""
+        if self.pretraining in ("none", "fedavg"):
+            return None
+        data = self.config.data
+        return (self.pretraining, repr(self.config.pretrain), data.pretrain_dataset,
+                data.pretrain_split, data.image_size, self.config.seed)
+
     def accuracy_at(self, round_: int) -> float:
         """Mean client accuracy after ``round_`` finished rounds."""
         return next(r.accuracy for r in self.rounds if r.round == round_)

@@ -21,13 +21,8 @@ def provenance(records: Sequence) -> list[str]:
     for record in records:
         cpu = record.environment.get("cpu", "CPU not recorded")
         cpus[cpu] = cpus.get(cpu, 0) + 1
-        if record.environment.get("starting_encoder") and record.pretraining != "fedavg":
-            # One pre-training (same method, settings, data and seed: every seed
-            # pre-trains its own) should be one encoder; FedAvg encoders are trained on
-            # each run's own clients.
-            data = record.config.data
-            key = (record.pretraining, repr(record.config.pretrain), data.pretrain_dataset,
-                   data.pretrain_split, data.image_size, record.config.seed)
+        key = record.pretraining_key  # one pre-training should be one encoder
+        if key is not None and record.environment.get("starting_encoder"):
             encoders.setdefault(key, set()).add(record.environment["starting_encoder"])
     lines = []
     if len(cpus) > 1:
