@@ -237,8 +237,9 @@ class Evidence:
         self.used: dict[str, list[str]] = {}
         """Run (``seed K: name``) -> the paths of the records used, for claims.json (one
         unless links paired the run with runs from different encoders or machines)."""
-        self.paired: dict[str, RunRecord] = {}
-        """Path -> record, of every record a link used."""
+        self.linked: dict[int, RunRecord] = {}
+        """Every record a link used, by ``id`` (the index holds one object per file): the
+        report's provenance note."""
         self.scored: dict[tuple[int, str], str | None] = {}
         """(seed, pre-training) -> the fingerprint of the encoder its linear evaluation
         scored (None: the row does not name it)."""
@@ -265,16 +266,16 @@ class Evidence:
                 self._use(seed, name, found.path)
         return out
 
-    def records(self, names: Sequence[str], seed: int) -> dict[str, RunRecord] | None:
-        """One record of each run in ``names`` for ``seed`` (None: one is missing), chosen
-        together as one sample of chance (:meth:`RecordIndex.together`)."""
-        chosen = self.index.together([self.config_of(name, seed) for name in names])
-        if chosen is None:
-            return None
-        for name, found in zip(names, chosen):
-            self._use(seed, name, found.path)
-            self.paired[str(found.path)] = found.record
-        return {name: found.record for name, found in zip(names, chosen)}
+    def together(self, names: Sequence[str]) -> dict[str, dict[int, RunRecord]]:
+        """Per run in ``names``, its record per seed, over the seeds that have all of them,
+        each seed's chosen together as one sample of chance (:meth:`RecordIndex.together`)."""
+        out: dict[str, dict[int, RunRecord]] = {name: {} for name in names}
+        for seed in self.seeds:
+            chosen = self.index.together([self.config_of(name, seed) for name in names])
+            for name, found in zip(names, chosen or ()):
+                self._use(seed, name, found.path)
+                out[name][seed] = found.record
+        return out
 
     def linear_eval(self, method: str) -> dict[int, float]:
         """Linear-evaluation accuracy (%) of ``method``'s encoder per seed."""
@@ -304,8 +305,8 @@ class Evidence:
                 missing = [f"seed {s}: linear evaluation" for s in self.seeds
                            if s not in a or s not in b]
             else:
-                chosen = {s: self.records(names, s) for s in self.seeds}
-                runs = {name: {s: r[name] for s, r in chosen.items() if r} for name in names}
+                runs = self.together(names)
+                self.linked.update((id(r), r) for have in runs.values() for r in have.values())
                 diffs = paired(runs[link.a], runs.get(link.b), link.stat,
                                threshold=link.threshold)
                 if link.c is not None:
@@ -437,9 +438,8 @@ CLUSTERED = ("ifca-none", "ifca-fedavg", "cp-cfl-simclr", "cp-cfl-byol", "cp-cfl
 def _headroom(ev: Evidence) -> list[list[str]]:
     rows = []
     for name, label in LABELS.items():
-        pairs = {s: r for s in ev.seeds if (r := ev.records([name, "centralized-group"], s))}
-        gaps = {s: final_accuracy(r[name]) - final_accuracy(r["centralized-group"])
-                for s, r in pairs.items()}
+        runs = ev.together([name, "centralized-group"])
+        gaps = paired(runs[name], runs["centralized-group"], final_accuracy)
         if gaps:
             values = list(gaps.values())
             rows.append([label, " / ".join(f"{v:+.2f}" for v in values),
@@ -579,7 +579,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from cpcfl_tf.report import provenance
     from cpcfl_tf.results import write_json, write_text
 
-    note = provenance(list(ev.paired.values())) + _encoder_notes(ev)  # the links' runs
+    note = provenance(list(ev.linked.values())) + _encoder_notes(ev)
     command = f"python experiments/claims.py --preset {config.preset} --seeds {args.seeds[0]}-{args.seeds[-1]}" \
         if args.seeds == list(range(args.seeds[0], args.seeds[-1] + 1)) else \
         f"python experiments/claims.py --preset {config.preset} --seeds {','.join(map(str, args.seeds))}"
