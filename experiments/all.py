@@ -60,16 +60,15 @@ def _records(folder: Path) -> list[dict]:
     return out
 
 
-def recorded_seconds(folder: Path) -> float:
-    """Seconds of compute the run records in ``folder`` say they took."""
-    return sum(d["timing"].get("seconds") or 0.0 for d in _records(folder)
-               if isinstance(d.get("timing"), dict))
-
-
-def recorded_seeds(folder: Path) -> list[int]:
-    """The seeds (partition and training) of the records in ``folder``."""
-    return sorted({d["seeds"]["data"] for d in _records(folder)
-                   if isinstance(d.get("seeds"), dict) and "data" in d["seeds"]})
+def recorded(folder: Path) -> tuple[float, list[int]]:
+    """Seconds of compute the run records in ``folder`` say they took, and the seeds
+    (partition and training) of its records, from one read of the folder."""
+    records = _records(folder)
+    seconds = sum(d["timing"].get("seconds") or 0.0 for d in records
+                  if isinstance(d.get("timing"), dict))
+    seeds = sorted({d["seeds"]["data"] for d in records
+                    if isinstance(d.get("seeds"), dict) and "data" in d["seeds"]})
+    return seconds, seeds
 
 
 def _seed_list(seeds: list[int]) -> str:
@@ -120,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         # One level down: the report's title becomes a section of this one.
         section = ["#" + line if line.startswith("#") else line
                    for line in report.read_text().rstrip().splitlines()]
-        seeds = recorded_seeds(folder)
+        seconds, seeds = recorded(folder)
         if len(seeds) == 1:  # say it under the title: one draw of every source of chance
             section[1:1] = ["", f"*One seed ({seeds[0]}): one partition, initialisation and "
                                 "pre-training. An illustration; the claims are judged over "
@@ -128,12 +127,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         lines += section + [""]
         lines += [f"![{png.stem}]({name}/{png.name})" for png in sorted(folder.glob("*.png"))]
         lines.append("")
-        rows.append([f"`{name}`", _seed_list(seeds), f"{recorded_seconds(folder) / 60:.1f}"])
+        rows.append([f"`{name}`", _seed_list(seeds), f"{seconds / 60:.1f}"])
     for name in OTHER_RUNS:  # runs of scripts beyond the paper's tables, if made here
-        seconds = recorded_seconds(root / name)
+        seconds, seeds = recorded(root / name)
         if seconds:
-            rows.append([f"`{name}`", _seed_list(recorded_seeds(root / name)),
-                         f"{seconds / 60:.1f}"])
+            rows.append([f"`{name}`", _seed_list(seeds), f"{seconds / 60:.1f}"])
     # The runs' own timings, so the report is the same however often it is rebuilt.
     lines += ["## Seeds and time per script", "",
               "The seeds of each script's records, and the minutes of compute its run records "
