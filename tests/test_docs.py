@@ -1,8 +1,16 @@
-"""README and docs/ stay current: every local link resolves, and README's layout map names
-every part of the package."""
+"""README and docs/ stay current: every local link resolves, README's layout map names
+every part of the package, and every command they show parses with the options and
+settings the kit has today."""
+import argparse
+import importlib
 import re
+import shlex
+from pathlib import Path
 
-from helpers import ROOT
+import numpy as np
+from PIL import Image
+
+from helpers import ROOT, script
 
 
 def pages():
@@ -30,3 +38,77 @@ def test_the_layout_map_names_every_part_of_the_package():
     missing = [p.name for p in parts
                if f"cpcfl_tf/{p.name}{'/' if p.is_dir() else ''}" not in layout]
     assert not missing, f"README's layout map lacks {missing}"
+
+
+_COMMAND = re.compile(r"python (?:(?:experiments|tools|benchmarks)/\w+\.py|-m cpcfl_tf\.[\w.]+)")
+# What the pages write for "your value here", and a value each option takes.
+_PLACEHOLDERS = {"P": "quick", "K": "1", "DIR": "runs/mine", "M": "fedavg-none"}
+
+
+def shown_commands():
+    """Every kit command the pages show: the lines of their code blocks (continuations
+    joined, comments cut) and the inline ones, as ``(page, command)``."""
+    found = []
+    for page in pages():
+        text = page.read_text()
+        for block in re.findall(r"```[a-z]*\n(.*?)```", text, re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                line = line.split(" #")[0].strip()
+                if _COMMAND.match(line):
+                    found.append((page.relative_to(ROOT).as_posix(), line))
+        prose = re.sub(r"```.*?```", "", text, flags=re.S).replace("\n", " ")
+        found += [(page.relative_to(ROOT).as_posix(), span.strip())
+                  for span in re.findall(r"`([^`]+)`", prose) if _COMMAND.match(span.strip())]
+    return found
+
+
+class _Parsed(BaseException):
+    """Raised in place of running the command once its arguments have parsed."""
+
+
+def _image_folder(root):
+    """An image folder (train/ and test/, ten classes) big enough for any preset's
+    partition check, standing in for a folder a page names."""
+    for split in ("train", "test"):
+        for label in range(10):
+            (root / split / f"class{label}").mkdir(parents=True, exist_ok=True)
+            for k in range(100):
+                Image.fromarray(np.full((8, 8), (25 * label + k) % 256, np.uint8)).save(
+                    root / split / f"class{label}" / f"{k}.png")
+
+
+def test_every_command_the_pages_show_parses_and_its_settings_validate(tmp_path, monkeypatch):
+    from cpcfl_tf.cli import resolve_config
+
+    parse = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(self, args=None, namespace=None):
+        raise _Parsed(parse(self, args, namespace))
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+    commands, broken = shown_commands(), []
+    assert len(commands) > 40, "the pages' commands were not found"
+    for page, command in commands:
+        words = shlex.split(command)[1:]  # after "python"
+        as_module = words[0] == "-m"
+        target, argv = words[int(as_module)], [_PLACEHOLDERS.get(w, w)
+                                               for w in words[1 + int(as_module):]]
+        if not argv or any(mark in w for w in argv for mark in ("|", "[", "...")):
+            continue  # a mention of the tool, or a pattern of several commands
+        for folder in {f for w in argv for f in re.findall(r"folder:/(\S+)", w)}:
+            _image_folder(tmp_path / folder)
+        argv = [w.replace("folder:/", f"folder:{tmp_path}/") for w in argv]
+        module = importlib.import_module(target) if as_module else script(Path(target).stem)
+        try:
+            module.main(argv)
+            broken.append(f"{page}: {command}: ran past its arguments")
+        except _Parsed as parsed:
+            args = parsed.args[0]
+            if all(hasattr(args, a) for a in ("preset", "set", "seed", "data_dir")):
+                try:
+                    resolve_config(args)
+                except Exception as err:  # noqa: BLE001 - the message is the finding
+                    broken.append(f"{page}: {command}: {err}")
+        except SystemExit:
+            broken.append(f"{page}: {command}: refused by its parser")
+    assert not broken, "\n".join(broken)
