@@ -235,6 +235,51 @@ def test_a_scored_round_scores_each_node_with_its_model_or_the_one_it_would_choo
     assert all(np.array_equal(a, b) for a, b in zip(got, pool[1]))  # the planned model
 
 
+def test_a_message_for_another_client_is_refused_by_the_node_it_reached():
+    # The server names the client in every message after the roster (its id; for a node
+    # with its own data also the folder's name) and the node checks it against its own
+    # config: a misdelivered message is an error reply, not one client's model trained or
+    # scored on another client's data.
+    import time
+
+    from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+    from flwr.common import Metadata
+
+    from cpcfl_tf.flower import client_app, server_app
+
+    def reply(handler, kind, node_config, settings):
+        meta = Metadata(run_id=1, message_id="m", src_node_id=1, dst_node_id=5,
+                        reply_to_message_id="", group_id="1", created_at=time.time(),
+                        ttl=60.0, message_type=kind)
+        context = Context(run_id=1, node_id=5, node_config=node_config, state=RecordDict(),
+                          run_config={"num-clients": 3})
+        message = Message(RecordDict({"config": ConfigRecord(settings)}), metadata=meta)
+        got = handler(message, context)
+        return got.error.reason if got.has_error() else None
+
+    partition = {"partition-id": 1}
+    for handler, kind, extra in ((client_app.train, MessageType.TRAIN,
+                                  {"round": 0, "attempt": 0, "num-clients": 3}),
+                                 (client_app.evaluate, MessageType.EVALUATE, {}),
+                                 (client_app.query, MessageType.QUERY, {"ask": "group"})):
+        reason = reply(handler, kind, partition, {**extra, "client-id": 2})
+        assert "a message for client 2 (2) reached the node of 1" in reason
+    # The right addressee passes; a node with its own data checks the folder's name.
+    def context(node_config):
+        return Context(run_id=1, node_id=5, node_config=node_config, state=RecordDict(),
+                       run_config={"num-clients": 3})
+
+    assert client_app._addressed({"client-id": 1}, context(partition)) is None
+    assert client_app._addressed({"client-id": 0, "name": "site-a"},
+                                 context({"data-path": "/data/site-a"})) is None
+    names = {0: "site-a", 1: "site-b"}
+    own = {"data-path": "/data/site-a"}
+    assert server_app._addressee(1, names) == {"client-id": 1, "name": "site-b"}
+    assert server_app._addressee(1, None) == {"client-id": 1}
+    reason = reply(client_app.evaluate, MessageType.EVALUATE, own, server_app._addressee(1, names))
+    assert "a message for client 1 (site-b) reached the node of site-a" in reason
+
+
 def test_flower_loopback_rejects_bad_input_before_starting_anything(tmp_path):
     import subprocess
     import sys

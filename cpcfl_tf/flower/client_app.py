@@ -103,6 +103,24 @@ def _node(context: Context):
             int(clients.groups[partition_id]))
 
 
+def _addressed(settings, context: Context) -> None:
+    """Refuse a message meant for another client: the server names the client (its id,
+    and for a node with its own data the folder name) and the node checks it against
+    its own node config, so a message that reached the wrong node fails loudly instead
+    of training or scoring one client's model on another's data."""
+    client = int(settings["client-id"])
+    path = context.node_config.get("data-path")
+    if path is not None:
+        mine, meant = Path(str(path)).name, settings.get("name")
+        wrong = meant is not None and str(meant) != mine
+    else:
+        mine, meant = int(context.node_config["partition-id"]), client
+        wrong = meant != mine
+    if wrong:
+        raise UserError(f"a message for client {client} ({meant}) reached the node of "
+                        f"{mine}: the SuperLink delivered it to the wrong node")
+
+
 def _reply(msg: Message, **records) -> Message:
     return Message(RecordDict(records), reply_to=msg)
 
@@ -152,6 +170,7 @@ def query(msg: Message, context: Context) -> Message:
         return _reply(msg, identity=ConfigRecord(_identity(context)))
     # Once before training, what the method needs (Method.asks_first): only now data.
     client = int(settings["client-id"])
+    _addressed(settings, context)
     _, data, _, _, group = _node(context)
     if asked == "group":
         if group is None:
@@ -175,6 +194,7 @@ def train(msg: Message, context: Context) -> Message:
 
     settings = msg.content["config"]
     client, num_clients = int(settings["client-id"]), int(settings["num-clients"])
+    _addressed(settings, context)
     config, data, _, backend, _ = _node(context)
     fl = config.resolved().federated
     # The round's plan, drawn from the seeds exactly as the server and the simulator draw it.
@@ -208,6 +228,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     from cpcfl_tf.federated.backends import client_losses, client_probabilities
     from cpcfl_tf.federated.metrics import client_accuracy
 
+    _addressed(msg.content["config"], context)
     _, data, test, backend, _ = _node(context)
     sent = models_from_records(msg.content.array_records)
     pool = [sent[n] for n in sorted(sent)]  # by cluster id: ties go as the simulator's

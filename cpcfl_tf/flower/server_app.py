@@ -88,14 +88,14 @@ def _check_partitions(grid: Grid, nodes: list[int], num_clients: int, timeout: f
 
 
 def _ask_first(grid: Grid, client_of: dict[int, int], asked: str | None, num_clients: int,
-               basis: int, timeout: float) -> tuple[np.ndarray | None, list | None]:
+               basis: int, timeout: float, names: dict[int, str] | None = None) -> tuple[np.ndarray | None, list | None]:
     """What the method asks every client once before training (``asked``): the true
     groups (the oracle) or the data subspaces (PACFL), by client id; every client must
     answer."""
     if asked is None:
         return None, None
     contents = {node: RecordDict({"config": ConfigRecord({"ask": asked, "basis": basis,
-                                                          "client-id": client})})
+                                                          **_addressee(client, names)})})
                 for node, client in client_of.items()}
     answers, _ = _send(grid, contents, MessageType.QUERY, f"0-{asked}", timeout)
     by_client = {int(r.content["metrics"]["client-id"]): r for r in answers}
@@ -109,6 +109,12 @@ def _ask_first(grid: Grid, client_of: dict[int, int], asked: str | None, num_cli
         return np.array([int(by_client[c].content["metrics"]["group"])
                          for c in range(num_clients)]), None
     return None, [from_record(by_client[c].content["subspace"])[0] for c in range(num_clients)]
+
+
+def _addressee(client: int, names: dict[int, str] | None) -> dict:
+    """Whom a message is for, as the node checks it (``client_app._addressed``): the
+    client id and, for a node with its own data, its folder name."""
+    return {"client-id": client, **({} if names is None else {"name": names[client]})}
 
 
 def _roster(grid: Grid, nodes: list[int], timeout: float
@@ -146,8 +152,10 @@ class _Nodes:
     client, reached through the Grid. A node that fails a round is left out of it."""
 
     def __init__(self, grid: Grid, client_of: dict[int, int], num_clients: int,
-                 timeout: float, fl: FederatedConfig):
+                 timeout: float, fl: FederatedConfig, names: dict[int, str] | None = None):
         self.grid, self.client_of, self.timeout, self.fl = grid, client_of, timeout, fl
+        self.names = names
+        """Client id -> data folder name, for nodes with their own data."""
         self.num_clients, self.assigns = num_clients, METHODS[fl.method].server_assigns
         self.scores: dict[int, float] = {}
         """The last scored round's accuracy per client that answered (the last round is
@@ -160,8 +168,8 @@ class _Nodes:
         for node, client in self.client_of.items():
             if node not in online or client not in row:
                 continue
-            settings = {"round": plan.round, "attempt": plan.attempt, "client-id": client,
-                        "num-clients": self.num_clients}
+            settings = {"round": plan.round, "attempt": plan.attempt,
+                        "num-clients": self.num_clients, **_addressee(client, self.names)}
             if self.assigns:  # the node's own model only, and which one it is
                 cluster = int(plan.drawn[row[client]])
                 contents[node] = RecordDict({
@@ -214,7 +222,7 @@ class _Nodes:
             if cluster < 0 and planned is not None:
                 cluster = int(planned[client])
             sent = {cluster: models[cluster]} if cluster >= 0 else dict(enumerate(models))
-            contents[node] = RecordDict({"config": ConfigRecord({"client-id": client}),
+            contents[node] = RecordDict({"config": ConfigRecord(_addressee(client, self.names)),
                                          **models_to_records(sent)})
         scores, _ = _send(self.grid, contents, MessageType.EVALUATE, f"{round_}-evaluate",
                           self.timeout)
@@ -257,8 +265,11 @@ def main(grid: Grid, context: Context) -> None:
     fl = config.resolved().federated
     num_clients = config.partition.num_clients
 
+    names = (None if node_data is None else
+             {int(k): str(d["name"]) for k, d in node_data.items()})
     groups, subspaces = _ask_first(grid, client_of, METHODS[fl.method].asks_first,
-                                   num_clients, int((fl.options or {}).get("basis", 0)), timeout)
+                                   num_clients, int((fl.options or {}).get("basis", 0)), timeout,
+                                   names)
 
     # The server's own pre-training (its data, never the nodes').
     encoder_weights = StartingEncoders(verbose=0)(config)
@@ -275,7 +286,7 @@ def main(grid: Grid, context: Context) -> None:
               f"{record['cluster_ids']}, {record['replies']} replies, "
               f"{len(record['failed_partitions'])} failed{scored}", flush=True)
 
-    federation = _Nodes(grid, client_of, num_clients, timeout, fl)
+    federation = _Nodes(grid, client_of, num_clients, timeout, fl, names)
     state, progress = algorithm.run_rounds(
         fl, config.seed, federation, start, on_round=after,
         progress=algorithm.sent_before_training(subspaces),
