@@ -67,8 +67,8 @@ def test_flower_federation_runs_the_simulators_rounds_and_survives_a_killed_supe
     ids, accuracy, encoder, sim_final = _simulated(3, tmp_path / "sim", dead=(3, 2))
     log = federation.workdir / "supernode-2.log"
     before = log.read_text().count("Receiving: train message")  # of earlier runs
-    federation.run({**RUN, "rounds": 3, "round-timeout": 60.0,
-                    "out": str(tmp_path / "result.json")})
+    run_id = federation.run({**RUN, "rounds": 3, "round-timeout": 60.0,
+                             "out": str(tmp_path / "result.json")})
     deadline = time.monotonic() + 400
     while log.read_text().count("Receiving: train message") < before + 3:
         assert time.monotonic() < deadline, "SuperNode 2 never got round 3's train message"
@@ -80,16 +80,21 @@ def test_flower_federation_runs_the_simulators_rounds_and_survives_a_killed_supe
 
     assert sorted(record["nodes"].values()) == [0, 1, 2]
     assert record["environment"]["starting_encoder"] == weights_fingerprint(encoder)
-    assert [r["cluster_ids"] for r in record["rounds"]] == ids
+    # On a mismatch, the ServerApp's lines (rounds, and each failed node's reason) say why.
+    assert [r["cluster_ids"] for r in record["rounds"]] == ids, federation.server_lines(run_id)
     first, second, third = record["rounds"]
     assert all(r["replies"] == 3 and r["failed_partitions"] == [] for r in (first, second))
     # The dead node is left out of round 3 and keeps its cluster id; the others train on.
     assert third["replies"] == 2 and third["failed_partitions"] == [2]
     assert third["cluster_ids"][2] == second["cluster_ids"][2]
+    killed = next(node for node, client in record["nodes"].items() if client == 2)
+    assert any(f"node {killed} failed train 3: " in line
+               for line in federation.server_lines(run_id))  # the SuperLink's error, named
     # Every round is scored (T = 3: each is a quarter), on the nodes' own test data, as
     # the simulator scores it; the dead node answers no evaluation in round 3.
     assert [r["accuracy"] for r in record["rounds"]] == pytest.approx(
-        [accuracy[0].mean(), accuracy[1].mean(), accuracy[2][:2].mean()], abs=1e-6)
+        [accuracy[0].mean(), accuracy[1].mean(), accuracy[2][:2].mean()], abs=1e-6), \
+        federation.server_lines(run_id)
     final = record["final"]["client_accuracy"]
     assert set(final) == {"0", "1"}
     assert [final["0"], final["1"]] == pytest.approx(list(accuracy[2][:2]), abs=1e-6)

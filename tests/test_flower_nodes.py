@@ -115,9 +115,10 @@ def test_nodes_with_their_own_data_run_the_simulators_rounds_and_a_bad_one_is_le
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     configs = [f'data-path="{p}"' for p in folders]
     with Federation.start(configs, tmp_path / "federation", env=env) as federation:
-        federation.run({**RUN, "rounds": 1, "min-nodes": 4, "round-timeout": 120.0,
-                        "out": str(tmp_path / "result.json")})
+        run_id = federation.run({**RUN, "rounds": 1, "min-nodes": 4, "round-timeout": 120.0,
+                                 "out": str(tmp_path / "result.json")})
         record = wait_for_file(tmp_path / "result.json", federation, timeout=540)
+        server = federation.server_lines(run_id)  # why, should a check below fail
         bad_log = (federation.workdir / "supernode-3.log").read_text()
     counts = [[len(list((p / split).rglob("*.png"))) for split in ("train", "test")]
               for p in folders[:3]]
@@ -128,10 +129,12 @@ def test_nodes_with_their_own_data_run_the_simulators_rounds_and_a_bad_one_is_le
     # Every good node answered (a reply lost to a timeout would keep a stale cluster id
     # and make the next check fail for another reason than the algorithm's).
     assert [(r["replies"], r["failed_partitions"]) for r in record["rounds"]] == [(3, [])], \
-        record["rounds"]
-    assert [r["cluster_ids"] for r in record["rounds"]] == ids
+        server
+    assert [r["cluster_ids"] for r in record["rounds"]] == ids, server
     final = record["final"]["client_accuracy"]
-    assert [final[str(k)] for k in range(3)] == pytest.approx(list(accuracy[-1]), abs=1e-6)
+    assert [final[str(k)] for k in range(3)] == pytest.approx(list(accuracy[-1]), abs=1e-6), \
+        server
+    assert any("round 1/1" in line for line in server)  # the ServerApp's own account
     assert record["final"]["bytes_down"] == sim_final.bytes_down
     # the bad node: one line in its own log per message it refused, no traceback
     refused = [line for line in bad_log.splitlines() if "[cpcfl]" in line]

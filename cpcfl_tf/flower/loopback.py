@@ -118,6 +118,14 @@ class Federation:
                             f"{(proc.stdout + proc.stderr).strip().splitlines()[-1:]}")
         return str(json.loads(proc.stdout).get("run-id", ""))
 
+    def server_lines(self, run_id: str) -> list[str]:
+        """The ServerApp's ``[cpcfl]`` lines of run ``run_id`` so far (``flwr log --show``):
+        rounds, replies, and each failed node's reason."""
+        proc = subprocess.run([_command("flwr"), "log", str(run_id), "loopback", "--show"],
+                              capture_output=True, text=True, env=self.env, timeout=120)
+        return [line[line.index("[cpcfl]"):] for line in (proc.stdout + proc.stderr).splitlines()
+                if "[cpcfl]" in line]
+
     def kill_supernode(self, index: int) -> None:
         """Kill SuperNode ``index`` and its ClientApp processes (its process group)."""
         _kill(self.supernodes[index])

@@ -65,11 +65,15 @@ def _send(grid: Grid, contents: dict[int, RecordDict], kind: str, group: str,
     (an error reply's reason is printed: e.g. a node's bad data)."""
     messages = [Message(content, dst_node_id=node, message_type=kind, group_id=group)
                 for node, content in contents.items()]
+    # An error reply the SuperLink writes (an unavailable node) comes from the SuperLink:
+    # name the node the message was for.
+    meant = {m.object_id: m.metadata.dst_node_id for m in messages}
     replies = list(grid.send_and_receive(messages, timeout=timeout))
     for reply in replies:
         if reply.has_error():
-            print(f"[cpcfl] node {reply.metadata.src_node_id} failed {kind} {group}: "
-                  f"{reply.error.reason}", flush=True)
+            node = meant.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
+            print(f"[cpcfl] node {node} failed {kind} {group}: {reply.error.reason}",
+                  flush=True)
     good = [r for r in replies if not r.has_error()]
     answered = {r.metadata.src_node_id for r in good}
     return good, sorted(set(contents) - answered)
