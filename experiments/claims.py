@@ -11,6 +11,7 @@ top of the results tree.
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -472,14 +473,18 @@ def _groups(ev: Evidence) -> list[str]:
     ARI and sizes, the round the true groups were first found and IFCA's restarts; and
     whether IFCA's failure test would have caught CP-CFL's runs that end without them."""
     rows, cp_cfl = [], []
-    for name in CLUSTERED:
+    # C7's CP-CFL runs with other numbers of clients (the preset's own is CP-CFL (SimCLR)).
+    sized = {name: f"CP-CFL (SimCLR), {name[1:]} clients" for name in ev.specs
+             if re.fullmatch(r"c\d+", name)
+             and int(name[1:]) != ev.config.partition.num_clients}
+    for name in (*CLUSTERED, *sized):
         runs = list(ev.runs(name).values())
         if not runs:
             continue
-        if name.startswith("cp-cfl"):
+        if name.startswith("cp-cfl") or name in sized:
             cp_cfl += runs
         found = [_found_at(r) for r in runs]
-        rows.append([LABELS[name], " / ".join(f"{r.final.ari:.2f}" for r in runs),
+        rows.append([sized.get(name) or LABELS[name], " / ".join(f"{r.final.ari:.2f}" for r in runs),
                      " / ".join(_sizes(r) for r in runs),
                      " / ".join("never" if f is None else str(f) for f in found),
                      " / ".join(str(r.final.restarts) for r in runs),

@@ -164,6 +164,20 @@ def test_groups_found_shows_each_clustered_runs_final_ari_and_first_round(tree):
     assert ("flags 1 of the 1 CP-CFL runs that end below ARI 1 and 0 of the 4 that end "
             "with the true groups") in section
 
+    # C7's runs with another number of clients get a row each and count among CP-CFL's;
+    # the preset's own number (9) is the CP-CFL (SimCLR) row, not repeated.
+    for seed in (0, 1):
+        write_record(tree / "somewhere" / f"s{seed}-c3.json",
+                     fake(claims.evidence(SMOKE)["c3"], seed, 0.8))
+    judged(tree, "C4")
+    section = (tree / "claims.md").read_text().split("## Groups found")[1]
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1:]
+            for line in section.splitlines() if line.startswith("| ")}
+    assert rows["CP-CFL (SimCLR), 3 clients"][0] == "1.00 / 1.00"
+    assert rows["CP-CFL (SimCLR), 3 clients"][-1] == "2 of 2 |"
+    assert not any(label.endswith(("6 clients", "9 clients")) for label in rows)
+    assert "and 0 of the 6 that end with the true groups" in section
+
 
 def test_a_link_pairs_runs_of_one_encoder_and_one_machine(tmp_path):
     # CP-CFL (SimCLR) was run on two machines, each with its own SimCLR encoder; the
