@@ -121,8 +121,11 @@ class Federation:
     def server_lines(self, run_id: str) -> list[str]:
         """The ServerApp's ``[cpcfl]`` lines of run ``run_id`` so far (``flwr log --show``):
         rounds, replies, and each failed node's reason."""
-        proc = subprocess.run([_command("flwr"), "log", str(run_id), "loopback", "--show"],
-                              capture_output=True, text=True, env=self.env, timeout=120)
+        try:
+            proc = subprocess.run([_command("flwr"), "log", str(run_id), "loopback", "--show"],
+                                  capture_output=True, text=True, env=self.env, timeout=120)
+        except subprocess.TimeoutExpired:  # a diagnostic: never the reason a check fails
+            return [f"(flwr log {run_id} gave nothing in 120 s)"]
         return [line[line.index("[cpcfl]"):] for line in (proc.stdout + proc.stderr).splitlines()
                 if "[cpcfl]" in line]
 
