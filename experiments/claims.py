@@ -11,7 +11,6 @@ top of the results tree.
 from __future__ import annotations
 
 import dataclasses
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -474,9 +473,8 @@ def _groups(ev: Evidence) -> list[str]:
     whether IFCA's failure test would have caught CP-CFL's runs that end without them."""
     rows, cp_cfl = [], []
     # C7's CP-CFL runs with other numbers of clients (the preset's own is CP-CFL (SimCLR)).
-    sized = {name: f"CP-CFL (SimCLR), {name[1:]} clients" for name in ev.specs
-             if re.fullmatch(r"c\d+", name)
-             and int(name[1:]) != ev.config.partition.num_clients}
+    sized = {f"c{n}": f"CP-CFL (SimCLR), {n} clients" for n, _ in client_settings(ev.config)
+             if n != ev.config.partition.num_clients}
     for name in (*CLUSTERED, *sized):
         runs = list(ev.runs(name).values())
         if not runs:
@@ -484,7 +482,8 @@ def _groups(ev: Evidence) -> list[str]:
         if name.startswith("cp-cfl") or name in sized:
             cp_cfl += runs
         found = [_found_at(r) for r in runs]
-        rows.append([sized.get(name) or LABELS[name], " / ".join(f"{r.final.ari:.2f}" for r in runs),
+        rows.append([sized.get(name) or LABELS[name],
+                     " / ".join(f"{r.final.ari:.2f}" for r in runs),
                      " / ".join(_sizes(r) for r in runs),
                      " / ".join("never" if f is None else str(f) for f in found),
                      " / ".join(str(r.final.restarts) for r in runs),

@@ -65,12 +65,13 @@ def _send(grid: Grid, contents: dict[int, RecordDict], kind: str, group: str,
     (an error reply's reason is printed: e.g. a node's bad data)."""
     messages = [Message(content, dst_node_id=node, message_type=kind, group_id=group)
                 for node, content in contents.items()]
-    # An error reply the SuperLink writes (an unavailable node) comes from the SuperLink:
-    # name the node the message was for.
-    meant = {m.object_id: m.metadata.dst_node_id for m in messages}
     replies = list(grid.send_and_receive(messages, timeout=timeout))
-    for reply in replies:
-        if reply.has_error():
+    errors = [r for r in replies if r.has_error()]
+    if errors:
+        # An error reply the SuperLink writes (an unavailable node) comes from the
+        # SuperLink: name the node the message was for.
+        meant = {m.object_id: m.metadata.dst_node_id for m in messages}
+        for reply in errors:
             node = meant.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
             print(f"[cpcfl] node {node} failed {kind} {group}: {reply.error.reason}",
                   flush=True)
@@ -92,7 +93,8 @@ def _check_partitions(grid: Grid, nodes: list[int], num_clients: int, timeout: f
 
 
 def _ask_first(grid: Grid, client_of: dict[int, int], asked: str | None, num_clients: int,
-               basis: int, timeout: float, names: dict[int, str] | None = None) -> tuple[np.ndarray | None, list | None]:
+               basis: int, timeout: float, names: dict[int, str] | None = None
+               ) -> tuple[np.ndarray | None, list | None]:
     """What the method asks every client once before training (``asked``): the true
     groups (the oracle) or the data subspaces (PACFL), by client id; every client must
     answer."""
