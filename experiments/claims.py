@@ -25,7 +25,7 @@ from cpcfl_tf.federated.algorithm import cluster_sizes, clustering_failed
 from cpcfl_tf.federated.metrics import cluster_ari
 from cpcfl_tf.judge import (CANNOT, RULE, RecordIndex, Statistic, Summary, accuracy_at,
                             combined, config_key, final_accuracy, linear_eval_config,
-                            linear_eval_settings, paired, verdict)
+                            linear_eval_settings, mismatch, paired, verdict)
 from cpcfl_tf.record import RunRecord
 from cpcfl_tf.report import markdown_table, replace_block
 from cpcfl_tf.runner import COMPARISON, COMPARISON_LABELS, RunSpec, client_settings, clients_partition
@@ -240,6 +240,9 @@ class Evidence:
         self.linked: dict[int, RunRecord] = {}
         """Every record a link used, by ``id`` (the index holds one object per file): the
         report's provenance note."""
+        self.pairs: list[tuple[str, int, list[RunRecord]]] = []
+        """(claim id, seed, the records of one link's paired difference): the report's
+        note on machines and encoders."""
         self.scored: dict[tuple[int, str], str | None] = {}
         """(seed, pre-training) -> the fingerprint of the encoder its linear evaluation
         scored (None: the row does not name it)."""
@@ -257,10 +260,14 @@ class Evidence:
             paths.append(str(path))
 
     def runs(self, name: str) -> dict[int, RunRecord]:
-        """The preferred record of ``name`` per seed that has one."""
+        """The record of ``name`` per seed that has one: the one a link used first, else
+        the preferred (a run made on two machines shows the record that was judged)."""
         out = {}
         for seed in self.seeds:
-            found = self.index.get(self.config_of(name, seed))
+            every, used = self.index.every(self.config_of(name, seed)), self.used.get(
+                f"seed {seed}: {name}", [])
+            found = next((f for f in every if used and str(f.path) == used[0]),
+                         every[0] if every else None)
             if found is not None:
                 out[seed] = found.record
                 self._use(seed, name, found.path)
@@ -307,6 +314,8 @@ class Evidence:
             else:
                 runs = self.together(names)
                 self.linked.update((id(r), r) for have in runs.values() for r in have.values())
+                self.pairs += [(claim.id, seed, [runs[n][seed] for n in names])
+                               for seed in self.seeds if all(seed in runs[n] for n in names)]
                 diffs = paired(runs[link.a], runs.get(link.b), link.stat,
                                threshold=link.threshold)
                 if link.c is not None:
@@ -512,6 +521,47 @@ def _groups(ev: Evidence) -> list[str]:
     return lines
 
 
+def _machine_notes(ev: Evidence) -> list[str]:
+    """Which claims and seeds ran on another kind of CPU than most runs, and every paired
+    difference whose runs do not share one kind of CPU and, per pre-training, one encoder
+    (there its last bits are round-off, not chance)."""
+    kinds: dict[str, dict[str, set[int]]] = {}
+    count: dict[str, int] = {}
+    for record in ev.linked.values():
+        cpu = record.environment.get("cpu", "CPU not recorded")
+        count[cpu] = count.get(cpu, 0) + 1
+    mixed = []
+    for claim_id, seed, records in ev.pairs:
+        for record in records:
+            cpu = record.environment.get("cpu", "CPU not recorded")
+            kinds.setdefault(cpu, {}).setdefault(claim_id, set()).add(seed)
+        encoders, cpus = mismatch(records)
+        what = " and ".join(w for w, bad in (("encoders", encoders), ("CPUs", cpus)) if bad)
+        if what and (claim_id, seed, what) not in mixed:
+            mixed.append((claim_id, seed, what))
+    notes = []
+    if len(count) > 1:
+        most = max(count, key=lambda cpu: (count[cpu], cpu))
+        others = "; ".join(
+            f"{cpu}: " + ", ".join(f"{claim_id} seed{'s' if len(seeds) > 1 else ''} "
+                                   f"{', '.join(map(str, sorted(seeds)))}"
+                                   for claim_id, seeds in kinds[cpu].items())
+            for cpu in sorted(count) if cpu != most)
+        notes.append(f"Note: {count[most]} of the {len(ev.linked)} runs judged here ran on "
+                     f"{most}; the other {len(ev.linked) - count[most]}, by claim and seed: "
+                     f"{others}.")
+    if mixed:
+        notes.append("Note: these paired differences compare runs that do not share one "
+                     "kind of CPU or one encoder per pre-training (what differs): "
+                     + ", ".join(f"{c} seed {s} ({w})" for c, s, w in mixed)
+                     + ". Their last bits differ; on the quick preset that moved a result "
+                       "by about 1.5 points (docs/experiments.md, \"Bit for bit\").")
+    elif len(count) > 1:
+        notes[-1] += (" Each paired difference compares runs of one kind of CPU that start, "
+                      "per pre-training, from one encoder.")
+    return notes
+
+
 def _encoder_notes(ev: Evidence) -> list[str]:
     """Whether each linear evaluation scored the encoder its seed's CP-CFL run of the same
     pre-training started from (``environment.starting_encoder``)."""
@@ -580,10 +630,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         make_missing(session, ev, chosen)
         ev = Evidence(config, results, args.seeds, session.out)
     judged = [ev.judge(c) for c in chosen]
-    from cpcfl_tf.report import provenance
     from cpcfl_tf.results import write_json, write_text
 
-    note = provenance(list(ev.linked.values())) + _encoder_notes(ev)
+    note = _machine_notes(ev) + _encoder_notes(ev)
     command = f"python experiments/claims.py --preset {config.preset} --seeds {args.seeds[0]}-{args.seeds[-1]}" \
         if args.seeds == list(range(args.seeds[0], args.seeds[-1] + 1)) else \
         f"python experiments/claims.py --preset {config.preset} --seeds {','.join(map(str, args.seeds))}"

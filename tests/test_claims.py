@@ -202,9 +202,36 @@ def test_a_link_pairs_runs_of_one_encoder_and_one_machine(tmp_path):
     assert out["C2"]["links"][0]["per_seed"]["0"] == pytest.approx(10.0)
     assert out["C1"]["links"][0]["per_seed"]["0"] == pytest.approx(5.0)
     used = json.loads((tmp_path / "claims.json").read_text())["records"]
-    # The links used B's; the groups table, one run alone, reads the preferred (A's).
-    assert used["seed 0: cp-cfl-simclr"] == [str(tmp_path / folder / "s0-cp-cfl-simclr.json")
-                                             for folder in ("b", "a")]
+    # The links used B's, and so does the groups table (what was judged), not A's.
+    assert used["seed 0: cp-cfl-simclr"] == [str(tmp_path / "b" / "s0-cp-cfl-simclr.json")]
+    text = (tmp_path / "claims.md").read_text()
+    assert "runs judged here" not in text and "paired differences" not in text  # one machine
+
+
+def test_the_note_names_the_claims_and_seeds_of_another_machine_and_mixed_pairs(tmp_path):
+    # C2 seeds 3-4 ran on machine B (its own encoders), the rest on A; B's CP-CFL run of
+    # seed 4 is missing, so C2 seed 4 mixes encoders and machines, and C1 seed 4 (B's
+    # IFCA (FedAvg), from each run's own FedAvg encoder) mixes machines.
+    specs = script("claims").evidence(SMOKE)
+
+    def put(folder, name, seed, accuracy, cpu, encoder):
+        (tmp_path / folder).mkdir(exist_ok=True)
+        write_record(tmp_path / folder / f"s{seed}-{name}.json", dataclasses.replace(
+            fake(specs[name], seed, accuracy), environment={"cpu": cpu, "starting_encoder": encoder}))
+
+    for seed in SEEDS:
+        machine = "B" if seed >= 3 else "A"
+        put("a", "cp-cfl-simclr", seed, 0.90, "A", f"a{seed}")
+        put(machine.lower(), "fedavg-simclr", seed, 0.80, machine, f"{machine.lower()}{seed}")
+        if seed == 3:
+            put("b", "cp-cfl-simclr", seed, 0.90, "B", f"b{seed}")
+        put("b" if seed == 4 else "a", "ifca-fedavg", seed, 0.85, "B" if seed == 4 else "A",
+            f"f{seed}")
+    judged(tmp_path, "C1", "C2")
+    text = (tmp_path / "claims.md").read_text()
+    assert "by claim and seed: B: C1 seed 4, C2 seeds 3, 4." in text
+    assert "(what differs): C1 seed 4 (CPUs), C2 seed 4 (encoders and CPUs)." in text
+    assert "Each paired difference compares runs of one kind of CPU" not in text
 
 
 def test_only_a_repositorys_results_tree_writes_the_front_doors_verdicts(tmp_path):
