@@ -355,10 +355,17 @@ def make_missing(session, evidence_: Evidence, chosen: list[Claim]) -> None:
     session.runner.reuse = evidence_.index
     todo: list[RunSpec | LinearEval] = []  # in the order they run: claim, seed, step
     done: set[str] = set()
+    complete: list[str] = []
     for claim in chosen:
         if claim.cannot:
             continue
+        whole = [seed for seed in evidence_.seeds if _complete(session, evidence_, claim, seed)]
+        if whole:
+            complete.append(f"{claim.id}: seed{'s' if len(whole) > 1 else ''} "
+                            f"{', '.join(map(str, whole))} complete in the tree")
         for seed in evidence_.seeds:
+            if seed in whole:  # its links pair the records there; none is made again
+                continue
             for name, is_eval in needed(claim):
                 if is_eval:
                     step = LinearEval(seed)
@@ -371,12 +378,25 @@ def make_missing(session, evidence_: Evidence, chosen: list[Claim]) -> None:
                     todo.append(evidence_.spec(name, seed))
     session.plan([t for t in todo if isinstance(t, RunSpec)],
                  also=[f"seed{t.seed}-linear-eval: to run" for t in todo
-                       if isinstance(t, LinearEval)])
+                       if isinstance(t, LinearEval)] + complete)
     for step in todo:
         if isinstance(step, LinearEval):
             _linear_eval(session, step.seed)
         else:
             session.runner.run(step)
+
+
+def _complete(session, evidence_: Evidence, claim: Claim, seed: int) -> bool:
+    """Whether the tree holds a record of every run ``claim`` needs for ``seed`` (and its
+    linear evaluation). Such a seed is left alone: on another kind of machine, or from
+    another encoder, remaking one of its runs would only add a record no link pairs."""
+    def present(name: str, is_eval: bool) -> bool:
+        if is_eval:
+            return (_linear_eval_out(session, seed).exists()
+                    or seed in evidence_.linear_eval(name))
+        return bool(evidence_.index.every(evidence_.config_of(name, seed)))
+
+    return all(present(name, is_eval) for name, is_eval in needed(claim))
 
 
 def _linear_eval_out(session, seed: int) -> Path:
