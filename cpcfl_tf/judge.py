@@ -15,6 +15,7 @@ ones):
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 import itertools
 import json
 import math
@@ -71,8 +72,11 @@ class RecordIndex:
     """Every run record under ``root``, by :func:`config_key`.
 
     Where several records have one config (the same run asked for by two scripts, or made
-    on two kinds of machine), :meth:`get` prefers one under ``prefer`` (a folder), then
-    one that names its CPU (newer records), then the first path in sorted order.
+    on two kinds of machine), :meth:`get` prefers one from the kind of CPU most of the
+    tree's records name (so a run remade on another machine for one pairing does not
+    replace the record the rest of its seed is judged with), then one under ``prefer``
+    (a folder), then one that names its CPU (newer records), then the first path in
+    sorted order.
     ``linear_evals`` holds every ``linear_eval.json`` of the tree
     (``experiments/linear_eval.py``), read once.
     """
@@ -93,12 +97,17 @@ class RecordIndex:
             if record is not None:
                 self._by_key.setdefault(config_key(record.requested), []).append(
                     Found(path, record))
+        cpus = Counter(f.record.environment.get("cpu") for found in self._by_key.values()
+                       for f in found)
+        cpus.pop(None, None)
+        self._most = cpus.most_common(1)[0][0] if cpus else None
         for found in self._by_key.values():
             found.sort(key=self._rank)
 
     def _rank(self, found: Found) -> tuple:
         preferred = self.prefer is not None and self.prefer in found.path.parents
-        return (not preferred, "cpu" not in found.record.environment, str(found.path))
+        cpu = found.record.environment.get("cpu")
+        return (cpu != self._most, not preferred, cpu is None, str(found.path))
 
     def get(self, config: Config) -> Found | None:
         found = self.every(config)

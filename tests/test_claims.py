@@ -377,3 +377,19 @@ def test_compare_tells_same_within_and_outside(tmp_path, capsys):
         "tools/encoders.py carries encoders between machines)")
     assert printed["one-seed.json"].endswith(DIFFERS)
     assert printed["new.json"].endswith(NO_REFERENCE + "; no committed run of this config")
+
+
+def test_a_run_remade_on_another_machine_does_not_replace_the_seeds_record(tmp_path):
+    # Every CP-CFL run came from machine A (folder z); seed 3's was remade on B (folder a,
+    # first in path order) for one pairing. A link of that run alone (C3) keeps A's.
+    specs = script("claims").evidence(SMOKE)
+    for folder, cpu, seeds in (("z", "A", SEEDS), ("a", "B", (3,))):
+        (tmp_path / folder).mkdir()
+        for seed in seeds:
+            write_record(tmp_path / folder / f"s{seed}-cp-cfl-simclr.json", dataclasses.replace(
+                fake(specs["cp-cfl-simclr"], seed, 0.9),
+                environment={"cpu": cpu, "starting_encoder": f"{cpu}{seed}"}))
+    judged(tmp_path, "C3")
+    used = json.loads((tmp_path / "claims.json").read_text())["records"]
+    assert used["seed 3: cp-cfl-simclr"] == [str(tmp_path / "z" / "s3-cp-cfl-simclr.json")]
+    assert "runs judged here" not in (tmp_path / "claims.md").read_text()
