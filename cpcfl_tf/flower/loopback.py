@@ -118,16 +118,26 @@ class Federation:
                             f"{(proc.stdout + proc.stderr).strip().splitlines()[-1:]}")
         return str(json.loads(proc.stdout).get("run-id", ""))
 
-    def server_lines(self, run_id: str) -> list[str]:
+    def server_lines(self, run_id: str, until: str | None = None,
+                     timeout: float = 60.0) -> list[str]:
         """The ServerApp's ``[cpcfl]`` lines of run ``run_id`` so far (``flwr log --show``):
-        rounds, replies, and each failed node's reason."""
-        try:
-            proc = subprocess.run([_command("flwr"), "log", str(run_id), "loopback", "--show"],
-                                  capture_output=True, text=True, env=self.env, timeout=120)
-        except subprocess.TimeoutExpired:  # a diagnostic: never the reason a check fails
-            return [f"(flwr log {run_id} gave nothing in 120 s)"]
-        return [line[line.index("[cpcfl]"):] for line in (proc.stdout + proc.stderr).splitlines()
-                if "[cpcfl]" in line]
+        rounds, replies, and each failed node's reason. The ServerApp uploads its log
+        every few seconds from a thread, so its last lines can reach the SuperLink after
+        its result file: with ``until``, ask again (up to ``timeout`` seconds) until a
+        line contains it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                proc = subprocess.run([_command("flwr"), "log", str(run_id), "loopback", "--show"],
+                                      capture_output=True, text=True, env=self.env, timeout=120)
+            except subprocess.TimeoutExpired:  # a diagnostic: never the reason a check fails
+                return [f"(flwr log {run_id} gave nothing in 120 s)"]
+            lines = [line[line.index("[cpcfl]"):]
+                     for line in (proc.stdout + proc.stderr).splitlines() if "[cpcfl]" in line]
+            if until is None or any(until in line for line in lines) \
+                    or time.monotonic() > deadline:
+                return lines
+            time.sleep(2.0)
 
     def kill_supernode(self, index: int) -> None:
         """Kill SuperNode ``index`` and its ClientApp processes (its process group)."""
