@@ -15,10 +15,10 @@ ones):
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
 import itertools
 import json
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 

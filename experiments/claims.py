@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Sequence
 
@@ -264,10 +265,9 @@ class Evidence:
         the preferred (a run made on two machines shows the record that was judged)."""
         out = {}
         for seed in self.seeds:
-            every, used = self.index.every(self.config_of(name, seed)), self.used.get(
-                f"seed {seed}: {name}", [])
-            found = next((f for f in every if used and str(f.path) == used[0]),
-                         every[0] if every else None)
+            every = self.index.every(self.config_of(name, seed))
+            judged = self.used.get(f"seed {seed}: {name}", [None])[0]
+            found = next((f for f in every if str(f.path) == judged), every[0] if every else None)
             if found is not None:
                 out[seed] = found.record
                 self._use(seed, name, found.path)
@@ -361,8 +361,7 @@ def make_missing(session, evidence_: Evidence, chosen: list[Claim]) -> None:
             continue
         whole = [seed for seed in evidence_.seeds if _complete(session, evidence_, claim, seed)]
         if whole:
-            complete.append(f"{claim.id}: seed{'s' if len(whole) > 1 else ''} "
-                            f"{', '.join(map(str, whole))} complete in the tree")
+            complete.append(f"{claim.id}: {_seed_list(whole)} complete in the tree")
         for seed in evidence_.seeds:
             if seed in whole:  # its links pair the records there; none is made again
                 continue
@@ -545,28 +544,26 @@ def _machine_notes(ev: Evidence) -> list[str]:
     """Which claims and seeds ran on another kind of CPU than most runs, and every paired
     difference whose runs do not share one kind of CPU and, per pre-training, one encoder
     (there its last bits are round-off, not chance)."""
+    def cpu(record: RunRecord) -> str:
+        return record.environment.get("cpu", "CPU not recorded")
+
+    count = Counter(map(cpu, ev.linked.values()))
     kinds: dict[str, dict[str, set[int]]] = {}
-    count: dict[str, int] = {}
-    for record in ev.linked.values():
-        cpu = record.environment.get("cpu", "CPU not recorded")
-        count[cpu] = count.get(cpu, 0) + 1
     mixed = []
     for claim_id, seed, records in ev.pairs:
         for record in records:
-            cpu = record.environment.get("cpu", "CPU not recorded")
-            kinds.setdefault(cpu, {}).setdefault(claim_id, set()).add(seed)
+            kinds.setdefault(cpu(record), {}).setdefault(claim_id, set()).add(seed)
         encoders, cpus = mismatch(records)
         what = " and ".join(w for w, bad in (("encoders", encoders), ("CPUs", cpus)) if bad)
         if what and (claim_id, seed, what) not in mixed:
             mixed.append((claim_id, seed, what))
     notes = []
     if len(count) > 1:
-        most = max(count, key=lambda cpu: (count[cpu], cpu))
+        most = max(count, key=lambda kind: (count[kind], kind))
         others = "; ".join(
-            f"{cpu}: " + ", ".join(f"{claim_id} seed{'s' if len(seeds) > 1 else ''} "
-                                   f"{', '.join(map(str, sorted(seeds)))}"
-                                   for claim_id, seeds in kinds[cpu].items())
-            for cpu in sorted(count) if cpu != most)
+            f"{kind}: " + ", ".join(f"{claim_id} {_seed_list(sorted(seeds))}"
+                                    for claim_id, seeds in kinds[kind].items())
+            for kind in sorted(count) if kind != most)
         notes.append(f"Note: {count[most]} of the {len(ev.linked)} runs judged here ran on "
                      f"{most}; the other {len(ev.linked) - count[most]}, by claim and seed: "
                      f"{others}.")
@@ -580,6 +577,11 @@ def _machine_notes(ev: Evidence) -> list[str]:
         notes[-1] += (" Each paired difference compares runs of one kind of CPU that start, "
                       "per pre-training, from one encoder.")
     return notes
+
+
+def _seed_list(seeds: Sequence[int]) -> str:
+    """"seed 3" or "seeds 3, 4"."""
+    return f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
 
 
 def _encoder_notes(ev: Evidence) -> list[str]:
