@@ -2,11 +2,14 @@
 behaviour the kit sets per process (op determinism on a GPU).
 
 Every run record's ``environment`` comes from :func:`run_environment`: versions, device,
-CPU kind (AVX-512 or not decides the last bits of a run) and the fingerprint of the
-starting encoder, so two records can be told to share a machine kind and pre-training.
+CPU kind (AVX-512 or not decides the last bits of a run), the CPU's identity within that
+kind (two VMs that both say "AMD EPYC (avx512f)" gave other bits downstream) and the
+fingerprint of the starting encoder, so two records can be told to share a machine and
+a pre-training.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 from pathlib import Path
@@ -45,11 +48,11 @@ def environment() -> dict:
     else:
         device = f"cpu: {os.cpu_count()} cores ({platform.processor() or platform.machine()})"
     return {"tensorflow": tf.__version__, "keras": keras.__version__, "device": device,
-            "cpu": cpu_model(), "onednn": onednn_enabled(),
+            "cpu": cpu_model(), "cpu_id": cpu_id(), "onednn": onednn_enabled(),
             "python": platform.python_version(), "deterministic_ops": _DETERMINISTIC_OPS}
 
 
-REPRODUCING = ("tensorflow", "keras", "device", "cpu", "onednn", "deterministic_ops")
+REPRODUCING = ("tensorflow", "keras", "device", "cpu", "cpu_id", "onednn", "deterministic_ops")
 """The fields of :func:`environment` a run's last bits depend on besides its config and
 starting encoder: where all of them are the same, the run comes out bit for bit the same
 (docs/experiments.md, "Bit for bit")."""
@@ -61,6 +64,14 @@ def reproduces(recorded: dict, here: dict | None = None) -> bool:
     encoder. Records without a field (older ones) never do."""
     here = environment() if here is None else here
     return all(k in recorded and recorded[k] == here.get(k) for k in REPRODUCING)
+
+
+def machine(recorded: dict) -> str | None:
+    """The machine a record ran on, as far as it says: its CPU kind, and its CPU's
+    identity where recorded (records before ``cpu_id`` existed are told apart by kind
+    only). Runs are one sample of chance only if they share this."""
+    cpu, ident = recorded.get("cpu"), recorded.get("cpu_id")
+    return None if cpu is None else (f"{cpu} [{ident}]" if ident else cpu)
 
 
 def run_environment(encoder_weights) -> dict:
@@ -93,3 +104,30 @@ def cpu_model() -> str:
                   if line.startswith("flags")), set())
     widest = next((f for f in ("avx512f", "avx2", "avx") if f in flags), "no avx")
     return f"{name} ({widest})"
+
+
+def cpu_id() -> str | None:
+    """What tells two CPUs of one :func:`cpu_model` apart: family, model and stepping,
+    the cache sizes (oneDNN blocks its kernels by them) and a hash of every feature flag.
+    Two AVX-512 EPYC VMs, both "AMD EPYC (avx512f)", pre-trained the same encoder bit for
+    bit but trained other bits from it (docs/experiments.md, "Bit for bit"). ``None``
+    where Linux's ``/proc/cpuinfo`` is not there to ask."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    fields: dict[str, str] = {}
+    for line in info.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())  # the first CPU's
+    caches = []
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            level, kind, size = ((index / f).read_text().strip() for f in ("level", "type", "size"))
+        except OSError:
+            continue
+        caches.append(f"L{level}{'d' if kind == 'Data' else 'i' if kind == 'Instruction' else ''} {size}")
+    flags = hashlib.sha256(" ".join(sorted(fields.get("flags", "").split())).encode())
+    return (f"family {fields.get('cpu family', '?')} model {fields.get('model', '?')} "
+            f"stepping {fields.get('stepping', '?')}; {', '.join(caches) or 'caches unknown'}; "
+            f"flags {flags.hexdigest()[:8]}")

@@ -25,6 +25,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from cpcfl_tf.config import Config, config_record
+from cpcfl_tf.environment import machine
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.record import RunRecord, read_record
 
@@ -72,11 +73,11 @@ class RecordIndex:
     """Every run record under ``root``, by :func:`config_key`.
 
     Where several records have one config (the same run asked for by two scripts, or made
-    on two kinds of machine), :meth:`get` prefers one from the kind of CPU most of the
-    tree's records name (so a run remade on another machine for one pairing does not
-    replace the record the rest of its seed is judged with), then one under ``prefer``
-    (a folder), then one that names its CPU (newer records), then the first path in
-    sorted order.
+    on two machines), :meth:`get` prefers one from the machine most of the tree's records
+    name (:func:`~cpcfl_tf.environment.machine`: so a run remade on another machine for
+    one pairing does not replace the record the rest of its seed is judged with), then
+    one under ``prefer`` (a folder), then one that names its CPU (newer records), then
+    the first path in sorted order.
     ``linear_evals`` holds every ``linear_eval.json`` of the tree
     (``experiments/linear_eval.py``), read once.
     """
@@ -97,7 +98,7 @@ class RecordIndex:
             if record is not None:
                 self._by_key.setdefault(config_key(record.requested), []).append(
                     Found(path, record))
-        cpus = Counter(f.record.environment.get("cpu") for found in self._by_key.values()
+        cpus = Counter(machine(f.record.environment) for found in self._by_key.values()
                        for f in found)
         cpus.pop(None, None)
         self._most = cpus.most_common(1)[0][0] if cpus else None
@@ -106,7 +107,7 @@ class RecordIndex:
 
     def _rank(self, found: Found) -> tuple:
         preferred = self.prefer is not None and self.prefer in found.path.parents
-        cpu = found.record.environment.get("cpu")
+        cpu = machine(found.record.environment)
         return (cpu != self._most, not preferred, cpu is None, str(found.path))
 
     def get(self, config: Config) -> Found | None:
@@ -120,8 +121,8 @@ class RecordIndex:
     def together(self, configs: Sequence[Config]) -> list[Found] | None:
         """One record of each config (None: one has none), chosen so that they are one
         sample of chance: runs of one pre-training start from one encoder
-        (``environment.starting_encoder``) and, where the tree allows, ran on one kind
-        of CPU. Among equals, the preferred (:meth:`every`'s order)."""
+        (``environment.starting_encoder``) and, where the tree allows, ran on one
+        machine. Among equals, the preferred (:meth:`every`'s order)."""
         options = [self.every(config) for config in configs]
         if not all(options):
             return None
@@ -147,7 +148,7 @@ class RecordIndex:
 
 def mismatch(records: Sequence[RunRecord]) -> tuple[bool, bool]:
     """(runs of one pre-training started from different encoders, the runs ran on more
-    than one kind of CPU): what keeps runs of one seed from being one sample of chance
+    than one machine, :func:`~cpcfl_tf.environment.machine`): what keeps runs of one seed from being one sample of chance
     (:attr:`~cpcfl_tf.record.RunRecord.pretraining_key` says which runs share one)."""
     encoders: dict[tuple, set] = {}
     for r in records:
@@ -155,7 +156,7 @@ def mismatch(records: Sequence[RunRecord]) -> tuple[bool, bool]:
             encoders.setdefault(r.pretraining_key, set()).add(
                 r.environment.get("starting_encoder"))
     return (any(len(seen) > 1 for seen in encoders.values()),
-            len({r.environment.get("cpu") for r in records}) > 1)
+            len({machine(r.environment) for r in records}) > 1)
 
 
 def _run_record(path: Path) -> RunRecord | None:
@@ -359,9 +360,9 @@ def compare_runs(ours: str | Path, reference: str | Path) -> list[Comparison]:
                 "starting_encoder"):
             note = ("another starting encoder (pre-trained on another kind of machine?; "
                     "tools/encoders.py carries encoders between machines)")
-        elif record.environment.get("cpu") != match.record.environment.get("cpu"):
-            note = (f"another CPU ({record.environment.get('cpu')} against "
-                    f"{match.record.environment.get('cpu')})")
+        elif machine(record.environment) != machine(match.record.environment):
+            note = (f"another CPU ({machine(record.environment)} against "
+                    f"{machine(match.record.environment)})")
         out.append(Comparison(path, verdict_, accuracy, ref, spread, match.path, note))
     return out
 

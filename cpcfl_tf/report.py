@@ -10,6 +10,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from cpcfl_tf.environment import machine
+
 
 def provenance(records: Sequence) -> list[str]:
     """A note for a report whose runs come from more than one kind of CPU, or whose runs
@@ -19,7 +21,7 @@ def provenance(records: Sequence) -> list[str]:
     cpus: dict[str, int] = {}
     encoders: dict[str, set] = {}
     for record in records:
-        cpu = record.environment.get("cpu", "CPU not recorded")
+        cpu = machine(record.environment) or "CPU not recorded"
         cpus[cpu] = cpus.get(cpu, 0) + 1
         key = record.pretraining_key  # one pre-training should be one encoder
         if key is not None and record.environment.get("starting_encoder"):

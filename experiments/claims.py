@@ -21,6 +21,7 @@ import numpy as np
 
 from cpcfl_tf.config import Config
 from cpcfl_tf.dataset_pairs import dataset_pairs
+from cpcfl_tf.environment import machine
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.federated.algorithm import cluster_sizes, clustering_failed
 from cpcfl_tf.federated.metrics import cluster_ari
@@ -545,7 +546,7 @@ def _machine_notes(ev: Evidence) -> list[str]:
     difference whose runs do not share one kind of CPU and, per pre-training, one encoder
     (there its last bits are round-off, not chance)."""
     def cpu(record: RunRecord) -> str:
-        return record.environment.get("cpu", "CPU not recorded")
+        return machine(record.environment) or "CPU not recorded"
 
     count = Counter(map(cpu, ev.linked.values()))
     kinds: dict[str, dict[str, set[int]]] = {}

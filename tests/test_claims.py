@@ -393,3 +393,34 @@ def test_a_run_remade_on_another_machine_does_not_replace_the_seeds_record(tmp_p
     used = json.loads((tmp_path / "claims.json").read_text())["records"]
     assert used["seed 3: cp-cfl-simclr"] == [str(tmp_path / "z" / "s3-cp-cfl-simclr.json")]
     assert "runs judged here" not in (tmp_path / "claims.md").read_text()
+
+
+def test_two_cpus_of_one_kind_are_told_apart_by_their_cpu_id(tmp_path):
+    # Two VMs both say "EPYC (avx512f)" and pre-train the same encoder, but train other
+    # bits from it. A made CP-CFL, IFCA (None) and FedAvg (None) (no cpu_id: older
+    # records); B, with its cpu_id, made FedAvg (SimCLR) and CP-CFL again from the same
+    # encoder. C2 pairs B's with B's (+10), not A's CP-CFL (first in path order, +15).
+    specs = script("claims").evidence(SMOKE)
+
+    def put(folder, name, seed, accuracy, environment):
+        (tmp_path / folder).mkdir(exist_ok=True)
+        write_record(tmp_path / folder / f"s{seed}-{name}.json", dataclasses.replace(
+            fake(specs[name], seed, accuracy),
+            environment={"cpu": "EPYC (avx512f)", "starting_encoder": f"e{seed}", **environment}))
+
+    for seed in SEEDS:
+        put("a", "cp-cfl-simclr", seed, 0.95, {})
+        put("a", "ifca-none", seed, 0.85, {})
+        put("a", "fedavg-none", seed, 0.75, {})
+        put("b", "cp-cfl-simclr", seed, 0.90, {"cpu_id": "family 26 model 2"})
+        put("b", "fedavg-simclr", seed, 0.80, {"cpu_id": "family 26 model 2"})
+    out = judged(tmp_path, "C2", "C3")
+    assert out["C2"]["links"][0]["per_seed"]["0"] == pytest.approx(10.0)
+    used = json.loads((tmp_path / "claims.json").read_text())["records"]
+    assert str(tmp_path / "b" / "s0-cp-cfl-simclr.json") in used["seed 0: cp-cfl-simclr"]
+    # C3 (CP-CFL alone) keeps the tree's majority machine, A.
+    assert str(tmp_path / "a" / "s0-cp-cfl-simclr.json") in used["seed 0: cp-cfl-simclr"]
+    text = (tmp_path / "claims.md").read_text()
+    assert "ran on EPYC (avx512f) [family 26 model 2]; the other 10" in text
+    # FedAvg (SimCLR) (B) against FedAvg (None) (A only) mixes the two machines: said so.
+    assert "C2 seed 0 (CPUs)" in text

@@ -462,3 +462,14 @@ def test_families_take_runs_this_machine_would_repeat_bit_for_bit_from_the_tree(
         made["seed1-ifca-none.json"]["rounds"]  # and comes out the same
     with pytest.raises(UserError, match="--reuse"):
         families.main(argv + ["--out", "x", "--reuse", "none"])
+
+
+def test_the_cpu_id_tells_a_cpu_within_its_kind():
+    from cpcfl_tf.environment import cpu_id, environment, machine
+
+    here = environment()
+    assert here["cpu_id"] == cpu_id()
+    if cpu_id() is not None:  # Linux
+        assert cpu_id().startswith("family ") and " flags " in cpu_id()
+        assert machine(here) == f"{here['cpu']} [{here['cpu_id']}]"
+    assert machine({"cpu": "X"}) == "X" and machine({}) is None  # older records

@@ -35,6 +35,7 @@ MANIFEST = "manifest.json"
 def needed(results: Path) -> dict[str, dict]:
     """The starting encoders the run records under ``results`` name: fingerprint ->
     ``{"records": [paths], "pretraining": [...], "cpu": [the CPUs the runs ran on]}``."""
+    from cpcfl_tf.environment import machine
     from cpcfl_tf.judge import RecordIndex
 
     out: dict[str, dict] = collections.defaultdict(
@@ -45,7 +46,7 @@ def needed(results: Path) -> dict[str, dict]:
             entry = out[fingerprint]
             entry["records"].append(str(found.path))
             entry["pretraining"].add(found.record.requested.federated.pretraining)
-            entry["cpu"].add(found.record.environment.get("cpu") or "CPU not recorded")
+            entry["cpu"].add(machine(found.record.environment) or "CPU not recorded")
     return {k: {**v, "pretraining": sorted(v["pretraining"]), "cpu": sorted(v["cpu"])}
             for k, v in sorted(out.items())}
 
