@@ -3,7 +3,8 @@ behaviour the kit sets per process (op determinism on a GPU).
 
 Every run record's ``environment`` comes from :func:`run_environment`: versions, device,
 CPU kind (AVX-512 or not decides the last bits of a run), the CPU's identity within that
-kind (two VMs that both say "AMD EPYC (avx512f)" gave other bits downstream) and the
+kind and the BLAS kernels numpy picked for it (two VMs that both say "AMD EPYC
+(avx512f)" gave other bits downstream: their OpenBLAS took other kernels) and the
 fingerprint of the starting encoder, so two records can be told to share a machine and
 a pre-training.
 """
@@ -48,11 +49,13 @@ def environment() -> dict:
     else:
         device = f"cpu: {os.cpu_count()} cores ({platform.processor() or platform.machine()})"
     return {"tensorflow": tf.__version__, "keras": keras.__version__, "device": device,
-            "cpu": cpu_model(), "cpu_id": cpu_id(), "onednn": onednn_enabled(),
+            "cpu": cpu_model(), "cpu_id": cpu_id(), "blas": blas_kernels(),
+            "onednn": onednn_enabled(),
             "python": platform.python_version(), "deterministic_ops": _DETERMINISTIC_OPS}
 
 
-REPRODUCING = ("tensorflow", "keras", "device", "cpu", "cpu_id", "onednn", "deterministic_ops")
+REPRODUCING = ("tensorflow", "keras", "device", "cpu", "cpu_id", "blas", "onednn",
+               "deterministic_ops")
 """The fields of :func:`environment` a run's last bits depend on besides its config and
 starting encoder: where all of them are the same, the run comes out bit for bit the same
 (docs/experiments.md, "Bit for bit")."""
@@ -131,3 +134,27 @@ def cpu_id() -> str | None:
     return (f"family {fields.get('cpu family', '?')} model {fields.get('model', '?')} "
             f"stepping {fields.get('stepping', '?')}; {', '.join(caches) or 'caches unknown'}; "
             f"flags {flags.hexdigest()[:8]}")
+
+
+def blas_kernels() -> str | None:
+    """The BLAS library numpy calls and the kernel set it picked for this CPU (OpenBLAS
+    picks by CPU model, ``OPENBLAS_CORETYPE`` overrides it). The server's weighted
+    average is a float64 matrix-vector product there, so the kernel set decides its last
+    bits: an AVX-512 EPYC whose OpenBLAS took its Haswell kernels trained other bits than
+    the committed records' SkylakeX kernels, and the same bits with
+    ``OPENBLAS_CORETYPE=SkylakeX`` (docs/experiments.md, "Bit for bit"). ``None`` where
+    threadpoolctl cannot say."""
+    import numpy  # noqa: F401  (loads numpy's BLAS, which threadpoolctl then finds)
+
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return None
+    blas = [i for i in threadpool_info() if i.get("user_api") == "blas"
+            and "numpy" in str(i.get("filepath", ""))] or [
+        i for i in threadpool_info() if i.get("user_api") == "blas"]
+    if not blas:
+        return None
+    info = blas[0]
+    return " ".join(str(x) for x in (info.get("internal_api"), info.get("version"),
+                                      info.get("architecture")) if x)

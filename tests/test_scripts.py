@@ -473,3 +473,22 @@ def test_the_cpu_id_tells_a_cpu_within_its_kind():
         assert cpu_id().startswith("family ") and " flags " in cpu_id()
         assert machine(here) == f"{here['cpu']} [{here['cpu_id']}]"
     assert machine({"cpu": "X"}) == "X" and machine({}) is None  # older records
+
+
+def test_the_blas_kernels_numpy_picked_are_recorded_and_an_override_shows():
+    import os
+    import platform
+    import subprocess
+    import sys
+
+    from cpcfl_tf.environment import blas_kernels, environment
+
+    kernels = blas_kernels()
+    assert environment()["blas"] == kernels
+    if kernels is None or not kernels.startswith("openblas") or platform.machine() != "x86_64":
+        pytest.skip("numpy's BLAS is not OpenBLAS on x86-64 here")
+    ask = "from cpcfl_tf.environment import blas_kernels; print(blas_kernels())"
+    other = "Sandybridge" if kernels.split()[-1] != "Sandybridge" else "Haswell"
+    forced = subprocess.run([sys.executable, "-c", ask], capture_output=True, text=True,
+                            env={**os.environ, "OPENBLAS_CORETYPE": other}, check=True)
+    assert forced.stdout.split()[-1] == other  # what the run used, not what the CPU is
