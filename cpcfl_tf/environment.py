@@ -94,19 +94,28 @@ def onednn_enabled() -> bool | None:
     return bool(_pywrap_util_port.IsMklEnabled())
 
 
-def cpu_model() -> str:
-    """The CPU's model name and widest vector extension: float kernels (and so the last
-    bits of a run) differ between CPUs with and without AVX-512, so records say which."""
+def _first_cpu() -> dict[str, str] | None:
+    """The first CPU's fields in Linux's ``/proc/cpuinfo`` (None where it is not there)."""
     try:
         info = Path("/proc/cpuinfo").read_text()
     except OSError:
+        return None
+    fields: dict[str, str] = {}
+    for line in info.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def cpu_model() -> str:
+    """The CPU's model name and widest vector extension: float kernels (and so the last
+    bits of a run) differ between CPUs with and without AVX-512, so records say which."""
+    fields = _first_cpu()
+    if fields is None:
         return platform.processor() or platform.machine()
-    name = next((line.split(":", 1)[1].strip() for line in info.splitlines()
-                 if line.startswith("model name")), platform.machine())
-    flags = next((set(line.split(":", 1)[1].split()) for line in info.splitlines()
-                  if line.startswith("flags")), set())
+    flags = set(fields.get("flags", "").split())
     widest = next((f for f in ("avx512f", "avx2", "avx") if f in flags), "no avx")
-    return f"{name} ({widest})"
+    return f"{fields.get('model name', platform.machine())} ({widest})"
 
 
 def cpu_id() -> str | None:
@@ -115,14 +124,9 @@ def cpu_id() -> str | None:
     Two AVX-512 EPYC VMs, both "AMD EPYC (avx512f)", pre-trained the same encoder bit for
     bit but trained other bits from it (docs/experiments.md, "Bit for bit"). ``None``
     where Linux's ``/proc/cpuinfo`` is not there to ask."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
+    fields = _first_cpu()
+    if fields is None:
         return None
-    fields: dict[str, str] = {}
-    for line in info.splitlines():
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip(), value.strip())  # the first CPU's
     caches = []
     for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
         try:
@@ -150,11 +154,9 @@ def blas_kernels() -> str | None:
         from threadpoolctl import threadpool_info
     except ImportError:
         return None
-    blas = [i for i in threadpool_info() if i.get("user_api") == "blas"
-            and "numpy" in str(i.get("filepath", ""))] or [
-        i for i in threadpool_info() if i.get("user_api") == "blas"]
+    blas = [i for i in threadpool_info() if i.get("user_api") == "blas"]
     if not blas:
         return None
-    info = blas[0]
+    info = next((i for i in blas if "numpy" in str(i.get("filepath", ""))), blas[0])
     return " ".join(str(x) for x in (info.get("internal_api"), info.get("version"),
                                       info.get("architecture")) if x)

@@ -148,8 +148,9 @@ class RecordIndex:
 
 def mismatch(records: Sequence[RunRecord]) -> tuple[bool, bool]:
     """(runs of one pre-training started from different encoders, the runs ran on more
-    than one machine, :func:`~cpcfl_tf.environment.machine`): what keeps runs of one seed from being one sample of chance
-    (:attr:`~cpcfl_tf.record.RunRecord.pretraining_key` says which runs share one)."""
+    than one machine, :func:`~cpcfl_tf.environment.machine`): what keeps runs of one
+    seed from being one sample of chance (:attr:`~cpcfl_tf.record.RunRecord.pretraining_key`
+    says which runs share one)."""
     encoders: dict[tuple, set] = {}
     for r in records:
         if r.pretraining_key is not None:
