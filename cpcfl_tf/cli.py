@@ -23,7 +23,8 @@ def experiment_parser(name: str, description: str, *, folder: str = "experiments
     """The options every script of ``experiments/``, ``benchmarks/`` and ``tools/`` takes
     (docs/experiments.md); ``folder`` is the script's, for its usage line. ``runs``: the
     script is made of runs, so it also takes what plans and shapes runs (``--dry-run``,
-    ``--max-clients-per-step``, ``--tensorboard``); measurements leave them out."""
+    ``--max-clients-per-step``, ``--diagnose``, ``--tensorboard``); measurements leave them
+    out."""
     parser = ArgumentParser(prog=f"python {folder}/{name}.py", description=description)
     parser.add_argument("--preset", default=default_preset, choices=list(PRESETS),
                         help=f"paper: STL-10 on a GPU with internet; quick, standard: offline "
@@ -47,6 +48,11 @@ def experiment_parser(name: str, description: str, *, folder: str = "experiments
         parser.add_argument("--max-clients-per-step", type=positive_int, metavar="N",
                             help="train at most N clients in one step: bounds memory when "
                                  "there are many clients; results are the same")
+        parser.add_argument("--diagnose", type=positive_int, default=0, metavar="K",
+                            help="record the selection diagnostic: in the first K rounds the "
+                                 "clients choose by loss, each one's loss on every pool model "
+                                 "and its margin (docs/experiments.md); runs made now only, "
+                                 "results the same (default 0: off)")
         parser.add_argument("--tensorboard", metavar="DIR",
                             help="write TensorBoard scalars: per round of every run accuracy, "
                                  "ARI and cluster sizes (DIR/<script>/<run>), per epoch of every "

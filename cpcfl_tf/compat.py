@@ -26,11 +26,13 @@ from typing import Any
 ADDED_FIELDS: dict[str, dict[str, Any]] = {
     "partition": {"kind": "groups", "alpha": 1.0},
     "federated": {"jit_compile": False, "options": None, "eval_every": 1},
+    "pretrain": {"seed": None},
 }
 """Fields added after cache entries and checkpoints were first written, each with the
 value that runs as before it existed."""
 
-UNSET_FIELDS: dict[str, dict[str, Any]] = {"federated": {"options": None, "eval_every": 1}}
+UNSET_FIELDS: dict[str, dict[str, Any]] = {"federated": {"options": None, "eval_every": 1},
+                                           "pretrain": {"seed": None}}
 """Fields a run record leaves out while they are at this value (read back at their
 defaults)."""
 
@@ -43,3 +45,11 @@ def without_added(record: dict[str, Any]) -> dict[str, Any]:
         added = ADDED_FIELDS.get(name, {})
         return {k: v for k, v in values.items() if k not in added or v != added[k]}
     return {k: section(k, v) if isinstance(v, dict) else v for k, v in record.items()}
+
+
+def pretrain_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """A ``PretrainConfig`` as a dict, as pre-training cache keys and summaries name it:
+    without :data:`ADDED_FIELDS` at their defaults, and without ``seed`` (the seed a
+    pre-training ran with is named beside its settings, whatever chose it)."""
+    return {k: v for k, v in without_added({"pretrain": settings})["pretrain"].items()
+            if k != "seed"}

@@ -150,8 +150,15 @@ class PretrainConfig:
     """XLA for the train step (pass explicitly: Keras' "auto" differs on CPU and GPU)."""
     precision: str = "float32"
     """Keras dtype policy of the step: float32, mixed_float16 or mixed_bfloat16 (GPU)."""
+    seed: int | None = None
+    """The pre-training's seed; None: the run's seed (:attr:`Config.pretrain_seed`). Set,
+    runs of other seeds share one encoder (``experiments/clustering_reliability.py``);
+    which encoder it names is the cache key's ``seed``, not part of its settings."""
 
     def __post_init__(self) -> None:
+        _check(self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)
+                                     and self.seed >= 0),
+               f"pretrain.seed must be a non-negative integer or none, got {self.seed!r}")
         if self.projector_dim is not None:
             _positive("pretrain", projector_dim=self.projector_dim)
         _positive("pretrain", predictor_dim=self.predictor_dim)
@@ -187,7 +194,8 @@ class FederatedConfig:
     max_restarts: int = 5
     """IFCA: restarts allowed when clustering fails."""
     restart_round: int = 10
-    """IFCA: the round after which clustering failure is checked."""
+    """IFCA (and CP-CFL+restart): clustering failure is checked this many rounds after
+    the clients began to choose by loss (after Tc, if any)."""
     min_cluster_share: float = 0.5
     """IFCA: a cluster with fewer than this share of N-th of the clients has failed."""
     report_every: int = 25
@@ -295,6 +303,12 @@ class Config:
             check_split_sizes(p.num_clients, p.class_counts, p.test_fraction, p.disjoint,
                               p.kind, tuple(split_size(d.client_dataset, s) for s in splits),
                               tuple(f"{d.client_dataset}:{s}" for s in splits))
+
+    @property
+    def pretrain_seed(self) -> int:
+        """The seed the server pre-trains this run's encoder with: ``pretrain.seed``, by
+        default the run's own seed."""
+        return self.seed if self.pretrain.seed is None else self.pretrain.seed
 
     def resolved(self) -> "Config":
         """The config as its method runs it (:mod:`cpcfl_tf.methods`): the number of

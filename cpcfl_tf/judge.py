@@ -251,6 +251,24 @@ def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, flo
     return float(values.mean() - half), float(values.mean() + half)
 
 
+def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """The exact (Clopper-Pearson) ``level`` interval of a rate seen ``k`` times in ``n``."""
+    from scipy import stats
+
+    if not 0 <= k <= n or n < 1:
+        raise ValueError(f"a rate needs 0 <= k <= n and n >= 1, got {k} of {n}")
+    tail = (1 - level) / 2
+    low = 0.0 if k == 0 else float(stats.beta.ppf(tail, k, n - k + 1))
+    high = 1.0 if k == n else float(stats.beta.ppf(1 - tail, k + 1, n - k))
+    return low, high
+
+
+def clustering_failures(record: RunRecord) -> float:
+    """Clustering failures of a run (claim C4's statistic): IFCA's restarts, plus one if
+    the final clusters are not the true groups."""
+    return record.final.restarts + (record.final.ari < 1)
+
+
 def verdict(per_seed: dict[int, float], margin: float | None = None, *,
             missing: int = 0) -> Summary:
     """:data:`RULE` applied to per-seed differences (positive: the paper's side), or for

@@ -66,8 +66,9 @@ class Method:
     """From a pre-trained encoder, the first Tc rounds draw models at random and train
     heads only (Algorithm "CP-CFL"); from random weights there is no Tc phase."""
     restarts: bool = False
-    """IFCA's restart rule: start over with a new random pool when clustering failed
-    after ``federated.restart_round`` rounds."""
+    """IFCA's restart rule: start over with a new random pool (from a pre-trained
+    encoder: new random heads on it) when clustering failed ``federated.restart_round``
+    rounds after the clients began to choose by loss (after the Tc phase, if any)."""
     federated: bool = True
     """False: a centralized baseline (no rounds, no clusters; :mod:`cpcfl_tf.federated.centralized`)."""
     instead: str = ""
@@ -144,6 +145,12 @@ METHODS = {m.name: m for m in (
     # rule (the paper gives it none).
     Method("cp-cfl", "CP-CFL", ("simclr", "byol", "simsiam", "supervised"), head_phase=True,
            instead="for random initialisation use method ifca"),
+    # Beyond the paper: CP-CFL with IFCA's restart rule (new random heads on the same
+    # encoder and the Tc phase again, when IFCA's failure test flags the clusters
+    # restart_round rounds after Tc; docs/choices.md). Why: at 60 clients CP-CFL merges
+    # groups in some runs (experiments/clustering_reliability.py).
+    Method("cp-cfl-restart", "CP-CFL+restart", ("simclr", "byol", "simsiam", "supervised"),
+           head_phase=True, restarts=True, instead="for random initialisation use method ifca"),
     # The centralized baselines of tab:different_datasets (pooled, or pooled by group).
     Method("centralized", "Centralized", PRETRAININGS, federated=False),
     # The two references of clustered FL: each client alone (the lower one) and FedAvg

@@ -149,3 +149,65 @@ def plot_paired_bars(groups: list[str], bars: dict[str, list[list[float]]],
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8, frameon=False)
     return _save(plt, fig, path)
+
+
+def plot_selection(record: RunRecord, path: str | os.PathLike, *, title: str) -> Path:
+    """The selection diagnostic of one run (``--diagnose``): left, each client's margin
+    (second-lowest minus lowest pool loss) in the diagnosed rounds, by true group; right,
+    the clients per cluster in every round (the final attempt's)."""
+    from cpcfl_tf.federated.algorithm import cluster_sizes
+
+    plt = _pyplot()
+    groups = np.array([c["group"] for c in record.clients])
+    num_models = record.config.federated.num_clusters
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9.6, 3.6))
+    diagnosed = [r for r in record.rounds if r.selection]
+    colors = plt.get_cmap("tab10")
+    for g in np.unique(groups):
+        xs, ys = [], []
+        for r in diagnosed:
+            clients = np.array(r.selection["clients"])
+            mine = groups[clients] == g
+            xs += [r.round + (g - 1) * 0.12] * int(mine.sum())
+            ys += list(np.array(r.selection["margins"])[mine])
+        left.scatter(xs, ys, s=10, color=colors(int(g)), label=f"group {g}")
+    left.set_yscale("symlog", linthresh=1e-3)
+    left.set_xlabel("round")
+    left.set_ylabel("margin: 2nd lowest − lowest loss")
+    left.legend(fontsize=7, frameon=False)
+    left.grid(alpha=0.3)
+    rounds = [r.round for r in record.rounds]
+    sizes = np.array([cluster_sizes(r.cluster_ids, num_models) for r in record.rounds])
+    for n in range(num_models):
+        right.plot(rounds, sizes[:, n], lw=1.2, color=colors(n), label=f"cluster {n}")
+    head_rounds = record.config.federated.head_rounds
+    if head_rounds:
+        right.axvline(head_rounds + 0.5, color="black", lw=1, ls="--", label=f"Tc = {head_rounds}")
+    right.set_xlabel("round")
+    right.set_ylabel("clients in the cluster")
+    right.legend(fontsize=7, frameon=False)
+    right.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=10)
+    return _save(plt, fig, path)
+
+
+def plot_margin_distributions(margins: dict[str, list[float]], path: str | os.PathLike, *,
+                              title: str) -> Path:
+    """Each set of clients' margins at their first choice by loss (e.g. of runs that
+    found the groups and of runs that merged them), as overlaid histograms on a log axis."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    values = [v for vs in margins.values() for v in vs if v > 0]
+    low = min(values) if values else 1e-4
+    high = max(values) if values else 1.0
+    bins = np.logspace(np.log10(low), np.log10(high) + 1e-9, 30)
+    for label, vs in margins.items():
+        vs = [v for v in vs if v > 0]
+        if vs:
+            ax.hist(vs, bins=bins, alpha=0.55, density=True, label=f"{label} ({len(vs)} clients)")
+    ax.set_xscale("log")
+    ax.set_xlabel("margin at the first choice by loss")
+    ax.set_ylabel("density")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, frameon=False)
+    return _save(plt, fig, path)

@@ -51,6 +51,10 @@ class Round:
     ``mean_norm`` (of its members' weighted mean update, with ``eps1``), ``max_norm`` (the
     largest update norm, with ``eps2``) and ``cross_similarity`` (of its bipartition, with
     ``max_cross``; null for a single member)."""
+    selection: dict[str, list] | None = None
+    """The selection diagnostic (runs made with ``--diagnose``): ``clients`` (who chose),
+    ``losses`` (each one's loss on every pool model) and ``margins`` (second-lowest minus
+    lowest loss), :mod:`cpcfl_tf.federated.diagnostics`."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"round": self.round}
@@ -60,6 +64,8 @@ class Round:
         out.update({k: self.scores[k] for k in SCORES if k in self.scores})
         if self.split_test is not None:
             out["split_test"] = self.split_test
+        if self.selection is not None:
+            out["selection"] = self.selection
         if self.replies is not None:
             out.update(replies=self.replies, failed_partitions=self.failed_partitions)
         return out
@@ -67,10 +73,11 @@ class Round:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Round":
         _only(data, {"round", "accuracy", "cluster_ids", "replies", "failed_partitions",
-                     "split_test", *SCORES}, "round")
+                     "split_test", "selection", *SCORES}, "round")
         return cls(data["round"], data["cluster_ids"], data.get("accuracy"),
                    {k: data[k] for k in SCORES if k in data}, data.get("replies"),
-                   data.get("failed_partitions"), data.get("split_test"))
+                   data.get("failed_partitions"), data.get("split_test"),
+                   data.get("selection"))
 
 
 @dataclasses.dataclass
@@ -168,8 +175,9 @@ class RunRecord:
         if self.pretraining in ("none", "fedavg"):
             return None
         data = self.config.data
-        return (self.pretraining, repr(self.config.pretrain), data.pretrain_dataset,
-                data.pretrain_split, data.image_size, self.config.seed)
+        settings = dataclasses.replace(self.config.pretrain, seed=None)
+        return (self.pretraining, repr(settings), data.pretrain_dataset,
+                data.pretrain_split, data.image_size, self.config.pretrain_seed)
 
     def accuracy_at(self, round_: int) -> float:
         """Mean client accuracy after ``round_`` finished rounds."""

@@ -108,7 +108,7 @@ class Runner:
     def __init__(self, experiment: str, base: Config, out: Path, *, resume: bool = False,
                  force: bool = False, verbose: int = 1, distribute: str = "default",
                  dry_run: bool = False, tensorboard: str | Path | None = None,
-                 max_clients: int | None = None):
+                 max_clients: int | None = None, diagnose: int = 0):
         from cpcfl_tf.results import CACHE_FIX, cache_root, prepare_out_dir
 
         self.experiment, self.base = experiment, base
@@ -133,6 +133,9 @@ class Runner:
         self.max_clients = max_clients
         """At most this many clients per training step (None: all); not part of any key,
         as the result is the same."""
+        self.diagnose = diagnose
+        """Rounds of the selection diagnostic in the runs made now (0: none); not part of
+        any key, as the result is the same (:mod:`cpcfl_tf.federated.diagnostics`)."""
         self.records: list[RunRecord] = []
         """Every record :meth:`run` returned, in order: what the script's report shows."""
         self.reuse: RecordIndex | None = None
@@ -150,7 +153,8 @@ class Runner:
                    distribute=getattr(args, "distribute", "default"),
                    dry_run=getattr(args, "dry_run", False),
                    tensorboard=getattr(args, "tensorboard", None),
-                   max_clients=getattr(args, "max_clients_per_step", None))
+                   max_clients=getattr(args, "max_clients_per_step", None),
+                   diagnose=getattr(args, "diagnose", 0))
 
     # -- data ---------------------------------------------------------------
     def partition(self, config: Config):
@@ -304,7 +308,8 @@ class Runner:
             record, state = run_federated(config, clients, encoder_weights=encoder,
                                           checkpoint=checkpoint, verbose=self.verbose,
                                           on_round=self._scalars(spec, config, clients, on_round),
-                                          max_clients=self.max_clients)
+                                          max_clients=self.max_clients,
+                                          diagnose=self.diagnose)
             if (config.federated.method, config.federated.pretraining) == FEDAVG_ENCODER_RUN:
                 # IFCA (FedAvg) starts from this model's encoder: kept, also for later runs.
                 self.encoders.keep_fedavg(config, pool_encoder(state))

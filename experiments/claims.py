@@ -26,8 +26,9 @@ from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.federated.algorithm import cluster_sizes, clustering_failed
 from cpcfl_tf.federated.metrics import cluster_ari
 from cpcfl_tf.judge import (CANNOT, RULE, RecordIndex, Statistic, Summary, accuracy_at,
-                            combined, config_key, final_accuracy, linear_eval_config,
-                            linear_eval_settings, mismatch, paired, verdict)
+                            clustering_failures, combined, config_key, final_accuracy,
+                            linear_eval_config, linear_eval_settings, mismatch, paired,
+                            verdict)
 from cpcfl_tf.record import RunRecord
 from cpcfl_tf.report import markdown_table, replace_block
 from cpcfl_tf.runner import COMPARISON, COMPARISON_LABELS, RunSpec, client_settings, clients_partition
@@ -108,12 +109,6 @@ class Claim:
     """Why the data here cannot host the claim (None: it can)."""
 
 
-def _failures(record: RunRecord) -> float:
-    """Clustering failures of a run: IFCA's restarts, plus one if the final clusters are
-    not the true groups."""
-    return record.final.restarts + (record.final.ari < 1)
-
-
 def _settled(round_: int) -> Statistic:
     """ARI of the cluster ids after ``round_`` rounds against the true groups."""
     def stat(record: RunRecord) -> float:
@@ -162,7 +157,7 @@ def claims(config: Config) -> list[Claim]:
               "clustering fails for IFCA, we restart the process\"", (
                   Link("clustering failures: IFCA (None) − CP-CFL (SimCLR) (restarts, +1 if "
                        "the final ARI < 1)", "(text, no number)", "ifca-none", "cp-cfl-simclr",
-                       stat=_failures),)),
+                       stat=clustering_failures),)),
         Claim("C5", "N = 3 (the true number of groups) is best of N = 1-5",
               "tab:different_clusters (T = 100)", tuple(
                   Link(f"N = 3 − N = {n}", f"76.80 vs {paper}", "n3", f"n{n}")

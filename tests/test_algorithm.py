@@ -124,7 +124,8 @@ def test_streams_and_restart_rule():
 
     assert stream_seed(3, 1, 7, Stream.BATCHES) == [3, 1, 7, 1]
     failed, fine = np.zeros(9, np.int64), np.repeat([0, 1, 2], 3)
-    ifca = FederatedConfig(method="ifca", pretraining="none", restart_round=10, max_restarts=2)
+    ifca = FederatedConfig(method="ifca", pretraining="none", restart_round=10, max_restarts=2,
+                           head_rounds=0)  # resolved: IFCA has no Tc phase
     assert should_restart(ifca, 10, 0, failed) and not should_restart(ifca, 10, 0, fine)
     assert not should_restart(ifca, 9, 0, failed) and not should_restart(ifca, 10, 2, failed)
     assert not should_restart(FederatedConfig(restart_round=10), 10, 0, failed)  # CP-CFL

@@ -42,7 +42,7 @@ def test_a_start_the_method_cannot_use_is_refused_in_one_line():
     with pytest.raises(UserError, match="fedavg cannot start from pre-training 'fedavg'"):
         federated("fedavg", "fedavg")
     with pytest.raises(UserError, match="unknown federated.method 'fedprox'; choose one of "
-                                        "fedavg, ifca, cp-cfl, centralized"):
+                                        "fedavg, ifca, cp-cfl, cp-cfl-restart, centralized"):
         federated("fedprox", "none")
     with pytest.raises(UserError, match="unknown federated.method"):
         get_method("fedprox")

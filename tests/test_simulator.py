@@ -246,7 +246,7 @@ def test_encoder_epochs_1_trains_the_encoder_in_the_first_local_epoch_only(clien
     batches) leaves it; the head goes on training."""
     from cpcfl_tf.federated import algorithm
     from cpcfl_tf.federated.backends import backend_of
-    from cpcfl_tf.federated.simulator import build_template, initial_pool
+    from cpcfl_tf.federated.simulator import build_template
 
     fl = config(local_epochs=3, encoder_epochs=1, head_rounds=0,
                 backend=backend).resolved().federated
@@ -542,3 +542,35 @@ def test_jit_compiled_steps_train_like_the_default_and_repeat_bit_for_bit(client
     start = [w[0] for w in pool]
     np.testing.assert_allclose(client_losses(jit, [start], data),
                                client_losses(default, [start], data), rtol=1e-5)
+
+
+def test_cp_cfl_restart_that_never_restarts_is_cp_cfl_and_the_diagnostic_changes_nothing(
+        clients, encoder):
+    """Attempt 0 of CP-CFL+restart draws what CP-CFL draws; with groups found its failure
+    test never fires, so the two runs are one, round for round. The selection diagnostic
+    records the pool losses of rounds Tc + 1 .. Tc + K and leaves every result as it was."""
+    from cpcfl_tf.federated.backends import backend_of
+    from cpcfl_tf.federated.simulator import build_template
+
+    plain, _ = run_federated(config(rounds=4, head_rounds=1), clients, encoder_weights=encoder,
+                             verbose=0)
+    variant, _ = run_federated(config(method="cp-cfl-restart", rounds=4, head_rounds=1,
+                                      restart_round=1), clients, encoder_weights=encoder,
+                               verbose=0, diagnose=2)
+    assert variant.final.ari == 1.0 and variant.final.restarts == 0
+    assert [r.cluster_ids for r in variant.rounds] == [r.cluster_ids for r in plain.rounds]
+    assert [r.accuracy for r in variant.rounds] == [r.accuracy for r in plain.rounds]
+    assert variant.final.accuracy == plain.final.accuracy
+    assert [r.selection is not None for r in variant.rounds] == [False, True, True, False]
+    # round 2's losses are those of round 1's pool on each client's training data
+    fl = config(rounds=4, head_rounds=1).resolved().federated
+    template = build_template(fl, clients.train.images.shape[2:], clients.num_classes)
+    rounds = []
+    run_federated(config(rounds=2, head_rounds=1), clients, encoder_weights=encoder,
+                  verbose=0, on_round=lambda record, state: rounds.append(state.models))
+    losses = client_losses(backend_of(template, fl), rounds[0], clients.train)
+    selection = variant.rounds[1].selection
+    np.testing.assert_allclose(selection["losses"], losses, rtol=1e-5)
+    assert selection["clients"] == list(range(9))
+    assert np.argmin(selection["losses"], 1).tolist() == variant.rounds[1].cluster_ids
+    assert min(selection["margins"]) >= 0

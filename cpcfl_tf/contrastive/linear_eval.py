@@ -11,6 +11,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from cpcfl_tf.compat import pretrain_settings
 from cpcfl_tf.config import PretrainConfig
 from cpcfl_tf.data.images import to_float
 from cpcfl_tf.data.sources import LabeledImages
@@ -64,7 +65,7 @@ def select_best(candidates: Sequence[tuple[str, PretrainConfig]], images: np.nda
         result = pretrain(config, images, Path(out_root) / key, method=method, seed=seed,
                           verbose=verbose)
         accuracy = linear_eval(result.encoder, proxy_train, proxy_test, seed=seed)
-        scores.append({"key": key, "method": method, "config": dataclasses.asdict(config),
+        scores.append({"key": key, "method": method, "config": pretrain_settings(dataclasses.asdict(config)),
                        "accuracy": accuracy})
         if verbose:
             print(f"{key}: linear evaluation accuracy {accuracy:.4f}")

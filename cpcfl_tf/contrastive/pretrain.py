@@ -24,6 +24,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from cpcfl_tf.compat import pretrain_settings
 from cpcfl_tf.config import DataConfig, PretrainConfig
 from cpcfl_tf.contrastive.methods import BYOL, SimCLR, SimSiam, ContrastiveModel
 from cpcfl_tf.data.augment import build_augmenter
@@ -294,15 +295,17 @@ def pretrain(config: PretrainConfig, images: np.ndarray, out_dir: str | Path, *,
 
 def identity(config: PretrainConfig, method: str) -> dict:
     """What a pre-training is, as recorded with it: the method, then ``config``'s fields
-    (the layout the cache has always used, so earlier cache entries stay valid)."""
-    return {"method": method, **dataclasses.asdict(config)}
+    (the layout the cache has always used, so earlier cache entries stay valid; fields
+    added since at their defaults and the seed, named apart, left out:
+    :func:`cpcfl_tf.compat.pretrain_settings`)."""
+    return {"method": method, **pretrain_settings(dataclasses.asdict(config))}
 
 
 def pretrain_key(config: PretrainConfig, name: str, **identity_) -> str:
     """Folder name of a pre-training: ``name`` (the method), encoder and a hash of the
     settings and of ``identity_`` (what else shapes it: the data, the seed)."""
     settings = (identity(config, name) if name in PRETRAIN_METHODS
-                else dataclasses.asdict(config))
+                else pretrain_settings(dataclasses.asdict(config)))
     text = json.dumps({"config": settings, **identity_}, sort_keys=True)
     digest = hashlib.sha1(text.encode()).hexdigest()[:10]
     return f"{name}-{config.encoder}-{digest}"

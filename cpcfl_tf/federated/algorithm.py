@@ -22,6 +22,7 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
+from cpcfl_tf.federated.diagnostics import diagnosed, selection_record
 from cpcfl_tf.methods import METHODS
 
 Weights = list[np.ndarray]
@@ -409,11 +410,20 @@ def server_ids(fl, state: ServerState, replies: "Replies"
     return replies.cluster_ids, state, {}
 
 
+def restart_check_round(fl) -> int:
+    """The round after which IFCA's failure test is applied: ``fl.restart_round`` rounds
+    after the clients began to choose by loss, i.e. after the Tc phase (IFCA has none, so
+    it is ``restart_round`` itself; CP-CFL+restart's clusters are its clients' choices
+    only from round Tc + 1 on: docs/choices.md)."""
+    return fl.head_rounds + fl.restart_round
+
+
 def should_restart(fl, finished_round: int, attempt: int, cluster_ids: np.ndarray) -> bool:
-    """IFCA's restart rule: after ``fl.restart_round`` rounds, an IFCA run whose clustering
-    failed starts over with new random models, at most ``fl.max_restarts`` times. CP-CFL and
-    FedAvg never restart (the paper gives CP-CFL no restart rule): :mod:`cpcfl_tf.methods`."""
-    return (METHODS[fl.method].restarts and finished_round == fl.restart_round
+    """IFCA's restart rule: after :func:`restart_check_round`, a run of a method with
+    restarts (:mod:`cpcfl_tf.methods`) whose clustering failed starts over with new random
+    models (new heads on the same pre-trained encoder), at most ``fl.max_restarts`` times.
+    CP-CFL and FedAvg never restart (the paper gives CP-CFL no restart rule)."""
+    return (METHODS[fl.method].restarts and finished_round == restart_check_round(fl)
             and attempt < fl.max_restarts
             and clustering_failed(cluster_ids, fl.num_clusters, fl.min_cluster_share))
 
@@ -449,6 +459,10 @@ class Replies:
     """The trained weights, array by array, stacked over replies."""
     failed: list[int] = dataclasses.field(default_factory=list)
     """Clients that were asked and did not reply (a real federation only)."""
+    losses: np.ndarray | None = None
+    """``(replies, N)``: each reply's loss on every pool model, where the driver saw them
+    (the simulator, when the clients chose by loss); what the selection diagnostic
+    records (:mod:`cpcfl_tf.federated.diagnostics`)."""
 
 
 class Federation(Protocol):
@@ -496,7 +510,8 @@ def sent_before_training(subspaces: Sequence[np.ndarray] | None) -> Progress:
 def run_rounds(fl, seed: int, federation: Federation, start: Callable[[int], ServerState], *,
                state: ServerState | None = None, progress: Progress | None = None,
                on_round: Callable[[dict, ServerState, Progress], None] | None = None,
-               say: Callable[[str], None] | None = None) -> tuple[ServerState, Progress]:
+               say: Callable[[str], None] | None = None,
+               diagnose: int = 0) -> tuple[ServerState, Progress]:
     """Rounds until ``fl.rounds`` are done: plan, train (through ``federation``), aggregate,
     record, and IFCA's restart rule.
 
@@ -515,6 +530,10 @@ def run_rounds(fl, seed: int, federation: Federation, start: Callable[[int], Ser
         and progress: where a driver checkpoints and reports.
     say
         Where the restart notice goes.
+    diagnose
+        Record the clients' losses on every pool model and their margins (``selection``)
+        in the first ``diagnose`` rounds in which they choose by loss, where the
+        federation reports them (:mod:`cpcfl_tf.federated.diagnostics`); 0: never.
     """
     state = start(0) if state is None else state
     progress = Progress() if progress is None else progress
@@ -527,6 +546,8 @@ def run_rounds(fl, seed: int, federation: Federation, start: Callable[[int], Ser
         plan = plan_round(fl, seed, progress.attempt, t, n, state.assignment)
         replies = federation.train(state.models, plan)
         ids, state, notes = server_ids(fl, state, replies)
+        if replies.losses is not None and diagnosed(t, fl.head_rounds, diagnose):
+            notes = {**notes, "selection": selection_record(replies.clients, replies.losses)}
         state = aggregate(state, replies.weights, ids, replies.sizes,
                           global_encoder=fl.global_encoder)
         assigned[replies.clients] = ids

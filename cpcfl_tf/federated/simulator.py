@@ -123,7 +123,7 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
                   checkpoint: str | Path | None = None, train_seed: int | None = None,
                   verbose: int = 1,
                   on_round: Callable[[dict, algorithm.ServerState], None] | None = None,
-                  max_clients: int | None = None
+                  max_clients: int | None = None, diagnose: int = 0
                   ) -> tuple[RunRecord, algorithm.ServerState]:
     """Run ``config.federated`` on ``clients``.
 
@@ -149,6 +149,10 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
     max_clients
         At most this many clients in one training step (bounds memory for many clients;
         the result is the same, so it is not part of the run's config).
+    diagnose
+        Record the selection diagnostic in the first ``diagnose`` rounds the clients
+        choose by loss (:mod:`cpcfl_tf.federated.diagnostics`); an observation, so not
+        part of the run's config either (0: off).
 
     Returns
     -------
@@ -203,7 +207,8 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
 
     state, progress = algorithm.run_rounds(
         fl, seed, simulation, start, state=state, progress=progress, on_round=after,
-        say=(lambda line: print("  " + line, flush=True)) if verbose else None)
+        say=(lambda line: print("  " + line, flush=True)) if verbose else None,
+        diagnose=diagnose)
     last = Round.from_json(progress.history[-1])
     record = federated_record(
         config, seed, progress, state, last.accuracy, scores=last.scores,
@@ -259,7 +264,7 @@ class _Simulation:
             raise DivergedError(f"local training diverged (NaN/Inf weights) in round "
                                 f"{plan.round + 1}; lower federated.learning_rate (now "
                                 f"{fl.learning_rate})")
-        return algorithm.Replies(part, ids, self.clients.sizes[part], trained)
+        return algorithm.Replies(part, ids, self.clients.sizes[part], trained, losses=losses)
 
     def observe(self, models, assigned, replies, round_: int, *, planned=None) -> dict:
         return _evaluate(self.backend, models, assigned, self.clients, round_, self.fl,

@@ -25,7 +25,7 @@ from typing import Callable
 
 import numpy as np
 
-from cpcfl_tf.compat import without_added
+from cpcfl_tf.compat import pretrain_settings, without_added
 from cpcfl_tf.config import Config, config_record
 from cpcfl_tf.federated.clients import Clients
 from cpcfl_tf.methods import FEDAVG_ENCODER_RUN, PRETRAIN_METHODS
@@ -44,9 +44,10 @@ def fedavg_config(config: Config) -> Config:
 class StartingEncoders:
     """The starting encoders of one script's runs, each built at most once.
 
-    The server pre-trains with the run's own seed (``config.seed``): runs of different
-    seeds (trials) sample the encoder as they sample the partition, initial weights and
-    batch order; runs of one seed share one cached encoder.
+    The server pre-trains with the run's own seed (``config.seed``, unless ``pretrain.seed``
+    names another: :attr:`~cpcfl_tf.config.Config.pretrain_seed`): runs of different seeds
+    (trials) sample the encoder as they sample the partition, initial weights and batch
+    order; runs of one pre-training seed share one cached encoder.
 
     Parameters
     ----------
@@ -93,7 +94,7 @@ class StartingEncoders:
             if key in self._fedavg or _fedavg_path(key).exists():
                 return "FedAvg encoder: cached"
             return "FedAvg encoder: kept from the FedAvg (None) run (trained first if none)"
-        folder = pretrain_folder(config.pretrain, config.data, pre, config.seed)
+        folder = pretrain_folder(config.pretrain, config.data, pre, config.pretrain_seed)
         done = (folder / ("encoder.npz" if pre == "supervised" else "pretrain.json")).exists()
         state = ("cached" if done else "to resume" if (folder / "checkpoint.npz").exists()
                  else f"to pre-train ({config.pretrain.epochs} epochs)")
@@ -106,9 +107,9 @@ class StartingEncoders:
 
         assert method in PRETRAIN_METHODS, method
         images = None if self._unlabeled is None else (lambda: self._unlabeled(config))
-        return pretrained_encoder(config.pretrain, config.data, method=method, seed=config.seed,
-                                  verbose=self.verbose, distribute=self.distribute,
-                                  images=images, on_epoch=self._epoch_log(config, method))
+        return pretrained_encoder(config.pretrain, config.data, method=method,
+                                  seed=config.pretrain_seed, verbose=self.verbose,
+                                  distribute=self.distribute, images=images, on_epoch=self._epoch_log(config, method))
 
     def _epoch_log(self, config: Config, method: str):
         """The TensorBoard logger of a pre-training's epochs (None without a folder)."""
@@ -116,7 +117,7 @@ class StartingEncoders:
 
         if not self.tensorboard:
             return None
-        folder = pretrain_folder(config.pretrain, config.data, method, config.seed)
+        folder = pretrain_folder(config.pretrain, config.data, method, config.pretrain_seed)
         log = ScalarLog(Path(self.tensorboard) / "pretrain" / folder.name)
         return lambda epoch, logs: log.write(epoch, {"loss": logs["loss"],
                                                      "embedding_std": logs["embedding_std"]})
@@ -130,7 +131,7 @@ class StartingEncoders:
         from cpcfl_tf.federated.centralized import supervised_encoder
 
         data, pre = config.data, config.pretrain
-        out = pretrain_folder(pre, data, "supervised", config.seed)
+        out = pretrain_folder(pre, data, "supervised", config.pretrain_seed)
         cached = read_weights(out / "encoder.npz", rebuild="pre-training it again")
         if cached is not None:
             return cached
@@ -142,10 +143,12 @@ class StartingEncoders:
                                manual_dir=data.manual_dir)
         budget = config.with_overrides(federated={"batch_size": pre.batch_size,
                                                   "learning_rate": pre.learning_rate})
-        weights = supervised_encoder(budget, labeled, epochs=pre.epochs, seed=config.seed)
+        weights = supervised_encoder(budget, labeled, epochs=pre.epochs,
+                                     seed=config.pretrain_seed)
         write_weights(out / "encoder.npz", weights)
         (out / "source.json").write_text(json.dumps(
-            {"config": dataclasses.asdict(pre), **image_source(data), "seed": config.seed},
+            {"config": pretrain_settings(dataclasses.asdict(pre)), **image_source(data),
+             "seed": config.pretrain_seed},
             indent=2))
         return weights
 

@@ -1,0 +1,301 @@
+"""Beyond the paper: how often CP-CFL (SimCLR), IFCA (None) and CP-CFL with IFCA's restart
+rule end with the clients' true groups, over many runs, and why CP-CFL merges groups.
+
+Run r (0-based) draws its partition, initial weights and batch order with seed
+``--seed + r``; its SimCLR encoder is pre-trained with seed ``--seed + r`` for the first
+``--encoders`` runs and shared after that (run r uses run ``r mod --encoders``'s
+encoder, ``pretrain.seed`` in its record), so the runs span that many distinct encoders.
+Runs 0-4 are then the trials' configs: in the kit's own tree a committed run this machine
+would make bit for bit is taken from there. Every run made here records the selection
+diagnostic for ``--diagnose`` rounds (the clients' pool losses and margins at their first
+choices by loss: docs/experiments.md).
+
+Per method: runs ending with the true groups (final ARI 1), k of n with the 95 %
+Clopper-Pearson interval; accuracy of the runs that found them and of those that did not;
+restarts; the round the clusters settled. Paired by run (same partition and encoder),
+each pair of methods by the claims' rule, and claim C4's link over all these runs.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from cpcfl_tf.errors import UserError, run_cli
+from cpcfl_tf.federated.diagnostics import merges
+from cpcfl_tf.judge import (RULE, RecordIndex, clopper_pearson, clustering_failures,
+                            final_accuracy, paired, verdict)
+from cpcfl_tf.methods import run_label
+from cpcfl_tf.record import RunRecord
+from cpcfl_tf.report import markdown_table, mean_sd, replace_block
+from cpcfl_tf.runner import RunSpec
+from cpcfl_tf.script import Script
+
+ROWS = {"cp-cfl-simclr": ("cp-cfl", "simclr"), "ifca-none": ("ifca", "none"),
+        "cp-cfl-restart-simclr": ("cp-cfl-restart", "simclr")}
+LABELS = {name: run_label(*row) for name, row in ROWS.items()}
+PAIRS = (("cp-cfl-simclr", "ifca-none"), ("cp-cfl-restart-simclr", "cp-cfl-simclr"),
+         ("cp-cfl-restart-simclr", "ifca-none"))
+"""(a, b): the paired difference a − b of final accuracy, per run."""
+C4 = ("ifca-none", "cp-cfl-simclr")
+"""Claim C4's link: clustering failures of IFCA (None) minus CP-CFL (SimCLR)'s."""
+DEFAULTS = {"smoke": (3, 2), "quick": (50, 25), "standard": (20, 5), "paper": (20, 5)}
+"""Per preset: runs, distinct encoders (issue: quick at least 50 runs and 20 encoders;
+standard at least 20 runs)."""
+DIAGNOSE = 5
+"""Rounds of the selection diagnostic each run made here records."""
+
+SCRIPT = Script(__file__, __doc__, default_preset="quick", methods=tuple(ROWS))
+
+
+def specs(seed: int, runs: int, encoders: int) -> list[RunSpec]:
+    """Run r of each method (see the module's docstring)."""
+    out = []
+    for r in range(runs):
+        shared = {} if r < encoders else {"seed": seed + r % encoders}
+        for name, (method, pre) in ROWS.items():
+            out.append(RunSpec(f"run{r}-{name}", method, pre, seed=seed + r, row=name,
+                               pretrain=shared if pre != "none" else {}))
+    return out
+
+
+def encoder_seed(record: RunRecord) -> int | None:
+    """The seed of the encoder a run started from (None: random weights)."""
+    return None if record.pretraining == "none" else record.config.pretrain_seed
+
+
+def found(record: RunRecord) -> bool:
+    return record.final.ari == 1.0
+
+
+def first_choice(record: RunRecord):
+    """The round record of the clients' first choice by loss, if it was diagnosed."""
+    first = record.config.federated.head_rounds + 1
+    return next((r for r in record.rounds if r.round == first and r.selection), None)
+
+
+def _options(parser) -> None:
+    parser.add_argument("--runs", type=int, help="runs per method (default: quick 50, "
+                                                 "standard 20, smoke 3)")
+    parser.add_argument("--encoders", type=int, help="distinct SimCLR encoders (default: "
+                                                     "quick 25, standard 5, smoke 2)")
+    parser.add_argument("--all-figures", action="store_true",
+                        help="draw every diagnosed run's selection figure (default: the runs "
+                             "that merged groups and the first that found them, per method)")
+    parser.set_defaults(diagnose=DIAGNOSE)
+
+
+def _rate(records: list[RunRecord]) -> str:
+    k, n = sum(map(found, records)), len(records)
+    low, high = clopper_pearson(k, n)
+    return f"{k} of {n} ({100 * k / n:.0f} %; {100 * low:.0f}-{100 * high:.0f} %)"
+
+
+def _mean(values, fmt="{:.2f}") -> str:
+    values = list(values)
+    if not values:
+        return "-"
+    mean, sd = mean_sd(values)
+    return f"{fmt.format(mean)} ± {fmt.format(sd)} ({len(values)})"
+
+
+def _median(values) -> str:
+    values = list(values)
+    return f"{np.median(values):.3g}" if values else "-"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    session = SCRIPT.start(argv, _options)
+    config, args = session.config, session.args
+    runs_default, encoders_default = DEFAULTS[config.preset]
+    runs = runs_default if args.runs is None else args.runs
+    encoders = encoders_default if args.encoders is None else args.encoders
+    if runs < 2 or not 1 <= encoders <= runs:
+        raise UserError(f"--runs must be >= 2 and --encoders in [1, runs]; got --runs {runs} "
+                        f"--encoders {encoders}")
+    tree = Path("results") / config.preset
+    if tree.is_dir() and session.out.resolve().parent == tree.resolve():
+        session.runner.reuse = RecordIndex(tree, prefer=session.out)
+    by_run: dict[str, dict[int, RunRecord]] = {name: {} for name in ROWS if session.wanted(name)}
+    for spec in session.plan(specs(args.seed, runs, encoders)):
+        by_run[spec.key][spec.seed - args.seed] = session.runner.run(spec)
+
+    report, summary, rows = _report(config, by_run, runs, encoders, args.seed)
+    _figures(by_run, session.out, config.preset, args.all_figures)
+    from cpcfl_tf.results import write_json
+    write_json(session.out / f"{SCRIPT.name}.json", summary)
+    session.finish(report, rows)
+    readme = Path("results") / "README.md"
+    if (session.out.resolve() == (tree / SCRIPT.name).resolve() and len(by_run) == len(ROWS)
+            and replace_block(readme, "reliability", config.preset, summary["table"])):
+        print(f"updated the {config.preset} reliability table in {readme}")
+
+
+def _report(config, by_run: dict[str, dict[int, RunRecord]], runs: int, encoders: int,
+            seed: int) -> tuple[str, dict, list[dict]]:
+    p, fl = config.partition, config.federated
+    lines = [f"# Clustering reliability (preset `{config.preset}`): {p.num_clients} clients "
+             f"in {p.num_groups} groups, N = {fl.num_clusters}, T = {fl.rounds}, Tc = "
+             f"{fl.head_rounds}; runs {seed}..{seed + runs - 1}, {encoders} SimCLR encoders", "",
+             "*true groups*: runs whose final clusters are the true groups (ARI 1), with the 95 % "
+             "Clopper-Pearson interval of the rate. Accuracy (%) as mean ± SD (runs). "
+             "*restarts*: IFCA's restart rule (CP-CFL+restart: the same rule, checked "
+             f"{fl.restart_round} rounds after Tc), runs that used one / restarts in all. "
+             "*settled*: the round after which no client changed cluster again.", ""]
+    table = []
+    for name, records in by_run.items():
+        rs = list(records.values())
+        if not rs:
+            continue
+        table.append([LABELS[name], _rate(rs),
+                      _mean(final_accuracy(r) for r in rs if found(r)),
+                      _mean(final_accuracy(r) for r in rs if not found(r)),
+                      f"{sum(r.final.restarts > 0 for r in rs)} / "
+                      f"{sum(r.final.restarts for r in rs)}",
+                      _mean((r.last_cluster_change() for r in rs), "{:.1f}"),
+                      _mean(((r.final.bytes_down + r.final.bytes_up) / 1e6 for r in rs),
+                            "{:.0f}")])
+    rate_table = markdown_table(["method", "true groups", "accuracy, found", "accuracy, not found",
+                                 "restarts (runs / all)", "settled after round", "MB sent"],
+                                table)
+    lines += rate_table
+
+    links, summary_links = [], {}
+    for a, b in PAIRS:
+        if a in by_run and b in by_run:
+            result = verdict(paired(by_run[a], by_run[b], final_accuracy))
+            links.append(_link_row(f"accuracy: {LABELS[a]} − {LABELS[b]}", result))
+            summary_links[f"{a} - {b}"] = result.to_json()
+    if all(name in by_run for name in C4):
+        result = verdict(paired(by_run[C4[0]], by_run[C4[1]], clustering_failures))
+        links.append(_link_row(f"C4, clustering failures (restarts, +1 if the final clusters "
+                               f"are not the groups): {LABELS[C4[0]]} − {LABELS[C4[1]]}",
+                               result))
+        summary_links["C4"] = result.to_json()
+    lines += ["", "## Paired by run", "",
+              "Per run (same partition and, for the SimCLR runs, the same encoder): the "
+              "difference, its mean, min .. max and 95 % interval, and the claims' verdict "
+              "(positive: the first method ahead; for C4, IFCA failing more often).", ""]
+    lines += markdown_table(["link", "n", "mean", "min .. max", "95 % interval", "verdict"],
+                            links)
+
+    lines += ["", "## The runs that merged groups", "",
+              "Each run whose final clusters are not the true groups: its encoder, final cluster "
+              "sizes, the groups that share a model and the round from which they shared it for "
+              "good, and, where the run recorded the diagnostic, the median margin at the "
+              "clients' first choice by loss (second-lowest minus lowest pool loss) of the "
+              "merged groups' clients and of the others.", ""]
+    margins = margin_sets(by_run.get("cp-cfl-simclr", {}))
+    merged_rows = []
+    for name, records in by_run.items():
+        for r_index, record in sorted(records.items()):
+            if found(record):
+                continue
+            groups = np.array([c["group"] for c in record.clients])
+            choice = first_choice(record)
+            joined = merges(groups, [r.cluster_ids for r in record.rounds])
+            in_merge = {g for m in joined for g in m["groups"]}
+            sizes = np.bincount(np.array(record.rounds[-1].cluster_ids),
+                                minlength=record.config.federated.num_clusters)
+            median_in = median_out = "-"
+            if choice is not None:
+                chose = np.array(choice.selection["clients"])
+                values = np.array(choice.selection["margins"])
+                inside = np.isin(groups[chose], list(in_merge))
+                median_in, median_out = _median(values[inside]), _median(values[~inside])
+            merged_rows.append([
+                LABELS[name], r_index, "-" if encoder_seed(record) is None
+                else encoder_seed(record), ",".join(map(str, sizes)),
+                "; ".join(f"groups {'+'.join(map(str, m['groups']))} from round "
+                          f"{m['final_from']}" for m in joined) or "split only",
+                record.final.restarts, f"{final_accuracy(record):.2f}", median_in, median_out])
+    lines += (markdown_table(["method", "run", "encoder", "final sizes", "merged", "restarts",
+                              "accuracy (%)", "margin, merged groups", "margin, others"],
+                             merged_rows) if merged_rows else ["None."])
+    lines += ["", "Median margin at the first choice by loss in CP-CFL (SimCLR)'s diagnosed "
+                  "runs, over the clients of each set: "
+              + "; ".join(f"{label}: {_median(v)} ({len(v)} clients)"
+                          for label, v in margins.items()) + "."]
+    lines += ["", "<details><summary>The rule</summary>", "", RULE, "</details>", ""]
+
+    summary = {"preset": config.preset, "runs": runs, "encoders": encoders, "seed": seed,
+               "methods": {name: _method_summary(records) for name, records in by_run.items()},
+               "links": summary_links,
+               "margins": {k: {"clients": len(v), "median": float(np.median(v)) if v else None}
+                           for k, v in margins.items()},
+               "table": rate_table}
+    rows = [{"run": name, "index": i, "seed": r.seeds["data"], "encoder_seed": encoder_seed(r),
+             "accuracy": r.final.accuracy, "ari": r.final.ari, "found": found(r),
+             "restarts": r.final.restarts, "settled": r.last_cluster_change(),
+             "bytes_down": r.final.bytes_down, "bytes_up": r.final.bytes_up}
+            for name, records in by_run.items() for i, r in sorted(records.items())]
+    return "\n".join(lines), summary, rows
+
+
+def _link_row(text: str, result) -> list:
+    if not result.n:
+        return [text, 0, "-", "-", "-", result.verdict]
+    interval = result.interval
+    return [text, result.n, f"{result.mean:+.2f}",
+            f"{result.values.min():+.2f} .. {result.values.max():+.2f}",
+            f"[{interval[0]:+.2f}, {interval[1]:+.2f}]" if interval else "-", result.verdict]
+
+
+def _method_summary(records: dict[int, RunRecord]) -> dict:
+    rs = list(records.values())
+    k, n = sum(map(found, rs)), len(rs)
+    low, high = clopper_pearson(k, n) if n else (None, None)
+    return {"found": k, "runs": n, "ci95": [low, high],
+            "restarts": sum(r.final.restarts for r in rs),
+            "accuracy_found": [final_accuracy(r) for r in rs if found(r)],
+            "accuracy_not_found": [final_accuracy(r) for r in rs if not found(r)]}
+
+
+def margin_sets(records: dict[int, RunRecord]) -> dict[str, list[float]]:
+    """The margins at the first choice by loss of the clients of diagnosed runs, in three
+    sets: runs that found the groups, the merged groups of runs that merged some, and the
+    other groups of those runs."""
+    sets: dict[str, list[float]] = {"found": [], "merged groups": [],
+                                    "other groups of merged runs": []}
+    for record in records.values():
+        choice = first_choice(record)
+        if choice is None:
+            continue
+        groups = np.array([c["group"] for c in record.clients])
+        values = np.array(choice.selection["margins"])
+        if found(record):
+            sets["found"] += values.tolist()
+            continue
+        joined = merges(groups, [r.cluster_ids for r in record.rounds])
+        inside = np.isin(groups[choice.selection["clients"]],
+                         [g for m in joined for g in m["groups"]])
+        sets["merged groups"] += values[inside].tolist()
+        sets["other groups of merged runs"] += values[~inside].tolist()
+    return sets
+
+
+def _figures(by_run: dict[str, dict[int, RunRecord]], out: Path, preset: str,
+             every: bool) -> None:
+    from cpcfl_tf.plots import plot_margin_distributions, plot_selection
+
+    folder = out / "figures"
+    folder.mkdir(exist_ok=True)
+    for name, records in by_run.items():
+        drawn_found = False
+        for index, record in sorted(records.items()):
+            if first_choice(record) is None or not (every or not found(record)
+                                                    or not drawn_found):
+                continue
+            drawn_found = drawn_found or found(record)
+            plot_selection(record, folder / f"run{index}-{name}.png",
+                           title=f"{LABELS[name]}, run {index} (preset {preset}): "
+                                 f"final ARI {record.final.ari:.2f}")
+    plot_margin_distributions(margin_sets(by_run.get("cp-cfl-simclr", {})),
+                              out / "margins.png",
+                              title=f"CP-CFL (SimCLR): clients' margins at their first choice "
+                                    f"by loss (preset {preset})")
+
+
+if __name__ == "__main__":
+    run_cli(main)
