@@ -105,15 +105,25 @@ def _median(values) -> str:
     return f"{np.median(values):.3g}" if values else "-"
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    session = SCRIPT.start(argv, _options)
-    config, args = session.config, session.args
-    runs_default, encoders_default = DEFAULTS[config.preset]
+def counts(args) -> tuple[int, int]:
+    """``(runs, encoders)`` of the command line, the preset's defaults for those not given;
+    a one-line error for counts the study cannot use (before anything is written)."""
+    runs_default, encoders_default = DEFAULTS[args.preset]
     runs = runs_default if args.runs is None else args.runs
     encoders = encoders_default if args.encoders is None else args.encoders
     if runs < 2 or not 1 <= encoders <= runs:
         raise UserError(f"--runs must be >= 2 and --encoders in [1, runs]; got --runs {runs} "
                         f"--encoders {encoders}")
+    return runs, encoders
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = SCRIPT.parser()
+    _options(parser)
+    args = parser.parse_args(argv)
+    runs, encoders = counts(args)
+    session = SCRIPT.session(args)
+    config = session.config
     tree = Path("results") / config.preset
     if tree.is_dir() and session.out.resolve().parent == tree.resolve():
         session.runner.reuse = RecordIndex(tree, prefer=session.out)

@@ -2,6 +2,7 @@
 on the smoke preset, and the runner features they rely on."""
 import csv
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -492,3 +493,50 @@ def test_the_blas_kernels_numpy_picked_are_recorded_and_an_override_shows():
     forced = subprocess.run([sys.executable, "-c", ask], capture_output=True, text=True,
                             env={**os.environ, "OPENBLAS_CORETYPE": other}, check=True)
     assert forced.stdout.split()[-1] == other  # what the run used, not what the CPU is
+
+
+def test_clustering_reliability_counts_rates_shares_encoders_and_explains_merges(tmp_path):
+    from cpcfl_tf.judge import clopper_pearson
+    from cpcfl_tf.record import read_record
+
+    reliability = script("clustering_reliability")
+    out = tmp_path / "out"
+    readme = Path(__file__).parents[1] / "results" / "README.md"
+    before = readme.read_bytes()
+    reliability.main(["--preset", "smoke", "--out", str(out), "--runs", "3", "--encoders", "2",
+                      "--set", "federated.rounds=3"])
+    records = {p.stem: read_record(p) for p in out.glob("run*.json")}
+    assert sorted(records) == sorted(f"run{r}-{m}" for r in range(3) for m in reliability.ROWS)
+    # run 2 shares run 0's encoder, with its own partition and training seed
+    shared, own = records["run2-cp-cfl-simclr"], records["run0-cp-cfl-simclr"]
+    assert shared.config.pretrain_seed == 0 and shared.seeds == {"data": 2, "train": 2}
+    assert (shared.environment["starting_encoder"] == own.environment["starting_encoder"]
+            != records["run1-cp-cfl-simclr"].environment["starting_encoder"])
+    assert records["run2-ifca-none"].config.pretrain.seed is None  # no encoder to share
+    # the diagnostic: from round Tc + 1 = 2 on, for CP-CFL; from round 1 for IFCA
+    assert [r.selection is not None for r in own.rounds] == [False, True, True]
+    assert all(r.selection is not None for r in records["run0-ifca-none"].rounds)
+    summary = json.loads((out / "clustering_reliability.json").read_text())
+    for name, method in summary["methods"].items():
+        found = sum(records[f"run{r}-{name}"].final.ari == 1.0 for r in range(3))
+        assert (method["found"], method["runs"]) == (found, 3)
+        assert method["ci95"] == pytest.approx(list(clopper_pearson(found, 3)))
+    report = (out / "clustering_reliability.md").read_text()
+    assert "| CP-CFL+restart (SimCLR) |" in report and "C4, clustering failures" in report
+    merged = [n for n, r in records.items() if r.final.ari < 1]
+    for name in merged:  # every run that missed the groups is listed, with its margins
+        index = name.split("-")[0][3:]
+        assert f"| {index} |" in report
+    assert (out / "margins.png").stat().st_size > 0
+    assert {p.stem for p in (out / "figures").glob("*.png")} >= set(merged)
+    assert readme.read_bytes() == before  # a run elsewhere leaves the committed README
+
+
+@pytest.mark.parametrize("args,message", [(["--runs", "1"], "--runs must be >= 2"),
+                                          (["--encoders", "9"], "--encoders in [1, runs]")])
+def test_clustering_reliability_refuses_impossible_counts_before_writing(tmp_path, args,
+                                                                          message):
+    with pytest.raises(UserError, match=re.escape(message)):
+        script("clustering_reliability").main(["--preset", "smoke", "--out",
+                                               str(tmp_path / "out"), *args])
+    assert not (tmp_path / "out").exists()
