@@ -61,6 +61,9 @@ def test_ties_are_broken_at_random_and_exploration_is_uniform():
     ([0, 0, 0, 0, 1, 1, 1, 1, 2], True),      # a cluster below half its fair share of 3
     ([0, 0, 0, 1, 1, 1, 2, 2, 2], False),
     ([0, 0, 0, 0, 1, 1, 2, 2, 2], False),
+    # exactly on the threshold: 2 of 12 is half the fair share 4, which is not below it
+    ([0] * 5 + [1] * 5 + [2] * 2, False),
+    ([0] * 6 + [1] * 5 + [2] * 1, True),
 ])
 def test_clustering_failure(ids, failed):
     assert algorithm.clustering_failed(np.array(ids), 3, 0.5) is failed

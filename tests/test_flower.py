@@ -411,3 +411,43 @@ def test_the_apps_run_config_defaults_are_the_servers():
     root = Path(__file__).resolve().parents[1]
     declared = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
     assert declared == DEFAULTS
+
+
+def test_the_server_averages_each_cluster_by_the_nodes_example_counts(monkeypatch):
+    """Nodes of unequal data (as with their own folders): the ServerApp reads each reply's
+    ``num-examples`` and the cluster's model becomes the |D_u|-weighted average, computed
+    here in NumPy; the unweighted mean would be another model."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from cpcfl_tf.federated import algorithm
+    from cpcfl_tf.flower import server_app
+    from cpcfl_tf.flower.common import run_config, to_record
+
+    fl = run_config({"num-clients": 3, "method": "ifca", "pretraining": "none",
+                     "num-clusters": 2, "rounds": 2}).resolved().federated
+    rng = np.random.default_rng(0)
+    pool = [[rng.normal(size=(3, 2)).astype(np.float32), rng.normal(size=2).astype(np.float32)]
+            for _ in range(2)]
+    trained = {k: [a + k + 1 for a in pool[0]] for k in range(3)}
+    counts, clusters = {0: 10, 1: 30, 2: 7}, {0: 0, 1: 0, 2: 1}
+
+    def send(grid, contents, kind, group, timeout):  # node 10 + k holds client k
+        return [SimpleNamespace(content={
+            "metrics": {"client-id": k, "cluster-id": clusters[k], "num-examples": counts[k]},
+            "model": to_record(trained[k])}) for k in (node - 10 for node in contents)], []
+
+    monkeypatch.setattr(server_app, "_send", send)
+    grid = SimpleNamespace(get_node_ids=lambda: [10, 11, 12])
+    nodes = server_app._Nodes(grid, {10: 0, 11: 1, 12: 2}, 3, 1.0, fl)
+    plan = algorithm.plan_round(fl, 0, 0, 0, 3)
+    replies = nodes.train(pool, plan)
+    assert replies.sizes.tolist() == [10, 30, 7]
+    state = algorithm.aggregate(algorithm.ServerState(0, pool, 1), replies.weights,
+                                replies.cluster_ids, replies.sizes)
+    for got, one, two in zip(state.models[0], trained[0], trained[1]):
+        np.testing.assert_allclose(got, (10 * one + 30 * two) / 40, rtol=1e-6)
+        assert not np.allclose(got, (one + two) / 2)
+    for got, three in zip(state.models[1], trained[2]):
+        np.testing.assert_allclose(got, three, rtol=1e-6)

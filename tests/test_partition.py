@@ -203,3 +203,36 @@ def test_a_dirichlet_partition_skews_labels_per_group(fmnist_clients, tmp_path):
     with pytest.raises(UserError, match="dirichlet partition needs .* larger alpha"):
         partition_clients(train.labels[:600], test.labels, num_classes=10, num_clients=12,
                           kind="dirichlet", alpha=0.05, seed=0)
+
+
+def test_test_counts_round_half_up_not_to_even():
+    """Python's round() takes 2.5 to 2; the partition rounds it up (20,20,5,5 at 0.5 is
+    10,10,3,3: 26 test images a client, what the check of split sizes counts too)."""
+    from cpcfl_tf.data.partition import client_sizes, test_counts_for
+
+    assert test_counts_for((20, 20, 5, 5), 0.5) == (10, 10, 3, 3)
+    assert test_counts_for((7, 3), 0.5) == (4, 2)  # 3.5 -> 4, 1.5 -> 2
+    assert client_sizes((20, 20, 5, 5), 0.5) == (50, 26)
+    train, test = np.repeat(np.arange(10), 40), np.repeat(np.arange(10), 40)
+    part = partition_clients(train, test, num_classes=10, num_clients=3, test_fraction=0.5,
+                             seed=0)
+    for client in part.clients:
+        counts = sorted(np.bincount(test[client.test_index]).tolist(), reverse=True)
+        assert counts[:4] == [10, 10, 3, 3]
+
+
+@pytest.mark.parametrize("have,fits", [(6, True), (5, False)])
+def test_a_draw_gets_exactly_its_counts_or_is_refused_even_one_image_short(have, fits):
+    """One client of class counts (6, 4, 4, 4) over classes 0-3: with six images of class
+    0 the draws that give it the 6 fit exactly; with five of every class every draw is one
+    image short, and the call refuses instead of handing out one image fewer."""
+    labels = np.concatenate([np.full(have, 0), np.repeat([1, 2, 3], 5)])
+    kwargs = dict(num_classes=4, num_clients=1, num_groups=1, classes_per_group=4,
+                  class_overlap=0, class_counts=(6, 4, 4, 4), seed=1, max_draws=50)
+    if not fits:
+        with pytest.raises(UserError, match="needs 6 (training|test) images of class 0 .* but only 5 exist"):
+            partition_clients(labels, labels, **kwargs)
+        return
+    (client,) = partition_clients(labels, labels, **kwargs).clients
+    assert np.bincount(labels[client.train_index], minlength=4).tolist() == [6, 4, 4, 4]
+    assert np.bincount(labels[client.test_index], minlength=4).tolist() == [6, 4, 4, 4]

@@ -574,3 +574,68 @@ def test_cp_cfl_restart_that_never_restarts_is_cp_cfl_and_the_diagnostic_changes
     assert selection["clients"] == list(range(9))
     assert np.argmin(selection["losses"], 1).tolist() == variant.rounds[1].cluster_ids
     assert min(selection["margins"]) >= 0
+
+
+def test_a_run_traces_the_forward_pass_twice_and_a_second_run_traces_nothing(
+        clients, encoder, caplog):
+    """The Tc phase changes the clusters' sizes every round; the forward pass used to be
+    traced again for every new number of images (TensorFlow's retracing warning in the
+    first run). Now evaluation runs in chunks of two fixed sizes."""
+    from cpcfl_tf.federated.backends import backend_of, fixed_chunks
+    from cpcfl_tf.federated.simulator import build_template
+
+    c = config(rounds=6, head_rounds=4)
+    fl = c.resolved().federated
+    backend = backend_of(build_template(fl, clients.train.images.shape[2:],
+                                        clients.num_classes), fl)
+    functions = {"logits": backend._logits, "gradients": backend._grads}
+    with caplog.at_level("WARNING", logger="tensorflow"):
+        first, _ = run_federated(c, clients, encoder_weights=encoder, verbose=0)
+        sizes = {tuple(np.bincount(r.cluster_ids, minlength=3)) for r in first.rounds}
+        assert len(sizes) > 2  # the clusters did change size
+        assert functions["logits"].experimental_get_tracing_count() <= 2
+        counts = {k: f.experimental_get_tracing_count() for k, f in functions.items()}
+        run_federated(config(rounds=6, head_rounds=4), clients, encoder_weights=encoder,
+                      verbose=0, train_seed=7)
+        assert {k: f.experimental_get_tracing_count() for k, f in functions.items()} == counts
+    assert not [r for r in caplog.records if "retracing" in r.getMessage()]
+    # chunks of two sizes cover every image once; padding changes no image's logits
+    flat = clients.test.images.reshape(-1, *clients.test.images.shape[2:])
+    images = np.concatenate([flat] * (300 // len(flat) + 1))[:300]
+    chunks = list(fixed_chunks(images, 128))
+    assert [len(c) for c, _ in chunks] == [128, 128, 32, 32] and sum(r for _, r in chunks) == 300
+    weights = build_template(fl, images.shape[1:], clients.num_classes).get_weights()
+    alone = np.concatenate([backend._logits([tf.constant(a[None]) for a in weights],
+                                            tf.constant(images[None, k:k + 1]))[0].numpy()
+                            for k in range(0, 300, 50)])
+    assert np.array_equal(backend.logits(weights, images)[::50], alone)
+
+
+@pytest.mark.parametrize("method,pretraining", [("ifca", "none"), ("fesem", "none")])
+def test_a_run_resumed_under_partial_participation_keeps_every_clients_cluster(
+        clients, tmp_path, method, pretraining):
+    """A third of the clients take part each round, so after a resume most clients'
+    last cluster is known only from the checkpoint: a resume that forgot it would record
+    -1 (or another id) for them and another final ARI."""
+    class Killed(Exception):
+        pass
+
+    def kill_after(rounds):
+        def on_round(record, state):
+            if record["round"] == rounds:
+                raise Killed
+        return on_round
+
+    c = config(method=method, pretraining=pretraining, rounds=6, participation=1 / 3)
+    checkpoint = tmp_path / "run.npz"
+    with pytest.raises(Killed):
+        run_federated(c, clients, checkpoint=checkpoint, verbose=0, on_round=kill_after(3))
+    resumed, _ = run_federated(c, clients, checkpoint=checkpoint, verbose=0)
+    whole, _ = run_federated(c, clients, verbose=0)
+    assert [r.cluster_ids for r in resumed.rounds] == [r.cluster_ids for r in whole.rounds]
+    assert resumed.rounds == whole.rounds and resumed.final == whole.final
+    # some client took part before the kill and not in the round after: its id there is
+    # the checkpoint's
+    before, after = whole.rounds[2].cluster_ids, whole.rounds[3].cluster_ids
+    assert any(b >= 0 and a == b for a, b in zip(after, before))
+    assert resumed.final.ari == whole.final.ari

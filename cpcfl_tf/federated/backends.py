@@ -285,11 +285,31 @@ class StackedBackend:
         return [p.numpy() for p in params]
 
     def logits(self, model: list[np.ndarray], images: np.ndarray) -> np.ndarray:
-        """Logits of one model on ``images (n, h, w, 3)``, in chunks."""
+        """Logits of one model on ``images (n, h, w, 3)``, in chunks of two fixed sizes
+        (:func:`fixed_chunks`), so the compiled forward pass is traced twice per run
+        whatever the number of images: a cluster's test images change in number every
+        round of the Tc phase, and each new shape was a new trace. A padded image changes
+        no other image's logits (each example's are computed alone)."""
         params = [tf.constant(a[None]) for a in model]
-        return np.concatenate([
-            self._logits(params, tf.constant(images[None, lo:lo + self.eval_batch]))[0].numpy()
-            for lo in range(0, len(images), self.eval_batch)])
+        return np.concatenate([self._logits(params, tf.constant(chunk[None]))[0].numpy()[:real]
+                               for chunk, real in fixed_chunks(images, self.eval_batch)])
+
+
+def fixed_chunks(images: np.ndarray, size: int):
+    """``images`` in chunks of ``size``, then the rest in chunks of ``size // 4`` (the
+    last padded with zeros): ``(chunk, how many of its images are real)``. Two shapes
+    for any number of images, at most ``size // 4 - 1`` padded."""
+    small = max(1, size // 4)
+    full = len(images) // size * size
+    for lo in range(0, full, size):
+        yield images[lo:lo + size], size
+    for lo in range(full, len(images), small):
+        chunk = images[lo:lo + small]
+        real = len(chunk)
+        if real < small:
+            chunk = np.concatenate([chunk, np.zeros((small - real, *chunk.shape[1:]),
+                                                    chunk.dtype)])
+        yield chunk, real
 
 
 def _adam_update(params, m, v, grads, alpha):
