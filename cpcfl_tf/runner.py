@@ -232,6 +232,12 @@ class Runner:
             return "resume", None
         return "run", None
 
+    def finished(self, spec: RunSpec) -> RunRecord | None:
+        """``spec``'s finished record in the output folder, or None (not run yet, or only
+        begun); a one-line error for a record of another config. Reads, never writes."""
+        action, record = self._decide(spec)
+        return record if action == "done" else None
+
     def status(self, spec: RunSpec) -> str:
         """What :meth:`run` would do with ``spec`` now: ``done``, ``to resume``, ``to run``,
         or ``stops: <why>``. Reads, never writes."""

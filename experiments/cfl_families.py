@@ -60,6 +60,10 @@ def _cell(values, fmt: str = "{:.2f}") -> str:
 def _options(parser) -> None:
     parser.add_argument("--trials", type=int, default=5,
                         help="seeds --seed .. --seed + trials - 1 (default 5)")
+    parser.add_argument("--report", action="store_true",
+                        help="make no run: write the report from the runs finished in the "
+                             "output folder, and name the missing ones with the command "
+                             "that makes them")
     parser.add_argument("--reuse", metavar="TREE",
                         help="a results tree whose runs of the same config this machine would "
                              "make bit for bit (e.g. the trials' IFCA and CP-CFL runs) are "
@@ -81,8 +85,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.reuse or (tree.is_dir() and session.out.resolve().parent == tree.resolve()):
         session.runner.reuse = RecordIndex(tree, prefer=session.out)
     runs: dict[str, dict[int, object]] = {name: {} for name in ROWS if session.wanted(name)}
+    missing = []
     for spec in session.plan(specs(seeds)):
-        runs[spec.key][spec.seed] = session.runner.run(spec)
+        record = (session.runner.finished(spec) if args.report
+                  else session.runner.run(spec))
+        if record is None:
+            missing.append(spec)
+        else:
+            runs[spec.key][spec.seed] = record
+    runs = {name: by_seed for name, by_seed in runs.items() if by_seed}
 
     table = []
     for name, by_seed in runs.items():
@@ -110,10 +121,19 @@ def main(argv: Sequence[str] | None = None) -> None:
             EFFECT.get(acc.verdict, acc.verdict),
             f"{sum(ari.values()) / len(ari):+.3f}" if ari else "-"])
 
+    planned = len(missing) + sum(map(len, runs.values()))
     lines = [f"# Clustered-FL families (preset `{config.preset}`): "
              f"{config.partition.num_clients} clients in {config.partition.num_groups} groups, "
              f"N = {config.federated.num_clusters}, T = {config.federated.rounds}, seeds "
-             f"{seeds[0]}..{seeds[-1]}", "",
+             f"{seeds[0]}..{seeds[-1]}" + (f" (partial: {planned - len(missing)} of {planned} "
+                                           "runs)" if missing else ""), ""]
+    if missing:
+        lines += [f"**Partial.** This folder holds {planned - len(missing)} of the {planned} "
+                  f"runs of the table; every mean, verdict and figure below is over those alone. "
+                  f"Missing ({len(missing)}): {_missing(missing, len(ROWS))}. "
+                  f"`python experiments/cfl_families.py --preset {config.preset} --resume` "
+                  "makes them.", ""]
+    lines += [
              "Mean ± SD over the seeds (ddof = 0). ARI of the final cluster ids against the "
              "true groups (one-model runs have none); *settled*: the round after which no "
              "client changed cluster again; *MB*: bytes sent down and up in the whole run.", ""]
@@ -137,9 +157,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     session.finish("\n".join(lines) + "\n", rows)
     readme = Path("results") / "README.md"
     if (session.out.resolve() == (Path("results") / config.preset / SCRIPT.name).resolve()
-            and len(runs) == len(ROWS) and replace_block(readme, "families", config.preset,
+            and len(runs) == len(ROWS) and not missing and replace_block(readme, "families", config.preset,
                                                          effect_table)):
         print(f"updated the {config.preset} families table in {readme}")
+
+
+def _missing(specs: Sequence[RunSpec], rows: int) -> str:
+    """The missing runs by seed, e.g. ``seed 0: cfl-simclr, ifca-none; seeds 1-4: all``."""
+    by_seed: dict[int, list[str]] = {}
+    for spec in specs:
+        by_seed.setdefault(spec.seed, []).append(spec.key)
+    whole = [seed for seed, keys in by_seed.items() if len(keys) == rows]
+    parts = [f"seed {seed}: {', '.join(keys)}" for seed, keys in by_seed.items()
+             if len(keys) < rows]
+    if whole:
+        parts.append(f"seed{'s' if len(whole) > 1 else ''} "
+                     f"{', '.join(map(str, whole))}: every run")
+    return "; ".join(parts)
 
 
 def _figures(runs: dict, out: Path, preset: str) -> None:

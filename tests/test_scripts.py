@@ -540,3 +540,21 @@ def test_clustering_reliability_refuses_impossible_counts_before_writing(tmp_pat
         script("clustering_reliability").main(["--preset", "smoke", "--out",
                                                str(tmp_path / "out"), *args])
     assert not (tmp_path / "out").exists()
+
+
+def test_cfl_families_report_of_a_partial_folder_says_so_and_names_the_missing_runs(
+        tmp_path):
+    families = script("cfl_families")
+    out = tmp_path / "out"
+    families.main(["--preset", "smoke", "--out", str(out), "--trials", "2", "--methods",
+                   "fedavg-none", "--set", "federated.rounds=2"])
+    before = {p.name: p.read_bytes() for p in out.glob("*.json")}
+    families.main(["--preset", "smoke", "--out", str(out), "--trials", "2", "--methods",
+                   "fedavg-none,ifca-none", "--set", "federated.rounds=2", "--report"])
+    assert {p.name: p.read_bytes() for p in out.glob("*.json")} == before  # no run made
+    report = (out / "cfl_families.md").read_text()
+    assert "(partial: 2 of 4 runs)" in report
+    assert ("Missing (2): seeds 0, 1: every run" not in report
+            and "seed 0: ifca-none; seed 1: ifca-none" in report)
+    assert "--preset smoke --resume` makes them" in report
+    assert "| FedAvg (None) | 2 |" in report and "IFCA (None)" not in report
