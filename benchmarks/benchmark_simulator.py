@@ -140,7 +140,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
 
     from cpcfl_tf.federated.clients import ClientArrays, Clients
-    from cpcfl_tf.federated.simulator import build_template, initial_pool, run_federated
+    from cpcfl_tf.federated.pool import build_template, initial_pool
+    from cpcfl_tf.federated.simulator import run_federated
     from cpcfl_tf.results import write_json
 
     def timed(clients_count: int, participation: float, eval_every: int, rounds: int):

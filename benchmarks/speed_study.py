@@ -77,7 +77,7 @@ def round_flops(config, clients: int, train: int = TRAIN_IMAGES, test: int = 50)
     """FLOPs of one IFCA round of the benchmark: local training (forward + backward taken
     as 3 forwards, the usual estimate), selection (every pool model on every training
     image) and evaluation (each client's cluster model on its test images)."""
-    from cpcfl_tf.federated.simulator import build_template
+    from cpcfl_tf.federated.pool import build_template
     from cpcfl_tf.flops import count_flops
 
     fl = config.federated
@@ -300,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 def time_kernels(config, clients: int) -> dict:
     """The ``kernels`` part: the local step's convolutions and layouts."""
     from cpcfl_tf.environment import onednn_enabled
-    from cpcfl_tf.federated.simulator import build_template
+    from cpcfl_tf.federated.pool import build_template
 
     fl = config.federated
     size = config.data.image_size

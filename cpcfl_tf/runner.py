@@ -271,7 +271,8 @@ class Runner:
 
         ``on_round(round_record, state)`` is called after every round the run makes now
         (not for rounds of a finished run, nor those before a resumed checkpoint)."""
-        from cpcfl_tf.federated.simulator import pool_encoder, run_federated
+        from cpcfl_tf.federated.simulator import run_federated
+        from cpcfl_tf.federated.starting import pool_encoder
 
         config = spec.config(self.base)
         path, checkpoint = self.path(spec), self.checkpoint(spec)

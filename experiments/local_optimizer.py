@@ -91,7 +91,7 @@ def read_probe(path: Path) -> list[dict]:
 
 def probe_for(runner: Runner, spec: RunSpec) -> RoundProbe:
     from cpcfl_tf.federated.backends import backend_of
-    from cpcfl_tf.federated.simulator import build_template
+    from cpcfl_tf.federated.pool import build_template
 
     config = spec.config(runner.base)
     clients = runner.clients(config)

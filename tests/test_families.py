@@ -42,7 +42,7 @@ def one_round_by_hand(clients, fl, ids):
     round's batches; returns the trained weights stacked over clients."""
     from cpcfl_tf.federated.backends import (LocalTraining, backend_of, batch_orders,
                                              stack_models)
-    from cpcfl_tf.federated.simulator import build_template, initial_pool
+    from cpcfl_tf.federated.pool import build_template, initial_pool
 
     template = build_template(fl, clients.train.images.shape[2:], clients.num_classes)
     backend = backend_of(template, fl)

@@ -189,7 +189,7 @@ def test_a_scored_round_scores_each_node_with_its_model_or_the_one_it_would_choo
 
     from cpcfl_tf.federated import algorithm
     from cpcfl_tf.federated.backends import client_losses
-    from cpcfl_tf.federated.simulator import build_template, initial_pool
+    from cpcfl_tf.federated.pool import build_template, initial_pool
     from cpcfl_tf.flower import client_app, server_app
     from cpcfl_tf.flower.common import from_record, run_config
 

@@ -1,7 +1,8 @@
 """The kit's modules import one way: data -> config -> models -> contrastive -> federated
 -> the command-line edge (cli, Flower, plots, report; the runner; the script
-scaffold). Checked on every import
-statement, module level or inside a function."""
+scaffold), and inside ``federated/`` and ``contrastive/`` in the order below. Checked on
+every import statement, module level or inside a function (an import inside a function
+keeps TensorFlow out of a process that does not need it; it never dodges a circle)."""
 import ast
 
 from helpers import ROOT
@@ -21,8 +22,76 @@ LAYERS = {
 """Layer of each top-level part of ``cpcfl_tf``; a module may import its own layer or lower."""
 
 
+INSIDE = {
+    "federated": ("diagnostics", "clients", "metrics", "backends", "algorithm", "pool",
+                  "centralized", "simulator", "starting"),
+    "contrastive": ("losses", "methods", "pretrain", "linear_eval", "timing"),
+}
+"""The order of the modules inside a package: a module imports only those before it."""
+
+
 def layer(module: str) -> int:
     return LAYERS[module.split(".")[1]]
+
+
+def modules():
+    """Every module of the kit by dotted name, with its file."""
+    found = {}
+    for path in sorted((ROOT / "cpcfl_tf").rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+def imports(path, known):
+    """The kit's modules ``path`` imports (``from package import module`` names the
+    module; importing a package is importing its ``__init__``)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name in known}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module in known:
+            subs = {f"{node.module}.{a.name}" for a in node.names} & set(known)
+            out |= subs or {node.module}
+            if len(subs) < len(node.names):
+                out.add(node.module)
+    return out
+
+
+def test_the_import_graph_has_no_circle():
+    known = modules()
+    graph = {name: imports(path, known) - {name} for name, path in known.items()}
+    state, circles = {}, []
+
+    def visit(name, stack):
+        state[name] = "open"
+        for target in sorted(graph[name]):
+            if state.get(target) == "open":
+                circles.append(" -> ".join(stack[stack.index(target):] + [target]))
+            elif target not in state:
+                visit(target, stack + [target])
+        state[name] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert not circles, circles
+
+
+def test_inside_a_package_modules_import_in_order():
+    known = modules()
+    wrong = []
+    for package, order in INSIDE.items():
+        listed = {f"cpcfl_tf.{package}.{m}" for m in order}
+        present = {n for n in known if n.startswith(f"cpcfl_tf.{package}.")}
+        assert present == listed, f"{package}: place {sorted(present ^ listed)} in INSIDE"
+        rank = {f"cpcfl_tf.{package}.{m}": k for k, m in enumerate(order)}
+        for name in listed:
+            for target in imports(known[name], known):
+                if target in rank and rank[target] >= rank[name] and target != name:
+                    wrong.append(f"{name} imports {target}")
+    assert not wrong, wrong
 
 
 def test_every_import_points_down_or_sideways():

@@ -246,7 +246,7 @@ def test_encoder_epochs_1_trains_the_encoder_in_the_first_local_epoch_only(clien
     batches) leaves it; the head goes on training."""
     from cpcfl_tf.federated import algorithm
     from cpcfl_tf.federated.backends import backend_of
-    from cpcfl_tf.federated.simulator import build_template
+    from cpcfl_tf.federated.pool import build_template, initial_pool
 
     fl = config(local_epochs=3, encoder_epochs=1, head_rounds=0,
                 backend=backend).resolved().federated
@@ -375,7 +375,7 @@ def test_an_ifca_restart_starts_a_new_pool_and_a_resume_after_it_gives_the_same_
     its own new pool with the history cleared; a run killed after a restart resumes to the
     uninterrupted record. Two clusters of 9 clients with ``min_cluster_share`` 1 always
     fail (one cluster holds fewer than 4.5), so every attempt restarts."""
-    from cpcfl_tf.federated.simulator import build_template, initial_pool
+    from cpcfl_tf.federated.pool import build_template, initial_pool
 
     c = config(method="ifca", pretraining="none", num_clusters=2, rounds=3, restart_round=2,
                max_restarts=2, min_cluster_share=1.0)
@@ -490,7 +490,7 @@ def test_a_checkpoint_from_another_starting_encoder_is_refused(clients, encoder,
 
 
 def test_ifca_fedavg_starts_from_the_fedavg_models_encoder(clients):
-    from cpcfl_tf.federated.simulator import fedavg_encoder
+    from cpcfl_tf.federated.starting import fedavg_encoder
 
     encoder, fedavg = fedavg_encoder(config(rounds=2, head_rounds=0), clients, verbose=0)
     assert len(encoder) == 10 and fedavg.config.federated.num_clusters == 1
@@ -550,7 +550,7 @@ def test_cp_cfl_restart_that_never_restarts_is_cp_cfl_and_the_diagnostic_changes
     test never fires, so the two runs are one, round for round. The selection diagnostic
     records the pool losses of rounds Tc + 1 .. Tc + K and leaves every result as it was."""
     from cpcfl_tf.federated.backends import backend_of
-    from cpcfl_tf.federated.simulator import build_template
+    from cpcfl_tf.federated.pool import build_template
 
     plain, _ = run_federated(config(rounds=4, head_rounds=1), clients, encoder_weights=encoder,
                              verbose=0)
@@ -582,7 +582,7 @@ def test_a_run_traces_the_forward_pass_twice_and_a_second_run_traces_nothing(
     traced again for every new number of images (TensorFlow's retracing warning in the
     first run). Now evaluation runs in chunks of two fixed sizes."""
     from cpcfl_tf.federated.backends import backend_of, fixed_chunks
-    from cpcfl_tf.federated.simulator import build_template
+    from cpcfl_tf.federated.pool import build_template
 
     c = config(rounds=6, head_rounds=4)
     fl = c.resolved().federated

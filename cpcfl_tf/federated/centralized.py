@@ -24,7 +24,7 @@ from cpcfl_tf.federated.backends import (LocalTraining, backend_of, batch_orders
                                          client_probabilities, stack_models, unstack)
 from cpcfl_tf.federated.metrics import client_accuracy, pooled_scores
 from cpcfl_tf.federated.clients import ClientArrays, Clients
-from cpcfl_tf.federated.simulator import build_template, initial_pool
+from cpcfl_tf.federated.pool import build_template, initial_pool
 from cpcfl_tf.record import SCORES, Final, RunRecord
 
 

@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-import keras
 import numpy as np
 
 from cpcfl_tf.compat import without_added
@@ -29,54 +28,11 @@ from cpcfl_tf.federated.backends import (ClientMoments, LocalTraining, backend_o
                                          batch_orders, client_losses, client_probabilities,
                                          stack_models)
 from cpcfl_tf.federated.clients import Clients
-from cpcfl_tf.federated.starting import fedavg_config
-from cpcfl_tf.methods import get_method
 from cpcfl_tf.federated.metrics import client_accuracy, cluster_ari, pooled_scores
-from cpcfl_tf.models import ENCODER_DIMS, build_classifier, build_classifier_head, build_encoder
-from cpcfl_tf.record import Final, Round, RunRecord
+from cpcfl_tf.federated.pool import build_template, federated_record, initial_state
+from cpcfl_tf.methods import get_method
+from cpcfl_tf.record import Round, RunRecord
 from cpcfl_tf.results import read_file, weights_fingerprint, write_atomic
-
-
-def build_template(fl: FederatedConfig, input_shape, num_classes: int) -> keras.Model:
-    """The classifier theta = (theta_f, theta_c) every client trains; built once per run."""
-    encoder = build_encoder(fl.encoder, input_shape)
-    return build_classifier(encoder, build_classifier_head(fl.head, ENCODER_DIMS[fl.encoder],
-                                                           num_classes))
-
-
-def initial_pool(fl: FederatedConfig, template: keras.Model, encoder_weights, *, seed: int,
-                 attempt: int) -> list[list[np.ndarray]]:
-    """The N models the run starts from.
-
-    With ``encoder_weights`` (pre-trained, or a FedAvg model's encoder) every model
-    shares that encoder and gets its own random head (CP-CFL, FedAvg(SimCLR),
-    IFCA(FedAvg)). Without, each model is a whole random classifier (FedAvg, IFCA(None));
-    ``attempt`` gives IFCA's restarts new seeds.
-    """
-    shapes = template.input_shape[1:]
-    num_classes = template.output_shape[-1]
-    pool = []
-    for n in range(fl.num_clusters):
-        keras.utils.set_random_seed(algorithm.init_seed(seed, attempt, n))
-        fresh = build_template(fl, shapes, num_classes)
-        weights = fresh.get_weights()
-        if encoder_weights is not None:
-            k = len(fresh.get_layer("encoder").weights)
-            weights = [np.array(w) for w in encoder_weights] + weights[k:]
-        pool.append(weights)
-    return pool
-
-
-def initial_state(fl: FederatedConfig, template: keras.Model, encoder_weights, *, seed: int,
-                  attempt: int, num_clients: int, groups: np.ndarray | None = None,
-                  subspaces: list[np.ndarray] | None = None) -> algorithm.ServerState:
-    """What a (re)started run begins with, in every driver (this simulator and the Flower
-    ServerApp): :func:`initial_pool` and, when the server assigns the clients, each
-    client's first model (:func:`~cpcfl_tf.federated.algorithm.initial_assignment`)."""
-    return algorithm.ServerState(
-        0, initial_pool(fl, template, encoder_weights, seed=seed, attempt=attempt),
-        len(template.get_layer("encoder").weights),
-        algorithm.initial_assignment(fl, seed, attempt, num_clients, groups, subspaces))
 
 
 def _save(path: Path, fingerprint: str, state: algorithm.ServerState, progress: algorithm.Progress,
@@ -217,24 +173,6 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
     return record, state
 
 
-def federated_record(config: Config, train_seed: int, progress: algorithm.Progress,
-                     state: algorithm.ServerState, accuracy: float | None, *,
-                     clients: list[dict] | None = None, **final) -> RunRecord:
-    """A federated run's record as every driver writes it (this simulator, the Flower
-    ServerApp): the resolved and requested config, seeds, its rounds, what was sent and
-    how long it took; ``final`` adds the driver's own metrics (scores and ARI where the
-    true groups are known, each node's accuracy on Flower)."""
-    resolved = config.resolved()
-    return RunRecord(
-        resolved, config, {"data": config.seed, "train": train_seed}, list(clients or []),
-        [Round.from_json(r) for r in progress.history],
-        Final(accuracy, restarts=progress.attempt, bytes_down=progress.bytes_down,
-              bytes_up=progress.bytes_up, model_bytes=algorithm.model_bytes(state.models[0]),
-              bytes_other=progress.bytes_other, **final),
-        {"seconds": progress.seconds,
-         "seconds_per_round": progress.seconds / max(1, resolved.federated.rounds)})
-
-
 class _Simulation:
     """The simulator's :class:`~cpcfl_tf.federated.algorithm.Federation`: every client in
     this process, trained together by a backend."""
@@ -271,21 +209,6 @@ class _Simulation:
                          planned)
 
 
-def fedavg_encoder(config: Config, clients: Clients, *, checkpoint: str | Path | None = None,
-                   verbose: int = 1) -> tuple[list[np.ndarray], RunRecord]:
-    """IFCA(FedAvg)'s starting encoder: the encoder of the global model of a FedAvg run
-    (random initialisation, the same clients and rounds). Returns it and that run's record.
-    """
-    record, state = run_federated(fedavg_config(config), clients, checkpoint=checkpoint,
-                                  verbose=verbose)
-    return pool_encoder(state), record
-
-
-def pool_encoder(state: algorithm.ServerState) -> list[np.ndarray]:
-    """The encoder part of a one-model (FedAvg) pool."""
-    return state.models[0][:state.num_encoder]
-
-
 def _evaluate(backend, models, assigned, clients: Clients, round_: int, fl: FederatedConfig,
               planned: np.ndarray | None = None) -> dict:
     """Accuracy on the clients' test data with their cluster's model; F1/AUROC at the
@@ -313,10 +236,11 @@ def _report(record: dict, fl: FederatedConfig, progress: algorithm.Progress) -> 
     """The run's progress line: on a terminal rewritten in place, in a log one per round."""
     done = progress.round
     counts = algorithm.cluster_sizes(record["cluster_ids"], fl.num_clusters)
-    # Time of this process's rounds: a resumed run counts from its checkpoint's total.
-    eta = progress.seconds / max(1, done) * (fl.rounds - done)
+    # Time of this process's rounds: a resumed run counts from its checkpoint's total. After
+    # a restart (progress back at round 0) the line is the failed attempt's last round.
+    eta = progress.seconds / max(1, done or record["round"]) * (fl.rounds - done)
     accuracy = "-" if record["accuracy"] is None else f"{record['accuracy']:.4f}"
-    line = (f"  round {done}/{fl.rounds}: accuracy {accuracy}, clusters "
+    line = (f"  round {record['round']}/{fl.rounds}: accuracy {accuracy}, clusters "
             f"{counts.tolist()}, {_clock(progress.seconds)} elapsed, ETA {_clock(eta)}")
     end = "\n" if done == fl.rounds or not sys.stdout.isatty() else "\r"
     print(line, end=end, flush=True)

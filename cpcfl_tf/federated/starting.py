@@ -27,8 +27,10 @@ import numpy as np
 
 from cpcfl_tf.compat import pretrain_settings, without_added
 from cpcfl_tf.config import Config, config_record
+from cpcfl_tf.federated import algorithm
 from cpcfl_tf.federated.clients import Clients
 from cpcfl_tf.methods import FEDAVG_ENCODER_RUN, PRETRAIN_METHODS
+from cpcfl_tf.record import RunRecord
 from cpcfl_tf.results import cache_root, read_weights, write_weights
 from cpcfl_tf.scalars import ScalarLog
 
@@ -159,8 +161,6 @@ class StartingEncoders:
         if key not in self._fedavg:
             cached = read_weights(_fedavg_path(key), key=key, rebuild="training FedAvg again")
             if cached is None:
-                from cpcfl_tf.federated.simulator import fedavg_encoder
-
                 if self._clients is None:
                     raise ValueError("a FedAvg starting encoder needs the clients' data")
                 cached, _ = fedavg_encoder(config, self._clients(config), verbose=self.verbose)
@@ -174,6 +174,23 @@ class StartingEncoders:
         key = _fedavg_key(config)
         self._fedavg[key] = weights
         write_weights(_fedavg_path(key), weights, key=key)
+
+
+def fedavg_encoder(config: Config, clients: Clients, *, checkpoint: str | Path | None = None,
+                   verbose: int = 1) -> tuple[Weights, RunRecord]:
+    """IFCA(FedAvg)'s starting encoder: the encoder of the global model of a FedAvg run
+    (random initialisation, the same clients and rounds). Returns it and that run's record.
+    """
+    from cpcfl_tf.federated.simulator import run_federated  # TensorFlow: only when it runs
+
+    record, state = run_federated(fedavg_config(config), clients, checkpoint=checkpoint,
+                                  verbose=verbose)
+    return pool_encoder(state), record
+
+
+def pool_encoder(state: algorithm.ServerState) -> Weights:
+    """The encoder part of a one-model (FedAvg) pool."""
+    return state.models[0][:state.num_encoder]
 
 
 def _fedavg_key(config: Config) -> str:

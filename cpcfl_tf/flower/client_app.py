@@ -51,7 +51,7 @@ def _backend(run_items: tuple):
     """The run's config and a backend, built once per process and run: under the
     Simulation Engine one process serves many partitions of a run."""
     from cpcfl_tf.federated.backends import backend_of
-    from cpcfl_tf.federated.simulator import build_template
+    from cpcfl_tf.federated.pool import build_template
 
     config = run_config(dict(run_items))
     fl, size = config.resolved().federated, config.data.image_size

@@ -240,7 +240,7 @@ class _Nodes:
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     from cpcfl_tf.environment import run_environment
-    from cpcfl_tf.federated.simulator import build_template, federated_record, initial_state
+    from cpcfl_tf.federated.pool import build_template, federated_record, initial_state
     from cpcfl_tf.federated.starting import StartingEncoders
 
     settings = dict(context.run_config)

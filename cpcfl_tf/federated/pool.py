@@ -1,0 +1,73 @@
+"""What every driver of a federated run starts from and ends with, in the simulator and in
+the Flower ServerApp alike: the classifier template, the initial pool of N models and
+server state, and the run record built from where a run stands.
+"""
+from __future__ import annotations
+
+import keras
+import numpy as np
+
+from cpcfl_tf.config import Config, FederatedConfig
+from cpcfl_tf.federated import algorithm
+from cpcfl_tf.models import ENCODER_DIMS, build_classifier, build_classifier_head, build_encoder
+from cpcfl_tf.record import Final, Round, RunRecord
+
+
+def build_template(fl: FederatedConfig, input_shape, num_classes: int) -> keras.Model:
+    """The classifier theta = (theta_f, theta_c) every client trains; built once per run."""
+    encoder = build_encoder(fl.encoder, input_shape)
+    return build_classifier(encoder, build_classifier_head(fl.head, ENCODER_DIMS[fl.encoder],
+                                                           num_classes))
+
+
+def initial_pool(fl: FederatedConfig, template: keras.Model, encoder_weights, *, seed: int,
+                 attempt: int) -> list[list[np.ndarray]]:
+    """The N models the run starts from.
+
+    With ``encoder_weights`` (pre-trained, or a FedAvg model's encoder) every model
+    shares that encoder and gets its own random head (CP-CFL, FedAvg(SimCLR),
+    IFCA(FedAvg)). Without, each model is a whole random classifier (FedAvg, IFCA(None));
+    ``attempt`` gives IFCA's restarts new seeds.
+    """
+    shapes = template.input_shape[1:]
+    num_classes = template.output_shape[-1]
+    pool = []
+    for n in range(fl.num_clusters):
+        keras.utils.set_random_seed(algorithm.init_seed(seed, attempt, n))
+        fresh = build_template(fl, shapes, num_classes)
+        weights = fresh.get_weights()
+        if encoder_weights is not None:
+            k = len(fresh.get_layer("encoder").weights)
+            weights = [np.array(w) for w in encoder_weights] + weights[k:]
+        pool.append(weights)
+    return pool
+
+
+def initial_state(fl: FederatedConfig, template: keras.Model, encoder_weights, *, seed: int,
+                  attempt: int, num_clients: int, groups: np.ndarray | None = None,
+                  subspaces: list[np.ndarray] | None = None) -> algorithm.ServerState:
+    """What a (re)started run begins with, in every driver (this simulator and the Flower
+    ServerApp): :func:`initial_pool` and, when the server assigns the clients, each
+    client's first model (:func:`~cpcfl_tf.federated.algorithm.initial_assignment`)."""
+    return algorithm.ServerState(
+        0, initial_pool(fl, template, encoder_weights, seed=seed, attempt=attempt),
+        len(template.get_layer("encoder").weights),
+        algorithm.initial_assignment(fl, seed, attempt, num_clients, groups, subspaces))
+
+
+def federated_record(config: Config, train_seed: int, progress: algorithm.Progress,
+                     state: algorithm.ServerState, accuracy: float | None, *,
+                     clients: list[dict] | None = None, **final) -> RunRecord:
+    """A federated run's record as every driver writes it (this simulator, the Flower
+    ServerApp): the resolved and requested config, seeds, its rounds, what was sent and
+    how long it took; ``final`` adds the driver's own metrics (scores and ARI where the
+    true groups are known, each node's accuracy on Flower)."""
+    resolved = config.resolved()
+    return RunRecord(
+        resolved, config, {"data": config.seed, "train": train_seed}, list(clients or []),
+        [Round.from_json(r) for r in progress.history],
+        Final(accuracy, restarts=progress.attempt, bytes_down=progress.bytes_down,
+              bytes_up=progress.bytes_up, model_bytes=algorithm.model_bytes(state.models[0]),
+              bytes_other=progress.bytes_other, **final),
+        {"seconds": progress.seconds,
+         "seconds_per_round": progress.seconds / max(1, resolved.federated.rounds)})
