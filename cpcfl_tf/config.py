@@ -272,6 +272,40 @@ class FederatedConfig:
                 or round_ == self.rounds or round_ in self.quarters)
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class ResolvedFederated(FederatedConfig):
+    """``federated`` as its method runs it (:meth:`Config.resolved`): the number of models
+    N, Tc and the method's options as the run uses them. The algorithm and its drivers
+    take only this form (:func:`resolved_only`); a requested config given to them would
+    run, say, FedAvg with three models or IFCA with a Tc phase. Equal to a
+    :class:`FederatedConfig` of the same values (a run record's config reads back as
+    this type)."""
+
+    def __eq__(self, other):
+        if not isinstance(other, FederatedConfig):
+            return NotImplemented
+        return dataclasses.astuple(self) == dataclasses.astuple(other)
+
+    def __hash__(self):
+        return hash(json.dumps(dataclasses.asdict(self), sort_keys=True))
+
+
+def as_resolved(fl: FederatedConfig) -> ResolvedFederated:
+    """``fl`` as the resolved type, for a config already resolved when it was stored (a
+    run record's ``config``); a requested one is resolved by :meth:`Config.resolved`."""
+    return fl if isinstance(fl, ResolvedFederated) else ResolvedFederated(
+        **{f.name: getattr(fl, f.name) for f in dataclasses.fields(fl)})
+
+
+def resolved_only(fl: FederatedConfig, where: str) -> ResolvedFederated:
+    """``fl`` if it is resolved; else a ``TypeError`` saying what to pass instead."""
+    if not isinstance(fl, ResolvedFederated):
+        raise TypeError(f"{where} takes the resolved federated config "
+                        "(config.resolved().federated, what the method runs), got the "
+                        "requested one")
+    return fl
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     """Everything a run needs; :meth:`to_dict` is what result files record."""
@@ -314,11 +348,13 @@ class Config:
         """The config as its method runs it (:mod:`cpcfl_tf.methods`): the number of
         models N and Tc in ``federated``; what a run record keeps as ``config``."""
         fl, p = self.federated, self.partition
+        if isinstance(fl, ResolvedFederated):
+            return self
         method = METHODS[fl.method]
-        return dataclasses.replace(self, federated=dataclasses.replace(
+        return dataclasses.replace(self, federated=as_resolved(dataclasses.replace(
             fl, num_clusters=method.num_models(fl.num_clusters, p.num_clients, p.num_groups),
             head_rounds=method.head_rounds(fl.pretraining, fl.head_rounds),
-            options=method.resolve_options(fl.options)))
+            options=method.resolve_options(fl.options))))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -349,6 +385,9 @@ class Config:
             _check(name in ("data", "partition", "pretrain", "federated"),
                    f"unknown config section {name!r}")
             section = getattr(self, name)
+            if isinstance(section, ResolvedFederated):  # changed: requested again
+                section = FederatedConfig(**{f.name: getattr(section, f.name)
+                                             for f in dataclasses.fields(section)})
             known = {f.name for f in dataclasses.fields(section)}
             unknown = set(fields) - known
             _check(not unknown, f"unknown field(s) {', '.join(sorted(unknown))} in {name}; "

@@ -15,7 +15,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from cpcfl_tf.config import Config, config_json, config_record
+from cpcfl_tf.config import Config, as_resolved, config_json, config_record
+from cpcfl_tf.methods import METHODS
 from cpcfl_tf.results import read_file, write_json
 
 SCORES = ("f1_macro", "f1_weighted", "auroc_ovr_macro", "auroc_ovr_weighted",
@@ -215,7 +216,10 @@ class RunRecord:
                      "environment"}, "record")
         stored = dict(data["config"])
         requested = Config.from_dict(stored.pop("requested"))
-        record = cls(Config.from_dict(stored), requested, data["seeds"], data["clients"],
+        config = Config.from_dict(stored)
+        if METHODS[config.federated.method].federated:  # stored as the run resolved it
+            config = dataclasses.replace(config, federated=as_resolved(config.federated))
+        record = cls(config, requested, data["seeds"], data["clients"],
                      [Round.from_json(r) for r in data["rounds"]],
                      Final.from_json(data["final"]), data["timing"], data["experiment"],
                      data["environment"], data.get("nodes"), data.get("node_data"))

@@ -203,10 +203,10 @@ class Runner:
         from cpcfl_tf.scalars import ScalarLog
 
         log = ScalarLog(Path(self.tensorboard) / self.experiment / spec.name)
-        clusters = config.resolved().federated.num_clusters
 
         def logged(record: dict, state) -> None:
-            log.write(record["round"], _round_scalars(record, clients.groups, clusters))
+            log.write(record["round"], _round_scalars(record, clients.groups,
+                                                      len(state.models)))
             if on_round:
                 on_round(record, state)
 

@@ -97,9 +97,9 @@ def test_communication_cost_is_n_plus_one_s_per_client_and_round():
 
 @pytest.mark.parametrize("participation", [1.0, 0.5])
 def test_a_node_alone_selects_what_the_simulator_selects_for_it(participation):
-    from cpcfl_tf.config import FederatedConfig
+    from cpcfl_tf.config import ResolvedFederated
 
-    fl = FederatedConfig(num_clusters=3, head_rounds=2, participation=participation)
+    fl = ResolvedFederated(num_clusters=3, head_rounds=2, participation=participation)
     losses = np.array([[0.5, 0.5, 0.9], [0.2, 0.1, 0.1], [0.3, 0.3, 0.3], [0.7, 0.2, 0.4],
                        [0.1, 0.1, 0.1], [0.4, 0.4, 0.0]])
     draws = []
@@ -122,13 +122,38 @@ def test_a_node_alone_selects_what_the_simulator_selects_for_it(participation):
 
 
 def test_streams_and_restart_rule():
-    from cpcfl_tf.config import FederatedConfig
+    from cpcfl_tf.config import ResolvedFederated
     from cpcfl_tf.federated.algorithm import Stream, should_restart, stream_seed
 
     assert stream_seed(3, 1, 7, Stream.BATCHES) == [3, 1, 7, 1]
     failed, fine = np.zeros(9, np.int64), np.repeat([0, 1, 2], 3)
-    ifca = FederatedConfig(method="ifca", pretraining="none", restart_round=10, max_restarts=2,
-                           head_rounds=0)  # resolved: IFCA has no Tc phase
+    ifca = ResolvedFederated(method="ifca", pretraining="none", restart_round=10,
+                             max_restarts=2, head_rounds=0)  # IFCA has no Tc phase
     assert should_restart(ifca, 10, 0, failed) and not should_restart(ifca, 10, 0, fine)
     assert not should_restart(ifca, 9, 0, failed) and not should_restart(ifca, 10, 2, failed)
-    assert not should_restart(FederatedConfig(restart_round=10), 10, 0, failed)  # CP-CFL
+    assert not should_restart(ResolvedFederated(restart_round=10), 10, 0, failed)  # CP-CFL
+
+
+def test_the_algorithm_takes_only_a_resolved_config():
+    """A requested config would run FedAvg with three models and give IFCA a Tc phase:
+    the algorithm and the pool refuse it at once, saying what to pass."""
+    from cpcfl_tf.config import get_preset
+    from cpcfl_tf.federated.pool import initial_pool
+
+    requested = get_preset("smoke").with_overrides(federated={"method": "fedavg",
+                                                              "pretraining": "none"})
+    assert requested.federated.num_clusters == 3  # what would have run
+    assert requested.resolved().federated.num_clusters == 1
+    message = r"takes the resolved federated config \(config.resolved\(\).federated"
+    with pytest.raises(TypeError, match=f"plan_round {message}"):
+        algorithm.plan_round(requested.federated, 0, 0, 0, 9)
+    with pytest.raises(TypeError, match=f"run_rounds {message}"):
+        algorithm.run_rounds(requested.federated, 0, None, None)
+    with pytest.raises(TypeError, match=f"initial_pool {message}"):
+        initial_pool(requested.federated, None, None, seed=0, attempt=0)
+    resolved = requested.resolved()
+    assert resolved.resolved() is resolved
+    assert algorithm.plan_round(resolved.federated, 0, 0, 0, 9).num_models == 1
+    # a resolved config changed is a requested one again
+    assert type(resolved.with_overrides(federated={"rounds": 2}).federated).__name__ == (
+        "FederatedConfig")

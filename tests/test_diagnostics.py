@@ -5,7 +5,7 @@ twentieth of the way in the Tc phase, where only the head trains)."""
 import numpy as np
 import pytest
 
-from cpcfl_tf.config import FederatedConfig
+from cpcfl_tf.config import ResolvedFederated
 from cpcfl_tf.federated import algorithm, diagnostics
 
 TARGETS = np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, -1.0]])
@@ -54,7 +54,7 @@ def run(fl, start, diagnose=0):
 
 
 def test_near_equal_models_make_two_groups_pick_one_and_the_diagnostic_shows_it():
-    fl = FederatedConfig(method="ifca", pretraining="none", rounds=6, head_rounds=0,
+    fl = ResolvedFederated(method="ifca", pretraining="none", rounds=6, head_rounds=0,
                          num_clusters=3, max_restarts=0)
     # Heads left nearly alike (as random picks for Tc rounds leave them): groups 0 and 1
     # are a hair closer to model 0 than to models 2 and 1, group 2 to model 1.
@@ -76,7 +76,7 @@ def test_near_equal_models_make_two_groups_pick_one_and_the_diagnostic_shows_it(
 
 
 def test_distinct_models_keep_the_groups_apart_with_wide_margins():
-    fl = FederatedConfig(method="ifca", pretraining="none", rounds=4, head_rounds=0,
+    fl = ResolvedFederated(method="ifca", pretraining="none", rounds=4, head_rounds=0,
                          num_clusters=3, max_restarts=0)
     _, _, history = run(fl, lambda a: pool((0.9, 0.0), (0.0, 0.9), (-0.9, -0.9)), diagnose=1)
     assert min(history[0]["selection"]["margins"]) > 1.0
@@ -97,7 +97,7 @@ def test_merges_date_the_round_from_which_two_groups_share_a_model_for_good():
 
 
 def test_cp_cfl_restart_starts_over_with_the_tc_phase_and_counts_the_failed_attempt():
-    fl = FederatedConfig(method="cp-cfl-restart", pretraining="simclr", rounds=7,
+    fl = ResolvedFederated(method="cp-cfl-restart", pretraining="simclr", rounds=7,
                          head_rounds=2, num_clusters=3, restart_round=2, max_restarts=3)
     # Attempt 0: heads that merge groups 0 and 1 (and leave model 2 empty); attempt 1:
     # heads apart. The Tc phase's random picks are replaced by the pool's nearest choice

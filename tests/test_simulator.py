@@ -576,39 +576,38 @@ def test_cp_cfl_restart_that_never_restarts_is_cp_cfl_and_the_diagnostic_changes
     assert min(selection["margins"]) >= 0
 
 
-def test_a_run_traces_the_forward_pass_twice_and_a_second_run_traces_nothing(
+def test_a_run_traces_the_forward_pass_once_and_a_second_run_traces_nothing(
         clients, encoder, caplog):
     """The Tc phase changes the clusters' sizes every round; the forward pass used to be
     traced again for every new number of images (TensorFlow's retracing warning in the
-    first run). Now evaluation runs in chunks of two fixed sizes."""
-    from cpcfl_tf.federated.backends import backend_of, fixed_chunks
+    first run). Its number of images is now left open in one trace, and the logits are
+    those of a trace of the exact shape, to the bit."""
+    from cpcfl_tf.data.images import to_float
+    from cpcfl_tf.federated.backends import backend_of, stacked_logits
     from cpcfl_tf.federated.pool import build_template
 
     c = config(rounds=6, head_rounds=4)
     fl = c.resolved().federated
-    backend = backend_of(build_template(fl, clients.train.images.shape[2:],
-                                        clients.num_classes), fl)
+    template = build_template(fl, clients.train.images.shape[2:], clients.num_classes)
+    backend = backend_of(template, fl)
     functions = {"logits": backend._logits, "gradients": backend._grads}
     with caplog.at_level("WARNING", logger="tensorflow"):
         first, _ = run_federated(c, clients, encoder_weights=encoder, verbose=0)
         sizes = {tuple(np.bincount(r.cluster_ids, minlength=3)) for r in first.rounds}
         assert len(sizes) > 2  # the clusters did change size
-        assert functions["logits"].experimental_get_tracing_count() <= 2
+        assert functions["logits"].experimental_get_tracing_count() == 1
         counts = {k: f.experimental_get_tracing_count() for k, f in functions.items()}
         run_federated(config(rounds=6, head_rounds=4), clients, encoder_weights=encoder,
                       verbose=0, train_seed=7)
         assert {k: f.experimental_get_tracing_count() for k, f in functions.items()} == counts
     assert not [r for r in caplog.records if "retracing" in r.getMessage()]
-    # chunks of two sizes cover every image once; padding changes no image's logits
+    exact = tf.function(lambda params, x: stacked_logits(backend.layers, params, to_float(x)))
+    weights = template.get_weights()
+    params = [tf.constant(a[None]) for a in weights]
     flat = clients.test.images.reshape(-1, *clients.test.images.shape[2:])
-    images = np.concatenate([flat] * (300 // len(flat) + 1))[:300]
-    chunks = list(fixed_chunks(images, 128))
-    assert [len(c) for c, _ in chunks] == [128, 128, 32, 32] and sum(r for _, r in chunks) == 300
-    weights = build_template(fl, images.shape[1:], clients.num_classes).get_weights()
-    alone = np.concatenate([backend._logits([tf.constant(a[None]) for a in weights],
-                                            tf.constant(images[None, k:k + 1]))[0].numpy()
-                            for k in range(0, 300, 50)])
-    assert np.array_equal(backend.logits(weights, images)[::50], alone)
+    for count in (1, 7, len(flat)):
+        x = tf.constant(flat[None, :count])
+        assert np.array_equal(backend._logits(params, x).numpy(), exact(params, x).numpy())
 
 
 @pytest.mark.parametrize("method,pretraining", [("ifca", "none"), ("fesem", "none")])

@@ -193,7 +193,7 @@ def test_encoder_training_script_covers_heads_and_settings(tmp_path):
 
 
 def test_ifca_fedavg_starts_from_the_cached_fedavg_encoder(tmp_path, monkeypatch, capsys):
-    import cpcfl_tf.federated.simulator as simulator
+    import cpcfl_tf.federated.starting as starting
     from cpcfl_tf.config import get_preset
     from cpcfl_tf.runner import RunSpec, Runner
 
@@ -201,12 +201,12 @@ def test_ifca_fedavg_starts_from_the_cached_fedavg_encoder(tmp_path, monkeypatch
     spec = RunSpec("ifca-fedavg", "ifca", "fedavg")
     first = Runner("table2", get_preset("smoke"), tmp_path / "a", verbose=0).run(spec)
     (cached,) = (tmp_path / "cache" / "fedavg").glob("*.npz")
-    trained = simulator.fedavg_encoder
-    monkeypatch.setattr(simulator, "fedavg_encoder",
+    trained = starting.fedavg_encoder
+    monkeypatch.setattr(starting, "fedavg_encoder",
                         lambda *a, **k: pytest.fail("FedAvg was trained again"))
     again = Runner("table2", get_preset("smoke"), tmp_path / "b", verbose=0).run(spec)
     assert again.rounds == first.rounds and again.final == first.final
     cached.write_bytes(b"damaged")  # a damaged entry is rebuilt, with one line
-    monkeypatch.setattr(simulator, "fedavg_encoder", trained)
+    monkeypatch.setattr(starting, "fedavg_encoder", trained)
     third = Runner("table2", get_preset("smoke"), tmp_path / "c", verbose=0).run(spec)
     assert third.final == first.final and "is damaged" in capsys.readouterr().err

@@ -22,6 +22,7 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
+from cpcfl_tf.config import resolved_only
 from cpcfl_tf.federated.diagnostics import diagnosed, selection_record
 from cpcfl_tf.methods import METHODS
 
@@ -109,6 +110,7 @@ def plan_round(fl, seed: int, attempt: int, t: int, num_clients: int,
     """Round ``t`` (0-based) of restart ``attempt``: who takes part (a ``fl.participation``
     share, everyone by default) and the model of each participant: the server's
     ``assignment`` if it assigns, else for ``t < Tc`` a random draw."""
+    resolved_only(fl, "plan_round")
     rng = round_rng(seed, attempt, t, Stream.SELECTION)
     take = max(1, int(round(fl.participation * num_clients)))
     part = (np.arange(num_clients) if take == num_clients
@@ -535,6 +537,7 @@ def run_rounds(fl, seed: int, federation: Federation, start: Callable[[int], Ser
         in the first ``diagnose`` rounds in which they choose by loss, where the
         federation reports them (:mod:`cpcfl_tf.federated.diagnostics`); 0: never.
     """
+    resolved_only(fl, "run_rounds")
     state = start(0) if state is None else state
     progress = Progress() if progress is None else progress
     size = model_bytes(state.models[0])

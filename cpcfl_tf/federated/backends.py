@@ -216,9 +216,16 @@ class StackedBackend:
         self._adam = tf.function(_adam_update, jit_compile=True)
         self._sgd = tf.function(_sgd_update, jit_compile=True)
         # The forward pass (selection, evaluation) stays op by op: XLA was no faster there
-        # (0.76 against 0.74 s for 3 models on 3,000 images, 2-core EPYC).
+        # (0.76 against 0.74 s for 3 models on 3,000 images, 2-core EPYC). Its number of
+        # images is left open in one trace: a cluster's test images change in number
+        # every round of the Tc phase, and each new number was a new trace (TensorFlow's
+        # retracing warning). Measured on a 2-core EPYC: the same logits to the bit as
+        # per-shape traces, at the same speed.
+        signature = [[tf.TensorSpec((1, *w.shape), w.dtype) for w in classifier.weights],
+                     tf.TensorSpec((1, None, *classifier.input_shape[1:]), tf.uint8)]
         self._logits = tf.function(
-            lambda params, x: stacked_logits(self.layers, params, to_float(x)))
+            lambda params, x: stacked_logits(self.layers, params, to_float(x)),
+            input_signature=signature)
 
     def _gradients(self, params, images, labels, first: int):
         with tf.GradientTape() as tape:
@@ -285,31 +292,11 @@ class StackedBackend:
         return [p.numpy() for p in params]
 
     def logits(self, model: list[np.ndarray], images: np.ndarray) -> np.ndarray:
-        """Logits of one model on ``images (n, h, w, 3)``, in chunks of two fixed sizes
-        (:func:`fixed_chunks`), so the compiled forward pass is traced twice per run
-        whatever the number of images: a cluster's test images change in number every
-        round of the Tc phase, and each new shape was a new trace. A padded image changes
-        no other image's logits (each example's are computed alone)."""
+        """Logits of one model on ``images (n, h, w, 3)``, in chunks."""
         params = [tf.constant(a[None]) for a in model]
-        return np.concatenate([self._logits(params, tf.constant(chunk[None]))[0].numpy()[:real]
-                               for chunk, real in fixed_chunks(images, self.eval_batch)])
-
-
-def fixed_chunks(images: np.ndarray, size: int):
-    """``images`` in chunks of ``size``, then the rest in chunks of ``size // 4`` (the
-    last padded with zeros): ``(chunk, how many of its images are real)``. Two shapes
-    for any number of images, at most ``size // 4 - 1`` padded."""
-    small = max(1, size // 4)
-    full = len(images) // size * size
-    for lo in range(0, full, size):
-        yield images[lo:lo + size], size
-    for lo in range(full, len(images), small):
-        chunk = images[lo:lo + small]
-        real = len(chunk)
-        if real < small:
-            chunk = np.concatenate([chunk, np.zeros((small - real, *chunk.shape[1:]),
-                                                    chunk.dtype)])
-        yield chunk, real
+        return np.concatenate([
+            self._logits(params, tf.constant(images[None, lo:lo + self.eval_batch]))[0].numpy()
+            for lo in range(0, len(images), self.eval_batch)])
 
 
 def _adam_update(params, m, v, grads, alpha):

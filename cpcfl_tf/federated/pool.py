@@ -7,7 +7,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from cpcfl_tf.config import Config, FederatedConfig
+from cpcfl_tf.config import Config, FederatedConfig, resolved_only
 from cpcfl_tf.federated import algorithm
 from cpcfl_tf.models import ENCODER_DIMS, build_classifier, build_classifier_head, build_encoder
 from cpcfl_tf.record import Final, Round, RunRecord
@@ -29,6 +29,7 @@ def initial_pool(fl: FederatedConfig, template: keras.Model, encoder_weights, *,
     IFCA(FedAvg)). Without, each model is a whole random classifier (FedAvg, IFCA(None));
     ``attempt`` gives IFCA's restarts new seeds.
     """
+    resolved_only(fl, "initial_pool")
     shapes = template.input_shape[1:]
     num_classes = template.output_shape[-1]
     pool = []
