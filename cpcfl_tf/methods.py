@@ -7,13 +7,15 @@ the runner read these fields and never test a method's name. Adding a method is 
 in :data:`METHODS` plus, if it needs one, a new rule in
 :mod:`cpcfl_tf.federated.algorithm` (docs/extending.md lists the files).
 
-This module imports nothing of the kit but its errors, so every layer may read it.
+This module imports nothing of the kit but its errors and the rules (:mod:`cpcfl_tf.rules`),
+so every layer may read it.
 """
 from __future__ import annotations
 
 import dataclasses
 
 from cpcfl_tf.errors import UserError
+from cpcfl_tf.rules import RULES, Rule
 
 PRETRAIN_METHODS = ("simclr", "byol", "simsiam")
 """The server's contrastive pre-trainings (:mod:`cpcfl_tf.contrastive`)."""
@@ -24,24 +26,8 @@ random initialisation, the three contrastive pre-trainings, the encoder of a Fed
 run on the same clients (:data:`FEDAVG_ENCODER_RUN`), supervised pre-training."""
 PRETRAININGS = tuple(STARTS)
 
-ASSIGNMENTS = {
-    "loss": "each client picks the pool model with the lowest loss on its own training "
-            "data (Eq. cluster_identity); random picks in the Tc phase",
-    "own": "each client keeps a model of its own; nothing is sent",
-    "groups": "the server puts each client in its true group (which only this reference "
-              "method is told)",
-    "nearest": "the server puts each client's trained model in the cluster of the nearest "
-               "centre (squared L2 distance), and each centre becomes its members' average",
-    "split": "all clients start in one cluster; the server splits a cluster in two by the "
-             "cosine similarity of its members' updates once their mean is small and the "
-             "largest one large",
-    "hierarchical": "FedAvg until a set round, whose updates the server clusters once "
-                    "(agglomerative, Ward's linkage); FedAvg within each cluster after it",
-    "subspaces": "before training each client sends the leading singular vectors of its "
-                 "data; the server clusters the clients once by the principal angles "
-                 "between them; FedAvg within each cluster",
-}
-"""The assignment rules :mod:`cpcfl_tf.federated.algorithm` implements."""
+ASSIGNMENTS = {name: rule.description for name, rule in RULES.items()}
+"""The assignment rules (:mod:`cpcfl_tf.rules`) and what each does."""
 
 FEDAVG_ENCODER_RUN = ("fedavg", "none")
 """(method, starting encoder) of the run whose final global encoder is the ``fedavg``
@@ -81,16 +67,21 @@ class Method:
         """Tc as this method runs it from ``pretraining``."""
         return tc if self.head_phase and pretraining != "none" else 0
 
+    @property
+    def rule(self) -> Rule:
+        """The rule :attr:`assign` names (:data:`cpcfl_tf.rules.RULES`)."""
+        return RULES[self.assign]
+
     def num_models(self, num_clusters: int, num_clients: int, num_groups: int) -> int:
         """N as this method runs it."""
         if self.one_model:
             return 1
-        return {"own": num_clients, "groups": num_groups}.get(self.assign, num_clusters)
+        return self.rule.num_models(num_clusters, num_clients, num_groups)
 
     @property
     def server_assigns(self) -> bool:
         """The server tells each client its model (it is sent that one model only)."""
-        return self.assign != "loss"
+        return self.rule.server_assigns
 
     @property
     def on_flower(self) -> bool:
@@ -100,15 +91,15 @@ class Method:
 
     @property
     def asks_first(self) -> str | None:
-        """What the server asks every client once, before training: its true group
-        (``group``: the oracle, the only method told it), its data subspace (``subspace``:
-        PACFL); ``None`` for the others."""
-        return {"groups": "group", "subspaces": "subspace"}.get(self.assign)
+        """What the server asks every client once, before training (the rule's ``asks``):
+        its true group (``group``: the oracle, the only method told it), its data subspace
+        (``subspace``: PACFL); ``None`` for the others."""
+        return self.rule.asks
 
     @property
     def communicates(self) -> bool:
         """Whether anything is sent at all (not for clients training alone)."""
-        return self.assign != "own"
+        return self.rule.communicates
 
     def resolve_options(self, given: dict[str, float] | None) -> dict[str, float] | None:
         """The options a run uses: the defaults with ``given`` over them (one-line error

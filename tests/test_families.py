@@ -5,6 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cpcfl_tf import rules
 from cpcfl_tf.config import get_preset
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.federated import algorithm
@@ -110,7 +111,7 @@ def test_nearest_centres_recovers_three_groups():
     truth = np.repeat([2, 0, 1], 4)
     clients = [np.stack([centres[g][i] + 0.01 * rng.normal(size=centres[g][i].shape)
                          for g in truth]).astype(np.float32) for i in range(2)]
-    found = algorithm.nearest_centres(centres, clients)
+    found = rules.nearest_centres(centres, clients)
     assert np.array_equal(found, truth) and cluster_ari(truth, found) == 1.0
 
 
@@ -268,17 +269,17 @@ def test_hierarchical_clusters_recover_three_groups():
     rng = np.random.default_rng(2)
     truth = np.repeat([1, 2, 0], 5)
     centres = rng.normal(size=(3, 40)) * 3
-    found = algorithm.hierarchical_clusters(centres[truth] + rng.normal(size=(15, 40)), 3)
+    found = rules.hierarchical_clusters(centres[truth] + rng.normal(size=(15, 40)), 3)
     assert cluster_ari(truth, found) == 1.0
 
 
 def test_principal_angles_of_known_subspaces():
     e = np.eye(4)
-    np.testing.assert_allclose(algorithm.principal_angles(e[:, :2], e[:, :2]), [0, 0], atol=1e-7)
-    np.testing.assert_allclose(algorithm.principal_angles(e[:, :2], e[:, 2:]),
+    np.testing.assert_allclose(rules.principal_angles(e[:, :2], e[:, :2]), [0, 0], atol=1e-7)
+    np.testing.assert_allclose(rules.principal_angles(e[:, :2], e[:, 2:]),
                                [np.pi / 2, np.pi / 2])
     tilted = np.stack([e[0], (e[1] + e[2]) / np.sqrt(2)], 1)
-    np.testing.assert_allclose(algorithm.principal_angles(e[:, :2], tilted), [0, np.pi / 4],
+    np.testing.assert_allclose(rules.principal_angles(e[:, :2], tilted), [0, np.pi / 4],
                                atol=1e-7)
 
 
@@ -292,10 +293,10 @@ def test_subspace_clusters_recover_groups_with_different_data_subspaces():
     for g in truth:
         mix = rng.random(size=(30, 4)) @ patterns[g]
         images = np.clip(mix / mix.max() * 255, 0, 255).astype(np.uint8).reshape(30, 8, 8, 3)
-        u = algorithm.data_subspace(images, 3)
+        u = rules.data_subspace(images, 3)
         assert u.shape == (8 * 8 * 3, 3) and u.dtype == np.float32
         subspaces.append(u)
-    assert cluster_ari(truth, algorithm.subspace_clusters(subspaces, 3)) == 1.0
+    assert cluster_ari(truth, rules.subspace_clusters(subspaces, 3)) == 1.0
 
 
 def test_pacfl_clusters_before_training_and_counts_its_subspaces(clients):
@@ -317,11 +318,11 @@ def test_farthest_first_picks_one_client_of_each_far_apart_group():
     truth = np.repeat([0, 1, 2], 4)
     centres = rng.normal(size=(3, 30)) * 5
     stacked = [(centres[truth] + 0.1 * rng.normal(size=(12, 30))).astype(np.float32)]
-    chosen = algorithm.farthest_first(stacked, 3)
+    chosen = rules.farthest_first(stacked, 3)
     assert len(chosen) == 3
     picked = [int(np.argmin(np.square(stacked[0] - c[0]).sum(1))) for c in chosen]
     assert sorted(truth[picked]) == [0, 1, 2]
-    assert cluster_ari(truth, algorithm.nearest_centres(chosen, stacked)) == 1.0
+    assert cluster_ari(truth, rules.nearest_centres(chosen, stacked)) == 1.0
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ import pytest
 pytest.importorskip("flwr")
 pytestmark = pytest.mark.flower
 
+from cpcfl_tf import rules
 from cpcfl_tf.flower.loopback import Federation, wait_for_file  # noqa: E402
 from helpers import simulated  # noqa: E402
 
@@ -153,7 +154,6 @@ def test_a_node_answers_what_its_method_asks_first():
     from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
     from flwr.common import Metadata
 
-    from cpcfl_tf.federated import algorithm
     from cpcfl_tf.federated.clients import clients_for
     from cpcfl_tf.flower.client_app import query
     from cpcfl_tf.flower.common import from_record, run_config
@@ -161,18 +161,22 @@ def test_a_node_answers_what_its_method_asks_first():
     meta = Metadata(run_id=1, message_id="m", src_node_id=1, dst_node_id=5,
                     reply_to_message_id="", group_id="0", created_at=time.time(), ttl=60.0,
                     message_type=MessageType.QUERY)
-    run = {"num-clients": 3, "method": "pacfl", "pretraining": "none"}
-    clients = clients_for(run_config(run))
+    pacfl = {"num-clients": 3, "method": "pacfl", "pretraining": "none"}
+    clients = clients_for(run_config(pacfl))
 
-    def ask(what):
+    def ask(run, what, **question):  # the question as the server sends it (the rule's)
         context = Context(run_id=1, node_id=5, node_config={"partition-id": 1},
                           state=RecordDict(), run_config=run)
-        content = RecordDict({"config": ConfigRecord({"ask": what, "basis": 3, "client-id": 1})})
-        return query(Message(content, metadata=meta), context).content
+        content = RecordDict({"config": ConfigRecord({"ask": what, **question,
+                                                      "client-id": 1})})
+        reply = query(Message(content, metadata=meta), context).content
+        assert dict(reply["metrics"]) == {"client-id": 1}
+        return from_record(reply["answer"])[0]
 
-    assert dict(ask("group")["metrics"]) == {"client-id": 1, "group": int(clients.groups[1])}
-    sent = from_record(ask("subspace")["subspace"])[0]
-    np.testing.assert_array_equal(sent, algorithm.data_subspace(clients.train.images[1], 3))
+    oracle = {**pacfl, "method": "oracle"}
+    assert ask(oracle, "group").tolist() == [int(clients.groups[1])]
+    np.testing.assert_array_equal(ask(pacfl, "subspace", basis=3),
+                                  rules.data_subspace(clients.train.images[1], 3))
 
 
 def test_a_scored_round_scores_each_node_with_its_model_or_the_one_it_would_choose(

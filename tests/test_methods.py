@@ -97,3 +97,32 @@ def test_no_module_but_methods_compares_a_method_name():
                 if method and names & consts:
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not found, found
+
+
+SUBJECTS = {"assign", "asks", "asked", "rule", "method"}
+"""What a comparison with a rule's or a method's name is about."""
+
+
+def test_no_module_but_the_rules_compares_a_rules_name_or_what_it_asks():
+    """``assign == "subspaces"`` or ``asked == "group"`` outside :mod:`cpcfl_tf.rules`
+    would be a second home for a rule (checked against the old code: it found
+    algorithm.py, simulator.py and both Flower apps)."""
+    from cpcfl_tf.rules import RULES
+
+    words = set(RULES) | {r.asks for r in RULES.values() if r.asks} | set(METHODS)
+    found = []
+    for path in sorted((ROOT / "cpcfl_tf").rglob("*.py")):
+        if path.name in ("methods.py", "rules.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) \
+                    and node.value.id == "RULES" and isinstance(node.slice, ast.Constant):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+            if not isinstance(node, ast.Compare):
+                continue
+            parts = [node.left, *node.comparators]
+            about = any(isinstance(p, ast.Attribute) and p.attr in SUBJECTS
+                        or isinstance(p, ast.Name) and p.id in SUBJECTS for p in parts)
+            if about and words & {p.value for p in parts if isinstance(p, ast.Constant)}:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not found, found

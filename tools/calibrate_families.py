@@ -21,6 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
+from cpcfl_tf import rules
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.methods import METHODS, STARTS
 from cpcfl_tf.report import markdown_table
@@ -82,7 +83,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     config, args = session.config, session.args
     if not 1 <= args.seeds <= len(HELD_OUT):
         raise UserError(f"--seeds must be in 1..{len(HELD_OUT)}, got {args.seeds}")
-    from cpcfl_tf.federated import algorithm
     from cpcfl_tf.federated.metrics import cluster_ari
 
     # PACFL: the ARI of its clustering for each p on every held-out partition.
@@ -90,8 +90,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     for seed in HELD_OUT:
         clients = session.runner.clients(config.with_overrides(seed=seed))
         # the leading p singular vectors are the first p of the leading max(BASES)
-        widest = [algorithm.data_subspace(x, max(BASES)) for x in clients.train.images]
-        aris[seed] = [cluster_ari(clients.groups, algorithm.subspace_clusters(
+        widest = [rules.data_subspace(x, max(BASES)) for x in clients.train.images]
+        aris[seed] = [cluster_ari(clients.groups, rules.subspace_clusters(
             [u[:, :p] for u in widest], config.federated.num_clusters)) for p in BASES]
     mean_ari = np.mean([aris[s] for s in HELD_OUT], axis=0)
     best = BASES[int(np.argmax(mean_ari))]  # the smallest p of the best mean ARI

@@ -211,205 +211,19 @@ def aggregate(state: ServerState, client_weights: Sequence[np.ndarray], cluster_
     return dataclasses.replace(state, round=state.round + 1, models=models)
 
 
-def initial_assignment(fl, seed: int, attempt: int, num_clients: int,
-                       groups: np.ndarray | None = None,
-                       subspaces: Sequence[np.ndarray] | None = None) -> np.ndarray | None:
-    """Each client's first model when the server assigns (:data:`~cpcfl_tf.methods.ASSIGNMENTS`):
-    its own (``own``), its true group's (``groups``: ``groups`` is the partition's group
-    ids, told to this reference method only), one cluster (``nearest``, ``split``,
-    ``hierarchical``: the first round trains one common model), PACFL's
-    clusters of the clients' data ``subspaces`` (:func:`data_subspace`, sent once before
-    training); ``None`` when each client chooses by its loss."""
-    rule = METHODS[fl.method].assign
-    if rule == "loss":
-        return None
-    if rule == "own":
-        return np.arange(num_clients)
-    if rule == "groups":
-        if groups is None:
-            raise ValueError("the oracle needs the partition's group ids")
-        return np.unique(np.asarray(groups), return_inverse=True)[1].reshape(-1)
-    if rule in ("nearest", "split", "hierarchical"):
-        return np.zeros(num_clients, np.int64)
-    if rule == "subspaces":
-        if subspaces is None:
-            raise ValueError("PACFL needs the clients' data subspaces")
-        return subspace_clusters(subspaces, fl.num_clusters)
-    raise ValueError(f"no initial assignment for rule {rule!r}")
-
-
-def nearest_centres(centres: list[Weights], client_weights: Sequence[np.ndarray]) -> np.ndarray:
-    """FeSEM's E-step: for each client (``client_weights[i][u]``: array i of client u) the
-    centre at the least squared L2 distance over all arrays, in float64 (ties: the lower id)."""
-    count = len(client_weights[0])
-    distance = np.zeros((count, len(centres)))
-    for i, stacked in enumerate(client_weights):
-        flat = stacked.reshape(count, -1).astype(np.float64)
-        for n, centre in enumerate(centres):
-            distance[:, n] += np.square(flat - centre[i].reshape(-1).astype(np.float64)).sum(1)
-    return np.argmin(distance, axis=1)
-
-
-def farthest_first(client_weights: Sequence[np.ndarray], count: int) -> list[Weights]:
-    """FeSEM's first centres: ``count`` of the clients' trained models, chosen by
-    farthest-first traversal (the one farthest from their mean, then each time the one
-    farthest from the centres chosen), squared L2 over all arrays, in float64. Seedless:
-    the same replies give the same centres."""
-    clients = len(client_weights[0])
-    flat = np.concatenate([a.reshape(clients, -1).astype(np.float64) for a in client_weights], 1)
-    chosen = [int(np.argmax(np.square(flat - flat.mean(0)).sum(1)))]
-    while len(chosen) < min(count, clients):
-        nearest = np.min([np.square(flat - flat[c]).sum(1) for c in chosen], axis=0)
-        chosen.append(int(np.argmax(nearest)))
-    return [[a[c] for a in client_weights] for c in chosen]
-
-
-def fesem_step(state: ServerState, replies: "Replies") -> np.ndarray:
-    """FeSEM's E-step (Long et al.): each trained model joins the nearest centre. The
-    centres are the models the round started from, except in round 1, where every client
-    trained the one common model and the centres are :func:`farthest_first` of the trained
-    models (docs/choices.md)."""
-    if state.round == 0:
-        centres = farthest_first(replies.weights, len(state.models))
-    else:
-        centres = state.models
-    return nearest_centres(centres, replies.weights)
-
-
-def flat_updates(state: ServerState, replies: "Replies") -> np.ndarray:
-    """``(replies, parameters)`` float64: each reply's trained weights minus the model it
-    started from, every array flattened (what CFL compares)."""
-    ids = replies.cluster_ids
-    return np.concatenate([
-        (stacked.reshape(len(ids), -1).astype(np.float64)
-         - np.stack([state.models[c][i].reshape(-1) for c in ids]).astype(np.float64))
-        for i, stacked in enumerate(replies.weights)], axis=1)
-
-
-def bipartition(updates: np.ndarray) -> tuple[np.ndarray, float]:
-    """CFL's split of one cluster: complete-linkage agglomerative clustering of the
-    members' updates into two, by cosine similarity (the authors' code); 0/1 per member,
-    and the largest cosine similarity between an update of one part and one of the other
-    (Sattler et al.'s alpha_cross^max: low when the parts pull apart)."""
-    from sklearn.cluster import AgglomerativeClustering
-
-    norms = np.linalg.norm(updates, axis=1, keepdims=True)
-    unit = updates / np.where(norms > 0, norms, 1.0)
-    similarity = unit @ unit.T
-    halves = AgglomerativeClustering(n_clusters=2, metric="precomputed",
-                                     linkage="complete").fit(-similarity).labels_
-    return halves, float(similarity[np.ix_(halves == 0, halves == 1)].max())
-
-
-def cfl_split(fl, state: ServerState, replies: "Replies"
-              ) -> tuple[np.ndarray, ServerState, dict]:
-    """CFL's server step (Sattler et al., Algorithm 1) before aggregation: a cluster whose
-    |D_u|-weighted mean update is below ``eps1`` while its largest update is above
-    ``eps2`` (after ``split_after`` rounds, with at least ``min_split_size`` members) is
-    split in two by :func:`bipartition` while a free pool slot is left, if the two parts'
-    largest cross similarity is below ``max_cross`` (1: no such guard, as in the authors'
-    code); the new cluster starts from its parent's model. Returns the replies' cluster
-    ids, the pool, and the round record's ``split_test``: for every cluster that trained,
-    the three numbers the test compares (how the thresholds were calibrated)."""
-    options, ids = fl.options, replies.cluster_ids.copy()
-    if len(ids) == 0:
-        return ids, state, {}
-    updates = flat_updates(state, replies)
-    norms = np.linalg.norm(updates, axis=1)
-    used = set(np.unique(state.assignment).tolist()) | set(ids.tolist())
-    models = list(state.models)
-    tests = {}
-    for c in sorted(set(ids.tolist())):
-        members = np.flatnonzero(ids == c)
-        share = replies.sizes[members] / replies.sizes[members].sum()
-        mean, top = float(np.linalg.norm(share @ updates[members])), float(norms[members].max())
-        halves, cross = bipartition(updates[members]) if len(members) > 1 else (None, None)
-        tests[str(c)] = {"mean_norm": mean, "max_norm": top, "cross_similarity": cross}
-        free = [n for n in range(len(models)) if n not in used]
-        if (state.round < options["split_after"] or not free
-                or len(members) < options["min_split_size"]):
-            continue
-        if mean < options["eps1"] and top > options["eps2"] and cross < options["max_cross"]:
-            new = free[0]
-            ids[members[halves == 1]] = new
-            models[new] = [np.array(a) for a in models[c]]
-            used.add(new)
-    return ids, dataclasses.replace(state, models=models), {"split_test": tests}
-
-
-def hierarchical_clusters(updates: np.ndarray, num_clusters: int) -> np.ndarray:
-    """FL+HC's one clustering: agglomerative clustering of the clients' updates with
-    Ward's linkage on Euclidean distance, into ``num_clusters`` (docs/choices.md)."""
-    from sklearn.cluster import AgglomerativeClustering
-
-    count = min(num_clusters, len(updates))
-    if count < 2:
-        return np.zeros(len(updates), np.int64)
-    return AgglomerativeClustering(n_clusters=count, linkage="ward").fit(updates).labels_
-
-
-def fl_hc_split(fl, state: ServerState, replies: "Replies") -> tuple[np.ndarray, ServerState]:
-    """FL+HC's server step (Briggs et al. 2020): FedAvg until round ``cluster_round``
-    (0-based), whose updates (from the one global model) are clustered once by
-    :func:`hierarchical_clusters`; every cluster model starts from the global model.
-    Clients not taking part in that round stay with cluster 0."""
-    ids = replies.cluster_ids
-    if state.round != fl.options["cluster_round"] or len(ids) == 0:
-        return ids, state
-    ids = hierarchical_clusters(flat_updates(state, replies), fl.num_clusters)
-    models = [[np.array(a) for a in state.models[0]] for _ in state.models]
-    return ids.astype(np.int64), dataclasses.replace(state, models=models)
-
-
-def data_subspace(images: np.ndarray, basis: int) -> np.ndarray:
-    """A PACFL client's message (Vahidian et al. 2023, Sec. 3): the ``basis`` leading left
-    singular vectors of its data matrix (pixels in [0, 1] by examples), ``(d, basis)``
-    float32. Computed once, on the client's training data."""
-    matrix = images.reshape(len(images), -1).astype(np.float64).T / 255.0
-    left = np.linalg.svd(matrix, full_matrices=False)[0]
-    return left[:, :basis].astype(np.float32)
-
-
-def principal_angles(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """The principal angles (radians, ascending) between the spans of two orthonormal
-    bases: the arccos of the singular values of ``a.T @ b``."""
-    cosines = np.linalg.svd(a.astype(np.float64).T @ b.astype(np.float64), compute_uv=False)
-    return np.sort(np.arccos(np.clip(cosines, -1.0, 1.0)))
-
-
-def subspace_clusters(subspaces: Sequence[np.ndarray], num_clusters: int) -> np.ndarray:
-    """PACFL's server step: the proximity of two clients is the sum of the principal
-    angles between their data subspaces; average-linkage agglomerative clustering of that
-    matrix into ``num_clusters`` (docs/choices.md says why the sum and why N)."""
-    from sklearn.cluster import AgglomerativeClustering
-
-    count = len(subspaces)
-    proximity = np.zeros((count, count))
-    for i in range(count):
-        for j in range(i + 1, count):
-            proximity[i, j] = proximity[j, i] = principal_angles(subspaces[i],
-                                                                 subspaces[j]).sum()
-    if min(num_clusters, count) < 2:
-        return np.zeros(count, np.int64)
-    return AgglomerativeClustering(n_clusters=min(num_clusters, count), metric="precomputed",
-                                   linkage="average").fit(proximity).labels_.astype(np.int64)
+def initial_assignment(fl, num_clients: int, answers: Sequence[np.ndarray] | None = None
+                       ) -> np.ndarray | None:
+    """Each client's first model when the server assigns, from the clients' ``answers``
+    to what the rule asks first (:meth:`cpcfl_tf.rules.Rule.first`); ``None`` when each
+    client chooses by its loss."""
+    return METHODS[fl.method].rule.first(fl, num_clients, answers)
 
 
 def server_ids(fl, state: ServerState, replies: "Replies"
                ) -> tuple[np.ndarray, ServerState, dict]:
     """The cluster of each reply the server aggregates by, the pool it aggregates into,
-    and what the rule adds to the round's record: the client's choice (``loss``), the
-    server's assignment (``own``, ``groups``, ``subspaces``), FeSEM's E-step
-    (``nearest``, :func:`fesem_step`), CFL's splits (``split``, which records its split
-    test) or FL+HC's one clustering (``hierarchical``)."""
-    rule = METHODS[fl.method].assign
-    if rule == "nearest" and len(replies.clients):
-        return fesem_step(state, replies), state, {}
-    if rule == "split":
-        return cfl_split(fl, state, replies)
-    if rule == "hierarchical":
-        return (*fl_hc_split(fl, state, replies), {})
-    return replies.cluster_ids, state, {}
+    and what the rule adds to the round's record (:meth:`cpcfl_tf.rules.Rule.step`)."""
+    return METHODS[fl.method].rule.step(fl, state, replies)
 
 
 def restart_check_round(fl) -> int:
@@ -502,10 +316,11 @@ class Progress:
     """Sent up besides weights (PACFL's subspaces); in ``bytes_up`` too."""
 
 
-def sent_before_training(subspaces: Sequence[np.ndarray] | None) -> Progress:
-    """Where a fresh run stands before round 1: what the clients sent besides weights
-    (PACFL's data subspaces, counted up and in ``bytes_other``), nothing otherwise."""
-    other = sum(u.nbytes for u in subspaces) if subspaces is not None else 0
+def sent_before_training(fl, answers: Sequence[np.ndarray] | None) -> Progress:
+    """Where a fresh run stands before round 1: what the clients' answers to the rule's
+    first question added to the bytes sent up (PACFL's data subspaces, counted up and in
+    ``bytes_other``; :meth:`cpcfl_tf.rules.Rule.answer_bytes`)."""
+    other = METHODS[fl.method].rule.answer_bytes(answers)
     return Progress(bytes_up=other, bytes_other=other)
 
 

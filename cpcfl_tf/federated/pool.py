@@ -45,15 +45,16 @@ def initial_pool(fl: FederatedConfig, template: keras.Model, encoder_weights, *,
 
 
 def initial_state(fl: FederatedConfig, template: keras.Model, encoder_weights, *, seed: int,
-                  attempt: int, num_clients: int, groups: np.ndarray | None = None,
-                  subspaces: list[np.ndarray] | None = None) -> algorithm.ServerState:
-    """What a (re)started run begins with, in every driver (this simulator and the Flower
+                  attempt: int, num_clients: int,
+                  answers: list[np.ndarray] | None = None) -> algorithm.ServerState:
+    """What a (re)started run begins with, in every driver (the simulator and the Flower
     ServerApp): :func:`initial_pool` and, when the server assigns the clients, each
-    client's first model (:func:`~cpcfl_tf.federated.algorithm.initial_assignment`)."""
+    client's first model from their ``answers`` to what the rule asks first
+    (:func:`~cpcfl_tf.federated.algorithm.initial_assignment`)."""
     return algorithm.ServerState(
         0, initial_pool(fl, template, encoder_weights, seed=seed, attempt=attempt),
         len(template.get_layer("encoder").weights),
-        algorithm.initial_assignment(fl, seed, attempt, num_clients, groups, subspaces))
+        algorithm.initial_assignment(fl, num_clients, answers))
 
 
 def federated_record(config: Config, train_seed: int, progress: algorithm.Progress,

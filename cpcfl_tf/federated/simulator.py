@@ -133,15 +133,12 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
     path = Path(checkpoint) if checkpoint else None
 
     simulation = _Simulation(fl, backend, clients, max_clients)
-    # PACFL: each client's data subspace, sent once before training.
-    subspaces = ([algorithm.data_subspace(images, int(fl.options["basis"]))
-                  for images in clients.train.images]
-                 if get_method(fl.method).assign == "subspaces" else None)
+    # What the rule asks each client once before training (PACFL: its data subspace).
+    answers = first_answers(fl, clients)
 
     def start(attempt: int) -> algorithm.ServerState:
         state = initial_state(fl, template, encoder_weights, seed=seed, attempt=attempt,
-                              num_clients=clients.train.num_clients, groups=clients.groups,
-                              subspaces=subspaces)
+                              num_clients=clients.train.num_clients, answers=answers)
         # optimizer_state="client": every client keeps its Adam state between rounds.
         simulation.moments = (ClientMoments.zeros(state.models[0], clients.train.num_clients)
                               if fl.optimizer_state == "client" else None)
@@ -151,7 +148,7 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
     if path and path.exists():
         state, progress, simulation.moments = _load(path, fingerprint)
     else:
-        progress = algorithm.sent_before_training(subspaces)
+        progress = algorithm.sent_before_training(fl, answers)
 
     def after(record: dict, state: algorithm.ServerState, progress: algorithm.Progress):
         if path:
@@ -171,6 +168,17 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
         ari=cluster_ari(clients.groups, np.array(progress.assigned, np.int64)),
         clients=clients.records)
     return record, state
+
+
+def first_answers(fl: FederatedConfig, clients: Clients) -> list[np.ndarray] | None:
+    """Each client's answer to what its method's rule asks before training, from its own
+    training images (and its true group: the oracle); None when the rule asks nothing."""
+    rule = get_method(fl.method).rule
+    if rule.asks is None:
+        return None
+    question = rule.question(fl)
+    return [rule.answer(question, images, int(group))
+            for images, group in zip(clients.train.images, clients.groups)]
 
 
 class _Simulation:

@@ -32,6 +32,7 @@ from flwr.common.constant import ErrorCode
 from cpcfl_tf.data.sources import list_node_folder, read_node_folder
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.flower.common import class_names, models_from_records, run_config, to_record
+from cpcfl_tf.methods import METHODS
 
 app = ClientApp()
 
@@ -168,20 +169,13 @@ def query(msg: Message, context: Context) -> Message:
     asked = settings.get("ask")
     if asked is None:  # a ConfigRecord: a folder name is a string
         return _reply(msg, identity=ConfigRecord(_identity(context)))
-    # Once before training, what the method needs (Method.asks_first): only now data.
+    # Once before training, what the method's rule asks (cpcfl_tf.rules): only now data.
     client = int(settings["client-id"])
     _addressed(settings, context)
-    _, data, _, _, group = _node(context)
-    if asked == "group":
-        if group is None:
-            raise UserError("the method needs this client's true group: add group=G to the "
-                            "node config")
-        return _reply(msg, metrics=MetricRecord({"client-id": client, "group": group}))
-    from cpcfl_tf.federated import algorithm
-
-    basis = int(settings["basis"])
-    return _reply(msg, metrics=MetricRecord({"client-id": client}),
-                  subspace=to_record([algorithm.data_subspace(data.images[0], basis)]))
+    config, data, _, _, group = _node(context)
+    rule = METHODS[config.federated.method].rule
+    answer = rule.answer(dict(settings), data.images[0], group)
+    return _reply(msg, metrics=MetricRecord({"client-id": client}), answer=to_record([answer]))
 
 
 @app.train()

@@ -41,8 +41,7 @@ from flwr.serverapp import Grid, ServerApp
 from cpcfl_tf.config import FederatedConfig
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.federated import algorithm
-from cpcfl_tf.flower.common import (class_names, from_record, models_to_records, run_config,
-                                    to_record)
+from cpcfl_tf.flower.common import class_names, from_record, models_to_records, run_config
 from cpcfl_tf.methods import METHODS
 from cpcfl_tf.record import write_record
 from cpcfl_tf.results import prepare_out_dir
@@ -92,29 +91,27 @@ def _check_partitions(grid: Grid, nodes: list[int], num_clients: int, timeout: f
                         "them equal")
 
 
-def _ask_first(grid: Grid, client_of: dict[int, int], asked: str | None, num_clients: int,
-               basis: int, timeout: float, names: dict[int, str] | None = None
-               ) -> tuple[np.ndarray | None, list | None]:
-    """What the method asks every client once before training (``asked``): the true
-    groups (the oracle) or the data subspaces (PACFL), by client id; every client must
-    answer."""
-    if asked is None:
-        return None, None
-    contents = {node: RecordDict({"config": ConfigRecord({"ask": asked, "basis": basis,
+def _ask_first(grid: Grid, client_of: dict[int, int], fl, num_clients: int, timeout: float,
+               names: dict[int, str] | None = None) -> list[np.ndarray] | None:
+    """Every client's answer, by client id, to what the method's rule asks once before
+    training (:mod:`cpcfl_tf.rules`: the oracle's true groups, PACFL's data subspaces);
+    every client must answer. None when the rule asks nothing."""
+    rule = METHODS[fl.method].rule
+    if rule.asks is None:
+        return None
+    contents = {node: RecordDict({"config": ConfigRecord({"ask": rule.asks,
+                                                          **rule.question(fl),
                                                           **_addressee(client, names)})})
                 for node, client in client_of.items()}
-    answers, _ = _send(grid, contents, MessageType.QUERY, f"0-{asked}", timeout)
+    answers, _ = _send(grid, contents, MessageType.QUERY, f"0-{rule.asks}", timeout)
     by_client = {int(r.content["metrics"]["client-id"]): r for r in answers}
     missing = sorted(set(range(num_clients)) - set(by_client))
     if missing:
-        raise UserError(f"clients {missing} did not send their {asked} before training; "
+        raise UserError(f"clients {missing} did not send their {rule.asks} before training; "
                         f"the method needs every client's: start a SuperNode for each of "
                         f"the {num_clients} clients (min-nodes = num-clients)"
-                        + (" with group=G in its node config" if asked == "group" else ""))
-    if asked == "group":
-        return np.array([int(by_client[c].content["metrics"]["group"])
-                         for c in range(num_clients)]), None
-    return None, [from_record(by_client[c].content["subspace"])[0] for c in range(num_clients)]
+                        + rule.node_needs)
+    return [from_record(by_client[c].content["answer"])[0] for c in range(num_clients)]
 
 
 def _addressee(client: int, names: dict[int, str] | None) -> dict:
@@ -273,9 +270,7 @@ def main(grid: Grid, context: Context) -> None:
 
     names = (None if node_data is None else
              {int(k): str(d["name"]) for k, d in node_data.items()})
-    groups, subspaces = _ask_first(grid, client_of, METHODS[fl.method].asks_first,
-                                   num_clients, int((fl.options or {}).get("basis", 0)), timeout,
-                                   names)
+    answers = _ask_first(grid, client_of, fl, num_clients, timeout, names)
 
     # The server's own pre-training (its data, never the nodes').
     encoder_weights = StartingEncoders(verbose=0)(config)
@@ -284,7 +279,7 @@ def main(grid: Grid, context: Context) -> None:
 
     def start(attempt: int) -> algorithm.ServerState:
         return initial_state(fl, template, encoder_weights, seed=config.seed, attempt=attempt,
-                             num_clients=num_clients, groups=groups, subspaces=subspaces)
+                             num_clients=num_clients, answers=answers)
 
     def after(record: dict, state, progress) -> None:
         scored = f", accuracy {record['accuracy']:.4f}" if "accuracy" in record else ""
@@ -295,7 +290,7 @@ def main(grid: Grid, context: Context) -> None:
     federation = _Nodes(grid, client_of, num_clients, timeout, fl, names)
     state, progress = algorithm.run_rounds(
         fl, config.seed, federation, start, on_round=after,
-        progress=algorithm.sent_before_training(subspaces),
+        progress=algorithm.sent_before_training(fl, answers),
         say=lambda line: print(f"[cpcfl] {line}", flush=True))
     accuracy = federation.scores  # the last round's
     # The server never sees the clients' data: no class counts, no true groups, no ARI.
