@@ -70,6 +70,9 @@ class ServerState:
     assignment: np.ndarray | None = None
     """Methods whose server assigns the clients (not ``loss``, :data:`~cpcfl_tf.methods.ASSIGNMENTS`):
     each client's model in the next round."""
+    memory: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    """What the method's rule keeps between rounds besides the pool (its own arrays, by
+    name; checkpointed with the pool): e.g. the directions a one-off clustering measured."""
 
 
 @dataclasses.dataclass(frozen=True)

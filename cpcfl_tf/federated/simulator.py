@@ -38,6 +38,7 @@ from cpcfl_tf.results import read_file, weights_fingerprint, write_atomic
 def _save(path: Path, fingerprint: str, state: algorithm.ServerState, progress: algorithm.Progress,
           moments: ClientMoments | None):
     arrays = {f"m{n}_{i}": a for n, m in enumerate(state.models) for i, a in enumerate(m)}
+    arrays.update({f"memory_{k}": a for k, a in state.memory.items()})  # the rule's own
     if moments is not None:  # the clients' own optimizer state (optimizer_state="client")
         arrays.update({f"client_{k}": a for k, a in moments.arrays().items()})
     meta = {"fingerprint": fingerprint, "progress": dataclasses.asdict(progress),
@@ -62,16 +63,18 @@ def _load(path: Path, fingerprint: str
             models = [[data[f"m{n}_{i}"] for i in range(meta["num_arrays"])]
                       for n in range(meta["num_models"])]
             client = {k[len("client_"):]: data[k] for k in data.files if k.startswith("client_")}
-        return meta, models, ClientMoments.from_arrays(client) if client else None
+            memory = {k[len("memory_"):]: data[k] for k in data.files if k.startswith("memory_")}
+        return meta, models, memory, ClientMoments.from_arrays(client) if client else None
 
-    meta, models, moments = read_file(path, load, fix="delete it to start the run over")
+    meta, models, memory, moments = read_file(path, load, fix="delete it to start the run over")
     if meta["fingerprint"] != fingerprint:
         raise UserError(f"checkpoint {path} belongs to a different run (config or seeds "
                         "differ); delete it or choose another --out")
     progress = algorithm.Progress(**meta["progress"])
     assignment = meta.get("assignment")
     return (algorithm.ServerState(progress.round, models, meta["num_encoder"],
-                                  None if assignment is None else np.array(assignment, np.int64)),
+                                  None if assignment is None else np.array(assignment, np.int64),
+                                  memory),
             progress, moments)
 
 
