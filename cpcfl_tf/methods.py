@@ -171,6 +171,12 @@ METHODS = {m.name: m for m in (
     # held-out partitions by tools/calibrate_families.py.
     Method("pacfl", "PACFL", PRETRAININGS, assign="subspaces", head_phase=True,
            options={"basis": 8}),
+    # FedGroup (Duan et al., "FedGroup: Efficient Federated Learning via Decomposed
+    # Similarity-Based Clustering", 2021, Sec. 4): a cold start clusters the clients'
+    # updates by their decomposed cosine similarity (EDC) with k-means++ into
+    # federated.num_clusters groups, the paper's m; static groups after it
+    # (docs/choices.md says what did not carry over).
+    Method("fedgroup", "FedGroup", PRETRAININGS, assign="decomposed", head_phase=True),
 )}
 """Every method, by ``federated.method``."""
 

@@ -17,9 +17,10 @@ A :class:`Rule` says, in one place, everything a rule does besides the round its
 :data:`RULES` names them; a method (:mod:`cpcfl_tf.methods`) names its rule in
 ``Method.assign``. The algorithm, the simulator and both Flower apps call the rule and
 never compare its name. Pure NumPy (and scikit-learn's clustering): the server state and
-replies are read by their fields (``round``, ``models``, ``assignment``; ``clients``,
-``cluster_ids``, ``sizes``, ``weights``), so this module imports nothing of the kit but
-its errors and sits below the config.
+replies are read by their fields (``round``, ``models``, ``assignment``, ``memory``, the
+rule's own arrays kept between rounds; ``clients``, ``cluster_ids``, ``sizes``,
+``weights``), so this module imports nothing of the kit but its errors and sits below
+the config.
 """
 from __future__ import annotations
 
@@ -171,8 +172,43 @@ class Subspaces(Rule):
         return subspace_clusters(answers, fl.num_clusters)
 
 
+class Decomposed(OneFirst):
+    """FedGroup's rule (Duan et al. 2021, Sec. 4): a cold start, then static groups."""
+
+    name = "decomposed"
+    description = ("at the cold start (round 1, one common model) the server clusters the "
+                   "clients' updates by the Euclidean distance of their decomposed cosine "
+                   "similarity (cosines with the updates' leading singular directions), "
+                   "k-means++ into N groups; each client stays in its group, FedAvg within "
+                   "it; a client first seen later joins the group whose centre is nearest")
+
+    def step(self, fl, state, replies):
+        ids = replies.cluster_ids.copy()
+        if not len(ids):
+            return ids, state, {}
+        updates = flat_updates(state, replies)
+        memory = state.memory
+        if "directions" not in memory:  # the cold start
+            directions = leading_directions(updates, fl.num_clusters)
+            coords = decomposed_cosines(updates, directions)
+            groups, centres = kmeans_pp(coords, fl.num_clusters)
+            grouped = np.zeros(len(state.assignment), bool)
+            grouped[replies.clients] = True
+            return groups, dataclasses.replace(state, memory={
+                "directions": directions, "centres": centres, "grouped": grouped}), {}
+        new = ~memory["grouped"][replies.clients]
+        if new.any():  # newcomers join the nearest group centre
+            coords = decomposed_cosines(updates[new], memory["directions"])
+            distance = np.square(coords[:, None, :] - memory["centres"][None]).sum(-1)
+            ids[new] = np.argmin(distance, axis=1)
+            grouped = memory["grouped"].copy()
+            grouped[replies.clients] = True
+            state = dataclasses.replace(state, memory={**memory, "grouped": grouped})
+        return ids, state, {}
+
+
 RULES: dict[str, Rule] = {r.name: r for r in (Rule(), Own(), TrueGroups(), Nearest(), Split(),
-                                                 Hierarchical(), Subspaces())}
+                                                 Hierarchical(), Subspaces(), Decomposed())}
 """Every rule, by the name a method's ``assign`` gives."""
 
 
@@ -330,3 +366,29 @@ def subspace_clusters(subspaces: Sequence[np.ndarray], num_clusters: int) -> np.
         return np.zeros(count, np.int64)
     return AgglomerativeClustering(n_clusters=min(num_clusters, count), metric="precomputed",
                                    linkage="average").fit(proximity).labels_.astype(np.int64)
+
+
+def leading_directions(updates: np.ndarray, count: int) -> np.ndarray:
+    """``(count, parameters)``: the leading right singular vectors of the updates (one per
+    row), unit length, float64 (FedGroup's decomposition of the update matrix)."""
+    directions = np.linalg.svd(updates, full_matrices=False)[2]
+    return directions[:min(count, len(directions))]
+
+
+def decomposed_cosines(updates: np.ndarray, directions: np.ndarray) -> np.ndarray:
+    """``(updates, directions)``: the cosine of each update with each direction (FedGroup's
+    decomposed cosine similarity; the Euclidean distance between two rows is its EDC)."""
+    norms = np.linalg.norm(updates, axis=1, keepdims=True)
+    return (updates / np.where(norms > 0, norms, 1.0)) @ directions.T
+
+
+def kmeans_pp(points: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """k-means with k-means++ seeding (scikit-learn, ten seedings from the fixed seed 0, so
+    the same replies give the same groups): each point's group and the group centres."""
+    from sklearn.cluster import KMeans
+
+    count = min(count, len(points))
+    if count < 2:
+        return np.zeros(len(points), np.int64), points.mean(0, keepdims=True)
+    fit = KMeans(n_clusters=count, init="k-means++", n_init=10, random_state=0).fit(points)
+    return fit.labels_.astype(np.int64), fit.cluster_centers_

@@ -4,8 +4,8 @@ the seed's own SimCLR encoder, and whether the encoder helps each of them.
 The paper shows one family, clients that pick a model by their own loss (IFCA), failing
 to form clusters from random weights, and a contrastive encoder fixing that (CP-CFL).
 Here the families that cluster on the server run in the same protocol: by the clients'
-models (FeSEM), by their updates once (FL+HC) or recursively (CFL), by their data
-before training (PACFL), with the two references of clustered FL, each client alone
+models (FeSEM), by their updates once (FL+HC; FedGroup, by their decomposed cosine
+similarity) or recursively (CFL), by their data before training (PACFL), with the two references of clustered FL, each client alone
 (local) and FedAvg within the true groups (oracle). Every seed k (``--seed`` + k) draws
 its own partition, initial weights, batch order and pre-trained encoder. For each family
 the paired difference "from SimCLR minus from random" is judged by the claims' rule
@@ -24,7 +24,7 @@ from cpcfl_tf.report import markdown_table, mean_sd, replace_block
 from cpcfl_tf.runner import RunSpec
 from cpcfl_tf.script import Script
 
-FAMILIES = ("local", "oracle", "fedavg", "fesem", "cfl", "fl-hc", "pacfl")
+FAMILIES = ("local", "oracle", "fedavg", "fesem", "cfl", "fl-hc", "pacfl", "fedgroup")
 """Each from random weights and from SimCLR."""
 ROWS = {f"{m}-{pre}": (m, pre) for m in FAMILIES for pre in ("none", "simclr")}
 ROWS.update({"ifca-none": ("ifca", "none"), "ifca-fedavg": ("ifca", "fedavg"),

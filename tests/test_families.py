@@ -1,5 +1,5 @@
-"""The clustered-FL families beside IFCA: local, oracle, FeSEM, CFL, FL+HC, PACFL
-(simulator, smoke data, and constructed cases with a known answer)."""
+"""The clustered-FL families beside IFCA: local, oracle, FeSEM, CFL, FL+HC, PACFL,
+FedGroup (simulator, smoke data, and constructed cases with a known answer)."""
 from pathlib import Path
 
 import numpy as np
@@ -352,7 +352,7 @@ CFL_HEADS = {"split_after": 1, "eps1": 0.2, "eps2": 0.2}
 
 
 @pytest.mark.parametrize("method, options", [("cfl", CFL_HEADS), ("fl-hc", {"cluster_round": 1}),
-                                             ("fesem", {}), ("pacfl", {})])
+                                             ("fesem", {}), ("pacfl", {}), ("fedgroup", {})])
 def test_each_family_recovers_three_groups_of_disjoint_classes(disjoint, method, options):
     config, clients = disjoint[3]
     record = on_fixed_encoder(config, clients, method, **options)
@@ -385,3 +385,53 @@ def test_the_cfl_and_pacfl_defaults_are_what_the_committed_calibration_derived()
     assert {k: METHODS["cfl"].options[k] for k in derived} == derived
     chosen = re.search(r"\*\*p = (\d+)\*\*", (folder / "calibrate_families.md").read_text())
     assert METHODS["pacfl"].options["basis"] == int(chosen.group(1))
+
+
+def _fedgroup():
+    from types import SimpleNamespace
+
+    return SimpleNamespace(method="fedgroup", num_clusters=3, options=None)
+
+
+def test_fedgroup_groups_by_decomposed_cosines_at_the_cold_start_and_keeps_them():
+    """Constructed updates of three groups, each along its own direction plus noise, with
+    norms that differ by client: the cold start finds the groups from the cosines with
+    the updates' leading singular directions (computed here independently), and a later
+    round keeps them whatever the clients' replies say."""
+    rng = np.random.default_rng(3)
+    truth = np.repeat([0, 1, 2], 4)
+    axes = np.linalg.qr(rng.normal(size=(40, 3)))[0].T  # three orthonormal directions
+    updates = (axes[truth] + 0.2 * rng.normal(size=(12, 40))) * rng.uniform(0.5, 3, (12, 1))
+    state = algorithm.ServerState(0, [[np.zeros(40, np.float32)] for _ in range(3)], 0,
+                                  np.zeros(12, np.int64))
+    ids, state, notes = algorithm.server_ids(_fedgroup(), state,
+                                             _replies(state, np.zeros(12, np.int64), updates))
+    assert cluster_ari(truth, ids) == 1.0 and notes == {}
+    # the decomposition, by hand: top-3 right singular vectors, cosines with each
+    u = updates.astype(np.float32).astype(np.float64)
+    _, _, vt = np.linalg.svd(u, full_matrices=False)
+    cosines = (u / np.linalg.norm(u, axis=1, keepdims=True)) @ vt[:3].T
+    np.testing.assert_allclose(np.abs(rules.decomposed_cosines(u, state.memory["directions"])),
+                               np.abs(cosines), atol=1e-9)
+    assert state.memory["grouped"].all()
+    state.assignment = ids
+    kept, _, _ = algorithm.server_ids(_fedgroup(), state,
+                                      _replies(state, ids, rng.normal(size=(12, 40))))
+    assert np.array_equal(kept, ids)  # static groups: no client moves
+
+
+def test_fedgroup_places_a_newcomer_in_the_group_its_update_is_nearest():
+    rng = np.random.default_rng(4)
+    truth = np.repeat([0, 1, 2], 4)
+    axes = np.linalg.qr(rng.normal(size=(40, 3)))[0].T
+    updates = axes[truth] + 0.1 * rng.normal(size=(12, 40))
+    state = algorithm.ServerState(0, [[np.zeros(40, np.float32)] for _ in range(3)], 0,
+                                  np.zeros(14, np.int64))  # clients 12, 13 come later
+    ids, state, _ = algorithm.server_ids(_fedgroup(), state,
+                                         _replies(state, np.zeros(12, np.int64), updates))
+    state.assignment[:12] = ids
+    late = algorithm.Replies(np.array([12, 13]), np.array([0, 0]), np.full(2, 50.0),
+                             [(2.0 * axes[[2, 1]]).astype(np.float32)])
+    placed, state, _ = algorithm.server_ids(_fedgroup(), state, late)
+    assert placed.tolist() == [ids[truth == 2][0], ids[truth == 1][0]]
+    assert state.memory["grouped"].all()

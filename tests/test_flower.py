@@ -57,6 +57,24 @@ def _simulated(rounds, out, dead=None, run=RUN):
 PACFL = {**RUN, "method": "pacfl", "pretraining": "none", "head-rounds": 0}
 
 
+FEDGROUP = {**RUN, "method": "fedgroup", "pretraining": "none", "head-rounds": 0}
+
+
+def test_fedgroup_runs_on_the_federation_and_groups_the_nodes_as_the_simulator(
+        tmp_path, federation):
+    # Before the run below kills a SuperNode. FedGroup's cold start clusters the nodes'
+    # round-1 updates on the server (decomposed cosines, k-means++); round 2 sends each
+    # node its group's model only. The rule is the simulator's: the same groups.
+    ids, accuracy, _, sim_final = _simulated(2, tmp_path / "sim", run=FEDGROUP)
+    federation.run({**FEDGROUP, "rounds": 2, "out": str(tmp_path / "result.json")})
+    record = wait_for_file(tmp_path / "result.json", federation, timeout=540)
+    assert [r["cluster_ids"] for r in record["rounds"]] == ids
+    final = record["final"]["client_accuracy"]
+    assert [final[str(k)] for k in range(3)] == pytest.approx(list(accuracy[-1]), abs=1e-6)
+    assert (record["final"]["bytes_down"], record["final"]["bytes_up"]) == (
+        sim_final.bytes_down, sim_final.bytes_up)
+
+
 def test_flower_federation_runs_the_simulators_rounds_and_survives_a_killed_supernode(
         tmp_path, federation):
     # One run (each ClientApp message starts a Python process with TensorFlow: runs are
