@@ -19,6 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
+from cpcfl_tf.cli import resolve_config
 from cpcfl_tf.config import Config
 from cpcfl_tf.dataset_pairs import dataset_pairs
 from cpcfl_tf.environment import machine
@@ -29,9 +30,11 @@ from cpcfl_tf.judge import (CANNOT, RULE, RecordIndex, Statistic, Summary, accur
                             clustering_failures, combined, config_key, final_accuracy,
                             linear_eval_config, linear_eval_settings, mismatch, paired,
                             verdict)
+from cpcfl_tf.methods import run_label
 from cpcfl_tf.record import RunRecord
 from cpcfl_tf.report import markdown_table, replace_block
-from cpcfl_tf.runner import COMPARISON, COMPARISON_LABELS, RunSpec, client_settings, clients_partition
+from cpcfl_tf.catalogue import COMPARISON, COMPARISON_LABELS, client_settings, clients_partition
+from cpcfl_tf.runner import RunSpec
 from cpcfl_tf.script import Script
 
 SCRIPT = Script(__file__, __doc__)
@@ -455,7 +458,8 @@ def report(config: Config, results: Path, seeds: list[int], judged: list[Judged]
     return "\n".join(lines) + "\n"
 
 
-LABELS = {**COMPARISON_LABELS, "cp-cfl-byol": "CP-CFL (BYOL)", "cp-cfl-simsiam": "CP-CFL (SimSiam)"}
+LABELS = {**COMPARISON_LABELS, **{f"cp-cfl-{pre}": run_label("cp-cfl", pre)
+                                   for pre in ("byol", "simsiam")}}
 CLUSTERED = ("ifca-none", "ifca-fedavg", "cp-cfl-simclr", "cp-cfl-byol", "cp-cfl-simsiam")
 
 
@@ -630,8 +634,12 @@ def _options(parser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    session = SCRIPT.start(argv, _options)
-    config, args = session.config, session.args
+    parser = SCRIPT.parser()
+    _options(parser)
+    args = parser.parse_args(argv)
+    # Everything is checked before any folder is touched; the output folder (where --run
+    # makes runs) is prepared only when runs are made: judging a tree writes only into it.
+    config = resolve_config(args)
     wanted = [c.strip() for c in args.claims.split(",") if c.strip()]
     unknown = [c for c in wanted if c not in CLAIM_IDS]
     if unknown or not wanted:
@@ -643,8 +651,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                         "scripts wrote), or --run to make the runs")
     by_id = {c.id: c for c in claims(config)}
     chosen = [by_id[c] for c in wanted]
-    ev = Evidence(config, results, args.seeds, session.out)
+    out = Path(args.out or Path("results") / config.preset / SCRIPT.name)
+    ev = Evidence(config, results, args.seeds, out)
     if args.run:
+        session = SCRIPT.session(args)
         make_missing(session, ev, chosen)
         ev = Evidence(config, results, args.seeds, session.out)
     judged = [ev.judge(c) for c in chosen]

@@ -10,7 +10,7 @@ from typing import Sequence
 
 from cpcfl_tf.errors import run_cli
 from cpcfl_tf.report import markdown_table
-from cpcfl_tf.runner import COMPARISON_LABELS, client_settings, clients_partition, comparison_specs
+from cpcfl_tf.catalogue import COMPARISON_LABELS, client_settings, clients_partition, comparison_specs
 from cpcfl_tf.script import Script
 
 SCRIPT = Script(__file__, __doc__, methods=tuple(COMPARISON_LABELS))

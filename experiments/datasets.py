@@ -14,7 +14,8 @@ from typing import Sequence
 from cpcfl_tf.dataset_pairs import dataset_pairs
 from cpcfl_tf.errors import run_cli
 from cpcfl_tf.report import markdown_table
-from cpcfl_tf.runner import COMPARISON_LABELS, RunSpec, Runner, comparison_specs
+from cpcfl_tf.catalogue import COMPARISON_LABELS, comparison_specs
+from cpcfl_tf.runner import RunSpec, Runner
 from cpcfl_tf.script import Script
 
 CENTRALIZED = {"centralized-all": ("Centralized (all clients)", 1),

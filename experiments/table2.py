@@ -12,6 +12,7 @@ from typing import Sequence
 
 from cpcfl_tf.errors import run_cli
 from cpcfl_tf.record import SCORES, RunRecord
+from cpcfl_tf.methods import run_label
 from cpcfl_tf.report import markdown_table
 from cpcfl_tf.runner import RunSpec
 from cpcfl_tf.script import Script
@@ -20,10 +21,7 @@ SPECS = [RunSpec("fedavg-none", "fedavg", "none"), RunSpec("fedavg-simclr", "fed
          RunSpec("ifca-none", "ifca", "none"), RunSpec("ifca-fedavg", "ifca", "fedavg"),
          RunSpec("cp-cfl-simclr", "cp-cfl", "simclr"), RunSpec("cp-cfl-byol", "cp-cfl", "byol"),
          RunSpec("cp-cfl-simsiam", "cp-cfl", "simsiam")]
-LABELS = {"fedavg-none": "FedAvg (None)", "fedavg-simclr": "FedAvg (SimCLR)",
-          "ifca-none": "IFCA (None)", "ifca-fedavg": "IFCA (FedAvg)",
-          "cp-cfl-simclr": "CP-CFL (SimCLR)", "cp-cfl-byol": "CP-CFL (BYOL)",
-          "cp-cfl-simsiam": "CP-CFL (SimSiam)"}
+LABELS = {spec.name: run_label(spec.method, spec.pretraining) for spec in SPECS}
 SCRIPT = Script(__file__, __doc__, methods=tuple(LABELS))
 # The paper's STL-10 numbers (GPU): accuracy (%) at T = 25/50/75/100 (tab:different_methods)
 # and F1 macro/weighted, AUROC OvR/OvO macro/weighted at T = 100 (tab:addition_scores).

@@ -12,7 +12,7 @@ from typing import Sequence
 
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.report import markdown_table, trial_table
-from cpcfl_tf.runner import COMPARISON, COMPARISON_LABELS, comparison_specs
+from cpcfl_tf.catalogue import COMPARISON, COMPARISON_LABELS, comparison_specs
 from cpcfl_tf.script import Script
 
 SCRIPT = Script(__file__, __doc__, methods=tuple(COMPARISON))

@@ -424,3 +424,28 @@ def test_two_cpus_of_one_kind_are_told_apart_by_their_cpu_id(tmp_path):
     assert "ran on EPYC (avx512f) [family 26 model 2]; the other 10" in text
     # FedAvg (SimCLR) (B) against FedAvg (None) (A only) mixes the two machines: said so.
     assert "C2 seed 0 (CPUs)" in text
+
+
+def test_judging_a_tree_writes_only_into_it_and_a_refusal_writes_nothing(tree, tmp_path,
+                                                                          monkeypatch):
+    """Without --run no output folder is prepared (it used to create and remove a file in
+    the kit's own results/<preset>/claims); refused arguments leave no folder behind."""
+    import cpcfl_tf.results as results
+    from cpcfl_tf.errors import UserError
+
+    monkeypatch.chdir(tmp_path)  # the default output folder is results/smoke/claims here
+    prepared = []
+    real = results.prepare_out_dir
+    monkeypatch.setattr(results, "prepare_out_dir",
+                        lambda path, **k: prepared.append(path) or real(path, **k))
+    before = sorted(p.relative_to(tree) for p in tree.rglob("*"))
+    claims = script("claims")
+    claims.main(["--preset", "smoke", "--results", str(tree), "--claims", "C1"])
+    assert prepared == [] and not (tmp_path / "results").exists()
+    after = sorted(p.relative_to(tree) for p in tree.rglob("*"))
+    assert {str(p) for p in set(after) - set(before)} == {"claims.json", "claims.md"}
+    with pytest.raises(UserError, match="unknown claim.*C99"):
+        claims.main(["--preset", "smoke", "--results", str(tree), "--claims", "C1,C99"])
+    with pytest.raises(UserError, match="no results tree"):
+        claims.main(["--preset", "smoke", "--results", str(tmp_path / "none")])
+    assert prepared == [] and not (tmp_path / "results").exists()
