@@ -8,7 +8,10 @@ import re
 import numpy as np
 import pytest
 
+from cpcfl_tf.claims import claims as claim_list
+from cpcfl_tf.claims import evidence
 from cpcfl_tf.config import get_preset
+from cpcfl_tf.evidence import found_at
 from cpcfl_tf.judge import CANNOT, HOLDS, NOT_SHOWN, OPPOSITE, t_interval, verdict
 from cpcfl_tf.record import Final, Round, RunRecord, write_record
 from helpers import script
@@ -36,8 +39,7 @@ def fake(spec, seed, accuracy, *, ari=1.0, restarts=0):
 def tree(tmp_path):
     """C1's three links as holds / not shown / opposite, C11 within its margin, C4 with
     one IFCA failure, C5 with no runs at all."""
-    claims = script("claims")
-    specs = claims.evidence(SMOKE)
+    specs = evidence(SMOKE)
     wiggle = (0.01, -0.01, 0.02, -0.02, 0.0)
     (tmp_path / "somewhere").mkdir()
     for seed in SEEDS:
@@ -116,7 +118,7 @@ def test_a_linear_evaluation_of_another_encoder_than_the_seeds_run_is_noted(tmp_
     # evaluation scored other bits (e.g. pre-trained again on another machine).
     from cpcfl_tf.results import write_json
 
-    spec = script("claims").evidence(SMOKE)["cp-cfl-simclr"]
+    spec = evidence(SMOKE)["cp-cfl-simclr"]
     for seed in (0, 1):
         (tmp_path / f"seed{seed}").mkdir()
         write_json(tmp_path / f"seed{seed}" / "linear_eval.json", {
@@ -135,8 +137,7 @@ def test_a_linear_evaluation_of_another_encoder_than_the_seeds_run_is_noted(tmp_
 def test_groups_found_shows_each_clustered_runs_final_ari_and_first_round(tree):
     # Seed 3's CP-CFL run keeps groups 1 and 2 merged from round 2 on (never found, final
     # ARI below 1); every other run has its clients in their groups from round 1.
-    claims = script("claims")
-    spec = claims.evidence(SMOKE)["cp-cfl-simclr"]
+    spec = evidence(SMOKE)["cp-cfl-simclr"]
     merged = fake(spec, 3, 0.85, ari=0.4)
     first = merged.rounds[0]
     rounds = [first] + [dataclasses.replace(r, cluster_ids=[min(g, 1) for g in r.cluster_ids])
@@ -144,7 +145,7 @@ def test_groups_found_shows_each_clustered_runs_final_ari_and_first_round(tree):
     rounds[0] = dataclasses.replace(first, cluster_ids=[0] * len(first.cluster_ids))
     write_record(tree / "somewhere" / "s3-cp-cfl-simclr.json",
                  dataclasses.replace(merged, rounds=rounds))
-    assert claims._found_at(merged) == 1 and claims._found_at(
+    assert found_at(merged) == 1 and found_at(
         dataclasses.replace(merged, rounds=rounds)) is None
     judged(tree, "C4")
     text = (tree / "claims.md").read_text()
@@ -168,7 +169,7 @@ def test_groups_found_shows_each_clustered_runs_final_ari_and_first_round(tree):
     # the preset's own number (9) is the CP-CFL (SimCLR) row, not repeated.
     for seed in (0, 1):
         write_record(tree / "somewhere" / f"s{seed}-c3.json",
-                     fake(claims.evidence(SMOKE)["c3"], seed, 0.8))
+                     fake(evidence(SMOKE)["c3"], seed, 0.8))
     judged(tree, "C4")
     section = (tree / "claims.md").read_text().split("## Groups found")[1]
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1:]
@@ -185,7 +186,7 @@ def test_a_link_pairs_runs_of_one_encoder_and_one_machine(tmp_path):
     # machine B only, so C2 must pair it with B's CP-CFL run (same encoder): +10 points,
     # not A's +15. IFCA (FedAvg) (each run's own FedAvg encoder) exists from B only: C1
     # pairs it with B's run too, by machine kind.
-    specs = script("claims").evidence(SMOKE)
+    specs = evidence(SMOKE)
 
     def put(folder, name, seed, accuracy, cpu, encoder):
         run = fake(specs[name], seed, accuracy)
@@ -212,7 +213,7 @@ def test_the_note_names_the_claims_and_seeds_of_another_machine_and_mixed_pairs(
     # C2 seeds 3-4 ran on machine B (its own encoders), the rest on A; B's CP-CFL run of
     # seed 4 is missing, so C2 seed 4 mixes encoders and machines, and C1 seed 4 (B's
     # IFCA (FedAvg), from each run's own FedAvg encoder) mixes machines.
-    specs = script("claims").evidence(SMOKE)
+    specs = evidence(SMOKE)
 
     def put(folder, name, seed, accuracy, cpu, encoder):
         (tmp_path / folder).mkdir(exist_ok=True)
@@ -237,7 +238,7 @@ def test_the_note_names_the_claims_and_seeds_of_another_machine_and_mixed_pairs(
 def test_only_a_repositorys_results_tree_writes_the_front_doors_verdicts(tmp_path):
     # README.md's verdicts come from <repository>/results/<preset>; judging a tree of
     # one's own runs elsewhere (here runs/smoke) leaves them as they are.
-    spec = script("claims").evidence(SMOKE)["cp-cfl-simclr"]
+    spec = evidence(SMOKE)["cp-cfl-simclr"]
     front = tmp_path / "README.md"
     front.write_text("intro\n<!-- verdicts:smoke -->\nSTALE\n<!-- /verdicts -->\nend\n")
     for folder in ("runs", "results"):
@@ -254,10 +255,9 @@ def test_only_a_repositorys_results_tree_writes_the_front_doors_verdicts(tmp_pat
 
 
 def test_a_claim_the_data_cannot_host_says_why():
-    claims = script("claims")
-    standard = {c.id: c for c in claims.claims(get_preset("standard"))}
+    standard = {c.id: c for c in claim_list(get_preset("standard"))}
     assert "hosts 15 clients" in standard["C6"].cannot
-    assert {c.id: c for c in claims.claims(get_preset("quick"))}["C6"].cannot is None
+    assert {c.id: c for c in claim_list(get_preset("quick"))}["C6"].cannot is None
 
 
 def test_the_interval_is_students_t():
@@ -293,7 +293,7 @@ def test_the_paper_numbers_are_the_paper_tables():
         for attr in attrs:
             collect(getattr(script(name), attr))
     text_numbers = {"5.90", "0.50"}  # Sec. "Influence of pre-training ... similarity"
-    for claim in script("claims").claims(get_preset("standard")):
+    for claim in claim_list(get_preset("standard")):
         for link in claim.links:
             for number in re.findall(r"\d+\.\d+", link.paper):
                 assert number in cells | text_numbers, (claim.id, link.label, number)
@@ -352,8 +352,7 @@ def test_run_mode_makes_only_the_missing_runs(tmp_path, capsys):
 def test_compare_tells_same_within_and_outside(tmp_path, capsys):
     from cpcfl_tf.judge import DIFFERS, NO_REFERENCE, OUTSIDE, SAME, WITHIN
 
-    claims = script("claims")
-    specs = claims.evidence(SMOKE)
+    specs = evidence(SMOKE)
     reference, ours = tmp_path / "reference", tmp_path / "ours"
     (reference / "trials").mkdir(parents=True)
     ours.mkdir()
@@ -382,7 +381,7 @@ def test_compare_tells_same_within_and_outside(tmp_path, capsys):
 def test_a_run_remade_on_another_machine_does_not_replace_the_seeds_record(tmp_path):
     # Every CP-CFL run came from machine A (folder z); seed 3's was remade on B (folder a,
     # first in path order) for one pairing. A link of that run alone (C3) keeps A's.
-    specs = script("claims").evidence(SMOKE)
+    specs = evidence(SMOKE)
     for folder, cpu, seeds in (("z", "A", SEEDS), ("a", "B", (3,))):
         (tmp_path / folder).mkdir()
         for seed in seeds:
@@ -400,7 +399,7 @@ def test_two_cpus_of_one_kind_are_told_apart_by_their_cpu_id(tmp_path):
     # bits from it. A made CP-CFL, IFCA (None) and FedAvg (None) (no cpu_id: older
     # records); B, with its cpu_id, made FedAvg (SimCLR) and CP-CFL again from the same
     # encoder. C2 pairs B's with B's (+10), not A's CP-CFL (first in path order, +15).
-    specs = script("claims").evidence(SMOKE)
+    specs = evidence(SMOKE)
 
     def put(folder, name, seed, accuracy, environment):
         (tmp_path / folder).mkdir(exist_ok=True)

@@ -17,7 +17,7 @@ LAYERS = {
     "record": 3,
     "plots": 6, "cli": 6, "flower": 6, "report": 6, "judge": 6,
     "runner": 7,
-    "script": 8, "catalogue": 8,
+    "script": 8, "catalogue": 8, "claims": 9, "evidence": 9,
 }
 """Layer of each top-level part of ``cpcfl_tf``; a module may import its own layer or lower."""
 
