@@ -83,6 +83,9 @@ def _options(parser) -> None:
     parser.add_argument("--all-figures", action="store_true",
                         help="draw every diagnosed run's selection figure (default: the runs "
                              "that merged groups and the first that found them, per method)")
+    parser.add_argument("--report", action="store_true",
+                        help="make no run: write the report from the runs finished in the "
+                             "output folder, headed partial, naming how many are missing")
     parser.set_defaults(diagnose=DIAGNOSE)
 
 
@@ -128,16 +131,32 @@ def main(argv: Sequence[str] | None = None) -> None:
     if tree.is_dir() and session.out.resolve().parent == tree.resolve():
         session.runner.reuse = RecordIndex(tree, prefer=session.out)
     by_run: dict[str, dict[int, RunRecord]] = {name: {} for name in ROWS if session.wanted(name)}
+    missing: list[str] = []
     for spec in session.plan(specs(args.seed, runs, encoders)):
-        by_run[spec.key][spec.seed - args.seed] = session.runner.run(spec)
+        record = (session.runner.finished(spec) if args.report
+                  else session.runner.run(spec))
+        if record is None:
+            missing.append(spec.name)
+        else:
+            by_run[spec.key][spec.seed - args.seed] = record
+    by_run = {name: records for name, records in by_run.items() if records}
 
     report, summary, rows = _report(config, by_run, runs, encoders, args.seed)
+    if missing:
+        held = sum(map(len, by_run.values()))
+        title, rest = report.split("\n", 1)
+        report = (f"{title}\n\n**Partial: {held} of {held + len(missing)} runs.** Every rate, "
+                  f"mean and verdict below is over the finished runs alone; the first missing: "
+                  f"`{missing[0]}`. `python experiments/clustering_reliability.py --preset "
+                  f"{config.preset} --resume` makes the rest.\n" + rest)
+        summary["missing"] = missing
     _figures(by_run, session.out, config.preset, args.all_figures)
     from cpcfl_tf.results import write_json
     write_json(session.out / f"{SCRIPT.name}.json", summary)
     session.finish(report, rows)
     readme = Path("results") / "README.md"
     if (session.out.resolve() == (tree / SCRIPT.name).resolve() and len(by_run) == len(ROWS)
+            and not missing
             and replace_block(readme, "reliability", config.preset, summary["table"])):
         print(f"updated the {config.preset} reliability table in {readme}")
 

@@ -530,6 +530,15 @@ def test_clustering_reliability_counts_rates_shares_encoders_and_explains_merges
     assert (out / "margins.png").stat().st_size > 0
     assert {p.stem for p in (out / "figures").glob("*.png")} >= set(merged)
     assert readme.read_bytes() == before  # a run elsewhere leaves the committed README
+    # --report: no run made, the table over the finished runs, headed partial
+    made = {p.name: p.read_bytes() for p in out.glob("run*.json")}
+    reliability.main(["--preset", "smoke", "--out", str(out), "--runs", "4", "--encoders", "2",
+                      "--set", "federated.rounds=3", "--report"])
+    assert {p.name: p.read_bytes() for p in out.glob("run*.json")} == made
+    partial = (out / "clustering_reliability.md").read_text()
+    assert "**Partial: 9 of 12 runs.**" in partial and "`run3-cp-cfl-simclr`" in partial
+    assert json.loads((out / "clustering_reliability.json").read_text())["missing"] == [
+        f"run3-{name}" for name in reliability.ROWS]
 
 
 @pytest.mark.parametrize("args,message", [(["--runs", "1"], "--runs must be >= 2"),
