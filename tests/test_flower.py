@@ -107,7 +107,7 @@ def test_flower_federation_runs_the_simulators_rounds_and_survives_a_killed_supe
     assert third["replies"] == 2 and third["failed_partitions"] == [2]
     assert third["cluster_ids"][2] == second["cluster_ids"][2]
     killed = next(node for node, client in record["nodes"].items() if client == 2)
-    named = f"node {killed} failed train 3: "  # the SuperLink's error, named
+    named = f"node {killed} failed train 3: "  # its error (or timeout), named
     lines = federation.server_lines(run_id, until=named)
     assert any(named in line for line in lines), lines
     # Every round is scored (T = 3: each is a quarter), on the nodes' own test data, as

@@ -66,17 +66,24 @@ def _send(grid: Grid, contents: dict[int, RecordDict], kind: str, group: str,
                 for node, content in contents.items()]
     replies = list(grid.send_and_receive(messages, timeout=timeout))
     errors = [r for r in replies if r.has_error()]
-    if errors:
-        # An error reply the SuperLink writes (an unavailable node) comes from the
-        # SuperLink: name the node the message was for.
-        meant = {m.object_id: m.metadata.dst_node_id for m in messages}
-        for reply in errors:
-            node = meant.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
-            print(f"[cpcfl] node {node} failed {kind} {group}: {reply.error.reason}",
-                  flush=True)
+    # An error reply the SuperLink writes (an unavailable node) comes from the SuperLink:
+    # name the node the message was for.
+    for node, reply in zip(_meant(messages, errors), errors):
+        print(f"[cpcfl] node {node} failed {kind} {group}: {reply.error.reason}", flush=True)
     good = [r for r in replies if not r.has_error()]
     answered = {r.metadata.src_node_id for r in good}
+    # A node that sent nothing before the timeout (a killed node the SuperLink has not
+    # yet marked unavailable, as on a loaded machine) is named too.
+    for node in sorted(set(contents) - answered - set(_meant(messages, errors))):
+        print(f"[cpcfl] node {node} failed {kind} {group}: no reply within {timeout:g} s",
+              flush=True)
     return good, sorted(set(contents) - answered)
+
+
+def _meant(messages: list[Message], errors: list[Message]) -> list[int]:
+    """The nodes the error replies ``errors`` are about (the SuperLink writes some)."""
+    meant = {m.object_id: m.metadata.dst_node_id for m in messages}
+    return [meant.get(r.metadata.reply_to_message_id, r.metadata.src_node_id) for r in errors]
 
 
 def _check_partitions(grid: Grid, nodes: list[int], num_clients: int, timeout: float) -> None:
