@@ -136,3 +136,16 @@ def simulated(run, rounds, out, dead=None):
         record, _ = simulator.run_federated(config, runner.clients(config),
                                             encoder_weights=encoder, verbose=0)
     return [r.cluster_ids for r in record.rounds], scores, encoder, record.final
+
+
+class Killed(Exception):
+    """Raised by :func:`kill_after`: a run stopped between rounds, its checkpoint written."""
+
+
+def kill_after(rounds):
+    """An ``on_round`` that stops a run after round ``rounds`` (its checkpoint is saved
+    before ``on_round`` is called), as a kill between rounds would."""
+    def on_round(record, state):
+        if record["round"] == rounds:
+            raise Killed
+    return on_round

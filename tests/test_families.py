@@ -12,6 +12,7 @@ from cpcfl_tf.federated import algorithm
 from cpcfl_tf.federated.clients import clients_for
 from cpcfl_tf.federated.metrics import cluster_ari
 from cpcfl_tf.federated.simulator import run_federated
+from helpers import Killed, kill_after
 
 SMOKE = get_preset("smoke")
 
@@ -25,17 +26,6 @@ def run(clients, method, checkpoint=None, on_round=None, **federated):
     config = SMOKE.with_overrides(federated={"method": method, "pretraining": "none",
                                              "rounds": 3, "head_rounds": 0, **federated})
     return run_federated(config, clients, verbose=0, checkpoint=checkpoint, on_round=on_round)
-
-
-class Killed(Exception):
-    pass
-
-
-def kill_after(rounds):
-    def on_round(record, state):
-        if record["round"] == rounds:
-            raise Killed
-    return on_round
 
 
 def one_round_by_hand(clients, fl, ids):

@@ -615,14 +615,7 @@ def test_a_run_resumed_under_partial_participation_keeps_every_clients_cluster(
     """A third of the clients take part each round, so after a resume most clients'
     last cluster is known only from the checkpoint: a resume that forgot it would record
     -1 (or another id) for them and another final ARI."""
-    class Killed(Exception):
-        pass
-
-    def kill_after(rounds):
-        def on_round(record, state):
-            if record["round"] == rounds:
-                raise Killed
-        return on_round
+    from helpers import Killed, kill_after
 
     c = config(method="ifca", pretraining="none", rounds=6, participation=1 / 3)
     checkpoint = tmp_path / "run.npz"
