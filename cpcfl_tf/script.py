@@ -119,6 +119,21 @@ class Session:
         """Run (or load) the planned runs of ``specs``, by name."""
         return {spec.name: self.runner.run(spec) for spec in self.plan(specs)}
 
+    def run_or_read(self, specs: Sequence[RunSpec], only_finished: bool = False
+                    ) -> tuple[list[tuple[RunSpec, RunRecord]], list[RunSpec]]:
+        """Each planned spec of ``specs`` with its record (made now, or found), and the
+        specs without one. ``only_finished`` (a script's ``--report``): make no run, read
+        the records finished in the output folder and leave the rest as missing."""
+        done, missing = [], []
+        for spec in self.plan(specs):
+            record = (self.runner.finished(spec) if only_finished
+                      else self.runner.run(spec))
+            if record is None:
+                missing.append(spec)
+            else:
+                done.append((spec, record))
+        return done, missing
+
     def finish(self, report: str, rows: list[dict] | None = None) -> None:
         """Write ``report`` as ``<name>.md`` (and ``rows`` as ``<name>.csv``), show it,
         say where it went. A note is added where the runs come from more than one kind

@@ -85,14 +85,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.reuse or (tree.is_dir() and session.out.resolve().parent == tree.resolve()):
         session.runner.reuse = RecordIndex(tree, prefer=session.out)
     runs: dict[str, dict[int, object]] = {name: {} for name in ROWS if session.wanted(name)}
-    missing = []
-    for spec in session.plan(specs(seeds)):
-        record = (session.runner.finished(spec) if args.report
-                  else session.runner.run(spec))
-        if record is None:
-            missing.append(spec)
-        else:
-            runs[spec.key][spec.seed] = record
+    done, missing = session.run_or_read(specs(seeds), args.report)
+    for spec, record in done:
+        runs[spec.key][spec.seed] = record
     runs = {name: by_seed for name, by_seed in runs.items() if by_seed}
 
     table = []

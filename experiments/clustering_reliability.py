@@ -131,14 +131,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     if tree.is_dir() and session.out.resolve().parent == tree.resolve():
         session.runner.reuse = RecordIndex(tree, prefer=session.out)
     by_run: dict[str, dict[int, RunRecord]] = {name: {} for name in ROWS if session.wanted(name)}
-    missing: list[str] = []
-    for spec in session.plan(specs(args.seed, runs, encoders)):
-        record = (session.runner.finished(spec) if args.report
-                  else session.runner.run(spec))
-        if record is None:
-            missing.append(spec.name)
-        else:
-            by_run[spec.key][spec.seed - args.seed] = record
+    done, missing_specs = session.run_or_read(specs(args.seed, runs, encoders), args.report)
+    for spec, record in done:
+        by_run[spec.key][spec.seed - args.seed] = record
+    missing = [spec.name for spec in missing_specs]
     by_run = {name: records for name, records in by_run.items() if records}
 
     report, summary, rows = _report(config, by_run, runs, encoders, args.seed)
