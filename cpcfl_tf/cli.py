@@ -40,6 +40,15 @@ def experiment_parser(name: str, description: str, *, folder: str = "experiments
         parser.add_argument("--distribute", default="default", choices=["default", "mirrored"],
                             help="pre-training on one device (default) or split over all "
                                  "GPUs with tf.distribute.MirroredStrategy (mirrored)")
+        parser.add_argument("--knn-every", type=positive_int, default=0, metavar="K",
+                            help="every K epochs of a pre-training done here, the encoder's "
+                                 "weighted kNN accuracy (k=200) on the proxy: on the progress "
+                                 "line, in its history and TensorBoard (default 0: off; the "
+                                 "encoder's bits are the same either way)")
+        parser.add_argument("--knn-proxy", metavar="TRAIN,TEST",
+                            help="the kNN monitor's labeled proxy as DATASET:SPLIT,DATASET:SPLIT "
+                                 "(default: the linear evaluation's, the clients' training and "
+                                 "test splits)")
     if runs:
         parser.add_argument("--dry-run", action="store_true",
                             help="print the settings that differ from the preset and what each "

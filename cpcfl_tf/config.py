@@ -25,7 +25,7 @@ import math
 import typing
 from typing import Any, Sequence
 
-from cpcfl_tf.compat import UNSET_FIELDS
+from cpcfl_tf.compat import UNSET_FIELDS, read_pretrain, stored_pretrain
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.methods import METHODS, PRETRAININGS
 
@@ -37,6 +37,7 @@ HEAD_WIDTHS = {"c": (), "c-1": (256,), "c-2": (256, 128), "c-3": (256, 128, 64)}
 ENCODERS = tuple(ENCODER_DIMS)
 HEADS = tuple(HEAD_WIDTHS)
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+LR_SCHEDULES = ("constant", "cosine")
 LOCAL_OPTIMIZERS = ("adam", "sgd")
 OPTIMIZER_STATES = ("fresh", "client")
 MIN_IMAGE_SIZE = 32
@@ -129,21 +130,15 @@ class PartitionConfig:
 @dataclasses.dataclass(frozen=True)
 class PretrainConfig:
     """How the server pre-trains (Sec. "Experimental settings"). *Which* method
-    (SimCLR, BYOL, SimSiam, supervised) is the run's ``federated.pretraining``: one name,
-    in one place."""
+    (SimCLR, BYOL, SimSiam, VICReg, supervised) is the run's ``federated.pretraining``: one
+    name, in one place; each method's own settings (SimCLR's temperature, BYOL's target
+    rate, the projector's width, ...) are its registry entry's
+    (:mod:`cpcfl_tf.ssl_methods`), overridden in :attr:`options`."""
 
     encoder: str = "cnn"
     epochs: int = 300
     batch_size: int = 500
     learning_rate: float = 1e-3
-    temperature: float = 0.1
-    """SimCLR's tau."""
-    target_decay: float = 0.9
-    """BYOL's beta: target = beta * target + (1 - beta) * online."""
-    projector_dim: int | None = None
-    """Projector width; None is the paper's: 256 (SimCLR), 512 (BYOL, SimSiam)."""
-    predictor_dim: int = 64
-    """Bottleneck of the BYOL/SimSiam predictor."""
     augment: dict[str, Any] | None = None
     """Overrides of :data:`cpcfl_tf.data.augment.DEFAULT_STRENGTHS`."""
     jit_compile: bool = False
@@ -154,20 +149,47 @@ class PretrainConfig:
     """The pre-training's seed; None: the run's seed (:attr:`Config.pretrain_seed`). Set,
     runs of other seeds share one encoder (``experiments/clustering_reliability.py``);
     which encoder it names is the cache key's ``seed``, not part of its settings."""
+    options: dict[str, dict[str, Any]] | None = None
+    """Per-method settings away from the registry's defaults, e.g. ``{"simclr":
+    {"projector_dim": 512}}`` (checked, and kept without the defaults; the run record
+    names every setting of the run's method with its value)."""
+    lr_schedule: str = "constant"
+    """constant (the paper's Adam at ``learning_rate``) | cosine: ``warmup_epochs`` of
+    linear warm-up from 0, then cosine decay to 0 (SimCLR, Sec. B.1; solo-learn's and
+    lightly's "warmup_cosine")."""
+    warmup_epochs: int = 0
+    """Epochs of linear warm-up of the cosine schedule (SimCLR used 10 of its 100+)."""
 
     def __post_init__(self) -> None:
+        from cpcfl_tf.ssl_methods import check_options
+
         _check(self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)
                                      and self.seed >= 0),
                f"pretrain.seed must be a non-negative integer or none, got {self.seed!r}")
-        if self.projector_dim is not None:
-            _positive("pretrain", projector_dim=self.projector_dim)
-        _positive("pretrain", predictor_dim=self.predictor_dim)
+        object.__setattr__(self, "options", check_options(self.options))
         _choice("pretrain", "precision", self.precision, PRECISIONS)
         _choice("pretrain", "encoder", self.encoder, ENCODERS)
+        _choice("pretrain", "lr_schedule", self.lr_schedule, LR_SCHEDULES)
         _positive("pretrain", epochs=self.epochs, batch_size=self.batch_size,
-                  learning_rate=self.learning_rate, temperature=self.temperature)
-        _check(0 <= self.target_decay < 1,
-               f"pretrain.target_decay must be in [0, 1), got {self.target_decay}")
+                  learning_rate=self.learning_rate)
+        _check(isinstance(self.warmup_epochs, int) and 0 <= self.warmup_epochs < self.epochs,
+               f"pretrain.warmup_epochs must be an integer in [0, epochs={self.epochs}), "
+               f"got {self.warmup_epochs!r}")
+        _check(self.warmup_epochs == 0 or self.lr_schedule != "constant",
+               "pretrain.warmup_epochs warms up the cosine schedule; set "
+               "pretrain.lr_schedule=cosine too")
+
+    def settings(self, method: str) -> dict[str, Any]:
+        """Every setting of self-supervised ``method`` with the value it runs with."""
+        from cpcfl_tf.ssl_methods import get_ssl_method
+
+        return get_ssl_method(method).resolve((self.options or {}).get(method))
+
+    def with_settings(self, method: str, **values: Any) -> "PretrainConfig":
+        """Copy with ``method``'s settings ``values`` over the ones set (checked)."""
+        options = dict(self.options or {})
+        options[method] = {**options.get(method, {}), **values}
+        return dataclasses.replace(self, options=options)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -357,7 +379,11 @@ class Config:
             options=method.resolve_options(fl.options))))
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every field, the pre-training section in its stored layout
+        (:func:`cpcfl_tf.compat.stored_pretrain`): what :meth:`from_dict` reads."""
+        record = dataclasses.asdict(self)
+        record["pretrain"] = _stored_pretrain(self)
+        return record
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Config":
@@ -366,7 +392,7 @@ class Config:
         extra = set(data) - set(SECTIONS) - {"preset", "seed"}
         _check(not extra, f"unknown config section(s) {', '.join(sorted(extra))}")
         return cls(preset=data["preset"], seed=data["seed"],
-                   **{name: SECTIONS[name](**with_defaults(name, data[name]))
+                   **{name: SECTIONS[name](**with_defaults(name, _read(name, data[name])))
                       for name in SECTIONS})
 
     def with_encoder(self, encoder: str) -> "Config":
@@ -398,6 +424,21 @@ class Config:
 
 SECTIONS = {"data": DataConfig, "partition": PartitionConfig, "pretrain": PretrainConfig,
             "federated": FederatedConfig}
+
+
+def _read(section: str, stored: dict[str, Any]) -> dict[str, Any]:
+    return read_pretrain(stored) if section == "pretrain" else stored
+
+
+def _stored_pretrain(config: Config) -> dict[str, Any]:
+    """``config.pretrain`` as records write it: the stored layout with the values of the
+    run's self-supervised method, all of its settings named (none for other starts)."""
+    from cpcfl_tf.ssl_methods import SSL_METHODS
+
+    method = config.federated.pretraining
+    own = method in SSL_METHODS
+    return stored_pretrain(dataclasses.asdict(config.pretrain), method if own else None,
+                            config.pretrain.settings(method) if own else None)
 
 
 def with_defaults(section: str, stored: dict[str, Any]) -> dict[str, Any]:
@@ -465,7 +506,7 @@ def _parse_value(field: str, kind: Any, text: str) -> Any:
 def config_json(config: Config) -> dict[str, Any]:
     """``config`` as a run record writes it: every field, but
     :data:`cpcfl_tf.compat.UNSET_FIELDS` only when set."""
-    record = dataclasses.asdict(config)
+    record = config.to_dict()
     for section, unset in UNSET_FIELDS.items():
         record[section] = {k: v for k, v in record[section].items()
                            if k not in unset or v != unset[k]}

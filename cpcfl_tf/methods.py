@@ -7,8 +7,9 @@ the runner read these fields and never test a method's name. Adding a method is 
 in :data:`METHODS` plus, if it needs one, a new rule in
 :mod:`cpcfl_tf.federated.algorithm` (docs/extending.md lists the files).
 
-This module imports nothing of the kit but its errors and the rules (:mod:`cpcfl_tf.rules`),
-so every layer may read it.
+This module imports nothing of the kit but its errors, the rules (:mod:`cpcfl_tf.rules`)
+and the self-supervised registry (:mod:`cpcfl_tf.ssl_methods`, the pre-training stage's
+home), so every layer may read it.
 """
 from __future__ import annotations
 
@@ -16,15 +17,19 @@ import dataclasses
 
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.rules import RULES, Rule
+from cpcfl_tf.ssl_methods import SSL_METHODS
 
-PRETRAIN_METHODS = ("simclr", "byol", "simsiam")
-"""The server's contrastive pre-trainings (:mod:`cpcfl_tf.contrastive`)."""
-STARTS = {"none": "None", "simclr": "SimCLR", "byol": "BYOL", "simsiam": "SimSiam",
+PRETRAIN_METHODS = tuple(SSL_METHODS)
+"""The server's self-supervised pre-trainings (:mod:`cpcfl_tf.ssl_methods`)."""
+STARTS = {"none": "None", **{m.name: m.label for m in SSL_METHODS.values()},
           "fedavg": "FedAvg", "supervised": "Supervised"}
-"""Every starting encoder (``federated.pretraining``) and how tables name it:
-random initialisation, the three contrastive pre-trainings, the encoder of a FedAvg (None)
-run on the same clients (:data:`FEDAVG_ENCODER_RUN`), supervised pre-training."""
+"""Every starting encoder (``federated.pretraining``, a name kept for the records: not
+every start is a pre-training) and how tables name it: random initialisation, the
+server's self-supervised pre-trainings (one per registry entry), the encoder of a FedAvg
+(None) run on the same clients (:data:`FEDAVG_ENCODER_RUN`), supervised pre-training."""
 PRETRAININGS = tuple(STARTS)
+PRETRAINED = (*PRETRAIN_METHODS, "supervised")
+"""The starts a pre-trained encoder gives: what CP-CFL needs."""
 
 ASSIGNMENTS = {name: rule.description for name, rule in RULES.items()}
 """The assignment rules (:mod:`cpcfl_tf.rules`) and what each does."""
@@ -123,24 +128,24 @@ class Method:
                             + (f"; {self.instead}" if self.instead else ""))
 
 
-_FEDERATED_STARTS = ("none", "simclr", "byol", "simsiam", "supervised")
+_FEDERATED_STARTS = ("none", *PRETRAINED)
 
 METHODS = {m.name: m for m in (
     # FedAvg (SimCLR) etc. is CP-CFL with N = 1, so it has the Tc phase too: the paper
     # prints 59.33 % for both (tab:different_methods and tab:different_clusters).
     Method("fedavg", "FedAvg", _FEDERATED_STARTS, one_model=True, head_phase=True),
     # IFCA: no Tc phase; restarts when clustering fails (Sec. "Baselines").
-    Method("ifca", "IFCA", ("none", "fedavg", "simclr", "byol", "simsiam", "supervised"),
+    Method("ifca", "IFCA", ("none", "fedavg", *PRETRAINED),
            restarts=True),
     # CP-CFL: a pre-trained encoder and the Tc phase (Algorithm "CP-CFL"); no restart
     # rule (the paper gives it none).
-    Method("cp-cfl", "CP-CFL", ("simclr", "byol", "simsiam", "supervised"), head_phase=True,
+    Method("cp-cfl", "CP-CFL", PRETRAINED, head_phase=True,
            instead="for random initialisation use method ifca"),
     # Beyond the paper: CP-CFL with IFCA's restart rule (new random heads on the same
     # encoder and the Tc phase again, when IFCA's failure test flags the clusters
     # restart_round rounds after Tc; docs/choices.md). Why: at 60 clients CP-CFL merges
     # groups in some runs (experiments/clustering_reliability.py).
-    Method("cp-cfl-restart", "CP-CFL+restart", ("simclr", "byol", "simsiam", "supervised"),
+    Method("cp-cfl-restart", "CP-CFL+restart", PRETRAINED,
            head_phase=True, restarts=True, instead="for random initialisation use method ifca"),
     # The centralized baselines of tab:different_datasets (pooled, or pooled by group).
     Method("centralized", "Centralized", PRETRAININGS, federated=False),

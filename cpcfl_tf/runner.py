@@ -64,13 +64,25 @@ class RunSpec:
             partition=dict(self.partition), data=dict(self.data), pretrain=dict(self.pretrain))
 
 
+def _proxy_splits(text: str | None) -> tuple[tuple[str, str], tuple[str, str]] | None:
+    """``--knn-proxy DATASET:SPLIT,DATASET:SPLIT`` as two (dataset, split) pairs."""
+    if text is None:
+        return None
+    parts = [p.strip().partition(":") for p in text.split(",")]
+    if len(parts) != 2 or not all(sep and name and split for name, sep, split in parts):
+        raise UserError(f"--knn-proxy takes TRAIN,TEST as DATASET:SPLIT,DATASET:SPLIT, e.g. "
+                        f"fashion_mnist_idx:train[50000:],fashion_mnist_idx:test; got {text!r}")
+    return tuple((name, split) for name, _, split in parts)
+
+
 class Runner:
     """Runs :class:`RunSpec`s of one experiment into one folder."""
 
     def __init__(self, experiment: str, base: Config, out: Path, *, resume: bool = False,
                  force: bool = False, verbose: int = 1, distribute: str = "default",
                  dry_run: bool = False, tensorboard: str | Path | None = None,
-                 max_clients: int | None = None, diagnose: int = 0):
+                 max_clients: int | None = None, diagnose: int = 0, knn_every: int = 0,
+                 knn_proxy: str | None = None):
         from cpcfl_tf.results import CACHE_FIX, cache_root, prepare_out_dir
 
         self.experiment, self.base = experiment, base
@@ -86,9 +98,13 @@ class Runner:
         self._splits: dict[str, tuple] = {}
         self._partitions: dict[str, tuple] = {}
         self._unlabeled: dict[str, np.ndarray] = {}
+        self.knn_every, self.knn_proxy = knn_every, _proxy_splits(knn_proxy)
+        """The kNN monitor of the pre-trainings done here: every this many epochs (0:
+        off), on these ``(dataset, split)`` pairs (None: the linear evaluation's)."""
         self.encoders = StartingEncoders(clients=self.clients,
                                          unlabeled=self.unlabeled, verbose=verbose,
-                                         distribute=distribute, tensorboard=tensorboard)
+                                         distribute=distribute, tensorboard=tensorboard,
+                                         knn=self.knn_monitor if knn_every else None)
         """The runs' starting encoders, each built once (pre-trained with the run's seed)."""
         self.tensorboard = tensorboard
         """Folder of TensorBoard scalars (None: none written)."""
@@ -116,7 +132,9 @@ class Runner:
                    dry_run=getattr(args, "dry_run", False),
                    tensorboard=getattr(args, "tensorboard", None),
                    max_clients=getattr(args, "max_clients_per_step", None),
-                   diagnose=getattr(args, "diagnose", 0))
+                   diagnose=getattr(args, "diagnose", 0),
+                   knn_every=getattr(args, "knn_every", 0),
+                   knn_proxy=getattr(args, "knn_proxy", None))
 
     # -- data ---------------------------------------------------------------
     def partition(self, config: Config):
@@ -132,6 +150,26 @@ class Runner:
             train, test = self._splits[data_key]
             self._partitions[key] = (partition_for(config, train, test), train, test)
         return self._partitions[key]
+
+    def knn_monitor(self, config: Config):
+        """The kNN monitor of ``config``'s pre-training: its labeled proxy is the linear
+        evaluation's (the clients' training and test splits: the paper's proxy) unless
+        ``--knn-proxy`` names others. The labels go to the monitor only."""
+        from cpcfl_tf.contrastive.knn import KnnMonitor
+        from cpcfl_tf.data import load_labeled
+        from cpcfl_tf.federated.clients import load_client_splits
+
+        data = config.data
+        if self.knn_proxy is None:
+            data_key = json.dumps(dataclasses.asdict(data), sort_keys=True)
+            if data_key not in self._splits:
+                self._splits[data_key] = load_client_splits(data)
+            train, test = self._splits[data_key]
+        else:
+            train, test = (load_labeled(name, split, image_size=data.image_size,
+                                        data_dir=data.data_dir, manual_dir=data.manual_dir)
+                           for name, split in self.knn_proxy)
+        return KnnMonitor(train, test, every=self.knn_every)
 
     def unlabeled(self, config: Config) -> np.ndarray:
         """The server's unlabeled pre-training images (loaded once per source)."""

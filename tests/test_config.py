@@ -24,8 +24,8 @@ def test_paper_preset_holds_the_papers_settings():
     assert (f.num_clusters, f.rounds, f.head_rounds, f.local_epochs, f.batch_size,
             f.learning_rate) == (3, 100, 10, 3, 32, 1e-3)
     p = c.pretrain
-    assert (p.epochs, p.batch_size, p.learning_rate, p.temperature, p.target_decay) == (
-        300, 500, 1e-3, 0.1, 0.9)
+    assert (p.epochs, p.batch_size, p.learning_rate, p.settings("simclr")["temperature"],
+            p.settings("byol")["target_decay"]) == (300, 500, 1e-3, 0.1, 0.9)
 
 
 def test_cpu_presets_follow_design():
@@ -60,7 +60,11 @@ def test_cpu_presets_follow_design():
     (lambda: get_preset("smoke").with_overrides(pretrain={"method": "byol"}),
      r"unknown field\(s\) method in pretrain"),
     (lambda: PretrainConfig(epochs=0), "positive"),
-    (lambda: PretrainConfig(target_decay=1.0), "target_decay"),
+    (lambda: PretrainConfig(options={"byol": {"target_decay": 1.0}}), "byol.target_decay"),
+    (lambda: PretrainConfig(options={"byol": {"temperature": 0.2}}), "byol has no setting"),
+    (lambda: PretrainConfig(options={"mocov2": {}}), "unknown self-supervised method"),
+    (lambda: PretrainConfig(warmup_epochs=2, epochs=5), "lr_schedule=cosine"),
+    (lambda: PretrainConfig(lr_schedule="step"), "lr_schedule"),
     (lambda: FederatedConfig(num_clusters=0), "positive"),
     (lambda: FederatedConfig(head_rounds=100), "head_rounds"),
     (lambda: FederatedConfig(method="fedprox"), "unknown federated.method"),
@@ -75,7 +79,8 @@ def test_cpu_presets_follow_design():
     (lambda: FederatedConfig(participation=1.5), "participation"),
     (lambda: FederatedConfig(participation=0), "positive"),
     (lambda: FederatedConfig(learning_rate=float("inf")), "positive finite"),
-    (lambda: PretrainConfig(temperature=float("inf")), "positive finite"),
+    (lambda: PretrainConfig(options={"simclr": {"temperature": float("inf")}}),
+     "simclr.temperature must be a positive number"),
     (lambda: PretrainConfig(learning_rate=float("nan")), "positive finite"),
     (lambda: FederatedConfig(backend="gpu"), "unknown federated.backend"),
     (lambda: FederatedConfig(local_optimizer="rmsprop"), "unknown federated.local_optimizer"),

@@ -9,7 +9,7 @@ from helpers import ROOT
 
 LAYERS = {
     "errors": 0, "results": 0, "scalars": 0, "environment": 0, "compat": 0,
-    "data": 1, "methods": 1, "rules": 1,
+    "data": 1, "methods": 1, "rules": 1, "ssl_methods": 1,
     "config": 2, "dataset_pairs": 2,
     "models": 3, "flops": 3,
     "contrastive": 4,
@@ -25,7 +25,8 @@ LAYERS = {
 INSIDE = {
     "federated": ("diagnostics", "clients", "metrics", "backends", "algorithm", "pool",
                   "centralized", "simulator", "starting"),
-    "contrastive": ("losses", "methods", "pretrain", "linear_eval", "timing"),
+    "contrastive": ("losses", "model", "simclr", "byol", "simsiam", "vicreg", "pretrain",
+                    "linear_eval", "knn", "timing"),
 }
 """The order of the modules inside a package: a module imports only those before it."""
 

@@ -39,13 +39,14 @@ def test_select_best_keeps_the_highest_linear_accuracy(tmp_path):
     images = load_unlabeled("digits", "train[:256]", image_size=32)
     train = load_labeled("digits", "train[697:997]", image_size=32)
     test = load_labeled("digits", "test", image_size=32)
-    candidates = [("simclr", PretrainConfig(epochs=1, batch_size=128, projector_dim=d))
-                  for d in (256, 512)]
+    candidates = [("simclr", PretrainConfig(epochs=1, batch_size=128).with_settings(
+        "simclr", projector_dim=d)) for d in (256, 512)]
     (method, best), encoder, scores = select_best(candidates, images, train, test, tmp_path,
                                                   verbose=0)
     assert [s["key"] for s in scores] == [pretrain_key(c, m, seed=0, images=list(images.shape))
                                           for m, c in candidates]
     winner = max(scores, key=lambda s: s["accuracy"])
-    assert best.projector_dim == winner["config"]["projector_dim"] and method == "simclr"
+    assert (best.settings("simclr")["projector_dim"] == winner["config"]["projector_dim"]
+            and method == "simclr")
     assert encoder.output_shape == (None, 256)
     assert all((tmp_path / s["key"] / "encoder.keras").exists() for s in scores)

@@ -26,13 +26,13 @@ import tensorflow as tf
 
 from cpcfl_tf.compat import pretrain_settings
 from cpcfl_tf.config import DataConfig, PretrainConfig
-from cpcfl_tf.contrastive.methods import BYOL, SimCLR, SimSiam, ContrastiveModel
+from cpcfl_tf.contrastive.model import ContrastiveModel, Parts
 from cpcfl_tf.data.augment import build_augmenter
 from cpcfl_tf.errors import DivergedError, UserError
-from cpcfl_tf.methods import PRETRAIN_METHODS
-from cpcfl_tf.models import ENCODER_DIMS, build_encoder, build_predictor, build_projector
+from cpcfl_tf.models import ENCODER_DIMS, build_encoder
 from cpcfl_tf.results import (CACHE_FIX, cache_root, prepare_out_dir, read_cache_entry,
                               write_atomic, write_json)
+from cpcfl_tf.ssl_methods import SSL_METHODS, get_ssl_method
 
 
 @dataclasses.dataclass
@@ -43,53 +43,48 @@ class PretrainResult:
 
 
 def build_contrastive_model(config: PretrainConfig, input_shape: tuple[int, int, int], *,
-                            method: str = "simclr", seed: int = 0) -> ContrastiveModel:
-    """``method``'s ``keras.Model`` (simclr, byol, simsiam), compiled with Adam and its
-    optimizer built.
+                            method: str = "simclr", seed: int = 0,
+                            steps_per_epoch: int = 1) -> ContrastiveModel:
+    """``method``'s ``keras.Model`` (a name of :data:`~cpcfl_tf.ssl_methods.SSL_METHODS`)
+    with its settings from ``config``, compiled with Adam and its optimizer built.
 
-    ``config.precision`` is the dtype policy of the layers built here only; the global
-    policy is restored afterwards.
+    ``steps_per_epoch`` sizes the schedules that run over the whole pre-training (the
+    learning rate's, BYOL's target rate's). ``config.precision`` is the dtype policy of
+    the layers built here only; the global policy is restored afterwards.
     """
+    spec = get_ssl_method(method)
+    settings = config.settings(method)
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy(config.precision)
     try:
-        return _build(config, method, input_shape, seed)
+        keras.utils.set_random_seed(seed)
+        encoder = build_encoder(config.encoder, input_shape)
+        parts = Parts(encoder, build_augmenter(config.augment, seed=seed), config.encoder,
+                      ENCODER_DIMS[config.encoder],
+                      lambda name: build_encoder(config.encoder, input_shape, model_name=name),
+                      total_steps=config.epochs * steps_per_epoch)
+        model = spec.build(parts, settings)
+        optimizer = keras.optimizers.Adam(learning_rate(config, steps_per_epoch))
+        if config.precision == "mixed_float16":
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        model.compile(optimizer=optimizer)
+        model.optimizer.build(model.online_variables)
+        return model
     finally:
         keras.config.set_dtype_policy(previous)
 
 
-def _build(config: PretrainConfig, method: str, input_shape, seed: int) -> ContrastiveModel:
-    if method not in PRETRAIN_METHODS:
-        raise UserError(f"unknown contrastive method {method!r}; choose one of "
-                        f"{', '.join(PRETRAIN_METHODS)}")
-    keras.utils.set_random_seed(seed)
-    encoder = build_encoder(config.encoder, input_shape)
-    dim = ENCODER_DIMS[config.encoder]
-    augmenter = build_augmenter(config.augment, seed=seed)
-    if method == "simclr":
-        # Sec. "Experimental settings": 256 -> 256; the ResNet-50 appendix: 1024 -> 2048.
-        big = config.encoder == "resnet50"
-        width = config.projector_dim or (1024 if big else 256)
-        projector = build_projector("simclr", dim, width=width,
-                                    output_dim=2048 if big and not config.projector_dim else width)
-        model = SimCLR(encoder, augmenter, projector, config.temperature, name="simclr")
-    else:
-        width = config.projector_dim or 512
-        projector = build_projector("bn", dim, width=width)
-        predictor = build_predictor(width, bottleneck=config.predictor_dim)
-        if method == "byol":
-            model = BYOL(encoder, augmenter, projector, predictor,
-                         build_encoder(config.encoder, input_shape, model_name="target_encoder"),
-                         build_projector("bn", dim, width=width, model_name="target_projector"),
-                         config.target_decay, name="byol")
-        else:
-            model = SimSiam(encoder, augmenter, projector, predictor, name="simsiam")
-    optimizer = keras.optimizers.Adam(config.learning_rate)
-    if config.precision == "mixed_float16":
-        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-    model.compile(optimizer=optimizer)
-    model.optimizer.build(model.online_variables)
-    return model
+def learning_rate(config: PretrainConfig, steps_per_epoch: int):
+    """The optimizer's learning rate: ``config.learning_rate``, or with ``lr_schedule``
+    ``cosine`` Keras' ``CosineDecay`` from 0 over ``warmup_epochs`` of linear warm-up to
+    it, then down to 0 at the last step."""
+    if config.lr_schedule == "constant":
+        return config.learning_rate
+    warmup = config.warmup_epochs * steps_per_epoch
+    return keras.optimizers.schedules.CosineDecay(
+        0.0 if warmup else config.learning_rate,
+        decay_steps=max(1, config.epochs * steps_per_epoch - warmup),
+        warmup_target=config.learning_rate if warmup else None, warmup_steps=warmup)
 
 
 def _state(model: ContrastiveModel) -> list:
@@ -195,7 +190,8 @@ def make_strategy(name: str = "default") -> tf.distribute.Strategy | None:
 def pretrain(config: PretrainConfig, images: np.ndarray, out_dir: str | Path, *,
              method: str = "simclr", seed: int = 0, verbose: int = 1,
              distribute: str = "default",
-             on_epoch: Callable[[int, dict], None] | None = None) -> PretrainResult:
+             on_epoch: Callable[[int, dict], None] | None = None,
+             monitor=None) -> PretrainResult:
     """Pre-train ``config.encoder`` with ``method`` on unlabeled ``images``.
 
     Parameters
@@ -203,7 +199,7 @@ def pretrain(config: PretrainConfig, images: np.ndarray, out_dir: str | Path, *,
     config
         Encoder and optimisation settings.
     method
-        simclr, byol or simsiam.
+        A self-supervised method (:data:`~cpcfl_tf.ssl_methods.SSL_METHODS`).
     images
         ``uint8 (n, h, w, 3)`` unlabeled images (:func:`cpcfl_tf.data.load_unlabeled`).
     out_dir
@@ -220,7 +216,12 @@ def pretrain(config: PretrainConfig, images: np.ndarray, out_dir: str | Path, *,
         cache key ignores it.
     on_epoch
         Called after every epoch this call trains with the epoch (1-based) and its
-        history entry (loss, embedding_std, seconds).
+        history entry (loss, embedding_std, seconds, knn_accuracy when measured).
+    monitor
+        A :class:`~cpcfl_tf.contrastive.knn.KnnMonitor`: the encoder's kNN accuracy on
+        its labeled proxy after the epochs it is due, in the history and on the progress
+        line. It reads the encoder only (inference mode), so the encoder's bits are the
+        same with or without it; not part of any key.
     """
     out = prepare_out_dir(out_dir)
     strategy = make_strategy(distribute)
@@ -242,14 +243,15 @@ def pretrain(config: PretrainConfig, images: np.ndarray, out_dir: str | Path, *,
                             f"replicas; use a multiple of {replicas}")
         if config.jit_compile:
             raise UserError("pretrain.jit_compile is not supported with --distribute mirrored")
+    steps = len(images) // batch_size  # drop the last partial batch: NT-Xent wants full ones
     with strategy.scope() if strategy else contextlib.nullcontext():
-        model = build_contrastive_model(config, images.shape[1:], method=method, seed=seed)
+        model = build_contrastive_model(config, images.shape[1:], method=method, seed=seed,
+                                        steps_per_epoch=steps)
     checkpoint = out / "checkpoint.npz"
     start, history = (_load_checkpoint(checkpoint, model, meta) if checkpoint.exists()
                       else (0, []))
     step = (model.make_mirrored_step(strategy) if strategy
             else model.make_step(config.jit_compile))
-    steps = len(images) // batch_size  # drop the last partial batch: NT-Xent wants full ones
     for epoch in range(start, config.epochs):
         order = np.random.default_rng([seed, epoch]).permutation(len(images))
         # Batches are cut in this thread: a tf.data pipeline's background threads compete
@@ -277,10 +279,16 @@ def pretrain(config: PretrainConfig, images: np.ndarray, out_dir: str | Path, *,
             bar.update(i + 1, list(logs.items()))
         history.append({"epoch": epoch + 1, **logs,
                         "seconds": round(time.perf_counter() - started, 3)})
+        if monitor is not None and monitor.due(epoch + 1, config.epochs):
+            history[-1]["knn_accuracy"] = monitor.accuracy(model.encoder)
+        knn = (f", kNN accuracy {history[-1]['knn_accuracy']:.4f}"
+               if "knn_accuracy" in history[-1] else "")
         if verbose and not live:
             print(f"{method} epoch {epoch + 1}/{config.epochs}: loss {logs['loss']:.4f}, "
-                  f"embedding_std {logs['embedding_std']:.4f}, {history[-1]['seconds']:.1f} s",
-                  flush=True)
+                  f"embedding_std {logs['embedding_std']:.4f}{knn}, "
+                  f"{history[-1]['seconds']:.1f} s", flush=True)
+        elif verbose and knn:
+            print(knn[2:], flush=True)
         _save_checkpoint(checkpoint, model, epoch + 1, meta, history)
         if on_epoch:
             on_epoch(epoch + 1, history[-1])
@@ -295,16 +303,16 @@ def pretrain(config: PretrainConfig, images: np.ndarray, out_dir: str | Path, *,
 
 def identity(config: PretrainConfig, method: str) -> dict:
     """What a pre-training is, as recorded with it: the method, then ``config``'s fields
-    (the layout the cache has always used, so earlier cache entries stay valid; fields
-    added since at their defaults and the seed, named apart, left out:
-    :func:`cpcfl_tf.compat.pretrain_settings`)."""
-    return {"method": method, **pretrain_settings(dataclasses.asdict(config))}
+    with ``method``'s settings (the layout the cache has always used, so earlier cache
+    entries stay valid; other methods' settings, fields and settings added since at their
+    defaults and the seed, named apart, left out: :func:`cpcfl_tf.compat.pretrain_settings`)."""
+    return {"method": method, **pretrain_settings(dataclasses.asdict(config), method)}
 
 
 def pretrain_key(config: PretrainConfig, name: str, **identity_) -> str:
     """Folder name of a pre-training: ``name`` (the method), encoder and a hash of the
     settings and of ``identity_`` (what else shapes it: the data, the seed)."""
-    settings = (identity(config, name) if name in PRETRAIN_METHODS
+    settings = (identity(config, name) if name in SSL_METHODS
                 else pretrain_settings(dataclasses.asdict(config)))
     text = json.dumps({"config": settings, **identity_}, sort_keys=True)
     digest = hashlib.sha1(text.encode()).hexdigest()[:10]
@@ -327,21 +335,24 @@ def pretrain_folder(config: PretrainConfig, data: DataConfig, name: str, seed: i
 def pretrained_encoder(config: PretrainConfig, data: DataConfig, *, method: str,
                        seed: int = 0, verbose: int = 1, distribute: str = "default",
                        images: np.ndarray | Callable[[], np.ndarray] | None = None,
-                       on_epoch: Callable[[int, dict], None] | None = None
-                       ) -> PretrainResult:
-    """Pre-train with ``method`` (simclr, byol, simsiam) on ``data``'s unlabeled source,
+                       on_epoch: Callable[[int, dict], None] | None = None,
+                       monitor=None) -> PretrainResult:
+    """Pre-train with ``method`` (a self-supervised method) on ``data``'s unlabeled source,
     or load the cached result of an earlier identical pre-training (any script, any run);
     an interrupted one resumes.
 
     ``images`` are that source's images, or a function that loads them (called only when
     there is something to train); by default :func:`load_pretrain_images`. A cached
-    encoder is loaded without reading any image.
+    encoder is loaded without reading any image. ``monitor``: as for :func:`pretrain`, or
+    a function that makes it (called only when there is something to train).
     """
     out = pretrain_folder(config, data, method, seed)
     meta = {"config": identity(config, method), "seed": seed}
     cached = _finished(out, meta)
     if cached is not None:
         return cached
+    if callable(monitor):  # a proxy without labels is refused before the cache is touched
+        monitor = monitor()
     prepare_out_dir(out, fix=CACHE_FIX)  # before the images: the cache may be at fault
     if (out / "checkpoint.npz").exists():
         _check_checkpoint(out / "checkpoint.npz", meta)
@@ -353,7 +364,7 @@ def pretrained_encoder(config: PretrainConfig, data: DataConfig, *, method: str,
     elif callable(images):
         images = images()
     return pretrain(config, images, out, method=method, seed=seed, verbose=verbose,
-                    distribute=distribute, on_epoch=on_epoch)
+                    distribute=distribute, on_epoch=on_epoch, monitor=monitor)
 
 
 def load_pretrain_images(data: DataConfig) -> np.ndarray:

@@ -61,15 +61,20 @@ class StartingEncoders:
     verbose, distribute
         As for :func:`cpcfl_tf.contrastive.pretrain.pretrained_encoder`.
     tensorboard
-        Folder for TensorBoard scalars: each pre-training trained here logs its loss and
-        embedding std per epoch under ``pretrain/<cache key>``.
+        Folder for TensorBoard scalars: each pre-training trained here logs its loss,
+        embedding std and kNN accuracy per epoch under ``pretrain/<cache key>``.
+    knn
+        ``knn(config)``: the kNN monitor of a pre-training trained here
+        (:class:`~cpcfl_tf.contrastive.knn.KnnMonitor`), called only when one trains;
+        None: no monitor.
     """
 
     def __init__(self, *, clients: Callable[[Config], Clients] | None = None,
                  unlabeled: Callable[[Config], np.ndarray] | None = None, verbose: int = 1,
-                 distribute: str = "default", tensorboard: str | Path | None = None):
+                 distribute: str = "default", tensorboard: str | Path | None = None,
+                 knn: Callable[[Config], object] | None = None):
         self.verbose, self.distribute = verbose, distribute
-        self.tensorboard = tensorboard
+        self.tensorboard, self._knn = tensorboard, knn
         self._clients, self._unlabeled = clients, unlabeled
         self._fedavg: dict[str, Weights] = {}
 
@@ -103,15 +108,17 @@ class StartingEncoders:
         return f"{pre} encoder: {state} ({folder})"
 
     def contrastive(self, config: Config, method: str):
-        """The server's cached contrastive pre-training (``method`` in
+        """The server's cached self-supervised pre-training (``method`` in
         :data:`~cpcfl_tf.methods.PRETRAIN_METHODS`), with its history."""
         from cpcfl_tf.contrastive.pretrain import pretrained_encoder
 
         assert method in PRETRAIN_METHODS, method
         images = None if self._unlabeled is None else (lambda: self._unlabeled(config))
+        monitor = None if self._knn is None else (lambda: self._knn(config))
         return pretrained_encoder(config.pretrain, config.data, method=method,
                                   seed=config.pretrain_seed, verbose=self.verbose,
-                                  distribute=self.distribute, images=images, on_epoch=self._epoch_log(config, method))
+                                  distribute=self.distribute, images=images,
+                                  on_epoch=self._epoch_log(config, method), monitor=monitor)
 
     def _epoch_log(self, config: Config, method: str):
         """The TensorBoard logger of a pre-training's epochs (None without a folder)."""
@@ -121,8 +128,8 @@ class StartingEncoders:
             return None
         folder = pretrain_folder(config.pretrain, config.data, method, config.pretrain_seed)
         log = ScalarLog(Path(self.tensorboard) / "pretrain" / folder.name)
-        return lambda epoch, logs: log.write(epoch, {"loss": logs["loss"],
-                                                     "embedding_std": logs["embedding_std"]})
+        names = ("loss", "embedding_std", "knn_accuracy")
+        return lambda epoch, logs: log.write(epoch, {k: logs[k] for k in names if k in logs})
 
     def supervised(self, config: Config) -> Weights:
         """Supervised pre-training on the labeled version of ``config.data``'s pre-training

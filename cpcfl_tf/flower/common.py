@@ -14,7 +14,7 @@ import numpy as np
 
 from cpcfl_tf.config import Config, get_preset, parse_settings
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.methods import METHODS
+from cpcfl_tf.methods import METHODS, PRETRAINED
 
 DEFAULTS: dict[str, Any] = {
     "preset": "smoke", "method": "cp-cfl", "pretraining": "simclr", "num-clusters": 2,
@@ -55,8 +55,8 @@ def run_config(values: Mapping[str, Any]) -> Config:
                         "there is no federation to run; run it in the simulator")
     if fl.pretraining == "fedavg":
         # IFCA (FedAvg) starts from a FedAvg (None) run's encoder: a federation of its own.
-        raise UserError("pre-training 'fedavg' is not available on Flower; use none, simclr, "
-                        "byol, simsiam or supervised, or the simulator")
+        raise UserError("pre-training 'fedavg' is not available on Flower; use one of "
+                        f"{', '.join(('none', *PRETRAINED))}, or the simulator")
     if fl.optimizer_state != "fresh":
         # A ClientApp starts afresh for every message: no Adam state survives a round, so
         # a node would silently train unlike the simulator.

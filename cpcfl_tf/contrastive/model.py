@@ -1,9 +1,12 @@
-"""SimCLR, BYOL and SimSiam as ``keras.Model`` subclasses with a custom ``train_step``.
+"""What every self-supervised method shares: a ``keras.Model`` with two augmented views,
+one optimizer step and its metrics (:class:`ContrastiveModel`), and the parts a method's
+``build`` gets (:class:`Parts`).
 
-Each model owns an encoder, the augmenter that makes two views of every image, and the
-method's extra parts (projector, predictor, target branch). ``train_step`` takes a batch
-of ``uint8`` images (labels never exist here) and returns ``{metric.name: value}``: the
-loss and the collapse monitor :func:`~cpcfl_tf.contrastive.losses.embedding_std`.
+Each method is one module beside this one (``simclr``, ``byol``, ``simsiam``, ``vicreg``)
+holding its model and a ``build(parts, settings)`` that the registry
+(:mod:`cpcfl_tf.ssl_methods`) calls. ``train_step`` takes a batch of ``uint8`` images
+(labels never exist here) and returns ``{metric.name: value}``: the loss and the collapse
+monitor :func:`~cpcfl_tf.contrastive.losses.embedding_std`.
 
 Table tab:different_url of the paper:
 
@@ -14,28 +17,40 @@ SimCLR    yes       yes       yes          yes        no        no
 BYOL      yes       no        no (EMA)     yes        yes       yes
 SimSiam   yes       no        yes          yes        yes       yes
 ========= ========= ========= ============ ========== ========= ========
+
+(VICReg, beyond the paper: no negatives, shared weights, an expander, no predictor, no
+stop-gradient; variance and covariance terms keep it from collapsing.)
 """
 from __future__ import annotations
+
+import dataclasses
+from typing import Callable
 
 import keras
 import tensorflow as tf
 
-from cpcfl_tf.contrastive.losses import (byol_loss, embedding_std, nt_xent_across_replicas,
-                                         simsiam_loss)
+from cpcfl_tf.contrastive.losses import embedding_std
 from cpcfl_tf.data.images import to_float
 
 
-def symmetric_byol(p1, p2, t1, t2):
-    """BYOL's symmetrised loss: p1 predicts the target of view 2 and p2 that of view 1."""
-    return byol_loss(p1, tf.stop_gradient(t2)) + byol_loss(p2, tf.stop_gradient(t1))
+@dataclasses.dataclass
+class Parts:
+    """What a method's ``build`` is given: the encoder and the augmenter, built and
+    seeded, and what it needs to build the rest."""
+
+    encoder: keras.Model
+    augmenter: keras.Model
+    encoder_name: str
+    """``cnn``, ``resnet18``, ``resnet50``: a method may size its heads by it."""
+    dim: int
+    """Width of the encoder's output."""
+    new_encoder: Callable[[str], keras.Model]
+    """Another encoder of the same architecture, by Keras name (BYOL's target)."""
+    total_steps: int = 1
+    """Optimizer steps of the whole pre-training (schedules that run over it)."""
 
 
-def symmetric_simsiam(p1, p2, z1, z2):
-    """SimSiam's symmetrised loss, D(p1, sg(z2))/2 + D(p2, sg(z1))/2 (Chen & He 2021)."""
-    return 0.5 * (simsiam_loss(p1, tf.stop_gradient(z2)) + simsiam_loss(p2, tf.stop_gradient(z1)))
-
-
-def _predicted(model, view):
+def predicted(model, view):
     """The online branch of BYOL and SimSiam: projection z and its prediction p."""
     z = model.projector(model.encoder(view, training=True), training=True)
     return model.predictor(z, training=True), z
@@ -133,80 +148,3 @@ class ContrastiveModel(keras.Model):
 
     def call(self, images, training=False):
         return self.encoder(to_float(images), training=training)
-
-
-class SimCLR(ContrastiveModel):
-    """SimCLR (Sec. "SimCLR"): shared encoder + projector, NT-Xent with temperature tau."""
-
-    def __init__(self, encoder, augmenter, projector, temperature: float = 0.1, **kwargs):
-        super().__init__(encoder, augmenter, **kwargs)
-        self.projector = projector
-        self.temperature = temperature
-
-    @property
-    def online_parts(self):
-        return [self.encoder, self.projector]
-
-    def contrastive_loss(self, view1, view2):
-        # Both views in one pass: NT-Xent compares all 2B projections anyway.
-        z = self.projector(self.encoder(tf.concat([view1, view2], 0), training=True),
-                           training=True)
-        z1, z2 = tf.split(z, 2)
-        return nt_xent_across_replicas(z1, z2, self.temperature), z1
-
-
-class BYOL(ContrastiveModel):
-    """BYOL (Sec. "BYOL"): online encoder/projector/predictor, EMA target without gradient.
-
-    The target branch is built by the same factories and starts as a copy of the online
-    one. It stays ``trainable=True`` on purpose: ``trainable=False`` would switch its
-    BatchNormalization to inference mode. It gets no gradient because the loss stops
-    it, and no optimizer slots because the optimizer only sees :attr:`online_parts`.
-    After each step its weights become ``beta * target + (1 - beta) * online``; its
-    BatchNormalization statistics follow its own forward passes.
-    """
-
-    def __init__(self, encoder, augmenter, projector, predictor, target_encoder,
-                 target_projector, target_decay: float = 0.9, **kwargs):
-        super().__init__(encoder, augmenter, **kwargs)
-        self.projector, self.predictor = projector, predictor
-        self.target_encoder, self.target_projector = target_encoder, target_projector
-        self.target_decay = target_decay
-        for target, online in self._pairs():
-            target.set_weights(online.get_weights())
-
-    def _pairs(self):
-        return [(self.target_encoder, self.encoder), (self.target_projector, self.projector)]
-
-    @property
-    def online_parts(self):
-        return [self.encoder, self.projector, self.predictor]
-
-    def _target(self, view):
-        return self.target_projector(self.target_encoder(view, training=True), training=True)
-
-    def contrastive_loss(self, view1, view2):
-        (p1, z1), (p2, _) = _predicted(self, view1), _predicted(self, view2)
-        return symmetric_byol(p1, p2, self._target(view1), self._target(view2)), z1
-
-    def after_step(self):
-        beta = self.target_decay
-        for target, online in self._pairs():
-            for t, o in zip(target.trainable_variables, online.trainable_variables):
-                t.assign(beta * t + (1.0 - beta) * o)
-
-
-class SimSiam(ContrastiveModel):
-    """SimSiam (Sec. "SimSiam"): shared encoder + projector, predictor, stop-gradient."""
-
-    def __init__(self, encoder, augmenter, projector, predictor, **kwargs):
-        super().__init__(encoder, augmenter, **kwargs)
-        self.projector, self.predictor = projector, predictor
-
-    @property
-    def online_parts(self):
-        return [self.encoder, self.projector, self.predictor]
-
-    def contrastive_loss(self, view1, view2):
-        (p1, z1), (p2, z2) = _predicted(self, view1), _predicted(self, view2)
-        return symmetric_simsiam(p1, p2, z1, z2), z1
