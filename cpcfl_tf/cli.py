@@ -45,6 +45,11 @@ def experiment_parser(name: str, description: str, *, folder: str = "experiments
                                  "weighted kNN accuracy (k=200) on the proxy: on the progress "
                                  "line, in its history and TensorBoard (default 0: off; the "
                                  "encoder's bits are the same either way)")
+        parser.add_argument("--encoders-from", metavar="FILE",
+                            help="start every run from the encoder that "
+                                 "experiments/encoder_selection.py selected (FILE: its "
+                                 "encoder_selection.json) for the run's method and seed; the "
+                                 "settings go into the record's pretrain.options")
         parser.add_argument("--knn-proxy", metavar="TRAIN,TEST",
                             help="the kNN monitor's labeled proxy as DATASET:SPLIT,DATASET:SPLIT "
                                  "(default: the linear evaluation's, the clients' training and "

@@ -29,6 +29,7 @@ from cpcfl_tf.judge import Found, RecordIndex
 from cpcfl_tf.methods import FEDAVG_ENCODER_RUN, METHODS
 from cpcfl_tf.record import RunRecord, read_record, write_record
 from cpcfl_tf.results import weights_fingerprint
+from cpcfl_tf.ssl_methods import SSL_METHODS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +76,23 @@ def _proxy_splits(text: str | None) -> tuple[tuple[str, str], tuple[str, str]] |
     return tuple((name, split) for name, _, split in parts)
 
 
+def read_selection(path: str | Path) -> dict[int, dict[str, dict]]:
+    """The choices of an ``encoder_selection.json`` (experiments/encoder_selection.py):
+    pre-training seed -> method -> its selected settings."""
+    from cpcfl_tf.results import read_json
+
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"--encoders-from {path} is not a file; give the encoder_selection.json "
+                        "that experiments/encoder_selection.py wrote")
+    stored = read_json(path, fix="run experiments/encoder_selection.py again")
+    if stored.get("experiment") != "encoder_selection" or "selected" not in stored:
+        raise UserError(f"--encoders-from {path} is not an encoder selection; give the "
+                        "encoder_selection.json that experiments/encoder_selection.py wrote")
+    return {int(seed): {m: dict(c["settings"]) for m, c in methods.items()}
+            for seed, methods in stored["selected"].items()}
+
+
 class Runner:
     """Runs :class:`RunSpec`s of one experiment into one folder."""
 
@@ -82,7 +100,7 @@ class Runner:
                  force: bool = False, verbose: int = 1, distribute: str = "default",
                  dry_run: bool = False, tensorboard: str | Path | None = None,
                  max_clients: int | None = None, diagnose: int = 0, knn_every: int = 0,
-                 knn_proxy: str | None = None):
+                 knn_proxy: str | None = None, selection: str | Path | None = None):
         from cpcfl_tf.results import CACHE_FIX, cache_root, prepare_out_dir
 
         self.experiment, self.base = experiment, base
@@ -101,6 +119,9 @@ class Runner:
         self.knn_every, self.knn_proxy = knn_every, _proxy_splits(knn_proxy)
         """The kNN monitor of the pre-trainings done here: every this many epochs (0:
         off), on these ``(dataset, split)`` pairs (None: the linear evaluation's)."""
+        self.selection = read_selection(selection) if selection else None
+        """seed -> self-supervised method -> the settings ``--encoders-from`` starts its
+        runs' encoders with (None: the config's)."""
         self.encoders = StartingEncoders(clients=self.clients,
                                          unlabeled=self.unlabeled, verbose=verbose,
                                          distribute=distribute, tensorboard=tensorboard,
@@ -134,7 +155,24 @@ class Runner:
                    max_clients=getattr(args, "max_clients_per_step", None),
                    diagnose=getattr(args, "diagnose", 0),
                    knn_every=getattr(args, "knn_every", 0),
-                   knn_proxy=getattr(args, "knn_proxy", None))
+                   knn_proxy=getattr(args, "knn_proxy", None),
+                   selection=getattr(args, "encoders_from", None))
+
+    def config_of(self, spec: RunSpec) -> Config:
+        """``spec``'s config on this runner's base, its starting encoder the one
+        ``--encoders-from`` selected for its method and pre-training seed (the settings go
+        into ``pretrain.options``, so the run record names them)."""
+        config = spec.config(self.base)
+        method = config.federated.pretraining
+        if self.selection is None or method not in SSL_METHODS:
+            return config
+        chosen = self.selection.get(config.pretrain_seed, {})
+        if method not in chosen:
+            raise UserError(f"--encoders-from selected no {method} encoder for seed "
+                            f"{config.pretrain_seed}; run experiments/encoder_selection.py "
+                            f"with that seed and method, or leave the option out")
+        return config.with_overrides(pretrain={"options": {
+            **(config.pretrain.options or {}), method: chosen[method]}})
 
     # -- data ---------------------------------------------------------------
     def partition(self, config: Config):
@@ -217,7 +255,7 @@ class Runner:
         None)`` or ``("run", None)``; a one-line :class:`UserError` when the run must not
         go ahead (another config in its place, an interruption without ``--resume``, a
         damaged record). Reads, never writes."""
-        config = spec.config(self.base)
+        config = self.config_of(spec)
         path, checkpoint = self.path(spec), self.checkpoint(spec)
         if path.exists() and not self.force:
             record = read_record(path)
@@ -256,7 +294,7 @@ class Runner:
         :meth:`run`)."""
         if self.reuse is None or self.force:
             return []
-        config = spec.config(self.base)
+        config = self.config_of(spec)
         return [f for f in self.reuse.every(config) if f.path != self.path(spec)
                 and reproduces(f.record.environment, self._here) and _same_config(f.record, config)]
 
@@ -274,7 +312,7 @@ class Runner:
         from cpcfl_tf.federated.simulator import run_federated
         from cpcfl_tf.federated.starting import pool_encoder
 
-        config = spec.config(self.base)
+        config = self.config_of(spec)
         path, checkpoint = self.path(spec), self.checkpoint(spec)
         action, record = self._decide(spec)
         if action == "done":

@@ -106,7 +106,7 @@ class Session:
             for spec in kept:
                 status = self.runner.status(spec)
                 if status != "done":
-                    encoders.setdefault(self.runner.encoders.status(spec.config(self.config)))
+                    encoders.setdefault(self.runner.encoders.status(self.runner.config_of(spec)))
                 print(f"  {spec.name}: {status}")
             for line in also:
                 print(f"  {line}")

@@ -67,6 +67,9 @@ class Setting:
     check: Callable[[Any], str | None] = positive
     """None for a valid value, else what a value must be (for the one-line error)."""
     help: str = ""
+    means: Callable[[str, int], Any] | None = None
+    """For a default of None: the value it stands for on an encoder (name, output width),
+    so that a grid value equal to it is spelled as the default (and finds its cache)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +103,14 @@ class SSLMethod:
         self.check(given)
         return {name: s.default for name, s in self.settings.items()} | dict(given or {})
 
+    def spelled(self, name: str, value: Any, encoder: str, dim: int) -> Any:
+        """``value`` of setting ``name`` as the config spells it: the default (None) where
+        the value is what the default stands for on this encoder, else itself."""
+        setting = self.settings[name]
+        if setting.means is not None and value == setting.means(encoder, dim):
+            return setting.default
+        return value
+
     def build(self, parts, settings: dict[str, Any]):
         """The method's ``keras.Model`` (TensorFlow is imported here, not before)."""
         return importlib.import_module(self.module).build(parts, settings)
@@ -111,12 +122,20 @@ class SSLMethod:
 _PAPER = 'CP-CFL, Sec. "Experimental settings"'
 _WIDTH_GRID = {"projector_dim": (256, 512)}
 
+
+def _simclr_width(encoder: str, dim: int) -> int:
+    return 1024 if encoder == "resnet50" else 256
+
+
+def _bn_width(encoder: str, dim: int) -> int:
+    return 512
+
 SSL_METHODS: dict[str, SSLMethod] = {m.name: m for m in (
     SSLMethod("simclr", "SimCLR", "cpcfl_tf.contrastive.simclr",
               "Chen et al., ICML 2020",
               {"temperature": Setting(0.1, _PAPER, help="tau of NT-Xent"),
                "projector_dim": Setting(None, _PAPER + ": 256", width,
-                                        "projection head width")},
+                                        "projection head width", _simclr_width)},
               grid=_WIDTH_GRID),
     SSLMethod("byol", "BYOL", "cpcfl_tf.contrastive.byol", "Grill et al., NeurIPS 2020",
               {"target_decay": Setting(0.9, _PAPER, rate,
@@ -125,13 +144,15 @@ SSL_METHODS: dict[str, SSLMethod] = {m.name: m for m in (
                                           "BYOL, Sec. 3.2", one_of("constant", "cosine"),
                                           "cosine: beta rises to 1 over the pre-training"),
                "projector_dim": Setting(None, _PAPER + ": 512", width,
-                                        "projection head width (the predictor's output)"),
+                                        "projection head width (the predictor's output)",
+                                        _bn_width),
                "predictor_dim": Setting(64, _PAPER, count, "predictor bottleneck")},
               grid=_WIDTH_GRID),
     SSLMethod("simsiam", "SimSiam", "cpcfl_tf.contrastive.simsiam",
               "Chen and He, CVPR 2021",
               {"projector_dim": Setting(None, _PAPER + ": 512 (as BYOL)", width,
-                                        "projection head width (the predictor's output)"),
+                                        "projection head width (the predictor's output)",
+                                        _bn_width),
                "predictor_dim": Setting(64, _PAPER + " (as BYOL)", count,
                                         "predictor bottleneck")},
               grid=_WIDTH_GRID),
@@ -151,7 +172,8 @@ SSL_METHODS: dict[str, SSLMethod] = {m.name: m for m in (
                "epsilon": Setting(1e-4, "VICReg, Eq. 1", positive,
                                   "added to the variance under the square root"),
                "projector_dim": Setting(None, "VICReg, Sec. 4.3, scaled: 4 x the encoder's "
-                                        "width", width, "expander width (all three layers)")},
+                                        "width", width, "expander width (all three layers)",
+                                        lambda encoder, dim: 4 * dim)},
               grid={"projector_dim": (1024, 2048)}),
 )}
 """Every self-supervised method, by name."""

@@ -22,6 +22,7 @@ from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.evidence import (Evidence, Judged, encoder_notes, groups_found, headroom,
                                machine_notes, report, seed_list, verdict_table)
 from cpcfl_tf.judge import RULE, config_key
+from cpcfl_tf.methods import PRETRAIN_METHODS
 from cpcfl_tf.report import markdown_table, replace_block
 from cpcfl_tf.runner import RunSpec
 from cpcfl_tf.script import Script
@@ -107,8 +108,12 @@ def _linear_eval_out(session, seed: int) -> Path:
 
 def _linear_eval(session, seed: int) -> None:
     out = _linear_eval_out(session, seed).parent
+    scored = sorted({name for claim in claims(session.config) for link in claim.links
+                     if link.linear_eval for name in (link.a, link.b) if name},
+                    key=list(PRETRAIN_METHODS).index)  # the encoders the claims compare
     command = [sys.executable, str(ROOT / "experiments" / "linear_eval.py"), "--preset",
-               session.config.preset, "--seed", str(seed), "--out", str(out)]
+               session.config.preset, "--seed", str(seed), "--out", str(out),
+               "--methods", ",".join(scored)]
     command += [a for item in session.args.set for a in ("--set", item)]
     print("$ " + " ".join(command[1:]), flush=True)
     if subprocess.run(command).returncode != 0:

@@ -259,3 +259,21 @@ def digits_images():
     from cpcfl_tf.data import load_unlabeled
 
     return load_unlabeled("digits", "train[:697]", image_size=32)
+
+
+@pytest.mark.parametrize("method", list(SSL_METHODS))
+def test_what_a_default_width_stands_for_is_what_the_method_builds(method):
+    """The registry's ``means`` (how the encoder selection spells a grid value equal to
+    the default, so it finds the cached encoder) agrees with the method's ``build``."""
+    import keras
+
+    from cpcfl_tf.contrastive.pretrain import build_contrastive_model
+
+    spec = SSL_METHODS[method]
+    width = spec.settings["projector_dim"].means("cnn", 256)
+    models = [build_contrastive_model(config, (32, 32, 3), method=method) for config in
+              (PretrainConfig(), PretrainConfig().with_settings(method, projector_dim=width))]
+    shapes = [[tuple(w.shape) for w in m.projector.weights] for m in models]
+    assert shapes[0] == shapes[1] and models[0].projector.output_shape[-1] == width
+    assert spec.spelled("projector_dim", width, "cnn", 256) is None
+    keras.backend.clear_session()

@@ -1,0 +1,281 @@
+"""The paper's encoder selection (Sec. "Experimental settings"): for each self-supervised
+method, pre-train the candidates of its grid, score each by linear evaluation on the
+proxy, keep the best.
+
+The paper tunes the projection head's width (256 or 512) per method and keeps the
+encoder with the best proxy accuracy (STL-10 train -> test; here the clients' training
+split -> test split, as experiments/linear_eval.py). The grid is each method's own
+(:mod:`cpcfl_tf.ssl_methods`); ``--grid SETTING=V1,V2`` takes others. Each seed
+(``--seed`` .. ``--seed + --seeds - 1``) pre-trains its own candidates; a candidate at the
+paper's value is the encoder every other script starts from (same cache entry).
+
+Writes every candidate's proxy accuracy, kNN accuracy (k = 200) and fingerprint, and the
+choice, to encoder_selection.json/.md. Then, per method and seed, CP-CFL from the selected
+encoder against CP-CFL from the paper's (the same run where the selection picks the
+paper's value): the paired difference by the claims' rule. Other scripts start from the
+selected encoders with ``--encoders-from .../encoder_selection.json``.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+from cpcfl_tf.cli import name_list
+from cpcfl_tf.config import Config
+from cpcfl_tf.errors import UserError, run_cli
+from cpcfl_tf.judge import final_accuracy, verdict
+from cpcfl_tf.methods import run_label
+from cpcfl_tf.report import markdown_table
+from cpcfl_tf.runner import RunSpec
+from cpcfl_tf.script import Script
+from cpcfl_tf.ssl_methods import SSL_METHODS
+
+SEEDS = {"smoke": 2, "quick": 5, "standard": 5, "paper": 1}
+"""Seeds per preset (the claims' five on the CPU presets)."""
+
+SCRIPT = Script(__file__, __doc__, default_preset="quick", runs=True)
+
+
+def _options(parser) -> None:
+    parser.add_argument("--methods", type=name_list(tuple(SSL_METHODS)),
+                        default=list(SSL_METHODS), metavar="METHOD[,METHOD...]",
+                        help="a subset of " + ",".join(SSL_METHODS) + " (default: all)")
+    parser.add_argument("--grid", action="append", default=[], metavar="SETTING=V1,V2",
+                        help="candidates of a setting for every chosen method instead of "
+                             "its own grid, e.g. --grid projector_dim=128,256,512 "
+                             "(repeatable: the candidates are every combination)")
+    parser.add_argument("--seeds", type=int, help="seeds, each with its own candidates "
+                                                  "(default: quick, standard 5; smoke 2)")
+    parser.add_argument("--no-runs", action="store_true",
+                        help="select only: no CP-CFL runs from the encoders")
+
+
+def parse_grid(items: Sequence[str]) -> dict[str, list]:
+    """``["projector_dim=256,512"]`` as ``{"projector_dim": [256, 512]}`` (JSON values)."""
+    grid: dict[str, list] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not (sep and name and text):
+            raise UserError(f"--grid takes SETTING=V1,V2, got {item!r}")
+        try:
+            grid[name.strip()] = [json.loads(v) for v in text.split(",") if v.strip()]
+        except json.JSONDecodeError:
+            raise UserError(f"--grid {name} takes numbers, true/false or null, got {text!r}"
+                            ) from None
+    return grid
+
+
+def check_grid(method: str, grid: dict[str, list]) -> None:
+    """One-line error for a grid setting ``method`` does not have or a value it cannot
+    take."""
+    spec = SSL_METHODS[method]
+    for name, values in grid.items():
+        if name not in spec.settings:
+            raise UserError(f"--grid {name}: {method} has no setting {name!r}; its settings: "
+                            f"{', '.join(spec.settings)}")
+        for value in values:
+            spec.check({name: value}, where="--grid")
+
+
+def candidates(config: Config, method: str, grid: dict[str, list]) -> list[dict[str, Any]]:
+    """The settings of each candidate of ``method`` (every combination of the grid, the
+    method's own when ``grid`` is empty), spelled as configs spell them, each checked."""
+    import itertools
+
+    spec = SSL_METHODS[method]
+    grid = grid or {k: list(v) for k, v in spec.grid.items()}
+    if not grid:
+        return [{}]
+    names = list(grid)
+    check_grid(method, grid)
+    from cpcfl_tf.config import ENCODER_DIMS
+
+    encoder, dim = config.pretrain.encoder, ENCODER_DIMS[config.pretrain.encoder]
+    out = []
+    for values in itertools.product(*(grid[n] for n in names)):
+        out.append({n: spec.spelled(n, v, encoder, dim) for n, v in zip(names, values)})
+    return out
+
+
+def _with(config: Config, method: str, settings: dict) -> Config:
+    return config.with_overrides(pretrain={"options": {**(config.pretrain.options or {}),
+                                                       method: settings}})
+
+
+def label(settings: dict) -> str:
+    """A candidate's settings as tables show them (the default's value where a setting is
+    spelled as its default)."""
+    return ", ".join(f"{k}={v}" for k, v in settings.items()) or "(its defaults)"
+
+
+def shown(config: Config, method: str, settings: dict) -> dict:
+    """``settings`` with each default of None replaced by what it stands for on the
+    config's encoder (:attr:`~cpcfl_tf.ssl_methods.Setting.means`)."""
+    from cpcfl_tf.config import ENCODER_DIMS
+
+    spec, encoder = SSL_METHODS[method], config.pretrain.encoder
+    return {k: (spec.settings[k].means(encoder, ENCODER_DIMS[encoder])
+                if v is None and spec.settings[k].means else v) for k, v in settings.items()}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = SCRIPT.parser()
+    _options(parser)
+    args = parser.parse_args(argv)
+    grid = parse_grid(args.grid)
+    for method in args.methods:  # refused before the output folder is made
+        check_grid(method, grid)
+    session = SCRIPT.session(args)
+    config, out = session.config, session.out
+    seeds = [config.seed + s for s in range(args.seeds or SEEDS[config.preset])]
+    plan = {m: candidates(config, m, grid) for m in args.methods}  # refused before any work
+    specs = [] if args.no_runs else [
+        RunSpec(f"seed{seed}-cp-cfl-{m}", "cp-cfl", m, seed=seed, row=m)
+        for seed in seeds for m in args.methods]
+    session.plan(specs, also=[f"{m} seed {seed}: {label(c)}" for seed in seeds
+                              for m, cs in plan.items() for c in cs])
+    rows = score_candidates(session, plan, seeds)
+    selected = choose(rows)
+    runs = {} if args.no_runs else run_selected(session, specs, selected)
+    from cpcfl_tf.environment import environment
+    from cpcfl_tf.results import write_json
+
+    write_json(out / "encoder_selection.json", {
+        "experiment": "encoder_selection", "preset": config.preset,
+        "config": config.to_dict(), "seeds": seeds, "grid": grid or "each method's own",
+        "candidates": rows,
+        "selected": {str(s): {m: c for m, c in per.items()} for s, per in selected.items()},
+        "cp_cfl": runs, "environment": environment()})
+    session.finish(report(config, rows, selected, runs), rows=[
+        {k: v for k, v in r.items() if k not in ("settings", "shown")}
+        | {"candidate": label(r["shown"])} for r in rows])
+
+
+def score_candidates(session, plan: dict[str, list[dict]], seeds: list[int]) -> list[dict]:
+    """Pre-train (or find in the cache) and score every candidate of every seed; the
+    scores of a candidate scored before (``candidates.json`` in the output folder) are
+    kept, as its cache entry names the same encoder."""
+    from cpcfl_tf.contrastive.knn import KnnMonitor
+    from cpcfl_tf.contrastive.linear_eval import linear_eval
+    from cpcfl_tf.contrastive.pretrain import pretrain_folder
+    from cpcfl_tf.federated.clients import load_client_splits
+    from cpcfl_tf.results import read_json, weights_fingerprint, write_json
+
+    config, runner = session.config, session.runner
+    kept_path = session.out / "candidates.json"
+    kept = {} if session.args.force or not kept_path.exists() else read_json(
+        kept_path, fix="delete it to score the candidates again")
+    proxy = None
+    rows = []
+    for seed in seeds:
+        for method, cands in plan.items():
+            for settings in cands:
+                run_config = _with(config.with_overrides(seed=seed), method, settings)
+                folder = pretrain_folder(run_config.pretrain, run_config.data, method,
+                                         run_config.pretrain_seed).name
+                if folder not in kept:
+                    proxy = proxy or load_client_splits(config.data)
+                    result = runner.encoders.contrastive(run_config, method)
+                    kept[folder] = {
+                        "linear_accuracy": linear_eval(result.encoder, *proxy, seed=seed),
+                        "knn_accuracy": KnnMonitor(*proxy).accuracy(result.encoder),
+                        "fingerprint": weights_fingerprint(result.encoder.get_weights()),
+                        "final_loss": result.history[-1]["loss"]}
+                    write_json(kept_path, kept)
+                    print(f"seed {seed} {method} {label(settings)}: linear "
+                          f"{kept[folder]['linear_accuracy']:.4f}, kNN "
+                          f"{kept[folder]['knn_accuracy']:.4f}", flush=True)
+                rows.append({"seed": seed, "method": method, "settings": settings,
+                             "shown": shown(config, method, settings),
+                             "paper": all(v == SSL_METHODS[method].settings[k].default
+                                          for k, v in settings.items()),
+                             "cache": folder, **kept[folder]})
+    return rows
+
+
+def choose(rows: list[dict]) -> dict[int, dict[str, dict]]:
+    """Per seed and method the candidate with the best linear accuracy (the first in grid
+    order on a tie): ``{seed: {method: {"settings", "linear_accuracy", "paper"}}}``."""
+    chosen: dict[int, dict[str, dict]] = {}
+    for row in rows:
+        best = chosen.setdefault(row["seed"], {}).get(row["method"])
+        if best is None or row["linear_accuracy"] > best["linear_accuracy"]:
+            chosen[row["seed"]][row["method"]] = {
+                "settings": row["settings"], "shown": row["shown"],
+                "linear_accuracy": row["linear_accuracy"], "paper": row["paper"]}
+    return chosen
+
+
+def run_selected(session, specs: list[RunSpec], selected) -> dict[str, dict]:
+    """CP-CFL from the paper's encoder and from the selected one, per method and seed;
+    the paired difference (selected − paper) by the claims' rule."""
+    import dataclasses
+
+    paper, chosen = {}, {}
+    for spec in session.plan(specs):
+        seed, method = spec.seed, spec.pretraining
+        paper.setdefault(method, {})[seed] = session.runner.run(spec)
+        pick = selected[seed][method]
+        if pick["paper"]:
+            chosen.setdefault(method, {})[seed] = paper[method][seed]
+        else:
+            other = dataclasses.replace(spec, name=f"{spec.name}-selected",
+                                        pretrain={"options": {method: pick["settings"]}})
+            chosen.setdefault(method, {})[seed] = session.runner.run(other)
+    out = {}
+    for method in paper:
+        diff = {s: final_accuracy(chosen[method][s]) - final_accuracy(paper[method][s])
+                for s in paper[method]}
+        out[method] = {"paper": {str(s): final_accuracy(r) for s, r in paper[method].items()},
+                       "selected": {str(s): final_accuracy(r)
+                                    for s, r in chosen[method].items()},
+                       "difference": verdict(diff).to_json()}
+    return out
+
+
+def report(config: Config, rows: list[dict], selected, runs: dict) -> str:
+    data = config.data
+    lines = [f"# Encoder selection (preset `{config.preset}`)", "",
+             f"Each method's candidates pre-trained on `{data.pretrain_dataset}:"
+             f"{data.pretrain_split}` ({config.pretrain.epochs} epochs), scored by linear "
+             f"evaluation on the proxy (`{data.client_dataset}:{data.client_train_split}` -> "
+             f"`{data.client_test_split}`); kNN accuracy: k = 200, weighted, same proxy. "
+             "Bold: the candidate selected (best linear accuracy). \"paper\": the paper's "
+             "value (SimCLR 256, BYOL and SimSiam 512; VICReg's own: 4 x the encoder's "
+             "width).", ""]
+    lines += markdown_table(
+        ["seed", "method", "candidate", "paper's", "linear accuracy", "kNN accuracy",
+         "fingerprint"],
+        [[r["seed"], SSL_METHODS[r["method"]].label, label(r["shown"]),
+          "yes" if r["paper"] else "",
+          (f"**{r['linear_accuracy']:.4f}**"
+           if selected[r["seed"]][r["method"]]["settings"] == r["settings"]
+           else f"{r['linear_accuracy']:.4f}"),
+          f"{r['knn_accuracy']:.4f}", r["fingerprint"]] for r in rows])
+    lines += ["", "How often the selection picks the paper's value:", ""]
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    lines += markdown_table(
+        ["method", "seeds", "paper's value picked", "picked instead"],
+        [[SSL_METHODS[m].label, len(selected),
+          sum(per[m]["paper"] for per in selected.values()),
+          ", ".join(sorted({label(per[m]["shown"]) for per in selected.values()
+                            if not per[m]["paper"]})) or "-"] for m in methods])
+    if runs:
+        lines += ["", "CP-CFL final accuracy (%) from the paper's encoder and from the "
+                      "selected one, paired by seed, judged by the claims' rule (the 95 % t "
+                      "interval of the per-seed differences: results/<preset>/claims.md):", ""]
+        lines += markdown_table(
+            ["run", "from the paper's encoder", "from the selected encoder",
+             "difference (points)", "95 % CI", "verdict"],
+            [[run_label("cp-cfl", m),
+              " / ".join(f"{v:.2f}" for v in r["paper"].values()),
+              " / ".join(f"{v:.2f}" for v in r["selected"].values()),
+              f"{r['difference']['mean']:+.2f}",
+              ("-" if r["difference"]["ci95"] is None else
+               f"[{r['difference']['ci95'][0]:+.2f}, {r['difference']['ci95'][1]:+.2f}]"),
+              r["difference"]["verdict"]] for m, r in runs.items()])
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,79 @@
+"""experiments/encoder_selection.py: the paper's encoder selection, and runs that start
+from the selected encoders (--encoders-from)."""
+import json
+
+import pytest
+
+from cpcfl_tf.config import get_preset
+from cpcfl_tf.errors import UserError
+from cpcfl_tf.runner import Runner, RunSpec
+from helpers import script
+
+from test_experiments import run
+
+
+@pytest.fixture(scope="module")
+def selection(tmp_path_factory):
+    out = tmp_path_factory.mktemp("selection")
+    script("encoder_selection").main(["--preset", "smoke", "--out", str(out), "--methods",
+                                      "simclr", "--seeds", "2"])
+    return out, json.loads((out / "encoder_selection.json").read_text())
+
+
+def test_every_candidate_is_scored_and_the_best_by_linear_accuracy_is_selected(selection):
+    from cpcfl_tf.federated.starting import StartingEncoders
+    from cpcfl_tf.results import weights_fingerprint
+
+    out, stored = selection
+    rows = stored["candidates"]
+    assert [(r["seed"], r["shown"]["projector_dim"]) for r in rows] == [
+        (0, 256), (0, 512), (1, 256), (1, 512)]
+    assert all(0 <= r[k] <= 1 for r in rows for k in ("linear_accuracy", "knn_accuracy"))
+    for seed in (0, 1):
+        best = max((r for r in rows if r["seed"] == seed), key=lambda r: r["linear_accuracy"])
+        assert stored["selected"][str(seed)]["simclr"]["settings"] == best["settings"]
+    # the paper's candidate is the very encoder every other script starts from
+    paper = next(r for r in rows if r["seed"] == 1 and r["paper"])
+    assert paper["settings"] == {"projector_dim": None}
+    config = get_preset("smoke").with_overrides(seed=1, federated={"pretraining": "simclr"})
+    assert paper["fingerprint"] == weights_fingerprint(StartingEncoders(verbose=0)(config))
+    # CP-CFL from the selected encoder: the same run where the paper's value won
+    for seed in (0, 1):
+        pick = stored["selected"][str(seed)]["simclr"]
+        other = out / f"seed{seed}-cp-cfl-simclr-selected.json"
+        assert other.exists() == (not pick["paper"])
+        if other.exists():
+            record = json.loads(other.read_text())
+            assert record["config"]["pretrain"]["projector_dim"] == 512
+    assert stored["cp_cfl"]["simclr"]["difference"]["n"] == 2
+    assert "paper's value picked" in (out / "encoder_selection.md").read_text()
+
+
+def test_runs_start_from_the_selected_encoders_with_encoders_from(selection, tmp_path):
+    out, stored = selection
+    runner = Runner("table2", get_preset("smoke"), tmp_path, verbose=0,
+                    selection=out / "encoder_selection.json")
+    for seed in (0, 1):
+        config = runner.config_of(RunSpec("cp-cfl-simclr", "cp-cfl", "simclr", seed=seed))
+        assert config.pretrain.settings("simclr")["projector_dim"] == \
+            stored["selected"][str(seed)]["simclr"]["settings"]["projector_dim"]
+        none = runner.config_of(RunSpec("ifca-none", "ifca", "none", seed=seed))
+        assert none.pretrain.options is None
+    with pytest.raises(UserError, match="selected no byol encoder for seed 0"):
+        runner.config_of(RunSpec("cp-cfl-byol", "cp-cfl", "byol", seed=0))
+    with pytest.raises(UserError, match="not an encoder selection"):
+        Runner("x", get_preset("smoke"), tmp_path, selection=out / "seed0-cp-cfl-simclr.json")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--grid", "projector_dim=-3"], "--grid simclr.projector_dim must be a positive integer"),
+    (["--methods", "byol", "--grid", "temperature=0.2"], "--grid temperature: byol has no setting"),
+    (["--grid", "projector_dim"], "--grid takes SETTING=V1,V2"),
+    (["--methods", "moco"], "--methods"),
+])
+def test_bad_selection_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, message):
+    proc = run("encoder_selection", "--preset", "smoke", "--out", str(tmp_path / "out"), *args)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert not (tmp_path / "out").exists()
