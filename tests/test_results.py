@@ -186,7 +186,11 @@ def test_the_starting_encoders_of_a_tree_move_to_another_machines_cache(cache, t
         names = sorted(tar.getnames())
     assert names == sorted(["manifest.json", str(fedavg_file.relative_to(cache)),
                             *(str((folder / f).relative_to(cache)) for f in
-                              ("encoder.keras", "encoder.weights.h5", "pretrain.json"))])
+                              ("encoder.keras", "pretrain.json"))])  # no weights-only copy
+    only = tmp_path / "pretrained.tar"
+    tool.main(["pack", "--results", results, "--out", str(only), "--only", "pretrained"])
+    with tarfile.open(only) as tar:
+        assert not any(n.startswith("fedavg/") for n in tar.getnames())
 
     other = tmp_path / "other-machine"
     monkeypatch.setenv("CPCFL_CACHE", str(other))

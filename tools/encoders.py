@@ -51,12 +51,18 @@ def needed(results: Path) -> dict[str, dict]:
             for k, v in sorted(out.items())}
 
 
+LEFT_OUT = ("checkpoint.npz", "encoder.weights.h5")
+"""Files of a cache entry an archive leaves out: a resumable pre-training's checkpoint
+(not an encoder yet) and the weights-only copy of ``encoder.keras`` (nothing reads it back;
+it would double the archive)."""
+
+
 def _files(entry: Path) -> list[Path]:
-    """What a cache entry is made of (a resumable pre-training's checkpoint is not)."""
+    """What a cache entry is made of, as an archive carries it."""
     if entry.is_file():
         return [entry]
     return sorted(p for p in entry.iterdir()
-                  if p.is_file() and p.name != "checkpoint.npz" and not p.name.startswith("."))
+                  if p.is_file() and p.name not in LEFT_OUT and not p.name.startswith("."))
 
 
 def _is_entry(entry: Path) -> bool:
@@ -97,7 +103,8 @@ def pack(args) -> None:
     from cpcfl_tf.federated.starting import cache_entries
 
     wanted, cached = needed(_tree(args.results)), cache_entries()
-    packed = {f: cached[f] for f in wanted if f in cached}
+    packed = {f: cached[f] for f in wanted if f in cached
+              and (args.only is None or cached[f].relative_to(cache_root()).parts[0] == args.only)}
     if not packed:
         raise UserError(f"none of the {len(wanted)} starting encoders the records under "
                         f"{args.results} name is in {cache_root()}; run the scripts that "
@@ -157,7 +164,8 @@ def unpack(args) -> None:
             got = weights_fingerprint(entry_weights(Path(tmp) / entry))
             if got != fingerprint:
                 raise UserError(f"{archive}: {entry} holds encoder {got}, not {fingerprint} "
-                                "as its manifest says; pack it again")
+                                "as its manifest says; pack it again (a shipped archive: "
+                                "git checkout it)")
             here = root / entry
             if here.exists():
                 cached = weights_fingerprint(entry_weights(here))
@@ -189,6 +197,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                          help="a folder of run records (default results)")
         sub.set_defaults(run=status if name == "status" else pack)
     commands.choices["pack"].add_argument("--out", required=True, help="the archive (.tar)")
+    commands.choices["pack"].add_argument(
+        "--only", choices=["pretrained", "fedavg"],
+        help="only the server's pre-trainings, or only FedAvg encoders (default: both)")
     sub = commands.add_parser("unpack", help="put an archive's encoders into $CPCFL_CACHE")
     sub.add_argument("archive")
     sub.add_argument("--force", action="store_true",
