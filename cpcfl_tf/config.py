@@ -379,10 +379,14 @@ class Config:
             options=method.resolve_options(fl.options))))
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field, the pre-training section in its stored layout
-        (:func:`cpcfl_tf.compat.stored_pretrain`): what :meth:`from_dict` reads."""
+        """The config as records store it (what :meth:`from_dict` reads): every field but
+        :data:`cpcfl_tf.compat.UNSET_FIELDS` at their defaults, the pre-training section
+        in its stored layout (:func:`cpcfl_tf.compat.stored_pretrain`)."""
         record = dataclasses.asdict(self)
         record["pretrain"] = _stored_pretrain(self)
+        for section, unset in UNSET_FIELDS.items():
+            record[section] = {k: v for k, v in record[section].items()
+                               if k not in unset or v != unset[k]}
         return record
 
     @classmethod
@@ -506,11 +510,7 @@ def _parse_value(field: str, kind: Any, text: str) -> Any:
 def config_json(config: Config) -> dict[str, Any]:
     """``config`` as a run record writes it: every field, but
     :data:`cpcfl_tf.compat.UNSET_FIELDS` only when set."""
-    record = config.to_dict()
-    for section, unset in UNSET_FIELDS.items():
-        record[section] = {k: v for k, v in record[section].items()
-                           if k not in unset or v != unset[k]}
-    return record
+    return config.to_dict()
 
 
 def config_record(config: Config) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from test_experiments import run
 def selection(tmp_path_factory):
     out = tmp_path_factory.mktemp("selection")
     script("encoder_selection").main(["--preset", "smoke", "--out", str(out), "--methods",
-                                      "simclr", "--seeds", "2"])
+                                      "simclr", "--seeds", "2", "--set", "federated.rounds=2"])
     return out, json.loads((out / "encoder_selection.json").read_text())
 
 
@@ -35,7 +35,8 @@ def test_every_candidate_is_scored_and_the_best_by_linear_accuracy_is_selected(s
     # the paper's candidate is the very encoder every other script starts from
     paper = next(r for r in rows if r["seed"] == 1 and r["paper"])
     assert paper["settings"] == {"projector_dim": None}
-    config = get_preset("smoke").with_overrides(seed=1, federated={"pretraining": "simclr"})
+    config = get_preset("smoke").with_overrides(seed=1, federated={"pretraining": "simclr",
+                                                                   "rounds": 2})
     assert paper["fingerprint"] == weights_fingerprint(StartingEncoders(verbose=0)(config))
     # CP-CFL from the selected encoder: the same run where the paper's value won
     for seed in (0, 1):

@@ -264,16 +264,21 @@ def digits_images():
 @pytest.mark.parametrize("method", list(SSL_METHODS))
 def test_what_a_default_width_stands_for_is_what_the_method_builds(method):
     """The registry's ``means`` (how the encoder selection spells a grid value equal to
-    the default, so it finds the cached encoder) agrees with the method's ``build``."""
+    the default, so it finds the cached encoder) agrees with the method's ``build``
+    (built here on a small stand-in encoder of the CNN's width)."""
     import keras
 
-    from cpcfl_tf.contrastive.pretrain import build_contrastive_model
+    from cpcfl_tf.contrastive.model import Parts
+
+    def encoder(name="encoder"):
+        inputs = keras.Input((4, 4, 3))
+        return keras.Model(inputs, keras.layers.Dense(256)(keras.layers.Flatten()(inputs)),
+                           name=name)
 
     spec = SSL_METHODS[method]
     width = spec.settings["projector_dim"].means("cnn", 256)
-    models = [build_contrastive_model(config, (32, 32, 3), method=method) for config in
-              (PretrainConfig(), PretrainConfig().with_settings(method, projector_dim=width))]
+    models = [spec.build(Parts(encoder(), None, "cnn", 256, encoder), spec.resolve(given))
+              for given in (None, {"projector_dim": width})]
     shapes = [[tuple(w.shape) for w in m.projector.weights] for m in models]
     assert shapes[0] == shapes[1] and models[0].projector.output_shape[-1] == width
     assert spec.spelled("projector_dim", width, "cnn", 256) is None
-    keras.backend.clear_session()

@@ -17,6 +17,7 @@ to replace a cached encoder that has other bits (``--force`` replaces it).
 from __future__ import annotations
 
 import collections
+import contextlib
 import io
 import json
 import os
@@ -128,10 +129,12 @@ def pack(args) -> None:
                     tar.add(file, arcname=str(file.relative_to(root)))
 
     write_atomic(out, write)
-    missing = [f for f in wanted if f not in packed]
+    missing = [f for f in wanted if f not in cached]
+    left = [f for f in wanted if f in cached and f not in packed]
     size = out.stat().st_size / 2 ** 20
     print(f"wrote {out} ({size:.1f} MB): {len(packed)} of {len(wanted)} starting encoders"
-          + (f"; not in this cache: {', '.join(missing)}" if missing else ""))
+          + (f"; not in this cache: {', '.join(missing)}" if missing else "")
+          + (f"; left out by --only {args.only}: {', '.join(left)}" if left else ""))
 
 
 def unpack(args) -> None:
@@ -161,7 +164,12 @@ def unpack(args) -> None:
             if not _is_entry(entry):
                 raise UserError(f"{archive}: {entry} is not a cache entry (pretrained/<name> "
                                 "or fedavg/<name>.npz); pack it again")
-            got = weights_fingerprint(entry_weights(Path(tmp) / entry))
+            with contextlib.redirect_stderr(io.StringIO()):  # said below, in one line
+                weights = entry_weights(Path(tmp) / entry)
+            if weights is None:
+                raise UserError(f"{archive}: {entry} is damaged (it does not load); pack it "
+                                "again (a shipped archive: git checkout it)")
+            got = weights_fingerprint(weights)
             if got != fingerprint:
                 raise UserError(f"{archive}: {entry} holds encoder {got}, not {fingerprint} "
                                 "as its manifest says; pack it again (a shipped archive: "

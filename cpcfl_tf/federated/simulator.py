@@ -128,7 +128,7 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
     template = build_template(fl, shape, clients.num_classes)
     backend = backend_of(template, fl)
     # Fields added since a checkpoint was written leave its fingerprint as it was.
-    fingerprint = json.dumps({"config": without_added(dataclasses.asdict(config)),
+    fingerprint = json.dumps({"config": without_added(config.to_dict()),
                               **without_added({"federated": dataclasses.asdict(fl)}),
                               "seed": seed, "clients": clients.records,
                               "encoder": weights_fingerprint(encoder_weights)},
