@@ -16,7 +16,8 @@ from test_experiments import run
 def selection(tmp_path_factory):
     out = tmp_path_factory.mktemp("selection")
     script("encoder_selection").main(["--preset", "smoke", "--out", str(out), "--methods",
-                                      "simclr", "--seeds", "2", "--set", "federated.rounds=2"])
+                                      "simclr", "--seeds", "2", "--set", "federated.rounds=2",
+                                      "data.pretrain_split=train[:256]"])
     return out, json.loads((out / "encoder_selection.json").read_text())
 
 
@@ -36,7 +37,8 @@ def test_every_candidate_is_scored_and_the_best_by_linear_accuracy_is_selected(s
     paper = next(r for r in rows if r["seed"] == 1 and r["paper"])
     assert paper["settings"] == {"projector_dim": None}
     config = get_preset("smoke").with_overrides(seed=1, federated={"pretraining": "simclr",
-                                                                   "rounds": 2})
+                                                                   "rounds": 2},
+                                                data={"pretrain_split": "train[:256]"})
     assert paper["fingerprint"] == weights_fingerprint(StartingEncoders(verbose=0)(config))
     # CP-CFL from the selected encoder: the same run where the paper's value won
     for seed in (0, 1):

@@ -241,8 +241,8 @@ def test_the_monitor_records_knn_accuracy_and_leaves_the_encoders_bits(digits_im
 
     train = load_labeled("digits", "train[697:1000]", image_size=32)
     test = load_labeled("digits", "test[:200]", image_size=32)
-    config = PretrainConfig(epochs=3, batch_size=128)
-    images = digits_images[:384]
+    config = PretrainConfig(epochs=3, batch_size=64)
+    images = digits_images[:128]
     plain = pretrain(config, images, tmp_path / "plain", verbose=0)
     watched = pretrain(config, images, tmp_path / "watched", verbose=0,
                        monitor=KnnMonitor(train, test, every=2))

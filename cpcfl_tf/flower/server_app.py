@@ -193,6 +193,10 @@ class _Nodes:
                 **models_to_records({n: models[n] for n in range(plan.num_models)})})
         replies, failed = _send(self.grid, contents, MessageType.TRAIN, str(plan.round + 1),
                                 self.timeout)
+        # In client order, as the simulator's replies come, not in order of arrival: a rule
+        # that clusters the replies (FedGroup's k-means++) would otherwise name its
+        # clusters by who answered first, and sums would add in another order.
+        replies = sorted(replies, key=lambda r: int(r.content["metrics"]["client-id"]))
         metrics = [r.content["metrics"] for r in replies]
         trained = [from_record(r.content["model"]) for r in replies]
         asked = {self.client_of[n] for n in contents}
