@@ -46,6 +46,9 @@ def _options(parser) -> None:
                              "(repeatable: the candidates are every combination)")
     parser.add_argument("--seeds", type=int, help="seeds, each with its own candidates "
                                                   "(default: quick, standard 5; smoke 2)")
+    parser.add_argument("--linear-epochs", type=int, default=100, metavar="E",
+                        help="epochs of each linear evaluation (default 100, the kit's "
+                             "linear evaluation: docs/choices.md)")
     parser.add_argument("--no-runs", action="store_true",
                         help="select only: no CP-CFL runs from the encoders")
 
@@ -173,11 +176,16 @@ def score_candidates(session, plan: dict[str, list[dict]], seeds: list[int]) -> 
                 run_config = _with(config.with_overrides(seed=seed), method, settings)
                 folder = pretrain_folder(run_config.pretrain, run_config.data, method,
                                          run_config.pretrain_seed).name
+                epochs = session.args.linear_epochs
+                if kept.get(folder, {}).get("linear_epochs", 100) != epochs:
+                    kept.pop(folder, None)  # scored with another --linear-epochs
                 if folder not in kept:
                     proxy = proxy or load_client_splits(config.data)
                     result = runner.encoders.contrastive(run_config, method)
                     kept[folder] = {
-                        "linear_accuracy": linear_eval(result.encoder, *proxy, seed=seed),
+                        "linear_accuracy": linear_eval(result.encoder, *proxy, seed=seed,
+                                                       epochs=epochs),
+                        "linear_epochs": epochs,
                         "knn_accuracy": KnnMonitor(*proxy).accuracy(result.encoder),
                         "fingerprint": weights_fingerprint(result.encoder.get_weights()),
                         "final_loss": result.history[-1]["loss"]}

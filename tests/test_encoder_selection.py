@@ -17,7 +17,7 @@ def selection(tmp_path_factory):
     out = tmp_path_factory.mktemp("selection")
     script("encoder_selection").main(["--preset", "smoke", "--out", str(out), "--methods",
                                       "simclr", "--seeds", "2", "--set", "federated.rounds=2",
-                                      "data.pretrain_split=train[:256]"])
+                                      "data.pretrain_split=train[:256]", "--linear-epochs", "10"])
     return out, json.loads((out / "encoder_selection.json").read_text())
 
 
