@@ -175,17 +175,25 @@ class Runner:
             **(config.pretrain.options or {}), method: chosen[method]}})
 
     # -- data ---------------------------------------------------------------
+    def client_splits(self, data) -> tuple:
+        """The clients' labeled training and test splits ``data`` names (loaded once per
+        data config): what the partition draws from and the linear evaluation's proxy."""
+        from cpcfl_tf.federated.clients import load_client_splits
+
+        data_key = json.dumps(dataclasses.asdict(data), sort_keys=True)
+        if data_key not in self._splits:
+            self._splits[data_key] = load_client_splits(data)
+        return self._splits[data_key]
+
     def partition(self, config: Config):
         """``(partition, train split, test split)`` of the run (loaded and drawn once per
         data config and seed)."""
-        from cpcfl_tf.federated.clients import load_client_splits, partition_for
+        from cpcfl_tf.federated.clients import partition_for
 
-        data_key = json.dumps(dataclasses.asdict(config.data), sort_keys=True)
-        key = json.dumps([data_key, dataclasses.asdict(config.partition), config.seed])
+        key = json.dumps([dataclasses.asdict(config.data), dataclasses.asdict(config.partition),
+                          config.seed], sort_keys=True)
         if key not in self._partitions:
-            if data_key not in self._splits:
-                self._splits[data_key] = load_client_splits(config.data)
-            train, test = self._splits[data_key]
+            train, test = self.client_splits(config.data)
             self._partitions[key] = (partition_for(config, train, test), train, test)
         return self._partitions[key]
 
@@ -195,14 +203,10 @@ class Runner:
         ``--knn-proxy`` names others. The labels go to the monitor only."""
         from cpcfl_tf.contrastive.knn import KnnMonitor
         from cpcfl_tf.data import load_labeled
-        from cpcfl_tf.federated.clients import load_client_splits
 
         data = config.data
         if self.knn_proxy is None:
-            data_key = json.dumps(dataclasses.asdict(data), sort_keys=True)
-            if data_key not in self._splits:
-                self._splits[data_key] = load_client_splits(data)
-            train, test = self._splits[data_key]
+            train, test = self.client_splits(data)
         else:
             train, test = (load_labeled(name, split, image_size=data.image_size,
                                         data_dir=data.data_dir, manual_dir=data.manual_dir)

@@ -89,8 +89,7 @@ def candidates(config: Config, method: str, grid: dict[str, list]) -> list[dict[
     grid = grid or {k: list(v) for k, v in spec.grid.items()}
     if not grid:
         return [{}]
-    names = list(grid)
-    check_grid(method, grid)
+    names = list(grid)  # checked by check_grid before the session began
     from cpcfl_tf.config import ENCODER_DIMS
 
     encoder, dim = config.pretrain.encoder, ENCODER_DIMS[config.pretrain.encoder]
@@ -106,8 +105,7 @@ def _with(config: Config, method: str, settings: dict) -> Config:
 
 
 def label(settings: dict) -> str:
-    """A candidate's settings as tables show them (the default's value where a setting is
-    spelled as its default)."""
+    """Settings as one table cell (tables pass them through :func:`shown` first)."""
     return ", ".join(f"{k}={v}" for k, v in settings.items()) or "(its defaults)"
 
 
@@ -135,8 +133,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     specs = [] if args.no_runs else [
         RunSpec(f"seed{seed}-cp-cfl-{m}", "cp-cfl", m, seed=seed, row=m)
         for seed in seeds for m in args.methods]
-    session.plan(specs, also=[f"{m} seed {seed}: {label(c)}" for seed in seeds
-                              for m, cs in plan.items() for c in cs])
+    specs = session.plan(specs, also=[f"{m} seed {seed}: {label(c)}" for seed in seeds
+                                      for m, cs in plan.items() for c in cs])
     rows = score_candidates(session, plan, seeds)
     selected = choose(rows)
     runs = {} if args.no_runs else run_selected(session, specs, selected)
@@ -161,7 +159,6 @@ def score_candidates(session, plan: dict[str, list[dict]], seeds: list[int]) -> 
     from cpcfl_tf.contrastive.knn import KnnMonitor
     from cpcfl_tf.contrastive.linear_eval import linear_eval
     from cpcfl_tf.contrastive.pretrain import pretrain_folder
-    from cpcfl_tf.federated.clients import load_client_splits
     from cpcfl_tf.results import read_json, weights_fingerprint, write_json
 
     config, runner = session.config, session.runner
@@ -180,7 +177,7 @@ def score_candidates(session, plan: dict[str, list[dict]], seeds: list[int]) -> 
                 if kept.get(folder, {}).get("linear_epochs", 100) != epochs:
                     kept.pop(folder, None)  # scored with another --linear-epochs
                 if folder not in kept:
-                    proxy = proxy or load_client_splits(config.data)
+                    proxy = proxy or runner.client_splits(config.data)
                     result = runner.encoders.contrastive(run_config, method)
                     kept[folder] = {
                         "linear_accuracy": linear_eval(result.encoder, *proxy, seed=seed,
@@ -220,7 +217,7 @@ def run_selected(session, specs: list[RunSpec], selected) -> dict[str, dict]:
     import dataclasses
 
     paper, chosen = {}, {}
-    for spec in session.plan(specs):
+    for spec in specs:  # as planned by main
         seed, method = spec.seed, spec.pretraining
         paper.setdefault(method, {})[seed] = session.runner.run(spec)
         pick = selected[seed][method]
