@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 ADDED_FIELDS: dict[str, dict[str, Any]] = {
-    "partition": {"kind": "groups", "alpha": 1.0},
+    "partition": {"kind": "groups", "alpha": 1.0, "unlabeled": "server"},
     "federated": {"jit_compile": False, "options": None, "eval_every": 1},
     "pretrain": {"seed": None, "options": None, "lr_schedule": "constant",
                  "warmup_epochs": 0},
@@ -33,6 +33,7 @@ ADDED_FIELDS: dict[str, dict[str, Any]] = {
 value that runs as before it existed."""
 
 UNSET_FIELDS: dict[str, dict[str, Any]] = {
+    "partition": {"unlabeled": "server"},
     "federated": {"options": None, "eval_every": 1},
     "pretrain": {"seed": None, "options": None, "lr_schedule": "constant", "warmup_epochs": 0}}
 """Fields a run record leaves out while they are at this value (read back at their

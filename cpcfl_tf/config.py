@@ -27,7 +27,7 @@ from typing import Any, Sequence
 
 from cpcfl_tf.compat import UNSET_FIELDS, read_pretrain, stored_pretrain
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.methods import METHODS, PRETRAININGS
+from cpcfl_tf.methods import METHODS, PRETRAIN_METHODS, PRETRAININGS
 
 ENCODER_DIMS = {"cnn": 256, "resnet18": 512, "resnet50": 2048}
 """The encoders and the width of their output (Sec. "Experimental settings", "ResNet-18
@@ -117,9 +117,17 @@ class PartitionConfig:
     client and ignore classes_per_group / class_overlap."""
     alpha: float = 1.0
     """Concentration of the dirichlet kind (small: few classes per group)."""
+    unlabeled: str = "server"
+    """Where the unlabeled pre-training images are: server (the paper's) | iid: dealt to
+    the clients uniformly at random | groups: each client's drawn from its own class
+    distribution (labels deal the images, training never sees them). The federated
+    starts (``fed-simclr``, ...) pre-train on the clients' (:mod:`cpcfl_tf.data.unlabeled`)."""
 
     def __post_init__(self) -> None:
         from cpcfl_tf.data.partition import check_partition  # no TF import
+        from cpcfl_tf.data.unlabeled import DEALS
+
+        _choice("partition", "unlabeled", self.unlabeled, DEALS)
 
         object.__setattr__(self, "class_counts", tuple(self.class_counts))
         check_partition(self.num_clients, self.num_groups, self.classes_per_group,
@@ -247,6 +255,9 @@ class FederatedConfig:
 
     def __post_init__(self) -> None:
         _choice("federated", "method", self.method, tuple(METHODS))
+        from cpcfl_tf.ssl_methods import federated_start
+
+        federated_start(self.pretraining)  # e.g. fedema-simclr: why not, and what instead
         _choice("federated", "pretraining", self.pretraining, PRETRAININGS)
         _choice("federated", "encoder", self.encoder, ENCODERS)
         _choice("federated", "head", self.head, HEADS)
@@ -353,12 +364,52 @@ class Config:
         if p.kind == "groups":
             make_group_classes(p.num_groups, p.classes_per_group, p.class_overlap,
                                spec.num_classes)
+        self._check_unlabeled()
         splits = (d.client_train_split, d.client_test_split)
         if all(parse_split(d.client_dataset, s).base in spec.splits for s in splits):
             # Impossible client counts fail here, by arithmetic, before any image is read.
             check_split_sizes(p.num_clients, p.class_counts, p.test_fraction, p.disjoint,
                               p.kind, tuple(split_size(d.client_dataset, s) for s in splits),
                               tuple(f"{d.client_dataset}:{s}" for s in splits))
+
+    def _check_unlabeled(self) -> None:
+        """A start that pre-trains where the unlabeled images are; clients with a batch
+        each of them (arithmetic, before anything is read)."""
+        from cpcfl_tf.data.sources import get_spec, parse_split, split_size
+        from cpcfl_tf.data.unlabeled import check_deal
+        from cpcfl_tf.ssl_methods import FEDERATED_STARTS
+
+        start, where = self.federated.pretraining, self.partition.unlabeled
+        federated = FEDERATED_STARTS.get(start)
+        if federated and where == "server":
+            raise UserError(f"{start} pre-trains on the clients' unlabeled images; set "
+                            "partition.unlabeled=iid or groups")
+        if not federated and where != "server" and start in PRETRAIN_METHODS + ("supervised",):
+            raise UserError(f"with partition.unlabeled={where} the server holds no unlabeled "
+                            f"images to pre-train {start} on; start from "
+                            f"fed-{start if start in PRETRAIN_METHODS else 'simclr'}, or set "
+                            "partition.unlabeled=server")
+        if federated:
+            algorithm, method = federated
+            d = self.data
+            base = parse_split(d.pretrain_dataset, d.pretrain_split).base
+            if where == "groups" and base in get_spec(d.pretrain_dataset).unlabeled_splits:
+                raise UserError(f"the groups deal needs labels to deal {d.pretrain_dataset}:"
+                                f"{d.pretrain_split}'s images by class, and it has none; set "
+                                "partition.unlabeled=iid")
+            if self.pretrain.lr_schedule != "constant":
+                raise UserError(f"{start} runs a constant learning rate (a fresh Adam per "
+                                "client round); set pretrain.lr_schedule=constant")
+            if self.pretrain.settings(method).get("target_schedule", "constant") != "constant":
+                raise UserError(f"{start} keeps BYOL's target on the client with a constant "
+                                f"rate; drop {method}.target_schedule from pretrain.options")
+            options = (self.pretrain.options or {}).get(algorithm.name)
+            batch = algorithm.resolve(options)["batch_size"]
+            if parse_split(d.pretrain_dataset, d.pretrain_split).base in \
+                    get_spec(d.pretrain_dataset).splits:
+                check_deal(split_size(d.pretrain_dataset, d.pretrain_split),
+                           self.partition.num_clients, batch,
+                           f"{d.pretrain_dataset}:{d.pretrain_split}")
 
     @property
     def pretrain_seed(self) -> int:
@@ -437,12 +488,20 @@ def _read(section: str, stored: dict[str, Any]) -> dict[str, Any]:
 def _stored_pretrain(config: Config) -> dict[str, Any]:
     """``config.pretrain`` as records write it: the stored layout with the values of the
     run's self-supervised method, all of its settings named (none for other starts)."""
-    from cpcfl_tf.ssl_methods import SSL_METHODS
+    from cpcfl_tf.ssl_methods import FEDERATED_STARTS, SSL_METHODS
 
     method = config.federated.pretraining
+    federated = FEDERATED_STARTS.get(method)
+    if federated:  # the method's settings and the federated pre-training's, all named
+        algorithm, method = federated
     own = method in SSL_METHODS
-    return stored_pretrain(dataclasses.asdict(config.pretrain), method if own else None,
-                            config.pretrain.settings(method) if own else None)
+    stored = stored_pretrain(dataclasses.asdict(config.pretrain), method if own else None,
+                             config.pretrain.settings(method) if own else None)
+    if federated:
+        given = (config.pretrain.options or {}).get(algorithm.name)
+        stored["options"] = {**(stored["options"] or {}),
+                             algorithm.name: algorithm.resolve(given)}
+    return stored
 
 
 def with_defaults(section: str, stored: dict[str, Any]) -> dict[str, Any]:

@@ -17,18 +17,23 @@ import dataclasses
 
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.rules import RULES, Rule
-from cpcfl_tf.ssl_methods import SSL_METHODS
+from cpcfl_tf.ssl_methods import FEDERATED_STARTS, SSL_METHODS
 
 PRETRAIN_METHODS = tuple(SSL_METHODS)
 """The server's self-supervised pre-trainings (:mod:`cpcfl_tf.ssl_methods`)."""
+FEDERATED_PRETRAININGS = tuple(FEDERATED_STARTS)
+"""The self-supervised pre-trainings on the clients' unlabeled images (``fed-simclr``,
+..., ``fedema-byol``: :data:`cpcfl_tf.ssl_methods.FEDERATED_STARTS`)."""
 STARTS = {"none": "None", **{m.name: m.label for m in SSL_METHODS.values()},
-          "fedavg": "FedAvg", "supervised": "Supervised"}
+          "fedavg": "FedAvg", "supervised": "Supervised",
+          **{name: fed.start_label(m) for name, (fed, m) in FEDERATED_STARTS.items()}}
 """Every starting encoder (``federated.pretraining``, a name kept for the records: not
 every start is a pre-training) and how tables name it: random initialisation, the
 server's self-supervised pre-trainings (one per registry entry), the encoder of a FedAvg
-(None) run on the same clients (:data:`FEDAVG_ENCODER_RUN`), supervised pre-training."""
+(None) run on the same clients (:data:`FEDAVG_ENCODER_RUN`), supervised pre-training,
+and the federated self-supervised pre-trainings."""
 PRETRAININGS = tuple(STARTS)
-PRETRAINED = (*PRETRAIN_METHODS, "supervised")
+PRETRAINED = (*PRETRAIN_METHODS, "supervised", *FEDERATED_PRETRAININGS)
 """The starts a pre-trained encoder gives: what CP-CFL needs."""
 
 ASSIGNMENTS = {name: rule.description for name, rule in RULES.items()}

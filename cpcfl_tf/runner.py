@@ -125,7 +125,8 @@ class Runner:
         self.encoders = StartingEncoders(clients=self.clients,
                                          unlabeled=self.unlabeled, verbose=verbose,
                                          distribute=distribute, tensorboard=tensorboard,
-                                         knn=self.knn_monitor if knn_every else None)
+                                         knn=self.knn_monitor if knn_every else None,
+                                         client_unlabeled=self.client_unlabeled)
         """The runs' starting encoders, each built once (pre-trained with the run's seed)."""
         self.tensorboard = tensorboard
         """Folder of TensorBoard scalars (None: none written)."""
@@ -188,9 +189,9 @@ class Runner:
     def partition(self, config: Config):
         """``(partition, train split, test split)`` of the run (loaded and drawn once per
         data config and seed)."""
-        from cpcfl_tf.federated.clients import partition_for
+        from cpcfl_tf.federated.clients import labeled_partition, partition_for
 
-        key = json.dumps([dataclasses.asdict(config.data), dataclasses.asdict(config.partition),
+        key = json.dumps([dataclasses.asdict(config.data), labeled_partition(config),
                           config.seed], sort_keys=True)
         if key not in self._partitions:
             train, test = self.client_splits(config.data)
@@ -223,6 +224,23 @@ class Runner:
         if key not in self._unlabeled:
             self._unlabeled[key] = load_pretrain_images(config.data)
         return self._unlabeled[key]
+
+    def client_unlabeled(self, config: Config) -> list[np.ndarray]:
+        """Each client's unlabeled images (``partition.unlabeled``): the pre-training
+        split dealt over the run's partition (for the groups deal by its labels, which go
+        no further)."""
+        from cpcfl_tf.data import load_labeled
+        from cpcfl_tf.federated.clients import client_unlabeled
+
+        partition, train, _ = self.partition(config)
+        data = config.data
+        if config.partition.unlabeled == "groups":
+            pretrain = load_labeled(data.pretrain_dataset, data.pretrain_split,
+                                    image_size=data.image_size, data_dir=data.data_dir,
+                                    manual_dir=data.manual_dir)
+        else:
+            pretrain = self.unlabeled(config)
+        return client_unlabeled(config, partition, train, pretrain)
 
     def clients(self, config: Config):
         """The run's clients, stacked for the simulator."""

@@ -72,21 +72,11 @@ class Setting:
     so that a grid value equal to it is spelled as the default (and finds its cache)."""
 
 
-@dataclasses.dataclass(frozen=True)
-class SSLMethod:
-    """One self-supervised method of the server's pre-training."""
+class _HasSettings:
+    """What an entry with settings in ``pretrain.options`` can do: check and resolve them."""
 
     name: str
-    """As ``federated.pretraining`` (the starting encoder) and cache keys name it."""
-    label: str
-    """How tables name it."""
-    module: str
-    """The module that implements it: ``build(parts, settings) -> ContrastiveModel``."""
-    paper: str
     settings: dict[str, Setting]
-    grid: dict[str, tuple] = dataclasses.field(default_factory=dict)
-    """Values the encoder selection pre-trains by default, per setting (the paper tunes
-    the projection head's width: Sec. "Experimental settings")."""
 
     def check(self, given: dict[str, Any] | None, where: str = "pretrain.options") -> None:
         """One-line error for a setting it does not have or a value it cannot take."""
@@ -102,6 +92,23 @@ class SSLMethod:
         """Every setting's value: the defaults with ``given`` over them (checked)."""
         self.check(given)
         return {name: s.default for name, s in self.settings.items()} | dict(given or {})
+
+
+@dataclasses.dataclass(frozen=True)
+class SSLMethod(_HasSettings):
+    """One self-supervised method of the server's pre-training."""
+
+    name: str
+    """As ``federated.pretraining`` (the starting encoder) and cache keys name it."""
+    label: str
+    """How tables name it."""
+    module: str
+    """The module that implements it: ``build(parts, settings) -> ContrastiveModel``."""
+    paper: str
+    settings: dict[str, Setting]
+    grid: dict[str, tuple] = dataclasses.field(default_factory=dict)
+    """Values the encoder selection pre-trains by default, per setting (the paper tunes
+    the projection head's width: Sec. "Experimental settings")."""
 
     def spelled(self, name: str, value: Any, encoder: str, dim: int) -> Any:
         """``value`` of setting ``name`` as the config spells it: the default (None) where
@@ -179,6 +186,105 @@ SSL_METHODS: dict[str, SSLMethod] = {m.name: m for m in (
 """Every self-supervised method, by name."""
 
 
+def fraction(value) -> str | None:
+    return None if _number(value) and 0 < value <= 1 else "a number in (0, 1]"
+
+
+def count_or_none(value) -> str | None:
+    return None if value is None else count(value)
+
+
+def positive_or_none(value) -> str | None:
+    return None if value is None else positive(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class FederatedSSL(_HasSettings):
+    """A way to pre-train a self-supervised method *federated*: on the clients' unlabeled
+    images (``partition.unlabeled`` ``iid`` or ``groups``), the server seeing weights and
+    image counts only. Its start is ``<name>-<method>`` (``fed-simclr``, ``fedema-byol``),
+    a starting encoder like the server's pre-trainings, cached per seed."""
+
+    name: str
+    label: str
+    """How tables name its starts: ``label + method label`` (``FedSimCLR``)."""
+    module: str
+    """The module that implements it: ``build(settings) -> FedAvgSSL`` (its stages)."""
+    paper: str
+    settings: dict[str, Setting]
+    methods: tuple[str, ...] | None = None
+    """The self-supervised methods it pre-trains (None: every one of the registry)."""
+    why: str = ""
+    """Why it takes only :attr:`methods`, said when another is asked for."""
+
+    def takes(self, method: str) -> bool:
+        return self.methods is None or method in self.methods
+
+    def start(self, method: str) -> str:
+        return f"{self.name}-{method}"
+
+    def start_label(self, method: str) -> str:
+        return self.label + SSL_METHODS[method].label
+
+
+# The rounds of every federated pre-training; FedEMA adds its own settings to them.
+_ROUNDS = {
+    "rounds": Setting(None, "the kit's choice: none = pretrain.epochs / (local_epochs x "
+                      "participation), the server's passes over the images", count_or_none,
+                      "pre-training rounds"),
+    "local_epochs": Setting(1, "the kit's choice (FedEMA's code: 5, over 100 rounds); "
+                            "docs/choices.md", count, "E_p: local epochs per round"),
+    "participation": Setting(1.0, "FedEMA, Sec. 5.1: every client every round", fraction,
+                             "share of the clients sampled each round"),
+    "batch_size": Setting(128, "FedEMA's code (EasyFL fedssl, --batch_size 128)", count,
+                          "a client's batch"),
+}
+
+FEDERATED_SSL: dict[str, FederatedSSL] = {f.name: f for f in (
+    # FedAvg of the self-supervised model, the baseline of FedU (Zhuang et al., ICCV 2021)
+    # and FedEMA: each sampled client trains the method's own step on its images from the
+    # global online parts; the server averages them by image count (BYOL's target stays
+    # on the client: EasyFL fedssl's FedBYOL; docs/choices.md).
+    FederatedSSL("fed", "Fed", "cpcfl_tf.contrastive.fedavg_ssl",
+                 "FedU, Zhuang et al., ICCV 2021; FedEMA, Zhuang et al., ICLR 2022",
+                 dict(_ROUNDS)),
+    # FedEMA ("Divergence-aware federated self-supervised learning", Zhuang et al., ICLR
+    # 2022, Sec. 4): the client's online encoder, projector and predictor become
+    # mu * its own + (1 - mu) * the global, mu = min(lambda * ||w_global - w_client||, 1),
+    # lambda = tau / the client's first divergence (the auto-scaler, tau = 0.7).
+    FederatedSSL("fedema", "FedEMA-", "cpcfl_tf.contrastive.fedema",
+                 "Zhuang et al., ICLR 2022",
+                 {**_ROUNDS,
+                  "tau": Setting(0.7, "FedEMA, Sec. 5 (auto-scaler target tau)", fraction,
+                                 "mu at a client's first moving average"),
+                  "scaler": Setting(None, "FedEMA, Sec. 4: none = the auto-scaler "
+                                    "tau / first divergence", positive_or_none,
+                                    "lambda, fixed")},
+                 methods=("byol",),
+                 why="FedEMA moves BYOL's online network, whose target stays on the client "
+                     "(FedEMA, Sec. 4; its code runs it for BYOL)"),
+)}
+"""Every federated pre-training, by name (the part of its start before the method)."""
+
+FEDERATED_STARTS: dict[str, tuple[FederatedSSL, str]] = {
+    f.start(m): (f, m) for f in FEDERATED_SSL.values() for m in SSL_METHODS if f.takes(m)}
+"""Every federated start (``fed-simclr``, ..., ``fedema-byol``): its pre-training and
+method."""
+
+
+def federated_start(name: str) -> tuple[FederatedSSL, str] | None:
+    """``(federated pre-training, method)`` of a federated start, None for another start;
+    a one-line error for a federated pre-training asked of a method it does not take."""
+    if name in FEDERATED_STARTS:
+        return FEDERATED_STARTS[name]
+    algorithm, _, method = name.partition("-")
+    if algorithm in FEDERATED_SSL and method in SSL_METHODS:
+        entry = FEDERATED_SSL[algorithm]
+        takes = ", ".join(entry.start(m) for m in entry.methods or ())
+        raise UserError(f"{name}: {entry.why}; use {takes}, or fed-{method}")
+    return None
+
+
 def get_ssl_method(name: str) -> SSLMethod:
     """The :class:`SSLMethod` called ``name`` (one-line error naming the choices)."""
     try:
@@ -199,7 +305,7 @@ def check_options(options: dict[str, Any] | None) -> dict[str, dict[str, Any]] |
                         '{"byol": {"target_decay": 0.99}}')
     kept: dict[str, dict[str, Any]] = {}
     for name, given in options.items():
-        method = get_ssl_method(name)
+        method = get_ssl_method_or_fed(name)
         if not isinstance(given, dict):
             raise UserError(f"pretrain.options {name} must be a JSON object of settings, "
                             f"got {given!r}")
@@ -208,3 +314,14 @@ def check_options(options: dict[str, Any] | None) -> dict[str, dict[str, Any]] |
         if changed:
             kept[name] = dict(sorted(changed.items()))
     return dict(sorted(kept.items())) or None
+
+
+def get_ssl_method_or_fed(name: str) -> SSLMethod:
+    """The method ``name`` (an entry of ``pretrain.options``): a self-supervised method or
+    a federated pre-training (one-line error naming both lists)."""
+    if name in FEDERATED_SSL:
+        return FEDERATED_SSL[name]
+    if name not in SSL_METHODS:
+        raise UserError(f"unknown method {name!r} in pretrain.options; choose one of "
+                        f"{', '.join([*SSL_METHODS, *FEDERATED_SSL])}")
+    return SSL_METHODS[name]

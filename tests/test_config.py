@@ -62,7 +62,7 @@ def test_cpu_presets_follow_design():
     (lambda: PretrainConfig(epochs=0), "positive"),
     (lambda: PretrainConfig(options={"byol": {"target_decay": 1.0}}), "byol.target_decay"),
     (lambda: PretrainConfig(options={"byol": {"temperature": 0.2}}), "byol has no setting"),
-    (lambda: PretrainConfig(options={"mocov2": {}}), "unknown self-supervised method"),
+    (lambda: PretrainConfig(options={"mocov2": {}}), "unknown method .mocov2. in pretrain.options"),
     (lambda: PretrainConfig(warmup_epochs=2, epochs=5), "lr_schedule=cosine"),
     (lambda: PretrainConfig(lr_schedule="step"), "lr_schedule"),
     (lambda: FederatedConfig(num_clusters=0), "positive"),

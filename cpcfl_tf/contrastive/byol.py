@@ -43,10 +43,10 @@ class BYOL(ContrastiveModel):
         self.target_encoder, self.target_projector = target_encoder, target_projector
         self.target_decay = target_decay
         self.target_schedule, self.total_steps = target_schedule, total_steps
-        for target, online in self._pairs():
+        for target, online in self.target_pairs():
             target.set_weights(online.get_weights())
 
-    def _pairs(self):
+    def target_pairs(self):
         return [(self.target_encoder, self.encoder), (self.target_projector, self.projector)]
 
     @property
@@ -69,7 +69,7 @@ class BYOL(ContrastiveModel):
 
     def after_step(self):
         beta = self.target_rate()
-        for target, online in self._pairs():
+        for target, online in self.target_pairs():
             for t, o in zip(target.trainable_variables, online.trainable_variables):
                 t.assign(beta * t + (1.0 - beta) * o)
 

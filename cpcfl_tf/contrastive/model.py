@@ -146,5 +146,10 @@ class ContrastiveModel(keras.Model):
         """Hook after the optimizer step (BYOL's target update)."""
         return None
 
+    def target_pairs(self) -> list[tuple[keras.Model, keras.Model]]:
+        """``(target, online)`` sub-models of a moving-average target network (BYOL's);
+        none for the others. A federated pre-training keeps the targets on the client."""
+        return []
+
     def call(self, images, training=False):
         return self.encoder(to_float(images), training=training)

@@ -65,7 +65,15 @@ def partition_for(config: Config, train: LabeledImages, test: LabeledImages,
     return partition_clients(train.labels, test.labels, num_classes=train.num_classes,
                              seed=config.seed if seed is None else seed, source=train.source,
                              test_source=test.source,
-                             **dataclasses.asdict(config.partition))
+                             **labeled_partition(config))
+
+
+def labeled_partition(config: Config) -> dict:
+    """``config.partition``'s fields that draw the clients' labeled partition (where the
+    unlabeled images are does not change it)."""
+    fields = dataclasses.asdict(config.partition)
+    fields.pop("unlabeled")
+    return fields
 
 
 def make_clients(partition: Partition, train: LabeledImages, test: LabeledImages) -> Clients:
@@ -91,3 +99,37 @@ def clients_for(config: Config) -> Clients:
     """Load the splits ``config.data`` names and draw its partition: the run's clients."""
     train, test = load_client_splits(config.data)
     return make_clients(partition_for(config, train, test), train, test)
+
+
+def client_unlabeled(config: Config, partition: Partition, train: LabeledImages,
+                     pretrain: LabeledImages | np.ndarray) -> list[np.ndarray]:
+    """Each client's unlabeled images under ``config.partition.unlabeled``
+    (:mod:`cpcfl_tf.data.unlabeled`): ``pretrain`` is the pre-training split, with its
+    labels for the ``groups`` deal (which they deal, and which go no further); ``train``
+    the clients' labeled split, whose class counts per client the ``groups`` deal follows
+    (a rotated client's unlabeled images are turned as its labeled ones)."""
+    from cpcfl_tf.contrastive.federated_pretrain import plan
+    from cpcfl_tf.data.unlabeled import deal_unlabeled
+
+    kind = config.partition.unlabeled
+    images = pretrain.images if isinstance(pretrain, LabeledImages) else pretrain
+    source = f"{config.data.pretrain_dataset}:{config.data.pretrain_split}"
+    batch = plan(config)["settings"]["batch_size"]
+    if kind == "groups":
+        if not isinstance(pretrain, LabeledImages):
+            raise ValueError("the groups deal needs the pre-training split's labels")
+        weights = np.stack([np.bincount(train.labels[c.train_index],
+                                        minlength=train.num_classes)
+                            for c in partition.clients])
+        rows = deal_unlabeled(kind, len(images), len(partition.clients), seed=config.seed,
+                              batch_size=batch, labels=pretrain.labels, weights=weights,
+                              source=source)
+    else:
+        rows = deal_unlabeled(kind, len(images), len(partition.clients), seed=config.seed,
+                              batch_size=batch, source=source)
+    dealt = []
+    for client, r in zip(partition.clients, rows):
+        part = images[r]
+        dealt.append(np.rot90(part, client.rotation, axes=(1, 2)).copy()
+                     if kind == "groups" and client.rotation else part)
+    return dealt

@@ -8,6 +8,9 @@
                               of the same split (tab:encoder_pretraining)
 ``fedavg``                    the global model's encoder after a FedAvg (None) run on the
                               same clients (IFCA (FedAvg))
+``fed-simclr``, ...,          a federated self-supervised pre-training on the clients'
+``fedema-byol``               unlabeled images (``partition.unlabeled``; :mod:`cpcfl_tf.
+                              contrastive.federated_pretrain`)
 ============================  ===========================================================
 
 Each is built once and kept in one cache (:func:`cpcfl_tf.results.cache_root`):
@@ -33,6 +36,7 @@ from cpcfl_tf.methods import FEDAVG_ENCODER_RUN, PRETRAIN_METHODS
 from cpcfl_tf.record import RunRecord
 from cpcfl_tf.results import cache_root, read_weights, write_weights
 from cpcfl_tf.scalars import ScalarLog
+from cpcfl_tf.ssl_methods import FEDERATED_STARTS
 
 Weights = list[np.ndarray]
 
@@ -67,15 +71,20 @@ class StartingEncoders:
         ``knn(config)``: the kNN monitor of a pre-training trained here
         (:class:`~cpcfl_tf.contrastive.knn.KnnMonitor`), called only when one trains;
         None: no monitor.
+    client_unlabeled
+        ``client_unlabeled(config)``: each client's unlabeled images (a federated
+        pre-training), called only when one trains.
     """
 
     def __init__(self, *, clients: Callable[[Config], Clients] | None = None,
                  unlabeled: Callable[[Config], np.ndarray] | None = None, verbose: int = 1,
                  distribute: str = "default", tensorboard: str | Path | None = None,
-                 knn: Callable[[Config], object] | None = None):
+                 knn: Callable[[Config], object] | None = None,
+                 client_unlabeled: Callable[[Config], list[np.ndarray]] | None = None):
         self.verbose, self.distribute = verbose, distribute
         self.tensorboard, self._knn = tensorboard, knn
         self._clients, self._unlabeled = clients, unlabeled
+        self._client_unlabeled = client_unlabeled
         self._fedavg: dict[str, Weights] = {}
 
     def __call__(self, config: Config) -> Weights | None:
@@ -87,7 +96,19 @@ class StartingEncoders:
             return self.fedavg(config)
         if pre == "supervised":
             return self.supervised(config)
+        if pre in FEDERATED_STARTS:
+            return self.federated(config).encoder.get_weights()
         return self.contrastive(config, pre).encoder.get_weights()
+
+    def federated(self, config: Config):
+        """``config``'s cached federated self-supervised pre-training, with its history."""
+        from cpcfl_tf.contrastive.federated_pretrain import federated_encoder
+
+        if self._client_unlabeled is None:
+            raise ValueError("a federated pre-training needs the clients' unlabeled images")
+        monitor = None if self._knn is None else (lambda: self._knn(config))
+        return federated_encoder(config, lambda: self._client_unlabeled(config),
+                                 verbose=self.verbose, monitor=monitor)
 
     def status(self, config: Config) -> str:
         """Where ``config``'s starting encoder would come from now (nothing is built)."""
@@ -101,6 +122,14 @@ class StartingEncoders:
             if key in self._fedavg or _fedavg_path(key).exists():
                 return "FedAvg encoder: cached"
             return "FedAvg encoder: kept from the FedAvg (None) run (trained first if none)"
+        if pre in FEDERATED_STARTS:
+            from cpcfl_tf.contrastive.federated_pretrain import federated_folder, plan
+
+            folder, rounds = federated_folder(config), plan(config)["settings"]["rounds"]
+            state = ("cached" if (folder / "pretrain.json").exists() else "to resume"
+                     if (folder / "checkpoint.npz").exists() else f"to pre-train federated "
+                     f"({rounds} rounds)")
+            return f"{pre} encoder: {state} ({folder})"
         folder = pretrain_folder(config.pretrain, config.data, pre, config.pretrain_seed)
         done = (folder / ("encoder.npz" if pre == "supervised" else "pretrain.json")).exists()
         state = ("cached" if done else "to resume" if (folder / "checkpoint.npz").exists()

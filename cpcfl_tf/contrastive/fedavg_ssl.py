@@ -1,0 +1,124 @@
+"""FedAvg of a self-supervised model (FedU's and FedEMA's baseline: FedSimCLR, FedBYOL,
+FedSimSiam, FedVICReg), as small stages over an explicit state.
+
+A round (:func:`cpcfl_tf.contrastive.federated_pretrain.federated_pretrain` runs it):
+
+1. every sampled client sets its model from the global online parts
+   (:meth:`FedAvgSSL.local_start`), a moving-average target network from its own kept
+   copy (on its first round: the global online parts, as BYOL starts its target);
+2. it runs E_p local epochs of the method's own training step on its unlabeled images;
+3. it keeps what stays on the client (:meth:`FedAvgSSL.local_end`: BYOL's target) and
+   sends its online parts and its image count;
+4. the server averages the online parts by image count (:meth:`FedAvgSSL.aggregate`).
+
+What travels: the online encoder, projector and predictor (EasyFL fedssl's FedBYOL:
+``--aggregate_encoder online --update_encoder online --update_predictor global``); BYOL's
+target never leaves the client (docs/choices.md). A variant overrides a stage
+(:mod:`cpcfl_tf.contrastive.fedema`).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from cpcfl_tf.contrastive.model import ContrastiveModel
+
+Weights = list[np.ndarray]
+
+
+@dataclasses.dataclass
+class ClientState:
+    """What one client keeps between its rounds (never sent)."""
+
+    target: Weights | None = None
+    """Its moving-average target network (BYOL)."""
+    previous: Weights | None = None
+    """Its online parts after its last round (FedEMA)."""
+    scaler: float | None = None
+    """FedEMA's lambda, set at its first moving average."""
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """For a checkpoint: every array and the scaler, by name."""
+        out = {}
+        for name in ("target", "previous"):
+            for i, a in enumerate(getattr(self, name) or []):
+                out[f"{name}.{i}"] = a
+        if self.scaler is not None:
+            out["scaler"] = np.array(self.scaler)
+        return out
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> "ClientState":
+        def listed(name: str) -> Weights | None:
+            keys = sorted((k for k in arrays if k.startswith(name + ".")),
+                          key=lambda k: int(k.split(".")[1]))
+            return [arrays[k] for k in keys] or None
+        scaler = float(arrays["scaler"]) if "scaler" in arrays else None
+        return cls(listed("target"), listed("previous"), scaler)
+
+
+def get_parts(parts) -> Weights:
+    """The weights of ``parts`` (Keras models), one list in order."""
+    return [w for part in parts for w in part.get_weights()]
+
+
+def set_parts(parts, weights: Weights) -> None:
+    """Set ``parts`` from one list (:func:`get_parts`'s order)."""
+    i = 0
+    for part in parts:
+        n = len(part.weights)
+        part.set_weights(weights[i:i + n])
+        i += n
+    assert i == len(weights), (i, len(weights))
+
+
+def trainable_mask(parts) -> list[bool]:
+    """Which of :func:`get_parts`' arrays are trainable (not BatchNormalization's
+    moving statistics)."""
+    mask = []
+    for part in parts:
+        trainable = {id(v) for v in part.trainable_weights}
+        mask.extend(id(v) in trainable for v in part.weights)
+    return mask
+
+
+class FedAvgSSL:
+    """FedAvg of the method's online parts; BYOL's target kept on the client."""
+
+    def __init__(self, settings: dict):
+        self.settings = settings
+
+    @staticmethod
+    def shared(model: ContrastiveModel) -> list:
+        """The sub-models that travel (sent down, trained, sent up, averaged)."""
+        return model.online_parts
+
+    def local_start(self, model: ContrastiveModel, global_weights: Weights,
+                    state: ClientState) -> dict:
+        """Set the client's model for its round; returns what the round's record gains."""
+        set_parts(self.shared(model), global_weights)
+        pairs = model.target_pairs()
+        if pairs:
+            targets = [t for t, _ in pairs]
+            set_parts(targets, state.target if state.target is not None
+                      else get_parts([o for _, o in pairs]))
+        return {}
+
+    def local_end(self, model: ContrastiveModel, state: ClientState) -> Weights:
+        """Keep what stays on the client; return what it sends (its online parts)."""
+        pairs = model.target_pairs()
+        if pairs:
+            state.target = get_parts([t for t, _ in pairs])
+        return get_parts(self.shared(model))
+
+    @staticmethod
+    def aggregate(uploads: list[Weights], counts: list[int]) -> Weights:
+        """The average of ``uploads`` weighted by the clients' image counts."""
+        share = np.asarray(counts, dtype=np.float64) / float(sum(counts))
+        return [sum(s * u[i].astype(np.float64) for s, u in zip(share, uploads)).astype(
+                    uploads[0][i].dtype) for i in range(len(uploads[0]))]
+
+
+def build(settings: dict) -> FedAvgSSL:
+    return FedAvgSSL(settings)

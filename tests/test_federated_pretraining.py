@@ -1,0 +1,267 @@
+"""Federated self-supervised pre-training (issue 43): the deals, FedAvg of the method's
+model, FedEMA, their starts and their refusals."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from cpcfl_tf.config import get_preset
+from cpcfl_tf.data.unlabeled import check_deal, deal_unlabeled, group_shares
+from cpcfl_tf.errors import UserError
+from cpcfl_tf.methods import METHODS, STARTS
+from cpcfl_tf.ssl_methods import FEDERATED_SSL, FEDERATED_STARTS, SSL_METHODS
+
+
+def smoke(start: str, deal: str = "iid", **settings):
+    algorithm = start.split("-")[0]
+    options = {algorithm: {"batch_size": 32, "rounds": 2, **settings}}
+    return get_preset("smoke").with_overrides(
+        federated={"pretraining": start}, partition={"unlabeled": deal},
+        pretrain={"options": options})
+
+
+# -- registry and config ---------------------------------------------------------------
+def test_every_method_has_a_fedavg_start_and_fedema_takes_byol():
+    assert {m for f, m in FEDERATED_STARTS.values() if f.name == "fed"} == set(SSL_METHODS)
+    assert [s for s, (f, _) in FEDERATED_STARTS.items() if f.name == "fedema"] == ["fedema-byol"]
+    assert STARTS["fed-simclr"] == "FedSimCLR" and STARTS["fedema-byol"] == "FedEMA-BYOL"
+    for start in FEDERATED_STARTS:  # CP-CFL and the baselines can start from each
+        assert start in METHODS["cp-cfl"].starts and start in METHODS["fedavg"].starts
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (dict(federated={"pretraining": "fed-simclr"}), "set partition.unlabeled=iid or groups"),
+    (dict(federated={"pretraining": "simclr"}, partition={"unlabeled": "iid"}),
+     "start from fed-simclr"),
+    (dict(federated={"pretraining": "fedema-simclr"}, partition={"unlabeled": "iid"}),
+     "use fedema-byol, or fed-simclr"),
+    (dict(federated={"pretraining": "fed-simclr"}, partition={"unlabeled": "iid"},
+          pretrain={"lr_schedule": "cosine"}), "set pretrain.lr_schedule=constant"),
+    (dict(federated={"pretraining": "fed-byol"}, partition={"unlabeled": "iid"},
+          pretrain={"options": {"byol": {"target_schedule": "cosine"}}}),
+     "drop byol.target_schedule"),
+    (dict(federated={"pretraining": "fed-simclr"}, partition={"unlabeled": "elsewhere"}),
+     "choose one of server, iid, groups"),
+])
+def test_a_start_that_cannot_run_is_refused_in_one_line(overrides, says):
+    with pytest.raises(UserError, match=says) as err:
+        get_preset("quick").with_overrides(**overrides)
+    assert "\n" not in str(err.value)
+
+
+def test_more_clients_than_batches_is_refused_by_arithmetic():
+    # 50,000 images, batch 128: 390 clients fit, 391 do not (before any image is read).
+    with pytest.raises(UserError, match="use at most 390 clients"):
+        check_deal(50_000, 391, 128, "fashion_mnist_idx:train[:50000]")
+    check_deal(50_000, 390, 128, "x")
+    with pytest.raises(UserError, match="use at most 21 clients"):
+        smoke("fed-simclr").with_overrides(partition={"num_clients": 27,
+                                                      "class_counts": (2, 2, 1, 1)})
+
+
+def test_the_groups_deal_needs_labels_to_deal_by():
+    paper = get_preset("paper")  # STL-10's unlabelled split has none
+    with pytest.raises(UserError, match="set partition.unlabeled=iid"):
+        paper.with_overrides(federated={"pretraining": "fed-simclr"},
+                             partition={"unlabeled": "groups"})
+
+
+def test_records_name_the_federated_settings_and_read_back():
+    from cpcfl_tf.config import Config
+
+    config = smoke("fedema-byol", "groups")
+    stored = config.to_dict()
+    assert stored["partition"]["unlabeled"] == "groups"
+    assert stored["pretrain"]["options"]["fedema"] == {
+        "rounds": 2, "local_epochs": 1, "participation": 1.0, "batch_size": 32, "tau": 0.7,
+        "scaler": None}
+    assert Config.from_dict(json.loads(json.dumps(stored))) == config
+    assert "unlabeled" not in get_preset("smoke").to_dict()["partition"]  # at its default
+
+
+# -- the deals -------------------------------------------------------------------------
+def test_the_iid_deal_is_seeded_disjoint_and_deals_every_image():
+    rows = deal_unlabeled("iid", 1000, 7, seed=3, batch_size=100)
+    again = deal_unlabeled("iid", 1000, 7, seed=3, batch_size=100)
+    assert all(np.array_equal(a, b) for a, b in zip(rows, again))
+    joined = np.concatenate(rows)
+    assert len(joined) == len(set(joined)) == 1000
+    assert {len(r) for r in rows} == {142, 143}
+    other = deal_unlabeled("iid", 1000, 7, seed=4, batch_size=100)
+    assert not np.array_equal(rows[0], other[0])
+
+
+def test_the_groups_deal_follows_each_clients_classes():
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 4, 4000)
+    # Two clients of classes {0, 1} (20/5 and 5/20), one of {2, 3}, one of {3}.
+    weights = np.array([[20, 5, 0, 0], [5, 20, 0, 0], [0, 0, 10, 10], [0, 0, 0, 30]])
+    rows = deal_unlabeled("groups", 4000, 4, seed=1, batch_size=10, labels=labels,
+                          weights=weights)
+    joined = np.concatenate(rows)
+    assert len(joined) == len(set(joined)) == 4000  # every image of a held class, once
+    for k, r in enumerate(rows):
+        held = set(np.flatnonzero(weights[k]))
+        assert set(labels[r]) == held
+    sizes = np.bincount(labels, minlength=4)
+    n0 = np.sum(labels[rows[0]] == 0)
+    assert abs(n0 - sizes[0] * 20 / 25) <= 1  # in proportion to the client's own counts
+    assert np.sum(labels[rows[3]] == 3) == sizes[3] - np.sum(labels[rows[2]] == 3)
+    assert abs(np.sum(labels[rows[3]] == 3) - sizes[3] * 30 / 40) <= 1
+    shares = group_shares(sizes, weights)
+    assert (shares.sum(axis=0) == sizes).all()
+
+
+def test_the_groups_deal_refuses_a_client_short_of_a_batch_before_drawing():
+    labels = np.repeat(np.arange(2), [1000, 20])
+    with pytest.raises(UserError, match="client 1 20 unlabeled images"):
+        deal_unlabeled("groups", 1020, 2, seed=0, batch_size=32, labels=labels,
+                       weights=np.array([[1, 0], [0, 1]]))
+
+
+def test_clients_unlabeled_images_come_from_the_pretraining_split_only(tmp_path):
+    from cpcfl_tf.runner import Runner
+
+    config = smoke("fed-simclr", "groups")
+    runner = Runner("t", config, tmp_path / "out", dry_run=True)
+    dealt = runner.client_unlabeled(config)
+    partition, train, _ = runner.partition(config)
+    assert len(dealt) == config.partition.num_clients
+    assert all(d.dtype == np.uint8 and d.ndim == 4 for d in dealt)  # images, no labels
+    pool = runner.unlabeled(config)
+    keys = {x.tobytes() for x in pool}
+    assert all(x.tobytes() in keys for d in dealt for x in d[:5])  # from digits:train[:697]
+    assert sum(len(d) for d in dealt) == len(pool)
+
+
+# -- the algorithms --------------------------------------------------------------------
+def test_fedavg_of_one_client_is_that_clients_own_pretraining(tmp_path):
+    """One client, one round of two local epochs: the global encoder equals the method's
+    own step run alone on the client's images in the same batch order."""
+    import tensorflow as tf
+
+    from cpcfl_tf.contrastive.federated_pretrain import federated_pretrain
+    from cpcfl_tf.contrastive.pretrain import build_contrastive_model
+
+    config = smoke("fed-simsiam", "iid", rounds=1, local_epochs=2).with_overrides(
+        partition={"num_clients": 1, "num_groups": 1})
+    images = np.random.default_rng(0).integers(0, 255, (70, 32, 32, 3), dtype=np.uint8)
+    result = federated_pretrain(config, [images], tmp_path / "fed", verbose=0)
+
+    model = build_contrastive_model(config.pretrain, (32, 32, 3), method="simsiam",
+                                    seed=config.pretrain_seed)
+    step = model.make_step(False)
+    for epoch in range(2):
+        order = np.random.default_rng([config.pretrain_seed, 0, 0, epoch]).permutation(70)
+        for i in range(70 // 32):
+            step(tf.constant(images[order[i * 32:(i + 1) * 32]]))
+    for a, b in zip(result.encoder.get_weights(), model.encoder.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_fedema_mu_matches_numpy():
+    from cpcfl_tf.contrastive.fedavg_ssl import ClientState, get_parts
+    from cpcfl_tf.contrastive.fedema import FedEMA
+    from cpcfl_tf.contrastive.pretrain import build_contrastive_model
+
+    config = smoke("fedema-byol")
+    model = build_contrastive_model(config.pretrain, (32, 32, 3), method="byol", seed=0)
+    algorithm = FedEMA(FEDERATED_SSL["fedema"].resolve(None))
+    shared = algorithm.shared(model)
+    rng = np.random.default_rng(5)
+    base = get_parts(shared)
+    previous = [w + rng.normal(0, 0.01, w.shape).astype(w.dtype) for w in base]
+    globals_ = [[w + rng.normal(0, s, w.shape).astype(w.dtype) for w in base]
+                for s in (0.02, 0.05)]
+    trainable = {id(v) for part in shared for v in part.trainable_weights}
+    is_trainable = [id(v) in trainable for part in shared for v in part.weights]
+    encoder_arrays = len(model.encoder.weights)
+    encoder_trainable = is_trainable[:encoder_arrays]
+
+    def numpy_distance(g):
+        return np.sqrt(sum(np.sum((g[i].astype(np.float64) - previous[i]) ** 2)
+                           for i in range(encoder_arrays) if encoder_trainable[i]))
+
+    state = ClientState(previous=previous)
+    lam = 0.7 / numpy_distance(globals_[0])  # the auto-scaler: mu starts at tau
+    for g in globals_:
+        record = algorithm.local_start(model, g, state)
+        mu = min(lam * numpy_distance(g), 1.0)
+        assert record["mu"] == pytest.approx(mu, rel=1e-9)
+        now = get_parts(shared)
+        for i, t in enumerate(is_trainable):
+            want = mu * previous[i].astype(np.float64) + (1 - mu) * g[i] if t else g[i]
+            np.testing.assert_allclose(now[i], want, rtol=1e-6, atol=1e-7)
+    assert state.scaler == pytest.approx(lam)
+    assert 0.7 < record["mu"] <= 1.0  # the second global is further: a larger mu
+
+
+def test_the_server_receives_online_weights_and_counts_only(tmp_path, monkeypatch):
+    from cpcfl_tf.contrastive import fedavg_ssl
+    from cpcfl_tf.contrastive.federated_pretrain import federated_pretrain
+    from cpcfl_tf.contrastive.pretrain import build_contrastive_model
+
+    seen = []
+    real = fedavg_ssl.FedAvgSSL.aggregate
+
+    def spy(uploads, counts):
+        seen.append((uploads, counts))
+        return real(uploads, counts)
+
+    monkeypatch.setattr(fedavg_ssl.FedAvgSSL, "aggregate", staticmethod(spy))
+    config = smoke("fed-byol", rounds=1).with_overrides(
+        partition={"num_clients": 3, "num_groups": 3})
+    images = [np.full((40 + 10 * k, 32, 32, 3), k, np.uint8) for k in range(3)]
+    federated_pretrain(config, images, tmp_path / "fed", verbose=0)
+    model = build_contrastive_model(config.pretrain, (32, 32, 3), method="byol", seed=0)
+    online = [w.shape for p in model.online_parts for w in p.get_weights()]
+    (uploads, counts), = seen
+    assert counts == [40, 50, 60]
+    assert all([w.shape for w in u] == online for u in uploads)  # no target, nothing else
+
+
+def test_an_interrupted_federated_pretraining_resumes_bit_for_bit(tmp_path, monkeypatch):
+    from cpcfl_tf.contrastive import federated_pretrain as fp
+
+    config = smoke("fedema-byol", rounds=3).with_overrides(
+        partition={"num_clients": 3, "num_groups": 3})
+    rng = np.random.default_rng(1)
+    images = [rng.integers(0, 255, (40, 32, 32, 3), dtype=np.uint8) for _ in range(3)]
+    whole = fp.federated_pretrain(config, images, tmp_path / "whole", verbose=0)
+
+    real, saves = fp._save, []
+
+    def stop_after_two(*args, **kwargs):
+        real(*args, **kwargs)
+        saves.append(1)
+        if len(saves) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(fp, "_save", stop_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        fp.federated_pretrain(config, images, tmp_path / "cut", verbose=0)
+    monkeypatch.setattr(fp, "_save", real)
+    resumed = fp.federated_pretrain(config, images, tmp_path / "cut", verbose=0)
+    assert [h["round"] for h in resumed.history] == [1, 2, 3]
+    for a, b in zip(whole.encoder.get_weights(), resumed.encoder.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    summary = json.loads((tmp_path / "cut" / "pretrain.json").read_text())["federated"]
+    assert summary["bytes_up"] > summary["bytes_down"] > 0
+    assert summary["client_steps"] == 3 * 3 * (40 // 32)
+
+
+def test_cp_cfl_starts_from_a_federated_encoder(tmp_path):
+    from cpcfl_tf.results import weights_fingerprint
+    from cpcfl_tf.runner import Runner, RunSpec
+
+    base = smoke("fed-simclr", "groups").with_overrides(federated={"rounds": 2})
+    runner = Runner("t", base, tmp_path / "out", verbose=0)
+    spec = RunSpec("cp-cfl-fed-simclr", "cp-cfl", "fed-simclr")
+    assert "to pre-train federated (2 rounds)" in runner.encoders.status(runner.config_of(spec))
+    record = runner.run(spec)
+    encoder = runner.encoders(runner.config_of(spec))
+    assert record.environment["starting_encoder"] == weights_fingerprint(encoder)
+    assert record.config.federated.pretraining == "fed-simclr"
+    assert "cached" in runner.encoders.status(runner.config_of(spec))
