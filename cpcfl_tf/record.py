@@ -18,6 +18,7 @@ from typing import Any
 from cpcfl_tf.config import Config, as_resolved, config_json, config_record
 from cpcfl_tf.methods import METHODS
 from cpcfl_tf.results import read_file, write_json
+from cpcfl_tf.ssl_methods import FEDERATED_STARTS
 
 SCORES = ("f1_macro", "f1_weighted", "auroc_ovr_macro", "auroc_ovr_weighted",
           "auroc_ovo_macro", "auroc_ovo_weighted")
@@ -177,8 +178,12 @@ class RunRecord:
             return None
         data = self.config.data
         settings = dataclasses.replace(self.config.pretrain, seed=None)
-        return (self.pretraining, repr(settings), data.pretrain_dataset,
-                data.pretrain_split, data.image_size, self.config.pretrain_seed)
+        key = (self.pretraining, repr(settings), data.pretrain_dataset,
+               data.pretrain_split, data.image_size, self.config.pretrain_seed)
+        if self.pretraining in FEDERATED_STARTS:  # also the clients it was dealt to
+            key += (repr(self.config.partition), self.config.seed, data.client_dataset,
+                    data.client_train_split)
+        return key
 
     def accuracy_at(self, round_: int) -> float:
         """Mean client accuracy after ``round_`` finished rounds."""

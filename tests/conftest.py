@@ -14,7 +14,7 @@ from cpcfl_tf.data.sources import load_labeled  # noqa: E402
 SLOW_FILES = ("test_flower.py", "test_scripts.py", "test_table2.py", "test_simulator.py",
               "test_flower_nodes.py", "test_experiments.py", "test_reliability.py",
               "test_linear_eval.py", "test_contrastive.py", "test_ssl_methods.py",
-              "test_encoder_selection.py")
+              "test_encoder_selection.py", "test_federated_pretraining.py")
 """The files whose tests take longest in all (measured with ``--durations=0``), longest
 first: under ``--dist loadfile`` they start first and the short files fill the gaps at
 the end, instead of xdist's default order (files with the most tests first), which

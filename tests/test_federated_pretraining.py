@@ -265,3 +265,41 @@ def test_cp_cfl_starts_from_a_federated_encoder(tmp_path):
     assert record.environment["starting_encoder"] == weights_fingerprint(encoder)
     assert record.config.federated.pretraining == "fed-simclr"
     assert "cached" in runner.encoders.status(runner.config_of(spec))
+
+
+# -- the study -------------------------------------------------------------------------
+def test_the_study_judges_each_federated_encoder_against_both_references(tmp_path,
+                                                                          monkeypatch):
+    from helpers import script
+
+    study = script("federated_pretraining")
+    monkeypatch.setattr(study, "ROWS", (study.ROWS[0], study.ROWS[1], study.ROWS[3]))
+    out = tmp_path / "out"
+    argv = ["--preset", "smoke", "--out", str(out), "--linear-epochs", "2",
+            "--set", "federated.rounds=2",
+            "--set", 'pretrain.options={"fed": {"batch_size": 32}}']
+    study.main(argv)
+    stored = json.loads((out / "federated_pretraining.json").read_text())
+    assert set(stored["differences"]) == {
+        "cp-cfl-fed-simclr-groups - ifca-none", "cp-cfl-fed-simclr-groups - cp-cfl-simclr",
+        "cp-cfl-simclr - ifca-none"}
+    assert all(d["n"] == 2 for d in stored["differences"].values())
+    federated = [e for e in stored["encoders"].values() if e["start"] == "fed-simclr"]
+    assert len(federated) == 2 and all(e["deal"] == "groups" for e in federated)
+    made = json.loads(next((out / "encoders").glob("fed-simclr-*.json")).read_text())
+    assert made["federated"]["deal"] == "groups" and made["federated"]["bytes_up"] > 0
+    row = next(r for r in stored["rows"] if r["row"] == "cp-cfl-fed-simclr-groups")
+    assert row["pretrain_megabytes"] > 0 and row["client_pretrain_images"] > 0
+    text = (out / "federated_pretraining.md").read_text()
+    assert "CP-CFL (FedSimCLR) (groups) minus IFCA (None)" in text
+
+
+def test_the_study_refuses_a_deal_the_data_cannot_host_and_writes_nothing(tmp_path):
+    from test_experiments import run
+
+    out = tmp_path / "out"
+    proc = run("federated_pretraining", "--preset", "smoke", "--out", str(out))  # 128 > 697/9
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "use at most 5 clients" in lines[0], proc.stderr
+    assert not out.exists()

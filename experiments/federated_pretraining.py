@@ -1,0 +1,228 @@
+"""Federated self-supervised pre-training: does CP-CFL's gain survive when no server holds
+the unlabeled images, and the encoder is learned federated on non-IID clients?
+
+Per seed (each its own partition and encoders), on the same clients:
+
+- IFCA (None): no pre-training;
+- CP-CFL (SimCLR): the server's pre-training (the paper's);
+- CP-CFL (FedSimCLR) with the images dealt ``iid`` and by ``groups`` (each client's from
+  its own classes), and CP-CFL (FedEMA-BYOL) with the ``groups`` deal
+  (``partition.unlabeled``; docs/presets-and-data.md).
+
+Server and federated pre-training make the same passes over the same unlabeled images
+(the federated rounds default to ``pretrain.epochs / (local epochs x participation)``).
+Every encoder is scored by linear and kNN accuracy on the linear evaluation's proxy. The
+table gives each run's accuracy and ARI, the bytes of each stage, the clients' compute;
+for each federated encoder the paired differences "CP-CFL from it minus IFCA (None)" and
+"minus CP-CFL (SimCLR)", judged by the claims' rule (results/<preset>/claims.md). Each
+encoder's record (how it was made) is copied to ``encoders/``.
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Sequence
+
+from cpcfl_tf.cli import resolve_config
+from cpcfl_tf.errors import run_cli
+from cpcfl_tf.judge import final_accuracy, verdict
+from cpcfl_tf.methods import run_label
+from cpcfl_tf.report import markdown_table
+from cpcfl_tf.runner import RunSpec
+from cpcfl_tf.script import Script
+
+SEEDS = {"smoke": 2, "quick": 5, "standard": 5, "paper": 1}
+"""Seeds per preset (the claims' five on the CPU presets)."""
+
+ROWS = (  # row, method, starting encoder, where the unlabeled images are
+    ("ifca-none", "ifca", "none", "server"),
+    ("cp-cfl-simclr", "cp-cfl", "simclr", "server"),
+    ("cp-cfl-fed-simclr-iid", "cp-cfl", "fed-simclr", "iid"),
+    ("cp-cfl-fed-simclr-groups", "cp-cfl", "fed-simclr", "groups"),
+    ("cp-cfl-fedema-byol-groups", "cp-cfl", "fedema-byol", "groups"),
+)
+BASELINE, SERVER = "ifca-none", "cp-cfl-simclr"
+
+SCRIPT = Script(__file__, __doc__, default_preset="quick", runs=True)
+
+
+def _options(parser) -> None:
+    parser.add_argument("--seeds", type=int, help="seeds, each with its own partition and "
+                                                  "encoders (default: quick, standard 5; "
+                                                  "smoke 2)")
+    parser.add_argument("--linear-epochs", type=int, default=100, metavar="E",
+                        help="epochs of each linear evaluation (default 100)")
+
+
+def specs_for(seeds: Sequence[int]) -> list[RunSpec]:
+    return [RunSpec(f"seed{seed}-{row}", method, start, seed=seed, row=row,
+                    partition={"unlabeled": deal})
+            for seed in seeds for row, method, start, deal in ROWS]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = SCRIPT.parser()
+    _options(parser)
+    args = parser.parse_args(argv)
+    config = resolve_config(args)
+    seeds = [config.seed + s for s in range(args.seeds or SEEDS[config.preset])]
+    for spec in specs_for(seeds):  # a start the settings cannot run: refused, nothing written
+        spec.config(config)
+    session = SCRIPT.session(args)
+    specs = session.plan(specs_for(seeds))
+    records = {spec.name: session.runner.run(spec) for spec in specs}
+    encoders = score_encoders(session, specs)
+    summary = summarize(specs, records, encoders)
+    from cpcfl_tf.environment import environment
+    from cpcfl_tf.results import write_json
+
+    write_json(session.out / "federated_pretraining.json", {
+        "experiment": "federated_pretraining", "preset": config.preset,
+        "config": config.to_dict(), "seeds": seeds, "rows": summary["rows"],
+        "differences": summary["differences"], "encoders": encoders,
+        "environment": environment()})
+    session.finish(report(config, summary), rows=summary["rows"])
+
+
+def score_encoders(session, specs: Sequence[RunSpec]) -> dict[str, dict]:
+    """Linear and kNN accuracy of every run's starting encoder on the proxy, and how each
+    was made (its ``pretrain.json`` beside it in ``encoders/``), by cache folder; scores
+    kept in ``encoders.json`` so an interrupted study does not score again."""
+    from cpcfl_tf.contrastive.knn import KnnMonitor
+    from cpcfl_tf.contrastive.linear_eval import linear_eval
+    from cpcfl_tf.results import prepare_out_dir, read_json, weights_fingerprint, write_json
+
+    runner, epochs = session.runner, session.args.linear_epochs
+    kept_path = session.out / "encoders.json"
+    kept = {} if session.args.force or not kept_path.exists() else read_json(
+        kept_path, fix="delete it to score the encoders again")
+    proxy = None
+    for spec in specs:
+        config = runner.config_of(spec)
+        start = config.federated.pretraining
+        if start == "none":
+            continue
+        result = (runner.encoders.federated(config) if start.startswith("fed")
+                  else runner.encoders.contrastive(config, start))
+        folder = result.out_dir.name
+        if kept.get(folder, {}).get("linear_epochs") != epochs:
+            proxy = proxy or runner.client_splits(config.data)
+            made = read_json(result.out_dir / "pretrain.json", fix="delete the cache folder "
+                             f"{result.out_dir} to pre-train it again")
+            kept[folder] = {
+                "start": start, "seed": config.pretrain_seed,
+                "deal": config.partition.unlabeled,
+                "linear_accuracy": linear_eval(result.encoder, *proxy,
+                                               seed=config.pretrain_seed, epochs=epochs),
+                "linear_epochs": epochs,
+                "knn_accuracy": KnnMonitor(*proxy).accuracy(result.encoder),
+                "fingerprint": weights_fingerprint(result.encoder.get_weights()),
+                "pretrain_seconds": round(sum(h["seconds"] for h in made["history"]), 3),
+                **({"federated": made["federated"]} if "federated" in made else {})}
+            write_json(prepare_out_dir(session.out / "encoders") / f"{folder}.json", made)
+            write_json(kept_path, kept)
+            print(f"{spec.name}: encoder linear {kept[folder]['linear_accuracy']:.4f}, kNN "
+                  f"{kept[folder]['knn_accuracy']:.4f}", flush=True)
+        kept[folder]["runs"] = sorted({*kept[folder].get("runs", []), spec.name})
+    write_json(kept_path, kept)
+    return kept
+
+
+def _mean(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.fmean(values) if values else None
+
+
+def summarize(specs, records, encoders) -> dict:
+    by_row: dict[str, dict[int, object]] = {}
+    for spec in specs:
+        by_row.setdefault(spec.row, {})[spec.seed] = records[spec.name]
+    encoder_of = {run: e for e in encoders.values() for run in e["runs"]}
+    rows = []
+    for row, method, start, deal in ROWS:
+        if row not in by_row:
+            continue
+        runs = by_row[row]
+        made = [encoder_of.get(f"seed{s}-{row}") for s in runs]
+        fed = [m.get("federated") if m else None for m in made]
+        rows.append({
+            "row": row, "label": run_label(method, start), "deal": deal,
+            "seeds": len(runs),
+            "accuracy": _mean(final_accuracy(r) for r in runs.values()),
+            "accuracy_sd": (statistics.stdev(final_accuracy(r) for r in runs.values())
+                            if len(runs) > 1 else None),
+            "ari": _mean(r.final.ari for r in runs.values()),
+            "fl_megabytes": _mean((r.final.bytes_down + r.final.bytes_up) / 1e6
+                                  for r in runs.values()),
+            "pretrain_megabytes": _mean(
+                (f["bytes_down"] + f["bytes_up"]) / 1e6 if f else (0.0 if m else None)
+                for f, m in zip(fed, made)),
+            "client_pretrain_images": _mean(f["images_trained"] if f else (0 if m else None)
+                                            for f, m in zip(fed, made)),
+            "client_pretrain_seconds": _mean(f["client_seconds"] if f else (0.0 if m else None)
+                                             for f, m in zip(fed, made)),
+            "pretrain_seconds": _mean(m["pretrain_seconds"] if m else None for m in made),
+            "linear_accuracy": _mean(m["linear_accuracy"] if m else None for m in made),
+            "knn_accuracy": _mean(m["knn_accuracy"] if m else None for m in made)})
+    differences = {}
+    for row, _, start, _ in ROWS:
+        if not start.startswith("fed") or row not in by_row:
+            continue
+        for other in (BASELINE, SERVER):
+            if other in by_row:
+                diff = {s: final_accuracy(by_row[row][s]) - final_accuracy(by_row[other][s])
+                        for s in by_row[row] if s in by_row[other]}
+                differences[f"{row} - {other}"] = verdict(diff).to_json()
+    if SERVER in by_row and BASELINE in by_row:
+        diff = {s: final_accuracy(by_row[SERVER][s]) - final_accuracy(by_row[BASELINE][s])
+                for s in by_row[SERVER] if s in by_row[BASELINE]}
+        differences[f"{SERVER} - {BASELINE}"] = verdict(diff).to_json()
+    return {"rows": rows, "differences": differences}
+
+
+def _f(value, digits: int = 2, sign: bool = False) -> str:
+    if value is None:
+        return "-"
+    return f"{value:+.{digits}f}" if sign else f"{value:.{digits}f}"
+
+
+def report(config, summary: dict) -> str:
+    rows = summary["rows"]
+    labels = {r["row"]: f"{r['label']} ({r['deal']})" if r["deal"] != "server" else r["label"]
+              for r in rows}
+    p, d = config.partition, config.data
+    lines = [f"# Federated self-supervised pre-training (preset `{config.preset}`)", "",
+             f"{p.num_clients} clients in {p.num_groups} groups; the unlabeled images "
+             f"`{d.pretrain_dataset}:{d.pretrain_split}` on the server or dealt to the "
+             "clients (`iid`, or `groups`: each client's from its own classes); server and "
+             f"federated pre-training make the same passes over them ({config.pretrain.epochs}"
+             "). Means over the seeds; linear and kNN accuracy of the starting encoder on "
+             f"the proxy (`{d.client_dataset}:{d.client_train_split}` -> "
+             f"`{d.client_test_split}`); bytes in MB per run (the pre-training's: every "
+             "client's uploads and downloads; the server's sends nothing); the clients' "
+             "pre-training compute in images trained and seconds (seconds as the records "
+             "took them, other jobs sharing the cores or not).", ""]
+    lines += markdown_table(
+        ["run", "unlabeled images", "seeds", "accuracy (%)", "sd", "ARI",
+         "linear acc.", "kNN acc.", "pre-training MB", "FL MB",
+         "client pre-training images", "client pre-training s", "pre-training s"],
+        [[r["label"], r["deal"], r["seeds"], _f(r["accuracy"]), _f(r["accuracy_sd"]),
+          _f(r["ari"], 3), _f(r["linear_accuracy"], 4), _f(r["knn_accuracy"], 4),
+          _f(r["pretrain_megabytes"], 1), _f(r["fl_megabytes"], 1),
+          _f(r["client_pretrain_images"], 0), _f(r["client_pretrain_seconds"], 1),
+          _f(r["pretrain_seconds"], 1)] for r in rows])
+    lines += ["", "Paired differences of final accuracy (points, per seed), judged by the "
+                  "claims' rule (the 95 % t interval of the differences):", ""]
+    out = []
+    for name, diff in summary["differences"].items():
+        a, b = name.split(" - ")
+        ci = diff["ci95"]
+        out.append([f"{labels[a]} minus {labels[b]}", _f(diff["mean"], sign=True),
+                    "-" if ci is None else f"[{ci[0]:+.2f}, {ci[1]:+.2f}]",
+                    " / ".join(f"{v:+.2f}" for v in diff["per_seed"].values()),
+                    diff["verdict"]])
+    lines += markdown_table(["difference", "mean", "95 % CI", "per seed", "verdict"], out)
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    run_cli(main)
