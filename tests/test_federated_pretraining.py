@@ -303,3 +303,24 @@ def test_the_study_refuses_a_deal_the_data_cannot_host_and_writes_nothing(tmp_pa
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "use at most 5 clients" in lines[0], proc.stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize("given, kept", [(None, "true"), ("false", "false")])
+def test_every_process_asks_for_gpu_memory_growth_unless_told_not_to(given, kept):
+    """Importing the kit (as the scripts, the Flower apps and each Simulation Engine
+    actor do) turns on memory growth before TensorFlow touches a GPU; on a CPU it is a
+    no-op."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TF_FORCE_GPU_ALLOW_GROWTH"}
+    if given:
+        env["TF_FORCE_GPU_ALLOW_GROWTH"] = given
+    code = ("import os, cpcfl_tf.flower.client_app, tensorflow as tf; "
+            "print(os.environ['TF_FORCE_GPU_ALLOW_GROWTH'], "
+            "len(tf.config.list_physical_devices('GPU')), float(tf.reduce_sum(tf.ones(3))))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**env, "TF_CPP_MIN_LOG_LEVEL": "3"}, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [kept, "0", "3.0"]  # no GPU here: nothing else changes
