@@ -153,6 +153,10 @@ def test_fedavg_of_one_client_is_that_clients_own_pretraining(tmp_path):
     model = build_contrastive_model(config.pretrain, (32, 32, 3), method="simsiam",
                                     seed=config.pretrain_seed)
     step = model.make_step(False)
+    # The augmentation's streams as a client round sets them: from (seed, round, client).
+    rng = np.random.default_rng([config.pretrain_seed, 0, 0, 0x617567])
+    for variable in model.augmenter.non_trainable_variables:
+        variable.assign(np.array([rng.integers(2 ** 31), 0], dtype=np.int64))
     for epoch in range(2):
         order = np.random.default_rng([config.pretrain_seed, 0, 0, epoch]).permutation(70)
         for i in range(70 // 32):
@@ -324,3 +328,22 @@ def test_every_process_asks_for_gpu_memory_growth_unless_told_not_to(given, kept
                           env={**env, "TF_CPP_MIN_LOG_LEVEL": "3"}, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == [kept, "0", "3.0"]  # no GPU here: nothing else changes
+
+
+def test_a_client_round_depends_on_its_own_inputs_only():
+    """What lets a Flower node (its own process, its own model) compute the simulator's
+    round: a round's result depends on the global weights, the client's state and images,
+    and (seed, round, client), not on the rounds the same model ran before."""
+    from cpcfl_tf.contrastive.fedavg_ssl import ClientState
+    from cpcfl_tf.contrastive.federated_pretrain import LocalTrainer
+
+    config = smoke("fed-simclr")
+    rng = np.random.default_rng(2)
+    images = [rng.integers(0, 255, (40, 32, 32, 3), dtype=np.uint8) for _ in range(2)]
+    first, alone = LocalTrainer(config, (32, 32, 3)), LocalTrainer(config, (32, 32, 3))
+    start = first.initial()
+    first.round(start, ClientState(), images[0], 0, 0)
+    after_another, _ = first.round(start, ClientState(), images[1], 0, 1)
+    on_its_own, _ = alone.round(start, ClientState(), images[1], 0, 1)
+    for a, b in zip(after_another, on_its_own):
+        np.testing.assert_array_equal(a, b)

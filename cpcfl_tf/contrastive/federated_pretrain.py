@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 from typing import Callable
 
-import keras
 import numpy as np
 import tensorflow as tf
 
@@ -118,6 +117,82 @@ def _nbytes(weights) -> int:
     return int(sum(np.asarray(w).nbytes for w in weights))
 
 
+class LocalTrainer:
+    """A client's side of a federated pre-training: the method's model built once, its
+    compiled step, the optimizer as freshly built, and :meth:`round`. The simulator runs
+    every client on one; a Flower node builds its own (same config, same seed), and its
+    round is the same computation: the augmentation's random streams are set from (seed,
+    round, client) at the start of every client round, so a client's round depends on
+    nothing but the global weights, its own state and images, and those three numbers."""
+
+    def __init__(self, config: Config, input_shape: tuple[int, int, int]):
+        self.plan = plan(config)
+        self.settings, self.seed = self.plan["settings"], config.pretrain_seed
+        spec = FEDERATED_STARTS[self.plan["start"]][0]
+        self.algorithm = importlib.import_module(spec.module).build(self.settings)
+        self.model = build_contrastive_model(config.pretrain, input_shape,
+                                             method=self.plan["method"], seed=self.seed)
+        self.shared = self.algorithm.shared(self.model)
+        self.fresh = [v.numpy() for v in self.model.optimizer.variables]
+        self.step = self.model.make_step(config.pretrain.jit_compile)
+        self.streams = [v for v in self.model.augmenter.non_trainable_variables
+                        if "seed_generator" in v.path]
+        self.learning_rate = config.pretrain.learning_rate
+
+    def initial(self):
+        """The global online parts before the first round (the method's seeded init)."""
+        return get_parts(self.shared)
+
+    def round(self, global_weights, state: ClientState, images: np.ndarray, round_: int,
+              client: int):
+        """Client ``client``'s round ``round_`` (0-based) from ``global_weights``: returns
+        what it sends (its online parts) and what the round's record gains (loss,
+        embedding_std, steps, seconds; FedEMA's mu)."""
+        for variable, value in zip(self.model.optimizer.variables, self.fresh):
+            variable.assign(value)  # a fresh Adam per client round
+        rng = np.random.default_rng([self.seed, round_, client, 0x617567])  # "aug"
+        for variable in self.streams:
+            variable.assign(np.array([rng.integers(2 ** 31), 0], dtype=np.int64).astype(
+                variable.dtype))
+        extra = self.algorithm.local_start(self.model, global_weights, state)
+        batch, epochs = self.settings["batch_size"], self.settings["local_epochs"]
+        steps = len(images) // batch
+        began = time.perf_counter()
+        for metric in self.model.metrics:
+            metric.reset_state()
+        for e in range(epochs):
+            order = np.random.default_rng([self.seed, round_, client, e]).permutation(len(images))
+            for i in range(steps):
+                logs = self.step(tf.constant(images[order[i * batch:(i + 1) * batch]]))
+        logs = {name: float(v) for name, v in logs.items()}
+        if not np.isfinite(logs["loss"]):
+            raise DivergedError(f"client {client}'s {self.plan['method']} loss became "
+                                f"{logs['loss']} in round {round_ + 1}; lower "
+                                f"pretrain.learning_rate (now {self.learning_rate})")
+        sent = self.algorithm.local_end(self.model, state)
+        return sent, {**logs, **extra, "steps": steps * epochs,
+                      "seconds": time.perf_counter() - began}
+
+
+def sampled_clients(seed: int, round_: int, num_clients: int, participation: float
+                    ) -> np.ndarray:
+    """The clients of round ``round_`` (0-based), sorted: the server's seeded draw."""
+    sampled = max(1, int(np.ceil(participation * num_clients)))
+    rng = np.random.default_rng([seed, round_, 0x66656473])  # "feds"
+    return np.sort(rng.choice(num_clients, sampled, replace=False))
+
+
+def round_entry(round_: int, results: list[dict], seconds: float) -> dict:
+    """A round's history entry from its clients' results (:meth:`LocalTrainer.round`)."""
+    entry = {"round": round_ + 1, "loss": float(np.mean([r["loss"] for r in results])),
+             "embedding_std": float(np.mean([r["embedding_std"] for r in results])),
+             "clients": len(results), "seconds": round(seconds, 3)}
+    mus = [r["mu"] for r in results if "mu" in r]
+    if mus:
+        entry["mu"] = float(np.mean(mus))
+    return entry
+
+
 def federated_pretrain(config: Config, client_images: list[np.ndarray], out_dir: str | Path,
                        *, verbose: int = 1, monitor=None) -> PretrainResult:
     """Run ``config``'s federated pre-training on ``client_images`` (uint8, one array per
@@ -125,24 +200,17 @@ def federated_pretrain(config: Config, client_images: list[np.ndarray], out_dir:
     out = prepare_out_dir(out_dir)
     p = plan(config)
     settings, seed = p["settings"], config.pretrain_seed
-    batch, epochs, rounds = settings["batch_size"], settings["local_epochs"], settings["rounds"]
+    batch, rounds = settings["batch_size"], settings["rounds"]
     counts = [len(x) for x in client_images]
     if min(counts) < batch:
         k = int(np.argmin(counts))
         raise UserError(f"client {k} has {counts[k]} unlabeled images, less than a batch of "
                         f"{batch}; use a smaller batch_size of the federated pre-training")
     meta = {"config": identity(config), "seed": seed}
-    spec = FEDERATED_STARTS[p["start"]][0]
-    algorithm = importlib.import_module(spec.module).build(settings)
-    model = build_contrastive_model(config.pretrain, client_images[0].shape[1:],
-                                    method=p["method"], seed=seed)
-    shared = algorithm.shared(model)
-    fresh = [v.numpy() for v in model.optimizer.variables]  # a fresh Adam, per client round
-    step = model.make_step(config.pretrain.jit_compile)
+    trainer = LocalTrainer(config, client_images[0].shape[1:])
     num_clients = len(client_images)
-    sampled = max(1, int(np.ceil(settings["participation"] * num_clients)))
 
-    global_weights = get_parts(shared)
+    global_weights = trainer.initial()
     states = [ClientState() for _ in range(num_clients)]
     history: list[dict] = []
     totals = {"bytes_down": 0, "bytes_up": 0, "client_steps": 0, "images_trained": 0,
@@ -150,50 +218,28 @@ def federated_pretrain(config: Config, client_images: list[np.ndarray], out_dir:
     start = 0
     checkpoint = out / "checkpoint.npz"
     if checkpoint.exists():
-        start, global_weights, states, history, totals = _load(checkpoint, model, meta,
-                                                               len(global_weights))
+        start, global_weights, states, history, totals = _load(
+            checkpoint, trainer.model, meta, len(global_weights))
     for r in range(start, rounds):
-        rng = np.random.default_rng([seed, r, 0x66656473])  # "feds": the round's sample
-        chosen = np.sort(rng.choice(num_clients, sampled, replace=False))
+        chosen = sampled_clients(seed, r, num_clients, settings["participation"])
         started = time.perf_counter()
-        uploads, used, losses, stds, extra = [], [], [], [], []
+        uploads, results = [], []
         for k in chosen:
-            for variable, value in zip(model.optimizer.variables, fresh):
-                variable.assign(value)
-            extra.append(algorithm.local_start(model, global_weights, states[k]))
-            images, steps = client_images[k], counts[k] // batch
-            began = time.perf_counter()
-            for metric in model.metrics:
-                metric.reset_state()
-            for e in range(epochs):
-                order = np.random.default_rng([seed, r, int(k), e]).permutation(counts[k])
-                for i in range(steps):
-                    logs = step(tf.constant(images[order[i * batch:(i + 1) * batch]]))
-            logs = {name: float(v) for name, v in logs.items()}
-            if not np.isfinite(logs["loss"]):
-                raise DivergedError(f"client {k}'s {p['method']} loss became {logs['loss']} in "
-                                    f"round {r + 1}; lower pretrain.learning_rate (now "
-                                    f"{config.pretrain.learning_rate})")
-            totals["client_seconds"] += time.perf_counter() - began
-            totals["client_steps"] += steps * epochs
-            totals["images_trained"] += steps * epochs * batch
-            losses.append(logs["loss"])
-            stds.append(logs["embedding_std"])
-            uploads.append(algorithm.local_end(model, states[k]))
-            used.append(counts[k])
+            sent, result = trainer.round(global_weights, states[k], client_images[k], r,
+                                         int(k))
+            uploads.append(sent)
+            results.append(result)
+            totals["client_seconds"] += result["seconds"]
+            totals["client_steps"] += result["steps"]
+            totals["images_trained"] += result["steps"] * batch
         down = _nbytes(global_weights)
         totals["bytes_down"] += down * len(chosen)
         totals["bytes_up"] += (down + 8) * len(chosen)  # its online parts and its count
-        global_weights = algorithm.aggregate(uploads, used)
-        entry = {"round": r + 1, "loss": float(np.mean(losses)),
-                 "embedding_std": float(np.mean(stds)), "clients": int(len(chosen)),
-                 "seconds": round(time.perf_counter() - started, 3)}
-        mus = [x["mu"] for x in extra if "mu" in x]
-        if mus:
-            entry["mu"] = float(np.mean(mus))
+        global_weights = trainer.algorithm.aggregate(uploads, [counts[k] for k in chosen])
+        entry = round_entry(r, results, time.perf_counter() - started)
         if monitor is not None and monitor.due(r + 1, rounds):
-            set_parts(shared, global_weights)
-            entry["knn_accuracy"] = monitor.accuracy(model.encoder)
+            set_parts(trainer.shared, global_weights)
+            entry["knn_accuracy"] = monitor.accuracy(trainer.model.encoder)
         history.append(entry)
         if verbose:
             knn = (f", kNN accuracy {entry['knn_accuracy']:.4f}" if "knn_accuracy" in entry
@@ -202,16 +248,18 @@ def federated_pretrain(config: Config, client_images: list[np.ndarray], out_dir:
             print(f"{p['start']} round {r + 1}/{rounds}: loss {entry['loss']:.4f}, "
                   f"embedding_std {entry['embedding_std']:.4f}{mu}{knn}, {len(chosen)} "
                   f"clients, {entry['seconds']:.1f} s", flush=True)
-        _save(checkpoint, model, r + 1, meta, global_weights, states, history, totals)
+        _save(checkpoint, trainer.model, r + 1, meta, global_weights, states, history, totals)
 
-    set_parts(shared, global_weights)
-    encoder = model.encoder
+    set_parts(trainer.shared, global_weights)
+    encoder = trainer.model.encoder
     write_atomic(out / "encoder.keras", encoder.save)
     totals["client_seconds"] = round(totals["client_seconds"], 3)
     write_json(out / "pretrain.json", {
         "meta": meta, "history": history,
         "federated": {**{k: p[k] for k in ("start", "algorithm", "method", "deal")},
-                      **settings, "clients": num_clients, "sampled_per_round": sampled,
+                      **settings, "clients": num_clients,
+                      "sampled_per_round": len(sampled_clients(seed, 0, num_clients,
+                                                               settings["participation"])),
                       "images_per_client": counts, **totals,
                       "sent": "online parts (encoder, projector, predictor) and image "
                               "counts; BYOL's target stays on the client"}})
