@@ -519,7 +519,9 @@ def parse_settings(items: Sequence[str]) -> dict[str, dict[str, Any]]:
     """``["federated.rounds=200", "partition.num_clients=120", ...]`` as overrides per
     section (for :meth:`Config.with_overrides`), each value parsed by its field's type:
     integers, numbers, ``true``/``false``, ``none``, comma-separated integers for tuples,
-    JSON for ``pretrain.augment`` and ``federated.options``. Unknown sections or fields and
+    JSON for ``pretrain.augment``, ``pretrain.options`` and ``federated.options``, or one
+    key at a time: ``pretrain.options.byol.target_decay=0.99`` (no JSON quoting: what a
+    Flower run config's ``set`` can carry). Unknown sections or fields and
     values of the wrong type are a one-line :class:`UserError` naming what is allowed."""
     overrides: dict[str, dict[str, Any]] = {}
     for item in items:
@@ -529,12 +531,35 @@ def parse_settings(items: Sequence[str]) -> dict[str, dict[str, Any]]:
         _check(section in SECTIONS, f"unknown config section {section!r} in --set {item}; "
                                     f"choose one of {', '.join(SECTIONS)}")
         fields = {f.name for f in dataclasses.fields(SECTIONS[section])}
+        name, _, path = name.partition(".")  # pretrain.options.byol.target_decay=0.99
         _check(name in fields, f"unknown field {section}.{name} in --set; known: "
                                f"{', '.join(sorted(fields))}")
         kind = typing.get_type_hints(SECTIONS[section])[name]
+        if path:
+            base = typing.get_origin(kind) or kind
+            args = [a for a in typing.get_args(kind) if a is not type(None)]
+            base = typing.get_origin(args[0]) if args and base is not dict else base
+            _check(base is dict, f"--set {section}.{name} is not a mapping; drop "
+                                 f".{path} (e.g. {section}.{name}=VALUE)")
+            inner = overrides.setdefault(section, {}).setdefault(name, {})
+            _check(isinstance(inner, dict), f"--set {section}.{name} given twice")
+            *parents, leaf = path.split(".")
+            for key in parents:
+                inner = inner.setdefault(key, {})
+            inner[leaf] = _scalar(text.strip())
+            continue
         overrides.setdefault(section, {})[name] = _parse_value(f"{section}.{name}", kind,
                                                                text.strip())
     return overrides
+
+
+def _scalar(text: str) -> Any:
+    """One value of a mapping set key by key (``pretrain.options.fed.rounds=5``): JSON
+    (numbers, true/false, null, quoted strings), else the text itself."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return {"none": None}.get(text.lower(), text)
 
 
 def _parse_value(field: str, kind: Any, text: str) -> Any:

@@ -20,13 +20,14 @@ encoder's record (how it was made) is copied to ``encoders/``.
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 from typing import Sequence
 
 from cpcfl_tf.cli import resolve_config
 from cpcfl_tf.errors import run_cli
 from cpcfl_tf.judge import final_accuracy, verdict
 from cpcfl_tf.methods import run_label
-from cpcfl_tf.report import markdown_table
+from cpcfl_tf.report import markdown_table, replace_block
 from cpcfl_tf.runner import RunSpec
 from cpcfl_tf.script import Script
 
@@ -80,7 +81,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         "config": config.to_dict(), "seeds": seeds, "rows": summary["rows"],
         "differences": summary["differences"], "encoders": encoders,
         "environment": environment()})
-    session.finish(report(config, summary), rows=summary["rows"])
+    text = report(config, summary)
+    session.finish(text, rows=summary["rows"])
+    readme = Path("results") / "README.md"
+    if (session.out.resolve() == (Path("results") / config.preset / SCRIPT.name).resolve()
+            and len(summary["rows"]) == len(ROWS)
+            and replace_block(readme, "fedpretrain", config.preset, _tables(text))):
+        print(f"updated the {config.preset} federated pre-training tables in {readme}")
 
 
 def score_encoders(session, specs: Sequence[RunSpec]) -> dict[str, dict]:
@@ -177,6 +184,12 @@ def summarize(specs, records, encoders) -> dict:
                 for s in by_row[SERVER] if s in by_row[BASELINE]}
         differences[f"{SERVER} - {BASELINE}"] = verdict(diff).to_json()
     return {"rows": rows, "differences": differences}
+
+
+def _tables(text: str) -> list[str]:
+    """The report from its first table on (what the results README carries)."""
+    lines = text.rstrip("\n").split("\n")
+    return lines[next(k for k, line in enumerate(lines) if line.startswith("|")):]
 
 
 def _f(value, digits: int = 2, sign: bool = False) -> str:

@@ -190,3 +190,14 @@ def test_pretraining_cache_keys_survive_added_settings(preset, method):
     assert (pretrain_key(shared.pretrain, method, data=image_source(config.data), seed=3)
             == pretrain_key(config.with_overrides(seed=3).pretrain, method,
                             data=image_source(config.data), seed=3))
+
+
+def test_a_mapping_is_set_key_by_key_without_json():
+    from cpcfl_tf.config import parse_settings
+
+    assert parse_settings(["pretrain.options.fedema.rounds=2", "pretrain.options.byol."
+                           "target_decay=0.99", "federated.options.eps1=0.3"]) == {
+        "pretrain": {"options": {"fedema": {"rounds": 2}, "byol": {"target_decay": 0.99}}},
+        "federated": {"options": {"eps1": 0.3}}}
+    with pytest.raises(UserError, match="federated.rounds is not a mapping"):
+        parse_settings(["federated.rounds.x=2"])

@@ -54,6 +54,11 @@ def _simulated(rounds, out, dead=None, run=RUN):
     return simulated(run, rounds, out, dead)
 
 
+FEDEMA = {**RUN, "pretraining": "fedema-byol",
+          "set": "partition.unlabeled=iid pretrain.options.fedema.batch_size=64 "
+                 "pretrain.options.fedema.rounds=2"}
+
+
 PACFL = {**RUN, "method": "pacfl", "pretraining": "none", "head-rounds": 0}
 
 
@@ -78,18 +83,23 @@ def test_fedgroup_runs_on_the_federation_and_groups_the_nodes_as_the_simulator(
 def test_flower_federation_runs_the_simulators_rounds_and_survives_a_killed_supernode(
         tmp_path, federation):
     # One run (each ClientApp message starts a Python process with TensorFlow: runs are
-    # slow to start). Round 1 draws at random with the encoder frozen (t < Tc), rounds
-    # 2-3 select by loss; SuperNode 2 is killed in round 3. The simulator, told that
-    # client 2's round-3 reply never comes, must give the same run. Three rounds, not
-    # two: with two, clients 0 and 1 score the same whether or not client 2's reply
-    # comes, and the accuracy check below could not tell the two apart.
-    ids, accuracy, encoder, sim_final = _simulated(3, tmp_path / "sim", dead=(3, 2))
+    # slow to start). Its first stage pre-trains the encoder on the nodes' unlabeled
+    # images (FedEMA-BYOL, two rounds: the second needs what each node kept from the
+    # first, BYOL's target, FedEMA's previous weights and lambda, in its context.state);
+    # every client round is the simulator's computation, so the encoder is the
+    # simulator's bit for bit. Then CP-CFL: round 1 draws at random with the encoder
+    # frozen (t < Tc), rounds 2-3 select by loss; SuperNode 2 is killed in round 3. The
+    # simulator, told that client 2's round-3 reply never comes, must give the same run.
+    # Three rounds, not two: with two, clients 0 and 1 score the same whether or not
+    # client 2's reply comes, and the accuracy check below could not tell the two apart.
+    ids, accuracy, encoder, sim_final = _simulated(3, tmp_path / "sim", dead=(3, 2),
+                                                   run=FEDEMA)
     log = federation.workdir / "supernode-2.log"
     before = log.read_text().count("Receiving: train message")  # of earlier runs
-    run_id = federation.run({**RUN, "rounds": 3, "round-timeout": 60.0,
+    run_id = federation.run({**FEDEMA, "rounds": 3, "round-timeout": 60.0,
                              "out": str(tmp_path / "result.json")})
     deadline = time.monotonic() + 400
-    while log.read_text().count("Receiving: train message") < before + 3:
+    while log.read_text().count("Receiving: train message") < before + 2 + 3:
         assert time.monotonic() < deadline, "SuperNode 2 never got round 3's train message"
         assert federation.superlink.poll() is None, "the SuperLink died"
         time.sleep(0.2)
@@ -99,6 +109,8 @@ def test_flower_federation_runs_the_simulators_rounds_and_survives_a_killed_supe
 
     assert sorted(record["nodes"].values()) == [0, 1, 2]
     assert record["environment"]["starting_encoder"] == weights_fingerprint(encoder)
+    stage = federation.server_lines(run_id, until="fedema-byol round 2/2")
+    assert any("fedema-byol round 2/2: 3 replies, 0 failed" in line for line in stage), stage
     # On a mismatch, the ServerApp's lines (rounds, and each failed node's reason) say why.
     assert [r["cluster_ids"] for r in record["rounds"]] == ids, federation.server_lines(run_id)
     first, second, third = record["rounds"]
@@ -473,3 +485,34 @@ def test_the_server_averages_each_cluster_by_the_nodes_example_counts(monkeypatc
         assert not np.allclose(got, (one + two) / 2)
     for got, three in zip(state.models[1], trained[2]):
         np.testing.assert_allclose(got, three, rtol=1e-6)
+
+
+
+def test_a_node_without_unlabeled_images_is_refused_for_a_federated_pretraining(tmp_path):
+    from flwr.app import Context, RecordDict
+
+    from cpcfl_tf.errors import UserError
+    from cpcfl_tf.flower import client_app
+
+    site = tmp_path / "site"
+    for split in ("train", "test"):
+        (site / split / "7").mkdir(parents=True)
+        (site / split / "7" / "0.png").write_bytes(b"")
+    run = {**FEDEMA, "set": "partition.unlabeled=iid"}
+
+    def identity():
+        return client_app._identity(Context(run_id=1, node_id=5, state=RecordDict(),
+                                            node_config={"data-path": str(site)},
+                                            run_config=run))
+
+    with pytest.raises(UserError, match="no unlabeled images in .*site/unlabeled"):
+        identity()  # the roster's reply is then an error: the node is left out
+    (site / "unlabeled").mkdir()
+    with pytest.raises(UserError, match="no unlabeled images"):
+        identity()  # an empty folder as well
+    for k in range(2):
+        (site / "unlabeled" / f"{k}.png").write_bytes(b"")
+    assert identity() == {"name": "site", "num-train": 1, "num-test": 1, "num-unlabeled": 2}
+    assert "num-unlabeled" not in client_app._identity(Context(
+        run_id=1, node_id=5, state=RecordDict(), node_config={"data-path": str(site)},
+        run_config=RUN))  # a run without a federated pre-training does not ask

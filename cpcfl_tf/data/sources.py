@@ -209,7 +209,8 @@ def list_node_folder(path: str | os.PathLike, class_names: tuple[str, ...]
             raise UserError(f"{stray[0]} is in no class subfolder; a node's images go in one "
                             "subfolder per class")
         files = []
-        for sub in sorted(d for d in folder.iterdir() if d.is_dir()):
+        for sub in sorted(d for d in folder.iterdir() if d.is_dir()
+                          and d.name != UNLABELED_FOLDER):
             if sub.name not in index:
                 raise UserError(f"{sub} is a class the run does not know; its classes are "
                                 f"{', '.join(class_names)} (run config class-names)")
@@ -227,6 +228,32 @@ def list_node_folder(path: str | os.PathLike, class_names: tuple[str, ...]
                         f"{len(listed['test'])} test images; a node needs at least one of "
                         "each")
     return listed
+
+
+UNLABELED_FOLDER = "unlabeled"
+"""The subfolder of a node's ``data-path`` with its unlabeled images (no class
+subfolders): what a federated pre-training trains on."""
+
+
+def list_node_unlabeled(path: str | os.PathLike) -> list[str]:
+    """The files of a node's unlabeled images (``data-path``/``unlabeled/``), checked
+    without reading one: a missing or empty folder is refused in one line."""
+    folder = Path(path).expanduser() / UNLABELED_FOLDER
+    files = (sorted(str(f) for f in folder.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES)
+             if folder.is_dir() else [])
+    if not files:
+        raise UserError(f"no unlabeled images in {folder}; a federated pre-training needs the "
+                        f"node's PNG/JPEG images there (node config data-path)")
+    return files
+
+
+def read_node_unlabeled(files: list[str], image_size: int | None = None) -> np.ndarray:
+    """The images of :func:`list_node_unlabeled`'s files, prepared as every source's
+    (``uint8 (n, h, w, 3)``)."""
+    spec = DatasetSpec("node", "folder", 0, {"unlabeled": len(files)},
+                       files={"unlabeled": tuple((f, -1) for f in files)})
+    images, _ = _read_folder(spec, Split("unlabeled", None, None), False, None, None)
+    return _finish(images, spec, image_size)
 
 
 def read_node_folder(listed: dict[str, list[tuple[str, int]]], num_classes: int,

@@ -133,3 +133,17 @@ def client_unlabeled(config: Config, partition: Partition, train: LabeledImages,
         dealt.append(np.rot90(part, client.rotation, axes=(1, 2)).copy()
                      if kind == "groups" and client.rotation else part)
     return dealt
+
+
+def unlabeled_for(config: Config) -> list[np.ndarray]:
+    """Load what the deal needs and deal it: every client's unlabeled images (a Flower
+    node with a partition id keeps its own; the runner caches the pieces instead)."""
+    from cpcfl_tf.contrastive.pretrain import load_pretrain_images
+
+    train, test = load_client_splits(config.data)
+    data = config.data
+    pretrain = (load_labeled(data.pretrain_dataset, data.pretrain_split,
+                             image_size=data.image_size, data_dir=data.data_dir,
+                             manual_dir=data.manual_dir)
+                if config.partition.unlabeled == "groups" else load_pretrain_images(data))
+    return client_unlabeled(config, partition_for(config, train, test), train, pretrain)

@@ -29,10 +29,13 @@ from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, Record
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
-from cpcfl_tf.data.sources import list_node_folder, read_node_folder
+from cpcfl_tf.data.sources import (list_node_folder, list_node_unlabeled, read_node_folder,
+                                   read_node_unlabeled)
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.flower.common import class_names, models_from_records, run_config, to_record
+from cpcfl_tf.flower.common import (class_names, from_record, models_from_records, run_config,
+                                   to_record)
 from cpcfl_tf.methods import METHODS
+from cpcfl_tf.ssl_methods import FEDERATED_STARTS
 
 app = ClientApp()
 
@@ -72,6 +75,30 @@ def _partition(run_items: tuple):
 def _listing(run_items: tuple, path: str) -> dict:
     """The node folder's files, checked (no image read, no TensorFlow)."""
     return list_node_folder(path, class_names(dict(run_items)))
+
+
+@functools.lru_cache(maxsize=1)
+def _dealt(run_items: tuple) -> list:
+    """Every client's unlabeled images under the run's deal (what the simulator deals),
+    once per process and run."""
+    from cpcfl_tf.federated.clients import unlabeled_for
+
+    return unlabeled_for(run_config(dict(run_items)))
+
+
+@functools.lru_cache(maxsize=4)
+def _own_unlabeled(run_items: tuple, path: str) -> np.ndarray:
+    """This node's own unlabeled images (``data-path``/unlabeled/)."""
+    config = run_config(dict(run_items))
+    return read_node_unlabeled(list_node_unlabeled(path), config.data.image_size)
+
+
+@functools.lru_cache(maxsize=1)
+def _trainer(run_items: tuple, shape: tuple):
+    """The federated pre-training's client side, built once per process and run."""
+    from cpcfl_tf.contrastive.federated_pretrain import LocalTrainer
+
+    return LocalTrainer(run_config(dict(run_items)), shape)
 
 
 @functools.lru_cache(maxsize=4)
@@ -147,8 +174,11 @@ def _identity(context: Context) -> dict:
     path = context.node_config.get("data-path")
     if path is not None:
         listed = _listing(run_items, str(path))
+        unlabeled = ({"num-unlabeled": len(list_node_unlabeled(str(path)))}
+                     if run_config(dict(run_items)).federated.pretraining in FEDERATED_STARTS
+                     else {})  # a federated pre-training needs them: refused now, if none
         return {"name": Path(str(path)).name, "num-train": len(listed["train"]),
-                "num-test": len(listed["test"])}
+                "num-test": len(listed["test"]), **unlabeled}
     if "partition-id" not in context.node_config:
         raise UserError("the node config has neither partition-id nor data-path; start the "
                         "SuperNode with --node-config 'data-path=\"DIR\"' (its own images) "
@@ -178,15 +208,52 @@ def query(msg: Message, context: Context) -> Message:
     return _reply(msg, metrics=MetricRecord({"client-id": client}), answer=to_record([answer]))
 
 
+def _pretrain(msg: Message, context: Context) -> Message:
+    """One round of the federated pre-training on this node's unlabeled images: the
+    simulator's client round (:class:`~cpcfl_tf.contrastive.federated_pretrain.LocalTrainer`),
+    what the client keeps (BYOL's target, FedEMA's previous weights) in the node's
+    ``context.state``; sends its online parts and its image count."""
+    from flwr.app import Array, ArrayRecord
+
+    from cpcfl_tf.contrastive.fedavg_ssl import ClientState
+
+    settings = msg.content["config"]
+    client = int(settings["client-id"])
+    _addressed(settings, context)
+    run_items = tuple(sorted(context.run_config.items()))
+    path = context.node_config.get("data-path")
+    images = (_own_unlabeled(run_items, str(path)) if path is not None
+              else _dealt(run_items)[int(context.node_config["partition-id"])])
+    trainer = _trainer(run_items, tuple(images.shape[1:]))
+    kept = context.state.array_records.get(_KEPT)
+    state = ClientState.from_arrays({} if kept is None else
+                                    {k: a.numpy() for k, a in kept.items()})
+    sent, result = trainer.round(from_record(msg.content["model"]), state, images,
+                                 int(settings["round"]), client)
+    context.state[_KEPT] = ArrayRecord(array_dict={
+        k: Array.from_numpy_ndarray(np.asarray(a)) for k, a in state.arrays().items()})
+    return _reply(msg, model=to_record(sent), metrics=MetricRecord({
+        "client-id": client, "num-examples": len(images), "steps": result["steps"],
+        **{k: float(result[k]) for k in ("loss", "embedding_std", "mu", "seconds")
+           if k in result}}))
+
+
+_KEPT = "pretrain-kept"
+"""Where a node keeps its federated pre-training's state between rounds."""
+
+
 @app.train()
 @_refusing
 def train(msg: Message, context: Context) -> Message:
-    """Select a cluster (the drawn one in the Tc phase), train it locally, send it back."""
+    """Select a cluster (the drawn one in the Tc phase), train it locally, send it back;
+    in the federated pre-training stage, train the self-supervised model instead."""
     from cpcfl_tf.federated import algorithm
     from cpcfl_tf.federated.backends import (LocalTraining, batch_orders, client_losses,
                                              stack_models, unstack)
 
     settings = msg.content["config"]
+    if settings.get("stage") == "pretrain":
+        return _pretrain(msg, context)
     client, num_clients = int(settings["client-id"]), int(settings["num-clients"])
     _addressed(settings, context)
     config, data, _, backend, _ = _node(context)

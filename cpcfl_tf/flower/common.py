@@ -14,7 +14,7 @@ import numpy as np
 
 from cpcfl_tf.config import Config, get_preset, parse_settings
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.methods import FEDERATED_PRETRAININGS, METHODS, PRETRAIN_METHODS
+from cpcfl_tf.methods import METHODS, PRETRAIN_METHODS
 
 DEFAULTS: dict[str, Any] = {
     "preset": "smoke", "method": "cp-cfl", "pretraining": "simclr", "num-clusters": 2,
@@ -58,10 +58,6 @@ def run_config(values: Mapping[str, Any]) -> Config:
         raise UserError("pre-training 'fedavg' is not available on Flower; use one of "
                         f"{', '.join(('none', *PRETRAIN_METHODS, 'supervised'))}, or the "
                         "simulator")
-    if fl.pretraining in FEDERATED_PRETRAININGS:
-        raise UserError(f"pre-training {fl.pretraining!r} (federated) is not available on "
-                        "Flower yet; run it in the simulator, or start from one of "
-                        f"{', '.join(('none', *PRETRAIN_METHODS, 'supervised'))}")
     if fl.optimizer_state != "fresh":
         # A ClientApp starts afresh for every message: no Adam state survives a round, so
         # a node would silently train unlike the simulator.

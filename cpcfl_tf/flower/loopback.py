@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from cpcfl_tf.methods import METHODS, PRETRAIN_METHODS
+from cpcfl_tf.methods import METHODS, PRETRAINED
 from cpcfl_tf.errors import UserError
 
 APP_DIR = Path(__file__).resolve().parents[2]
@@ -251,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--method", default="cp-cfl",
                         choices=[m for m in METHODS if METHODS[m].on_flower])
     parser.add_argument("--pretraining", default="simclr",
-                        choices=["none", *PRETRAIN_METHODS, "supervised"])
+                        choices=["none", *PRETRAINED])
     parser.add_argument("--num-clusters", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--head-rounds", type=int, default=1, help="Tc (default 1)")

@@ -41,8 +41,10 @@ from flwr.serverapp import Grid, ServerApp
 from cpcfl_tf.config import FederatedConfig
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.federated import algorithm
-from cpcfl_tf.flower.common import class_names, from_record, models_to_records, run_config
+from cpcfl_tf.flower.common import (class_names, from_record, models_to_records, run_config,
+                                   to_record)
 from cpcfl_tf.methods import METHODS
+from cpcfl_tf.ssl_methods import FEDERATED_STARTS
 from cpcfl_tf.record import write_record
 from cpcfl_tf.results import prepare_out_dir
 
@@ -245,6 +247,48 @@ class _Nodes:
         return accuracy, sorted(set(self.client_of.values()) - set(accuracy))
 
 
+def _pretrain_stage(grid: Grid, client_of: dict[int, int], config, timeout: float,
+                    names: dict[int, str] | None) -> list[np.ndarray]:
+    """The federated self-supervised pre-training as the run's first stage: per round the
+    sampled nodes get the global online parts, train the method's step on their own
+    unlabeled images and send theirs with their image count; the server averages them
+    (:mod:`cpcfl_tf.contrastive.federated_pretrain`: the simulator's rounds, seeded the
+    same). A node that fails a round is left out of it. Returns the global encoder."""
+    from cpcfl_tf.contrastive.fedavg_ssl import set_parts
+    from cpcfl_tf.contrastive.federated_pretrain import LocalTrainer, plan, sampled_clients
+
+    p, size = plan(config), config.data.image_size
+    settings, num_clients = p["settings"], config.partition.num_clients
+    server = LocalTrainer(config, (size, size, 3))  # its seeded init and its averaging only
+    global_weights = server.initial()
+    sent = 0
+    for r in range(settings["rounds"]):
+        chosen = set(sampled_clients(config.pretrain_seed, r, num_clients,
+                                     settings["participation"]).tolist())
+        online = set(grid.get_node_ids())
+        contents = {node: RecordDict({
+            "config": ConfigRecord({"stage": "pretrain", "round": r,
+                                    **_addressee(client, names)}),
+            "model": to_record(global_weights)})
+            for node, client in client_of.items() if client in chosen and node in online}
+        replies, failed = _send(grid, contents, MessageType.TRAIN, f"pretrain-{r + 1}",
+                                timeout)
+        replies = sorted(replies, key=lambda m: int(m.content["metrics"]["client-id"]))
+        metrics = [m.content["metrics"] for m in replies]
+        sent += sum(w.nbytes for w in global_weights) * (len(contents) + len(replies))
+        if replies:
+            global_weights = server.algorithm.aggregate(
+                [from_record(m.content["model"]) for m in replies],
+                [int(m["num-examples"]) for m in metrics])
+        loss = np.mean([m["loss"] for m in metrics]) if metrics else float("nan")
+        print(f"[cpcfl] {p['start']} round {r + 1}/{settings['rounds']}: {len(replies)} "
+              f"replies, {len(failed)} failed, loss {loss:.4f}", flush=True)
+    print(f"[cpcfl] {p['start']}: {sent / 1e6:.1f} MB of online parts sent both ways",
+          flush=True)
+    set_parts(server.shared, global_weights)
+    return server.model.encoder.get_weights()
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     from cpcfl_tf.environment import run_environment
@@ -283,8 +327,11 @@ def main(grid: Grid, context: Context) -> None:
              {int(k): str(d["name"]) for k, d in node_data.items()})
     answers = _ask_first(grid, client_of, fl, num_clients, timeout, names)
 
-    # The server's own pre-training (its data, never the nodes').
-    encoder_weights = StartingEncoders(verbose=0)(config)
+    if config.federated.pretraining in FEDERATED_STARTS:
+        # The first stage: the nodes pre-train the encoder on their unlabeled images.
+        encoder_weights = _pretrain_stage(grid, client_of, config, timeout, names)
+    else:  # the server's own pre-training (its data, never the nodes')
+        encoder_weights = StartingEncoders(verbose=0)(config)
     size = config.data.image_size
     template = build_template(fl, (size, size, 3), len(classes))
 
