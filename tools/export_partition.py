@@ -7,7 +7,10 @@ order. A Flower SuperNode started with ``--node-config 'data-path="<out>/client-
 then trains on data that lives only on it, and a federation of such nodes can be
 compared with the simulator on the same partition (docs/flower.md, "Nodes with their
 own data"). ``partition.json`` beside the folders describes the clients (true groups,
-class counts) for that comparison; no node or server reads it.
+class counts) for that comparison; no node or server reads it. With a federated start
+and the unlabeled images on the clients (``--set federated.pretraining=fed-simclr --set
+partition.unlabeled=iid``, or ``groups``) each client also gets its share of the deal in
+``unlabeled/<row>.png``: what a federated pre-training (docs/flower.md) trains on there.
 """
 from __future__ import annotations
 
@@ -45,6 +48,18 @@ def export(clients, out: Path) -> list[Path]:
     return folders
 
 
+def export_unlabeled(dealt, out: Path) -> None:
+    """Write each client's unlabeled images (``dealt``, in client order) under its
+    folder's ``unlabeled/``."""
+    from PIL import Image
+
+    for u, images in enumerate(dealt):
+        folder = client_folder(out, u) / "unlabeled"
+        folder.mkdir(parents=True, exist_ok=True)
+        for row, image in enumerate(images):
+            Image.fromarray(image).save(folder / f"{row:05d}.png")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = SCRIPT.parser().parse_args(argv)
     if not args.out:
@@ -58,6 +73,10 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     clients = clients_for(session.config)
     folders = export(clients, session.out)
+    if session.config.partition.unlabeled != "server":
+        from cpcfl_tf.federated.clients import unlabeled_for
+
+        export_unlabeled(unlabeled_for(session.config), session.out)
     write_json(session.out / "partition.json", {"clients": clients.records})
     print(f"wrote {len(folders)} client folders ({clients.train.size} training, "
           f"{clients.test.size} test images each) to {session.out}", file=sys.stderr)
