@@ -26,7 +26,8 @@ INSIDE = {
     "federated": ("diagnostics", "clients", "metrics", "backends", "algorithm", "pool",
                   "centralized", "simulator", "starting"),
     "contrastive": ("losses", "model", "simclr", "byol", "simsiam", "vicreg", "pretrain",
-                    "linear_eval", "knn", "timing"),
+                    "fedavg_ssl", "fedema", "federated_pretrain", "linear_eval", "knn",
+                    "timing"),
 }
 """The order of the modules inside a package: a module imports only those before it."""
 
