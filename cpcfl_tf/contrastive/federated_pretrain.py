@@ -78,11 +78,12 @@ def federated_folder(config: Config) -> Path:
 
 
 def federated_encoder(config: Config, client_images: Callable[[], list[np.ndarray]], *,
-                      verbose: int = 1, monitor=None) -> PretrainResult:
+                      verbose: int = 1, monitor=None,
+                      on_round: Callable[[int, dict], None] | None = None) -> PretrainResult:
     """``config``'s federated pre-training, from the cache or trained now (resumed if it
     was interrupted). ``client_images()`` gives each client's unlabeled images (called only
     when there is something to train); ``monitor`` as for the server's pre-training, or a
-    function that makes it."""
+    function that makes it; ``on_round(round, history entry)`` after each round trained."""
     out = federated_folder(config)
     meta = {"config": identity(config), "seed": config.pretrain_seed}
     cached = _finished(out, meta)
@@ -105,7 +106,8 @@ def federated_encoder(config: Config, client_images: Callable[[], list[np.ndarra
               f"{config.partition.num_clients} clients' unlabeled images "
               f"({p['deal']} deal of {config.data.pretrain_dataset}:"
               f"{config.data.pretrain_split}) -> {out}", flush=True)
-    return federated_pretrain(config, client_images(), out, verbose=verbose, monitor=monitor)
+    return federated_pretrain(config, client_images(), out, verbose=verbose, monitor=monitor,
+                              on_round=on_round)
 
 
 def _read_meta(path: Path) -> dict:
@@ -194,9 +196,11 @@ def round_entry(round_: int, results: list[dict], seconds: float) -> dict:
 
 
 def federated_pretrain(config: Config, client_images: list[np.ndarray], out_dir: str | Path,
-                       *, verbose: int = 1, monitor=None) -> PretrainResult:
+                       *, verbose: int = 1, monitor=None,
+                       on_round: Callable[[int, dict], None] | None = None) -> PretrainResult:
     """Run ``config``'s federated pre-training on ``client_images`` (uint8, one array per
-    client) into ``out_dir``; resumes from its ``checkpoint.npz``."""
+    client) into ``out_dir``; resumes from its ``checkpoint.npz``. ``monitor``: the kNN
+    monitor (its ``due`` counts rounds); ``on_round(round, entry)`` after each round."""
     out = prepare_out_dir(out_dir)
     p = plan(config)
     settings, seed = p["settings"], config.pretrain_seed
@@ -249,6 +253,8 @@ def federated_pretrain(config: Config, client_images: list[np.ndarray], out_dir:
                   f"embedding_std {entry['embedding_std']:.4f}{mu}{knn}, {len(chosen)} "
                   f"clients, {entry['seconds']:.1f} s", flush=True)
         _save(checkpoint, trainer.model, r + 1, meta, global_weights, states, history, totals)
+        if on_round:
+            on_round(r + 1, entry)
 
     set_parts(trainer.shared, global_weights)
     encoder = trainer.model.encoder

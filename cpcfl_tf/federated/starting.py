@@ -108,7 +108,8 @@ class StartingEncoders:
             raise ValueError("a federated pre-training needs the clients' unlabeled images")
         monitor = None if self._knn is None else (lambda: self._knn(config))
         return federated_encoder(config, lambda: self._client_unlabeled(config),
-                                 verbose=self.verbose, monitor=monitor)
+                                 verbose=self.verbose, monitor=monitor,
+                                 on_round=self._epoch_log(config, config.federated.pretraining))
 
     def status(self, config: Config) -> str:
         """Where ``config``'s starting encoder would come from now (nothing is built)."""
@@ -150,12 +151,18 @@ class StartingEncoders:
                                   on_epoch=self._epoch_log(config, method), monitor=monitor)
 
     def _epoch_log(self, config: Config, method: str):
-        """The TensorBoard logger of a pre-training's epochs (None without a folder)."""
+        """The TensorBoard logger of a pre-training's epochs (a federated one's rounds),
+        None without a folder."""
         from cpcfl_tf.contrastive.pretrain import pretrain_folder
 
         if not self.tensorboard:
             return None
-        folder = pretrain_folder(config.pretrain, config.data, method, config.pretrain_seed)
+        if method in FEDERATED_STARTS:
+            from cpcfl_tf.contrastive.federated_pretrain import federated_folder
+
+            folder = federated_folder(config)
+        else:
+            folder = pretrain_folder(config.pretrain, config.data, method, config.pretrain_seed)
         log = ScalarLog(Path(self.tensorboard) / "pretrain" / folder.name)
         names = ("loss", "embedding_std", "knn_accuracy")
         return lambda epoch, logs: log.write(epoch, {k: logs[k] for k in names if k in logs})
