@@ -52,6 +52,10 @@ def _options(parser) -> None:
                                                   "smoke 2)")
     parser.add_argument("--linear-epochs", type=int, default=100, metavar="E",
                         help="epochs of each linear evaluation (default 100)")
+    parser.add_argument("--report", action="store_true",
+                        help="make no run and score no encoder: write the report from the "
+                             "seeds whose runs are all finished in the output folder (with "
+                             "the encoder scores kept so far), headed partial")
 
 
 def specs_for(seeds: Sequence[int]) -> list[RunSpec]:
@@ -70,8 +74,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         spec.config(config)
     session = SCRIPT.session(args)
     specs = session.plan(specs_for(seeds))
-    records = {spec.name: session.runner.run(spec) for spec in specs}
-    encoders = score_encoders(session, specs)
+    records, encoders = {}, {}
+    for seed in seeds:  # a seed's runs, then its encoders' scores: kept as they come
+        done, _ = session.run_or_read([s for s in specs if s.seed == seed], args.report)
+        records.update({spec.name: record for spec, record in done})
+        encoders = score_encoders(session, [s for s, _ in done], args.report)
+    complete = [s for s in seeds if all(f"seed{s}-{row}" in records for row, *_ in ROWS)]
+    specs = [spec for spec in specs if spec.seed in complete]
     summary = summarize(specs, records, encoders)
     from cpcfl_tf.environment import environment
     from cpcfl_tf.results import write_json
@@ -82,18 +91,26 @@ def main(argv: Sequence[str] | None = None) -> None:
         "differences": summary["differences"], "encoders": encoders,
         "environment": environment()})
     text = report(config, summary)
+    if len(complete) < len(seeds):
+        title, rest = text.split("\n", 1)
+        text = (f"{title}\n\n**Partial: seeds {', '.join(map(str, complete)) or 'none'} of "
+                f"{seeds[0]}-{seeds[-1]}.** Every mean and verdict below is over these seeds "
+                f"alone. `python experiments/federated_pretraining.py --preset {config.preset} "
+                "--resume` makes the rest.\n" + rest)
     session.finish(text, rows=summary["rows"])
     readme = Path("results") / "README.md"
     if (session.out.resolve() == (Path("results") / config.preset / SCRIPT.name).resolve()
-            and len(summary["rows"]) == len(ROWS)
+            and len(complete) == len(seeds) and len(summary["rows"]) == len(ROWS)
             and replace_block(readme, "fedpretrain", config.preset, _tables(text))):
         print(f"updated the {config.preset} federated pre-training tables in {readme}")
 
 
-def score_encoders(session, specs: Sequence[RunSpec]) -> dict[str, dict]:
+def score_encoders(session, specs: Sequence[RunSpec], only_kept: bool = False
+                   ) -> dict[str, dict]:
     """Linear and kNN accuracy of every run's starting encoder on the proxy, and how each
     was made (its ``pretrain.json`` beside it in ``encoders/``), by cache folder; scores
-    kept in ``encoders.json`` so an interrupted study does not score again."""
+    kept in ``encoders.json`` so an interrupted study does not score again.
+    ``only_kept``: score nothing, return the scores kept."""
     from cpcfl_tf.contrastive.knn import KnnMonitor
     from cpcfl_tf.contrastive.linear_eval import linear_eval
     from cpcfl_tf.results import prepare_out_dir, read_json, weights_fingerprint, write_json
@@ -102,6 +119,8 @@ def score_encoders(session, specs: Sequence[RunSpec]) -> dict[str, dict]:
     kept_path = session.out / "encoders.json"
     kept = {} if session.args.force or not kept_path.exists() else read_json(
         kept_path, fix="delete it to score the encoders again")
+    if only_kept:
+        return kept
     proxy = None
     for spec in specs:
         config = runner.config_of(spec)
@@ -143,7 +162,7 @@ def summarize(specs, records, encoders) -> dict:
     by_row: dict[str, dict[int, object]] = {}
     for spec in specs:
         by_row.setdefault(spec.row, {})[spec.seed] = records[spec.name]
-    encoder_of = {run: e for e in encoders.values() for run in e["runs"]}
+    encoder_of = {run: e for e in encoders.values() for run in e.get("runs", [])}
     rows = []
     for row, method, start, deal in ROWS:
         if row not in by_row:

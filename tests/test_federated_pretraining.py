@@ -299,7 +299,13 @@ def test_the_study_judges_each_federated_encoder_against_both_references(tmp_pat
     row = next(r for r in stored["rows"] if r["row"] == "cp-cfl-fed-simclr-groups")
     assert row["pretrain_megabytes"] > 0 and row["client_pretrain_images"] > 0
     text = (out / "federated_pretraining.md").read_text()
-    assert "CP-CFL (FedSimCLR) (groups) minus IFCA (None)" in text
+    assert "CP-CFL (FedSimCLR) (groups) minus IFCA (None)" in text and "Partial" not in text
+    (out / "seed1-ifca-none.json").unlink()  # a study under way: --report runs nothing
+    study.main([*argv, "--report"])
+    partial = json.loads((out / "federated_pretraining.json").read_text())
+    assert all(d["n"] == 1 for d in partial["differences"].values())
+    assert not (out / "seed1-ifca-none.json").exists()
+    assert "**Partial: seeds 0 of 0-1.**" in (out / "federated_pretraining.md").read_text()
 
 
 def test_the_study_refuses_a_deal_the_data_cannot_host_and_writes_nothing(tmp_path):
