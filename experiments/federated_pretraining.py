@@ -97,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 f"{seeds[0]}-{seeds[-1]}.** Every mean and verdict below is over these seeds "
                 f"alone. `python experiments/federated_pretraining.py --preset {config.preset} "
                 "--resume` makes the rest.\n" + rest)
-    session.finish(text, rows=summary["rows"])
+    session.finish(text, rows=run_rows(specs, records, encoders))
     readme = Path("results") / "README.md"
     if (session.out.resolve() == (Path("results") / config.preset / SCRIPT.name).resolve()
             and len(complete) == len(seeds) and len(summary["rows"]) == len(ROWS)
@@ -151,6 +151,27 @@ def score_encoders(session, specs: Sequence[RunSpec], only_kept: bool = False
         kept[folder]["runs"] = sorted({*kept[folder].get("runs", []), spec.name})
     write_json(kept_path, kept)
     return kept
+
+
+def run_rows(specs, records, encoders) -> list[dict]:
+    """One CSV row per run: its record's final accuracy, ARI and bytes, and its starting
+    encoder's scores and pre-training cost (the means are the JSON's and the report's)."""
+    encoder_of = {run: e for e in encoders.values() for run in e.get("runs", [])}
+    rows = []
+    for spec in specs:
+        r, made = records[spec.name], encoder_of.get(spec.name, {})
+        fed = made.get("federated", {})
+        rows.append({"run": spec.name, "row": spec.row, "seed": spec.seed,
+                     "pretraining": spec.pretraining,
+                     "deal": spec.partition.get("unlabeled", "server"),
+                     "accuracy": r.final.accuracy, "ari": r.final.ari,
+                     "bytes_down": r.final.bytes_down, "bytes_up": r.final.bytes_up,
+                     "linear_accuracy": made.get("linear_accuracy"),
+                     "knn_accuracy": made.get("knn_accuracy"),
+                     "pretrain_bytes": (fed["bytes_down"] + fed["bytes_up"]) if fed else None,
+                     "client_pretrain_seconds": fed.get("client_seconds"),
+                     "pretrain_seconds": made.get("pretrain_seconds")})
+    return rows
 
 
 def _mean(values) -> float | None:
