@@ -405,8 +405,7 @@ class Config:
                                 f"rate; drop {method}.target_schedule from pretrain.options")
             options = (self.pretrain.options or {}).get(algorithm.name)
             batch = algorithm.resolve(options)["batch_size"]
-            if parse_split(d.pretrain_dataset, d.pretrain_split).base in \
-                    get_spec(d.pretrain_dataset).splits:
+            if base in get_spec(d.pretrain_dataset).splits:
                 check_deal(split_size(d.pretrain_dataset, d.pretrain_split),
                            self.partition.num_clients, batch,
                            f"{d.pretrain_dataset}:{d.pretrain_split}")

@@ -156,10 +156,9 @@ def score_candidates(session, plan: dict[str, list[dict]], seeds: list[int]) -> 
     """Pre-train (or find in the cache) and score every candidate of every seed; the
     scores of a candidate scored before (``candidates.json`` in the output folder) are
     kept, as its cache entry names the same encoder."""
-    from cpcfl_tf.contrastive.knn import KnnMonitor
-    from cpcfl_tf.contrastive.linear_eval import linear_eval
+    from cpcfl_tf.contrastive.knn import proxy_scores
     from cpcfl_tf.contrastive.pretrain import pretrain_folder
-    from cpcfl_tf.results import read_json, weights_fingerprint, write_json
+    from cpcfl_tf.results import read_json, write_json
 
     config, runner = session.config, session.runner
     kept_path = session.out / "candidates.json"
@@ -179,13 +178,9 @@ def score_candidates(session, plan: dict[str, list[dict]], seeds: list[int]) -> 
                 if folder not in kept:
                     proxy = proxy or runner.client_splits(config.data)
                     result = runner.encoders.contrastive(run_config, method)
-                    kept[folder] = {
-                        "linear_accuracy": linear_eval(result.encoder, *proxy, seed=seed,
-                                                       epochs=epochs),
-                        "linear_epochs": epochs,
-                        "knn_accuracy": KnnMonitor(*proxy).accuracy(result.encoder),
-                        "fingerprint": weights_fingerprint(result.encoder.get_weights()),
-                        "final_loss": result.history[-1]["loss"]}
+                    kept[folder] = {**proxy_scores(result.encoder, *proxy, seed=seed,
+                                                   epochs=epochs),
+                                    "final_loss": result.history[-1]["loss"]}
                     write_json(kept_path, kept)
                     print(f"seed {seed} {method} {label(settings)}: linear "
                           f"{kept[folder]['linear_accuracy']:.4f}, kNN "

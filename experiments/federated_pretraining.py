@@ -30,6 +30,7 @@ from cpcfl_tf.methods import run_label
 from cpcfl_tf.report import markdown_table, replace_block
 from cpcfl_tf.runner import RunSpec
 from cpcfl_tf.script import Script
+from cpcfl_tf.ssl_methods import FEDERATED_STARTS
 
 SEEDS = {"smoke": 2, "quick": 5, "standard": 5, "paper": 1}
 """Seeds per preset (the claims' five on the CPU presets)."""
@@ -111,9 +112,8 @@ def score_encoders(session, specs: Sequence[RunSpec], only_kept: bool = False
     was made (its ``pretrain.json`` beside it in ``encoders/``), by cache folder; scores
     kept in ``encoders.json`` so an interrupted study does not score again.
     ``only_kept``: score nothing, return the scores kept."""
-    from cpcfl_tf.contrastive.knn import KnnMonitor
-    from cpcfl_tf.contrastive.linear_eval import linear_eval
-    from cpcfl_tf.results import prepare_out_dir, read_json, weights_fingerprint, write_json
+    from cpcfl_tf.contrastive.knn import proxy_scores
+    from cpcfl_tf.results import prepare_out_dir, read_json, write_json
 
     runner, epochs = session.runner, session.args.linear_epochs
     kept_path = session.out / "encoders.json"
@@ -127,7 +127,7 @@ def score_encoders(session, specs: Sequence[RunSpec], only_kept: bool = False
         start = config.federated.pretraining
         if start == "none":
             continue
-        result = (runner.encoders.federated(config) if start.startswith("fed")
+        result = (runner.encoders.federated(config) if start in FEDERATED_STARTS
                   else runner.encoders.contrastive(config, start))
         folder = result.out_dir.name
         if kept.get(folder, {}).get("linear_epochs") != epochs:
@@ -137,11 +137,8 @@ def score_encoders(session, specs: Sequence[RunSpec], only_kept: bool = False
             kept[folder] = {
                 "start": start, "seed": config.pretrain_seed,
                 "deal": config.partition.unlabeled,
-                "linear_accuracy": linear_eval(result.encoder, *proxy,
-                                               seed=config.pretrain_seed, epochs=epochs),
-                "linear_epochs": epochs,
-                "knn_accuracy": KnnMonitor(*proxy).accuracy(result.encoder),
-                "fingerprint": weights_fingerprint(result.encoder.get_weights()),
+                **proxy_scores(result.encoder, *proxy, seed=config.pretrain_seed,
+                               epochs=epochs),
                 "pretrain_seconds": round(sum(h["seconds"] for h in made["history"]), 3),
                 **({"federated": made["federated"]} if "federated" in made else {})}
             write_json(prepare_out_dir(session.out / "encoders") / f"{folder}.json", made)
@@ -212,7 +209,7 @@ def summarize(specs, records, encoders) -> dict:
             "knn_accuracy": _mean(m["knn_accuracy"] if m else None for m in made)})
     differences = {}
     for row, _, start, _ in ROWS:
-        if not start.startswith("fed") or row not in by_row:
+        if start not in FEDERATED_STARTS or row not in by_row:
             continue
         for other in (BASELINE, SERVER):
             if other in by_row:

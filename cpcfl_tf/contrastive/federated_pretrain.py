@@ -33,11 +33,10 @@ import tensorflow as tf
 from cpcfl_tf.compat import pretrain_settings, without_added
 from cpcfl_tf.config import Config
 from cpcfl_tf.contrastive.fedavg_ssl import ClientState, get_parts, set_parts
-from cpcfl_tf.contrastive.pretrain import (PretrainResult, _finished, build_contrastive_model,
-                                           image_source)
+from cpcfl_tf.contrastive.pretrain import (PretrainResult, _check_checkpoint, _finished,
+                                           build_contrastive_model, image_source)
 from cpcfl_tf.errors import DivergedError, UserError
-from cpcfl_tf.results import (CACHE_FIX, cache_root, prepare_out_dir, read_cache_entry,
-                              write_atomic, write_json)
+from cpcfl_tf.results import CACHE_FIX, cache_root, prepare_out_dir, write_atomic, write_json
 from cpcfl_tf.ssl_methods import FEDERATED_STARTS
 
 
@@ -92,14 +91,8 @@ def federated_encoder(config: Config, client_images: Callable[[], list[np.ndarra
     if callable(monitor):
         monitor = monitor()
     prepare_out_dir(out, fix=CACHE_FIX)
-    checkpoint = out / "checkpoint.npz"
-    if checkpoint.exists():
-        found = read_cache_entry(checkpoint, _read_meta, rebuild="starting it over")
-        if found is None:
-            checkpoint.unlink()
-        elif found != meta:
-            raise UserError(f"{checkpoint} belongs to another federated pre-training; "
-                            "delete it to start this one over")
+    if (out / "checkpoint.npz").exists():
+        _check_checkpoint(out / "checkpoint.npz", meta)
     p = plan(config)
     if verbose:
         print(f"federated pre-training {p['start']} ({config.pretrain.encoder}) on "
@@ -108,11 +101,6 @@ def federated_encoder(config: Config, client_images: Callable[[], list[np.ndarra
               f"{config.data.pretrain_split}) -> {out}", flush=True)
     return federated_pretrain(config, client_images(), out, verbose=verbose, monitor=monitor,
                               on_round=on_round)
-
-
-def _read_meta(path: Path) -> dict:
-    with np.load(path) as data:
-        return json.loads(str(data["__record__"]))["meta"]
 
 
 def _nbytes(weights) -> int:

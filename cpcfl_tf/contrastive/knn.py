@@ -14,7 +14,7 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
-from cpcfl_tf.contrastive.linear_eval import encode
+from cpcfl_tf.contrastive.linear_eval import encode, linear_eval
 from cpcfl_tf.data.sources import LabeledImages
 from cpcfl_tf.errors import UserError
 
@@ -70,3 +70,15 @@ class KnnMonitor:
         predicted = knn_predict(bank, self.train.labels, queries, self.train.num_classes,
                                 k=self.k, temperature=self.temperature)
         return float(np.mean(predicted == self.test.labels))
+
+
+def proxy_scores(encoder, train: LabeledImages, test: LabeledImages, *, seed: int,
+                 epochs: int) -> dict:
+    """An encoder's scores on a labeled proxy, as the studies keep them: linear
+    accuracy (:func:`~cpcfl_tf.contrastive.linear_eval.linear_eval`, ``epochs`` of it),
+    weighted-kNN accuracy (:class:`KnnMonitor`) and the weights' fingerprint."""
+    from cpcfl_tf.results import weights_fingerprint
+
+    return {"linear_accuracy": linear_eval(encoder, train, test, seed=seed, epochs=epochs),
+            "linear_epochs": epochs, "knn_accuracy": KnnMonitor(train, test).accuracy(encoder),
+            "fingerprint": weights_fingerprint(encoder.get_weights())}

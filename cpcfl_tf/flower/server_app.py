@@ -275,7 +275,7 @@ def _pretrain_stage(grid: Grid, client_of: dict[int, int], config, timeout: floa
                                 timeout)
         replies = sorted(replies, key=lambda m: int(m.content["metrics"]["client-id"]))
         metrics = [m.content["metrics"] for m in replies]
-        sent += sum(w.nbytes for w in global_weights) * (len(contents) + len(replies))
+        sent += algorithm.model_bytes(global_weights) * (len(contents) + len(replies))
         if replies:
             global_weights = server.algorithm.aggregate(
                 [from_record(m.content["model"]) for m in replies],
