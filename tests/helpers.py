@@ -157,9 +157,12 @@ class InProcessGrid:
     its transport (that is tested by the loopback federation and the Simulation Engine
     runs). For what the ServerApp and ClientApp compute, at the cost of one process."""
 
-    def __init__(self, run, node_configs):
+    def __init__(self, run, node_configs, refuse=()):
         from flwr.app import Context, RecordDict
 
+        self.refuse = set(refuse)
+        """(group id, node index) pairs whose message gets an error reply, as from a node
+        that failed it."""
         self.contexts = {100 + k: Context(run_id=1, node_id=100 + k, node_config=dict(c),
                                           state=RecordDict(), run_config=dict(run))
                          for k, c in enumerate(node_configs)}
@@ -171,7 +174,7 @@ class InProcessGrid:
     def send_and_receive(self, messages, timeout=None):
         import time
 
-        from flwr.app import MessageType
+        from flwr.app import Error, MessageType
         from flwr.common import Message, Metadata
 
         from cpcfl_tf.flower import client_app
@@ -187,13 +190,16 @@ class InProcessGrid:
                 run_id=1, message_id=f"m{self.sent}", src_node_id=1, dst_node_id=node,
                 reply_to_message_id="", group_id=meta.group_id, created_at=time.time(),
                 ttl=60.0, message_type=meta.message_type))
-            replies.append(handlers[meta.message_type](delivered, self.contexts[node]))
+            if (meta.group_id, node - 100) in self.refuse:
+                replies.append(Message(Error(0, "refused by the test"), reply_to=delivered))
+            else:
+                replies.append(handlers[meta.message_type](delivered, self.contexts[node]))
         return replies
 
 
-def run_in_process(run, node_configs):
-    """The ServerApp's ``main`` over an :class:`InProcessGrid` of ``node_configs``; returns
-    the run record (``run["out"]``)."""
+def run_in_process(run, node_configs, refuse=()):
+    """The ServerApp's ``main`` over an :class:`InProcessGrid` of ``node_configs``
+    (``refuse``: its failing messages); returns the run record (``run["out"]``)."""
     import json
 
     from flwr.app import Context, RecordDict
@@ -206,7 +212,7 @@ def run_in_process(run, node_configs):
     # The ServerApp's identity, as Flower sets it in the ServerApp's process.
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
     try:
-        server_app.main(InProcessGrid(run, node_configs),
+        server_app.main(InProcessGrid(run, node_configs, refuse),
                         Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
                                 run_config=dict(run)))
     finally:

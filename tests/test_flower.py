@@ -1,5 +1,7 @@
 """A real Flower federation on loopback (``-k flower``): 1 SuperLink + 3 SuperNodes as
-processes serving one run, N = 2 on smoke data, one SuperNode killed in its last round.
+processes serving one run, each node with its own data folder (the smoke partition
+exported), N = 2, one SuperNode killed in its last round; the Simulation Engine; and the
+ServerApp and ClientApp in one process (``helpers.InProcessGrid``) for what they compute.
 Skipped when the ``[flower]`` extra is not installed."""
 import os
 import time
@@ -11,7 +13,7 @@ pytestmark = pytest.mark.flower
 
 from cpcfl_tf import rules
 from cpcfl_tf.flower.loopback import Federation, wait_for_file  # noqa: E402
-from helpers import run_in_process, simulated  # noqa: E402
+from helpers import run_in_process, script, simulated  # noqa: E402
 
 RUN = {"preset": "smoke", "method": "cp-cfl", "pretraining": "simclr", "num-clusters": 2,
        "num-clients": 3, "head-rounds": 1, "seed": 0}
@@ -26,9 +28,14 @@ def env():
 
 @pytest.fixture(scope="module")
 def federation(tmp_path_factory, env):
-    """One SuperLink and 3 SuperNodes, stopped (every process group gone) after the
-    module."""
-    with Federation.start(3, tmp_path_factory.mktemp("federation"), env=env) as fed:
+    """One SuperLink and 3 SuperNodes, each started with its own data folder (node config
+    ``data-path``: the smoke partition of 3 clients, exported), stopped (every process
+    group gone) after the module."""
+    sites = tmp_path_factory.mktemp("sites") / "clients"
+    script("export_partition").main(["--preset", "smoke", "--out", str(sites),
+                                     "--set", "partition.num_clients=3"])
+    configs = [f'data-path="{p}"' for p in sorted(p for p in sites.iterdir() if p.is_dir())]
+    with Federation.start(configs, tmp_path_factory.mktemp("federation"), env=env) as fed:
         yield fed
     _stopped(fed)
 
@@ -84,7 +91,8 @@ def test_fedgroup_groups_the_nodes_as_the_simulator(tmp_path):
 def test_flower_federation_runs_the_simulators_rounds_and_survives_a_killed_supernode(
         tmp_path, federation):
     # One run (each ClientApp message starts a Python process with TensorFlow: runs are
-    # slow to start). Round 1 draws at random with the encoder frozen (t < Tc), rounds
+    # slow to start), of nodes that read their own folders: the simulator's run of the
+    # partition they were exported from. Round 1 draws at random with the encoder frozen (t < Tc), rounds
     # 2-3 select by loss; SuperNode 2 is killed in round 3. The simulator, told that
     # client 2's round-3 reply never comes, must give the same run. Three rounds, not
     # two: with two, clients 0 and 1 score the same whether or not client 2's reply
@@ -104,6 +112,8 @@ def test_flower_federation_runs_the_simulators_rounds_and_survives_a_killed_supe
     from cpcfl_tf.results import weights_fingerprint
 
     assert sorted(record["nodes"].values()) == [0, 1, 2]
+    assert [record["node_data"][str(k)]["name"] for k in range(3)] == [
+        "client-000", "client-001", "client-002"]  # by folder name: SuperNode k is client k
     assert record["environment"]["starting_encoder"] == weights_fingerprint(encoder)
     # On a mismatch, the ServerApp's lines (rounds, and each failed node's reason) say why.
     assert [r["cluster_ids"] for r in record["rounds"]] == ids, federation.server_lines(run_id)
@@ -521,3 +531,53 @@ def test_a_node_without_unlabeled_images_is_refused_for_a_federated_pretraining(
     assert "num-unlabeled" not in client_app._identity(Context(
         run_id=1, node_id=5, state=RecordDict(), node_config={"data-path": str(site)},
         run_config=RUN))  # a run without a federated pre-training does not ask
+
+
+def test_the_servers_pretraining_stage_is_the_simulators_and_leaves_a_failed_node_out(
+        tmp_path, capsys):
+    # The ServerApp's first stage runs the simulator's loop (federated_pretrain.run_rounds)
+    # with the nodes as its clients. A node that fails round 2 is left out of that round:
+    # the global parts are the others' average, as the loop's own clients give when that
+    # client is dropped, and the ServerApp says so.
+    import dataclasses
+
+    import numpy as np
+
+    from cpcfl_tf.contrastive import federated_pretrain as fp
+    from cpcfl_tf.contrastive.fedavg_ssl import ClientState, set_parts
+    from cpcfl_tf.federated.clients import unlabeled_for
+    from cpcfl_tf.flower.common import run_config
+    from cpcfl_tf.results import weights_fingerprint
+
+    run = {**RUN, "method": "fedavg", "pretraining": "fed-simclr", "num-clusters": 1,
+           "head-rounds": 0, "rounds": 1,
+           "set": "partition.unlabeled=iid pretrain.options.fed.batch_size=64 "
+                  "pretrain.options.fed.rounds=2"}
+    nodes = [{"partition-id": k, "num-partitions": 3} for k in range(3)]
+    record = run_in_process({**run, "out": str(tmp_path / "result.json")}, nodes,
+                            refuse={("pretrain-2", 1)})
+    printed = capsys.readouterr().out
+    assert "fed-simclr round 1/2: 3 replies, 0 failed" in printed
+    assert "fed-simclr round 2/2: 2 replies, 1 failed" in printed
+
+    class Dropping(fp.LocalClients):  # the loop's own clients, client 1 gone in round 2
+        def train(self, weights, round_, chosen):
+            replies = super().train(weights, round_, chosen[(chosen != 1) | (round_ == 0)])
+            return dataclasses.replace(replies, reached=len(chosen))
+
+    config = run_config(run)
+    images = unlabeled_for(config)
+    trainer = fp.LocalTrainer(config, images[0].shape[1:])
+    states = [ClientState() for _ in images]
+    weights = fp.run_rounds(trainer, Dropping(trainer, images, states), 3, trainer.initial(),
+                            fp.new_totals())
+    set_parts(trainer.shared, weights)
+    assert record["environment"]["starting_encoder"] == weights_fingerprint(
+        trainer.model.encoder.get_weights())
+    # Without the failure the loop gives another encoder: the check above can fail.
+    full = fp.LocalTrainer(config, images[0].shape[1:])
+    set_parts(full.shared, fp.run_rounds(full, fp.LocalClients(full, images, [
+        ClientState() for _ in images]), 3, full.initial(), fp.new_totals()))
+    assert weights_fingerprint(full.model.encoder.get_weights()) != \
+        record["environment"]["starting_encoder"]
+    assert np.isfinite(record["final"]["accuracy"])

@@ -1,8 +1,6 @@
 """Flower nodes that bring their own data (``data-path``): the folder format, the export
-tool, and a loopback federation of such nodes against the simulator on the same partition,
-with one node whose data is bad."""
-import os
-
+tool, and a run of such nodes against the simulator on the same partition, with one node
+whose data is bad."""
 import numpy as np
 import pytest
 
@@ -95,15 +93,15 @@ RUN = {"preset": "smoke", "method": "ifca", "pretraining": "none", "num-clusters
        "num-clients": 3, "head-rounds": 0, "seed": 0}
 
 
-@pytest.mark.flower
 def test_nodes_with_their_own_data_run_the_simulators_rounds_and_a_bad_one_is_left_out(
-        tmp_path):
-    # The smoke partition exported as one folder per client; a SuperNode per folder, plus
-    # one whose folder holds a class the run does not know. The server learns the clients
-    # from the nodes (names and counts), leaves the bad node out with its reason, and the
-    # run is the simulator's on the same partition.
+        tmp_path, capsys):
+    # The smoke partition exported as one folder per client; a node per folder, plus one
+    # whose folder holds a class the run does not know. The server learns the clients from
+    # the nodes (names and counts), leaves the bad node out with its reason, and the run
+    # is the simulator's on the same partition. The ServerApp and ClientApp run in this
+    # process (helpers.InProcessGrid); tests/test_flower.py runs such nodes as SuperNodes.
     pytest.importorskip("flwr")
-    from cpcfl_tf.flower.loopback import Federation, wait_for_file
+    from helpers import run_in_process
 
     out = tmp_path / "clients"
     script("export_partition").main(["--preset", "smoke", "--out", str(out),
@@ -112,32 +110,25 @@ def test_nodes_with_their_own_data_run_the_simulators_rounds_and_a_bad_one_is_le
     _touch(tmp_path / "zz-bad" / "test" / "cat" / "0.png")
     folders = [*sorted(p for p in out.iterdir() if p.is_dir()), tmp_path / "zz-bad"]
     ids, accuracy, _, sim_final = simulated(RUN, 1, tmp_path / "sim")
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    configs = [f'data-path="{p}"' for p in folders]
-    with Federation.start(configs, tmp_path / "federation", env=env) as federation:
-        run_id = federation.run({**RUN, "rounds": 1, "min-nodes": 4, "round-timeout": 120.0,
-                                 "out": str(tmp_path / "result.json")})
-        record = wait_for_file(tmp_path / "result.json", federation, timeout=540)
-        server = federation.server_lines(run_id)  # why, should a check below fail
-        bad_log = (federation.workdir / "supernode-3.log").read_text()
+    capsys.readouterr()
+    record = run_in_process({**RUN, "rounds": 1, "min-nodes": 4,
+                             "out": str(tmp_path / "result.json")},
+                            [{"data-path": str(p)} for p in folders])
+    printed = capsys.readouterr()
     counts = [[len(list((p / split).rglob("*.png"))) for split in ("train", "test")]
               for p in folders[:3]]
     assert record["node_data"] == {str(k): {"name": p.name, "num_train": n, "num_test": m}
                                    for k, (p, (n, m)) in enumerate(zip(folders, counts))}
     assert sorted(record["nodes"].values()) == [0, 1, 2]
     assert record["config"]["partition"]["num_clients"] == 3
-    # Every good node answered (a reply lost to a timeout would keep a stale cluster id
-    # and make the next check fail for another reason than the algorithm's).
-    assert [(r["replies"], r["failed_partitions"]) for r in record["rounds"]] == [(3, [])], \
-        server
-    assert [r["cluster_ids"] for r in record["rounds"]] == ids, server
+    assert [(r["replies"], r["failed_partitions"]) for r in record["rounds"]] == [(3, [])]
+    assert [r["cluster_ids"] for r in record["rounds"]] == ids
     final = record["final"]["client_accuracy"]
-    assert [final[str(k)] for k in range(3)] == pytest.approx(list(accuracy[-1]), abs=1e-6), \
-        server
-    assert any("round 1/1" in line for line in server)  # the ServerApp's own account
+    assert [final[str(k)] for k in range(3)] == pytest.approx(list(accuracy[-1]), abs=1e-6)
+    assert "[cpcfl] round 1/1" in printed.out  # the ServerApp's own account
     assert record["final"]["bytes_down"] == sim_final.bytes_down
-    # the bad node: one line in its own log per message it refused, no traceback
-    refused = [line for line in bad_log.splitlines() if "[cpcfl]" in line]
+    # the bad node: one line per message it refused, no traceback
+    refused = [line for line in printed.err.splitlines() if "[cpcfl]" in line]
     assert refused and all("node refused query: " in line and "zz-bad/train/cat is a class "
                            "the run does not know" in line for line in refused)
-    assert "Traceback" not in bad_log
+    assert "Traceback" not in printed.err

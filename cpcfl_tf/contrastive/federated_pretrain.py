@@ -172,10 +172,82 @@ def sampled_clients(seed: int, round_: int, num_clients: int, participation: flo
     return np.sort(rng.choice(num_clients, sampled, replace=False))
 
 
+@dataclasses.dataclass
+class Replies:
+    """What a round's sampled clients sent back, by client id: each one's online parts and
+    image count, and its round's results (:meth:`LocalTrainer.round`'s: loss,
+    embedding_std, steps, seconds, FedEMA's mu). ``reached``: how many clients the global
+    parts were sent to; ``failed``: the sampled clients that sent nothing."""
+    uploads: list[list[np.ndarray]]
+    counts: list[int]
+    results: list[dict]
+    reached: int
+    failed: list[int] = dataclasses.field(default_factory=list)
+
+
+class LocalClients:
+    """The simulator's clients: each sampled client's round on one :class:`LocalTrainer`,
+    with its own state (kept in ``states``, which the checkpoint saves) and images. The
+    Flower ServerApp's counterpart sends the same rounds to its nodes."""
+
+    def __init__(self, trainer: LocalTrainer, client_images: list[np.ndarray],
+                 states: list[ClientState]):
+        self.trainer, self.images, self.states = trainer, client_images, states
+
+    def train(self, global_weights, round_: int, chosen: np.ndarray) -> Replies:
+        uploads, results = [], []
+        for k in chosen:
+            sent, result = self.trainer.round(global_weights, self.states[k], self.images[k],
+                                              round_, int(k))
+            uploads.append(sent)
+            results.append(result)
+        return Replies(uploads, [len(self.images[k]) for k in chosen], results, len(chosen))
+
+
+def new_totals() -> dict:
+    """The federated pre-training's running totals (``pretrain.json``'s)."""
+    return {"bytes_down": 0, "bytes_up": 0, "client_steps": 0, "images_trained": 0,
+            "client_seconds": 0.0}
+
+
+def run_rounds(trainer: LocalTrainer, clients, num_clients: int, global_weights, totals: dict,
+               *, start: int = 0,
+               after: Callable[[int, dict, list], None] | None = None) -> list[np.ndarray]:
+    """Rounds ``start``.. of the federated pre-training, the one loop of both drivers (the
+    simulator's :class:`LocalClients`, the Flower ServerApp's nodes): per round the
+    server's seeded sample, the sampled clients' rounds (``clients.train``), the method's
+    aggregate of what came back, weighted by image counts. Counts bytes each way (the
+    global parts down; each reply's parts and its 8-byte count up) and the clients'
+    compute into ``totals``; ``after(round, entry, global_weights)`` after each round
+    (``entry``: :func:`round_entry`'s). Returns the global online parts."""
+    settings, seed = trainer.settings, trainer.seed
+    for r in range(start, settings["rounds"]):
+        chosen = sampled_clients(seed, r, num_clients, settings["participation"])
+        started = time.perf_counter()
+        replies = clients.train(global_weights, r, chosen)
+        for result in replies.results:
+            totals["client_seconds"] += result["seconds"]
+            totals["client_steps"] += result["steps"]
+            totals["images_trained"] += result["steps"] * settings["batch_size"]
+        down = _nbytes(global_weights)
+        totals["bytes_down"] += down * replies.reached
+        totals["bytes_up"] += (down + 8) * len(replies.uploads)  # its online parts and count
+        if replies.uploads:
+            global_weights = trainer.algorithm.aggregate(replies.uploads, replies.counts)
+        entry = round_entry(r, replies.results, time.perf_counter() - started)
+        if replies.failed:
+            entry["failed"] = list(replies.failed)
+        if after is not None:
+            after(r, entry, global_weights)
+    return global_weights
+
+
 def round_entry(round_: int, results: list[dict], seconds: float) -> dict:
     """A round's history entry from its clients' results (:meth:`LocalTrainer.round`)."""
-    entry = {"round": round_ + 1, "loss": float(np.mean([r["loss"] for r in results])),
-             "embedding_std": float(np.mean([r["embedding_std"] for r in results])),
+    def mean(key):
+        return float(np.mean([r[key] for r in results])) if results else float("nan")
+
+    entry = {"round": round_ + 1, "loss": mean("loss"), "embedding_std": mean("embedding_std"),
              "clients": len(results), "seconds": round(seconds, 3)}
     mus = [r["mu"] for r in results if "mu" in r]
     if mus:
@@ -205,32 +277,16 @@ def federated_pretrain(config: Config, client_images: list[np.ndarray], out_dir:
     global_weights = trainer.initial()
     states = [ClientState() for _ in range(num_clients)]
     history: list[dict] = []
-    totals = {"bytes_down": 0, "bytes_up": 0, "client_steps": 0, "images_trained": 0,
-              "client_seconds": 0.0}
+    totals = new_totals()
     start = 0
     checkpoint = out / "checkpoint.npz"
     if checkpoint.exists():
         start, global_weights, states, history, totals = _load(
             checkpoint, trainer.model, meta, len(global_weights))
-    for r in range(start, rounds):
-        chosen = sampled_clients(seed, r, num_clients, settings["participation"])
-        started = time.perf_counter()
-        uploads, results = [], []
-        for k in chosen:
-            sent, result = trainer.round(global_weights, states[k], client_images[k], r,
-                                         int(k))
-            uploads.append(sent)
-            results.append(result)
-            totals["client_seconds"] += result["seconds"]
-            totals["client_steps"] += result["steps"]
-            totals["images_trained"] += result["steps"] * batch
-        down = _nbytes(global_weights)
-        totals["bytes_down"] += down * len(chosen)
-        totals["bytes_up"] += (down + 8) * len(chosen)  # its online parts and its count
-        global_weights = trainer.algorithm.aggregate(uploads, [counts[k] for k in chosen])
-        entry = round_entry(r, results, time.perf_counter() - started)
+
+    def after(r: int, entry: dict, weights) -> None:
         if monitor is not None and monitor.due(r + 1, rounds):
-            set_parts(trainer.shared, global_weights)
+            set_parts(trainer.shared, weights)
             entry["knn_accuracy"] = monitor.accuracy(trainer.model.encoder)
         history.append(entry)
         if verbose:
@@ -238,11 +294,14 @@ def federated_pretrain(config: Config, client_images: list[np.ndarray], out_dir:
                    else "")
             mu = f", mu {entry['mu']:.3f}" if "mu" in entry else ""
             print(f"{p['start']} round {r + 1}/{rounds}: loss {entry['loss']:.4f}, "
-                  f"embedding_std {entry['embedding_std']:.4f}{mu}{knn}, {len(chosen)} "
+                  f"embedding_std {entry['embedding_std']:.4f}{mu}{knn}, {entry['clients']} "
                   f"clients, {entry['seconds']:.1f} s", flush=True)
-        _save(checkpoint, trainer.model, r + 1, meta, global_weights, states, history, totals)
+        _save(checkpoint, trainer.model, r + 1, meta, weights, states, history, totals)
         if on_round:
             on_round(r + 1, entry)
+
+    global_weights = run_rounds(trainer, LocalClients(trainer, client_images, states),
+                                num_clients, global_weights, totals, start=start, after=after)
 
     set_parts(trainer.shared, global_weights)
     encoder = trainer.model.encoder

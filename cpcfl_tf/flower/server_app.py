@@ -247,45 +247,58 @@ class _Nodes:
         return accuracy, sorted(set(self.client_of.values()) - set(accuracy))
 
 
+class _PretrainNodes:
+    """The federated pre-training's clients as SuperNodes (the counterpart of the
+    simulator's :class:`~cpcfl_tf.contrastive.federated_pretrain.LocalClients`): a round
+    sends the global online parts to the sampled clients' nodes that are online; each
+    trains the method's step on its own unlabeled images and sends its parts with its
+    image count. A node that fails the round is left out of it."""
+
+    def __init__(self, grid: Grid, client_of: dict[int, int], timeout: float,
+                 names: dict[int, str] | None):
+        self.grid, self.client_of, self.timeout, self.names = grid, client_of, timeout, names
+
+    def train(self, global_weights, round_: int, chosen: np.ndarray):
+        from cpcfl_tf.contrastive.federated_pretrain import Replies
+
+        wanted, online = set(chosen.tolist()), set(self.grid.get_node_ids())
+        contents = {node: RecordDict({
+            "config": ConfigRecord({"stage": "pretrain", "round": round_,
+                                    **_addressee(client, self.names)}),
+            "model": to_record(global_weights)})
+            for node, client in self.client_of.items() if client in wanted and node in online}
+        replies, _ = _send(self.grid, contents, MessageType.TRAIN, f"pretrain-{round_ + 1}",
+                           self.timeout)
+        by_client = sorted(((int(m.content["metrics"]["client-id"]), m) for m in replies),
+                           key=lambda pair: pair[0])  # the simulator's order
+        metrics = [dict(m.content["metrics"]) for _, m in by_client]
+        return Replies([from_record(m.content["model"]) for _, m in by_client],
+                       [int(m["num-examples"]) for m in metrics], metrics, len(contents),
+                       sorted(wanted - {k for k, _ in by_client}))
+
+
 def _pretrain_stage(grid: Grid, client_of: dict[int, int], config, timeout: float,
                     names: dict[int, str] | None) -> list[np.ndarray]:
-    """The federated self-supervised pre-training as the run's first stage: per round the
-    sampled nodes get the global online parts, train the method's step on their own
-    unlabeled images and send theirs with their image count; the server averages them
-    (:mod:`cpcfl_tf.contrastive.federated_pretrain`: the simulator's rounds, seeded the
-    same). A node that fails a round is left out of it. Returns the global encoder."""
+    """The federated self-supervised pre-training as the run's first stage: the
+    simulator's rounds (:func:`~cpcfl_tf.contrastive.federated_pretrain.run_rounds`,
+    seeded the same) with the nodes as its clients. Returns the global encoder."""
     from cpcfl_tf.contrastive.fedavg_ssl import set_parts
-    from cpcfl_tf.contrastive.federated_pretrain import LocalTrainer, plan, sampled_clients
+    from cpcfl_tf.contrastive.federated_pretrain import LocalTrainer, new_totals, run_rounds
 
-    p, size = plan(config), config.data.image_size
-    settings, num_clients = p["settings"], config.partition.num_clients
+    size = config.data.image_size
     server = LocalTrainer(config, (size, size, 3))  # its seeded init and its averaging only
-    global_weights = server.initial()
-    sent = 0
-    for r in range(settings["rounds"]):
-        chosen = set(sampled_clients(config.pretrain_seed, r, num_clients,
-                                     settings["participation"]).tolist())
-        online = set(grid.get_node_ids())
-        contents = {node: RecordDict({
-            "config": ConfigRecord({"stage": "pretrain", "round": r,
-                                    **_addressee(client, names)}),
-            "model": to_record(global_weights)})
-            for node, client in client_of.items() if client in chosen and node in online}
-        replies, failed = _send(grid, contents, MessageType.TRAIN, f"pretrain-{r + 1}",
-                                timeout)
-        replies = sorted(replies, key=lambda m: int(m.content["metrics"]["client-id"]))
-        metrics = [m.content["metrics"] for m in replies]
-        sent += algorithm.model_bytes(global_weights) * (len(contents) + len(replies))
-        if replies:
-            global_weights = server.algorithm.aggregate(
-                [from_record(m.content["model"]) for m in replies],
-                [int(m["num-examples"]) for m in metrics])
-        loss = np.mean([m["loss"] for m in metrics]) if metrics else float("nan")
-        print(f"[cpcfl] {p['start']} round {r + 1}/{settings['rounds']}: {len(replies)} "
-              f"replies, {len(failed)} failed, loss {loss:.4f}", flush=True)
-    print(f"[cpcfl] {p['start']}: {sent / 1e6:.1f} MB of online parts sent both ways",
-          flush=True)
-    set_parts(server.shared, global_weights)
+    start, rounds = server.plan["start"], server.settings["rounds"]
+
+    def after(r: int, entry: dict, _) -> None:
+        print(f"[cpcfl] {start} round {r + 1}/{rounds}: {entry['clients']} replies, "
+              f"{len(entry.get('failed', []))} failed, loss {entry['loss']:.4f}", flush=True)
+
+    totals = new_totals()
+    weights = run_rounds(server, _PretrainNodes(grid, client_of, timeout, names),
+                         config.partition.num_clients, server.initial(), totals, after=after)
+    print(f"[cpcfl] {start}: {totals['bytes_down'] / 1e6:.1f} MB of online parts down, "
+          f"{totals['bytes_up'] / 1e6:.1f} MB up", flush=True)
+    set_parts(server.shared, weights)
     return server.model.encoder.get_weights()
 
 
