@@ -114,7 +114,9 @@ class PartitionConfig:
     """groups: the paper's class groups; rotated: all classes, each group's images turned
     by its own quarter turns (IFCA's benchmark); dirichlet: label skew, each group's class
     distribution drawn from Dir(alpha). The other kinds use sum(class_counts) images per
-    client and ignore classes_per_group / class_overlap."""
+    client and ignore classes_per_group / class_overlap. own: each client brings its own
+    data (the Flower ServerApp sets it for nodes with a data-path): nothing is drawn, the
+    splits' sizes are not checked, and there is one group."""
     alpha: float = 1.0
     """Concentration of the dirichlet kind (small: few classes per group)."""
     unlabeled: str = "server"
@@ -366,7 +368,7 @@ class Config:
                                spec.num_classes)
         self._check_unlabeled()
         splits = (d.client_train_split, d.client_test_split)
-        if all(parse_split(d.client_dataset, s).base in spec.splits for s in splits):
+        if p.kind != "own" and all(parse_split(d.client_dataset, s).base in spec.splits for s in splits):
             # Impossible client counts fail here, by arithmetic, before any image is read.
             check_split_sizes(p.num_clients, p.class_counts, p.test_fraction, p.disjoint,
                               p.kind, tuple(split_size(d.client_dataset, s) for s in splits),
@@ -403,12 +405,22 @@ class Config:
             if self.pretrain.settings(method).get("target_schedule", "constant") != "constant":
                 raise UserError(f"{start} keeps BYOL's target on the client with a constant "
                                 f"rate; drop {method}.target_schedule from pretrain.options")
-            options = (self.pretrain.options or {}).get(algorithm.name)
-            batch = algorithm.resolve(options)["batch_size"]
-            if base in get_spec(d.pretrain_dataset).splits:
+            batch = self.federated_ssl_settings()["batch_size"]
+            if self.partition.kind != "own" and base in get_spec(d.pretrain_dataset).splits:
                 check_deal(split_size(d.pretrain_dataset, d.pretrain_split),
                            self.partition.num_clients, batch,
                            f"{d.pretrain_dataset}:{d.pretrain_split}")
+
+    def federated_ssl_settings(self) -> dict[str, Any] | None:
+        """The settings of the federated pre-training this run starts from (its entry's
+        in ``pretrain.options``, defaults filled in; ``rounds`` may still be None, the
+        server's passes); None for a start that is not federated."""
+        from cpcfl_tf.ssl_methods import FEDERATED_STARTS
+
+        federated = FEDERATED_STARTS.get(self.federated.pretraining)
+        if federated is None:
+            return None
+        return federated[0].resolve((self.pretrain.options or {}).get(federated[0].name))
 
     @property
     def pretrain_seed(self) -> int:

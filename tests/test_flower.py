@@ -503,7 +503,8 @@ def test_the_server_averages_each_cluster_by_the_nodes_example_counts(monkeypatc
 
 
 
-def test_a_node_without_unlabeled_images_is_refused_for_a_federated_pretraining(tmp_path):
+def test_a_node_without_a_batch_of_unlabeled_images_is_refused_for_a_federated_pretraining(
+        tmp_path):
     from flwr.app import Context, RecordDict
 
     from cpcfl_tf.errors import UserError
@@ -527,6 +528,10 @@ def test_a_node_without_unlabeled_images_is_refused_for_a_federated_pretraining(
         identity()  # an empty folder as well
     for k in range(2):
         (site / "unlabeled" / f"{k}.png").write_bytes(b"")
+    with pytest.raises(UserError, match="site/unlabeled holds 2 images, less than a batch "
+                                        "of 128; add images or use a smaller batch_size"):
+        identity()  # fewer than one batch (FedEMA's default 128): no round could train
+    run = {**FEDEMA, "set": "partition.unlabeled=iid pretrain.options.fedema.batch_size=2"}
     assert identity() == {"name": "site", "num-train": 1, "num-test": 1, "num-unlabeled": 2}
     assert "num-unlabeled" not in client_app._identity(Context(
         run_id=1, node_id=5, state=RecordDict(), node_config={"data-path": str(site)},

@@ -121,6 +121,7 @@ def test_nodes_with_their_own_data_run_the_simulators_rounds_and_a_bad_one_is_le
                                    for k, (p, (n, m)) in enumerate(zip(folders, counts))}
     assert sorted(record["nodes"].values()) == [0, 1, 2]
     assert record["config"]["partition"]["num_clients"] == 3
+    assert record["config"]["partition"]["kind"] == "own"  # nothing was drawn
     assert [(r["replies"], r["failed_partitions"]) for r in record["rounds"]] == [(3, [])]
     assert [r["cluster_ids"] for r in record["rounds"]] == ids
     final = record["final"]["client_accuracy"]
@@ -132,3 +133,24 @@ def test_nodes_with_their_own_data_run_the_simulators_rounds_and_a_bad_one_is_le
     assert refused and all("node refused query: " in line and "zz-bad/train/cat is a class "
                            "the run does not know" in line for line in refused)
     assert "Traceback" not in printed.err
+
+
+def test_nodes_with_their_own_data_are_not_held_to_the_servers_split_sizes():
+    # The ServerApp's config for nodes with their own data (partition.kind own): as many
+    # nodes as come, whatever the preset's client and pre-training splits could be drawn
+    # for; the simulator has nothing to draw from such a config, and says so.
+    from cpcfl_tf.data.partition import partition_clients
+    from cpcfl_tf.flower.common import run_config
+
+    for start, extra in (("none", ""), ("fed-simclr", "partition.unlabeled=iid")):
+        config = run_config({**RUN, "pretraining": start, "set": extra})
+        own = {"num_clients": 50, "num_groups": 1}
+        with pytest.raises(UserError, match="50 clients"):
+            config.with_overrides(partition=own)  # drawn from smoke's splits: too many
+        assert config.with_overrides(partition={**own, "kind": "own"}).partition.kind == "own"
+    with pytest.raises(UserError, match="server knows no groups: set partition.num_groups=1"):
+        config.with_overrides(partition={"kind": "own"})  # smoke's 3 groups
+    with pytest.raises(UserError, match="nothing to draw; run them with") as err:
+        partition_clients(np.zeros(10, int), np.zeros(10, int), num_classes=10,
+                          num_clients=2, num_groups=1, kind="own")
+    assert "\n" not in str(err.value)

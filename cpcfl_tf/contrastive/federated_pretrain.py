@@ -45,7 +45,7 @@ def plan(config: Config) -> dict:
     settings (rounds resolved) and deal."""
     start = config.federated.pretraining
     algorithm, method = FEDERATED_STARTS[start]
-    settings = algorithm.resolve((config.pretrain.options or {}).get(algorithm.name))
+    settings = config.federated_ssl_settings()
     passes = settings["local_epochs"] * settings["participation"]
     rounds = settings["rounds"] or max(1, round(config.pretrain.epochs / passes))
     return {"start": start, "algorithm": algorithm.name, "method": method,
@@ -147,6 +147,10 @@ class LocalTrainer:
         extra = self.algorithm.local_start(self.model, global_weights, state)
         batch, epochs = self.settings["batch_size"], self.settings["local_epochs"]
         steps = len(images) // batch
+        if steps == 0:
+            raise UserError(f"client {client} has {len(images)} unlabeled images, less than "
+                            f"a batch of {batch}; use a smaller batch_size of the federated "
+                            "pre-training (pretrain.options)")
         began = time.perf_counter()
         for metric in self.model.metrics:
             metric.reset_state()

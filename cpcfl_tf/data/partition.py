@@ -46,8 +46,10 @@ class Client:
     """Quarter turns applied to this client's images (``rotated`` partitions)."""
 
 
-KINDS = ("groups", "rotated", "dirichlet")
-"""The kinds of heterogeneity :func:`partition_clients` draws (groups: the paper's)."""
+KINDS = ("groups", "rotated", "dirichlet", "own")
+"""The kinds of heterogeneity :func:`partition_clients` draws (groups: the paper's); and
+``own``: each client brings its own data (Flower nodes started with a ``data-path``), so
+nothing is drawn and the server knows no groups."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +99,9 @@ def check_partition(num_clients: int, num_groups: int, classes_per_group: int,
                             f", got {value!r}")
     if kind not in KINDS:
         raise UserError(f"unknown partition.kind {kind!r}; choose one of {', '.join(KINDS)}")
+    if kind == "own" and num_groups != 1:
+        raise UserError(f"with partition.kind=own the clients bring their own data and the "
+                        f"server knows no groups: set partition.num_groups=1, got {num_groups}")
     if kind == "rotated" and num_groups > 4:
         raise UserError(f"a rotated partition has 4 distinct quarter turns: at most 4 groups, "
                         f"got {num_groups}")
@@ -203,6 +208,10 @@ def partition_clients(train_labels: np.ndarray, test_labels: np.ndarray, *,
         ``groups`` (the paper's), ``rotated`` or ``dirichlet`` (with concentration
         ``alpha``); see the module's description.
     """
+    if kind == "own":
+        raise UserError("partition.kind=own: the clients bring their own data (Flower nodes "
+                        "with a data-path), there is nothing to draw; run them with "
+                        "python -m cpcfl_tf.flower.loopback --data, or choose another kind")
     train_labels = np.asarray(train_labels)
     test_labels = np.asarray(test_labels)
     check_partition(num_clients, num_groups, classes_per_group, class_overlap,

@@ -35,7 +35,6 @@ from cpcfl_tf.errors import UserError
 from cpcfl_tf.flower.common import (class_names, from_record, models_from_records, run_config,
                                    to_record)
 from cpcfl_tf.methods import METHODS
-from cpcfl_tf.ssl_methods import FEDERATED_STARTS
 
 app = ClientApp()
 
@@ -174,9 +173,15 @@ def _identity(context: Context) -> dict:
     path = context.node_config.get("data-path")
     if path is not None:
         listed = _listing(run_items, str(path))
-        unlabeled = ({"num-unlabeled": len(list_node_unlabeled(str(path)))}
-                     if run_config(dict(run_items)).federated.pretraining in FEDERATED_STARTS
-                     else {})  # a federated pre-training needs them: refused now, if none
+        unlabeled = {}
+        settings = run_config(dict(run_items)).federated_ssl_settings()
+        if settings is not None:  # a federated pre-training needs a batch of them: refused
+            found = list_node_unlabeled(str(path))  # now, if fewer
+            if len(found) < settings["batch_size"]:
+                raise UserError(f"{path}/unlabeled holds {len(found)} images, less than a "
+                                f"batch of {settings['batch_size']}; add images or use a "
+                                "smaller batch_size of the federated pre-training")
+            unlabeled = {"num-unlabeled": len(found)}
         return {"name": Path(str(path)).name, "num-train": len(listed["train"]),
                 "num-test": len(listed["test"]), **unlabeled}
     if "partition-id" not in context.node_config:

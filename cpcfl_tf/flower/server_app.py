@@ -323,10 +323,10 @@ def main(grid: Grid, context: Context) -> None:
                       timeout)
     client_of, node_data = _roster(grid, _wait_for_nodes(grid, wanted, timeout), timeout)
     if node_data is not None:
-        # The nodes' own data: the clients are the nodes that answered; the partition
-        # settings describe no draw (one group: the server knows none).
+        # The nodes' own data: the clients are the nodes that answered, nothing is drawn
+        # (partition.kind own: one group, the server knows none; no split sizes apply).
         config = config.with_overrides(partition={"num_clients": len(client_of),
-                                                  "num_groups": 1})
+                                                  "num_groups": 1, "kind": "own"})
         print(f"[cpcfl] {len(client_of)} nodes with their own data: "
               + ", ".join(f"{k} {d['name']} ({d['num_train']} + {d['num_test']} images)"
                           for k, d in node_data.items()), flush=True)
