@@ -25,8 +25,8 @@ from typing import Sequence
 
 from cpcfl_tf.cli import resolve_config
 from cpcfl_tf.errors import run_cli
-from cpcfl_tf.judge import final_accuracy, verdict
-from cpcfl_tf.methods import run_label
+from cpcfl_tf.judge import HOLDS, OPPOSITE, final_accuracy, verdict
+from cpcfl_tf.methods import STARTS, run_label
 from cpcfl_tf.report import markdown_table, replace_block
 from cpcfl_tf.runner import RunSpec
 from cpcfl_tf.script import Script
@@ -271,7 +271,55 @@ def report(config, summary: dict) -> str:
                     " / ".join(f"{v:+.2f}" for v in diff["per_seed"].values()),
                     diff["verdict"]])
     lines += markdown_table(["difference", "mean", "95 % CI", "per seed", "verdict"], out)
+    shows = findings(summary)
+    if shows:
+        lines += ["", "What it shows (written from the tables above):", ""]
+        lines += [f"- {line}" for line in shows]
     return "\n".join(lines) + "\n"
+
+
+SERVER_LABEL = "CP-CFL from the server's SimCLR"
+
+
+def _compared(diff: dict | None, other: str) -> str:
+    if diff is None:
+        return f"not compared with {other}"
+    return {HOLDS: f"ahead of {other}", OPPOSITE: f"behind {other}"}.get(
+        diff["verdict"], f"not told apart from {other}")
+
+
+def findings(summary: dict) -> list[str]:
+    """One sentence per federated encoder, from the verdicts and the encoders' means:
+    where its CP-CFL run stands against IFCA (None) and against CP-CFL from the server's
+    SimCLR (the claims' rule), how its encoder scores against the server's, and what its
+    pre-training sends against the federated rounds' bytes."""
+    rows = {r["row"]: r for r in summary["rows"]}
+    server, differences = rows.get(SERVER), summary["differences"]
+    lines = []
+    if f"{SERVER} - {BASELINE}" in differences:
+        lines.append(f"{SERVER_LABEL} is "
+                     f"{_compared(differences[f'{SERVER} - {BASELINE}'], 'IFCA (None)')} by "
+                     "the claims' rule (the reference the federated encoders are held to).")
+    for row, _, start, deal in ROWS:
+        if start not in FEDERATED_STARTS or row not in rows:
+            continue
+        r = rows[row]
+        line = (f"CP-CFL from {STARTS[start]} ({deal} deal) is "
+                f"{_compared(differences.get(f'{row} - {BASELINE}'), 'IFCA (None)')} and "
+                f"{_compared(differences.get(f'{row} - {SERVER}'), SERVER_LABEL)} by the "
+                "claims' rule.")
+        if server is not None and None not in (r["linear_accuracy"], r["knn_accuracy"],
+                                               server["linear_accuracy"],
+                                               server["knn_accuracy"]):
+            def side(key):
+                return "below" if r[key] < server[key] else "at or above"
+            line += (f" Its encoder scores {side('linear_accuracy')} the server's in linear "
+                     f"accuracy and {side('knn_accuracy')} it in kNN accuracy (means).")
+        if r["pretrain_megabytes"] and r["fl_megabytes"]:
+            line += (f" Its pre-training sends {r['pretrain_megabytes'] / r['fl_megabytes']:.0%}"
+                     " of the bytes the federated rounds send after it.")
+        lines.append(line)
+    return lines
 
 
 if __name__ == "__main__":

@@ -358,3 +358,27 @@ def test_a_client_round_depends_on_its_own_inputs_only():
     on_its_own, _ = alone.round(start, ClientState(), images[1], 0, 1)
     for a, b in zip(after_another, on_its_own):
         np.testing.assert_array_equal(a, b)
+
+
+def test_the_studys_findings_are_written_from_its_verdicts_and_means():
+    from helpers import script
+
+    study = script("federated_pretraining")
+
+    def row(name, linear, knn, pre_mb):
+        return {"row": name, "linear_accuracy": linear, "knn_accuracy": knn,
+                "pretrain_megabytes": pre_mb, "fl_megabytes": 100.0}
+
+    summary = {"rows": [row("ifca-none", None, None, None),
+                        row("cp-cfl-simclr", 0.8, 0.8, 0.0),
+                        row("cp-cfl-fed-simclr-iid", 0.7, 0.85, 25.0)],
+               "differences": {"cp-cfl-fed-simclr-iid - ifca-none": {"verdict": "holds"},
+                               "cp-cfl-fed-simclr-iid - cp-cfl-simclr": {"verdict": "opposite"},
+                               "cp-cfl-simclr - ifca-none": {"verdict": "not shown"}}}
+    assert study.findings(summary) == [
+        "CP-CFL from the server's SimCLR is not told apart from IFCA (None) by the claims' "
+        "rule (the reference the federated encoders are held to).",
+        "CP-CFL from FedSimCLR (iid deal) is ahead of IFCA (None) and behind CP-CFL from the "
+        "server's SimCLR by the claims' rule. Its encoder scores below the server's in "
+        "linear accuracy and at or above it in kNN accuracy (means). Its pre-training sends "
+        "25% of the bytes the federated rounds send after it."]
