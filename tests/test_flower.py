@@ -29,11 +29,14 @@ def env():
 @pytest.fixture(scope="module")
 def federation(tmp_path_factory, env):
     """One SuperLink and 3 SuperNodes, each started with its own data folder (node config
-    ``data-path``: the smoke partition of 3 clients, exported), stopped (every process
-    group gone) after the module."""
+    ``data-path``: the smoke partition of 3 clients, exported with each client's share of
+    :data:`KILLED`'s unlabeled deal in ``unlabeled/``), stopped (every process group gone)
+    after the module."""
     sites = tmp_path_factory.mktemp("sites") / "clients"
     script("export_partition").main(["--preset", "smoke", "--out", str(sites),
-                                     "--set", "partition.num_clients=3"])
+                                     "--set", "partition.num_clients=3",
+                                     "--set", "federated.pretraining=fed-simclr",
+                                     *(f"--set={s}" for s in KILLED["set"].split())])
     configs = [f'data-path="{p}"' for p in sorted(p for p in sites.iterdir() if p.is_dir())]
     with Federation.start(configs, tmp_path_factory.mktemp("federation"), env=env) as fed:
         yield fed
@@ -59,6 +62,15 @@ def _stopped(fed):
 
 def _simulated(rounds, out, dead=None, run=RUN):
     return simulated(run, rounds, out, dead)
+
+
+KILLED = {**RUN, "pretraining": "fed-simclr",
+          "set": "partition.unlabeled=groups pretrain.options.fed.batch_size=64 "
+                 "pretrain.options.fed.rounds=1"}
+"""The loopback run: one round of FedSimCLR on the nodes' own unlabeled folders first.
+With this encoder, client 2's missing round-3 reply changes client 1's accuracy, so the
+accuracy check of the killed-node test tells the two runs apart (with the iid deal it
+would not)."""
 
 
 FEDEMA = {**RUN, "pretraining": "fedema-byol",
@@ -92,18 +104,21 @@ def test_flower_federation_runs_the_simulators_rounds_and_survives_a_killed_supe
         tmp_path, federation):
     # One run (each ClientApp message starts a Python process with TensorFlow: runs are
     # slow to start), of nodes that read their own folders: the simulator's run of the
-    # partition they were exported from. Round 1 draws at random with the encoder frozen (t < Tc), rounds
-    # 2-3 select by loss; SuperNode 2 is killed in round 3. The simulator, told that
-    # client 2's round-3 reply never comes, must give the same run. Three rounds, not
-    # two: with two, clients 0 and 1 score the same whether or not client 2's reply
-    # comes, and the accuracy check below could not tell the two apart.
-    ids, accuracy, encoder, sim_final = _simulated(3, tmp_path / "sim", dead=(3, 2))
+    # partition and unlabeled deal they were exported from. First one round of FedSimCLR
+    # on the nodes' unlabeled folders (the encoder must be the simulator's, bit for bit);
+    # then round 1 draws at random with the encoder frozen (t < Tc), rounds 2-3 select by
+    # loss; SuperNode 2 is killed in round 3. The simulator, told that client 2's round-3
+    # reply never comes, must give the same run. Three rounds, not two: with two, clients
+    # 0 and 1 score the same whether or not client 2's reply comes, and the accuracy check
+    # below could not tell the two apart.
+    ids, accuracy, encoder, sim_final = _simulated(3, tmp_path / "sim", dead=(3, 2),
+                                                   run=KILLED)
     log = federation.workdir / "supernode-2.log"
     before = log.read_text().count("Receiving: train message")  # of earlier runs
-    run_id = federation.run({**RUN, "rounds": 3, "round-timeout": 60.0,
+    run_id = federation.run({**KILLED, "rounds": 3, "round-timeout": 60.0,
                              "out": str(tmp_path / "result.json")})
     deadline = time.monotonic() + 400
-    while log.read_text().count("Receiving: train message") < before + 3:
+    while log.read_text().count("Receiving: train message") < before + 4:  # 1 + 3 rounds
         assert time.monotonic() < deadline, "SuperNode 2 never got round 3's train message"
         assert federation.superlink.poll() is None, "the SuperLink died"
         time.sleep(0.2)
