@@ -58,7 +58,8 @@ def test_datasets_runs_every_pair_with_centralized_baselines(tmp_path, capsys, m
 
 def test_heads_reports_every_head_at_the_quarters(tmp_path):
     out = tmp_path / "out"
-    script("heads").main(["--preset", "smoke", "--out", str(out)])
+    script("heads").main(["--preset", "smoke", "--out", str(out),
+                          "--set", "partition.num_clients=3"])  # 8 runs: few clients
     for pair in ("digits-digits", "digits-fmnist"):
         for head in ("c", "c-1", "c-2", "c-3"):
             record = load(out, f"{pair}-cp-cfl-simclr-{head}")
@@ -142,10 +143,11 @@ def test_clients_scales_the_number_of_clients(tmp_path):
 
 def test_resnet18_uses_head_c1_and_the_resnet_pretraining_budget(tmp_path):
     out = tmp_path / "out"
-    # Fewer pre-training images and rounds than smoke's: the test is about the ResNet
-    # path and its budget, and ResNet-18 is slow on a CPU.
+    # Fewer pre-training images, clients and rounds than smoke's: the test is about the
+    # ResNet path and its budget, and ResNet-18 is slow on a CPU.
     script("resnet").main(["--preset", "smoke", "--out", str(out), "--encoders", "resnet18",
                            "--methods", "cp-cfl-simclr", "--set", "data.pretrain_split=train[:256]",
+                           "partition.num_clients=3",
                            "federated.rounds=2"])
     record = load(out, "resnet18-trial1-cp-cfl-simclr")
     config = record["config"]
