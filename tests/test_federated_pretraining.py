@@ -358,6 +358,12 @@ def test_a_client_round_depends_on_its_own_inputs_only():
     on_its_own, _ = alone.round(start, ClientState(), images[1], 0, 1)
     for a, b in zip(after_another, on_its_own):
         np.testing.assert_array_equal(a, b)
+    # A client short of one batch (a Flower node's folder): refused in one line, not a
+    # round with no step.
+    batch = first.settings["batch_size"]
+    with pytest.raises(UserError, match=f"client 1 has {batch - 1} unlabeled images, less "
+                                        f"than a batch of {batch}"):
+        first.round(start, ClientState(), images[1][:batch - 1], 0, 1)
 
 
 def test_the_studys_findings_are_written_from_its_verdicts_and_means():
