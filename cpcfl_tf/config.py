@@ -368,7 +368,8 @@ class Config:
                                spec.num_classes)
         self._check_unlabeled()
         splits = (d.client_train_split, d.client_test_split)
-        if p.kind != "own" and all(parse_split(d.client_dataset, s).base in spec.splits for s in splits):
+        if p.kind != "own" and all(parse_split(d.client_dataset, s).base in spec.splits
+                                   for s in splits):
             # Impossible client counts fail here, by arithmetic, before any image is read.
             check_split_sizes(p.num_clients, p.class_counts, p.test_fraction, p.disjoint,
                               p.kind, tuple(split_size(d.client_dataset, s) for s in splits),

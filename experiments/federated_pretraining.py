@@ -210,16 +210,10 @@ def summarize(specs, records, encoders) -> dict:
             "pretrain_seconds": _mean(m["pretrain_seconds"] if m else None for m in made),
             "linear_accuracy": _mean(m["linear_accuracy"] if m else None for m in made),
             "knn_accuracy": _mean(m["knn_accuracy"] if m else None for m in made)})
+    pairs = [(row, other) for row, _, start, _ in ROWS if start in FEDERATED_STARTS
+             for other in (BASELINE, SERVER)] + [(SERVER, BASELINE), NON_IID]
     differences = {}
-    for row, _, start, _ in ROWS:
-        if start not in FEDERATED_STARTS or row not in by_row:
-            continue
-        for other in (BASELINE, SERVER):
-            if other in by_row:
-                diff = {s: final_accuracy(by_row[row][s]) - final_accuracy(by_row[other][s])
-                        for s in by_row[row] if s in by_row[other]}
-                differences[f"{row} - {other}"] = verdict(diff).to_json()
-    for a, b in ((SERVER, BASELINE), NON_IID):
+    for a, b in pairs:
         if a in by_row and b in by_row:
             diff = {s: final_accuracy(by_row[a][s]) - final_accuracy(by_row[b][s])
                     for s in by_row[a] if s in by_row[b]}
