@@ -23,9 +23,9 @@ from typing import Any, Sequence
 from cpcfl_tf.cli import name_list
 from cpcfl_tf.config import Config
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.judge import final_accuracy, verdict
+from cpcfl_tf.judge import HOLDS, OPPOSITE, final_accuracy, verdict
 from cpcfl_tf.methods import run_label
-from cpcfl_tf.report import markdown_table
+from cpcfl_tf.report import markdown_table, replace_block
 from cpcfl_tf.runner import RunSpec
 from cpcfl_tf.script import Script
 from cpcfl_tf.ssl_methods import SSL_METHODS
@@ -147,9 +147,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         "candidates": rows,
         "selected": {str(s): {m: c for m, c in per.items()} for s, per in selected.items()},
         "cp_cfl": runs, "environment": environment()})
-    session.finish(report(config, rows, selected, runs), rows=[
+    text = report(config, rows, selected, runs)
+    session.finish(text, rows=[
         {k: v for k, v in r.items() if k not in ("settings", "shown")}
         | {"candidate": label(r["shown"])} for r in rows])
+    from pathlib import Path
+
+    readme = Path("results") / "README.md"
+    whole = (list(args.methods) == list(SSL_METHODS) and not grid and runs
+             and len(seeds) == SEEDS[config.preset])
+    if (whole and session.out.resolve() == (Path("results") / config.preset
+                                             / SCRIPT.name).resolve()
+            and replace_block(readme, "selection", config.preset, _summary_part(text))):
+        print(f"updated the {config.preset} encoder selection tables in {readme}")
 
 
 def score_candidates(session, plan: dict[str, list[dict]], seeds: list[int]) -> list[dict]:
@@ -233,6 +243,82 @@ def run_selected(session, specs: list[RunSpec], selected) -> dict[str, dict]:
     return out
 
 
+def per_candidate(rows: list[dict], selected) -> list[dict]:
+    """Per method and candidate (grid order): the seeds, mean linear and kNN accuracy over
+    them, how often it was selected, and whether it is the method's default."""
+    import statistics
+
+    out: dict[tuple, dict] = {}
+    for r in rows:
+        key = (r["method"], label(r["shown"]))
+        entry = out.setdefault(key, {"method": r["method"], "candidate": key[1],
+                                     "default": r["paper"], "linear": [], "knn": [],
+                                     "selected": 0})
+        entry["linear"].append(r["linear_accuracy"])
+        entry["knn"].append(r["knn_accuracy"])
+        entry["selected"] += selected[r["seed"]][r["method"]]["settings"] == r["settings"]
+    return [{**e, "seeds": len(e["linear"]), "linear": statistics.fmean(e["linear"]),
+             "knn": statistics.fmean(e["knn"])} for e in out.values()]
+
+
+def _moved(difference: dict) -> str:
+    ci = difference["ci95"]
+    interval = "" if ci is None else f", 95 % CI [{ci[0]:+.2f}, {ci[1]:+.2f}]"
+    where = {HOLDS: "ahead of", OPPOSITE: "behind"}.get(difference["verdict"],
+                                                       "not told apart from")
+    return (f"CP-CFL from the selected encoder is {where} CP-CFL from the default one by "
+            f"the claims' rule (mean {difference['mean']:+.2f} points{interval})")
+
+
+def findings(rows: list[dict], selected, runs: dict) -> list[str]:
+    """One sentence per method, from the scores and the verdicts: how often the selection
+    keeps the method's default (the paper's width for the paper's methods, with the
+    source the registry gives), which candidate scores best on average, and how much
+    selecting moves CP-CFL's accuracy."""
+    lines = []
+    cands = per_candidate(rows, selected)
+    for method in dict.fromkeys(r["method"] for r in rows):
+        mine = [c for c in cands if c["method"] == method]
+        default = next((c for c in mine if c["default"]), None)
+        n = len(selected)
+        kept = sum(per[method]["paper"] for per in selected.values())
+        spec = SSL_METHODS[method]
+        line = f"{spec.label}: "
+        if default is not None:
+            sources = "; ".join(spec.settings[k].source for k in
+                                next(r["settings"] for r in rows
+                                     if r["method"] == method and r["paper"]))
+            line += (f"the selection keeps the default {default['candidate']} ({sources}) "
+                     f"in {kept} of {n} seeds")
+            others = [c for c in mine if not c["default"] and c["selected"]]
+            if others:
+                line += " and picks " + ", ".join(f"{c['candidate']} in {c['selected']}"
+                                                  for c in others)
+            line += "."
+        best = max(mine, key=lambda c: c["linear"])
+        line += (f" The best mean linear accuracy over the seeds is {best['candidate']}'s "
+                 f"({best['linear']:.4f}")
+        line += ("; " + ", ".join(f"{c['candidate']}: {c['linear']:.4f}" for c in mine
+                                  if c is not best) + ")." if len(mine) > 1 else ").")
+        if method in runs:
+            if kept == n:
+                line += (" The selection kept the default in every seed, so CP-CFL starts "
+                         "from the same encoder and does not move.")
+            else:
+                line += " " + _moved(runs[method]["difference"]) + "."
+        lines.append(line)
+    return lines
+
+
+def _summary_part(text: str) -> list[str]:
+    """The report from its per-candidate means on (what the results README carries)."""
+    lines = text.rstrip("\n").split("\n")
+    return lines[lines.index(MEANS_TITLE):]
+
+
+MEANS_TITLE = "Per method and candidate, over the seeds:"
+
+
 def report(config: Config, rows: list[dict], selected, runs: dict) -> str:
     data = config.data
     lines = [f"# Encoder selection (preset `{config.preset}`)", "",
@@ -252,6 +338,13 @@ def report(config: Config, rows: list[dict], selected, runs: dict) -> str:
            if selected[r["seed"]][r["method"]]["settings"] == r["settings"]
            else f"{r['linear_accuracy']:.4f}"),
           f"{r['knn_accuracy']:.4f}", r["fingerprint"]] for r in rows])
+    lines += ["", MEANS_TITLE, ""]
+    lines += markdown_table(
+        ["method", "candidate", "paper's", "seeds", "mean linear accuracy",
+         "mean kNN accuracy", "selected in"],
+        [[SSL_METHODS[c["method"]].label, c["candidate"], "yes" if c["default"] else "",
+          c["seeds"], f"{c['linear']:.4f}", f"{c['knn']:.4f}", c["selected"]]
+         for c in per_candidate(rows, selected)])
     lines += ["", "How often the selection picks the paper's value:", ""]
     methods = list(dict.fromkeys(r["method"] for r in rows))
     lines += markdown_table(
@@ -274,6 +367,8 @@ def report(config: Config, rows: list[dict], selected, runs: dict) -> str:
               ("-" if r["difference"]["ci95"] is None else
                f"[{r['difference']['ci95'][0]:+.2f}, {r['difference']['ci95'][1]:+.2f}]"),
               r["difference"]["verdict"]] for m, r in runs.items()])
+    lines += ["", "What it shows (written from the tables above):", ""]
+    lines += [f"- {line}" for line in findings(rows, selected, runs)]
     return "\n".join(lines) + "\n"
 
 

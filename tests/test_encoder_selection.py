@@ -1,6 +1,7 @@
 """experiments/encoder_selection.py: the paper's encoder selection, and runs that start
 from the selected encoders (--encoders-from)."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -11,10 +12,14 @@ from helpers import script
 
 from test_experiments import run
 
+README = Path(__file__).parents[1] / "results" / "README.md"
+README_BEFORE: list[bytes] = []
+
 
 @pytest.fixture(scope="module")
 def selection(tmp_path_factory):
     out = tmp_path_factory.mktemp("selection")
+    README_BEFORE.append(README.read_bytes())
     script("encoder_selection").main(["--preset", "smoke", "--out", str(out), "--methods",
                                       "simclr", "--seeds", "2", "--set", "federated.rounds=2",
                                       "data.pretrain_split=train[:256]", "--linear-epochs", "10"])
@@ -80,3 +85,34 @@ def test_bad_selection_input_is_one_line_exit_2_and_writes_nothing(tmp_path, arg
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_what_the_selection_shows_is_written_from_its_scores_and_verdicts(selection):
+    study = script("encoder_selection")
+
+    def row(seed, width, linear, paper):
+        settings = {"projector_dim": None if paper else width}
+        return {"seed": seed, "method": "simclr", "settings": settings,
+                "shown": {"projector_dim": width}, "paper": paper,
+                "linear_accuracy": linear, "knn_accuracy": 0.5}
+
+    rows = [row(0, 256, 0.70, True), row(0, 512, 0.72, False),
+            row(1, 256, 0.74, True), row(1, 512, 0.71, False)]
+    selected = study.choose(rows)
+    runs = {"simclr": {"difference": {"mean": -0.5, "ci95": [-0.9, -0.1],
+                                      "verdict": "opposite"}}}
+    assert study.findings(rows, selected, runs) == [
+        "SimCLR: the selection keeps the default projector_dim=256 (CP-CFL, Sec. "
+        "\"Experimental settings\": 256) in 1 of 2 seeds and picks projector_dim=512 in 1. "
+        "The best mean linear accuracy over the seeds is projector_dim=256's (0.7200; "
+        "projector_dim=512: 0.7150). CP-CFL from the selected encoder is behind CP-CFL from "
+        "the default one by the claims' rule (mean -0.50 points, 95 % CI [-0.90, -0.10])."]
+    kept = [row(0, 256, 0.80, True), row(0, 512, 0.72, False)]
+    assert study.findings(kept, study.choose(kept), runs)[0].endswith(
+        "The selection kept the default in every seed, so CP-CFL starts from the same "
+        "encoder and does not move.")
+    # the report carries them; a study outside results/<preset>/ leaves the README alone
+    out, _ = selection
+    assert "What it shows (written from the tables above):\n\n- SimCLR: " in \
+        (out / "encoder_selection.md").read_text()
+    assert README.read_bytes() == README_BEFORE[0]
