@@ -543,8 +543,8 @@ def test_a_node_without_a_batch_of_unlabeled_images_is_refused_for_a_federated_p
         identity()  # an empty folder as well
     for k in range(2):
         (site / "unlabeled" / f"{k}.png").write_bytes(b"")
-    with pytest.raises(UserError, match="site/unlabeled holds 2 images, less than a batch "
-                                        "of 128; add images or use a smaller batch_size"):
+    with pytest.raises(UserError, match="site/unlabeled holds 2 unlabeled images, less than a "
+                                        "batch of 128; add images or use a smaller batch_size"):
         identity()  # fewer than one batch (FedEMA's default 128): no round could train
     run = {**FEDEMA, "set": "partition.unlabeled=iid pretrain.options.fedema.batch_size=2"}
     assert identity() == {"name": "site", "num-train": 1, "num-test": 1, "num-unlabeled": 2}

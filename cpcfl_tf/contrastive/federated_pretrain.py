@@ -35,6 +35,7 @@ from cpcfl_tf.config import Config
 from cpcfl_tf.contrastive.fedavg_ssl import ClientState, get_parts, set_parts
 from cpcfl_tf.contrastive.pretrain import (PretrainResult, _check_checkpoint, _finished,
                                            build_contrastive_model, image_source)
+from cpcfl_tf.data.unlabeled import check_batch
 from cpcfl_tf.errors import DivergedError, UserError
 from cpcfl_tf.results import CACHE_FIX, cache_root, prepare_out_dir, write_atomic, write_json
 from cpcfl_tf.ssl_methods import FEDERATED_STARTS
@@ -147,10 +148,7 @@ class LocalTrainer:
         extra = self.algorithm.local_start(self.model, global_weights, state)
         batch, epochs = self.settings["batch_size"], self.settings["local_epochs"]
         steps = len(images) // batch
-        if steps == 0:
-            raise UserError(f"client {client} has {len(images)} unlabeled images, less than "
-                            f"a batch of {batch}; use a smaller batch_size of the federated "
-                            "pre-training (pretrain.options)")
+        check_batch(len(images), batch, f"client {client} has")
         began = time.perf_counter()
         for metric in self.model.metrics:
             metric.reset_state()
@@ -270,10 +268,7 @@ def federated_pretrain(config: Config, client_images: list[np.ndarray], out_dir:
     settings, seed = p["settings"], config.pretrain_seed
     batch, rounds = settings["batch_size"], settings["rounds"]
     counts = [len(x) for x in client_images]
-    if min(counts) < batch:
-        k = int(np.argmin(counts))
-        raise UserError(f"client {k} has {counts[k]} unlabeled images, less than a batch of "
-                        f"{batch}; use a smaller batch_size of the federated pre-training")
+    check_batch(min(counts), batch, f"client {int(np.argmin(counts))} has")
     meta = {"config": identity(config), "seed": seed}
     trainer = LocalTrainer(config, client_images[0].shape[1:])
     num_clients = len(client_images)

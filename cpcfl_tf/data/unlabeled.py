@@ -59,6 +59,18 @@ def group_shares(class_sizes: np.ndarray, weights: np.ndarray) -> np.ndarray:
     return shares
 
 
+SMALLER_BATCH = "use a smaller batch_size of the federated pre-training (pretrain.options)"
+
+
+def check_batch(count: int, batch_size: int, holder: str, fix: str = SMALLER_BATCH) -> None:
+    """The one refusal of a client short of one batch of unlabeled images (a federated
+    pre-training's round would make no step): ``holder`` names it as the sentence's
+    subject, e.g. ``"client 3 has"``."""
+    if count < batch_size:
+        raise UserError(f"{holder} {count} unlabeled images, less than a batch of "
+                        f"{batch_size}; {fix}")
+
+
 def deal_unlabeled(kind: str, num_images: int, num_clients: int, *, seed: int,
                    batch_size: int, labels: np.ndarray | None = None,
                    weights: np.ndarray | None = None, source: str = "the pre-training split"
@@ -82,11 +94,10 @@ def deal_unlabeled(kind: str, num_images: int, num_clients: int, *, seed: int,
     sizes = np.bincount(labels, minlength=classes)[:classes]
     shares = group_shares(sizes, weights)
     fewest = int(shares.sum(axis=1).min())
-    if fewest < batch_size:
-        client = int(shares.sum(axis=1).argmin())
-        raise UserError(f"the groups deal leaves client {client} {fewest} unlabeled images of "
-                        f"{source}, less than a batch of {batch_size}; use fewer clients or a "
-                        "smaller batch_size of the federated pre-training (pretrain.options)")
+    check_batch(fewest, batch_size, f"the groups deal of {source} leaves client "
+                f"{int(shares.sum(axis=1).argmin())}",
+                "use fewer clients or a smaller batch_size of the federated pre-training "
+                "(pretrain.options)")
     rows: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
     for c in range(classes):
         pool = rng.permutation(np.flatnonzero(labels == c))

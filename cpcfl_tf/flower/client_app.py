@@ -31,6 +31,7 @@ from flwr.common.constant import ErrorCode
 
 from cpcfl_tf.data.sources import (list_node_folder, list_node_unlabeled, read_node_folder,
                                    read_node_unlabeled)
+from cpcfl_tf.data.unlabeled import SMALLER_BATCH, check_batch
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.flower.common import (class_names, from_record, models_from_records, run_config,
                                    to_record)
@@ -177,10 +178,8 @@ def _identity(context: Context) -> dict:
         settings = run_config(dict(run_items)).federated_ssl_settings()
         if settings is not None:  # a federated pre-training needs a batch of them: refused
             found = list_node_unlabeled(str(path))  # now, if fewer
-            if len(found) < settings["batch_size"]:
-                raise UserError(f"{path}/unlabeled holds {len(found)} images, less than a "
-                                f"batch of {settings['batch_size']}; add images or use a "
-                                "smaller batch_size of the federated pre-training")
+            check_batch(len(found), settings["batch_size"], f"{path}/unlabeled holds",
+                        "add images or " + SMALLER_BATCH)
             unlabeled = {"num-unlabeled": len(found)}
         return {"name": Path(str(path)).name, "num-train": len(listed["train"]),
                 "num-test": len(listed["test"]), **unlabeled}
