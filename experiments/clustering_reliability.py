@@ -24,8 +24,8 @@ import numpy as np
 
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.federated.diagnostics import merges
-from cpcfl_tf.judge import (RULE, RecordIndex, clopper_pearson, clustering_failures,
-                            final_accuracy, paired, verdict)
+from cpcfl_tf.judge import (HOLDS, OPPOSITE, RULE, RecordIndex, clopper_pearson,
+                            clustering_failures, final_accuracy, paired, verdict)
 from cpcfl_tf.methods import run_label
 from cpcfl_tf.record import RunRecord
 from cpcfl_tf.report import markdown_table, mean_sd, replace_block
@@ -242,14 +242,20 @@ def _report(config, by_run: dict[str, dict[int, RunRecord]], runs: int, encoders
                   "runs, over the clients of each set: "
               + "; ".join(f"{label}: {_median(v)} ({len(v)} clients)"
                           for label, v in margins.items()) + "."]
-    lines += ["", "<details><summary>The rule</summary>", "", RULE, "</details>", ""]
-
     summary = {"preset": config.preset, "runs": runs, "encoders": encoders, "seed": seed,
+               "first_choice_round": fl.head_rounds + 1,
                "methods": {name: _method_summary(records) for name, records in by_run.items()},
                "links": summary_links,
                "margins": {k: {"clients": len(v), "median": float(np.median(v)) if v else None}
                            for k, v in margins.items()},
-               "table": rate_table}
+               "rescued": rescued(by_run)}
+    shows = [f"- {line}" for line in findings(summary)]
+    if shows:
+        lines += ["", SHOWS_TITLE, "", *shows]
+    lines += ["", "<details><summary>The rule</summary>", "", RULE, "</details>", ""]
+    summary["table"] = [*rate_table, "", *markdown_table(
+        ["link", "n", "mean", "min .. max", "95 % interval", "verdict"], links),
+        *(["", SHOWS_TITLE, "", *shows] if shows else [])]
     rows = [{"run": name, "index": i, "seed": r.seeds["data"], "encoder_seed": encoder_seed(r),
              "accuracy": r.final.accuracy, "ari": r.final.ari, "found": found(r),
              "restarts": r.final.restarts, "settled": r.last_cluster_change(),
@@ -273,8 +279,98 @@ def _method_summary(records: dict[int, RunRecord]) -> dict:
     low, high = clopper_pearson(k, n) if n else (None, None)
     return {"found": k, "runs": n, "ci95": [low, high],
             "restarts": sum(r.final.restarts for r in rs),
+            "runs_restarted": sum(r.final.restarts > 0 for r in rs),
+            "megabytes": float(np.mean([(r.final.bytes_down + r.final.bytes_up) / 1e6
+                                        for r in rs])) if rs else None,
             "accuracy_found": [final_accuracy(r) for r in rs if found(r)],
-            "accuracy_not_found": [final_accuracy(r) for r in rs if not found(r)]}
+            "accuracy_not_found": [final_accuracy(r) for r in rs if not found(r)],
+            "merges_final_from": [m["final_from"] for r in rs if not found(r)
+                                  for m in merges(np.array([c["group"] for c in r.clients]),
+                                                  [x.cluster_ids for x in r.rounds])]}
+
+
+def rescued(by_run: dict[str, dict[int, RunRecord]]) -> dict | None:
+    """Paired by run: of CP-CFL (SimCLR)'s runs that did not end with the true groups, how
+    many CP-CFL+restart's run of the same partition and encoder ended with them."""
+    plain, restart = by_run.get("cp-cfl-simclr"), by_run.get("cp-cfl-restart-simclr")
+    if not plain or not restart:
+        return None
+    missed = [i for i, r in plain.items() if not found(r) and i in restart]
+    return {"missed": len(missed), "found_by_restart": sum(found(restart[i]) for i in missed)}
+
+
+SHOWS_TITLE = "What it shows (written from the tables above):"
+
+
+def _compared(link: dict | None, other: str) -> str:
+    if link is None:
+        return f"not compared with {other}"
+    where = {HOLDS: "ahead of", OPPOSITE: "behind"}.get(link["verdict"], "not told apart from")
+    return f"{where} {other}"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def findings(summary: dict) -> list[str]:
+    """The study in sentences, every figure from ``summary`` (the report's JSON): each
+    method's rate, the cost of a merge, when CP-CFL's merges became final and what the
+    margins at that choice show, what the restart rule changed, and the verdicts."""
+    methods, links, lines = summary["methods"], summary["links"], []
+    for name, m in methods.items():
+        if not m["runs"]:
+            continue
+        low, high = m["ci95"]
+        line = (f"{LABELS[name]} ends with the true groups in {m['found']} of {m['runs']} runs "
+                f"({100 * m['found'] / m['runs']:.0f} %, 95 % interval {100 * low:.0f}-"
+                f"{100 * high:.0f} %)")
+        if m["accuracy_not_found"] and m["accuracy_found"]:
+            gap = np.mean(m["accuracy_found"]) - np.mean(m["accuracy_not_found"])
+            line += (f"; its runs without them end {gap:.2f} points below those with them "
+                     "(means)")
+        lines.append(line + ".")
+    plain = methods.get("cp-cfl-simclr")
+    first = summary["first_choice_round"]
+    if plain and plain["merges_final_from"]:
+        at_first = sum(r <= first for r in plain["merges_final_from"])
+        line = (f"Of CP-CFL (SimCLR)'s {_count(len(plain['merges_final_from']), 'merge')}, "
+                f"{at_first} {'was' if at_first == 1 else 'were'} final from its first choice "
+                f"by loss (round Tc + 1 = {first}) on")
+        merged = summary["margins"].get("merged groups", {}).get("median")
+        found_ = summary["margins"].get("found", {}).get("median")
+        if merged is not None and found_ is not None:
+            line += (f"; at that choice the merged groups' clients had a median margin of "
+                     f"{merged:.3g} against {found_:.3g} in the runs that found the groups, "
+                     + ("smaller: near-equal losses over the pool let two groups settle on "
+                        "one model" if merged < found_ else
+                        "not smaller: a merge is one model the best for two groups, not a "
+                        "near tie between models"))
+        lines.append(line + ".")
+    saved, restart = summary.get("rescued"), methods.get("cp-cfl-restart-simclr")
+    if restart and plain:
+        line = (f"CP-CFL+restart restarted in {restart['runs_restarted']} of "
+                f"{restart['runs']} runs ({_count(restart['restarts'], 'restart')})")
+        if saved and saved["missed"]:
+            line += (f" and ended with the true groups in {saved['found_by_restart']} of the "
+                     f"{saved['missed']} runs CP-CFL (SimCLR) merged")
+        if plain["megabytes"]:
+            more = restart["megabytes"] / plain["megabytes"] - 1
+            line += (f", sending {more:.1%} more bytes than CP-CFL (SimCLR) (means)"
+                     if more else ", sending the bytes CP-CFL (SimCLR) sends")
+        to_plain = _compared(links.get("cp-cfl-restart-simclr - cp-cfl-simclr"),
+                             "CP-CFL (SimCLR)")
+        to_ifca = _compared(links.get("cp-cfl-restart-simclr - ifca-none"), "IFCA (None)")
+        lines.append(f"{line}; in accuracy it is {to_plain} and {to_ifca} by the claims' "
+                     "rule.")
+    if "cp-cfl-simclr - ifca-none" in links:
+        to_ifca = _compared(links["cp-cfl-simclr - ifca-none"], "IFCA (None)")
+        line = f"CP-CFL (SimCLR) is {to_ifca} in accuracy by the claims' rule over these runs"
+        if "C4" in links:
+            line += ("; C4's link (IFCA (None) fails to cluster more often than CP-CFL): "
+                     + links["C4"]["verdict"])
+        lines.append(line + ".")
+    return lines
 
 
 def margin_sets(records: dict[int, RunRecord]) -> dict[str, list[float]]:

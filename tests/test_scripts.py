@@ -525,6 +525,9 @@ def test_clustering_reliability_counts_rates_shares_encoders_and_explains_merges
         assert method["ci95"] == pytest.approx(list(clopper_pearson(found, 2)))
     report = (out / "clustering_reliability.md").read_text()
     assert "| CP-CFL+restart (SimCLR) |" in report and "C4, clustering failures" in report
+    assert "\n".join(["What it shows (written from the tables above):", "",
+                      *(f"- {line}" for line in reliability.findings(summary))]) in report
+    assert summary["table"][-1] == f"- {reliability.findings(summary)[-1]}"  # README's block
     merged = [n for n, r in records.items() if r.final.ari < 1]
     for name in merged:  # every run that missed the groups is listed, with its margins
         index = name.split("-")[0][3:]
@@ -541,6 +544,47 @@ def test_clustering_reliability_counts_rates_shares_encoders_and_explains_merges
     assert "**Partial: 6 of 9 runs.**" in partial and "`run2-cp-cfl-simclr`" in partial
     assert json.loads((out / "clustering_reliability.json").read_text())["missing"] == [
         f"run2-{name}" for name in reliability.ROWS]
+
+
+def test_what_the_reliability_study_shows_is_written_from_its_summary():
+    reliability = script("clustering_reliability")
+
+    def method(found, runs, acc_found, acc_not, merged_from=(), restarts=0, mb=100.0):
+        from cpcfl_tf.judge import clopper_pearson
+        return {"found": found, "runs": runs, "ci95": list(clopper_pearson(found, runs)),
+                "restarts": restarts, "runs_restarted": min(restarts, runs), "megabytes": mb,
+                "accuracy_found": acc_found, "accuracy_not_found": acc_not,
+                "merges_final_from": list(merged_from)}
+
+    summary = {"first_choice_round": 11,
+               "methods": {"cp-cfl-simclr": method(3, 4, [93.0, 93.0, 93.0], [85.0],
+                                                   merged_from=[11]),
+                           "ifca-none": method(4, 4, [91.0] * 4, []),
+                           "cp-cfl-restart-simclr": method(4, 4, [93.0] * 4, [], restarts=1,
+                                                           mb=110.0)},
+               "links": {"cp-cfl-simclr - ifca-none": {"verdict": "not shown"},
+                         "cp-cfl-restart-simclr - cp-cfl-simclr": {"verdict": "not shown"},
+                         "cp-cfl-restart-simclr - ifca-none": {"verdict": "holds"},
+                         "C4": {"verdict": "opposite"}},
+               "margins": {"found": {"median": 0.05}, "merged groups": {"median": 0.02}},
+               "rescued": {"missed": 1, "found_by_restart": 1}}
+    assert reliability.findings(summary) == [
+        "CP-CFL (SimCLR) ends with the true groups in 3 of 4 runs (75 %, 95 % interval "
+        "19-99 %); its runs without them end 8.00 points below those with them (means).",
+        "IFCA (None) ends with the true groups in 4 of 4 runs (100 %, 95 % interval 40-100 %).",
+        "CP-CFL+restart (SimCLR) ends with the true groups in 4 of 4 runs (100 %, 95 % "
+        "interval 40-100 %).",
+        "Of CP-CFL (SimCLR)'s 1 merge, 1 was final from its first choice by loss (round Tc + 1 "
+        "= 11) on; at that choice the merged groups' clients had a median margin of 0.02 "
+        "against 0.05 in the runs that found the groups, smaller: near-equal losses over the "
+        "pool let two groups settle on one model.",
+        "CP-CFL+restart restarted in 1 of 4 runs (1 restart) and ended with the true groups in "
+        "1 of the 1 runs CP-CFL (SimCLR) merged, sending 10.0% more bytes than CP-CFL (SimCLR) "
+        "(means); in accuracy it is not told apart from CP-CFL (SimCLR) and ahead of IFCA "
+        "(None) by the claims' rule.",
+        "CP-CFL (SimCLR) is not told apart from IFCA (None) in accuracy by the claims' rule "
+        "over these runs; C4's link (IFCA (None) fails to cluster more often than CP-CFL): "
+        "opposite."]
 
 
 @pytest.mark.parametrize("args,message", [(["--runs", "1"], "--runs must be >= 2"),
