@@ -88,6 +88,30 @@ class Session:
     def runner(self) -> Runner:
         return Runner.for_script(self.name, self.config, self.out, self.args)
 
+    def reuse_committed(self, tree: Path | None = None) -> None:
+        """Take a run from a results tree where this machine would make it bit for bit
+        (same config, machine kind and starting encoder: :meth:`Runner.run`): ``tree`` if
+        given, else the kit's own ``results/<preset>`` when the output folder is in it. A
+        reproducer writing elsewhere (``--out``) gets every run made on their machine, to
+        compare with the committed ones."""
+        from cpcfl_tf.judge import RecordIndex
+
+        own = Path("results") / self.config.preset
+        if tree is not None or (own.is_dir() and self.out.resolve().parent == own.resolve()):
+            self.runner.reuse = RecordIndex(tree or own, prefer=self.out)
+
+    def update_readme(self, tag: str, lines: list[str], what: str) -> None:
+        """Replace the block ``<!-- TAG:PRESET -->`` of ``results/README.md`` with
+        ``lines`` (:func:`~cpcfl_tf.report.replace_block`), only where the output folder is
+        the kit's own ``results/<preset>/<script>``: a study written elsewhere leaves the
+        committed README as it is. Scripts call it once their study is whole."""
+        from cpcfl_tf.report import replace_block
+
+        readme = Path("results") / "README.md"
+        if (self.out.resolve() == (Path("results") / self.config.preset / self.name).resolve()
+                and replace_block(readme, tag, self.config.preset, lines)):
+            print(f"updated the {self.config.preset} {what} in {readme}")
+
     def wanted(self, key: str) -> bool:
         """Whether the row ``key`` is among ``--methods`` (always, without the option)."""
         return key in getattr(self.args, "methods", [key])

@@ -5,8 +5,9 @@ The paper shows one family, clients that pick a model by their own loss (IFCA), 
 to form clusters from random weights, and a contrastive encoder fixing that (CP-CFL).
 Here the families that cluster on the server run in the same protocol: by the clients'
 models (FeSEM), by their updates once (FL+HC; FedGroup, by their decomposed cosine
-similarity) or recursively (CFL), by their data before training (PACFL), with the two references of clustered FL, each client alone
-(local) and FedAvg within the true groups (oracle). Every seed k (``--seed`` + k) draws
+similarity) or recursively (CFL), by their data before training (PACFL), with the two
+references of clustered FL, each client alone (local) and FedAvg within the true groups
+(oracle). Every seed k (``--seed`` + k) draws
 its own partition, initial weights, batch order and pre-trained encoder. For each family
 the paired difference "from SimCLR minus from random" is judged by the claims' rule
 (``cpcfl_tf.judge.RULE``).
@@ -17,10 +18,9 @@ from pathlib import Path
 from typing import Sequence
 
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.judge import (HOLDS, NOT_SHOWN, OPPOSITE, RULE, RecordIndex, final_accuracy,
-                            paired, verdict)
+from cpcfl_tf.judge import HOLDS, NOT_SHOWN, OPPOSITE, RULE, final_accuracy, paired, verdict
 from cpcfl_tf.methods import run_label
-from cpcfl_tf.report import markdown_table, mean_sd, replace_block
+from cpcfl_tf.report import markdown_table, mean_sd
 from cpcfl_tf.runner import RunSpec
 from cpcfl_tf.script import Script
 
@@ -77,13 +77,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.trials < 1:
         raise UserError(f"--trials must be >= 1, got {args.trials}")
     seeds = list(range(args.seed, args.seed + args.trials))
-    tree = Path(args.reuse) if args.reuse else Path("results") / config.preset
-    if args.reuse and not tree.is_dir():
-        raise UserError(f"--reuse {tree}: no such folder; pass a results tree the scripts wrote")
-    # By default only within the kit's own tree: a reproducer writing elsewhere (--out)
-    # wants every run made on their machine, to compare with the committed ones.
-    if args.reuse or (tree.is_dir() and session.out.resolve().parent == tree.resolve()):
-        session.runner.reuse = RecordIndex(tree, prefer=session.out)
+    if args.reuse and not Path(args.reuse).is_dir():
+        raise UserError(f"--reuse {args.reuse}: no such folder; pass a results tree the "
+                        "scripts wrote")
+    session.reuse_committed(Path(args.reuse) if args.reuse else None)
     runs: dict[str, dict[int, object]] = {name: {} for name in ROWS if session.wanted(name)}
     done, missing = session.run_or_read(specs(seeds), args.report)
     for spec, record in done:
@@ -150,11 +147,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             for name, by_seed in runs.items() for seed, r in by_seed.items()]
     _figures(runs, session.out, config.preset)
     session.finish("\n".join(lines) + "\n", rows)
-    readme = Path("results") / "README.md"
-    if (session.out.resolve() == (Path("results") / config.preset / SCRIPT.name).resolve()
-            and len(runs) == len(ROWS) and not missing and replace_block(readme, "families", config.preset,
-                                                         effect_table)):
-        print(f"updated the {config.preset} families table in {readme}")
+    if len(runs) == len(ROWS) and not missing:
+        session.update_readme("families", effect_table, "families table")
 
 
 def _missing(specs: Sequence[RunSpec], rows: int) -> str:

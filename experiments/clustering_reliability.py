@@ -24,11 +24,11 @@ import numpy as np
 
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.federated.diagnostics import merges
-from cpcfl_tf.judge import (HOLDS, OPPOSITE, RULE, RecordIndex, clopper_pearson,
-                            clustering_failures, final_accuracy, paired, verdict)
+from cpcfl_tf.judge import (HOLDS, OPPOSITE, RULE, clopper_pearson, clustering_failures,
+                            final_accuracy, paired, verdict)
 from cpcfl_tf.methods import run_label
 from cpcfl_tf.record import RunRecord
-from cpcfl_tf.report import markdown_table, mean_sd, replace_block
+from cpcfl_tf.report import markdown_table, mean_sd
 from cpcfl_tf.runner import RunSpec
 from cpcfl_tf.script import Script
 
@@ -127,9 +127,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     runs, encoders = counts(args)
     session = SCRIPT.session(args)
     config = session.config
-    tree = Path("results") / config.preset
-    if tree.is_dir() and session.out.resolve().parent == tree.resolve():
-        session.runner.reuse = RecordIndex(tree, prefer=session.out)
+    session.reuse_committed()
     by_run: dict[str, dict[int, RunRecord]] = {name: {} for name in ROWS if session.wanted(name)}
     done, missing_specs = session.run_or_read(specs(args.seed, runs, encoders), args.report)
     for spec, record in done:
@@ -150,11 +148,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     from cpcfl_tf.results import write_json
     write_json(session.out / f"{SCRIPT.name}.json", summary)
     session.finish(report, rows)
-    readme = Path("results") / "README.md"
-    if (session.out.resolve() == (tree / SCRIPT.name).resolve() and len(by_run) == len(ROWS)
-            and not missing
-            and replace_block(readme, "reliability", config.preset, summary["table"])):
-        print(f"updated the {config.preset} reliability table in {readme}")
+    if len(by_run) == len(ROWS) and not missing:
+        session.update_readme("reliability", summary["table"], "reliability tables")
 
 
 def _report(config, by_run: dict[str, dict[int, RunRecord]], runs: int, encoders: int,

@@ -25,7 +25,7 @@ from cpcfl_tf.config import Config
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.judge import HOLDS, OPPOSITE, final_accuracy, verdict
 from cpcfl_tf.methods import run_label
-from cpcfl_tf.report import markdown_table, replace_block
+from cpcfl_tf.report import markdown_table
 from cpcfl_tf.runner import RunSpec
 from cpcfl_tf.script import Script
 from cpcfl_tf.ssl_methods import SSL_METHODS
@@ -135,6 +135,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for seed in seeds for m in args.methods]
     specs = session.plan(specs, also=[f"{m} seed {seed}: {label(c)}" for seed in seeds
                                       for m, cs in plan.items() for c in cs])
+    session.reuse_committed()  # the paper's encoders' CP-CFL runs are other scripts' too
     rows = score_candidates(session, plan, seeds)
     selected = choose(rows)
     runs = {} if args.no_runs else run_selected(session, specs, selected)
@@ -151,15 +152,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     session.finish(text, rows=[
         {k: v for k, v in r.items() if k not in ("settings", "shown")}
         | {"candidate": label(r["shown"])} for r in rows])
-    from pathlib import Path
-
-    readme = Path("results") / "README.md"
-    whole = (list(args.methods) == list(SSL_METHODS) and not grid and runs
-             and len(seeds) == SEEDS[config.preset])
-    if (whole and session.out.resolve() == (Path("results") / config.preset
-                                             / SCRIPT.name).resolve()
-            and replace_block(readme, "selection", config.preset, _summary_part(text))):
-        print(f"updated the {config.preset} encoder selection tables in {readme}")
+    if (list(args.methods) == list(SSL_METHODS) and not grid and runs
+            and len(seeds) == SEEDS[config.preset]):
+        session.update_readme("selection", _summary_part(text), "encoder selection tables")
 
 
 def score_candidates(session, plan: dict[str, list[dict]], seeds: list[int]) -> list[dict]:

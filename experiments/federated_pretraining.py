@@ -20,14 +20,13 @@ encoder's record (how it was made) is copied to ``encoders/``.
 from __future__ import annotations
 
 import statistics
-from pathlib import Path
 from typing import Sequence
 
 from cpcfl_tf.cli import resolve_config
 from cpcfl_tf.errors import run_cli
 from cpcfl_tf.judge import HOLDS, OPPOSITE, final_accuracy, verdict
 from cpcfl_tf.methods import STARTS, run_label
-from cpcfl_tf.report import markdown_table, replace_block
+from cpcfl_tf.report import markdown_table
 from cpcfl_tf.runner import RunSpec
 from cpcfl_tf.script import Script
 from cpcfl_tf.ssl_methods import FEDERATED_STARTS
@@ -101,11 +100,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 f"alone. `python experiments/federated_pretraining.py --preset {config.preset} "
                 "--resume` makes the rest.\n" + rest)
     session.finish(text, rows=run_rows(specs, records, encoders))
-    readme = Path("results") / "README.md"
-    if (session.out.resolve() == (Path("results") / config.preset / SCRIPT.name).resolve()
-            and len(complete) == len(seeds) and len(summary["rows"]) == len(ROWS)
-            and replace_block(readme, "fedpretrain", config.preset, _tables(text))):
-        print(f"updated the {config.preset} federated pre-training tables in {readme}")
+    if len(complete) == len(seeds) and len(summary["rows"]) == len(ROWS):
+        session.update_readme("fedpretrain", _tables(text), "federated pre-training tables")
 
 
 def score_encoders(session, specs: Sequence[RunSpec], only_kept: bool = False

@@ -613,3 +613,23 @@ def test_cfl_families_report_of_a_partial_folder_says_so_and_names_the_missing_r
             and "seed 0: ifca-none; seed 1: ifca-none" in report)
     assert "--preset smoke --resume` makes them" in report
     assert "| FedAvg (None) | 2 |" in report and "IFCA (None)" not in report
+
+
+def test_a_study_updates_the_results_readme_only_from_the_kits_own_folder(tmp_path,
+                                                                           monkeypatch):
+    import argparse
+
+    from cpcfl_tf.config import get_preset
+    from cpcfl_tf.script import Session
+
+    monkeypatch.chdir(tmp_path)
+    readme = Path("results", "README.md")
+    readme.parent.mkdir()
+    readme.write_text("head\n<!-- study:smoke -->\nold\n<!-- /study -->\ntail\n")
+    config = get_preset("smoke")
+    elsewhere = Session("study", argparse.Namespace(), config, tmp_path / "mine")
+    elsewhere.update_readme("study", ["new"], "tables")
+    assert "old" in readme.read_text()  # a reproducer's --out leaves it alone
+    own = Session("study", argparse.Namespace(), config, Path("results", "smoke", "study"))
+    own.update_readme("study", ["new"], "tables")
+    assert readme.read_text() == "head\n<!-- study:smoke -->\nnew\n<!-- /study -->\ntail\n"
