@@ -130,12 +130,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     config, out = session.config, session.out
     seeds = [config.seed + s for s in range(args.seeds or SEEDS[config.preset])]
     plan = {m: candidates(config, m, grid) for m in args.methods}  # refused before any work
+    session.reuse_committed()  # the default encoders' CP-CFL runs are other scripts' too
     specs = [] if args.no_runs else [
         RunSpec(f"seed{seed}-cp-cfl-{m}", "cp-cfl", m, seed=seed, row=m)
         for seed in seeds for m in args.methods]
     specs = session.plan(specs, also=[f"{m} seed {seed}: {label(c)}" for seed in seeds
                                       for m, cs in plan.items() for c in cs])
-    session.reuse_committed()  # the paper's encoders' CP-CFL runs are other scripts' too
     rows = score_candidates(session, plan, seeds)
     selected = choose(rows)
     runs = {} if args.no_runs else run_selected(session, specs, selected)
