@@ -293,10 +293,32 @@ class Runner:
         return "run", None
 
     def finished(self, spec: RunSpec) -> RunRecord | None:
-        """``spec``'s finished record in the output folder, or None (not run yet, or only
-        begun); a one-line error for a record of another config. Reads, never writes."""
+        """``spec``'s finished record in the output folder, or the one :meth:`run` would
+        take from :attr:`reuse` (when its starting encoder needs no training: cached, or
+        random), or None (not run yet, or only begun); a one-line error for a record of
+        another config. Reads, never writes."""
         action, record = self._decide(spec)
-        return record if action == "done" else None
+        if action == "done":
+            return record
+        config = self.config_of(spec)
+        if action == "run" and self._candidates(spec) and self.encoders.ready(config):
+            return self._taken(spec, self.encoders(config))
+        return None
+
+    def _taken(self, spec: RunSpec, encoder) -> RunRecord | None:
+        """The record of :attr:`reuse` that this machine would make bit for bit for
+        ``spec`` from ``encoder`` (same config, machine kind and starting encoder), noted
+        in :attr:`reused`; None if there is none."""
+        candidates = self._candidates(spec)
+        if not candidates:
+            return None
+        starting = weights_fingerprint(encoder)
+        found = next((f for f in candidates
+                      if f.record.environment.get("starting_encoder") == starting), None)
+        if found is None:
+            return None
+        self.reused[spec.name] = found.path
+        return found.record
 
     def status(self, spec: RunSpec) -> str:
         """What :meth:`run` would do with ``spec`` now: ``done``, ``to resume``, ``to run``,
@@ -353,19 +375,14 @@ class Runner:
             print(f"{spec.name}: {fl.method} ({fl.pretraining}), "
                   f"{config.partition.num_clients} clients, {length}")
         encoder = self.encoders(config)
-        candidates = self._candidates(spec) if action == "run" else []
-        if candidates:
-            starting = weights_fingerprint(encoder)
-            found = next((f for f in candidates
-                          if f.record.environment.get("starting_encoder") == starting), None)
-            if found is not None:
-                if self.verbose:
-                    print(f"{spec.name}: the same run as {found.path} (same config, machine "
-                          f"kind and starting encoder), final accuracy "
-                          f"{found.record.final.accuracy:.4f}")
-                self.reused[spec.name] = found.path
-                self.records.append(found.record)
-                return found.record
+        found = self._taken(spec, encoder) if action == "run" else None
+        if found is not None:
+            if self.verbose:
+                print(f"{spec.name}: the same run as {self.reused[spec.name]} (same config, "
+                      f"machine kind and starting encoder), final accuracy "
+                      f"{found.final.accuracy:.4f}")
+            self.records.append(found)
+            return found
         if not METHODS[config.federated.method].federated:
             from cpcfl_tf.federated.centralized import run_centralized
 

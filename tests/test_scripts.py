@@ -444,6 +444,9 @@ def test_families_take_runs_this_machine_would_repeat_bit_for_bit_from_the_tree(
 
     real = simulator.run_federated
     monkeypatch.setattr(simulator, "run_federated", lambda *a, **k: pytest.fail("ran again"))
+    families.main(argv + ["--out", str(tree / "report"), "--report"])  # --report counts them
+    partial = (tree / "report" / "cfl_families.md").read_text()
+    assert "partial" not in partial and "4 of these runs were taken from" in partial
     families.main(argv + ["--out", str(tree / "families")])  # into the tree: taken from it
     assert not list((tree / "families").glob("seed*.json"))  # used where they are
     report = (tree / "families" / "cfl_families.md").read_text()

@@ -137,6 +137,12 @@ class StartingEncoders:
                  else f"to pre-train ({config.pretrain.epochs} epochs)")
         return f"{pre} encoder: {state} ({folder})"
 
+    def ready(self, config: Config) -> bool:
+        """Whether ``config``'s starting encoder is at hand without training (random, or
+        cached): what :meth:`status` says as "random initialisation" or ": cached"."""
+        status = self.status(config)
+        return status == "random initialisation" or ": cached" in status
+
     def contrastive(self, config: Config, method: str):
         """The server's cached self-supervised pre-training (``method`` in
         :data:`~cpcfl_tf.methods.PRETRAIN_METHODS`), with its history."""
