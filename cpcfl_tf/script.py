@@ -100,14 +100,16 @@ class Session:
         if tree is not None or (own.is_dir() and self.out.resolve().parent == own.resolve()):
             self.runner.reuse = RecordIndex(tree or own, prefer=self.out)
 
-    def update_readme(self, tag: str, lines: list[str], what: str) -> None:
-        """Replace the block ``<!-- TAG:PRESET -->`` of ``results/README.md`` with
-        ``lines`` (:func:`~cpcfl_tf.report.replace_block`), only where the output folder is
-        the kit's own ``results/<preset>/<script>``: a study written elsewhere leaves the
-        committed README as it is. Scripts call it once their study is whole."""
+    def update_readme(self, tag: str, lines: list[str], what: str, front: bool = False
+                      ) -> None:
+        """Replace the block ``<!-- TAG:PRESET -->`` of ``results/README.md`` (``front``:
+        of the repository's README.md) with ``lines``
+        (:func:`~cpcfl_tf.report.replace_block`), only where the output folder is the
+        kit's own ``results/<preset>/<script>``: a study written elsewhere leaves the
+        committed READMEs as they are. Scripts call it once their study is whole."""
         from cpcfl_tf.report import replace_block
 
-        readme = Path("results") / "README.md"
+        readme = Path("README.md") if front else Path("results") / "README.md"
         if (self.out.resolve() == (Path("results") / self.config.preset / self.name).resolve()
                 and replace_block(readme, tag, self.config.preset, lines)):
             print(f"updated the {self.config.preset} {what} in {readme}")

@@ -588,6 +588,14 @@ def test_what_the_reliability_study_shows_is_written_from_its_summary():
         "CP-CFL (SimCLR) is not told apart from IFCA (None) in accuracy by the claims' rule "
         "over these runs; C4's link (IFCA (None) fails to cluster more often than CP-CFL): "
         "opposite."]
+    from cpcfl_tf.config import get_preset
+
+    assert reliability.verdict_line(get_preset("standard"), summary) == (
+        "Beyond the paper (60 clients, T = 100, `experiments/clustering_reliability.py`): runs "
+        "ending with the true groups, with the 95 % interval: CP-CFL (SimCLR) 3 of 4 (19-99 %); "
+        "IFCA (None) 4 of 4 (40-100 %); CP-CFL+restart (SimCLR) 4 of 4 (40-100 %). Accuracy, "
+        "paired by run: CP-CFL+restart (SimCLR) − CP-CFL (SimCLR): not shown; CP-CFL (SimCLR) "
+        "− IFCA (None): not shown.")
 
 
 @pytest.mark.parametrize("args,message", [(["--runs", "1"], "--runs must be >= 2"),
