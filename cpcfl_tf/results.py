@@ -218,12 +218,13 @@ def weights_fingerprint(weights: list | None) -> str | None:
 
 
 def write_csv(path: str | os.PathLike, rows: list[dict]) -> Path:
-    """Write ``rows`` (dicts with the same keys) as CSV with a header, atomically."""
+    """Write ``rows`` as CSV with a header, atomically: the columns are every key of the
+    rows in the order first seen; a row without one leaves its cell empty."""
     import csv
     import io
 
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
+    writer = csv.DictWriter(buffer, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
     writer.writeheader()
     writer.writerows(rows)
     return write_text(path, buffer.getvalue())

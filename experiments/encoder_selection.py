@@ -33,6 +33,10 @@ from cpcfl_tf.ssl_methods import SSL_METHODS
 SEEDS = {"smoke": 2, "quick": 5, "standard": 5, "paper": 1}
 """Seeds per preset (the claims' five on the CPU presets)."""
 
+LINEAR_EPOCHS = 100
+"""Epochs of each linear evaluation by default (the kit's linear evaluation:
+docs/choices.md); the length of every score kept before ``candidates.json`` named it."""
+
 SCRIPT = Script(__file__, __doc__, default_preset="quick", runs=True)
 
 
@@ -46,7 +50,7 @@ def _options(parser) -> None:
                              "(repeatable: the candidates are every combination)")
     parser.add_argument("--seeds", type=int, help="seeds, each with its own candidates "
                                                   "(default: quick, standard 5; smoke 2)")
-    parser.add_argument("--linear-epochs", type=int, default=100, metavar="E",
+    parser.add_argument("--linear-epochs", type=int, default=LINEAR_EPOCHS, metavar="E",
                         help="epochs of each linear evaluation (default 100, the kit's "
                              "linear evaluation: docs/choices.md)")
     parser.add_argument("--no-runs", action="store_true",
@@ -169,6 +173,8 @@ def score_candidates(session, plan: dict[str, list[dict]], seeds: list[int]) -> 
     kept_path = session.out / "candidates.json"
     kept = {} if session.args.force or not kept_path.exists() else read_json(
         kept_path, fix="delete it to score the candidates again")
+    for entry in kept.values():  # scored before the length was kept: the default's
+        entry.setdefault("linear_epochs", LINEAR_EPOCHS)
     proxy = None
     rows = []
     for seed in seeds:
@@ -178,7 +184,7 @@ def score_candidates(session, plan: dict[str, list[dict]], seeds: list[int]) -> 
                 folder = pretrain_folder(run_config.pretrain, run_config.data, method,
                                          run_config.pretrain_seed).name
                 epochs = session.args.linear_epochs
-                if kept.get(folder, {}).get("linear_epochs", 100) != epochs:
+                if kept.get(folder, {}).get("linear_epochs", epochs) != epochs:
                     kept.pop(folder, None)  # scored with another --linear-epochs
                 if folder not in kept:
                     proxy = proxy or runner.client_splits(config.data)

@@ -246,3 +246,11 @@ def test_the_starting_encoders_of_a_tree_move_to_another_machines_cache(cache, t
     with pytest.raises(UserError, match="none of the 3 starting encoders the records under"):
         tool.main(["pack", "--results", results, "--out", str(tmp_path / "x.tar")])
     assert not (tmp_path / "x.tar").exists()
+
+
+def test_a_csv_has_every_key_of_its_rows_in_the_order_first_seen(tmp_path):
+    from cpcfl_tf.results import write_csv
+
+    # e.g. study rows kept across versions of a script, one of them without a later field
+    path = write_csv(tmp_path / "t.csv", [{"a": 1, "b": 2}, {"a": 3, "c": 4, "b": 5}])
+    assert path.read_text().splitlines() == ["a,b,c", "1,2,", "3,5,4"]
