@@ -58,7 +58,10 @@ def _recomputed(record: dict) -> dict:
     return values
 
 
-CSVS = sorted((ROOT / "results").glob("*/*/*.csv"))
+NOT_RUNS = ("encoder_selection.csv",)
+"""Tables whose rows are not runs (the candidate encoders: checked against their scores
+in tests/test_encoder_selection.py)."""
+CSVS = sorted(p for p in (ROOT / "results").glob("*/*/*.csv") if p.name not in NOT_RUNS)
 
 
 @pytest.mark.parametrize("table", CSVS, ids=lambda p: str(p.relative_to(ROOT / "results")))

@@ -8,7 +8,7 @@ import pytest
 from cpcfl_tf.config import get_preset
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.runner import Runner, RunSpec
-from helpers import script
+from helpers import ROOT, script
 
 from test_experiments import run
 
@@ -116,3 +116,34 @@ def test_what_the_selection_shows_is_written_from_its_scores_and_verdicts(select
     assert "What it shows (written from the tables above):\n\n- SimCLR: " in \
         (out / "encoder_selection.md").read_text()
     assert README.read_bytes() == README_BEFORE[0]
+
+
+@pytest.mark.parametrize("preset", [p.name for p in (ROOT / "results").glob("*")
+                                    if (p / "encoder_selection" / "candidates.json").exists()])
+def test_a_committed_selection_is_its_kept_scores_and_records(preset):
+    """The committed study's rows are the scores candidates.json keeps, the choice is the
+    best of each seed, and each CP-CFL accuracy it reports is its record's."""
+    import csv
+
+    from cpcfl_tf.judge import final_accuracy
+    from cpcfl_tf.record import read_record
+
+    folder = ROOT / "results" / preset / "encoder_selection"
+    kept = json.loads((folder / "candidates.json").read_text())
+    stored = json.loads((folder / "encoder_selection.json").read_text())
+    with open(folder / "encoder_selection.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == len(stored["candidates"]) == len(kept)
+    for row in rows:
+        for key in ("linear_accuracy", "knn_accuracy"):
+            assert float(row[key]) == kept[row["cache"]][key]
+        assert row["fingerprint"] == kept[row["cache"]]["fingerprint"]
+    assert stored["selected"] == {
+        str(s): json.loads(json.dumps(per)) for s, per in
+        script("encoder_selection").choose(stored["candidates"]).items()}
+    made = sorted(folder.glob("seed*-cp-cfl-*.json"))  # the runs the study made itself
+    assert made
+    for path in made:
+        seed, method = path.stem.split("-")[0][4:], path.stem.split("-")[3]
+        side = "selected" if path.stem.endswith("-selected") else "paper"
+        assert stored["cp_cfl"][method][side][seed] == final_accuracy(read_record(path))
