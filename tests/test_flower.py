@@ -144,8 +144,13 @@ def test_flower_federation_runs_the_simulators_rounds_and_survives_a_killed_supe
     assert any(named in line for line in lines), lines
     # Every round is scored (T = 2: each is a quarter), on the nodes' own test data, as
     # the simulator scores it; the dead node answers no evaluation in round 2.
+    # (Seen once in a CI run, not since, alone or under load: round 2's accuracy off by
+    # three test images. The message carries what tells the readings apart.)
     assert [r["accuracy"] for r in record["rounds"]] == pytest.approx(
-        [accuracy[0].mean(), accuracy[1][:2].mean()], abs=1e-6), federation.server_lines(run_id)
+        [accuracy[0].mean(), accuracy[1][:2].mean()], abs=1e-6), "\n".join([
+            f"nodes' final accuracies {record['final']['client_accuracy']}; the simulator's "
+            f"with client 2 dead {list(accuracy[-1])}, with it alive {list(alive[-1])}",
+            *federation.server_lines(run_id)])
     final = record["final"]["client_accuracy"]
     assert set(final) == {"0", "1"}
     assert [final["0"], final["1"]] == pytest.approx(list(accuracy[1][:2]), abs=1e-6)
