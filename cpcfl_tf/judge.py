@@ -299,6 +299,16 @@ def paired(a: dict[int, RunRecord], b: dict[int, RunRecord] | None, stat: Statis
     return {seed: stat(a[seed]) - stat_b(b[seed]) for seed in sorted(set(a) & set(b))}
 
 
+def compared(result: dict | None, other: str) -> str:
+    """Where a paired difference's first run stands against ``other``, in the words the
+    studies' sentences use, from its verdict (a :meth:`Verdict.to_json`): ahead of
+    (holds), behind (opposite) or not told apart from it; not compared without one."""
+    if result is None:
+        return f"not compared with {other}"
+    return {HOLDS: f"ahead of {other}", OPPOSITE: f"behind {other}"}.get(
+        result["verdict"], f"not told apart from {other}")
+
+
 def combined(verdicts: Iterable[str]) -> str:
     """A claim's verdict from its links': one word when they agree, else each counted."""
     verdicts = list(verdicts)

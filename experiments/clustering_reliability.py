@@ -24,7 +24,7 @@ import numpy as np
 
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.federated.diagnostics import merges
-from cpcfl_tf.judge import (HOLDS, OPPOSITE, RULE, clopper_pearson, clustering_failures,
+from cpcfl_tf.judge import (RULE, clopper_pearson, clustering_failures, compared,
                             final_accuracy, paired, verdict)
 from cpcfl_tf.methods import run_label
 from cpcfl_tf.record import RunRecord
@@ -299,13 +299,6 @@ def rescued(by_run: dict[str, dict[int, RunRecord]]) -> dict | None:
 SHOWS_TITLE = "What it shows (written from the tables above):"
 
 
-def _compared(link: dict | None, other: str) -> str:
-    if link is None:
-        return f"not compared with {other}"
-    where = {HOLDS: "ahead of", OPPOSITE: "behind"}.get(link["verdict"], "not told apart from")
-    return f"{where} {other}"
-
-
 def verdict_line(config, summary: dict) -> str:
     """The study in one line beside the README's verdicts on the paper's claims: each
     method's rate of runs ending with the true groups and the verdicts of the restart
@@ -372,13 +365,13 @@ def findings(summary: dict) -> list[str]:
             more = restart["megabytes"] / plain["megabytes"] - 1
             line += (f", sending {more:.1%} more bytes than CP-CFL (SimCLR) (means)"
                      if more else ", sending the bytes CP-CFL (SimCLR) sends")
-        to_plain = _compared(links.get("cp-cfl-restart-simclr - cp-cfl-simclr"),
+        to_plain = compared(links.get("cp-cfl-restart-simclr - cp-cfl-simclr"),
                              "CP-CFL (SimCLR)")
-        to_ifca = _compared(links.get("cp-cfl-restart-simclr - ifca-none"), "IFCA (None)")
+        to_ifca = compared(links.get("cp-cfl-restart-simclr - ifca-none"), "IFCA (None)")
         lines.append(f"{line}; in accuracy it is {to_plain} and {to_ifca} by the claims' "
                      "rule.")
     if "cp-cfl-simclr - ifca-none" in links:
-        to_ifca = _compared(links["cp-cfl-simclr - ifca-none"], "IFCA (None)")
+        to_ifca = compared(links["cp-cfl-simclr - ifca-none"], "IFCA (None)")
         line = f"CP-CFL (SimCLR) is {to_ifca} in accuracy by the claims' rule over these runs"
         if "C4" in links:
             line += ("; C4's link (IFCA (None) fails to cluster more often than CP-CFL): "

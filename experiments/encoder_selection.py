@@ -23,7 +23,7 @@ from typing import Any, Sequence
 from cpcfl_tf.cli import name_list
 from cpcfl_tf.config import Config
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.judge import HOLDS, OPPOSITE, final_accuracy, verdict
+from cpcfl_tf.judge import compared, final_accuracy, verdict
 from cpcfl_tf.methods import run_label
 from cpcfl_tf.report import markdown_table
 from cpcfl_tf.runner import RunSpec
@@ -265,10 +265,9 @@ def per_candidate(rows: list[dict], selected) -> list[dict]:
 def _moved(difference: dict) -> str:
     ci = difference["ci95"]
     interval = "" if ci is None else f", 95 % CI [{ci[0]:+.2f}, {ci[1]:+.2f}]"
-    where = {HOLDS: "ahead of", OPPOSITE: "behind"}.get(difference["verdict"],
-                                                       "not told apart from")
-    return (f"CP-CFL from the selected encoder is {where} CP-CFL from the default one by "
-            f"the claims' rule (mean {difference['mean']:+.2f} points{interval})")
+    return (f"CP-CFL from the selected encoder is "
+            f"{compared(difference, 'CP-CFL from the default one')} by the claims' rule "
+            f"(mean {difference['mean']:+.2f} points{interval})")
 
 
 def findings(rows: list[dict], selected, runs: dict) -> list[str]:

@@ -24,7 +24,7 @@ from typing import Sequence
 
 from cpcfl_tf.cli import resolve_config
 from cpcfl_tf.errors import run_cli
-from cpcfl_tf.judge import HOLDS, OPPOSITE, final_accuracy, verdict
+from cpcfl_tf.judge import compared, final_accuracy, verdict
 from cpcfl_tf.methods import STARTS, run_label
 from cpcfl_tf.report import markdown_table
 from cpcfl_tf.runner import RunSpec
@@ -276,13 +276,6 @@ SERVER_LABEL = "CP-CFL from the server's SimCLR"
 IID_LABEL = "the iid deal's"
 
 
-def _compared(diff: dict | None, other: str) -> str:
-    if diff is None:
-        return f"not compared with {other}"
-    return {HOLDS: f"ahead of {other}", OPPOSITE: f"behind {other}"}.get(
-        diff["verdict"], f"not told apart from {other}")
-
-
 def findings(summary: dict) -> list[str]:
     """One sentence per federated encoder, from the verdicts and the encoders' means:
     where its CP-CFL run stands against IFCA (None) and against CP-CFL from the server's
@@ -293,15 +286,15 @@ def findings(summary: dict) -> list[str]:
     lines = []
     if f"{SERVER} - {BASELINE}" in differences:
         lines.append(f"{SERVER_LABEL} is "
-                     f"{_compared(differences[f'{SERVER} - {BASELINE}'], 'IFCA (None)')} by "
+                     f"{compared(differences[f'{SERVER} - {BASELINE}'], 'IFCA (None)')} by "
                      "the claims' rule (the reference the federated encoders are held to).")
     for row, _, start, deal in ROWS:
         if start not in FEDERATED_STARTS or row not in rows:
             continue
         r = rows[row]
         line = (f"CP-CFL from {STARTS[start]} ({deal} deal) is "
-                f"{_compared(differences.get(f'{row} - {BASELINE}'), 'IFCA (None)')} and "
-                f"{_compared(differences.get(f'{row} - {SERVER}'), SERVER_LABEL)} by the "
+                f"{compared(differences.get(f'{row} - {BASELINE}'), 'IFCA (None)')} and "
+                f"{compared(differences.get(f'{row} - {SERVER}'), SERVER_LABEL)} by the "
                 "claims' rule.")
         if server is not None and None not in (r["linear_accuracy"], r["knn_accuracy"],
                                                server["linear_accuracy"],
@@ -325,7 +318,7 @@ def findings(summary: dict) -> list[str]:
         lines.append(
             "Non-IID unlabeled images (the groups deal against the iid deal, FedSimCLR): "
             "CP-CFL from the groups deal's encoder is "
-            f"{_compared(differences[f'{groups} - {iid}'], IID_LABEL)} by "
+            f"{compared(differences[f'{groups} - {iid}'], IID_LABEL)} by "
             "the claims' rule; its encoder scores "
             + (f"below the iid deal's in {' and '.join(lower)} accuracy (means)." if lower else
                "at or above the iid deal's in linear and kNN accuracy (means)."))
