@@ -301,15 +301,16 @@ class Runner:
         if action == "done":
             return record
         config = self.config_of(spec)
-        if action == "run" and self._candidates(spec) and self.encoders.ready(config):
-            return self._taken(spec, self.encoders(config))
+        candidates = self._candidates(spec) if action == "run" else []
+        if candidates and self.encoders.ready(config):
+            return self._taken(spec, self.encoders(config), candidates)
         return None
 
-    def _taken(self, spec: RunSpec, encoder) -> RunRecord | None:
-        """The record of :attr:`reuse` that this machine would make bit for bit for
-        ``spec`` from ``encoder`` (same config, machine kind and starting encoder), noted
-        in :attr:`reused`; None if there is none."""
-        candidates = self._candidates(spec)
+    def _taken(self, spec: RunSpec, encoder, candidates: list[Found]) -> RunRecord | None:
+        """The record among ``candidates`` (:meth:`_candidates`) that starts from
+        ``encoder``, so that this machine would make it bit for bit for ``spec`` (same
+        config, machine kind and starting encoder), noted in :attr:`reused`; None if there
+        is none."""
         if not candidates:
             return None
         starting = weights_fingerprint(encoder)
@@ -375,7 +376,8 @@ class Runner:
             print(f"{spec.name}: {fl.method} ({fl.pretraining}), "
                   f"{config.partition.num_clients} clients, {length}")
         encoder = self.encoders(config)
-        found = self._taken(spec, encoder) if action == "run" else None
+        found = (self._taken(spec, encoder, self._candidates(spec)) if action == "run"
+                 else None)
         if found is not None:
             if self.verbose:
                 print(f"{spec.name}: the same run as {self.reused[spec.name]} (same config, "

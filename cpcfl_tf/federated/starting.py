@@ -113,35 +113,49 @@ class StartingEncoders:
 
     def status(self, config: Config) -> str:
         """Where ``config``'s starting encoder would come from now (nothing is built)."""
-        from cpcfl_tf.contrastive.pretrain import pretrain_folder
-
         pre = config.federated.pretraining
         if pre == "none":
             return "random initialisation"
         if pre == "fedavg":
-            key = _fedavg_key(config)
-            if key in self._fedavg or _fedavg_path(key).exists():
+            if self.ready(config):
                 return "FedAvg encoder: cached"
             return "FedAvg encoder: kept from the FedAvg (None) run (trained first if none)"
+        done = self._finished_file(config)
+        folder = done.parent
         if pre in FEDERATED_STARTS:
-            from cpcfl_tf.contrastive.federated_pretrain import federated_folder, plan
+            from cpcfl_tf.contrastive.federated_pretrain import plan
 
-            folder, rounds = federated_folder(config), plan(config)["settings"]["rounds"]
-            state = ("cached" if (folder / "pretrain.json").exists() else "to resume"
-                     if (folder / "checkpoint.npz").exists() else f"to pre-train federated "
-                     f"({rounds} rounds)")
-            return f"{pre} encoder: {state} ({folder})"
-        folder = pretrain_folder(config.pretrain, config.data, pre, config.pretrain_seed)
-        done = (folder / ("encoder.npz" if pre == "supervised" else "pretrain.json")).exists()
-        state = ("cached" if done else "to resume" if (folder / "checkpoint.npz").exists()
-                 else f"to pre-train ({config.pretrain.epochs} epochs)")
+            fresh = f"to pre-train federated ({plan(config)['settings']['rounds']} rounds)"
+        else:
+            fresh = f"to pre-train ({config.pretrain.epochs} epochs)"
+        state = ("cached" if done.exists() else "to resume"
+                 if (folder / "checkpoint.npz").exists() else fresh)
         return f"{pre} encoder: {state} ({folder})"
 
     def ready(self, config: Config) -> bool:
-        """Whether ``config``'s starting encoder is at hand without training (random, or
-        cached): what :meth:`status` says as "random initialisation" or ": cached"."""
-        status = self.status(config)
-        return status == "random initialisation" or ": cached" in status
+        """Whether ``config``'s starting encoder is at hand without training: random, or
+        cached (what :meth:`status` calls "cached")."""
+        pre = config.federated.pretraining
+        if pre == "none":
+            return True
+        if pre == "fedavg":
+            key = _fedavg_key(config)
+            return key in self._fedavg or _fedavg_path(key).exists()
+        return self._finished_file(config).exists()
+
+    @staticmethod
+    def _finished_file(config: Config) -> Path:
+        """The file a finished pre-training of ``config``'s starting encoder leaves in its
+        cache folder."""
+        pre = config.federated.pretraining
+        if pre in FEDERATED_STARTS:
+            from cpcfl_tf.contrastive.federated_pretrain import federated_folder
+
+            return federated_folder(config) / "pretrain.json"
+        from cpcfl_tf.contrastive.pretrain import pretrain_folder
+
+        folder = pretrain_folder(config.pretrain, config.data, pre, config.pretrain_seed)
+        return folder / ("encoder.npz" if pre == "supervised" else "pretrain.json")
 
     def contrastive(self, config: Config, method: str):
         """The server's cached self-supervised pre-training (``method`` in
