@@ -65,6 +65,11 @@ class Method:
     """IFCA's restart rule: start over with a new random pool (from a pre-trained
     encoder: new random heads on it) when clustering failed ``federated.restart_round``
     rounds after the clients began to choose by loss (after the Tc phase, if any)."""
+    restarts_of: str = ""
+    """The method this one is until its restart rule fires: a run in which the rule never
+    fires is that method's run of the same config, bit for bit (attempt 0 draws what the
+    other draws), so the :class:`~cpcfl_tf.runner.Runner` takes it from that run instead
+    of making it again."""
     federated: bool = True
     """False: a centralized baseline (no rounds, no clusters; :mod:`cpcfl_tf.federated.centralized`)."""
     instead: str = ""
@@ -150,8 +155,8 @@ METHODS = {m.name: m for m in (
     # encoder and the Tc phase again, when IFCA's failure test flags the clusters
     # restart_round rounds after Tc; docs/choices.md). Why: at 60 clients CP-CFL merges
     # groups in some runs (experiments/clustering_reliability.py).
-    Method("cp-cfl-restart", "CP-CFL+restart", PRETRAINED,
-           head_phase=True, restarts=True, instead="for random initialisation use method ifca"),
+    Method("cp-cfl-restart", "CP-CFL+restart", PRETRAINED, head_phase=True, restarts=True,
+           restarts_of="cp-cfl", instead="for random initialisation use method ifca"),
     # The centralized baselines of tab:different_datasets (pooled, or pooled by group).
     Method("centralized", "Centralized", PRETRAININGS, federated=False),
     # The two references of clustered FL: each client alone (the lower one) and FedAvg

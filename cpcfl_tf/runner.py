@@ -145,6 +145,10 @@ class Runner:
         being run again, and not copied."""
         self.reused: dict[str, Path] = {}
         """Run name -> the record taken from :attr:`reuse` for it."""
+        self.stood_in: dict[str, tuple[str, Path]] = {}
+        """Run name -> its method and the record taken for it: the run of the method its
+        method is until its restart rule fires (:attr:`~cpcfl_tf.methods.Method.restarts_of`),
+        in which the rule never fired (:meth:`_unrestarted`)."""
 
     @classmethod
     def for_script(cls, experiment: str, base: Config, out: Path, args) -> "Runner":
@@ -300,11 +304,44 @@ class Runner:
         action, record = self._decide(spec)
         if action == "done":
             return record
+        unrestarted = self._unrestarted(spec) if action == "run" else None
+        if unrestarted is not None:
+            return self._stand_in(spec, unrestarted)
         config = self.config_of(spec)
         candidates = self._candidates(spec) if action == "run" else []
         if candidates and self.encoders.ready(config):
             return self._taken(spec, self.encoders(config), candidates)
         return None
+
+    @functools.cached_property
+    def _folder(self) -> RecordIndex:
+        """The records of the output folder, by config (kept current by :meth:`run`)."""
+        return RecordIndex(self.out)
+
+    def _unrestarted(self, spec: RunSpec) -> Found | None:
+        """For a method with :attr:`~cpcfl_tf.methods.Method.restarts_of`: that method's
+        finished run of ``spec``'s config (in the output folder, or taken from
+        :attr:`reuse` by this runner) if its restart rule would never have fired in it; then
+        ``spec``'s run is that run, bit for bit. None otherwise."""
+        from cpcfl_tf.federated.algorithm import would_restart
+
+        config = self.config_of(spec)
+        base = METHODS[config.federated.method].restarts_of
+        if not base or self.force:
+            return None
+        base_config = config.with_overrides(federated={"method": base})
+        taken = [] if self.reuse is None else [f for f in self.reuse.every(base_config)
+                                                if f.path in self.reused.values()]
+        found = next((f for f in [*self._folder.every(base_config), *taken]
+                      if _same_config(f.record, base_config)), None)
+        fl = config.resolved().federated
+        if found is None or would_restart(fl, [r.cluster_ids for r in found.record.rounds]):
+            return None
+        return found
+
+    def _stand_in(self, spec: RunSpec, found: Found) -> RunRecord:
+        self.stood_in[spec.name] = (self.config_of(spec).federated.method, found.path)
+        return found.record
 
     def _taken(self, spec: RunSpec, encoder, candidates: list[Found]) -> RunRecord | None:
         """The record among ``candidates`` (:meth:`_candidates`) that starts from
@@ -328,6 +365,9 @@ class Runner:
             action, _ = self._decide(spec)
         except UserError as err:
             return f"stops: {err}"
+        unrestarted = self._unrestarted(spec) if action == "run" else None
+        if unrestarted is not None:
+            return f"its restart rule never fires in {unrestarted.path}: that run"
         candidates = self._candidates(spec) if action == "run" else []
         if candidates:
             return f"found: {candidates[0].path}"
@@ -367,6 +407,13 @@ class Runner:
                       f"{record.final.accuracy:.4f} ({path})")
             self.records.append(record)
             return record
+        unrestarted = self._unrestarted(spec) if action == "run" else None
+        if unrestarted is not None:
+            if self.verbose:
+                print(f"{spec.name}: its restart rule never fires in {unrestarted.path}, so it "
+                      f"is that run, final accuracy {unrestarted.record.final.accuracy:.4f}")
+            self.records.append(unrestarted.record)
+            return self._stand_in(spec, unrestarted)
         if action == "run":  # with --force, an old checkpoint starts over
             checkpoint.unlink(missing_ok=True)
         if self.verbose:
@@ -404,6 +451,8 @@ class Runner:
         write_record(path, record)
         if self.reuse is not None:
             self.reuse.add(path, record)
+        if "_folder" in self.__dict__:
+            self._folder.add(path, record)
         checkpoint.unlink(missing_ok=True)
         if self.verbose:
             print(f"{spec.name}: final accuracy {record.final.accuracy:.4f} -> {path}")

@@ -173,6 +173,8 @@ class Session:
             note.append(f"{len(self.runner.reused)} of these runs were taken from "
                         f"{', '.join(f'`{f}`' for f in folders)}: this machine would make "
                         "them bit for bit (same config, machine kind and starting encoder).")
+        if "runner" in self.__dict__ and self.runner.stood_in:
+            note.append(stood_in_note(self.runner.stood_in))
         if note:
             report = report.rstrip("\n") + "\n\n" + "\n".join(note) + "\n"
         if rows:
@@ -197,3 +199,21 @@ class Session:
             print(f"\nAgainst the committed runs ({reference}; python experiments/compare.py "
                   f"--results {self.out} --preset {self.config.preset}):")
             print("\n".join(lines))
+
+
+def stood_in_note(stood_in: dict[str, tuple[str, Path]]) -> str:
+    """The report's note on runs taken from the method their method is until its restart
+    rule fires (:attr:`Runner.stood_in`)."""
+    from collections import Counter
+
+    from cpcfl_tf.methods import METHODS
+
+    parts = []
+    for method, n in sorted(Counter(m for m, _ in stood_in.values()).items()):
+        base = METHODS[METHODS[method].restarts_of].label
+        one = n == 1
+        parts.append(f"{n} {'run' if one else 'runs'} of {METHODS[method].label} "
+                     f"{'is' if one else 'are'} {base}'s {'run' if one else 'runs'} of the same "
+                     f"config: its restart rule never fired in {'it' if one else 'them'}, and "
+                     f"until it fires {METHODS[method].label} is {base} bit for bit")
+    return "; ".join(parts) + "."

@@ -105,7 +105,7 @@ def _mean(values, fmt="{:.2f}") -> str:
 
 def _median(values) -> str:
     values = list(values)
-    return f"{np.median(values):.3g}" if values else "-"
+    return f"{np.median(values):.4f}" if values else "-"
 
 
 def counts(args) -> tuple[int, int]:
@@ -243,7 +243,8 @@ def _report(config, by_run: dict[str, dict[int, RunRecord]], runs: int, encoders
                "first_choice_round": fl.head_rounds + 1,
                "methods": {name: _method_summary(records) for name, records in by_run.items()},
                "links": summary_links,
-               "margins": {k: {"clients": len(v), "median": float(np.median(v)) if v else None}
+               "margins": {k: {"clients": len(v), "median": float(np.median(v)) if v else None,
+                               "quartiles": np.percentile(v, [25, 75]).tolist() if v else None}
                            for k, v in margins.items()},
                "rescued": rescued(by_run)}
     shows = [f"- {line}" for line in findings(summary)]
@@ -345,14 +346,16 @@ def findings(summary: dict) -> list[str]:
                 f"{at_first} {'was' if at_first == 1 else 'were'} final from its first choice "
                 f"by loss (round Tc + 1 = {first}) on")
         merged = summary["margins"].get("merged groups", {}).get("median")
-        found_ = summary["margins"].get("found", {}).get("median")
-        if merged is not None and found_ is not None:
+        found_ = summary["margins"].get("found", {})
+        if merged is not None and found_.get("median") is not None:
+            low, high = found_["quartiles"]
             line += (f"; at that choice the merged groups' clients had a median margin of "
-                     f"{merged:.3g} against {found_:.3g} in the runs that found the groups, "
-                     + ("smaller: near-equal losses over the pool let two groups settle on "
-                        "one model" if merged < found_ else
-                        "not smaller: a merge is one model the best for two groups, not a "
-                        "near tie between models"))
+                     f"{merged:.4f}, against {found_['median']:.4f} (middle half "
+                     f"{low:.4f}-{high:.4f}) in the runs that found the groups: "
+                     + ("smaller than three quarters of those, so near-equal losses over the "
+                        "pool let two groups settle on one model" if merged < low else
+                        "not among the smallest, so a merge is not a near tie between models "
+                        "but one model the best for two groups"))
         lines.append(line + ".")
     saved, restart = summary.get("rescued"), methods.get("cp-cfl-restart-simclr")
     if restart and plain:

@@ -210,3 +210,35 @@ def test_ifca_fedavg_starts_from_the_cached_fedavg_encoder(tmp_path, monkeypatch
     monkeypatch.setattr(starting, "fedavg_encoder", trained)
     third = Runner("table2", get_preset("smoke"), tmp_path / "c", verbose=0).run(spec)
     assert third.final == first.final and "is damaged" in capsys.readouterr().err
+
+
+def test_a_restart_variant_run_whose_rule_never_fires_is_taken_from_its_base_run(
+        smoke_run, tmp_path):
+    # CP-CFL+restart is CP-CFL until its failure test fires (tests/test_simulator.py), so
+    # where CP-CFL's run of the same config shows the test passing, that run is taken
+    # for it (no record written, nothing trained); where the test fires, it runs.
+    from cpcfl_tf.config import get_preset
+    from cpcfl_tf.federated.algorithm import clustering_failed
+    from cpcfl_tf.runner import RunSpec, Runner
+
+    runner = Runner("reliability", get_preset("smoke"), tmp_path, verbose=0)
+    short = {"rounds": 3, "restart_round": 1}
+    plain = runner.run(RunSpec("cp-cfl", "cp-cfl", "simclr", short))
+    assert not clustering_failed(plain.rounds[1].cluster_ids, 3, 0.5)  # at Tc + 1 = 2
+    variant = RunSpec("restart", "cp-cfl-restart", "simclr", short)
+    assert runner.status(variant) == (f"its restart rule never fires in "
+                                      f"{tmp_path / 'cp-cfl.json'}: that run")
+    assert runner.run(variant).to_json() == plain.to_json()
+    assert runner.finished(variant).to_json() == plain.to_json()
+    assert runner.stood_in == {"restart": ("cp-cfl-restart", tmp_path / "cp-cfl.json")}
+    assert not (tmp_path / "restart.json").exists()
+    # a share no cluster reaches: the test fires at round 2, and the variant runs itself
+    strict = {**short, "min_cluster_share": 1.5, "max_restarts": 1}
+    base = runner.run(RunSpec("cp-cfl-strict", "cp-cfl", "simclr", strict))
+    assert base.rounds == plain.rounds  # CP-CFL has no restart rule
+    made = runner.run(RunSpec("restart-strict", "cp-cfl-restart", "simclr", strict))
+    assert made.final.restarts == 1 and (tmp_path / "restart-strict.json").exists()
+    assert "restart-strict" not in runner.stood_in
+    # --force makes every run again
+    forced = Runner("reliability", get_preset("smoke"), tmp_path, verbose=0, force=True)
+    assert forced.run(variant).rounds == plain.rounds and (tmp_path / "restart.json").exists()

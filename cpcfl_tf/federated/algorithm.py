@@ -247,6 +247,15 @@ def should_restart(fl, finished_round: int, attempt: int, cluster_ids: np.ndarra
             and clustering_failed(cluster_ids, fl.num_clusters, fl.min_cluster_share))
 
 
+def would_restart(fl, cluster_ids_by_round: Sequence) -> bool:
+    """Whether a run of ``fl`` whose first attempt went as ``cluster_ids_by_round`` (each
+    finished round's cluster ids) restarts: :func:`should_restart` at
+    :func:`restart_check_round`, if the run gets that far."""
+    check = restart_check_round(fl)
+    return (check <= len(cluster_ids_by_round)
+            and should_restart(fl, check, 0, np.asarray(cluster_ids_by_round[check - 1])))
+
+
 def cluster_sizes(cluster_ids: np.ndarray, num_models: int) -> np.ndarray:
     """``(N,)`` clients per cluster, over the clients that have taken part (id >= 0: with
     partial participation some may not have been drawn yet)."""
