@@ -239,8 +239,20 @@ def _report(config, by_run: dict[str, dict[int, RunRecord]], runs: int, encoders
                   "runs, over the clients of each set: "
               + "; ".join(f"{label}: {_median(v)} ({len(v)} clients)"
                           for label, v in margins.items()) + "."]
+    first = first_choices(by_run.get("cp-cfl-simclr", {}))
+    if first:
+        lines += ["", f"What CP-CFL (SimCLR)'s clients chose from at round Tc + 1 "
+                      f"({first['runs']} diagnosed runs): round Tc's accuracy "
+                      f"{100 * first['accuracy_round_tc']:.1f} % (mean over runs); the clients' "
+                      f"mean loss on the pool {first['pool_loss']:.3f}, against "
+                      f"{first['uniform_loss']:.3f} for a uniform guess over the classes; "
+                      f"{first['chose_last_pick']} of {first['clients']} clients chose the model "
+                      f"they trained in round Tc (per run {100 * first['last_pick_rate']:.0f} %, "
+                      f"95 % interval {100 * first['last_pick_ci95'][0]:.0f}-"
+                      f"{100 * first['last_pick_ci95'][1]:.0f} %; chance "
+                      f"{100 * first['chance']:.0f} %)."]
     summary = {"preset": config.preset, "runs": runs, "encoders": encoders, "seed": seed,
-               "first_choice_round": fl.head_rounds + 1,
+               "first_choice_round": fl.head_rounds + 1, "first_choices": first,
                "methods": {name: _method_summary(records) for name, records in by_run.items()},
                "links": summary_links,
                "margins": {k: {"clients": len(v), "median": float(np.median(v)) if v else None,
@@ -357,6 +369,18 @@ def findings(summary: dict) -> list[str]:
                         "not among the smallest, so a merge is not a near tie between models "
                         "but one model the best for two groups"))
         lines.append(line + ".")
+    chose = summary.get("first_choices")
+    if plain and chose:
+        lines.append(
+            f"At that first choice CP-CFL's heads had trained for Tc rounds on random picks "
+            f"and were still weak: round Tc's accuracy was {100 * chose['accuracy_round_tc']:.1f} "
+            f"% and the clients' mean loss on the pool {chose['pool_loss']:.3f}, against "
+            f"{chose['uniform_loss']:.3f} for a uniform guess over the classes; the clients chose "
+            f"the model they "
+            f"had trained in round Tc in {100 * chose['last_pick_rate']:.0f} % of cases (95 % "
+            f"interval over runs {100 * chose['last_pick_ci95'][0]:.0f}-"
+            f"{100 * chose['last_pick_ci95'][1]:.0f} %, chance {100 * chose['chance']:.0f} %), "
+            f"{_last_pick(chose)}.")
     saved, restart = summary.get("rescued"), methods.get("cp-cfl-restart-simclr")
     if restart and plain:
         line = (f"CP-CFL+restart restarted in {restart['runs_restarted']} of "
@@ -381,6 +405,50 @@ def findings(summary: dict) -> list[str]:
                      + links["C4"]["verdict"])
         lines.append(line + ".")
     return lines
+
+
+def first_choices(records: dict[int, RunRecord]) -> dict | None:
+    """What the clients chose from at their first choice by loss (round Tc + 1), over the
+    diagnosed runs of a method with a Tc phase: round Tc's accuracy, the clients' mean loss
+    on the pool against a uniform guess's (ln of the classes the clients hold), and, per
+    run, the share of clients that chose the model they had trained in round Tc (their last
+    random pick), against chance (1/N) with the 95 % t interval over runs. None: no
+    diagnosed run."""
+    from scipy import stats
+
+    accuracy, loss, same, picks, total, classes, models = [], [], [], 0, 0, None, None
+    for record in records.values():
+        choice, tc = first_choice(record), record.config.federated.head_rounds
+        if choice is None or tc < 1:
+            continue
+        clients = np.array(choice.selection["clients"])
+        losses = np.array(choice.selection["losses"])
+        last = np.array(record.rounds[tc - 1].cluster_ids)[clients]
+        accuracy.append(record.rounds[tc - 1].accuracy)
+        loss.append(float(losses.mean()))
+        same.append(float(np.mean(np.argmin(losses, 1) == last)))
+        picks, total = picks + int(np.sum(np.argmin(losses, 1) == last)), total + len(last)
+        classes = len({k for c in record.clients for k in c["train_class_counts"]})
+        models = losses.shape[1]
+    if not same:
+        return None
+    interval = (stats.t.interval(0.95, len(same) - 1, loc=np.mean(same),
+                                 scale=stats.sem(same)) if len(same) > 1 and np.std(same)
+                else (float(np.mean(same)),) * 2)
+    return {"runs": len(same), "accuracy_round_tc": float(np.mean(accuracy)),
+            "pool_loss": float(np.mean(loss)), "uniform_loss": float(np.log(classes)),
+            "chose_last_pick": picks, "clients": total,
+            "last_pick_rate": float(np.mean(same)),
+            "last_pick_ci95": [float(interval[0]), float(interval[1])], "chance": 1 / models}
+
+
+def _last_pick(first: dict) -> str:
+    """Whether the clients chose their last random pick more often than chance."""
+    low, high = first["last_pick_ci95"]
+    return ("more often than chance: the last random pick pulls the first choice"
+            if low > first["chance"] else
+            "less often than chance" if high < first["chance"] else
+            "no more often than chance: the last random pick does not decide the first choice")
 
 
 def margin_sets(records: dict[int, RunRecord]) -> dict[str, list[float]]:

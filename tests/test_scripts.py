@@ -531,6 +531,15 @@ def test_clustering_reliability_counts_rates_shares_encoders_and_explains_merges
         found = sum(records[f"run{r}-{name}"].final.ari == 1.0 for r in range(2))
         assert (method["found"], method["runs"]) == (found, 2)
         assert method["ci95"] == pytest.approx(list(clopper_pearson(found, 2)))
+    # the first choice (round Tc + 1 = 2): how many clients chose their round-1 pick
+    first, plain = summary["first_choices"], [records[f"run{r}-cp-cfl-simclr"] for r in range(2)]
+    assert first["chose_last_pick"] == sum(
+        int(np.sum(np.array(r.rounds[1].cluster_ids) == r.rounds[0].cluster_ids)) for r in plain)
+    assert (first["runs"], first["clients"], first["chance"]) == (2, 18, pytest.approx(1 / 3))
+    assert first["accuracy_round_tc"] == pytest.approx(np.mean([r.rounds[0].accuracy
+                                                                for r in plain]))
+    assert first["uniform_loss"] == pytest.approx(np.log(len(
+        {k for c in plain[0].clients for k in c["train_class_counts"]})))
     report = (out / "clustering_reliability.md").read_text()
     assert "| CP-CFL+restart (SimCLR) |" in report and "C4, clustering failures" in report
     assert ("2 runs of CP-CFL+restart are CP-CFL's runs of the same config: its restart rule "
@@ -578,7 +587,11 @@ def test_what_the_reliability_study_shows_is_written_from_its_summary():
                          "C4": {"verdict": "opposite"}},
                "margins": {"found": {"median": 0.05, "quartiles": [0.03, 0.07]},
                            "merged groups": {"median": 0.02, "quartiles": [0.01, 0.03]}},
-               "rescued": {"missed": 1, "found_by_restart": 1}}
+               "rescued": {"missed": 1, "found_by_restart": 1},
+               "first_choices": {"runs": 4, "accuracy_round_tc": 0.25, "pool_loss": 2.2,
+                                 "uniform_loss": 2.302585, "chose_last_pick": 30, "clients": 60,
+                                 "last_pick_rate": 0.5, "last_pick_ci95": [0.4, 0.6],
+                                 "chance": 1 / 3}}
     assert reliability.findings(summary) == [
         "CP-CFL (SimCLR) ends with the true groups in 3 of 4 runs (75 %, 95 % interval "
         "19-99 %); its runs without them end 8.00 points below those with them (means).",
@@ -590,6 +603,11 @@ def test_what_the_reliability_study_shows_is_written_from_its_summary():
         "against 0.0500 (middle half 0.0300-0.0700) in the runs that found the groups: smaller "
         "than three quarters of those, so near-equal losses over the pool let two groups "
         "settle on one model.",
+        "At that first choice CP-CFL's heads had trained for Tc rounds on random picks and were "
+        "still weak: round Tc's accuracy was 25.0 % and the clients' mean loss on the pool "
+        "2.200, against 2.303 for a uniform guess over the classes; the clients chose the model "
+        "they had trained in round Tc in 50 % of cases (95 % interval over runs 40-60 %, chance "
+        "33 %), more often than chance: the last random pick pulls the first choice.",
         "CP-CFL+restart restarted in 1 of 4 runs (1 restart) and ended with the true groups in "
         "1 of the 1 runs CP-CFL (SimCLR) merged, sending 10.0% more bytes than CP-CFL (SimCLR) "
         "(means); in accuracy it is not told apart from CP-CFL (SimCLR) and ahead of IFCA "
@@ -597,6 +615,9 @@ def test_what_the_reliability_study_shows_is_written_from_its_summary():
         "CP-CFL (SimCLR) is not told apart from IFCA (None) in accuracy by the claims' rule "
         "over these runs; C4's link (IFCA (None) fails to cluster more often than CP-CFL): "
         "opposite."]
+    summary["first_choices"]["last_pick_ci95"] = [0.2, 0.45]
+    assert reliability.findings(summary)[4].endswith(
+        "no more often than chance: the last random pick does not decide the first choice.")
     summary["margins"]["merged groups"]["median"] = 0.04  # inside the found runs' middle half
     assert ("margin of 0.0400, against 0.0500 (middle half 0.0300-0.0700) in the runs that "
             "found the groups: not among the smallest, so a merge is not a near tie between "
