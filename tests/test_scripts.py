@@ -563,6 +563,21 @@ def test_clustering_reliability_counts_rates_shares_encoders_and_explains_merges
     assert "**Partial: 6 of 9 runs.**" in partial and "`run2-cp-cfl-simclr`" in partial
     assert json.loads((out / "clustering_reliability.json").read_text())["missing"] == [
         f"run2-{name}" for name in reliability.ROWS]
+    # tools/plot_selection.py draws any diagnosed record; a record without the diagnostic,
+    # or a path that is none, stops it before it draws anything
+    plot = script("plot_selection")
+    drawn = plot.main([str(out / "run0-ifca-none.json"), "--out", str(tmp_path / "fig")])
+    assert [p.name for p in drawn] == ["run0-ifca-none.png"] and drawn[0].stat().st_size > 0
+    bare = json.loads((out / "run0-cp-cfl-simclr.json").read_text())
+    for r in bare["rounds"]:
+        r.pop("selection", None)
+    (tmp_path / "bare.json").write_text(json.dumps(bare))
+    for args, said in (([str(tmp_path / "bare.json")], "has no selection diagnostic: make "
+                        "the run with --diagnose K"),
+                       ([str(tmp_path / "nowhere.json")], "is not a file: pass the .json")):
+        with pytest.raises(UserError, match=said):
+            plot.main([str(out / "run1-ifca-none.json"), *args, "--out", str(tmp_path / "no")])
+    assert not (tmp_path / "no").exists()
 
 
 def test_what_the_reliability_study_shows_is_written_from_its_summary():
