@@ -35,7 +35,8 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     from cpcfl_tf.plots import plot_selection
     from cpcfl_tf.results import prepare_out_dir
 
-    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="python tools/plot_selection.py",
+                            description=__doc__.split("\n\n")[0])
     parser.add_argument("records", nargs="+", type=Path, help="run records (.json)")
     parser.add_argument("--out", type=Path, default=Path("."), help="folder of the figures "
                                                                     "(default: here)")
