@@ -162,8 +162,10 @@ class Session:
 
     def finish(self, report: str, rows: list[dict] | None = None) -> None:
         """Write ``report`` as ``<name>.md`` (and ``rows`` as ``<name>.csv``), show it,
-        say where it went. A note is added where the runs come from more than one kind
-        of CPU or encoder (:func:`~cpcfl_tf.report.provenance`)."""
+        say where it went. Notes are added where the runs come from more than one kind
+        of CPU or encoder (:func:`~cpcfl_tf.report.provenance`), where some were taken
+        from elsewhere in the tree, and where some are another method's runs
+        (:func:`stood_in_note`)."""
         from cpcfl_tf.report import provenance
         from cpcfl_tf.results import write_csv, write_text
 

@@ -25,7 +25,7 @@ import numpy as np
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.federated.diagnostics import merges
 from cpcfl_tf.judge import (RULE, clopper_pearson, clustering_failures, compared,
-                            final_accuracy, paired, verdict)
+                            final_accuracy, paired, t_interval, verdict)
 from cpcfl_tf.methods import run_label
 from cpcfl_tf.record import RunRecord
 from cpcfl_tf.report import markdown_table, mean_sd
@@ -376,8 +376,8 @@ def findings(summary: dict) -> list[str]:
             f"and were still weak: round Tc's accuracy was {100 * chose['accuracy_round_tc']:.1f} "
             f"% and the clients' mean loss on the pool {chose['pool_loss']:.3f}, against "
             f"{chose['uniform_loss']:.3f} for a uniform guess over the classes; the clients chose "
-            f"the model they "
-            f"had trained in round Tc in {100 * chose['last_pick_rate']:.0f} % of cases (95 % "
+            f"the model they had trained in round Tc in {100 * chose['last_pick_rate']:.0f} % of "
+            f"cases (95 % "
             f"interval over runs {100 * chose['last_pick_ci95'][0]:.0f}-"
             f"{100 * chose['last_pick_ci95'][1]:.0f} %, chance {100 * chose['chance']:.0f} %), "
             f"{_last_pick(chose)}.")
@@ -414,8 +414,6 @@ def first_choices(records: dict[int, RunRecord]) -> dict | None:
     run, the share of clients that chose the model they had trained in round Tc (their last
     random pick), against chance (1/N) with the 95 % t interval over runs. None: no
     diagnosed run."""
-    from scipy import stats
-
     accuracy, loss, same, picks, total, classes, models = [], [], [], 0, 0, None, None
     for record in records.values():
         choice, tc = first_choice(record), record.config.federated.head_rounds
@@ -426,15 +424,14 @@ def first_choices(records: dict[int, RunRecord]) -> dict | None:
         last = np.array(record.rounds[tc - 1].cluster_ids)[clients]
         accuracy.append(record.rounds[tc - 1].accuracy)
         loss.append(float(losses.mean()))
-        same.append(float(np.mean(np.argmin(losses, 1) == last)))
-        picks, total = picks + int(np.sum(np.argmin(losses, 1) == last)), total + len(last)
+        kept = np.argmin(losses, 1) == last
+        same.append(float(kept.mean()))
+        picks, total = picks + int(kept.sum()), total + len(kept)
         classes = len({k for c in record.clients for k in c["train_class_counts"]})
         models = losses.shape[1]
     if not same:
         return None
-    interval = (stats.t.interval(0.95, len(same) - 1, loc=np.mean(same),
-                                 scale=stats.sem(same)) if len(same) > 1 and np.std(same)
-                else (float(np.mean(same)),) * 2)
+    interval = t_interval(same) if len(same) > 1 else (same[0], same[0])
     return {"runs": len(same), "accuracy_round_tc": float(np.mean(accuracy)),
             "pool_loss": float(np.mean(loss)), "uniform_loss": float(np.log(classes)),
             "chose_last_pick": picks, "clients": total,
