@@ -1,4 +1,5 @@
 import dataclasses
+import itertools
 
 import pytest
 
@@ -163,6 +164,13 @@ def test_disjoint_splits_of_one_dataset_pass_and_other_datasets_never_clash():
     assert not Split("train", 0, 10).overlaps(Split("train", 10, None), None)
     assert not Split("train", None, None).overlaps(Split("test", None, None), None)
     assert Split("train", -10, None).overlaps(Split("train", 95, None), 100)
+    # sizes known: a common image, exactly as the selected index sets say
+    bounds = (None, 0, 1, 4, 5, 6, -1, -5, -6)
+    for first in itertools.product(bounds, repeat=2):
+        for second in itertools.product(bounds, repeat=2):
+            a, b = Split("train", *first), Split("train", *second)
+            shared = set(a.indices(5)) & set(b.indices(5))
+            assert a.overlaps(b, 5) == bool(shared), (a, b)
 
 
 # The cache folders of the encoders the committed quick and standard records start from

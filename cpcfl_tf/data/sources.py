@@ -288,8 +288,9 @@ class Split:
         unknown sizes are judged on non-negative bounds alone, else assumed apart)."""
         if self.base != other.base:
             return False
-        if size is not None:
-            return bool(set(self.indices(size)) & set(other.indices(size)))
+        if size is not None:  # two step-1 ranges: they meet where the later start is first
+            mine, theirs = self.indices(size), other.indices(size)
+            return max(mine.start, theirs.start) < min(mine.stop, theirs.stop)
         bounds = (self.start, self.stop, other.start, other.stop)
         if any(b is not None and b < 0 for b in bounds):
             return False
