@@ -18,11 +18,13 @@ def proxy():
 
 
 def test_simclr_beats_a_random_encoder_on_fashion_mnist(proxy, tmp_path):
-    unlabeled = load_unlabeled("fashion_mnist_idx", "train[:5000]", image_size=32)
+    unlabeled = load_unlabeled("fashion_mnist_idx", "train[:2500]", image_size=32)
     keras.utils.set_random_seed(0)
     random_encoder = build_encoder("cnn", (32, 32, 3))  # the same init pre-training starts from
     baseline = linear_eval(random_encoder, *proxy)
-    result = pretrain(PretrainConfig(epochs=3, batch_size=250), unlabeled, tmp_path,
+    # 20 steps lift the linear accuracy from about 0.36 to 0.59 (measured): far above
+    # the margin asked, at half the cost of a longer pre-training.
+    result = pretrain(PretrainConfig(epochs=2, batch_size=250), unlabeled, tmp_path,
                       method="simclr", seed=0, verbose=0)
     trained = linear_eval(result.encoder, *proxy)
     assert trained > baseline + 0.05, (baseline, trained)
