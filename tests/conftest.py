@@ -21,6 +21,15 @@ the end, instead of xdist's default order (files with the most tests first), whi
 queued the Flower files late."""
 
 
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker more than the cores this process may use. Some tests wait
+    with their core idle (the Flower federations' processes starting, a killed
+    SuperNode's missed heartbeats), and a third worker on 2 cores fills those waits:
+    docs/performance.md has the timings."""
+    return len(os.sched_getaffinity(0)) + 1 if hasattr(os, "sched_getaffinity") \
+        else (os.cpu_count() or 1) + 1
+
+
 def pytest_configure(config):
     if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: keep our file order
         config.option.loadscopereorder = False
