@@ -377,8 +377,7 @@ def findings(summary: dict) -> list[str]:
             f"% and the clients' mean loss on the pool {chose['pool_loss']:.3f}, against "
             f"{chose['uniform_loss']:.3f} for a uniform guess over the classes; the clients chose "
             f"the model they had trained in round Tc in {100 * chose['last_pick_rate']:.0f} % of "
-            f"cases (95 % "
-            f"interval over runs {100 * chose['last_pick_ci95'][0]:.0f}-"
+            f"cases (95 % interval over runs {100 * chose['last_pick_ci95'][0]:.0f}-"
             f"{100 * chose['last_pick_ci95'][1]:.0f} %, chance {100 * chose['chance']:.0f} %), "
             f"{_last_pick(chose)}.")
     saved, restart = summary.get("rescued"), methods.get("cp-cfl-restart-simclr")
