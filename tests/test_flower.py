@@ -184,8 +184,11 @@ def test_the_simulation_engine_runs_the_simulators_rounds(tmp_path, env):
     record = simulate({**run, "rounds": 1, "out": str(tmp_path / "out" / "result.json")}, 3,
                       tmp_path / "engine", env=env)
     log = (tmp_path / "engine" / "flwr-run.log").read_text()
-    assert "fedema-byol round 2/2: 3 replies, 0 failed" in log, log[-3000:]
-    assert record["environment"]["starting_encoder"] == weights_fingerprint(encoder)
+    said = "\n".join(line for line in log.splitlines()
+                     if "[cpcfl]" in line or "ERROR" in line or "Traceback" in line)
+    for r in (1, 2):  # a node left out of either round would give another encoder
+        assert f"fedema-byol round {r}/2: 3 replies, 0 failed" in log, log[-3000:]
+    assert record["environment"]["starting_encoder"] == weights_fingerprint(encoder), said
     assert [r["cluster_ids"] for r in record["rounds"]] == ids
     final = record["final"]["client_accuracy"]
     assert [final[str(k)] for k in range(3)] == pytest.approx(list(accuracy[-1]), abs=1e-6)
@@ -195,6 +198,46 @@ def test_the_simulation_engine_runs_the_simulators_rounds(tmp_path, env):
             record["final"]["bytes_other"]) == (sim_final.bytes_down, sim_final.bytes_up,
                                                 sim_final.bytes_other)
     assert sim_final.bytes_down == 1 * 3 * sim_final.model_bytes  # one model per node
+
+
+def test_a_simulation_starts_its_own_superlink_and_refuses_a_run_another_one_took(
+        tmp_path, monkeypatch):
+    # `flwr run . local` hands the run to any SuperLink already answering on its local
+    # port (39091 by default): one another simulation started with its own environment,
+    # or a Deployment process that got the port. simulate() gives each run a free port
+    # of its own and refuses a result its own SuperLink did not make.
+    import json
+    import socket
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from cpcfl_tf.errors import UserError
+    from cpcfl_tf.flower import loopback
+
+    seen = []
+
+    def flwr_run(command, *, env, **_):
+        seen.append(int(env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"]))
+        with socket.socket() as s:  # the port was free when the command was made
+            s.bind((loopback.HOST, seen[-1]))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"final": {}}))
+        if started:  # what Flower's managed SuperLink logs in the Flower home it serves
+            log = Path(env["FLWR_HOME"]) / "local-superlink" / "superlink.log"
+            log.parent.mkdir(parents=True, exist_ok=True)
+            log.write_text("INFO flwr | Created run 42 in federation @none/default\n")
+        return SimpleNamespace(stdout="", stderr="")
+
+    monkeypatch.setattr(loopback.subprocess, "run", flwr_run)
+    out = tmp_path / "out" / "result.json"
+    started = True
+    assert loopback.simulate({**RUN, "out": str(out)}, 3, tmp_path / "a") == {"final": {}}
+    started = False
+    out.unlink()
+    with pytest.raises(UserError, match="the run went to a SuperLink this call did not "
+                                        "start .*; run it again"):
+        loopback.simulate({**RUN, "out": str(out)}, 3, tmp_path / "b")
+    assert len(seen) == 2
 
 
 def test_the_server_refuses_nodes_started_for_another_number_of_partitions(monkeypatch):

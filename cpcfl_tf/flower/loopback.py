@@ -188,14 +188,19 @@ def simulation_command(run_config: dict[str, Any], supernodes: int, home: Path, 
     """``flwr run . local`` for one run of ``supernodes`` virtual SuperNodes under Flower's
     Simulation Engine, the way a Flower user starts one, and the environment to run it in:
     the Flower home ``home``, whose local connection sets ``options.num-supernodes``, and
-    the kit's dependencies as installed here (no per-run dependency installation). The
-    managed local SuperLink it starts outlives the command: :func:`stop_local_superlink`."""
+    the kit's dependencies as installed here (no per-run dependency installation), and a
+    free port of its own for the managed local SuperLink it starts. (On Flower's fixed
+    port, 39091, ``flwr run`` hands the run to any SuperLink already answering there: one
+    another run started, with that run's environment, or a Deployment process that
+    happened to get the port.) That SuperLink outlives the command:
+    :func:`stop_local_superlink`."""
     home.mkdir(parents=True, exist_ok=True)
     (home / "config.toml").write_text(
         '[superlink]\ndefault = "local"\n\n[superlink.local]\n'
         f"options.num-supernodes = {int(supernodes)}\n")
     env = dict(os.environ if env is None else env, FLWR_HOME=str(home), PYTHONUNBUFFERED="1",
-               FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
+               FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+               FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(free_port()))
     return [_command("flwr"), "run", str(APP_DIR), "local", "--run-config",
             run_config_line(run_config), "--stream"], env
 
@@ -213,6 +218,11 @@ def simulate(run_config: dict[str, Any], supernodes: int, workdir: str | Path, *
         (workdir / "flwr-run.log").write_text(proc.stdout + proc.stderr)
     finally:
         stop_local_superlink(home)
+    started = home / "local-superlink" / "superlink.log"
+    if "Created run" not in (started.read_text() if started.exists() else ""):
+        raise UserError(f"the run went to a SuperLink this call did not start (port "
+                        f"{env['FLWR_LOCAL_SUPERLINK_HTTP_API_PORT']} was taken meanwhile); "
+                        f"run it again. Its log: {workdir / 'flwr-run.log'}")
     if not out.exists():
         raise UserError(f"the simulation wrote no result; its log: {workdir / 'flwr-run.log'}")
     return json.loads(out.read_text())
