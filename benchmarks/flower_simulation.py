@@ -91,7 +91,8 @@ write_record(sys.argv[3], record)
 
 def one(settings: dict, driver: str, work: Path) -> dict:
     """One run of ``settings`` under ``driver`` (simulator | engine), measured."""
-    from cpcfl_tf.flower.loopback import simulation_command, stop_local_superlink
+    from cpcfl_tf.flower.loopback import (check_own_superlink, simulation_command,
+                                          stop_local_superlink)
 
     out = work / driver / "result.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -112,6 +113,8 @@ def one(settings: dict, driver: str, work: Path) -> dict:
     if status != 0 or not out.exists():
         tail = (work / driver / "run.log").read_text(errors="replace").strip().splitlines()[-1:]
         raise UserError(f"the {driver} run with {settings['num-clients']} clients failed: {tail}")
+    if driver == "engine":  # its seconds and memory would be another SuperLink's
+        check_own_superlink(work / driver / "flwr-home", env, work / driver / "run.log")
     record = json.loads(out.read_text())
     return {"seconds_per_round": record["timing"]["seconds_per_round"],
             "wall_seconds": seconds, "peak_pss_mb": peak,

@@ -218,14 +218,21 @@ def simulate(run_config: dict[str, Any], supernodes: int, workdir: str | Path, *
         (workdir / "flwr-run.log").write_text(proc.stdout + proc.stderr)
     finally:
         stop_local_superlink(home)
-    started = home / "local-superlink" / "superlink.log"
+    if not out.exists():
+        raise UserError(f"the simulation wrote no result; its log: {workdir / 'flwr-run.log'}")
+    check_own_superlink(home, env, workdir / "flwr-run.log")
+    return json.loads(out.read_text())
+
+
+def check_own_superlink(home: Path, env: dict[str, str], log: Path) -> None:
+    """Refuse a finished run that the managed local SuperLink of ``home`` (started by the
+    :func:`simulation_command` that gave ``env``) did not make: another SuperLink took the
+    port before it, and ``flwr run`` handed the run to that one."""
+    started = home / "local-superlink" / "superlink.log"  # where Flower's managed one logs
     if "Created run" not in (started.read_text() if started.exists() else ""):
         raise UserError(f"the run went to a SuperLink this call did not start (port "
                         f"{env['FLWR_LOCAL_SUPERLINK_HTTP_API_PORT']} was taken meanwhile); "
-                        f"run it again. Its log: {workdir / 'flwr-run.log'}")
-    if not out.exists():
-        raise UserError(f"the simulation wrote no result; its log: {workdir / 'flwr-run.log'}")
-    return json.loads(out.read_text())
+                        f"run it again. Its log: {log}")
 
 
 def stop_local_superlink(home: Path) -> None:
