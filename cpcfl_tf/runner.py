@@ -373,6 +373,16 @@ class Runner:
             return f"found: {candidates[0].path}"
         return {"done": "done", "resume": "to resume", "run": "to run"}[action]
 
+    def encoder_status(self, spec: RunSpec) -> str | None:
+        """Where the starting encoder :meth:`run` needs for ``spec`` now would come from
+        (:meth:`~cpcfl_tf.federated.starting.Encoders.status`), or None where it needs
+        none: the run is done, stops, or is its base method's run (:meth:`status`).
+        Reads, never writes."""
+        status = self.status(spec)
+        if status == "done" or status.startswith(("stops:", "its restart rule never fires")):
+            return None
+        return self.encoders.status(self.config_of(spec))
+
     def _candidates(self, spec: RunSpec) -> list[Found]:
         """Records of ``spec``'s config in :attr:`reuse` that this machine would make bit
         for bit, if their starting encoder is the one it starts from (checked in

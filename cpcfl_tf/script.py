@@ -130,10 +130,10 @@ class Session:
                   + f"; output {self.out}")
             encoders = {}  # of the runs still to make, each once
             for spec in kept:
-                status = self.runner.status(spec)
-                if status != "done":
-                    encoders.setdefault(self.runner.encoders.status(self.runner.config_of(spec)))
-                print(f"  {spec.name}: {status}")
+                print(f"  {spec.name}: {self.runner.status(spec)}")
+                encoder = self.runner.encoder_status(spec)
+                if encoder is not None:
+                    encoders.setdefault(encoder)
             for line in also:
                 print(f"  {line}")
             for line in encoders:
