@@ -145,6 +145,10 @@ class Runner:
         being run again, and not copied."""
         self.reused: dict[str, Path] = {}
         """Run name -> the record taken from :attr:`reuse` for it."""
+        self.named: set[str] = set()
+        """Of :attr:`reused`, the runs a report (:meth:`finished`) took because the
+        folder's ``taken.json`` names them (:attr:`TAKEN`), not because this machine would
+        make them bit for bit."""
         self.stood_in: dict[str, tuple[str, Path]] = {}
         """Run name -> its method and the record taken for it: the run of the method its
         method is until its restart rule fires (:attr:`~cpcfl_tf.methods.Method.restarts_of`),
@@ -296,22 +300,47 @@ class Runner:
             return "resume", None
         return "run", None
 
+    TAKEN = "taken.json"
+    """The file in the output folder naming, per run, the record taken for it from
+    :attr:`reuse` (written with the report: :meth:`~cpcfl_tf.script.Session.finish`)."""
+
     def finished(self, spec: RunSpec) -> RunRecord | None:
         """``spec``'s finished record in the output folder, or the one :meth:`run` would
         take from :attr:`reuse` (when its starting encoder needs no training: cached, or
-        random), or None (not run yet, or only begun); a one-line error for a record of
-        another config. Reads, never writes."""
+        random), or else the one the folder's :attr:`TAKEN` names, so that a report reads
+        the same runs on any machine and without the encoders cached; None where there is
+        none (not run yet, or only begun); a one-line error for a record of another config.
+        Reads, never writes."""
         action, record = self._decide(spec)
-        if action == "done":
-            return record
-        unrestarted = self._unrestarted(spec) if action == "run" else None
+        if action != "run":
+            return record if action == "done" else None
+        unrestarted = self._unrestarted(spec)
         if unrestarted is not None:
             return self._stand_in(spec, unrestarted)
         config = self.config_of(spec)
-        candidates = self._candidates(spec) if action == "run" else []
-        if candidates and self.encoders.ready(config):
-            return self._taken(spec, self.encoders(config), candidates)
-        return None
+        candidates = self._candidates(spec)
+        taken = (self._taken(spec, self.encoders(config), candidates)
+                 if candidates and self.encoders.ready(config) else None)
+        return taken if taken is not None else self._named(spec)
+
+    def _named(self, spec: RunSpec) -> RunRecord | None:
+        """The record the folder's :attr:`TAKEN` names for ``spec`` (noted in
+        :attr:`reused` and :attr:`named`), if it is there and holds ``spec``'s config."""
+        if self.reuse is None or self.force or not (self.out / self.TAKEN).exists():
+            return None
+        try:
+            path = json.loads((self.out / self.TAKEN).read_text()).get(spec.name)
+        except (ValueError, AttributeError):
+            raise UserError(f"{self.out / self.TAKEN} is damaged; restore it (git checkout) "
+                            "or delete it")
+        if not path or not Path(path).is_file():
+            return None
+        record = read_record(Path(path))
+        if not _same_config(record, self.config_of(spec)):
+            return None
+        self.reused[spec.name] = Path(path)
+        self.named.add(spec.name)
+        return record
 
     @functools.cached_property
     def _folder(self) -> RecordIndex:

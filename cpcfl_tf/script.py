@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import json
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -171,10 +172,8 @@ class Session:
 
         note = provenance(self.runner.records) if "runner" in self.__dict__ else []
         if "runner" in self.__dict__ and self.runner.reused:
-            folders = sorted({str(p.parent) for p in self.runner.reused.values()})
-            note.append(f"{len(self.runner.reused)} of these runs were taken from "
-                        f"{', '.join(f'`{f}`' for f in folders)}: this machine would make "
-                        "them bit for bit (same config, machine kind and starting encoder).")
+            note += reused_note(self.runner.reused, self.runner.named)
+            self._keep_taken()
         if "runner" in self.__dict__ and self.runner.stood_in:
             note.append(stood_in_note(self.runner.stood_in))
         if note:
@@ -185,6 +184,17 @@ class Session:
         print(report)
         print(f"wrote {self.out}")
         self.compare_with_reference()
+
+    def _keep_taken(self) -> None:
+        """Add the runs taken from the tree to the folder's ``taken.json``
+        (:attr:`~cpcfl_tf.runner.Runner.TAKEN`), so a report elsewhere finds them."""
+        from cpcfl_tf.results import write_json
+
+        path = self.out / self.runner.TAKEN
+        kept = json.loads(path.read_text()) if path.exists() else {}
+        merged = {**kept, **{name: str(p) for name, p in self.runner.reused.items()}}
+        if merged != kept:
+            write_json(path, dict(sorted(merged.items())))
 
     def compare_with_reference(self) -> None:
         """Where the runs went elsewhere than the committed ``results/<preset>``: how
@@ -201,6 +211,26 @@ class Session:
             print(f"\nAgainst the committed runs ({reference}; python experiments/compare.py "
                   f"--results {self.out} --preset {self.config.preset}):")
             print("\n".join(lines))
+
+
+def reused_note(reused: dict[str, Path], named: set[str]) -> list[str]:
+    """The report's lines on the runs taken from elsewhere in the tree: those this
+    machine would make bit for bit, and those taken because the folder's ``taken.json``
+    names them."""
+    def folders(names) -> str:
+        return ", ".join(f"`{f}`" for f in sorted({str(reused[n].parent) for n in names}))
+
+    here = [name for name in reused if name not in named]
+    lines = []
+    if here:
+        lines.append(f"{len(here)} of these runs were taken from {folders(here)}: this machine "
+                     "would make them bit for bit (same config, machine kind and starting "
+                     "encoder).")
+    if named:
+        lines.append(f"{len(named)} of these runs were taken from {folders(named)} as the "
+                     "folder's `taken.json` names them: the machine that wrote it would make "
+                     "them bit for bit; this one would not, or has not their encoders cached.")
+    return lines
 
 
 def stood_in_note(stood_in: dict[str, tuple[str, Path]]) -> str:

@@ -3,6 +3,7 @@ on the smoke preset, and the runner features they rely on."""
 import csv
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -469,6 +470,49 @@ def test_families_take_runs_this_machine_would_repeat_bit_for_bit_from_the_tree(
         made["seed1-ifca-none.json"]["rounds"]  # and comes out the same
     with pytest.raises(UserError, match="--reuse"):
         families.main(argv + ["--out", "x", "--reuse", "none"])
+
+
+def test_a_report_elsewhere_takes_the_runs_its_folders_taken_json_names(
+        tmp_path, monkeypatch):
+    # A folder that took runs from the tree names them in taken.json; --report on another
+    # machine, or without the encoders cached, takes them from there and says so. A named
+    # record that no longer holds the run's config is not taken.
+    import cpcfl_tf.federated.simulator as simulator
+
+    families = script("cfl_families")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CPCFL_CACHE", str(tmp_path / "cache"))
+    tree = Path("results") / "smoke"
+    argv = ["--preset", "smoke", "--trials", "2", "--set", "federated.rounds=2",
+            "--methods", "fedavg-simclr,ifca-none,cp-cfl-simclr"]
+    families.main(argv[:-2] + ["--out", str(tree / "trials"),
+                               "--methods", "ifca-none,cp-cfl-simclr"])
+    families.main(argv + ["--out", str(tree / "families")])
+    assert sorted(p.name for p in (tree / "families").glob("seed*.json")) == [
+        "seed0-fedavg-simclr.json", "seed1-fedavg-simclr.json"]  # the rest taken
+    taken = json.loads((tree / "families" / "taken.json").read_text())
+    assert taken == {f"seed{k}-{run}": str(tree / "trials" / f"seed{k}-{run}.json")
+                     for k in (0, 1) for run in ("ifca-none", "cp-cfl-simclr")}
+    table = (tree / "families" / "cfl_families.csv").read_text()
+
+    for path in tree.rglob("seed*.json"):  # as if the tree came from another machine
+        record = json.loads(path.read_text())
+        record["environment"]["cpu"] = "another CPU"
+        path.write_text(json.dumps(record))
+    shutil.rmtree(tmp_path / "cache")
+    monkeypatch.setattr(simulator, "run_federated", lambda *a, **k: pytest.fail("ran"))
+    families.main(argv + ["--out", str(tree / "families"), "--report"])
+    report = (tree / "families" / "cfl_families.md").read_text()
+    assert "partial" not in report and (tree / "families" / "cfl_families.csv").read_text() == table
+    assert (f"4 of these runs were taken from `{tree / 'trials'}` as the folder's `taken.json` "
+            "names them") in report and "this machine would make them" not in report
+
+    changed = json.loads((tree / "trials" / "seed1-ifca-none.json").read_text())
+    changed["config"]["federated"]["rounds"] = 3
+    (tree / "trials" / "seed1-ifca-none.json").write_text(json.dumps(changed))
+    families.main(argv + ["--out", str(tree / "families"), "--report"])
+    report = (tree / "families" / "cfl_families.md").read_text()
+    assert "(partial: 5 of 6 runs)" in report and "seed 1: ifca-none" in report
 
 
 def test_the_cpu_id_tells_a_cpu_within_its_kind():
