@@ -302,7 +302,8 @@ class Runner:
 
     TAKEN = "taken.json"
     """The file in the output folder naming, per run, the record taken for it from
-    :attr:`reuse` (written with the report: :meth:`~cpcfl_tf.script.Session.finish`)."""
+    :attr:`reuse` (:meth:`keep_taken`, called with the report:
+    :meth:`~cpcfl_tf.script.Session.finish`)."""
 
     def finished(self, spec: RunSpec) -> RunRecord | None:
         """``spec``'s finished record in the output folder, or the one :meth:`run` would
@@ -323,16 +324,38 @@ class Runner:
                  if candidates and self.encoders.ready(config) else None)
         return taken if taken is not None else self._named(spec)
 
+    @functools.cached_property
+    def _taken_file(self) -> dict[str, str]:
+        """The folder's :attr:`TAKEN` as it was when first read (empty if there is none);
+        a one-line error if it is damaged."""
+        from cpcfl_tf.results import read_file
+
+        def load(path: Path) -> dict[str, str]:
+            taken = json.loads(path.read_text())
+            if not isinstance(taken, dict):
+                raise ValueError("not a map of run names to records")
+            return taken
+
+        path = self.out / self.TAKEN
+        return (read_file(path, load, fix="restore it (git checkout) or delete it")
+                if path.exists() else {})
+
+    def keep_taken(self) -> None:
+        """Add the runs taken from :attr:`reuse` to the folder's :attr:`TAKEN`, so that a
+        report elsewhere (:meth:`finished`) finds them."""
+        from cpcfl_tf.results import write_json
+
+        merged = {**self._taken_file, **{name: str(p) for name, p in self.reused.items()}}
+        if merged != self._taken_file:
+            write_json(self.out / self.TAKEN, dict(sorted(merged.items())))
+            self._taken_file = merged
+
     def _named(self, spec: RunSpec) -> RunRecord | None:
         """The record the folder's :attr:`TAKEN` names for ``spec`` (noted in
         :attr:`reused` and :attr:`named`), if it is there and holds ``spec``'s config."""
-        if self.reuse is None or self.force or not (self.out / self.TAKEN).exists():
+        if self.reuse is None or self.force:
             return None
-        try:
-            path = json.loads((self.out / self.TAKEN).read_text()).get(spec.name)
-        except (ValueError, AttributeError):
-            raise UserError(f"{self.out / self.TAKEN} is damaged; restore it (git checkout) "
-                            "or delete it")
+        path = self._taken_file.get(spec.name)
         if not path or not Path(path).is_file():
             return None
         record = read_record(Path(path))
@@ -388,29 +411,29 @@ class Runner:
         return found.record
 
     def status(self, spec: RunSpec) -> str:
+        """What :meth:`run` would do with ``spec`` now (:meth:`planned`). Reads, never
+        writes."""
+        return self.planned(spec)[0]
+
+    def planned(self, spec: RunSpec) -> tuple[str, str | None]:
         """What :meth:`run` would do with ``spec`` now: ``done``, ``to resume``, ``to run``,
-        or ``stops: <why>``. Reads, never writes."""
+        ``found: <path>``, its base method's run, or ``stops: <why>``; and where the
+        starting encoder it needs would come from
+        (:meth:`~cpcfl_tf.federated.starting.StartingEncoders.status`), None where it needs
+        none (done, stops, or its base method's run). Reads, never writes."""
         try:
             action, _ = self._decide(spec)
         except UserError as err:
-            return f"stops: {err}"
+            return f"stops: {err}", None
+        if action == "done":
+            return "done", None
         unrestarted = self._unrestarted(spec) if action == "run" else None
         if unrestarted is not None:
-            return f"its restart rule never fires in {unrestarted.path}: that run"
+            return f"its restart rule never fires in {unrestarted.path}: that run", None
         candidates = self._candidates(spec) if action == "run" else []
-        if candidates:
-            return f"found: {candidates[0].path}"
-        return {"done": "done", "resume": "to resume", "run": "to run"}[action]
-
-    def encoder_status(self, spec: RunSpec) -> str | None:
-        """Where the starting encoder :meth:`run` needs for ``spec`` now would come from
-        (:meth:`~cpcfl_tf.federated.starting.Encoders.status`), or None where it needs
-        none: the run is done, stops, or is its base method's run (:meth:`status`).
-        Reads, never writes."""
-        status = self.status(spec)
-        if status == "done" or status.startswith(("stops:", "its restart rule never fires")):
-            return None
-        return self.encoders.status(self.config_of(spec))
+        status = (f"found: {candidates[0].path}" if candidates
+                  else {"resume": "to resume", "run": "to run"}[action])
+        return status, self.encoders.status(self.config_of(spec))
 
     def _candidates(self, spec: RunSpec) -> list[Found]:
         """Records of ``spec``'s config in :attr:`reuse` that this machine would make bit

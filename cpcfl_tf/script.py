@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import json
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -131,8 +130,8 @@ class Session:
                   + f"; output {self.out}")
             encoders = {}  # of the runs still to make, each once
             for spec in kept:
-                print(f"  {spec.name}: {self.runner.status(spec)}")
-                encoder = self.runner.encoder_status(spec)
+                status, encoder = self.runner.planned(spec)
+                print(f"  {spec.name}: {status}")
                 if encoder is not None:
                     encoders.setdefault(encoder)
             for line in also:
@@ -173,7 +172,7 @@ class Session:
         note = provenance(self.runner.records) if "runner" in self.__dict__ else []
         if "runner" in self.__dict__ and self.runner.reused:
             note += reused_note(self.runner.reused, self.runner.named)
-            self._keep_taken()
+            self.runner.keep_taken()
         if "runner" in self.__dict__ and self.runner.stood_in:
             note.append(stood_in_note(self.runner.stood_in))
         if note:
@@ -184,17 +183,6 @@ class Session:
         print(report)
         print(f"wrote {self.out}")
         self.compare_with_reference()
-
-    def _keep_taken(self) -> None:
-        """Add the runs taken from the tree to the folder's ``taken.json``
-        (:attr:`~cpcfl_tf.runner.Runner.TAKEN`), so a report elsewhere finds them."""
-        from cpcfl_tf.results import write_json
-
-        path = self.out / self.runner.TAKEN
-        kept = json.loads(path.read_text()) if path.exists() else {}
-        merged = {**kept, **{name: str(p) for name, p in self.runner.reused.items()}}
-        if merged != kept:
-            write_json(path, dict(sorted(merged.items())))
 
     def compare_with_reference(self) -> None:
         """Where the runs went elsewhere than the committed ``results/<preset>``: how

@@ -513,6 +513,12 @@ def test_a_report_elsewhere_takes_the_runs_its_folders_taken_json_names(
     families.main(argv + ["--out", str(tree / "families"), "--report"])
     report = (tree / "families" / "cfl_families.md").read_text()
     assert "(partial: 5 of 6 runs)" in report and "seed 1: ifca-none" in report
+    for damaged in ("[", "[]"):  # one line naming the fix, nothing written
+        (tree / "families" / "taken.json").write_text(damaged)
+        with pytest.raises(UserError, match=r"taken.json is (not valid JSON|damaged).*; "
+                                            r"restore it \(git checkout\) or delete it"):
+            families.main(argv + ["--out", str(tree / "families"), "--report"])
+        assert (tree / "families" / "cfl_families.md").read_text() == report
 
 
 def test_the_cpu_id_tells_a_cpu_within_its_kind():

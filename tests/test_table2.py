@@ -229,9 +229,9 @@ def test_a_restart_variant_run_whose_rule_never_fires_is_taken_from_its_base_run
     assert runner.status(variant) == (f"its restart rule never fires in "
                                       f"{tmp_path / 'cp-cfl.json'}: that run")
     # --dry-run lists no encoder for it: none is pre-trained for a run taken from another
-    assert runner.encoder_status(variant) is None
-    assert runner.encoder_status(RunSpec("cp-cfl", "cp-cfl", "simclr", short)) is None  # done
-    assert runner.encoder_status(RunSpec("other", "cp-cfl", "simclr", short)).startswith(
+    assert runner.planned(variant)[1] is None
+    assert runner.planned(RunSpec("cp-cfl", "cp-cfl", "simclr", short))[1] is None  # done
+    assert runner.planned(RunSpec("other", "cp-cfl", "simclr", short))[1].startswith(
         "simclr encoder: cached")
     assert runner.run(variant).to_json() == plain.to_json()
     assert runner.finished(variant).to_json() == plain.to_json()
