@@ -14,6 +14,7 @@ from cpcfl_tf.config import Config
 from cpcfl_tf.dataset_pairs import dataset_pairs
 from cpcfl_tf.federated.metrics import cluster_ari
 from cpcfl_tf.judge import Statistic, accuracy_at, clustering_failures, final_accuracy
+from cpcfl_tf.methods import METHODS
 from cpcfl_tf.record import RunRecord
 from cpcfl_tf.runner import RunSpec
 
@@ -55,7 +56,42 @@ def evidence(config: Config) -> dict[str, RunSpec]:
             method, pre, _ = COMPARISON[run]
             specs[f"{pair.key}-{run}"] = RunSpec(f"{pair.key}-{run}", method, pre,
                                                  data=pair.data, partition=pair.partition)
+    for name, spec in list(specs.items()):  # the second verdict's runs: CP-CFL fixed
+        fixed = FIXED.get(spec.method)
+        if fixed is not None:
+            specs[fixed_name(name)] = dataclasses.replace(
+                spec, name=spec.name.replace(spec.method, fixed, 1), method=fixed)
     return specs
+
+
+FIXED = {m.restarts_of: m.name for m in METHODS.values() if m.restarts_of}
+"""A method -> the method that is it with its merges fixed (IFCA's restart rule:
+``cp-cfl`` -> ``cp-cfl-restart``, :attr:`~cpcfl_tf.methods.Method.restarts_of`). Beyond
+the paper, every claim is judged a second time with each such run in its base's place."""
+FIXED_SUFFIX = "+restart"
+
+
+def fixed_name(name: str) -> str:
+    """The evidence name of ``name``'s run with its merges fixed."""
+    return name + FIXED_SUFFIX
+
+
+def base_name(name: str) -> str | None:
+    """The evidence name whose fixed run ``name`` is (None: ``name`` is no fixed run)."""
+    return name[:-len(FIXED_SUFFIX)] if name.endswith(FIXED_SUFFIX) else None
+
+
+def with_fix(claim: "Claim", names) -> "Claim":
+    """``claim`` with every run that has a fixed twin among ``names`` (an
+    :func:`evidence` map) replaced by it: the claim judged with CP-CFL's merges fixed.
+    Links that name no such run are the same links (their verdict is the first one)."""
+    def swap(name: str | None) -> str | None:
+        return fixed_name(name) if name is not None and fixed_name(name) in names else name
+
+    return dataclasses.replace(claim, links=tuple(
+        link if link.linear_eval else
+        dataclasses.replace(link, a=swap(link.a), b=swap(link.b), c=swap(link.c), d=swap(link.d))
+        for link in claim.links))
 
 
 # -- the claims ----------------------------------------------------------------------

@@ -19,14 +19,14 @@ from cpcfl_tf.environment import machine
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.federated.algorithm import cluster_sizes, clustering_failed
 from cpcfl_tf.federated.metrics import cluster_ari
-from cpcfl_tf.judge import (CANNOT, RULE, RecordIndex, Summary, combined, final_accuracy,
-                            linear_eval_config, linear_eval_settings, mismatch, paired,
-                            verdict)
+from cpcfl_tf.judge import (CANNOT, RULE, Found, RecordIndex, Summary, combined,
+                            final_accuracy, linear_eval_config, linear_eval_settings,
+                            mismatch, paired, together, verdict)
 from cpcfl_tf.methods import run_label
 from cpcfl_tf.record import RunRecord
 from cpcfl_tf.report import markdown_table
-from cpcfl_tf.runner import RunSpec
-from cpcfl_tf.claims import Claim, Link, evidence
+from cpcfl_tf.runner import RunSpec, stands_in
+from cpcfl_tf.claims import Claim, Link, base_name, evidence
 
 
 # -- judging -------------------------------------------------------------------------
@@ -70,6 +70,18 @@ class Evidence:
     def config_of(self, name: str, seed: int) -> Config:
         return self.spec(name, seed).config(self.config)
 
+    def every(self, name: str, seed: int) -> list[Found]:
+        """Every record of run ``name`` for ``seed``, the preferred first. A fixed run
+        (:func:`~cpcfl_tf.claims.fixed_name`) with no record of its own is its base run's
+        record wherever its restart rule never fires there (:func:`~cpcfl_tf.runner.stands_in`):
+        that run is it, bit for bit."""
+        found = self.index.every(self.config_of(name, seed))
+        base = base_name(name)
+        if found or base is None:
+            return found
+        config = self.config_of(name, seed)
+        return [f for f in self.every(base, seed) if stands_in(f.record, config)]
+
     def _use(self, seed: int, name: str, path: Path) -> None:
         paths = self.used.setdefault(f"seed {seed}: {name}", [])
         if str(path) not in paths:
@@ -80,7 +92,7 @@ class Evidence:
         the preferred (a run made on two machines shows the record that was judged)."""
         out = {}
         for seed in self.seeds:
-            every = self.index.every(self.config_of(name, seed))
+            every = self.every(name, seed)
             judged = self.used.get(f"seed {seed}: {name}", [None])[0]
             found = next((f for f in every if str(f.path) == judged), every[0] if every else None)
             if found is not None:
@@ -93,7 +105,7 @@ class Evidence:
         each seed's chosen together as one sample of chance (:meth:`RecordIndex.together`)."""
         out: dict[str, dict[int, RunRecord]] = {name: {} for name in names}
         for seed in self.seeds:
-            chosen = self.index.together([self.config_of(name, seed) for name in names])
+            chosen = together([self.every(name, seed) for name in names])
             for name, found in zip(names, chosen or ()):
                 self._use(seed, name, found.path)
                 out[name][seed] = found.record
@@ -137,7 +149,7 @@ class Evidence:
                     other = paired(runs[link.c], runs[link.d], link.stat)
                     diffs = {s: diffs[s] - other[s] for s in diffs if s in other}
                 missing = [f"seed {s}: {name}" for s in self.seeds for name in names
-                           if not self.index.every(self.config_of(name, s))]
+                           if not self.every(name, s)]
             judged.append((link, verdict(diffs, link.margin, missing=len(missing)), missing))
         return Judged(claim, judged)
 

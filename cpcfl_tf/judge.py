@@ -123,12 +123,7 @@ class RecordIndex:
         sample of chance: runs of one pre-training start from one encoder
         (``environment.starting_encoder``) and, where the tree allows, ran on one
         machine. Among equals, the preferred (:meth:`every`'s order)."""
-        options = [self.every(config) for config in configs]
-        if not all(options):
-            return None
-        # min keeps the first of the best, and product order is the preference order
-        return list(min(itertools.product(*options),
-                        key=lambda chosen: mismatch([f.record for f in chosen])))
+        return together([self.every(config) for config in configs])
 
     def add(self, path: Path, record: RunRecord) -> None:
         """Index a record written after the tree was read."""
@@ -144,6 +139,16 @@ class RecordIndex:
     def preferred(self) -> Iterable[Found]:
         """The preferred record of every config in the tree."""
         return (found[0] for found in self._by_key.values())
+
+
+def together(options: Sequence[Sequence[Found]]) -> list[Found] | None:
+    """One of each list of ``options`` (each in preference order; None: one is empty),
+    chosen so that they are one sample of chance (:meth:`RecordIndex.together`)."""
+    if not all(options):
+        return None
+    # min keeps the first of the best, and product order is the preference order
+    return list(min(itertools.product(*options),
+                    key=lambda chosen: mismatch([f.record for f in chosen])))
 
 
 def mismatch(records: Sequence[RunRecord]) -> tuple[bool, bool]:

@@ -375,21 +375,25 @@ class Runner:
         finished run of ``spec``'s config (in the output folder, or taken from
         :attr:`reuse` by this runner) if its restart rule would never have fired in it; then
         ``spec``'s run is that run, bit for bit. None otherwise."""
-        from cpcfl_tf.federated.algorithm import would_restart
-
         config = self.config_of(spec)
-        base = METHODS[config.federated.method].restarts_of
-        if not base or self.force:
+        base = base_config(config)
+        if base is None or self.force:
             return None
-        base_config = config.with_overrides(federated={"method": base})
-        taken = [] if self.reuse is None else [f for f in self.reuse.every(base_config)
+        taken = [] if self.reuse is None else [f for f in self.reuse.every(base)
                                                 if f.path in self.reused.values()]
-        found = next((f for f in [*self._folder.every(base_config), *taken]
-                      if _same_config(f.record, base_config)), None)
-        fl = config.resolved().federated
-        if found is None or would_restart(fl, [r.cluster_ids for r in found.record.rounds]):
-            return None
-        return found
+        found = next((f for f in [*self._folder.every(base), *taken]
+                      if _same_config(f.record, base)), None)
+        return found if found is not None and stands_in(found.record, config) else None
+
+    def _base_to_make(self, spec: RunSpec) -> bool:
+        """Whether ``spec``'s method has a base method (:func:`base_config`) whose run of
+        the same config this runner has not got (in its folder, or taken): made first, it
+        decides whether ``spec`` is run at all."""
+        base = base_config(self.config_of(spec))
+        if base is None or self.force:
+            return False
+        taken = [] if self.reuse is None else self.reuse.every(base)
+        return not any(_same_config(f.record, base) for f in [*self._folder.every(base), *taken])
 
     def _stand_in(self, spec: RunSpec, found: Found) -> RunRecord:
         self.stood_in[spec.name] = (self.config_of(spec).federated.method, found.path)
@@ -430,6 +434,9 @@ class Runner:
         unrestarted = self._unrestarted(spec) if action == "run" else None
         if unrestarted is not None:
             return f"its restart rule never fires in {unrestarted.path}: that run", None
+        if action == "run" and self._base_to_make(spec):
+            return ("to run if its restart rule fires in its base method's run (made "
+                    "first; else that run)"), self.encoders.status(self.config_of(spec))
         candidates = self._candidates(spec) if action == "run" else []
         status = (f"found: {candidates[0].path}" if candidates
                   else {"resume": "to resume", "run": "to run"}[action])
@@ -531,6 +538,25 @@ def _round_scalars(record: dict, groups: np.ndarray, num_clusters: int) -> dict[
     sizes = cluster_sizes(ids, num_clusters)
     return {"accuracy": record["accuracy"], "ari": cluster_ari(groups, ids),
             **{f"cluster_size/{n}": int(c) for n, c in enumerate(sizes)}}
+
+
+def base_config(config: Config) -> Config | None:
+    """The config of the run ``config``'s run is until its restart rule fires (its
+    method's :attr:`~cpcfl_tf.methods.Method.restarts_of`); None for other methods."""
+    base = METHODS[config.federated.method].restarts_of
+    return config.with_overrides(federated={"method": base}) if base else None
+
+
+def stands_in(record: RunRecord, config: Config) -> bool:
+    """Whether ``record`` is the run of ``config`` bit for bit: a run of its base config
+    (:func:`base_config`) in which ``config``'s restart rule never fires (attempt 0 draws
+    what the base draws). A property of the record, whatever machine made it."""
+    from cpcfl_tf.federated.algorithm import would_restart
+
+    base = base_config(config)
+    return (base is not None and _same_config(record, base)
+            and not would_restart(config.resolved().federated,
+                                  [r.cluster_ids for r in record.rounds]))
 
 
 def _same_config(record: RunRecord, config: Config) -> bool:

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from cpcfl_tf.claims import CLAIM_IDS, Claim, claims
+from cpcfl_tf.claims import CLAIM_IDS, Claim, base_name, claims, with_fix
 from cpcfl_tf.cli import resolve_config
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.evidence import (Evidence, Judged, encoder_notes, groups_found, headroom,
@@ -54,22 +54,29 @@ def make_missing(session, evidence_: Evidence, chosen: list[Claim]) -> None:
     """Make every run of ``chosen`` (claim by claim, seed by seed) that the tree lacks into
     the script's folder. A record elsewhere in the tree is used where this machine would
     make it bit for bit (:attr:`~cpcfl_tf.runner.Runner.reuse`), so one seed's evidence
-    comes from one kind of machine. With ``--dry-run``, list them with what each would do
-    and stop."""
+    comes from one kind of machine. The second verdict's claims (CP-CFL's merges fixed,
+    :func:`fixed_claims`) make only the fixed runs the tree lacks: where the rule never
+    fires, the base run is the fixed run, so only runs in which it fires are made, and
+    they pair with the first verdict's records. With ``--dry-run``, list them with what
+    each would do and stop."""
     session.runner.reuse = evidence_.index
     todo: list[RunSpec | LinearEval] = []  # in the order they run: claim, seed, step
     done: set[str] = set()
     complete: list[str] = []
-    for claim in chosen:
+    for claim in [*chosen, *fixed_claims(chosen, evidence_)]:
         if claim.cannot:
             continue
         whole = [seed for seed in evidence_.seeds if _complete(session, evidence_, claim, seed)]
         if whole:
-            complete.append(f"{claim.id}: {seed_list(whole)} complete in the tree")
+            complete.append(f"{claim.id}{' with the restart rule' if claim not in chosen else ''}: "
+                            f"{seed_list(whole)} complete in the tree")
         for seed in evidence_.seeds:
             if seed in whole:  # its links pair the records there; none is made again
                 continue
             for name, is_eval in needed(claim):
+                if claim not in chosen and (base_name(name) is None
+                                            or evidence_.every(name, seed)):
+                    continue  # a second verdict makes only the fixed runs it lacks
                 if is_eval:
                     step = LinearEval(seed)
                     if step not in todo and not _linear_eval_out(session, seed).exists():
@@ -89,6 +96,13 @@ def make_missing(session, evidence_: Evidence, chosen: list[Claim]) -> None:
             session.runner.run(step)
 
 
+def fixed_claims(chosen: list[Claim], evidence_: Evidence) -> list[Claim]:
+    """The claims of ``chosen`` that name a CP-CFL run, each with CP-CFL's merges fixed
+    (:func:`~cpcfl_tf.claims.with_fix`): the second verdict, beyond the paper."""
+    return [fixed for claim in chosen
+            if (fixed := with_fix(claim, evidence_.specs)) != claim]
+
+
 def _complete(session, evidence_: Evidence, claim: Claim, seed: int) -> bool:
     """Whether the tree holds a record of every run ``claim`` needs for ``seed`` (and its
     linear evaluation). Such a seed is left alone: on another kind of machine, or from
@@ -97,7 +111,7 @@ def _complete(session, evidence_: Evidence, claim: Claim, seed: int) -> bool:
         if is_eval:
             return (_linear_eval_out(session, seed).exists()
                     or seed in evidence_.linear_eval(name))
-        return bool(evidence_.index.every(evidence_.config_of(name, seed)))
+        return bool(evidence_.every(name, seed))
 
     return all(present(name, is_eval) for name, is_eval in needed(claim))
 

@@ -320,7 +320,11 @@ def test_run_mode_makes_only_the_missing_runs(tmp_path, capsys):
         script("claims").main(argv + ["--run", "--dry-run"])
     assert stop.value.code == 0 and not (results / "claims").exists()
     assert [line.strip() for line in capsys.readouterr().out.splitlines() if "to run" in line] == [
-        f"seed{s}-{name}: to run" for s in (0, 1) for name in ("cp-cfl-simclr", "centralized-group")]
+        f"seed{s}-{name}: to run" for s in (0, 1) for name in ("cp-cfl-simclr", "centralized-group")
+    ] + [f"seed{s}-cp-cfl-restart-simclr: to run if its restart rule fires in its base "
+         "method's run (made first; else that run)" for s in (0, 1)]
+    # The second verdict's CP-CFL+restart runs: the rule (checked after round Tc + 10)
+    # never fires in two rounds, so each is its CP-CFL run and none is written.
     script("claims").main(argv + ["--run"])
     made = sorted(p.name for p in (results / "claims").glob("*.json"))
     assert made == ["seed0-centralized-group.json", "seed0-cp-cfl-simclr.json",
