@@ -158,39 +158,67 @@ def _number(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:+.{digits}f}"
 
 
+def _ours(summary: Summary, long: bool = True) -> str:
+    """A link's mean and 95 % interval (``long``: with min and max) and n."""
+    if not summary.n:
+        return "-"
+    interval = summary.interval
+    if not long:
+        return (f"{_number(summary.mean)} [{_number(interval[0])}, {_number(interval[1])}] "
+                f"(n = {summary.n})" if interval else f"{_number(summary.mean)} (n = {summary.n})")
+    return (f"{_number(summary.mean)} [{_number(interval[0]) if interval else '-'}, "
+            f"{_number(interval[1]) if interval else '-'}]; min {_number(min(summary.values))}, "
+            f"max {_number(max(summary.values))} (n = {summary.n})")
+
+
+FIXED_NOTE = ("*With the restart rule* (beyond the paper): the same link judged by the same "
+              "rule with every CP-CFL run replaced by CP-CFL+restart's of the same seed, "
+              "partition and settings (IFCA's restart rule added to CP-CFL: "
+              "docs/choices.md). Where the rule never fires in a CP-CFL run, that run is "
+              "CP-CFL+restart's bit for bit; only the runs where it fires are made. "
+              "*same runs*: the link names no CP-CFL run.")
+
+
+def _why(j: Judged, link: Link, summary: Summary, missing: list[str], command: str) -> str:
+    """A link's verdict as the report says it (with the command for missing runs)."""
+    if j.claim.cannot:
+        return f"{CANNOT}: {j.claim.cannot}"
+    if summary.verdict != CANNOT:
+        return summary.verdict
+    what = "linear evaluation(s)" if link.linear_eval else "run(s)"
+    why = (f"{CANNOT}: {len(missing)} {what} missing "
+           f"(`{command} --claims {j.claim.id} --run --resume`)")
+    return why + (f"; so far (n = {summary.n}): {summary.so_far}" if summary.so_far else "")
+
+
 def report(config: Config, results: Path, seeds: list[int], judged: list[Judged],
-           headroom: list[list[str]], groups: list[str], command: str) -> str:
+           headroom: list[list[str]], groups: list[str], command: str,
+           fixed: list[Judged]) -> str:
+    """``claims.md``: per link the paper's reading (``judged``) and, beside it, the same
+    link with CP-CFL's merges fixed (``fixed``, one per claim of ``judged``)."""
     lines = [f"# The paper's claims (preset `{config.preset}`)", "",
              f"Judged by `python experiments/claims.py --preset {config.preset}` from the run "
              f"records under `{results}`, seeds {', '.join(map(str, seeds))}. The paper's "
              "numbers are STL-10 on a GPU, copied from its tables; ours are points of "
-             "accuracy (%) unless the link says otherwise.", "", RULE]
+             "accuracy (%) unless the link says otherwise.", "", RULE, "", FIXED_NOTE]
     rows = []
-    for j in judged:
-        for k, (link, summary, missing) in enumerate(j.links):
-            interval = summary.interval
-            ours = ("-" if not summary.n else
-                    f"{_number(summary.mean)} [{_number(interval[0]) if interval else '-'}, "
-                    f"{_number(interval[1]) if interval else '-'}]; min {_number(min(summary.values))}, "
-                    f"max {_number(max(summary.values))} (n = {summary.n})")
-            why = summary.verdict
-            if j.claim.cannot:
-                why = f"{CANNOT}: {j.claim.cannot}"
-            elif summary.verdict == CANNOT:
-                what = "linear evaluation(s)" if link.linear_eval else "run(s)"
-                why = (f"{CANNOT}: {len(missing)} {what} missing "
-                       f"(`{command} --claims {j.claim.id} --run --resume`)")
-                if summary.so_far:
-                    why += f"; so far (n = {summary.n}): {summary.so_far}"
+    for j, f in zip(judged, fixed):
+        for k, ((link, summary, missing), (flink, fsummary, fmissing)) in enumerate(
+                zip(j.links, f.links)):
+            same = flink == link
             rows.append([f"{j.claim.id} {j.claim.text}" if k == 0 else "", link.label,
                          link.paper, " / ".join(_number(v) for v in summary.per_seed.values()) or "-",
-                         ours, why])
+                         _ours(summary), _why(j, link, summary, missing, command),
+                         "same runs" if same else _ours(fsummary, long=False),
+                         "same runs" if same else _why(f, flink, fsummary, fmissing, command)])
     lines += markdown_table(["claim", "link (ours: per seed, mean [95 % interval])", "paper",
-                             "ours per seed", "ours", "verdict"], rows)
+                             "ours per seed", "ours", "verdict",
+                             "with the restart rule: ours", "verdict"], rows)
     lines += ["", "## Verdict per claim", ""]
-    lines += markdown_table(["claim", "source in the paper", "verdict"],
-                            [[f"{j.claim.id} {j.claim.text}", j.claim.source, j.verdict]
-                             for j in judged])
+    lines += markdown_table(["claim", "source in the paper", "verdict",
+                             "with the restart rule (beyond the paper)"],
+                            [[f"{j.claim.id} {j.claim.text}", j.claim.source, j.verdict,
+                              f.verdict] for j, f in zip(judged, fixed)])
     if headroom:
         lines += ["", "## Headroom: gap to the centralized by-group bound of the same seed", "",
                   "Each method's accuracy minus the centralized by-group model's (points): how "
@@ -347,17 +375,16 @@ def encoder_notes(ev: Evidence) -> list[str]:
     return notes
 
 
-def verdict_table(judged: list[Judged]) -> list[str]:
-    """One row per link: claim, link, paper, ours (mean [interval], n), verdict."""
+def verdict_table(judged: list[Judged], fixed: list[Judged]) -> list[str]:
+    """One row per link: claim, link, paper, ours (mean [interval], n), verdict, and the
+    verdict with CP-CFL's merges fixed (``fixed``, one per claim of ``judged``)."""
     rows = []
-    for j in judged:
-        for k, (link, summary, _) in enumerate(j.links):
-            interval = summary.interval
-            ours = "-" if not summary.n else (
-                f"{_number(summary.mean)} [{_number(interval[0])}, {_number(interval[1])}] "
-                f"(n = {summary.n})" if interval else f"{_number(summary.mean)} (n = {summary.n})")
+    for j, f in zip(judged, fixed):
+        for k, ((link, summary, _), (flink, fsummary, _)) in enumerate(zip(j.links, f.links)):
             verdict_ = CANNOT if j.claim.cannot else summary.verdict
-            rows.append([j.claim.id if k == 0 else "", link.label, link.paper, ours, verdict_])
+            again = ("same runs" if flink == link else
+                     f"{CANNOT if f.claim.cannot else fsummary.verdict}: {_ours(fsummary, long=False)}")
+            rows.append([j.claim.id if k == 0 else "", link.label, link.paper,
+                         _ours(summary, long=False), verdict_, again])
     return markdown_table(["claim", "link", "paper (STL-10)", "ours: mean [95 % interval]",
-                           "verdict"], rows)
-
+                           "verdict", "with the restart rule (beyond the paper)"], rows)

@@ -188,13 +188,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         make_missing(session, ev, chosen)
         ev = Evidence(config, results, args.seeds, session.out)
     judged = [ev.judge(c) for c in chosen]
+    fixed = [ev.judge(with_fix(c, ev.specs)) for c in chosen]
     from cpcfl_tf.results import write_json, write_text
 
     note = machine_notes(ev) + encoder_notes(ev)
     command = f"python experiments/claims.py --preset {config.preset} --seeds {args.seeds[0]}-{args.seeds[-1]}" \
         if args.seeds == list(range(args.seeds[0], args.seeds[-1] + 1)) else \
         f"python experiments/claims.py --preset {config.preset} --seeds {','.join(map(str, args.seeds))}"
-    text = report(config, results, args.seeds, judged, headroom(ev), groups_found(ev), command)
+    text = report(config, results, args.seeds, judged, headroom(ev), groups_found(ev), command,
+                  fixed)
     if note:
         text = text.rstrip("\n") + "\n\n" + "\n\n".join(note) + "\n"
     write_json(results / "claims.json", {
@@ -202,29 +204,36 @@ def main(argv: Sequence[str] | None = None) -> None:
         "rule": RULE, "claims": [
             {"id": j.claim.id, "claim": j.claim.text, "source": j.claim.source,
              "verdict": j.verdict, "cannot": j.claim.cannot,
+             "with_restart_rule": f.verdict,
              "links": [{"link": link.label, "paper": link.paper, **summary.to_json(),
-                        "missing": missing} for link, summary, missing in j.links]}
-            for j in judged],
+                        "missing": missing,
+                        "with_restart_rule": None if flink == link else
+                        {**fsummary.to_json(), "missing": fmissing}}
+                       for (link, summary, missing), (flink, fsummary, fmissing)
+                       in zip(j.links, f.links)]}
+            for j, f in zip(judged, fixed)],
         "records": ev.used})
     write_text(results / "claims.md", text)
     print(text)
     print(f"wrote {results / 'claims.md'}")
     if len(judged) == len(CLAIM_IDS):
-        _update_readmes(results, config.preset, judged)
+        _update_readmes(results, config.preset, judged, fixed)
 
 
-def _update_readmes(results: Path, preset: str, judged: list[Judged]) -> None:
+def _update_readmes(results: Path, preset: str, judged: list[Judged],
+                    fixed: list[Judged]) -> None:
     """The generated tables of ``results/README.md`` (per link) and, for a tree at
     ``<repository>/results/<preset>``, of the repository's README (per claim)."""
     readme = results.parent / "README.md"
-    if readme.exists() and replace_block(readme, "claims", preset, verdict_table(judged)):
+    if readme.exists() and replace_block(readme, "claims", preset, verdict_table(judged, fixed)):
         print(f"updated the {preset} claims table in {readme}")
     top = results.resolve().parent
     front = top.parent / "README.md"
     if (top.name == "results" and front.exists()
             and replace_block(front, "verdicts", preset, markdown_table(
-                ["claim", "verdict"], [[f"{j.claim.id} {j.claim.text}", j.verdict]
-                                       for j in judged]))):
+                ["claim", "verdict", "with the restart rule (beyond the paper)"],
+                [[f"{j.claim.id} {j.claim.text}", j.verdict, f.verdict]
+                 for j, f in zip(judged, fixed)]))):
         print(f"updated the {preset} verdicts in {front}")
 
 

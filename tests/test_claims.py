@@ -20,15 +20,17 @@ SMOKE = get_preset("smoke")
 SEEDS = range(5)
 
 
-def fake(spec, seed, accuracy, *, ari=1.0, restarts=0):
-    """A run record of ``spec`` for ``seed`` with a flat accuracy curve."""
+def fake(spec, seed, accuracy, *, ari=1.0, restarts=0, base=SMOKE, merged_from=None):
+    """A run record of ``spec`` for ``seed`` with a flat accuracy curve; from round
+    ``merged_from`` on, every client in cluster 0."""
     spec = dataclasses.replace(spec, seed=seed)
-    requested = spec.config(SMOKE)
+    requested = spec.config(base)
     fl = requested.federated
     config = requested if fl.method == "centralized" else requested.resolved()
     clients = requested.partition.num_clients
     groups = [k * requested.partition.num_groups // clients for k in range(clients)]
-    rounds = [Round(t, groups, accuracy) for t in range(1, fl.rounds + 1)]
+    rounds = [Round(t, [0] * clients if merged_from and t >= merged_from else groups, accuracy)
+              for t in range(1, fl.rounds + 1)]
     return RunRecord(config, requested, {"data": seed, "train": seed},
                      [{"id": k, "group": g} for k, g in enumerate(groups)], rounds,
                      Final(accuracy, ari=ari, restarts=restarts), {"seconds": 1.0},
@@ -91,6 +93,53 @@ def test_a_link_with_a_chosen_seed_missing_is_not_judged_yet(tree):
     assert "so far (n = 2): holds" in (tree / "claims.md").read_text()
     assert verdict({0: 1.0, 1: 1.1}, missing=1).verdict == CANNOT
     assert verdict({0: 1.0, 1: 1.1}).verdict == HOLDS
+
+
+def test_the_second_verdict_puts_cp_cfl_restart_in_cp_cfls_place(tmp_path):
+    """C1's first link by hand: CP-CFL − IFCA (FedAvg) per seed +5, +6, −15 (seed 2
+    merged two groups), +7, +5 points: mean +1.6, t-interval [−9.5, +12.7], not shown.
+    With the restart rule (checked after round Tc + 2 = 3 of 4) it fires only in seed 2,
+    whose CP-CFL+restart run (made, +6) replaces it; the other seeds' CP-CFL runs are
+    their CP-CFL+restart runs: +5, +6, +6, +7, +5, mean +5.8, interval [+4.76, +6.84],
+    holds. The link IFCA (FedAvg) − IFCA (None) names no CP-CFL run: the same runs."""
+    from scipy import stats
+
+    base = SMOKE.with_overrides(federated={"restart_round": 2})
+    specs = evidence(base)
+    (tmp_path / "runs").mkdir()
+    cp_cfl = (0.90, 0.91, 0.70, 0.92, 0.90)
+    for seed in SEEDS:
+        for name, accuracy, extra in (
+                ("cp-cfl-simclr", cp_cfl[seed], {"merged_from": 2} if seed == 2 else {}),
+                ("ifca-fedavg", 0.85, {}), ("ifca-none", 0.80, {})):
+            write_record(tmp_path / "runs" / f"s{seed}-{name}.json",
+                         fake(specs[name], seed, accuracy, base=base, **extra))
+    fixed = specs["cp-cfl-simclr+restart"]
+    assert (fixed.method, fixed.name) == ("cp-cfl-restart", "cp-cfl-restart-simclr")
+    argv = ["--preset", "smoke", "--results", str(tmp_path), "--out", str(tmp_path / "claims"),
+            "--claims", "C1", "--set", "federated.restart_round=2"]
+    script("claims").main(argv)
+    link = json.loads((tmp_path / "claims.json").read_text())["claims"][0]["links"][0]
+    assert link["verdict"] == NOT_SHOWN
+    # Seed 2's rule fires: its CP-CFL run is not CP-CFL+restart's, which is missing.
+    again = link["with_restart_rule"]
+    assert again["verdict"] == CANNOT and again["missing"] == ["seed 2: cp-cfl-simclr+restart"]
+    write_record(tmp_path / "runs" / "s2-cp-cfl-restart.json",
+                 fake(fixed, 2, 0.91, base=base, restarts=1))
+    script("claims").main(argv)
+    stored = json.loads((tmp_path / "claims.json").read_text())["claims"][0]
+    again = stored["links"][0]["with_restart_rule"]
+    diffs = [5.0, 6.0, 6.0, 7.0, 5.0]
+    half = stats.t.ppf(0.975, 4) * np.std(diffs, ddof=1) / np.sqrt(5)
+    assert list(again["per_seed"].values()) == pytest.approx(diffs)
+    assert again["ci95"] == pytest.approx([5.8 - half, 5.8 + half])
+    assert again["verdict"] == HOLDS and stored["links"][0]["verdict"] == NOT_SHOWN
+    assert stored["links"][1]["with_restart_rule"] is None  # IFCA's link: the same runs
+    # IFCA (FedAvg) − IFCA (None) is +5 in every seed (holds), FedAvg (None) has no run.
+    assert stored["verdict"].startswith("1 of 3 links holds")
+    assert stored["with_restart_rule"].startswith("2 of 3 links holds")
+    text = (tmp_path / "claims.md").read_text()
+    assert "| same runs | same runs |" in text and "with the restart rule" in text
 
 
 def test_a_linear_evaluation_missing_is_counted_once_per_seed(tmp_path):
