@@ -115,14 +115,18 @@ def name_list(choices: Sequence[str]) -> Callable[[str], list[str]]:
 def settings_changed(config: Config) -> list[str]:
     """``SECTION.FIELD=VALUE`` for every setting of ``config`` that differs from its
     preset's (what ``--set`` and ``--seed`` changed)."""
+    changed = [f"seed={config.seed}"] if config.seed != get_preset(config.preset).seed else []
+    return changed + [f"{section}.{field}={getattr(getattr(config, section), field)}"
+                      for section, field in changed_fields(config)]
+
+
+def changed_fields(config: Config) -> list[tuple[str, str]]:
+    """``(section, field)`` of every setting of ``config`` that differs from its preset's
+    (what ``--set`` and the data folders changed; not the seed)."""
     preset = get_preset(config.preset)
-    changed = [f"seed={config.seed}"] if config.seed != preset.seed else []
-    for section in ("data", "partition", "pretrain", "federated"):
-        ours, theirs = getattr(config, section), getattr(preset, section)
-        changed += [f"{section}.{f.name}={getattr(ours, f.name)}"
-                    for f in dataclasses.fields(ours)
-                    if getattr(ours, f.name) != getattr(theirs, f.name)]
-    return changed
+    return [(section, f.name) for section in ("data", "partition", "pretrain", "federated")
+            for f in dataclasses.fields(getattr(config, section))
+            if getattr(getattr(config, section), f.name) != getattr(getattr(preset, section), f.name)]
 
 
 def resolve_config(args: argparse.Namespace) -> Config:

@@ -18,9 +18,9 @@ import functools
 from pathlib import Path
 from typing import Callable, Sequence
 
-from cpcfl_tf.cli import experiment_parser, name_list, settings_changed, setup
+from cpcfl_tf.cli import changed_fields, experiment_parser, name_list, settings_changed, setup
 from cpcfl_tf.config import Config
-from cpcfl_tf.errors import ArgumentParser
+from cpcfl_tf.errors import ArgumentParser, UserError
 from cpcfl_tf.record import RunRecord
 from cpcfl_tf.runner import Runner, RunSpec
 
@@ -123,6 +123,7 @@ class Session:
         settings that differ from the preset and what each run would do (then the lines
         ``also``: work that is not a run), then stop (exit 0) having touched nothing."""
         kept = [s for s in specs if self.wanted(s.key)]
+        self.refuse_dropped(kept)
         if getattr(self.args, "dry_run", False):
             changed = settings_changed(self.config)
             print(f"{self.name}, preset {self.config.preset}: "
@@ -140,6 +141,24 @@ class Session:
                 print(f"  starting encoder: {line}")
             raise SystemExit(0)
         return kept
+
+    def refuse_dropped(self, specs: Sequence[RunSpec]) -> None:
+        """Refuse, in one line, a setting the user changed (``--set``, against the preset)
+        that a run of ``specs`` sets otherwise itself: the run would silently not use it.
+        ``--seed`` is not such a setting (a script's runs count their seeds from it)."""
+        changed = changed_fields(self.config)
+        for spec in specs:
+            config = self.runner.config_of(spec)
+            for section, field in changed:
+                given = getattr(getattr(self.config, section), field)
+                used = getattr(getattr(config, section), field)
+                if used != given:
+                    rows = ("choose its rows with --methods instead (--help lists them)"
+                            if hasattr(self.args, "methods")
+                            else "leave it out: this script's runs set it")
+                    raise UserError(f"--set {section}.{field}={given} would not be used: run "
+                                    f"{spec.name} of {self.name}.py sets {section}.{field}="
+                                    f"{used} itself; {rows}")
 
     def run_all(self, specs: Sequence[RunSpec]) -> dict[str, RunRecord]:
         """Run (or load) the planned runs of ``specs``, by name."""

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, script
 
 
 def run(*args, cwd=None):
@@ -204,3 +204,68 @@ def test_bad_folders_are_refused_by_name_before_any_data_is_read(tmp_path, monke
     assert "\n" not in str(err.value) and "--out" not in str(err.value)
     assert sorted(p.name for p in out.iterdir()) == ["fedavg-none.json"]
     assert (out / "fedavg-none.json").read_text() == "earlier result"
+
+
+@pytest.mark.parametrize("name,args,setting,option", [
+    # a table script: its rows fix the method and its start (issue: the record said simclr)
+    ("table2", ["--methods", "cp-cfl-simclr"], "federated.pretraining=byol", "--methods"),
+    # a study: its runs fix the method of each row
+    ("clustering_reliability", ["--runs", "2"], "federated.method=ifca", "--methods"),
+    # a script without --methods whose runs set N (N = 1-5 are its rows)
+    ("clusters", [], "federated.num_clusters=4", "leave it out"),
+])
+def test_a_set_that_a_row_fixes_is_refused_before_any_work(tmp_path, capsys, name, args,
+                                                          setting, option):
+    from cpcfl_tf.errors import run_cli
+
+    out = tmp_path / "out"
+    for dry in ([], ["--dry-run"]):
+        with pytest.raises(SystemExit) as stop:
+            run_cli(script(name).main, ["--preset", "smoke", "--out", str(out), "--set",
+                                        setting, *args, *dry])
+        captured = capsys.readouterr()
+        err = captured.err.strip().splitlines()
+        assert stop.value.code == 2 and len(err) == 1, err
+        assert f"--set {setting} would not be used" in err[0] and option in err[0]
+        assert "changed" not in captured.out  # no dry-run header, no run
+        assert not out.exists() or not any(out.iterdir())  # nothing written
+
+
+@pytest.mark.parametrize("name,specs", [
+    ("table2", lambda module: module.SPECS),
+    ("clustering_reliability", lambda module: module.specs(0, 2, 1)),
+])
+def test_what_the_dry_run_says_changed_is_what_every_run_uses(tmp_path, capsys, name, specs):
+    from cpcfl_tf.cli import changed_fields
+
+    module = script(name)
+    argv = ["--preset", "smoke", "--out", str(tmp_path / "out"), "--dry-run",
+            "--set", "federated.rounds=3", "federated.local_epochs=2", "partition.num_clients=6"]
+    with pytest.raises(SystemExit) as stop:
+        module.main(argv)
+    header = capsys.readouterr().out.splitlines()[0]
+    assert stop.value.code == 0
+    assert "changed federated.rounds=3, federated.local_epochs=2" in header.replace(
+        "partition.num_clients=6, ", "")
+    session = module.SCRIPT.start(argv)
+    assert set(changed_fields(session.config)) == {
+        ("federated", "rounds"), ("federated", "local_epochs"), ("partition", "num_clients")}
+    for spec in specs(module):
+        config = session.runner.config_of(spec)
+        assert (config.federated.rounds, config.federated.local_epochs,
+                config.partition.num_clients) == (3, 2, 6), spec.name
+
+
+@pytest.mark.parametrize("setting,option", [("federated.rounds=5", "--rounds"),
+                                            ("federated.method=ifca", "--method"),
+                                            ("partition.num_clients=4", "--nodes")])
+def test_the_flower_launcher_refuses_a_set_its_options_give(tmp_path, capsys, setting, option):
+    from cpcfl_tf.errors import run_cli
+    from cpcfl_tf.flower.loopback import main
+
+    out = tmp_path / "flower"
+    with pytest.raises(SystemExit) as stop:
+        run_cli(main, ["--out", str(out), "--set", setting])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1 and f"use {option} instead" in err[0], err
+    assert not out.exists()  # before any process started or folder was made

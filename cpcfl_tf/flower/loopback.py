@@ -251,6 +251,22 @@ def stop_local_superlink(home: Path) -> None:
                 pass
 
 
+NAMED = {"federated.method": "--method", "federated.pretraining": "--pretraining",
+         "federated.num_clusters": "--num-clusters", "federated.rounds": "--rounds",
+         "federated.head_rounds": "--head-rounds", "partition.num_clients": "--nodes"}
+"""The settings the launcher's own options give (``--set`` of one is refused)."""
+
+
+def refuse_named(items: list[str]) -> None:
+    """Refuse, in one line, a ``--set`` of a setting one of the launcher's options gives:
+    two values for one setting, one of them silently not used."""
+    for item in items:
+        key = item.partition("=")[0].strip()
+        if key in NAMED:
+            raise UserError(f"--set {item}: the launcher sets {key} from {NAMED[key]}; "
+                            f"use {NAMED[key]} instead")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     from cpcfl_tf.errors import ArgumentParser
     from cpcfl_tf.flower.common import DEFAULTS, run_config
@@ -280,6 +296,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                         metavar="SECTION.FIELD=VALUE", help="any other setting, as the "
                         "scripts' --set (e.g. federated.local_epochs=1)")
     args = parser.parse_args(argv)
+    refuse_named(args.set)
     nodes: int | list[str] = args.nodes
     settings = {"preset": args.preset, "method": args.method, "pretraining": args.pretraining,
                 "num-clusters": args.num_clusters, "rounds": args.rounds,
