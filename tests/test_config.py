@@ -6,6 +6,7 @@ import pytest
 from cpcfl_tf.config import (Config, DataConfig, FederatedConfig, PartitionConfig,
                              PretrainConfig, PRESETS, get_preset)
 from cpcfl_tf.errors import UserError
+from cpcfl_tf.ssl_methods import SSL_METHODS
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
@@ -113,7 +114,7 @@ def test_methods_resolve_to_what_they_imply():
     assert resolved(method="ifca", pretraining="simclr").head_rounds == 0
     assert resolved() == FederatedConfig()
     # FedAvg from a pre-trained encoder is CP-CFL with N = 1, its Tc phase included.
-    for pre in ("simclr", "byol", "simsiam", "supervised"):
+    for pre in (*SSL_METHODS, "supervised"):
         fedavg = resolved(method="fedavg", pretraining=pre)
         one = resolved(method="cp-cfl", pretraining=pre, num_clusters=1)
         assert dataclasses.replace(fedavg, method="cp-cfl") == one

@@ -9,6 +9,7 @@ import textwrap
 import pytest
 
 from cpcfl_tf.errors import UserError
+from cpcfl_tf.ssl_methods import SSL_METHODS
 
 CHILD = textwrap.dedent("""
     import json, sys
@@ -25,7 +26,9 @@ CHILD = textwrap.dedent("""
     images = tf.constant(np.random.default_rng(0).integers(0, 256, (8, 32, 32, 3), np.uint8))
     strategy = make_strategy("mirrored")
     out = {"replicas": strategy.num_replicas_in_sync}
-    for method in ("simclr", "byol", "simsiam"):
+    from cpcfl_tf.ssl_methods import SSL_METHODS
+
+    for method in SSL_METHODS:  # every registered method, one added later too
         config = PretrainConfig(epochs=1, batch_size=8)
         # Plain SGD: Adam's first step is blind to the gradient's scale, SGD shows it.
         single = build_contrastive_model(config, (32, 32, 3), method=method, seed=0)
@@ -66,7 +69,7 @@ def test_the_strategy_has_two_replicas(mirrored):
     assert mirrored["replicas"] == 2
 
 
-@pytest.mark.parametrize("method", ["simclr", "byol", "simsiam"])
+@pytest.mark.parametrize("method", list(SSL_METHODS))
 def test_a_mirrored_step_equals_the_single_device_step(mirrored, method):
     row = mirrored[method]
     assert row["before"] == 0.0  # same initial weights

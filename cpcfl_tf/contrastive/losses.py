@@ -61,6 +61,18 @@ def nt_xent_across_replicas(z_i: tf.Tensor, z_j: tf.Tensor, temperature: float =
     return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(positives, logits))
 
 
+def whole_batch(z: tf.Tensor) -> tf.Tensor:
+    """``z``'s rows of every replica, in order, under a multi-replica ``tf.distribute``
+    strategy (each replica holds B/R of them): what a loss built on the batch's
+    statistics (VICReg's variance and covariance) needs to equal its single-device
+    value. Outside a multi-replica context it is ``z``. Gradients flow back to each
+    replica's own rows (the gather's gradient is summed over replicas)."""
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return z
+    return context.all_gather(z, 0)
+
+
 def byol_loss(p: tf.Tensor, z: tf.Tensor) -> tf.Tensor:
     """BYOL's loss, Eq. (byol): mean of ``||p/|p| - z/|z|||^2 = 2 - 2 cos(p, z)``."""
     return tf.reduce_mean(2.0 - 2.0 * cosine(p, z))

@@ -13,6 +13,7 @@ import keras
 import tensorflow as tf
 from keras import layers
 
+from cpcfl_tf.contrastive.losses import whole_batch
 from cpcfl_tf.contrastive.model import ContrastiveModel, Parts
 from cpcfl_tf.models.layers import batch_norm
 
@@ -50,11 +51,15 @@ def vicreg_loss(z1: tf.Tensor, z2: tf.Tensor, *, sim_weight: float = 25.0,
     """VICReg's loss (Eq. 6): ``lambda s + mu (v(Z) + v(Z')) / 2 + nu (c(Z) + c(Z'))``.
 
     The variance terms of the two branches are averaged, as in the authors' code (the
-    equation adds them; docs/choices.md). Computed in float32.
+    equation adds them; docs/choices.md). Computed in float32. Under a multi-replica
+    strategy the variance and covariance are the whole batch's (:func:`whole_batch`, as
+    the authors' code gathers them over GPUs), the invariance this replica's images'
+    mean: the mean over replicas is the single-device loss.
     """
     z1, z2 = tf.cast(z1, tf.float32), tf.cast(z2, tf.float32)
-    variance = (variance_term(z1, gamma, epsilon) + variance_term(z2, gamma, epsilon)) / 2.0
-    covariance = covariance_term(z1) + covariance_term(z2)
+    all1, all2 = whole_batch(z1), whole_batch(z2)
+    variance = (variance_term(all1, gamma, epsilon) + variance_term(all2, gamma, epsilon)) / 2.0
+    covariance = covariance_term(all1) + covariance_term(all2)
     return (sim_weight * invariance_term(z1, z2) + var_weight * variance
             + cov_weight * covariance)
 
