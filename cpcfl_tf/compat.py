@@ -69,6 +69,23 @@ that runs as before: a record names them only when set otherwise (a method added
 has all of its settings named from the start)."""
 
 
+KEYED_DEFAULTS: dict[str, dict[str, Any]] = {
+    "simclr": {"temperature": 0.1, "projector_dim": None},
+    "byol": {"target_decay": 0.9, "projector_dim": None, "predictor_dim": 64},
+    "simsiam": {"projector_dim": None, "predictor_dim": 64},
+    "vicreg": {"sim_weight": 25.0, "var_weight": 25.0, "cov_weight": 1.0, "gamma": 1.0,
+               "epsilon": 1e-4, "projector_dim": None},
+}
+"""Each self-supervised method's settings as the cache keys and checkpoint fingerprints
+of its pre-trainings assume them: a key names only the settings whose value differs from
+these (:func:`cpcfl_tf.contrastive.pretrain.keyed`). So a registry default changed later
+is named in every key made after it, and an encoder cached under the old default is
+never taken for the new one. A setting added later to a method listed here goes in
+:data:`ADDED_SETTINGS` with the value that runs as before (records and keys then leave it
+out at that value; a test checks every setting of these methods is in one of the two). A
+method not listed (added later, or a plugin's) has every setting named in its keys."""
+
+
 def _legacy_value(options: dict, field: str, method: str | None) -> Any:
     """The flat field's value: ``method``'s own if it has the setting, else the value all
     its methods agree on, else the default."""

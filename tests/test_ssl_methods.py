@@ -70,6 +70,82 @@ def test_vicreg_is_built_from_its_registry_entry_with_an_expander_scaled_to_the_
     assert model.loss_settings["cov_weight"] == 0.5 and model.loss_settings["sim_weight"] == 25
 
 
+def test_vicregs_loss_is_the_one_its_settings_say_with_every_weight_passed_through():
+    """Built with gamma and epsilon away from their defaults, the model's loss settings
+    give the NumPy equations' value with those settings (a build that dropped them would
+    fall back to the loss function's own defaults)."""
+    from cpcfl_tf.contrastive.pretrain import build_contrastive_model
+    from cpcfl_tf.contrastive.vicreg import vicreg_loss
+
+    config = PretrainConfig().with_settings("vicreg", sim_weight=5.0, var_weight=7.0,
+                                            cov_weight=0.5, gamma=2.0, epsilon=1e-2)
+    model = build_contrastive_model(config, (32, 32, 3), method="vicreg")
+    rng = np.random.default_rng(1)
+    z1 = rng.normal(0, 0.5, (16, 12)).astype(np.float32)
+    z2 = (z1 + rng.normal(0, 0.3, z1.shape)).astype(np.float32)
+    assert float(vicreg_loss(z1, z2, **model.loss_settings)) == pytest.approx(
+        _vicreg_numpy(z1, z2, 5.0, 7.0, 0.5, 2.0, 1e-2), rel=1e-5)
+
+
+PAPER_DEFAULTS = {
+    # SimCLR and BYOL/SimSiam as the CP-CFL paper sets them (Sec. "Experimental settings":
+    # NT-Xent temperature 0.1, BYOL's target decay 0.9, the predictor's 64 units; the
+    # projector's width per encoder, None here) and BYOL's constant beta.
+    "simclr": {"temperature": 0.1, "projector_dim": None},
+    "byol": {"target_decay": 0.9, "target_schedule": "constant", "projector_dim": None,
+             "predictor_dim": 64},
+    "simsiam": {"projector_dim": None, "predictor_dim": 64},
+    # VICReg, Sec. 4.3: lambda = mu = 25, nu = 1; Eq. 1: gamma = 1, epsilon = 1e-4.
+    "vicreg": {"sim_weight": 25.0, "var_weight": 25.0, "cov_weight": 1.0, "gamma": 1.0,
+               "epsilon": 1e-4, "projector_dim": None},
+}
+
+
+@pytest.mark.parametrize("method", sorted(PAPER_DEFAULTS))
+def test_the_registry_defaults_are_the_methods_papers(method):
+    assert PretrainConfig().settings(method) == PAPER_DEFAULTS[method]
+
+
+def test_every_setting_of_a_keyed_method_is_assumed_by_its_keys():
+    """The settings the cache keys leave out at their value (compat.KEYED_DEFAULTS, and
+    ADDED_SETTINGS for those added later): every setting of the methods listed there,
+    so a new setting must be declared with the value that runs as before."""
+    for method, assumed in compat.KEYED_DEFAULTS.items():
+        declared = {**assumed, **compat.ADDED_SETTINGS.get(method, {})}
+        missing = set(SSL_METHODS[method].settings) - set(declared)
+        assert not missing, (f"{method}'s settings {sorted(missing)} are not in "
+                             "compat.KEYED_DEFAULTS or compat.ADDED_SETTINGS: add each with "
+                             "the value that runs as before")
+
+
+def test_a_changed_registry_default_changes_that_methods_keys_only(monkeypatch):
+    """VICReg's covariance weight moved from 1 to 2 in the registry: every VICReg key of
+    the committed records changes (a cached encoder of weight 1 is not taken for 2), the
+    other methods' keys stay; an explicit 1.0 is the old key again."""
+    from cpcfl_tf.contrastive.pretrain import image_source, pretrain_key
+
+    found = _encoders_named_by_committed_records()
+
+    def keys():
+        return [(m, pretrain_key(c.pretrain, m, data=image_source(c.data), seed=c.pretrain_seed))
+                for c, m in found]
+
+    before = keys()
+    plain = pretrain_key(PretrainConfig(), "vicreg", seed=0)
+    entry = SSL_METHODS["vicreg"]
+    monkeypatch.setitem(SSL_METHODS, "vicreg", dataclasses.replace(entry, settings={
+        **entry.settings, "cov_weight": dataclasses.replace(entry.settings["cov_weight"],
+                                                            default=2.0)}))
+    after = keys()
+    assert any(m == "vicreg" for m, _ in before)
+    for (config, method), (_, old), (_, new) in zip(found, before, after):
+        explicit = "cov_weight" in ((config.pretrain.options or {}).get(method) or {})
+        assert (old != new) == (method == "vicreg" and not explicit), method
+    assert pretrain_key(PretrainConfig(), "vicreg", seed=0) != plain
+    assert pretrain_key(PretrainConfig().with_settings("vicreg", cov_weight=1.0), "vicreg",
+                        seed=0) == plain
+
+
 # -- settings in one mapping, keys and records unchanged --------------------------------
 
 def test_options_are_checked_and_kept_without_their_defaults():

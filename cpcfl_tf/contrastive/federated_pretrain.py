@@ -30,11 +30,12 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
-from cpcfl_tf.compat import pretrain_settings, without_added
+from cpcfl_tf.compat import without_added
 from cpcfl_tf.config import Config
 from cpcfl_tf.contrastive.fedavg_ssl import ClientState, get_parts, set_parts
 from cpcfl_tf.contrastive.pretrain import (PretrainResult, _check_checkpoint, _finished,
-                                           build_contrastive_model, image_source)
+                                           build_contrastive_model, image_source,
+                                           keyed_settings)
 from cpcfl_tf.data.unlabeled import check_batch
 from cpcfl_tf.errors import DivergedError, UserError
 from cpcfl_tf.results import CACHE_FIX, cache_root, prepare_out_dir, write_atomic, write_json
@@ -61,7 +62,7 @@ def identity(config: Config) -> dict:
     p = plan(config)
     partition = without_added({"partition": dataclasses.asdict(config.partition)})["partition"]
     return json.loads(json.dumps({"method": p["start"],
-            **pretrain_settings(dataclasses.asdict(config.pretrain), p["method"]),
+            **keyed_settings(config.pretrain, p["method"]),
             "federated": p["settings"], "partition": {**partition, "unlabeled": p["deal"]},
             "clients": {"dataset": config.data.client_dataset,
                         "split": config.data.client_train_split,

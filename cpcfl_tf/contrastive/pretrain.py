@@ -24,7 +24,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from cpcfl_tf.compat import pretrain_settings
+from cpcfl_tf.compat import ADDED_SETTINGS, KEYED_DEFAULTS, pretrain_settings
 from cpcfl_tf.config import DataConfig, PretrainConfig
 from cpcfl_tf.contrastive.model import ContrastiveModel, Parts
 from cpcfl_tf.data.augment import build_augmenter
@@ -306,7 +306,26 @@ def identity(config: PretrainConfig, method: str) -> dict:
     with ``method``'s settings (the layout the cache has always used, so earlier cache
     entries stay valid; other methods' settings, fields and settings added since at their
     defaults and the seed, named apart, left out: :func:`cpcfl_tf.compat.pretrain_settings`)."""
-    return {"method": method, **pretrain_settings(dataclasses.asdict(config), method)}
+    return {"method": method, **keyed_settings(config, method)}
+
+
+def keyed_settings(config: PretrainConfig, method: str) -> dict:
+    """``config`` as keys name a pre-training of ``method``: its fields, with ``method``'s
+    options naming each of its settings whose value differs from the one its cache keys
+    assume (:data:`cpcfl_tf.compat.KEYED_DEFAULTS` and
+    :data:`~cpcfl_tf.compat.ADDED_SETTINGS`; every setting, for a method not listed).
+    With the registry's defaults as the keys assume them these are ``config``'s own
+    options; a default changed in the registry is then named, so the key changes with
+    it."""
+    assumed = KEYED_DEFAULTS.get(method)
+    if assumed is not None:
+        assumed = {**assumed, **ADDED_SETTINGS.get(method, {})}
+    named = {k: v for k, v in config.settings(method).items()
+             if assumed is None or k not in assumed or v != assumed[k]}
+    options = {m: v for m, v in (config.options or {}).items() if m != method}
+    if named:
+        options[method] = named
+    return pretrain_settings({**dataclasses.asdict(config), "options": options or None}, method)
 
 
 def pretrain_key(config: PretrainConfig, name: str, **identity_) -> str:
