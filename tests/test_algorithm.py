@@ -1,4 +1,6 @@
 """The algorithm's functions, against independent NumPy computations."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -157,3 +159,21 @@ def test_the_algorithm_takes_only_a_resolved_config():
     # a resolved config changed is a requested one again
     assert type(resolved.with_overrides(federated={"rounds": 2}).federated).__name__ == (
         "FederatedConfig")
+
+
+def test_the_restart_check_reads_the_round_it_is_applied_after():
+    """CP-CFL+restart with Tc = 1 and restart_round = 2 checks the clusters after round
+    3 (hand-worked: Tc + restart_round). A first attempt merged only in round 3, its last,
+    restarts (so the runner makes it rather than take CP-CFL's run); one merged only in
+    round 2, or one that never reaches round 3, does not."""
+    from cpcfl_tf.config import FederatedConfig
+    from cpcfl_tf.federated.algorithm import restart_check_round, would_restart
+
+    fl = FederatedConfig(method="cp-cfl-restart", rounds=3, head_rounds=1, restart_round=2,
+                         num_clusters=3)
+    groups, merged = [0, 0, 1, 1, 2, 2], [0, 0, 0, 0, 2, 2]
+    assert restart_check_round(fl) == 3
+    assert would_restart(fl, [groups, groups, merged])
+    assert not would_restart(fl, [groups, merged, groups])
+    assert not would_restart(fl, [groups, merged])
+    assert not would_restart(dataclasses.replace(fl, method="cp-cfl"), [groups, groups, merged])

@@ -397,3 +397,122 @@ def test_the_studys_findings_are_written_from_its_verdicts_and_means():
         "Non-IID unlabeled images (the groups deal against the iid deal, FedSimCLR): CP-CFL "
         "from the groups deal's encoder is behind the iid deal's by the claims' rule; its "
         "encoder scores below the iid deal's in linear accuracy (means).")
+
+
+# -- the server's stages against hand-worked values (issue 56) ---------------------------
+
+def _round_of(uploads, counts, reached, failed=()):
+    """One federated pre-training round whose clients sent ``uploads`` with ``counts``
+    (``reached`` clients were sent the global parts), through the one round loop."""
+    import types
+
+    from cpcfl_tf.contrastive.fedavg_ssl import FedAvgSSL
+    from cpcfl_tf.contrastive.federated_pretrain import Replies, new_totals, run_rounds
+
+    results = [{"seconds": 1.0, "steps": 2, "loss": 0.5, "embedding_std": 0.1}
+               for _ in uploads]
+    clients = types.SimpleNamespace(train=lambda weights, r, chosen: Replies(
+        uploads, list(counts), results, reached, list(failed)))
+    trainer = types.SimpleNamespace(settings={"rounds": 1, "participation": 1.0,
+                                              "batch_size": 16},
+                                    seed=0, algorithm=FedAvgSSL({}))
+    start = [np.zeros((4, 5), np.float32), np.zeros(3, np.float32)]  # 80 + 12 bytes
+    totals = new_totals()
+    weights = run_rounds(trainer, clients, reached, start, totals)
+    return weights, totals
+
+
+def test_the_server_averages_by_image_count_and_counts_bytes_of_replies_only():
+    """Three clients reached, two replied (10 and 30 images, all ones and all fives):
+    the average is (10 * 1 + 30 * 5) / 40 = 4 everywhere (an equal average would be 3);
+    92 bytes went down to each of the 3 clients reached, 92 + 8 came up from each of the
+    2 that replied (the failed one sent nothing)."""
+    uploads = [[np.full((4, 5), v, np.float32), np.full(3, v, np.float32)] for v in (1, 5)]
+    weights, totals = _round_of(uploads, [10, 30], reached=3, failed=[2])
+    for w in weights:
+        np.testing.assert_allclose(w, 4.0)
+    assert weights[0].dtype == np.float32
+    assert totals["bytes_down"] == 3 * 92 and totals["bytes_up"] == 2 * (92 + 8)
+    assert totals["client_steps"] == 4 and totals["images_trained"] == 4 * 16
+
+
+def test_fedavg_of_two_clients_is_their_rounds_averaged_by_image_count(tmp_path):
+    """Two clients of 48 and 96 images, one round: the global encoder is the NumPy
+    average of each client's own round (run alone from the same global weights), weighted
+    1/3 and 2/3."""
+    from cpcfl_tf.contrastive.fedavg_ssl import ClientState
+    from cpcfl_tf.contrastive.federated_pretrain import LocalTrainer, federated_pretrain
+
+    config = smoke("fed-simsiam", "iid", rounds=1, local_epochs=1).with_overrides(
+        partition={"num_clients": 2, "num_groups": 2})
+    rng = np.random.default_rng(4)
+    images = [rng.integers(0, 255, (n, 32, 32, 3), dtype=np.uint8) for n in (48, 96)]
+    result = federated_pretrain(config, images, tmp_path / "fed", verbose=0)
+    trainer = LocalTrainer(config, (32, 32, 3))
+    start = trainer.initial()
+    sent = [trainer.round(start, ClientState(), images[k], 0, k)[0] for k in (0, 1)]
+    encoder = len(result.encoder.get_weights())
+    for i, got in enumerate(result.encoder.get_weights()):
+        want = (48 * sent[0][i].astype(np.float64) + 96 * sent[1][i]) / 144
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    assert not np.allclose(sent[0][0], sent[1][0])  # the two clients' rounds differ
+    assert encoder < len(sent[0])  # the projector and predictor travel too
+
+
+def test_fedema_with_a_fixed_scaler_uses_it():
+    """``scaler`` set: mu = min(scaler * divergence, 1) from the first moving average on
+    (the auto-scaler would give tau = 0.7 there); here scaler = 0.4 / d0, so mu is 0.4."""
+    from cpcfl_tf.contrastive.fedavg_ssl import ClientState, get_parts, trainable_mask
+    from cpcfl_tf.contrastive.fedema import FedEMA
+    from cpcfl_tf.contrastive.pretrain import build_contrastive_model
+
+    config = smoke("fedema-byol")
+    model = build_contrastive_model(config.pretrain, (32, 32, 3), method="byol", seed=0)
+    rng = np.random.default_rng(6)
+    base = get_parts(FedEMA.shared(model))
+    previous = [w + rng.normal(0, 0.01, w.shape).astype(w.dtype) for w in base]
+    global_ = [w + rng.normal(0, 0.03, w.shape).astype(w.dtype) for w in base]
+    mask = trainable_mask([model.encoder])
+    d0 = np.sqrt(sum(np.sum((global_[i].astype(np.float64) - previous[i]) ** 2)
+                     for i in range(len(mask)) if mask[i]))
+    algorithm = FedEMA(FEDERATED_SSL["fedema"].resolve({"scaler": 0.4 / d0}))
+    state = ClientState(previous=previous)
+    assert algorithm.local_start(model, global_, state)["mu"] == pytest.approx(0.4, rel=1e-9)
+    assert state.scaler == pytest.approx(0.4 / d0)
+
+
+def test_fedbyols_target_stays_the_clients_own_from_round_to_round():
+    """A client's first round starts its target from the global online parts (as BYOL
+    starts its target), later rounds from the target it kept: never reset to the global
+    model, whatever the global model is."""
+    from cpcfl_tf.contrastive.fedavg_ssl import ClientState, FedAvgSSL, get_parts
+    from cpcfl_tf.contrastive.pretrain import build_contrastive_model
+
+    config = smoke("fed-byol")
+    model = build_contrastive_model(config.pretrain, (32, 32, 3), method="byol", seed=0)
+    algorithm = FedAvgSSL({})
+    targets = [t for t, _ in model.target_pairs()]
+    online = get_parts([o for _, o in model.target_pairs()])
+    global_ = [w + 1.0 for w in get_parts(algorithm.shared(model))]
+    state = ClientState()
+    algorithm.local_start(model, global_, state)  # first round: the global online parts
+    first = get_parts(targets)
+    np.testing.assert_array_equal(first[0], global_[0])
+    kept = [w - 2.0 for w in first]
+    state.target = kept  # what the client kept after its round
+    algorithm.local_start(model, [w + 3.0 for w in global_], state)
+    for got, want in zip(get_parts(targets), kept):
+        np.testing.assert_array_equal(got, want)
+    assert len(online) == len(first)
+
+
+def test_the_federated_cache_key_names_the_partition_it_deals_over():
+    """Two runs with one fixed pre-training seed but other data seeds draw other
+    partitions, so other clients hold other images: two encoders, two cache folders."""
+    from cpcfl_tf.contrastive.federated_pretrain import federated_folder
+
+    config = smoke("fed-simclr", "groups").with_overrides(pretrain={"seed": 7})
+    other = config.with_overrides(seed=1)
+    assert config.pretrain_seed == other.pretrain_seed == 7
+    assert federated_folder(config) != federated_folder(other)
+    assert federated_folder(config) == federated_folder(config.with_overrides(seed=0))

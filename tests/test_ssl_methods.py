@@ -291,6 +291,34 @@ def test_byols_target_rate_follows_its_cosine_schedule(digits_images):
             np.testing.assert_allclose(t.numpy(), beta * b + (1 - beta) * o.numpy(), atol=1e-6)
 
 
+def test_a_pretraining_sizes_its_schedules_by_its_steps(tmp_path, monkeypatch):
+    """pretrain() on 64 images, batch 16, 2 epochs: 4 steps an epoch, 8 in all. The cosine
+    learning rate is half the base rate after step 4 of 8 and the last step's BYOL target
+    rate is 1 - 0.1 (cos(7 pi / 8) + 1) / 2 (hand-worked from BYOL Sec. 3.2); schedules
+    sized by epochs alone (2 steps) would have reached 0 and 1 long before."""
+    from cpcfl_tf.contrastive import pretrain as module
+
+    built = []
+    real = module.build_contrastive_model
+
+    def spy(*args, **kwargs):
+        built.append(real(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(module, "build_contrastive_model", spy)
+    config = PretrainConfig(epochs=2, batch_size=16, lr_schedule="cosine").with_settings(
+        "byol", target_schedule="cosine")
+    images = np.random.default_rng(0).integers(0, 255, (64, 32, 32, 3), dtype=np.uint8)
+    module.pretrain(config, images, tmp_path / "pre", method="byol", verbose=0)
+    (model,) = built
+    assert int(model.optimizer.iterations) == 8 and model.total_steps == 8
+    schedule = model.optimizer._learning_rate
+    assert float(schedule(4)) == pytest.approx(0.5e-3, rel=1e-5)
+    assert float(schedule(2)) == pytest.approx(1e-3 * (1 + np.cos(np.pi / 4)) / 2, rel=1e-5)
+    assert float(model.target_rate()) == pytest.approx(
+        1 - 0.1 * (np.cos(7 * np.pi / 8) + 1) / 2, rel=1e-6)
+
+
 # -- the kNN monitor --------------------------------------------------------------------
 
 def test_weighted_knn_equals_a_brute_force_vote():
