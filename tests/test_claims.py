@@ -321,6 +321,27 @@ def test_the_interval_is_students_t():
     assert verdict({0: -5.0, 1: -5.2, 2: -4.9}, margin=2.0).verdict == OPPOSITE
 
 
+def test_the_rate_interval_is_clopper_pearsons():
+    """Closed forms at the edges (k = 0: upper 1 - (0.025)^(1/n); k = n: lower
+    (0.025)^(1/n)) and the beta quantiles inside, from the definition: the lower bound
+    is where P(X >= k) = 0.025, the upper where P(X <= k) = 0.025 (binomial sums)."""
+    from math import comb
+
+    from cpcfl_tf.judge import clopper_pearson
+
+    assert clopper_pearson(0, 20) == pytest.approx((0.0, 1 - 0.025 ** (1 / 20)))
+    assert clopper_pearson(50, 50) == pytest.approx((0.025 ** (1 / 50), 1.0))
+    low, high = clopper_pearson(17, 20)
+
+    def tail(p, k, n, upper):
+        terms = range(k, n + 1) if upper else range(0, k + 1)
+        return sum(comb(n, j) * p ** j * (1 - p) ** (n - j) for j in terms)
+
+    assert tail(low, 17, 20, upper=True) == pytest.approx(0.025, abs=1e-9)
+    assert tail(high, 17, 20, upper=False) == pytest.approx(0.025, abs=1e-9)
+    assert (round(100 * low), round(100 * high)) == (62, 97)  # the standard study's 17 of 20
+
+
 def test_the_paper_numbers_are_the_paper_tables():
     """Every number in a claim's paper column is a cell of the table scripts' copies of
     the paper's tables (or a difference the paper prints in its text)."""
