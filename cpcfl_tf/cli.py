@@ -75,8 +75,10 @@ def experiment_parser(name: str, description: str, *, folder: str = "experiments
                         metavar="SECTION.FIELD=VALUE",
                         help="change a setting of the preset, e.g. --set federated.rounds=200 "
                              "pretrain.epochs=50 partition.num_clients=120 (repeatable; "
-                             "sections data, partition, pretrain, federated; each run still "
-                             "sets the method, pre-training and whatever its table varies)")
+                             "sections data, partition, pretrain, federated; applies to "
+                             "every run, so a setting a script's runs set themselves, e.g. "
+                             "the method of a table's row, is refused: pick rows with "
+                             "--methods)")
     parser.add_argument("--data-dir", help="tfds data dir, or the folder of the IDX files")
     parser.add_argument("--manual-dir", help="tfds manual-download folder")
     parser.add_argument("--nondeterministic", action="store_true",

@@ -154,6 +154,15 @@ class Runner:
         method is until its restart rule fires (:attr:`~cpcfl_tf.methods.Method.restarts_of`),
         in which the rule never fired (:meth:`_unrestarted`)."""
 
+    @staticmethod
+    def check_options(args) -> None:
+        """Refuse, in one line, a bad value of the options :meth:`for_script` reads
+        (``--knn-proxy``, ``--encoders-from``) before a script does any work: the runner
+        itself is built when a script first needs it."""
+        _proxy_splits(getattr(args, "knn_proxy", None))
+        if getattr(args, "encoders_from", None):
+            read_selection(args.encoders_from)
+
     @classmethod
     def for_script(cls, experiment: str, base: Config, out: Path, args) -> "Runner":
         """The runner of a script, set by its :func:`experiment_parser` options."""

@@ -69,7 +69,9 @@ class Script:
         return self.session(parser.parse_args(argv))
 
     def session(self, args: argparse.Namespace) -> "Session":
-        """The session of already parsed ``args``."""
+        """The session of already parsed ``args``: every option checked (the runner's
+        too) before any folder is made or data read."""
+        Runner.check_options(args)
         config, out = setup(args, self.name)
         return Session(self.name, args, config, out)
 

@@ -92,10 +92,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     from cpcfl_tf.cli import resolve_config
     from cpcfl_tf.results import prepare_out_dir, write_text
 
-    config = resolve_config(args)  # bad input stops here, before any script starts
+    from cpcfl_tf.runner import Runner
+
+    Runner.check_options(args)  # bad input stops here, before any script starts
+    config = resolve_config(args)
     root = prepare_out_dir(args.out or Path("results") / config.preset)
     common = ["--preset", args.preset, "--seed", str(args.seed), "--resume",
               *(["--force"] if args.force else []),
+              *(["--nondeterministic"] if args.nondeterministic else []),
+              "--distribute", args.distribute,  # what pre-trains and how, to every script
+              *(["--knn-every", str(args.knn_every)] if args.knn_every else []),
+              *(["--knn-proxy", args.knn_proxy] if args.knn_proxy else []),
+              *(["--encoders-from", args.encoders_from] if args.encoders_from else []),
               *(["--data-dir", args.data_dir] if args.data_dir else []),
               *(["--manual-dir", args.manual_dir] if args.manual_dir else []),
               *(["--set", *args.set] if args.set else [])]

@@ -24,7 +24,7 @@ from cpcfl_tf.evidence import (Evidence, Judged, encoder_notes, groups_found, he
 from cpcfl_tf.judge import RULE, config_key
 from cpcfl_tf.methods import PRETRAIN_METHODS
 from cpcfl_tf.report import markdown_table, replace_block
-from cpcfl_tf.runner import RunSpec
+from cpcfl_tf.runner import Runner, RunSpec
 from cpcfl_tf.script import Script
 
 SCRIPT = Script(__file__, __doc__)
@@ -169,6 +169,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     # Everything is checked before any folder is touched; the output folder (where --run
     # makes runs) is prepared only when runs are made: judging a tree writes only into it.
+    Runner.check_options(args)  # the options --run's runner takes, checked either way
     config = resolve_config(args)
     wanted = [c.strip() for c in args.claims.split(",") if c.strip()]
     unknown = [c for c in wanted if c not in CLAIM_IDS]

@@ -269,3 +269,63 @@ def test_the_flower_launcher_refuses_a_set_its_options_give(tmp_path, capsys, se
     err = capsys.readouterr().err.strip().splitlines()
     assert stop.value.code == 2 and len(err) == 1 and f"use {option} instead" in err[0], err
     assert not out.exists()  # before any process started or folder was made
+
+
+def _scripts_with_runner_options():
+    """Every script whose command line takes the runner's options."""
+    from helpers import SCRIPT_FOLDERS
+
+    names = []
+    for folder in SCRIPT_FOLDERS:
+        for path in sorted((ROOT / folder).glob("*.py")):
+            text = path.read_text()
+            if "Script(__file__" in text and "distribute=False" not in text:
+                names.append(path.stem)
+    return names
+
+
+FITS_SMOKE = {"federated_pretraining": ["--set", "partition.num_clients=3"]}
+"""What a script needs beside ``--preset smoke`` to get past its own checks."""
+
+
+@pytest.mark.parametrize("name", _scripts_with_runner_options())
+@pytest.mark.parametrize("option,value,message", [
+    ("--knn-proxy", "bad", "--knn-proxy takes TRAIN,TEST"),
+    ("--encoders-from", "/nowhere/encoder_selection.json", "--encoders-from /nowhere"),
+])
+def test_a_bad_runner_option_is_refused_before_any_data_is_read(tmp_path, capsys, monkeypatch,
+                                                                name, option, value, message):
+    from cpcfl_tf.data import sources
+    from cpcfl_tf.errors import run_cli
+
+    def read(*args, **kwargs):
+        raise AssertionError("data was read before the options were checked")
+
+    monkeypatch.setattr(sources, "load_labeled", read)
+    monkeypatch.setattr(sources, "load_unlabeled", read)
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as stop:
+        run_cli(script(name).main, ["--preset", "smoke", "--out", str(out), option, value,
+                                    *FITS_SMOKE.get(name, [])])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1 and message in err[0], (name, err)
+    assert not out.exists()
+
+
+def test_all_passes_every_option_it_takes_to_each_script(tmp_path, monkeypatch):
+    """experiments/all.py takes the scripts' options: each one reaches every script (they
+    were accepted and silently dropped), none is taken and not passed on."""
+    module = script("all")
+    calls = []
+    monkeypatch.setattr(module, "load", lambda name: type("M", (), {
+        "main": staticmethod(lambda argv: calls.append((name, argv)))}))
+    proxy = "fashion_mnist_idx:train[50000:],fashion_mnist_idx:test"
+    module.main(["--preset", "smoke", "--out", str(tmp_path), "--scripts", "table2,heads",
+                 "--distribute", "mirrored", "--knn-every", "2", "--knn-proxy", proxy,
+                 "--nondeterministic", "--set", "federated.rounds=3"])
+    assert [name for name, _ in calls] == ["table2", "heads"]
+    for name, argv in calls:
+        parsed = script(name).SCRIPT.parser().parse_args(argv)
+        assert (parsed.distribute, parsed.knn_every, parsed.knn_proxy, parsed.nondeterministic,
+                parsed.set, parsed.out) == ("mirrored", 2, proxy, True, ["federated.rounds=3"],
+                                            str(tmp_path / name))
