@@ -353,6 +353,8 @@ class Comparison:
     """Final accuracy (%) of the reference's seeds of the same settings: (min, max)."""
     reference_path: Path | None = None
     note: str = ""
+    machines: tuple[str | None, str | None] | None = None
+    """(this run's machine, the reference record's) where they differ."""
 
 
 def compare_runs(ours: str | Path, reference: str | Path) -> list[Comparison]:
@@ -389,15 +391,15 @@ def compare_runs(ours: str | Path, reference: str | Path) -> list[Comparison]:
             verdict_ = DIFFERS
         else:
             verdict_ = WITHIN if spread[0] <= accuracy <= spread[1] else OUTSIDE
+        machines = (machine(record.environment), machine(match.record.environment))
         note = ""
         if record.environment.get("starting_encoder") != match.record.environment.get(
                 "starting_encoder"):
-            note = ("another starting encoder (pre-trained on another kind of machine?; "
-                    "tools/encoders.py carries encoders between machines)")
-        elif machine(record.environment) != machine(match.record.environment):
-            note = (f"another CPU ({machine(record.environment)} against "
-                    f"{machine(match.record.environment)})")
-        out.append(Comparison(path, verdict_, accuracy, ref, spread, match.path, note))
+            note = ANOTHER_ENCODER
+        elif machines[0] != machines[1]:
+            note = "another CPU"
+        out.append(Comparison(path, verdict_, accuracy, ref, spread, match.path, note,
+                              machines if machines[0] != machines[1] else None))
     return out
 
 
@@ -413,9 +415,19 @@ def _same_place(reference: Path, path: Path, record: RunRecord) -> Found | None:
     return None
 
 
+ANOTHER_ENCODER = "another starting encoder"
+
+
 def comparison_lines(comparisons: list[Comparison]) -> list[str]:
-    """A reproducer's summary: one line per run."""
-    lines = []
+    """A reproducer's summary: the machines once (where they differ), then one short line
+    per run saying only what differs for it."""
+    lines = [f"These runs ran on {ours or 'an unrecorded CPU'}; the committed ones on "
+             f"{theirs or 'an unrecorded CPU'}."
+             for ours, theirs in dict.fromkeys(c.machines for c in comparisons if c.machines)]
+    if any(c.note == ANOTHER_ENCODER for c in comparisons):
+        lines.append(f"Runs marked \"{ANOTHER_ENCODER}\" started from other encoder bits "
+                     "(pre-trained on another kind of machine?); tools/encoders.py carries "
+                     "encoders between machines.")
     for c in comparisons:
         ref = "" if c.reference is None else f" against {c.reference:.2f}"
         spread = "" if c.spread is None else f" (seeds {c.spread[0]:.2f}-{c.spread[1]:.2f})"
