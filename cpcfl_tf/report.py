@@ -75,7 +75,9 @@ def trial_table(records: dict[str, list], labels: dict[str, str], value, *,
             mean, sd = mean_sd(values)
             row += f" | {fmt.format(mean)} ± {fmt.format(sd)}"
         row += " |"
-        if paper:
+        if paper and name not in paper:  # a row beyond the paper
+            row += " - |"
+        elif paper:
             mean, sd = paper[name]
             spread = f" ± {fmt.format(sd)}" if sd is not None else ""
             row += f" {fmt.format(mean)}{spread} |"

@@ -145,6 +145,9 @@ class Runner:
         being run again, and not copied."""
         self.reused: dict[str, Path] = {}
         """Run name -> the record taken from :attr:`reuse` for it."""
+        self.paired: set[str] = set()
+        """Of :attr:`reused`, runs of a method with a base method taken because they start
+        from the encoder the folder's base run started from (:meth:`_twin_of_base`)."""
         self.named: set[str] = set()
         """Of :attr:`reused`, the runs a report (:meth:`finished`) took because the
         folder's ``taken.json`` names them (:attr:`TAKEN`), not because this machine would
@@ -327,6 +330,9 @@ class Runner:
         unrestarted = self._unrestarted(spec)
         if unrestarted is not None:
             return self._stand_in(spec, unrestarted)
+        twin = self._twin_of_base(spec)
+        if twin is not None:
+            return twin.record
         config = self.config_of(spec)
         candidates = self._candidates(spec)
         taken = (self._taken(spec, self.encoders(config), candidates)
@@ -362,7 +368,7 @@ class Runner:
     def _named(self, spec: RunSpec) -> RunRecord | None:
         """The record the folder's :attr:`TAKEN` names for ``spec`` (noted in
         :attr:`reused` and :attr:`named`), if it is there and holds ``spec``'s config."""
-        if self.reuse is None or self.force:
+        if self.force:
             return None
         path = self._taken_file.get(spec.name)
         if not path or not Path(path).is_file():
@@ -371,7 +377,8 @@ class Runner:
         if not _same_config(record, self.config_of(spec)):
             return None
         self.reused[spec.name] = Path(path)
-        self.named.add(spec.name)
+        # a restart variant's run named there was taken as its base run's (_twin_of_base)
+        (self.paired if base_config(record.requested) else self.named).add(spec.name)
         return record
 
     @functools.cached_property
@@ -393,6 +400,27 @@ class Runner:
         found = next((f for f in [*self._folder.every(base), *taken]
                       if _same_config(f.record, base)), None)
         return found if found is not None and stands_in(found.record, config) else None
+
+    def _twin_of_base(self, spec: RunSpec) -> Found | None:
+        """For a method with a base method whose run of ``spec``'s config is in the output
+        folder (and fires the restart rule): a record of ``spec``'s config in
+        :attr:`reuse` that starts from that run's encoder, from any machine, noted in
+        :attr:`reused`. It is the restart run of the base run's sample of chance (the
+        reliability study's runs 0-4 are the trials' configs: its CP-CFL+restart run of
+        seed 2 is trial 3's). None otherwise."""
+        config = self.config_of(spec)
+        base = base_config(config)
+        if base is None or self.reuse is None or self.force:
+            return None
+        made = next((f for f in self._folder.every(base) if _same_config(f.record, base)), None)
+        encoder = made and made.record.environment.get("starting_encoder")
+        found = next((f for f in self.reuse.every(config) if encoder
+                      and f.record.environment.get("starting_encoder") == encoder
+                      and _same_config(f.record, config)), None)
+        if found is not None:
+            self.reused[spec.name] = found.path
+            self.paired.add(spec.name)
+        return found
 
     def _base_to_make(self, spec: RunSpec) -> bool:
         """Whether ``spec``'s method has a base method (:func:`base_config`) whose run of
@@ -443,6 +471,9 @@ class Runner:
         unrestarted = self._unrestarted(spec) if action == "run" else None
         if unrestarted is not None:
             return f"its restart rule never fires in {unrestarted.path}: that run", None
+        twin = self._twin_of_base(spec) if action == "run" else None
+        if twin is not None:
+            return f"found: {twin.path} (from its base method's run's encoder)", None
         if action == "run" and self._base_to_make(spec):
             return ("to run if its restart rule fires in its base method's run (made "
                     "first; else that run)"), self.encoders.status(self.config_of(spec))
@@ -492,6 +523,17 @@ class Runner:
                       f"is that run, final accuracy {unrestarted.record.final.accuracy:.4f}")
             self.records.append(unrestarted.record)
             return self._stand_in(spec, unrestarted)
+        taken = ((self._twin_of_base(spec) and self.reused[spec.name])
+                 or (self._named(spec) and self.reused[spec.name])) if action == "run" else None
+        if taken:
+            record = read_record(taken)
+            if self.verbose:
+                why = ("it starts from its base method's run's encoder"
+                       if spec.name in self.paired else "the folder's taken.json names it")
+                print(f"{spec.name}: the run of {taken} ({why}), final accuracy "
+                      f"{record.final.accuracy:.4f}")
+            self.records.append(record)
+            return record
         if action == "run":  # with --force, an old checkpoint starts over
             checkpoint.unlink(missing_ok=True)
         if self.verbose:

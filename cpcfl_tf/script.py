@@ -192,7 +192,7 @@ class Session:
 
         note = provenance(self.runner.records) if "runner" in self.__dict__ else []
         if "runner" in self.__dict__ and self.runner.reused:
-            note += reused_note(self.runner.reused, self.runner.named)
+            note += reused_note(self.runner.reused, self.runner.named, self.runner.paired)
             self.runner.keep_taken()
         if "runner" in self.__dict__ and self.runner.stood_in:
             note.append(stood_in_note(self.runner.stood_in))
@@ -222,15 +222,23 @@ class Session:
             print("\n".join(lines))
 
 
-def reused_note(reused: dict[str, Path], named: set[str]) -> list[str]:
+def reused_note(reused: dict[str, Path], named: set[str], paired: set[str] = frozenset()
+                ) -> list[str]:
     """The report's lines on the runs taken from elsewhere in the tree: those this
-    machine would make bit for bit, and those taken because the folder's ``taken.json``
-    names them."""
+    machine would make bit for bit, those taken because the folder's ``taken.json``
+    names them, and a restart variant's runs taken because they start from the encoder
+    of this folder's base run (``paired``)."""
     def folders(names) -> str:
         return ", ".join(f"`{f}`" for f in sorted({str(reused[n].parent) for n in names}))
 
-    here = [name for name in reused if name not in named]
+    here = [name for name in reused if name not in named and name not in paired]
+    paired = [name for name in reused if name in paired]
     lines = []
+    if paired:
+        lines.append(f"{len(paired)} of these runs were taken from {folders(paired)}: where "
+                     "the restart rule fires in this folder's run of the base method, the "
+                     "restart variant's run of the same config that starts from that run's "
+                     "encoder.")
     if here:
         lines.append(f"{len(here)} of these runs were taken from {folders(here)}: this machine "
                      "would make them bit for bit (same config, machine kind and starting "

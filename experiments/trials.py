@@ -1,6 +1,7 @@
 """tab:different_client_partitions and the appendix F1/AUROC trial tables
 (tab:app_f1_macro .. tab:app_rocauc_ovoweighted): FedAvg, IFCA and CP-CFL over several
-independent trials, each redrawing the clients' private and test data.
+independent trials, each redrawing the clients' private and test data; beyond the paper,
+CP-CFL+restart (CP-CFL with IFCA's restart rule) beside them.
 
 Trial k uses seed ``--seed + k`` for everything that is drawn: the clients' data, the
 initial weights, the batch order and the server's pre-training, so the spread over
@@ -13,9 +14,15 @@ from typing import Sequence
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.report import markdown_table, trial_table
 from cpcfl_tf.catalogue import COMPARISON, COMPARISON_LABELS, comparison_specs
+from cpcfl_tf.methods import run_label
+from cpcfl_tf.runner import RunSpec
 from cpcfl_tf.script import Script
 
-SCRIPT = Script(__file__, __doc__, methods=tuple(COMPARISON))
+FIXED = "cp-cfl-restart-simclr"
+"""Beyond the paper: CP-CFL with IFCA's restart rule, which fixes CP-CFL's merged groups
+(a trial where the rule never fires is its CP-CFL run: docs/choices.md)."""
+ROWS = (*COMPARISON, FIXED)
+SCRIPT = Script(__file__, __doc__, methods=ROWS)
 
 PAPER = {
     "accuracy": {"fedavg-none": (42.73, 41.53, 43.67, 43.03, 42.67),
@@ -84,7 +91,7 @@ TITLES = {"accuracy": "Accuracy (%)", "f1_macro": "F1 score (macro)",
           "f1_weighted": "F1 score (weighted)", "auroc_ovr_macro": "AUROC (OvR, macro)",
           "auroc_ovr_weighted": "AUROC (OvR, weighted)", "auroc_ovo_macro": "AUROC (OvO, macro)",
           "auroc_ovo_weighted": "AUROC (OvO, weighted)"}
-LABELS = COMPARISON_LABELS
+LABELS = {**COMPARISON_LABELS, FIXED: run_label("cp-cfl-restart", "simclr")}
 
 
 def _options(parser) -> None:
@@ -104,9 +111,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     config, args = session.config, session.args
     if args.trials < 1:
         raise UserError(f"--trials must be >= 1, got {args.trials}")
-    specs = session.plan([spec for k in range(args.trials)
-                      for spec in comparison_specs(f"trial{k + 1}-", seed=args.seed + k)])
-    records = {name: [] for name in COMPARISON if session.wanted(name)}
+    specs = session.plan([spec for k in range(args.trials) for spec in [
+        *comparison_specs(f"trial{k + 1}-", seed=args.seed + k),
+        RunSpec(f"trial{k + 1}-{FIXED}", "cp-cfl-restart", "simclr", seed=args.seed + k,
+                row=FIXED)]])  # after its CP-CFL run, which it is where the rule never fires
+    records = {name: [] for name in ROWS if session.wanted(name)}
+    session.reuse_committed()  # a trial's CP-CFL+restart run made by another script
     for spec in specs:
         records[spec.key].append(session.runner.run(spec))
 

@@ -11,7 +11,8 @@ import pytest  # noqa: E402
 from cpcfl_tf.data.sources import load_labeled  # noqa: E402
 
 
-SLOW_FILES = ("test_flower.py", "test_scripts.py", "test_table2.py", "test_simulator.py",
+SLOW_FILES = ("test_flower.py", "test_scripts.py", "test_table2.py", "test_studies.py",
+              "test_simulator.py",
               "test_flower_nodes.py", "test_experiments.py", "test_reliability.py",
               "test_linear_eval.py", "test_contrastive.py", "test_ssl_methods.py",
               "test_encoder_selection.py", "test_federated_pretraining.py")

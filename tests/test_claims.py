@@ -533,3 +533,33 @@ def test_judging_a_tree_writes_only_into_it_and_a_refusal_writes_nothing(tree, t
     with pytest.raises(UserError, match="no results tree"):
         claims.main(["--preset", "smoke", "--results", str(tmp_path / "none")])
     assert prepared == [] and not (tmp_path / "results").exists()
+
+
+def test_a_fired_restart_run_is_taken_where_it_starts_from_its_base_runs_encoder(tmp_path):
+    """A folder's CP-CFL run merged groups (the restart rule, checked after round 3 of 4,
+    fires), so its CP-CFL+restart run is not that run. A CP-CFL+restart record of the same
+    config elsewhere in the tree that starts from the folder's CP-CFL run's encoder is
+    that run's restart (another script made it): the runner takes it; one from another
+    encoder is not taken (the run would be made)."""
+    from cpcfl_tf.judge import RecordIndex
+    from cpcfl_tf.runner import Runner, RunSpec
+
+    base = SMOKE.with_overrides(federated={"restart_round": 2})
+    specs = evidence(base)
+    tree = tmp_path / "results"
+    folder, other = tree / "trials", tree / "reliability"
+    folder.mkdir(parents=True)
+    other.mkdir()
+    merged = fake(specs["cp-cfl-simclr"], 0, 0.7, base=base, merged_from=2)
+    write_record(folder / "trial1-cp-cfl-simclr.json", dataclasses.replace(
+        merged, environment={"cpu": "A", "starting_encoder": "E0"}))
+    restarted = fake(specs["cp-cfl-simclr+restart"], 0, 0.9, base=base, restarts=1)
+    spec = RunSpec("trial1-cp-cfl-restart-simclr", "cp-cfl-restart", "simclr", seed=0)
+    for encoder, taken in (("E1", None), ("E0", 0.9)):
+        write_record(other / "run0-cp-cfl-restart-simclr.json", dataclasses.replace(
+            restarted, environment={"cpu": "B", "starting_encoder": encoder}))
+        runner = Runner("trials", base, folder)
+        runner.reuse = RecordIndex(tree)
+        found = runner.finished(spec)
+        assert (found and found.final.accuracy) == taken
+        assert (spec.name in runner.reused) == (taken is not None)

@@ -89,7 +89,7 @@ def test_every_script_has_help():
         assert proc.returncode == 0, path.stem
         assert proc.stdout.startswith(f"usage: python {path.parent.name}/{path.stem}.py")
         if path.stem not in ("migrate_records", "compare", "results_unchanged", "encoders",
-                             "update_schema", "plot_selection"):  # no runs
+                             "update_schema", "plot_selection", "suite_times"):  # no runs
             assert "--preset" in proc.stdout and "--resume" in proc.stdout, path.stem
 
 
@@ -206,3 +206,17 @@ def test_paper_shape_runs_the_paper_preset_on_a_stand_in_and_times_each_stage(tm
     assert record["config"]["pretrain"]["epochs"] == 1 and len(record["rounds"]) == 2
     assert "| federated CP-CFL (SimCLR), 2 rounds |" in (tmp_path / "paper_shape.md").read_text()
     assert list((tmp_path / "cache" / "pretrained").iterdir())  # not in the shared cache
+
+
+def test_suite_times_sums_each_files_durations_by_hand(tmp_path, capsys):
+    log = tmp_path / "suite.log"
+    log.write_text("=== slowest durations ===\n"
+                   "12.50s call     tests/test_a.py::test_one\n"
+                   "2.50s setup    tests/test_a.py::test_one\n"
+                   "4.00s call     tests/test_b.py::test_two[x]\n"
+                   "0.50s teardown tests/test_b.py::test_two[x]\n"
+                   "1 passed in 20.00s\n")
+    script("suite_times").main([str(log), "--names", "now"])
+    assert capsys.readouterr().out.splitlines() == [
+        "| file | now |", "|---|---|", "| `test_a.py` | 15 s |", "| `test_b.py` | 4 s |",
+        "| the other files | 0 s |", "| all files | 20 s |"]
