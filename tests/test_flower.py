@@ -546,7 +546,7 @@ def test_the_server_averages_each_cluster_by_the_nodes_example_counts(monkeypatc
     counts, clusters = {0: 10, 1: 30, 2: 7}, {0: 0, 1: 0, 2: 1}
 
     def send(grid, contents, kind, group, timeout):  # node 10 + k holds client k
-        return [SimpleNamespace(content={
+        return [SimpleNamespace(metadata=SimpleNamespace(src_node_id=10 + k), content={
             "metrics": {"client-id": k, "cluster-id": clusters[k], "num-examples": counts[k]},
             "model": to_record(trained[k])}) for k in (node - 10 for node in contents)], []
 

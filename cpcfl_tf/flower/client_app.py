@@ -33,6 +33,7 @@ from cpcfl_tf.data.sources import (list_node_folder, list_node_unlabeled, read_n
                                    read_node_unlabeled)
 from cpcfl_tf.data.unlabeled import SMALLER_BATCH, check_batch
 from cpcfl_tf.errors import UserError
+from cpcfl_tf.flower import checks
 from cpcfl_tf.flower.common import (class_names, from_record, models_from_records, run_config,
                                    to_record)
 from cpcfl_tf.methods import METHODS
@@ -60,7 +61,25 @@ def _backend(run_items: tuple):
     config = run_config(dict(run_items))
     fl, size = config.resolved().federated, config.data.image_size
     template = build_template(fl, (size, size, 3), len(class_names(dict(run_items))))
+    _template_weights[run_items] = template.get_weights()
     return config, backend_of(template, fl)
+
+
+_template_weights: dict[tuple, list] = {}
+"""The run's model as the node builds it (what every model it is sent must match)."""
+
+
+def _models(msg: Message, run_items: tuple) -> dict[int, list[np.ndarray]]:
+    """The cluster models of a server's message, each checked against the node's own
+    template: a model of other shapes, dtypes or with non-finite values is refused (an
+    error reply) instead of trained or scored."""
+    models = models_from_records(msg.content.array_records)
+    like = _template_weights[run_items]
+    for n, weights in sorted(models.items()):
+        problem = checks.weights_problem(weights, like)
+        if problem is not None:
+            raise UserError(f"the server sent model {n} with {problem}")
+    return models
 
 
 @functools.lru_cache(maxsize=1)
@@ -229,6 +248,9 @@ def _pretrain(msg: Message, context: Context) -> Message:
     images = (_own_unlabeled(run_items, str(path)) if path is not None
               else _dealt(run_items)[int(context.node_config["partition-id"])])
     trainer = _trainer(run_items, tuple(images.shape[1:]))
+    problem = checks.weights_problem(from_record(msg.content["model"]), trainer.initial())
+    if problem is not None:
+        raise UserError(f"the server sent online parts with {problem}")
     kept = context.state.array_records.get(_KEPT)
     state = ClientState.from_arrays({} if kept is None else
                                     {k: a.numpy() for k, a in kept.items()})
@@ -266,11 +288,17 @@ def train(msg: Message, context: Context) -> Message:
     plan = algorithm.plan_round(fl, config.seed, int(settings["attempt"]), int(settings["round"]),
                                 num_clients)
     row = int(np.searchsorted(plan.participants, client))
-    models = models_from_records(msg.content.array_records)
+    models = _models(msg, tuple(sorted(context.run_config.items())))
     if "cluster" in settings:  # the server assigned this node its model
         cluster = int(settings["cluster"])
+        if cluster not in models:
+            raise UserError(f"the server assigned model {cluster} but sent "
+                            f"{sorted(models)}")
     else:
         losses = None
+        if sorted(models) != list(range(fl.num_clusters)):
+            raise UserError(f"the server sent models {sorted(models)}, not the pool of "
+                            f"{fl.num_clusters}")
         if plan.drawn is None:  # Eq. cluster_identity on this client's own training data
             losses = np.zeros((len(plan.participants), fl.num_clusters))
             losses[row] = client_losses(backend, [models[n] for n in range(fl.num_clusters)],
@@ -295,7 +323,7 @@ def evaluate(msg: Message, context: Context) -> Message:
 
     _addressed(msg.content["config"], context)
     _, data, test, backend, _ = _node(context)
-    sent = models_from_records(msg.content.array_records)
+    sent = _models(msg, tuple(sorted(context.run_config.items())))
     pool = [sent[n] for n in sorted(sent)]  # by cluster id: ties go as the simulator's
     model = pool[0] if len(pool) == 1 else pool[client_losses(backend, pool, data)[0].argmin()]
     probs = client_probabilities(backend, [model], np.array([0]), test)

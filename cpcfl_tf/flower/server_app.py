@@ -41,6 +41,7 @@ from flwr.serverapp import Grid, ServerApp
 from cpcfl_tf.config import FederatedConfig
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.federated import algorithm
+from cpcfl_tf.flower import checks
 from cpcfl_tf.flower.common import (class_names, from_record, models_to_records, run_config,
                                    to_record)
 from cpcfl_tf.methods import METHODS
@@ -80,6 +81,12 @@ def _send(grid: Grid, contents: dict[int, RecordDict], kind: str, group: str,
         print(f"[cpcfl] node {node} failed {kind} {group}: no reply within {timeout:g} s",
               flush=True)
     return good, sorted(set(contents) - answered)
+
+
+def _refused(node: int, kind: str, round_, problem: str) -> None:
+    """The one line that names a node whose reply was left out, and why."""
+    print(f"[cpcfl] node {node} failed {kind} {round_}: its reply was left out: {problem}",
+          flush=True)
 
 
 def _meant(messages: list[Message], errors: list[Message]) -> list[int]:
@@ -130,10 +137,11 @@ def _addressee(client: int, names: dict[int, str] | None) -> dict:
 
 
 def _roster(grid: Grid, nodes: list[int], timeout: float
-            ) -> tuple[dict[int, int], dict[str, dict] | None]:
+            ) -> tuple[dict[int, int], dict[str, dict] | None, dict[int, int]]:
     """Who the clients are: node id -> client id, and, when the nodes brought their own
     data, client id -> the folder name and example counts they reported (``None`` for
-    partition ids). A node that cannot serve (its data is bad) is left out, its reason
+    partition ids) and client id -> its unlabeled images, where a federated pre-training
+    asked for them. A node that cannot serve (its data is bad) is left out, its reason
     printed."""
     replies, failed = _send(grid, {n: RecordDict() for n in nodes}, MessageType.QUERY, "0",
                             timeout)
@@ -147,7 +155,7 @@ def _roster(grid: Grid, nodes: list[int], timeout: float
         raise UserError("some nodes have a partition-id and some a data-path: start every "
                         "SuperNode the same way")
     if not own:
-        return {n: int(m["partition-id"]) for n, m in said.items()}, None
+        return {n: int(m["partition-id"]) for n, m in said.items()}, None, {}
     names = sorted((str(m["name"]), n) for n, m in said.items())
     repeated = sorted({a for (a, _), (b, _) in zip(names, names[1:]) if a == b})
     if repeated:
@@ -156,7 +164,9 @@ def _roster(grid: Grid, nodes: list[int], timeout: float
     return ({node: k for k, (_, node) in enumerate(names)},
             {str(k): {"name": name, "num_train": int(said[node]["num-train"]),
                       "num_test": int(said[node]["num-test"])}
-             for k, (name, node) in enumerate(names)})
+             for k, (name, node) in enumerate(names)},
+            {k: int(said[node]["num-unlabeled"]) for k, (_, node) in enumerate(names)
+             if "num-unlabeled" in said[node]})
 
 
 class _Nodes:
@@ -164,9 +174,13 @@ class _Nodes:
     client, reached through the Grid. A node that fails a round is left out of it."""
 
     def __init__(self, grid: Grid, client_of: dict[int, int], num_clients: int,
-                 timeout: float, fl: FederatedConfig, names: dict[int, str] | None = None):
+                 timeout: float, fl: FederatedConfig, names: dict[int, str] | None = None,
+                 examples: dict[int, int] | None = None):
         self.grid, self.client_of, self.timeout, self.fl = grid, client_of, timeout, fl
         self.names = names
+        self.examples = examples or {}
+        """Client id -> its training examples (the roster's count, or its partition's
+        size): the most a reply's ``num-examples`` may say."""
         """Client id -> data folder name, for nodes with their own data."""
         self.num_clients, self.assigns = num_clients, METHODS[fl.method].server_assigns
         self.scores: dict[int, float] = {}
@@ -195,10 +209,19 @@ class _Nodes:
                 **models_to_records({n: models[n] for n in range(plan.num_models)})})
         replies, failed = _send(self.grid, contents, MessageType.TRAIN, str(plan.round + 1),
                                 self.timeout)
+        checked = []
+        for reply in replies:
+            node = reply.metadata.src_node_id
+            problem = self._problem(reply, node, plan, row, models)
+            if problem is None:
+                checked.append(reply)
+            else:  # left out as a failed node, its cluster id kept
+                _refused(node, "train", plan.round + 1, problem)
+                failed = sorted({*failed, node})
         # In client order, as the simulator's replies come, not in order of arrival: a rule
         # that clusters the replies (FedGroup's k-means++) would otherwise name its
         # clusters by who answered first, and sums would add in another order.
-        replies = sorted(replies, key=lambda r: int(r.content["metrics"]["client-id"]))
+        replies = sorted(checked, key=lambda r: int(r.content["metrics"]["client-id"]))
         metrics = [r.content["metrics"] for r in replies]
         trained = [from_record(r.content["model"]) for r in replies]
         asked = {self.client_of[n] for n in contents}
@@ -209,6 +232,26 @@ class _Nodes:
             [np.stack([w[i] for w in trained]) for i in range(len(trained[0]))] if trained
             else [],
             sorted({self.client_of[n] for n in failed} | (set(row) - asked)))
+
+    def _problem(self, reply: Message, node: int, plan: algorithm.RoundPlan, row: dict,
+                 models) -> str | None:
+        """What is wrong with a node's training reply (None: it may count): the client it
+        names, the cluster id (inside the pool; the model the node was given where the
+        server assigned it or drew it for the Tc phase), the example count and the
+        weights against the model of that cluster."""
+        client = self.client_of[node]
+        try:
+            metrics, arrays = reply.content["metrics"], from_record(reply.content["model"])
+            drawn = (plan.drawn[row[client]] if plan.drawn is not None and client in row
+                     else None)
+            problem = checks.first(
+                checks.client_problem(metrics["client-id"], client),
+                checks.cluster_problem(metrics["cluster-id"], plan.num_models,
+                                       None if drawn is None else int(drawn)),
+                checks.count_problem(metrics["num-examples"], self.examples.get(client)))
+        except (KeyError, TypeError, ValueError) as err:  # a record it lacks, or not arrays
+            return f"a malformed reply ({type(err).__name__}: {err})"
+        return problem or checks.weights_problem(arrays, models[int(metrics["cluster-id"])])
 
     def observe(self, models, assigned, replies, round_: int, *, planned=None) -> dict:
         """The round's record. In the rounds the simulator scores (``fl.scored``) each node
@@ -242,8 +285,17 @@ class _Nodes:
                                          **models_to_records(sent)})
         scores, _ = _send(self.grid, contents, MessageType.EVALUATE, f"{round_}-evaluate",
                           self.timeout)
-        accuracy = {int(r.content["metrics"]["client-id"]): float(r.content["metrics"]["accuracy"])
-                    for r in scores}
+        accuracy = {}
+        for reply in scores:
+            node = reply.metadata.src_node_id
+            metrics = reply.content.get("metrics", {})
+            problem = checks.first(checks.client_problem(metrics.get("client-id"),
+                                                         self.client_of[node]),
+                                   checks.accuracy_problem(metrics.get("accuracy")))
+            if problem is None:
+                accuracy[self.client_of[node]] = float(metrics["accuracy"])
+            else:
+                _refused(node, "evaluate", round_, problem)
         return accuracy, sorted(set(self.client_of.values()) - set(accuracy))
 
 
@@ -255,8 +307,10 @@ class _PretrainNodes:
     image count. A node that fails the round is left out of it."""
 
     def __init__(self, grid: Grid, client_of: dict[int, int], timeout: float,
-                 names: dict[int, str] | None):
+                 names: dict[int, str] | None, examples: dict[int, int]):
         self.grid, self.client_of, self.timeout, self.names = grid, client_of, timeout, names
+        self.examples = examples
+        """Client id -> its unlabeled images: the most a reply's ``num-examples`` may say."""
 
     def train(self, global_weights, round_: int, chosen: np.ndarray):
         from cpcfl_tf.contrastive.federated_pretrain import Replies
@@ -269,7 +323,23 @@ class _PretrainNodes:
             for node, client in self.client_of.items() if client in wanted and node in online}
         replies, _ = _send(self.grid, contents, MessageType.TRAIN, f"pretrain-{round_ + 1}",
                            self.timeout)
-        by_client = sorted(((int(m.content["metrics"]["client-id"]), m) for m in replies),
+        checked = []
+        for reply in replies:
+            node = reply.metadata.src_node_id
+            client = self.client_of[node]
+            try:
+                metrics = reply.content["metrics"]
+                problem = checks.first(
+                    checks.client_problem(metrics["client-id"], client),
+                    checks.count_problem(metrics["num-examples"], self.examples.get(client)),
+                    checks.weights_problem(from_record(reply.content["model"]), global_weights))
+            except (KeyError, TypeError, ValueError) as err:
+                problem = f"a malformed reply ({type(err).__name__}: {err})"
+            if problem is None:
+                checked.append(reply)
+            else:  # left out as a node that failed the round
+                _refused(node, "pretrain", round_ + 1, problem)
+        by_client = sorted(((int(m.content["metrics"]["client-id"]), m) for m in checked),
                            key=lambda pair: pair[0])  # the simulator's order
         metrics = [dict(m.content["metrics"]) for _, m in by_client]
         return Replies([from_record(m.content["model"]) for _, m in by_client],
@@ -278,7 +348,8 @@ class _PretrainNodes:
 
 
 def _pretrain_stage(grid: Grid, client_of: dict[int, int], config, timeout: float,
-                    names: dict[int, str] | None) -> list[np.ndarray]:
+                    names: dict[int, str] | None, unlabeled: dict[int, int]
+                    ) -> list[np.ndarray]:
     """The federated self-supervised pre-training as the run's first stage: the
     simulator's rounds (:func:`~cpcfl_tf.contrastive.federated_pretrain.run_rounds`,
     seeded the same) with the nodes as its clients. Returns the global encoder."""
@@ -294,12 +365,30 @@ def _pretrain_stage(grid: Grid, client_of: dict[int, int], config, timeout: floa
               f"{len(entry.get('failed', []))} failed, loss {entry['loss']:.4f}", flush=True)
 
     totals = new_totals()
-    weights = run_rounds(server, _PretrainNodes(grid, client_of, timeout, names),
+    if names is None:  # partition nodes: each client's share of the run's deal
+        from cpcfl_tf.federated.clients import unlabeled_for
+
+        examples = {k: len(images) for k, images in enumerate(unlabeled_for(config))}
+    else:  # own data: what each node reported in the roster
+        examples = {k: int(unlabeled[k]) for k in names if k in unlabeled}
+    weights = run_rounds(server, _PretrainNodes(grid, client_of, timeout, names, examples),
                          config.partition.num_clients, server.initial(), totals, after=after)
     print(f"[cpcfl] {start}: {totals['bytes_down'] / 1e6:.1f} MB of online parts down, "
           f"{totals['bytes_up'] / 1e6:.1f} MB up", flush=True)
     set_parts(server.shared, weights)
     return server.model.encoder.get_weights()
+
+
+def _examples(config, node_data: dict[str, dict] | None) -> dict[int, int]:
+    """Each client's training examples, the bound of its replies' counts: what a node with
+    its own data reported in the roster, or the size of the client's partition (every
+    client of a drawn partition has as many)."""
+    if node_data is not None:
+        return {int(k): int(d["num_train"]) for k, d in node_data.items()}
+    from cpcfl_tf.federated.clients import clients_for
+
+    size = clients_for(config).train.size
+    return dict.fromkeys(range(config.partition.num_clients), size)
 
 
 @app.main()
@@ -321,7 +410,8 @@ def main(grid: Grid, context: Context) -> None:
     # now rather than wait round-timeout for nodes that will never come.
     _check_partitions(grid, _wait_for_nodes(grid, 1, timeout), config.partition.num_clients,
                       timeout)
-    client_of, node_data = _roster(grid, _wait_for_nodes(grid, wanted, timeout), timeout)
+    client_of, node_data, unlabeled = _roster(grid, _wait_for_nodes(grid, wanted, timeout),
+                                              timeout)
     if node_data is not None:
         # The nodes' own data: the clients are the nodes that answered, nothing is drawn
         # (partition.kind own: one group, the server knows none; no split sizes apply).
@@ -342,7 +432,7 @@ def main(grid: Grid, context: Context) -> None:
 
     if config.federated.pretraining in FEDERATED_STARTS:
         # The first stage: the nodes pre-train the encoder on their unlabeled images.
-        encoder_weights = _pretrain_stage(grid, client_of, config, timeout, names)
+        encoder_weights = _pretrain_stage(grid, client_of, config, timeout, names, unlabeled)
     else:  # the server's own pre-training (its data, never the nodes')
         encoder_weights = StartingEncoders(verbose=0)(config)
     size = config.data.image_size
@@ -358,7 +448,8 @@ def main(grid: Grid, context: Context) -> None:
               f"{record['cluster_ids']}, {record['replies']} replies, "
               f"{len(record['failed_partitions'])} failed{scored}", flush=True)
 
-    federation = _Nodes(grid, client_of, num_clients, timeout, fl, names)
+    federation = _Nodes(grid, client_of, num_clients, timeout, fl, names,
+                        _examples(config, node_data))
     state, progress = algorithm.run_rounds(
         fl, config.seed, federation, start, on_round=after,
         progress=algorithm.sent_before_training(fl, answers),
