@@ -141,3 +141,37 @@ def test_the_other_checks_by_hand():
         assert checks.accuracy_problem(bad) is not None
     assert checks.client_problem(3, 3) is None
     assert "as client 4" in checks.client_problem(4, 3)
+
+
+def test_a_pretraining_reply_is_checked_like_a_training_reply(monkeypatch, capsys):
+    """The federated pre-training's round: of four replies, one with NaN parts, one of a
+    wrong shape and one claiming more images than its share of the deal are left out; the
+    good one is the round's only upload."""
+    from types import SimpleNamespace
+
+    from cpcfl_tf.flower import server_app
+    from cpcfl_tf.flower.common import to_record
+
+    global_weights = [np.zeros((3, 2), np.float32), np.zeros(2, np.float32)]
+    sent = {0: [w + 1 for w in global_weights],
+            1: [np.full((3, 2), np.nan, np.float32), np.zeros(2, np.float32)],
+            2: [np.zeros((2, 2), np.float32), np.zeros(2, np.float32)],
+            3: [w + 1 for w in global_weights]}
+    counts = {0: 40, 1: 40, 2: 40, 3: 41}
+
+    def send(grid, contents, kind, group, timeout):  # node 10 + k holds client k
+        return [SimpleNamespace(metadata=SimpleNamespace(src_node_id=10 + k), content={
+            "metrics": {"client-id": k, "num-examples": counts[k]},
+            "model": to_record(sent[k])}) for k in (node - 10 for node in contents)], []
+
+    monkeypatch.setattr(server_app, "_send", send)
+    grid = SimpleNamespace(get_node_ids=lambda: [10, 11, 12, 13])
+    nodes = server_app._PretrainNodes(grid, {10 + k: k for k in range(4)}, 1.0, None,
+                                      dict.fromkeys(range(4), 40))
+    replies = nodes.train(global_weights, 0, np.arange(4))
+    assert replies.counts == [40] and replies.failed == [1, 2, 3] and replies.reached == 4
+    np.testing.assert_array_equal(replies.uploads[0][0], sent[0][0])
+    said = capsys.readouterr().out
+    assert "node 11 failed pretrain 1: its reply was left out: weight array 0 holds" in said
+    assert "node 12 failed pretrain 1: its reply was left out: weight array 0 has shape" in said
+    assert "node 13 failed pretrain 1: its reply was left out: example count 41 is more" in said
