@@ -75,11 +75,11 @@ class Evidence:
         (:func:`~cpcfl_tf.claims.fixed_name`) with no record of its own is its base run's
         record wherever its restart rule never fires there (:func:`~cpcfl_tf.runner.stands_in`):
         that run is it, bit for bit."""
-        found = self.index.every(self.config_of(name, seed))
+        config = self.config_of(name, seed)
+        found = self.index.every(config)
         base = base_name(name)
         if found or base is None:
             return found
-        config = self.config_of(name, seed)
         return [f for f in self.every(base, seed) if stands_in(f.record, config)]
 
     def _use(self, seed: int, name: str, path: Path) -> None:

@@ -149,9 +149,9 @@ class Runner:
         """Of :attr:`reused`, runs of a method with a base method taken because they start
         from the encoder the folder's base run started from (:meth:`_twin_of_base`)."""
         self.named: set[str] = set()
-        """Of :attr:`reused`, the runs a report (:meth:`finished`) took because the
-        folder's ``taken.json`` names them (:attr:`TAKEN`), not because this machine would
-        make them bit for bit."""
+        """Of :attr:`reused`, the runs taken (by :meth:`run` or a report's
+        :meth:`finished`) because the folder's ``taken.json`` names them (:attr:`TAKEN`),
+        not because this machine would make them bit for bit."""
         self.stood_in: dict[str, tuple[str, Path]] = {}
         """Run name -> its method and the record taken for it: the run of the method its
         method is until its restart rule fires (:attr:`~cpcfl_tf.methods.Method.restarts_of`),
@@ -422,6 +422,14 @@ class Runner:
             self.paired.add(spec.name)
         return found
 
+    def _taken_elsewhere(self, spec: RunSpec) -> Path | None:
+        """The record taken for ``spec`` that this machine does not make: its base run's
+        restart twin (:meth:`_twin_of_base`), or the one the folder's :attr:`TAKEN` names
+        (:meth:`_named`); None where there is neither."""
+        if self._twin_of_base(spec) is not None or self._named(spec) is not None:
+            return self.reused[spec.name]
+        return None
+
     def _base_to_make(self, spec: RunSpec) -> bool:
         """Whether ``spec``'s method has a base method (:func:`base_config`) whose run of
         the same config this runner has not got (in its folder, or taken): made first, it
@@ -523,9 +531,8 @@ class Runner:
                       f"is that run, final accuracy {unrestarted.record.final.accuracy:.4f}")
             self.records.append(unrestarted.record)
             return self._stand_in(spec, unrestarted)
-        taken = ((self._twin_of_base(spec) and self.reused[spec.name])
-                 or (self._named(spec) and self.reused[spec.name])) if action == "run" else None
-        if taken:
+        taken = self._taken_elsewhere(spec) if action == "run" else None
+        if taken is not None:
             record = read_record(taken)
             if self.verbose:
                 why = ("it starts from its base method's run's encoder"
