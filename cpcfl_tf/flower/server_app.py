@@ -83,10 +83,25 @@ def _send(grid: Grid, contents: dict[int, RecordDict], kind: str, group: str,
     return good, sorted(set(contents) - answered)
 
 
-def _refused(node: int, kind: str, round_, problem: str) -> None:
-    """The one line that names a node whose reply was left out, and why."""
-    print(f"[cpcfl] node {node} failed {kind} {round_}: its reply was left out: {problem}",
-          flush=True)
+def _checked(replies: list[Message], kind: str, round_, problem_of
+             ) -> tuple[list[Message], list[int]]:
+    """The replies for which ``problem_of(reply, node)`` finds nothing wrong (one that
+    lacks a record, or holds no arrays, is malformed), and the nodes of the others, each
+    named in one line with what was wrong: they are left out as failed nodes."""
+    kept, left = [], []
+    for reply in replies:
+        node = reply.metadata.src_node_id
+        try:
+            problem = problem_of(reply, node)
+        except (KeyError, TypeError, ValueError) as err:
+            problem = f"a malformed reply ({type(err).__name__}: {err})"
+        if problem is None:
+            kept.append(reply)
+        else:
+            print(f"[cpcfl] node {node} failed {kind} {round_}: its reply was left out: "
+                  f"{problem}", flush=True)
+            left.append(node)
+    return kept, left
 
 
 def _meant(messages: list[Message], errors: list[Message]) -> list[int]:
@@ -209,15 +224,10 @@ class _Nodes:
                 **models_to_records({n: models[n] for n in range(plan.num_models)})})
         replies, failed = _send(self.grid, contents, MessageType.TRAIN, str(plan.round + 1),
                                 self.timeout)
-        checked = []
-        for reply in replies:
-            node = reply.metadata.src_node_id
-            problem = self._problem(reply, node, plan, row, models)
-            if problem is None:
-                checked.append(reply)
-            else:  # left out as a failed node, its cluster id kept
-                _refused(node, "train", plan.round + 1, problem)
-                failed = sorted({*failed, node})
+        checked, left = _checked(replies, "train", plan.round + 1,
+                                 lambda reply, node: self._problem(reply, node, plan, row,
+                                                                   models))
+        failed = sorted({*failed, *left})  # their cluster ids kept, as a failed node's
         # In client order, as the simulator's replies come, not in order of arrival: a rule
         # that clusters the replies (FedGroup's k-means++) would otherwise name its
         # clusters by who answered first, and sums would add in another order.
@@ -240,18 +250,14 @@ class _Nodes:
         server assigned it or drew it for the Tc phase), the example count and the
         weights against the model of that cluster."""
         client = self.client_of[node]
-        try:
-            metrics, arrays = reply.content["metrics"], from_record(reply.content["model"])
-            drawn = (plan.drawn[row[client]] if plan.drawn is not None and client in row
-                     else None)
-            problem = checks.first(
-                checks.client_problem(metrics["client-id"], client),
-                checks.cluster_problem(metrics["cluster-id"], plan.num_models,
-                                       None if drawn is None else int(drawn)),
-                checks.count_problem(metrics["num-examples"], self.examples.get(client)))
-        except (KeyError, TypeError, ValueError) as err:  # a record it lacks, or not arrays
-            return f"a malformed reply ({type(err).__name__}: {err})"
-        return problem or checks.weights_problem(arrays, models[int(metrics["cluster-id"])])
+        metrics, arrays = reply.content["metrics"], from_record(reply.content["model"])
+        drawn = plan.drawn[row[client]] if plan.drawn is not None and client in row else None
+        return checks.first(
+            checks.client_problem(metrics["client-id"], client),
+            checks.cluster_problem(metrics["cluster-id"], plan.num_models,
+                                   None if drawn is None else int(drawn)),
+            checks.count_problem(metrics["num-examples"], self.examples.get(client))
+        ) or checks.weights_problem(arrays, models[int(metrics["cluster-id"])])
 
     def observe(self, models, assigned, replies, round_: int, *, planned=None) -> dict:
         """The round's record. In the rounds the simulator scores (``fl.scored``) each node
@@ -285,17 +291,11 @@ class _Nodes:
                                          **models_to_records(sent)})
         scores, _ = _send(self.grid, contents, MessageType.EVALUATE, f"{round_}-evaluate",
                           self.timeout)
-        accuracy = {}
-        for reply in scores:
-            node = reply.metadata.src_node_id
-            metrics = reply.content.get("metrics", {})
-            problem = checks.first(checks.client_problem(metrics.get("client-id"),
-                                                         self.client_of[node]),
-                                   checks.accuracy_problem(metrics.get("accuracy")))
-            if problem is None:
-                accuracy[self.client_of[node]] = float(metrics["accuracy"])
-            else:
-                _refused(node, "evaluate", round_, problem)
+        scores, _ = _checked(scores, "evaluate", round_, lambda reply, node: checks.first(
+            checks.client_problem(reply.content["metrics"]["client-id"], self.client_of[node]),
+            checks.accuracy_problem(reply.content["metrics"]["accuracy"])))
+        accuracy = {self.client_of[r.metadata.src_node_id]:
+                    float(r.content["metrics"]["accuracy"]) for r in scores}
         return accuracy, sorted(set(self.client_of.values()) - set(accuracy))
 
 
@@ -323,22 +323,14 @@ class _PretrainNodes:
             for node, client in self.client_of.items() if client in wanted and node in online}
         replies, _ = _send(self.grid, contents, MessageType.TRAIN, f"pretrain-{round_ + 1}",
                            self.timeout)
-        checked = []
-        for reply in replies:
-            node = reply.metadata.src_node_id
-            client = self.client_of[node]
-            try:
-                metrics = reply.content["metrics"]
-                problem = checks.first(
-                    checks.client_problem(metrics["client-id"], client),
-                    checks.count_problem(metrics["num-examples"], self.examples.get(client)),
-                    checks.weights_problem(from_record(reply.content["model"]), global_weights))
-            except (KeyError, TypeError, ValueError) as err:
-                problem = f"a malformed reply ({type(err).__name__}: {err})"
-            if problem is None:
-                checked.append(reply)
-            else:  # left out as a node that failed the round
-                _refused(node, "pretrain", round_ + 1, problem)
+        def problem(reply: Message, node: int) -> str | None:
+            client, metrics = self.client_of[node], reply.content["metrics"]
+            return checks.first(
+                checks.client_problem(metrics["client-id"], client),
+                checks.count_problem(metrics["num-examples"], self.examples.get(client)),
+                checks.weights_problem(from_record(reply.content["model"]), global_weights))
+
+        checked, _ = _checked(replies, "pretrain", round_ + 1, problem)  # left out as failed
         by_client = sorted(((int(m.content["metrics"]["client-id"]), m) for m in checked),
                            key=lambda pair: pair[0])  # the simulator's order
         metrics = [dict(m.content["metrics"]) for _, m in by_client]
