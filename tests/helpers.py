@@ -1,4 +1,5 @@
 """What several test modules share (pytest puts this folder on sys.path)."""
+import numpy as np
 import importlib.util
 from pathlib import Path
 
@@ -104,11 +105,12 @@ def _simulator(rounds, out, run):
     return config, runner, runner.encoders(config)
 
 
-def simulated(run, rounds, out, dead=None):
+def simulated(run, rounds, out, dropped=None):
     """The simulator's run of a Flower run config ``run``: cluster ids per round, each
     client's test accuracy in every scored round (the last is the final's), the server's
-    encoder and the record's final. ``dead=(round, client)``
-    drops that client's reply from that round on, as a killed SuperNode's."""
+    encoder and the record's final. ``dropped={round: clients}`` drops those clients'
+    training replies from that round, as a killed SuperNode's or a reply the server
+    left out."""
     import cpcfl_tf.federated.simulator as simulator
     from cpcfl_tf.federated import algorithm
 
@@ -117,12 +119,13 @@ def simulated(run, rounds, out, dead=None):
 
     def failing(self, models, plan):
         replies = train(self, models, plan)
-        if dead is None or plan.round + 1 < dead[0]:
+        gone = sorted((dropped or {}).get(plan.round + 1, []))
+        if not gone:
             return replies
-        keep = replies.clients != dead[1]
+        keep = ~np.isin(replies.clients, gone)
         return algorithm.Replies(replies.clients[keep], replies.cluster_ids[keep],
                                  replies.sizes[keep], [w[keep] for w in replies.weights],
-                                 [dead[1]])
+                                 gone)
 
     def scored(labels, probs):
         scores.append(score(labels, probs))

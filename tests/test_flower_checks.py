@@ -175,3 +175,24 @@ def test_a_pretraining_reply_is_checked_like_a_training_reply(monkeypatch, capsy
     assert "node 11 failed pretrain 1: its reply was left out: weight array 0 holds" in said
     assert "node 12 failed pretrain 1: its reply was left out: weight array 0 has shape" in said
     assert "node 13 failed pretrain 1: its reply was left out: example count 41 is more" in said
+
+
+def test_every_tamper_a_node_can_rehearse_is_caught_by_the_servers_checks():
+    # node config tamper=NAME (client_app.TAMPERS) rehearses an untrusted node on a real
+    # federation (tests/test_flower.py sends NaN weights over loopback): each must be a
+    # reply the server's checks refuse, for the reason its name says.
+    from cpcfl_tf.flower.client_app import TAMPERS
+
+    model = [np.ones((3, 2), np.float32), np.zeros(2, np.float32)]
+    honest = {"cluster-id": 1, "num-examples": 40, "client-id": 0}
+    said = {"nan-weights": "non-finite", "wrong-shape": "shape (3, 1)",
+            "negative-count": "-5 is not a positive integer",
+            "huge-count": "more than the node's 40", "foreign-cluster": "outside the pool 0..1"}
+    assert set(TAMPERS) == set(said)
+    for name, tamper in TAMPERS.items():
+        weights, metrics = tamper(list(model), dict(honest), 2)
+        problem = checks.first(checks.cluster_problem(metrics["cluster-id"], 2),
+                               checks.count_problem(metrics["num-examples"], 40)
+                               ) or checks.weights_problem(weights, model)
+        assert problem is not None and said[name] in problem, (name, problem)
+    assert checks.weights_problem(model, model) is None

@@ -308,8 +308,35 @@ def train(msg: Message, context: Context) -> Message:
                           plan.batch_seed)[:, row:row + 1]
     trained = backend.train(stack_models([models[cluster]]), np.array([0]), data, orders,
                             algorithm.trains_encoder(fl, plan), LocalTraining.of(fl))
-    return _reply(msg, model=to_record(unstack(trained, 0)), metrics=MetricRecord({
-        "cluster-id": cluster, "num-examples": data.size, "client-id": client}))
+    weights, metrics = _tampered(context, int(settings["round"]) + 1, unstack(trained, 0),
+                                 {"cluster-id": cluster, "num-examples": data.size,
+                                  "client-id": client}, fl.num_clusters)
+    return _reply(msg, model=to_record(weights), metrics=MetricRecord(metrics))
+
+
+TAMPERS = {
+    "nan-weights": lambda w, m, n: ([np.full_like(w[0], np.nan), *w[1:]], m),
+    "wrong-shape": lambda w, m, n: ([w[0][..., :-1], *w[1:]], m),
+    "negative-count": lambda w, m, n: (w, {**m, "num-examples": -5}),
+    "huge-count": lambda w, m, n: (w, {**m, "num-examples": 10 ** 9}),
+    "foreign-cluster": lambda w, m, n: (w, {**m, "cluster-id": n}),
+}
+"""What a node started with node config ``tamper="NAME"`` does to its training replies
+(every round, or round ``tamper-round`` only): an untrusted node, to rehearse the
+server's checks (docs/flower.md, "What is and is not secured"). Each gets its reply
+left out of the round by the server."""
+
+
+def _tampered(context: Context, round_: int, weights: list, metrics: dict, num_models: int):
+    """The reply a tampering node sends instead (:data:`TAMPERS`); unchanged otherwise."""
+    name = context.node_config.get("tamper")
+    if name is None or int(context.node_config.get("tamper-round", round_)) != round_:
+        return weights, metrics
+    if name not in TAMPERS:
+        raise UserError(f"node config tamper={name!r} is not one of {', '.join(TAMPERS)}")
+    print(f"[cpcfl] node tampers with its round-{round_} reply: {name}", file=sys.stderr,
+          flush=True)
+    return TAMPERS[name](weights, metrics, num_models)
 
 
 @app.evaluate()

@@ -4,9 +4,13 @@
 root, whose pyproject.toml holds ``[tool.flwr.app]``) against them (the Deployment Engine,
 not the Simulation one).
 
-Everything is insecure on loopback (no TLS, no node authentication); see docs/flower.md's
-"Running on real devices" for the flags a real deployment adds. Every process is
-started by :class:`Federation` and stopped by it, by pid.
+Without credentials everything is insecure (no TLS, no node authentication), acceptable
+on 127.0.0.1 only; with :class:`~cpcfl_tf.flower.credentials.Credentials` (``--secure``)
+the federation is the one docs/flower.md deploys across machines: TLS on the SuperLink
+(its certificate signed by the credentials' CA, which every SuperNode and ``flwr``
+checks) and SuperNode authentication (only nodes whose public key was registered with
+``flwr supernode register`` may join). Every process is started by :class:`Federation`
+and stopped by it, by pid.
 """
 from __future__ import annotations
 
@@ -18,12 +22,14 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from cpcfl_tf.methods import METHODS, PRETRAINED
 from cpcfl_tf.errors import UserError
+from cpcfl_tf.flower.credentials import Credentials
+from cpcfl_tf.methods import METHODS, PRETRAINED
 
 APP_DIR = Path(__file__).resolve().parents[2]
 """The Flower App: the repository root (a clone with the kit installed from it)."""
@@ -57,12 +63,19 @@ class Federation:
     superlink: subprocess.Popen
     supernodes: list[subprocess.Popen]
     env: dict[str, str]
+    credentials: Credentials | None = None
 
     @classmethod
     def start(cls, nodes: int | Sequence[str], workdir: str | Path, *,
-              env: dict[str, str] | None = None) -> "Federation":
+              env: dict[str, str] | None = None, credentials: Credentials | None = None,
+              unregistered: Sequence[int] = (), without_ca: Sequence[int] = ()
+              ) -> "Federation":
         """``nodes`` SuperNodes with partition ids 0..nodes-1, or one per node config
-        given (e.g. ``data-path="/data/site3"``, a TOML string)."""
+        given (e.g. ``data-path="/data/site3"``, a TOML string). With ``credentials``,
+        secured: SuperNode k uses the credentials' ``node-k.key`` and CA, and its public
+        key is registered before it starts, except the nodes in ``unregistered``; the
+        nodes in ``without_ca`` are not given the CA (to rehearse the nodes a secured
+        SuperLink must refuse: :meth:`refused` then says why each did not join)."""
         configs = ([f"partition-id={k} num-partitions={nodes}" for k in range(nodes)]
                    if isinstance(nodes, int) else list(nodes))
         workdir = Path(workdir).resolve()
@@ -70,23 +83,55 @@ class Federation:
         env = dict(os.environ if env is None else env, FLWR_HOME=str(workdir / "flwr-home"),
                    PYTHONUNBUFFERED="1")
         port = free_port()
-        superlink = _spawn([_command("flower-superlink"), "--insecure", "--host", HOST,
+        security = ["--insecure"] if credentials is None else credentials.superlink_flags()
+        superlink = _spawn([_command("flower-superlink"), *security, "--host", HOST,
                             "--port", str(port), "--disable-runtime-dependency-installation",
                             "--database", str(workdir / "superlink.db")],
                            workdir / "superlink.log", env)
-        fed = cls(workdir, port, superlink, [], env)
+        fed = cls(workdir, port, superlink, [], env, credentials)
         try:
             fed._wait_for_port()
+            fed._write_connection()
             for k, node_config in enumerate(configs):
+                if credentials is None:
+                    security = ["--insecure"]
+                else:
+                    security = credentials.supernode_flags(k, ca=k not in without_ca)
+                    if k not in unregistered:
+                        fed._register(k)
                 fed.supernodes.append(_spawn(
-                    [_command("flower-supernode"), "--insecure", "--superlink", f"{HOST}:{port}",
+                    [_command("flower-supernode"), *security, "--superlink", f"{HOST}:{port}",
                      "--host", HOST, "--port", str(free_port()), "--node-config", node_config],
                     workdir / f"supernode-{k}.log", env))
         except BaseException:
             fed.stop()
             raise
-        fed._write_connection()
         return fed
+
+    def _register(self, k: int) -> None:
+        """``flwr supernode register`` SuperNode ``k``'s public key with the SuperLink."""
+        proc = subprocess.run([_command("flwr"), "supernode", "register",
+                               str(self.credentials.node_public_key(k)), "loopback",
+                               "--format", "json"],
+                              capture_output=True, text=True, env=self.env, timeout=120)
+        if proc.returncode != 0 or '"success": true' not in proc.stdout:
+            raise UserError(f"flwr supernode register {self.credentials.node_public_key(k)} "
+                            f"failed: {(proc.stdout + proc.stderr).strip()[-300:]}")
+
+    def refused(self) -> dict[int, str]:
+        """SuperNode index -> why it could not join, for each SuperNode whose process
+        ended because the SuperLink could not be reached or refused it (its log's
+        reason: a TLS handshake that failed, a key the SuperLink does not know)."""
+        reasons = {}
+        for k, proc in enumerate(self.supernodes):
+            if proc.poll() is None:
+                continue
+            lines = (self.workdir / f"supernode-{k}.log").read_text(errors="replace").splitlines()
+            for i, line in enumerate(lines):
+                if "Failed to initialize the connection to the SuperLink" in line:
+                    reasons[k] = lines[i + 1].strip() if i + 1 < len(lines) else line.strip()
+                    break
+        return reasons
 
     def _wait_for_port(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
@@ -103,9 +148,11 @@ class Federation:
     def _write_connection(self) -> None:
         home = Path(self.env["FLWR_HOME"])
         home.mkdir(parents=True, exist_ok=True)
+        security = ("insecure = true" if self.credentials is None else
+                    f'root-certificates = "{self.credentials.ca.resolve()}"')
         (home / "config.toml").write_text(
             '[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\n'
-            f'address = "{HOST}:{self.port}"\ninsecure = true\n')
+            f'address = "{HOST}:{self.port}"\n{security}\n')
 
     def run(self, run_config: dict[str, Any]) -> str:
         """``flwr run`` the app with ``run_config`` overrides; returns the run's id."""
@@ -267,9 +314,23 @@ def refuse_named(items: list[str]) -> None:
                             f"use {NAMED[key]} instead")
 
 
+def _given_credentials(folder: Path, nodes: int) -> Credentials:
+    """The credentials in ``folder``, refused in one line if any file a federation of
+    ``nodes`` SuperNodes needs is missing."""
+    creds = Credentials(folder)
+    needed = [creds.ca, creds.server_certificate, creds.server_key,
+              *(p for k in range(nodes) for p in (creds.node_key(k), creds.node_public_key(k)))]
+    missing = [p.name for p in needed if not p.exists()]
+    if missing:
+        raise UserError(f"--credentials {folder} lacks {', '.join(missing)}: make them with "
+                        f"python -m cpcfl_tf.flower.credentials --out NEW_DIR --nodes {nodes}")
+    return creds
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     from cpcfl_tf.errors import ArgumentParser
     from cpcfl_tf.flower.common import DEFAULTS, run_config
+    from cpcfl_tf.flower.credentials import make as make_credentials
     from cpcfl_tf.results import prepare_out_dir
 
     parser = ArgumentParser(prog="python -m cpcfl_tf.flower.loopback",
@@ -292,6 +353,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--round-timeout", type=float, default=DEFAULTS["round-timeout"])
     parser.add_argument("--out", help="folder for the result and the logs "
                                       "(default results/<preset>/flower)")
+    secured = parser.add_mutually_exclusive_group()
+    secured.add_argument("--secure", action="store_true",
+                        help="TLS and SuperNode authentication, as a deployment across "
+                             "machines: new credentials for this run (a CA, the SuperLink's "
+                             "certificate, a key pair per node), removed afterwards")
+    secured.add_argument("--credentials", type=Path, metavar="DIR",
+                        help="secured with the credentials in DIR (made by python -m "
+                             "cpcfl_tf.flower.credentials --out DIR --nodes K)")
     parser.add_argument("--set", nargs="+", action="extend", default=[],
                         metavar="SECTION.FIELD=VALUE", help="any other setting, as the "
                         "scripts' --set (e.g. federated.local_epochs=1)")
@@ -311,15 +380,25 @@ def main(argv: Sequence[str] | None = None) -> None:
         settings.pop("num-clients")
         settings["min-nodes"] = len(nodes)
     run_config(settings)  # bad values fail here, before any process starts
+    count = args.nodes if isinstance(nodes, int) else len(nodes)
+    given = None if args.credentials is None else _given_credentials(args.credentials, count)
     out = prepare_out_dir(args.out or Path("results") / args.preset / "flower")
     result = out / "flower.json"
     result.unlink(missing_ok=True)
-    with Federation.start(nodes, out / "logs") as federation:
-        print(f"SuperLink on {HOST}:{federation.port}, {len(federation.supernodes)} "
-              f"SuperNodes; logs in {out / 'logs'}", flush=True)
-        run_id = federation.run({**settings, "out": str(result.resolve())})
-        print(f"run {run_id} submitted; waiting for the ServerApp", flush=True)
-        record = wait_for_file(result, federation, timeout=args.rounds * args.round_timeout + 600)
+    with tempfile.TemporaryDirectory(prefix="cpcfl-credentials-") as made:
+        credentials = given or (make_credentials(Path(made) / "credentials", count)
+                                if args.secure else None)
+        with Federation.start(nodes, out / "logs", credentials=credentials) as federation:
+            print(f"SuperLink on {HOST}:{federation.port} "
+                  f"({'TLS, SuperNode authentication' if credentials else 'insecure'}), "
+                  f"{len(federation.supernodes)} SuperNodes; logs in {out / 'logs'}",
+                  flush=True)
+            run_id = federation.run({**settings, "out": str(result.resolve())})
+            print(f"run {run_id} submitted; waiting for the ServerApp", flush=True)
+            record = wait_for_file(result, federation,
+                                   timeout=args.rounds * args.round_timeout + 600)
+            for k, reason in federation.refused().items():
+                print(f"SuperNode {k} did not join: {reason}")
     for r in record["rounds"]:
         scored = f", accuracy {r['accuracy']:.4f}" if "accuracy" in r else ""
         print(f"round {r['round']}: cluster ids {r['cluster_ids']}, failed clients "
