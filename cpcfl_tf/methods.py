@@ -102,7 +102,7 @@ class Method:
     def on_flower(self) -> bool:
         """Whether the Flower apps run it: a federation that sends something
         (:func:`cpcfl_tf.flower.common.run_config` says why the others cannot)."""
-        return self.federated and self.communicates
+        return self.federated and self.communicates and self.rule.on_flower
 
     @property
     def asks_first(self) -> str | None:
@@ -192,6 +192,12 @@ METHODS = {m.name: m for m in (
     # federated.num_clusters groups, the paper's m; static groups after it
     # (docs/choices.md says what did not carry over).
     Method("fedgroup", "FedGroup", PRETRAININGS, assign="decomposed", head_phase=True),
+    # Beyond the paper: CP-CFL whose first choice after the Tc phase is made from the
+    # frozen encoder's features (k-means over the clients' mean embeddings, as k-FED:
+    # Dennis, Li and Smith, ICML 2021) instead of from the heads' losses: a remedy for
+    # CP-CFL's merges that adds no round (docs/choices.md).
+    Method("cp-cfl-features", "CP-CFL+features", PRETRAINED, head_phase=True,
+           assign="features", instead="for random initialisation use method ifca"),
 )}
 """Every method, by ``federated.method``."""
 

@@ -42,6 +42,12 @@ class Rule:
                    "training data (Eq. cluster_identity); random picks in the Tc phase")
     asks: str | None = None
     """What the server asks each client once before training (None: nothing)."""
+    reads = "images"
+    """What :meth:`answer` is given of a client's training data: its ``images`` (uint8),
+    or their ``embeddings`` by the frozen starting encoder."""
+    on_flower = True
+    """Whether the Flower apps can run the rule (one whose question needs the starting
+    encoder on the nodes cannot yet: :class:`FeatureGroups`)."""
     node_needs = ""
     """What a Flower node must be started with to answer (said when one did not)."""
     server_assigns = False
@@ -73,6 +79,15 @@ class Rule:
         """The cluster of each reply the server aggregates by, the pool it aggregates into
         (``state``, possibly changed), and what the round's record gains."""
         return replies.cluster_ids, state, {}
+
+    def remember(self, fl, answers: Sequence[np.ndarray] | None) -> dict[str, np.ndarray]:
+        """What the server keeps from the answers for later rounds (``state.memory``)."""
+        return {}
+
+    def assignment(self, fl, t: int, state) -> np.ndarray | None:
+        """Each client's model in round ``t`` (0-based) when the server gives it, else
+        ``None`` (each chooses: at random in the Tc phase, then by loss)."""
+        return state.assignment
 
 
 class Own(Rule):
@@ -172,6 +187,40 @@ class Subspaces(Rule):
         return subspace_clusters(answers, fl.num_clusters)
 
 
+class FeatureGroups(Rule):
+    """Beyond the paper: CP-CFL's rule with the clients' first choice after the Tc phase
+    made from the frozen encoder's features instead of from the still weak heads' losses
+    (the cause of CP-CFL's merges: experiments/clustering_reliability.py). Before training
+    each client sends the mean of its training images' embeddings (each scaled to unit
+    length), the server groups the means with k-means, as k-FED groups the clients'
+    local centres (Dennis, Li and Smith, "Heterogeneity for the Win: One-Shot Federated
+    Clustering", ICML 2021), and in round Tc + 1 each group trains the pool model of its
+    number; from round Tc + 2 each client chooses by loss as in CP-CFL. No round is
+    added; what is sent besides weights is one vector per client (``bytes_other``), and
+    the server learns each client's mean embedding."""
+
+    name = "features"
+    description = ("CP-CFL's choice by loss, but the first choice after the Tc phase is the "
+                   "server's: k-means over the clients' mean embeddings by the frozen "
+                   "encoder, sent once before training")
+    asks, reads, on_flower = "features", "embeddings", False
+
+    def answer(self, question, embeddings, group):
+        return mean_embedding(embeddings)
+
+    def answer_bytes(self, answers):
+        return 0 if answers is None else int(sum(a.nbytes for a in answers))
+
+    def remember(self, fl, answers):
+        if answers is None:
+            raise ValueError("the features rule needs the clients' mean embeddings")
+        return {"feature_groups": kmeans_pp(np.stack(answers).astype(np.float64),
+                                            fl.num_clusters)[0]}
+
+    def assignment(self, fl, t, state):
+        return state.memory["feature_groups"] if t == fl.head_rounds else state.assignment
+
+
 class Decomposed(OneFirst):
     """FedGroup's rule (Duan et al. 2021, Sec. 4): a cold start, then static groups."""
 
@@ -208,7 +257,8 @@ class Decomposed(OneFirst):
 
 
 RULES: dict[str, Rule] = {r.name: r for r in (Rule(), Own(), TrueGroups(), Nearest(), Split(),
-                                                 Hierarchical(), Subspaces(), Decomposed())}
+                                                 Hierarchical(), Subspaces(), Decomposed(),
+                                                 FeatureGroups())}
 """Every rule, by the name a method's ``assign`` gives."""
 
 
@@ -341,6 +391,14 @@ def data_subspace(images: np.ndarray, basis: int) -> np.ndarray:
     matrix = images.reshape(len(images), -1).astype(np.float64).T / 255.0
     left = np.linalg.svd(matrix, full_matrices=False)[0]
     return left[:, :basis].astype(np.float32)
+
+
+def mean_embedding(embeddings: np.ndarray) -> np.ndarray:
+    """The mean of a client's embeddings, each scaled to unit length first (SimCLR and its
+    kin compare representations by their cosine), in float32."""
+    flat = np.asarray(embeddings, np.float64).reshape(len(embeddings), -1)
+    norms = np.linalg.norm(flat, axis=1, keepdims=True)
+    return (flat / np.where(norms > 0, norms, 1.0)).mean(0).astype(np.float32)
 
 
 def principal_angles(a: np.ndarray, b: np.ndarray) -> np.ndarray:

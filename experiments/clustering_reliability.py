@@ -1,5 +1,7 @@
-"""Beyond the paper: how often CP-CFL (SimCLR), IFCA (None) and CP-CFL with IFCA's restart
-rule end with the clients' true groups, over many runs, and why CP-CFL merges groups.
+"""Beyond the paper: how often CP-CFL (SimCLR), IFCA (None), CP-CFL with IFCA's restart
+rule and CP-CFL+features (the first choice after Tc from the frozen encoder's features: a
+remedy that adds no round) end with the clients' true groups, over many runs, and why
+CP-CFL merges groups.
 
 Run r (0-based) draws its partition, initial weights and batch order with seed
 ``--seed + r``; its SimCLR encoder is pre-trained with seed ``--seed + r`` for the first
@@ -33,10 +35,26 @@ from cpcfl_tf.runner import RunSpec
 from cpcfl_tf.script import Script
 
 ROWS = {"cp-cfl-simclr": ("cp-cfl", "simclr"), "ifca-none": ("ifca", "none"),
-        "cp-cfl-restart-simclr": ("cp-cfl-restart", "simclr")}
+        "cp-cfl-restart-simclr": ("cp-cfl-restart", "simclr"),
+        "cp-cfl-features-simclr": ("cp-cfl-features", "simclr")}
 LABELS = {name: run_label(*row) for name, row in ROWS.items()}
+REMEDIES = ("cp-cfl-restart-simclr", "cp-cfl-features-simclr")
+"""The two remedies for CP-CFL's merges: the restart rule, and the first choice from the
+features (no round added)."""
+REMEDY_PRESETS = ("smoke",)
+"""The presets whose study holds CP-CFL+features by default (elsewhere name it with
+``--methods``; results/README.md says where its runs stand)."""
+
+
+def study_rows(preset: str) -> dict[str, tuple[str, str]]:
+    """The rows of ``preset``'s study (:data:`REMEDY_PRESETS`)."""
+    return {name: row for name, row in ROWS.items()
+            if preset in REMEDY_PRESETS or name != "cp-cfl-features-simclr"}
+
+
 PAIRS = (("cp-cfl-simclr", "ifca-none"), ("cp-cfl-restart-simclr", "cp-cfl-simclr"),
-         ("cp-cfl-restart-simclr", "ifca-none"))
+         ("cp-cfl-restart-simclr", "ifca-none"), ("cp-cfl-features-simclr", "cp-cfl-simclr"),
+         ("cp-cfl-features-simclr", "cp-cfl-restart-simclr"))
 """(a, b): the paired difference a − b of final accuracy, per run."""
 C4 = ("ifca-none", "cp-cfl-simclr")
 """Claim C4's link: clustering failures of IFCA (None) minus CP-CFL (SimCLR)'s."""
@@ -49,12 +67,12 @@ DIAGNOSE = 5
 SCRIPT = Script(__file__, __doc__, default_preset="quick", methods=tuple(ROWS))
 
 
-def specs(seed: int, runs: int, encoders: int) -> list[RunSpec]:
-    """Run r of each method (see the module's docstring)."""
+def specs(seed: int, runs: int, encoders: int, rows: dict = ROWS) -> list[RunSpec]:
+    """Run r of each method of ``rows`` (see the module's docstring)."""
     out = []
     for r in range(runs):
         shared = {} if r < encoders else {"seed": seed + r % encoders}
-        for name, (method, pre) in ROWS.items():
+        for name, (method, pre) in rows.items():
             out.append(RunSpec(f"run{r}-{name}", method, pre, seed=seed + r, row=name,
                                pretrain=shared if pre != "none" else {}))
     return out
@@ -67,6 +85,15 @@ def encoder_seed(record: RunRecord) -> int | None:
 
 def found(record: RunRecord) -> bool:
     return record.final.ari == 1.0
+
+
+def rounds_trained(record: RunRecord) -> int:
+    """Rounds a run trained, its restarted attempts' too: each restart threw away the
+    rounds up to its check (:func:`~cpcfl_tf.federated.algorithm.restart_check_round`)."""
+    from cpcfl_tf.federated.algorithm import restart_check_round
+
+    fl = record.config.federated
+    return fl.rounds + record.final.restarts * restart_check_round(fl)
 
 
 def first_choice(record: RunRecord):
@@ -128,8 +155,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     session = SCRIPT.session(args)
     config = session.config
     session.reuse_committed()
-    by_run: dict[str, dict[int, RunRecord]] = {name: {} for name in ROWS if session.wanted(name)}
-    done, missing_specs = session.run_or_read(specs(args.seed, runs, encoders), args.report)
+    # The preset's rows, or exactly those --methods names (CP-CFL+features on any preset).
+    rows = (study_rows(config.preset) if args.methods == list(ROWS)
+            else {name: ROWS[name] for name in args.methods})
+    by_run: dict[str, dict[int, RunRecord]] = {name: {} for name in rows if session.wanted(name)}
+    done, missing_specs = session.run_or_read(specs(args.seed, runs, encoders, rows),
+                                              args.report)
     for spec, record in done:
         by_run[spec.key][spec.seed - args.seed] = record
     missing = [spec.name for spec in missing_specs]
@@ -148,10 +179,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     from cpcfl_tf.results import write_json
     write_json(session.out / f"{SCRIPT.name}.json", summary)
     session.finish(report, rows)
-    if len(by_run) == len(ROWS) and not missing:
+    if set(by_run) == set(study_rows(config.preset)) and not missing:
         session.update_readme("reliability", summary["table"], "reliability tables")
         session.update_readme("reliability", [verdict_line(config, summary)],
                               "reliability line of the verdicts", front=True)
+        if remedy_lines(summary):
+            session.update_readme("remedy", remedy_lines(summary), "remedy for the merges")
 
 
 def _report(config, by_run: dict[str, dict[int, RunRecord]], runs: int, encoders: int,
@@ -164,7 +197,10 @@ def _report(config, by_run: dict[str, dict[int, RunRecord]], runs: int, encoders
              "Clopper-Pearson interval of the rate. Accuracy (%) as mean ± SD (runs). "
              "*restarts*: IFCA's restart rule (CP-CFL+restart: the same rule, checked "
              f"{fl.restart_round} rounds after Tc), runs that used one / restarts in all. "
-             "*settled*: the round after which no client changed cluster again.", ""]
+             "*settled*: the round after which no client changed cluster again."
+             + (" CP-CFL+features: the first choice after Tc from k-means over the clients' "
+                "mean embeddings by the frozen encoder, sent once before training."
+                if "cp-cfl-features-simclr" in by_run else ""), ""]
     table = []
     for name, records in by_run.items():
         rs = list(records.values())
@@ -186,9 +222,13 @@ def _report(config, by_run: dict[str, dict[int, RunRecord]], runs: int, encoders
     links, summary_links = [], {}
     for a, b in PAIRS:
         if a in by_run and b in by_run:
-            result = verdict(paired(by_run[a], by_run[b], final_accuracy))
-            links.append(_link_row(f"accuracy: {LABELS[a]} − {LABELS[b]}", result))
-            summary_links[f"{a} - {b}"] = result.to_json()
+            kept, left = comparable(by_run[a], by_run[b])
+            result = verdict(paired(kept, by_run[b], final_accuracy))
+            links.append(_link_row(f"accuracy: {LABELS[a]} − {LABELS[b]}"
+                                   + (f" ({_count(left, 'run')} left out: another starting "
+                                      "encoder)" if left else ""), result))
+            summary_links[f"{a} - {b}"] = {**result.to_json(),
+                                           **({"left_out": left} if left else {})}
     if all(name in by_run for name in C4):
         result = verdict(paired(by_run[C4[0]], by_run[C4[1]], clustering_failures))
         links.append(_link_row(f"C4, clustering failures (restarts, +1 if the final clusters "
@@ -259,6 +299,10 @@ def _report(config, by_run: dict[str, dict[int, RunRecord]], runs: int, encoders
                                "quartiles": np.percentile(v, [25, 75]).tolist() if v else None}
                            for k, v in margins.items()},
                "rescued": rescued(by_run)}
+    if "cp-cfl-features-simclr" in by_run:  # the remedies side by side
+        summary["rescued_by_features"] = rescued(by_run, "cp-cfl-features-simclr")
+        summary["rounds"] = {name: float(np.mean([rounds_trained(r) for r in by_run[name].values()]))
+                             for name in REMEDIES if by_run.get(name)}
     shows = [f"- {line}" for line in findings(summary)]
     if shows:
         lines += ["", SHOWS_TITLE, "", *shows]
@@ -299,14 +343,31 @@ def _method_summary(records: dict[int, RunRecord]) -> dict:
                                                   [x.cluster_ids for x in r.rounds])]}
 
 
-def rescued(by_run: dict[str, dict[int, RunRecord]]) -> dict | None:
+def comparable(a: dict[int, RunRecord], b: dict[int, RunRecord]
+               ) -> tuple[dict[int, RunRecord], int]:
+    """The runs of ``a`` that may be paired with ``b``'s of the same index: both from the
+    same encoder bits (``environment.starting_encoder``), or either from random weights
+    (an encoder pre-trained on another kind of machine has other bits: its runs are not
+    the same experiment); and how many runs of ``a`` with a partner were left out."""
+    def bits(record: RunRecord):
+        return None if record.pretraining == "none" else record.environment.get(
+            "starting_encoder")
+
+    kept = {i: r for i, r in a.items()
+            if i not in b or None in (bits(r), bits(b[i])) or bits(r) == bits(b[i])}
+    return kept, sum(i in b for i in a) - sum(i in b for i in kept)
+
+
+def rescued(by_run: dict[str, dict[int, RunRecord]], remedy: str = "cp-cfl-restart-simclr"
+            ) -> dict | None:
     """Paired by run: of CP-CFL (SimCLR)'s runs that did not end with the true groups, how
-    many CP-CFL+restart's run of the same partition and encoder ended with them."""
-    plain, restart = by_run.get("cp-cfl-simclr"), by_run.get("cp-cfl-restart-simclr")
-    if not plain or not restart:
+    many the ``remedy``'s run of the same partition and encoder ended with them."""
+    plain, fixed = by_run.get("cp-cfl-simclr"), by_run.get(remedy)
+    if not plain or not fixed:
         return None
-    missed = [i for i, r in plain.items() if not found(r) and i in restart]
-    return {"missed": len(missed), "found_by_restart": sum(found(restart[i]) for i in missed)}
+    plain = comparable(plain, fixed)[0]
+    missed = [i for i, r in plain.items() if not found(r) and i in fixed]
+    return {"missed": len(missed), "found_by_restart": sum(found(fixed[i]) for i in missed)}
 
 
 SHOWS_TITLE = "What it shows (written from the tables above):"
@@ -396,6 +457,24 @@ def findings(summary: dict) -> list[str]:
         to_ifca = compared(links.get("cp-cfl-restart-simclr - ifca-none"), "IFCA (None)")
         lines.append(f"{line}; in accuracy it is {to_plain} and {to_ifca} by the claims' "
                      "rule.")
+    features = methods.get("cp-cfl-features-simclr")
+    if features and plain:
+        saved = summary.get("rescued_by_features")
+        line = (f"CP-CFL+features trained {summary['rounds']['cp-cfl-features-simclr']:.0f} "
+                "rounds in every run (no restart, no round added)")
+        if saved and saved["missed"]:
+            line += (f" and ended with the true groups in {saved['found_by_restart']} of the "
+                     f"{saved['missed']} runs CP-CFL (SimCLR) merged")
+        if plain["megabytes"]:
+            more = features["megabytes"] / plain["megabytes"] - 1
+            line += (f", sending {more:.2%} more bytes than CP-CFL (SimCLR) (its clients' mean "
+                     "embeddings, once)")
+        to_plain = compared(links.get("cp-cfl-features-simclr - cp-cfl-simclr"),
+                            "CP-CFL (SimCLR)")
+        to_restart = compared(links.get("cp-cfl-features-simclr - cp-cfl-restart-simclr"),
+                              "CP-CFL+restart (SimCLR)")
+        lines.append(f"{line}; in accuracy it is {to_plain} and {to_restart} by the claims' "
+                     "rule.")
     if "cp-cfl-simclr - ifca-none" in links:
         to_ifca = compared(links["cp-cfl-simclr - ifca-none"], "IFCA (None)")
         line = f"CP-CFL (SimCLR) is {to_ifca} in accuracy by the claims' rule over these runs"
@@ -404,6 +483,45 @@ def findings(summary: dict) -> list[str]:
                      + links["C4"]["verdict"])
         lines.append(line + ".")
     return lines
+
+
+def remedy_lines(summary: dict) -> list[str]:
+    """Which remedy for CP-CFL's merges a researcher should use, and why, every figure from
+    ``summary``: the one ahead in accuracy by the claims' rule; else, with accuracy not
+    told apart, the one that ends with the true groups more often; else (as often) the
+    cheaper in rounds and bytes. Empty without both remedies."""
+    methods, links = summary["methods"], summary["links"]
+    restart, features = (methods.get(name) for name in REMEDIES)
+    if not restart or not features:
+        return []
+    versus = links.get("cp-cfl-features-simclr - cp-cfl-restart-simclr")
+    rounds = summary["rounds"]
+    facts = (f"CP-CFL+features ends with the true groups in {features['found']} of "
+             f"{features['runs']} runs and CP-CFL+restart in {restart['found']} of "
+             f"{restart['runs']}; in accuracy, paired by run, CP-CFL+features is "
+             f"{compared(versus, 'CP-CFL+restart')} by the claims' rule; CP-CFL+restart "
+             f"trained {rounds['cp-cfl-restart-simclr']:.1f} rounds on average and sent "
+             f"{restart['megabytes']:.0f} MB, CP-CFL+features "
+             f"{rounds['cp-cfl-features-simclr']:.1f} rounds and {features['megabytes']:.0f} MB.")
+    verdict_ = None if versus is None else versus["verdict"]
+    more = ("the two are not told apart in accuracy by the claims' rule and it ends with the "
+            "true groups in more runs")
+    if verdict_ == "holds":
+        choice, why = "CP-CFL+features", "it is ahead in accuracy by the claims' rule"
+    elif verdict_ == "opposite":
+        choice, why = "CP-CFL+restart", "it is ahead in accuracy by the claims' rule"
+    elif features["found"] != restart["found"]:
+        choice = "CP-CFL+features" if features["found"] > restart["found"] else "CP-CFL+restart"
+        why = more
+    elif (rounds["cp-cfl-features-simclr"] <= rounds["cp-cfl-restart-simclr"]
+          and features["megabytes"] <= restart["megabytes"]):
+        choice, why = ("CP-CFL+features", "the two are not told apart in groups or accuracy, "
+                                          "and it costs no more rounds or bytes")
+    else:
+        choice, why = ("CP-CFL+restart", "the two are not told apart in groups or accuracy, "
+                                         "and it costs fewer rounds or bytes")
+    return [f"Which remedy to use (beyond the paper, preset {summary['preset']}, "
+            f"{summary['runs']} runs): {choice}, because {why}. {facts}"]
 
 
 def first_choices(records: dict[int, RunRecord]) -> dict | None:

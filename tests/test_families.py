@@ -115,7 +115,10 @@ def test_flower_runs_every_method_that_sends_something_and_refuses_local():
     with pytest.raises(UserError, match="method 'local' trains each client alone and sends "
                                         "nothing.*run it in the simulator"):
         run_config({"method": "local", "pretraining": "none"})
-    assert {m.asks_first for m in METHODS.values()} == {None, "group", "subspace"}
+    with pytest.raises(UserError, match="method 'cp-cfl-features' is not available on Flower "
+                                        "yet .*run it in the simulator"):
+        run_config({"method": "cp-cfl-features", "pretraining": "simclr"})
+    assert {m.asks_first for m in METHODS.values()} == {None, "group", "subspace", "features"}
     assert (METHODS["oracle"].asks_first, METHODS["pacfl"].asks_first) == ("group", "subspace")
 
 
@@ -425,3 +428,68 @@ def test_fedgroup_places_a_newcomer_in_the_group_its_update_is_nearest():
     placed, state, _ = algorithm.server_ids(_fedgroup(), state, late)
     assert placed.tolist() == [ids[truth == 2][0], ids[truth == 1][0]]
     assert state.memory["grouped"].all()
+
+
+def test_the_features_rule_puts_clear_groups_apart_where_near_alike_heads_merge_them():
+    # CP-CFL+features (rules.FeatureGroups): the first choice after the Tc phase comes
+    # from the clients' mean embeddings, not from the heads' losses. Constructed: three
+    # groups far apart in the features, and heads that are near-alike (every loss about
+    # 2.30, a uniform guess over ten classes) with model 0 a hair better for groups 0
+    # and 1: by loss those two groups merge; by the features they stay apart.
+    rng = np.random.default_rng(0)
+    truth = np.repeat([0, 1, 2], 3)
+    centres = rng.normal(size=(3, 16))
+    answers = [rules.mean_embedding(centres[g] + 0.05 * rng.normal(size=(20, 16)))
+               for g in truth]
+    fl = SMOKE.with_overrides(federated={"method": "cp-cfl-features", "pretraining": "simclr",
+                                         "num_clusters": 3, "head_rounds": 2}
+                              ).resolved().federated
+    losses = 2.30 + 0.001 * rng.random((9, 3))
+    losses[truth < 2, 0] -= 0.01
+    losses[truth == 2, 1] -= 0.01
+    by_loss = algorithm.select_clusters(losses, 3, False, rng)
+    assert by_loss[0] == by_loss[3] and cluster_ari(truth, by_loss) < 1.0
+    rule = rules.RULES["features"]
+    state = algorithm.ServerState(0, [], 0, None, rule.remember(fl, answers))
+    first = rule.assignment(fl, fl.head_rounds, state)  # round Tc + 1 (0-based t = Tc)
+    assert all(len(set(first[truth == g])) == 1 for g in range(3)) and len(set(first)) == 3
+    # Before (the Tc phase: random picks) and after (choice by loss) the clients choose.
+    assert rule.assignment(fl, fl.head_rounds - 1, state) is None
+    assert rule.assignment(fl, fl.head_rounds + 1, state) is None
+    # Each embedding is scaled to unit length, then averaged: (0.6, 0.8) and (0, 1).
+    assert np.allclose(rules.mean_embedding(np.array([[3.0, 4.0], [0.0, 2.0]])), [0.3, 0.9])
+
+
+def test_cp_cfl_features_takes_its_first_choice_from_the_encoders_features(clients, tmp_path):
+    # On the smoke clients with the smoke SimCLR encoder: the Tc phase is CP-CFL's (the
+    # same random picks), round Tc + 1 puts the clients where k-means over their mean
+    # embeddings, computed here with the encoder itself and scikit-learn, puts them, and
+    # the vectors sent count in bytes_other (float32, one per client).
+    from sklearn.cluster import KMeans
+
+    from cpcfl_tf.data.images import to_float
+    from cpcfl_tf.federated.pool import build_template
+    from cpcfl_tf.runner import Runner
+
+    config = SMOKE.with_overrides(federated={"method": "cp-cfl-features", "pretraining": "simclr",
+                                             "rounds": 3, "head_rounds": 1})
+    encoder = Runner("features", config, tmp_path, verbose=0).encoders(config)
+    record, _ = run_federated(config, clients, encoder_weights=encoder, verbose=0)
+    plain, _ = run_federated(config.with_overrides(federated={"method": "cp-cfl"}), clients,
+                             encoder_weights=encoder, verbose=0)
+    assert record.rounds[0].cluster_ids == plain.rounds[0].cluster_ids
+    fl = config.resolved().federated
+    model = build_template(fl, clients.train.images.shape[2:], clients.num_classes)
+    net = model.get_layer("encoder")
+    net.set_weights(encoder)
+    means = []
+    for images in clients.train.images:
+        z = net(to_float(images), training=False).numpy().astype(np.float64)
+        means.append((z / np.linalg.norm(z, axis=1, keepdims=True)).mean(0))
+    groups = KMeans(n_clusters=fl.num_clusters, n_init=10, random_state=0).fit(
+        np.stack(means)).labels_
+    assert cluster_ari(groups, np.array(record.rounds[1].cluster_ids)) == 1.0
+    n, dim = clients.train.num_clients, len(means[0])
+    assert record.final.bytes_other == n * dim * 4
+    assert record.final.bytes_up == plain.final.bytes_up + n * dim * 4
+    assert record.final.bytes_down == plain.final.bytes_down

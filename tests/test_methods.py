@@ -73,7 +73,8 @@ def test_every_start_has_a_label_and_every_method_a_known_start():
     assert all(set(m.starts) <= set(STARTS) for m in METHODS.values())
     assert all(m.assign in ASSIGNMENTS for m in METHODS.values())
     # the Flower loopback offers what its run config accepts
-    assert [m for m in METHODS if not METHODS[m].on_flower] == ["centralized", "local"]
+    assert [m for m in METHODS if not METHODS[m].on_flower] == [
+        "centralized", "local", "cp-cfl-features"]
     schema = json.loads((ROOT / "docs" / "run-record.schema.json").read_text())
     assert schema["properties"]["method"]["enum"] == list(METHODS), \
         "run python tools/update_schema.py"

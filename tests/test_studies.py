@@ -262,7 +262,15 @@ def test_clustering_reliability_counts_rates_shares_encoders_and_explains_merges
     # T = 3 ends before CP-CFL+restart's failure test (round Tc + 10): its runs are
     # CP-CFL's, taken, not made again, and the report says so
     assert sorted(records) == sorted(f"run{r}-{m}" for r in range(2)
-                                     for m in ("cp-cfl-simclr", "ifca-none"))
+                                     for m in ("cp-cfl-simclr", "ifca-none",
+                                               "cp-cfl-features-simclr"))
+    # CP-CFL+features: CP-CFL's Tc round, then the server's first choice; its clients'
+    # mean embeddings counted once, in bytes_other
+    for r in range(2):
+        remedy, plain = records[f"run{r}-cp-cfl-features-simclr"], records[f"run{r}-cp-cfl-simclr"]
+        assert remedy.rounds[0].cluster_ids == plain.rounds[0].cluster_ids
+        assert remedy.final.bytes_other > 0 == plain.final.bytes_other
+        assert remedy.final.bytes_up == plain.final.bytes_up + remedy.final.bytes_other
     for r in range(2):
         records[f"run{r}-cp-cfl-restart-simclr"] = records[f"run{r}-cp-cfl-simclr"]
     # run 1 shares run 0's encoder, with its own partition and training seed
@@ -299,7 +307,10 @@ def test_clustering_reliability_counts_rates_shares_encoders_and_explains_merges
         index = name.split("-")[0][3:]
         assert f"| {index} |" in report
     assert (out / "margins.png").stat().st_size > 0
-    assert {p.stem for p in (out / "figures").glob("*.png")} >= set(merged)
+    # a figure for each that merged and chose by loss at round Tc + 1 (CP-CFL+features'
+    # first choice is the server's: nothing to draw)
+    assert {p.stem for p in (out / "figures").glob("*.png")} >= {
+        n for n in merged if "features" not in n}
     assert readme.read_bytes() == before  # a run elsewhere leaves the committed README
     # --report: no run made, the table over the finished runs, headed partial
     made = {p.name: p.read_bytes() for p in out.glob("run*.json")}
@@ -307,7 +318,7 @@ def test_clustering_reliability_counts_rates_shares_encoders_and_explains_merges
                       "--set", "federated.rounds=3", "--report"])
     assert {p.name: p.read_bytes() for p in out.glob("run*.json")} == made
     partial = (out / "clustering_reliability.md").read_text()
-    assert "**Partial: 6 of 9 runs.**" in partial and "`run2-cp-cfl-simclr`" in partial
+    assert "**Partial: 8 of 12 runs.**" in partial and "`run2-cp-cfl-simclr`" in partial
     assert json.loads((out / "clustering_reliability.json").read_text())["missing"] == [
         f"run2-{name}" for name in reliability.ROWS]
     # tools/plot_selection.py draws any diagnosed record; a record without the diagnostic,
@@ -377,6 +388,38 @@ def test_what_the_reliability_study_shows_is_written_from_its_summary():
         "CP-CFL (SimCLR) is not told apart from IFCA (None) in accuracy by the claims' rule "
         "over these runs; C4's link (IFCA (None) fails to cluster more often than CP-CFL): "
         "opposite."]
+    assert reliability.remedy_lines(summary) == []  # one remedy only: no advice
+    # With CP-CFL+features: its line, and which remedy to use, from the numbers.
+    summary["preset"], summary["runs"] = "quick", 4
+    summary["rounds"] = {"cp-cfl-restart-simclr": 45.0, "cp-cfl-features-simclr": 40.0}
+    summary["methods"]["cp-cfl-features-simclr"] = method(4, 4, [93.5] * 4, [], mb=100.5)
+    summary["rescued_by_features"] = {"missed": 1, "found_by_restart": 1}
+    summary["links"]["cp-cfl-features-simclr - cp-cfl-simclr"] = {"verdict": "holds"}
+    summary["links"]["cp-cfl-features-simclr - cp-cfl-restart-simclr"] = {"verdict": "not shown"}
+    assert reliability.findings(summary)[7] == (
+        "CP-CFL+features trained 40 rounds in every run (no restart, no round added) and ended "
+        "with the true groups in 1 of the 1 runs CP-CFL (SimCLR) merged, sending 0.50% more "
+        "bytes than CP-CFL (SimCLR) (its clients' mean embeddings, once); in accuracy it is "
+        "ahead of CP-CFL (SimCLR) and not told apart from CP-CFL+restart (SimCLR) by the "
+        "claims' rule.")
+    facts = ("CP-CFL+features ends with the true groups in 4 of 4 runs and CP-CFL+restart in "
+             "4 of 4; in accuracy, paired by run, CP-CFL+features is {} by the claims' rule; "
+             "CP-CFL+restart trained 45.0 rounds on average and sent 110 MB, CP-CFL+features "
+             "40.0 rounds and 100 MB.")
+    assert reliability.remedy_lines(summary) == [
+        "Which remedy to use (beyond the paper, preset quick, 4 runs): CP-CFL+features, "
+        "because the two are not told apart in groups or accuracy, and it costs no more rounds "
+        "or bytes. " + facts.format("not told apart from CP-CFL+restart")]
+    summary["links"]["cp-cfl-features-simclr - cp-cfl-restart-simclr"] = {"verdict": "opposite"}
+    assert reliability.remedy_lines(summary)[0].startswith(
+        "Which remedy to use (beyond the paper, preset quick, 4 runs): CP-CFL+restart, because "
+        "it is ahead in accuracy by the claims' rule. ")
+    summary["links"]["cp-cfl-features-simclr - cp-cfl-restart-simclr"] = {"verdict": "not shown"}
+    summary["methods"]["cp-cfl-features-simclr"]["found"] = 3
+    assert ": CP-CFL+restart, because the two are not told apart in accuracy by the claims' " \
+           "rule and it ends with the true groups in more runs. " in reliability.remedy_lines(
+               summary)[0]
+    del summary["methods"]["cp-cfl-features-simclr"]
     summary["first_choices"]["last_pick_ci95"] = [0.2, 0.45]
     assert reliability.findings(summary)[4].endswith(
         "no more often than chance: the last random pick does not decide the first choice.")
@@ -440,3 +483,21 @@ def test_a_study_updates_the_results_readme_only_from_the_kits_own_folder(tmp_pa
     own = Session("study", argparse.Namespace(), config, Path("results", "smoke", "study"))
     own.update_readme("study", ["new"], "tables")
     assert readme.read_text() == "head\n<!-- study:smoke -->\nnew\n<!-- /study -->\ntail\n"
+
+
+def test_the_reliability_study_pairs_only_runs_from_the_same_encoder_bits():
+    # An encoder pre-trained on another kind of machine has other bits: its run is not the
+    # same experiment as one from the committed encoder, and is left out of the pairs.
+    from types import SimpleNamespace
+
+    reliability = script("clustering_reliability")
+
+    def run(pretraining, bits):
+        return SimpleNamespace(pretraining=pretraining,
+                               environment={"starting_encoder": bits})
+
+    a = {0: run("simclr", "aa"), 1: run("simclr", "bb"), 2: run("simclr", "cc"),
+         3: run("simclr", "dd")}
+    b = {0: run("simclr", "aa"), 1: run("simclr", "xx"), 2: run("none", "random")}
+    kept, left = reliability.comparable(a, b)
+    assert sorted(kept) == [0, 2, 3] and left == 1  # run 3 has no partner: not counted

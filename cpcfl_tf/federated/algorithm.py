@@ -373,7 +373,8 @@ def run_rounds(fl, seed: int, federation: Federation, start: Callable[[int], Ser
                 else np.full(n, -1, np.int64))
     while progress.round < fl.rounds:
         t, started = progress.round, time.perf_counter()
-        plan = plan_round(fl, seed, progress.attempt, t, n, state.assignment)
+        plan = plan_round(fl, seed, progress.attempt, t, n,
+                          METHODS[fl.method].rule.assignment(fl, t, state))
         replies = federation.train(state.models, plan)
         ids, state, notes = server_ids(fl, state, replies)
         if replies.losses is not None and diagnosed(t, fl.head_rounds, diagnose):

@@ -9,6 +9,7 @@ import numpy as np
 
 from cpcfl_tf.config import Config, FederatedConfig, resolved_only
 from cpcfl_tf.federated import algorithm
+from cpcfl_tf.methods import METHODS
 from cpcfl_tf.models import ENCODER_DIMS, build_classifier, build_classifier_head, build_encoder
 from cpcfl_tf.record import Final, Round, RunRecord
 
@@ -54,7 +55,8 @@ def initial_state(fl: FederatedConfig, template: keras.Model, encoder_weights, *
     return algorithm.ServerState(
         0, initial_pool(fl, template, encoder_weights, seed=seed, attempt=attempt),
         len(template.get_layer("encoder").weights),
-        algorithm.initial_assignment(fl, num_clients, answers))
+        algorithm.initial_assignment(fl, num_clients, answers),
+        METHODS[fl.method].rule.remember(fl, answers))
 
 
 def federated_record(config: Config, train_seed: int, progress: algorithm.Progress,

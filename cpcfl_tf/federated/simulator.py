@@ -137,7 +137,7 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
 
     simulation = _Simulation(fl, backend, clients, max_clients)
     # What the rule asks each client once before training (PACFL: its data subspace).
-    answers = first_answers(fl, clients)
+    answers = first_answers(fl, clients, embedder(template, encoder_weights))
 
     def start(attempt: int) -> algorithm.ServerState:
         state = initial_state(fl, template, encoder_weights, seed=seed, attempt=attempt,
@@ -173,15 +173,38 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
     return record, state
 
 
-def first_answers(fl: FederatedConfig, clients: Clients) -> list[np.ndarray] | None:
+def first_answers(fl: FederatedConfig, clients: Clients,
+                  embed: Callable[[np.ndarray], np.ndarray] | None = None
+                  ) -> list[np.ndarray] | None:
     """Each client's answer to what its method's rule asks before training, from its own
-    training images (and its true group: the oracle); None when the rule asks nothing."""
+    training images, or their embeddings by ``embed`` where the rule reads those (and its
+    true group: the oracle); None when the rule asks nothing."""
     rule = get_method(fl.method).rule
     if rule.asks is None:
         return None
     question = rule.question(fl)
-    return [rule.answer(question, images, int(group))
+    read = embed if rule.reads == "embeddings" else (lambda images: images)
+    return [rule.answer(question, read(images), int(group))
             for images, group in zip(clients.train.images, clients.groups)]
+
+
+def embedder(template, encoder_weights) -> Callable[[np.ndarray], np.ndarray]:
+    """Images -> their embeddings by the starting encoder (frozen, inference mode), on the
+    template's encoder, whose weights are put back after."""
+    def embed(images: np.ndarray) -> np.ndarray:
+        from cpcfl_tf.contrastive.linear_eval import encode
+
+        if encoder_weights is None:
+            raise UserError("this method's clients answer from a pre-trained encoder's "
+                            "features: give it one (federated.pretraining)")
+        encoder = template.get_layer("encoder")
+        kept = encoder.get_weights()
+        encoder.set_weights(encoder_weights)
+        try:
+            return encode(encoder, images)
+        finally:
+            encoder.set_weights(kept)
+    return embed
 
 
 class _Simulation:

@@ -53,6 +53,11 @@ def run_config(values: Mapping[str, Any]) -> Config:
     if not METHODS[fl.method].communicates:
         raise UserError(f"method {fl.method!r} trains each client alone and sends nothing: "
                         "there is no federation to run; run it in the simulator")
+    if not METHODS[fl.method].rule.on_flower:
+        # The nodes would need the starting encoder before training to answer.
+        raise UserError(f"method {fl.method!r} is not available on Flower yet (its clients "
+                        "answer from the starting encoder's features before training); run "
+                        "it in the simulator")
     if fl.pretraining == "fedavg":
         # IFCA (FedAvg) starts from a FedAvg (None) run's encoder: a federation of its own.
         raise UserError("pre-training 'fedavg' is not available on Flower; use one of "
