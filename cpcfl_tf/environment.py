@@ -77,11 +77,13 @@ def machine(recorded: dict) -> str | None:
     return None if cpu is None else (f"{cpu} [{ident}]" if ident else cpu)
 
 
-def run_environment(encoder_weights) -> dict:
+def run_environment(encoder_weights, plugins: dict[str, str] | None = None) -> dict:
     """The ``environment`` of a run record: :func:`environment` and the fingerprint of
     the weights the run started from (``None`` for random init), so two runs can be
-    told to share a pre-training or not."""
-    return {**environment(), "starting_encoder": weights_fingerprint(encoder_weights)}
+    told to share a pre-training or not; and, for a run that uses entries of installed
+    plugins, which (``plugins``: ``"kind name" -> "package version"``)."""
+    return {**environment(), "starting_encoder": weights_fingerprint(encoder_weights),
+            **({"plugins": dict(plugins)} if plugins else {})}
 
 
 def onednn_enabled() -> bool | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 from cpcfl_tf.errors import UserError
+from cpcfl_tf.plugins import entries, used
 from cpcfl_tf.rules import RULES, Rule
 from cpcfl_tf.ssl_methods import FEDERATED_STARTS, SSL_METHODS
 
@@ -199,7 +200,9 @@ METHODS = {m.name: m for m in (
     Method("cp-cfl-features", "CP-CFL+features", PRETRAINED, head_phase=True,
            assign="features", instead="for random initialisation use method ifca"),
 )}
-"""Every method, by ``federated.method``."""
+METHODS.update(entries("cpcfl_tf.methods", Method, METHODS))
+"""Every method, by ``federated.method``: the kit's, then the installed plugins'
+(:mod:`cpcfl_tf.plugins`)."""
 
 
 def get_method(name: str) -> Method:
@@ -209,6 +212,16 @@ def get_method(name: str) -> Method:
     except KeyError:
         raise UserError(f"unknown federated.method {name!r}; choose one of "
                         f"{', '.join(METHODS)}") from None
+
+
+def plugins_used(method: str, pretraining: str) -> dict[str, str]:
+    """The entries of installed plugins (:mod:`cpcfl_tf.plugins`) a run of ``method``
+    from ``pretraining`` uses, with their package and version: what its record's
+    ``environment.plugins`` says (empty for the kit's own)."""
+    fed = FEDERATED_STARTS.get(pretraining)
+    return used(method=method, rule=get_method(method).assign,
+                ssl_method=fed[1] if fed else pretraining if pretraining in SSL_METHODS
+                else None, federated_ssl=fed[0].name if fed else None)
 
 
 def run_label(method: str, pretraining: str) -> str:

@@ -19,8 +19,8 @@ A :class:`Rule` says, in one place, everything a rule does besides the round its
 never compare its name. Pure NumPy (and scikit-learn's clustering): the server state and
 replies are read by their fields (``round``, ``models``, ``assignment``, ``memory``, the
 rule's own arrays kept between rounds; ``clients``, ``cluster_ids``, ``sizes``,
-``weights``), so this module imports nothing of the kit but its errors and sits below
-the config.
+``weights``), so this module imports nothing of the kit but its errors (and the plugin loader) and
+sits below the config.
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ from typing import Sequence
 import numpy as np
 
 from cpcfl_tf.errors import UserError
+from cpcfl_tf.plugins import entries
 
 
 class Rule:
@@ -259,7 +260,9 @@ class Decomposed(OneFirst):
 RULES: dict[str, Rule] = {r.name: r for r in (Rule(), Own(), TrueGroups(), Nearest(), Split(),
                                                  Hierarchical(), Subspaces(), Decomposed(),
                                                  FeatureGroups())}
-"""Every rule, by the name a method's ``assign`` gives."""
+RULES.update(entries("cpcfl_tf.rules", Rule, RULES))
+"""Every rule, by the name a method's ``assign`` gives: the kit's, then the installed
+plugins' (:mod:`cpcfl_tf.plugins`)."""
 
 
 def nearest_centres(centres: list[list[np.ndarray]], client_weights: Sequence[np.ndarray]) -> np.ndarray:

@@ -26,7 +26,7 @@ from cpcfl_tf.environment import environment, reproduces, run_environment
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.federated.starting import StartingEncoders
 from cpcfl_tf.judge import Found, RecordIndex
-from cpcfl_tf.methods import FEDAVG_ENCODER_RUN, METHODS
+from cpcfl_tf.methods import FEDAVG_ENCODER_RUN, METHODS, plugins_used
 from cpcfl_tf.record import RunRecord, read_record, write_record
 from cpcfl_tf.results import weights_fingerprint
 from cpcfl_tf.ssl_methods import SSL_METHODS
@@ -574,7 +574,9 @@ class Runner:
                 # IFCA (FedAvg) starts from this model's encoder: kept, also for later runs.
                 self.encoders.keep_fedavg(config, pool_encoder(state))
         record = dataclasses.replace(record, experiment=self.experiment,
-                                     environment=run_environment(encoder))
+                                     environment=run_environment(encoder, plugins_used(
+                                         config.federated.method,
+                                         config.federated.pretraining)))
         write_record(path, record)
         if self.reuse is not None:
             self.reuse.add(path, record)

@@ -20,6 +20,7 @@ import math
 from typing import Any, Callable
 
 from cpcfl_tf.errors import UserError
+from cpcfl_tf.plugins import entries
 
 
 def _number(value) -> bool:
@@ -183,7 +184,9 @@ SSL_METHODS: dict[str, SSLMethod] = {m.name: m for m in (
                                         lambda encoder, dim: 4 * dim)},
               grid={"projector_dim": (1024, 2048)}),
 )}
-"""Every self-supervised method, by name."""
+SSL_METHODS.update(entries("cpcfl_tf.ssl_methods", SSLMethod, SSL_METHODS))
+"""Every self-supervised method, by name: the kit's, then the installed plugins'
+(:mod:`cpcfl_tf.plugins`)."""
 
 
 def fraction(value) -> str | None:
@@ -264,7 +267,9 @@ FEDERATED_SSL: dict[str, FederatedSSL] = {f.name: f for f in (
                  why="FedEMA moves BYOL's online network, whose target stays on the client "
                      "(FedEMA, Sec. 4; its code runs it for BYOL)"),
 )}
-"""Every federated pre-training, by name (the part of its start before the method)."""
+FEDERATED_SSL.update(entries("cpcfl_tf.federated_ssl", FederatedSSL, FEDERATED_SSL))
+"""Every federated pre-training, by name (the part of its start before the method): the
+kit's, then the installed plugins'."""
 
 FEDERATED_STARTS: dict[str, tuple[FederatedSSL, str]] = {
     f.start(m): (f, m) for f in FEDERATED_SSL.values() for m in SSL_METHODS if f.takes(m)}

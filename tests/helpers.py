@@ -37,7 +37,8 @@ def schema_errors(value, schema=None, root=None, where="$"):
     """Where ``value`` breaks ``schema`` (default: the run record's), as a list of lines.
 
     Covers the part of JSON Schema the record's schema uses: $ref to #/$defs, type, enum,
-    minimum/maximum, required, properties, additionalProperties, items, minItems.
+    minimum/maximum, required, properties, additionalProperties, items, minItems, not,
+    allOf and if/then.
     """
     import json
 
@@ -45,6 +46,15 @@ def schema_errors(value, schema=None, root=None, where="$"):
         schema = root = json.loads(RECORD_SCHEMA.read_text())
     if "$ref" in schema:
         schema = root["$defs"][schema["$ref"].rsplit("/", 1)[1]]
+    if "not" in schema and not schema_errors(value, schema["not"], root, where):
+        return [f"{where}: {value!r} matches what it must not"]
+    conditions = []
+    for part in schema.get("allOf", []):
+        conditions += schema_errors(value, part, root, where)
+    if "if" in schema and not schema_errors(value, schema["if"], root, where):
+        conditions += schema_errors(value, schema.get("then", {}), root, where)
+    if conditions:
+        return conditions
     if "enum" in schema and value not in schema["enum"]:
         return [f"{where}: {value!r} not one of {schema['enum']}"]
     if "type" in schema:

@@ -8,7 +8,7 @@ import ast
 from helpers import ROOT
 
 LAYERS = {
-    "errors": 0, "results": 0, "scalars": 0, "environment": 0, "compat": 0,
+    "errors": 0, "results": 0, "scalars": 0, "environment": 0, "compat": 0, "plugins": 0,
     "data": 1, "methods": 1, "rules": 1, "ssl_methods": 1,
     "config": 2, "dataset_pairs": 2,
     "models": 3, "flops": 3,

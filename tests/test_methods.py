@@ -76,9 +76,9 @@ def test_every_start_has_a_label_and_every_method_a_known_start():
     assert [m for m in METHODS if not METHODS[m].on_flower] == [
         "centralized", "local", "cp-cfl-features"]
     schema = json.loads((ROOT / "docs" / "run-record.schema.json").read_text())
-    assert schema["properties"]["method"]["enum"] == list(METHODS), \
+    assert schema["$defs"]["kit_methods"]["enum"] == list(METHODS), \
         "run python tools/update_schema.py"
-    assert schema["properties"]["pretraining"]["enum"] == list(STARTS), \
+    assert schema["$defs"]["kit_starts"]["enum"] == list(STARTS), \
         "run python tools/update_schema.py"
     assert run_label("ifca", "fedavg") == "IFCA (FedAvg)"
 

@@ -56,7 +56,8 @@ def test_an_older_record_is_migrated_once_with_its_rounds_and_metrics_unchanged(
 @pytest.mark.parametrize("break_it,where", [
     (lambda r: r["final"].update(accuracy=1.5), "$.final.accuracy"),
     (lambda r: r["final"].pop("ari"), "missing 'ari'"),
-    (lambda r: r.update(method="fedprox"), "$.method"),
+    (lambda r: r.update(method="fedprox"), "$.environment: missing 'plugins'"),  # unnamed
+    (lambda r: r.update(pretraining="barlow"), "$.environment: missing 'plugins'"),
     (lambda r: r["rounds"][0].update(round=0), "$.rounds[0].round"),
     (lambda r: r["rounds"].pop(0), "not 1..T"),
     (lambda r: r["rounds"][1]["cluster_ids"].pop(), "one id per client"),
@@ -70,6 +71,17 @@ def test_a_broken_record_is_caught(break_it, where):
     break_it(record)
     errors = run_record_errors(record)
     assert errors and any(where in e for e in errors), errors
+
+
+def test_a_plugins_method_is_a_record_when_its_environment_names_the_plugin():
+    record = copy.deepcopy(json.loads((ROOT / "results/quick/table2/cp-cfl-simclr.json")
+                                      .read_text()))
+    record.update(method="my-cfl", pretraining="barlow")
+    record["environment"]["plugins"] = {"method my-cfl": "my-package 0.1",
+                                        "ssl_method barlow": "my-package 0.1"}
+    assert run_record_errors(record) == []
+    record["environment"]["plugins"] = {"method my-cfl": 1}
+    assert any("$.environment.plugins" in e for e in run_record_errors(record))
 
 
 def _attempted_rounds(federated: dict, restarts: int) -> int:

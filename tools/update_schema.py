@@ -1,7 +1,8 @@
 """Write the kit's method and starting-encoder names into the run record's schema.
 
 ``docs/run-record.schema.json`` is the contract outside tools read, so it lists the
-values of ``method`` and ``pretraining`` literally. They come from the kit's two
+kit's values of ``method`` and ``pretraining`` literally (and accepts any other name, an
+installed plugin's: ``cpcfl_tf.plugins``). They come from the kit's two
 registries (:data:`cpcfl_tf.methods.METHODS`, :data:`cpcfl_tf.methods.STARTS`, which
 reads :data:`cpcfl_tf.ssl_methods.SSL_METHODS`); after adding a method, run::
 
@@ -24,14 +25,18 @@ SCHEMA = Path(__file__).resolve().parents[1] / "docs" / "run-record.schema.json"
 
 
 def updated(text: str) -> str:
-    """``text`` (the schema) with the two enums the registries give."""
-    from cpcfl_tf.methods import METHODS, STARTS
+    """``text`` (the schema) with the kit's own names the registries give (an installed
+    plugin's are left out: a record may name one when its ``environment.plugins`` does)."""
+    from cpcfl_tf.methods import METHODS, STARTS, plugins_used
 
-    for key, names in (("method", list(METHODS)), ("pretraining", list(STARTS))):
+    own_methods = [m for m in METHODS if not any(
+        k.startswith(("method ", "rule ")) for k in plugins_used(m, "none"))]
+    own_starts = [s for s in STARTS if s == "none" or not plugins_used("fedavg", s)]
+    for key, names in (("kit_methods", own_methods), ("kit_starts", own_starts)):
         line = f'    "{key}": {{"enum": {json.dumps(names)}}},'
         text, found = re.subn(rf'^    "{key}": {{"enum": \[.*\]}},$', line, text, count=1,
                               flags=re.M)
-        assert found == 1, f"no top-level {key} enum in {SCHEMA}"
+        assert found == 1, f"no {key} enum in {SCHEMA}'s $defs"
     return text
 
 

@@ -44,7 +44,7 @@ from cpcfl_tf.federated import algorithm
 from cpcfl_tf.flower import checks
 from cpcfl_tf.flower.common import (class_names, from_record, models_to_records, run_config,
                                    to_record)
-from cpcfl_tf.methods import METHODS
+from cpcfl_tf.methods import METHODS, plugins_used
 from cpcfl_tf.ssl_methods import FEDERATED_STARTS
 from cpcfl_tf.record import write_record
 from cpcfl_tf.results import prepare_out_dir
@@ -452,7 +452,8 @@ def main(grid: Grid, context: Context) -> None:
         federated_record(config, config.seed, progress, state,
                          float(np.mean(list(accuracy.values()))) if accuracy else None,
                          client_accuracy={str(k): v for k, v in sorted(accuracy.items())}),
-        experiment="flower", environment=run_environment(encoder_weights),
+        experiment="flower", environment=run_environment(encoder_weights, plugins_used(
+            config.federated.method, config.federated.pretraining)),
         nodes={str(n): c for n, c in client_of.items()}, node_data=node_data)
     print(f"[cpcfl] final accuracy {record.final.accuracy}", flush=True)
     if settings.get("out"):
