@@ -188,7 +188,7 @@ def test_fedema_mu_matches_numpy():
         return np.sqrt(sum(np.sum((g[i].astype(np.float64) - previous[i]) ** 2)
                            for i in range(encoder_arrays) if encoder_trainable[i]))
 
-    state = ClientState(previous=previous)
+    state = ClientState({"previous": previous})
     lam = 0.7 / numpy_distance(globals_[0])  # the auto-scaler: mu starts at tau
     for g in globals_:
         record = algorithm.local_start(model, g, state)
@@ -198,7 +198,7 @@ def test_fedema_mu_matches_numpy():
         for i, t in enumerate(is_trainable):
             want = mu * previous[i].astype(np.float64) + (1 - mu) * g[i] if t else g[i]
             np.testing.assert_allclose(now[i], want, rtol=1e-6, atol=1e-7)
-    assert state.scaler == pytest.approx(lam)
+    assert state.numbers["scaler"] == pytest.approx(lam)
     assert 0.7 < record["mu"] <= 1.0  # the second global is further: a larger mu
 
 
@@ -476,9 +476,9 @@ def test_fedema_with_a_fixed_scaler_uses_it():
     d0 = np.sqrt(sum(np.sum((global_[i].astype(np.float64) - previous[i]) ** 2)
                      for i in range(len(mask)) if mask[i]))
     algorithm = FedEMA(FEDERATED_SSL["fedema"].resolve({"scaler": 0.4 / d0}))
-    state = ClientState(previous=previous)
+    state = ClientState({"previous": previous})
     assert algorithm.local_start(model, global_, state)["mu"] == pytest.approx(0.4, rel=1e-9)
-    assert state.scaler == pytest.approx(0.4 / d0)
+    assert state.numbers["scaler"] == pytest.approx(0.4 / d0)
 
 
 def test_fedbyols_target_stays_the_clients_own_from_round_to_round():
@@ -499,7 +499,7 @@ def test_fedbyols_target_stays_the_clients_own_from_round_to_round():
     first = get_parts(targets)
     np.testing.assert_array_equal(first[0], global_[0])
     kept = [w - 2.0 for w in first]
-    state.target = kept  # what the client kept after its round
+    state.weights["target"] = kept  # what the client kept after its round
     algorithm.local_start(model, [w + 3.0 for w in global_], state)
     for got, want in zip(get_parts(targets), kept):
         np.testing.assert_array_equal(got, want)
@@ -516,3 +516,24 @@ def test_the_federated_cache_key_names_the_partition_it_deals_over():
     assert config.pretrain_seed == other.pretrain_seed == 7
     assert federated_folder(config) != federated_folder(other)
     assert federated_folder(config) == federated_folder(config.with_overrides(seed=0))
+
+
+def test_what_a_client_keeps_round_trips_through_a_checkpoints_arrays():
+    # A client's state is each stage's own, by name (BYOL's target, FedEMA's previous
+    # weights and lambda); a checkpoint stores it as named arrays, as it always has
+    # (target.0, previous.1, scaler), and reads it back whole.
+    from cpcfl_tf.contrastive.fedavg_ssl import ClientState
+
+    target = [np.arange(6.0).reshape(2, 3), np.ones(2)]
+    previous = [np.zeros(3), np.full(4, 2.0), np.eye(2)]
+    state = ClientState({"target": target, "previous": previous}, {"scaler": 0.25})
+    arrays = state.arrays()
+    assert list(arrays) == ["target.0", "target.1", "previous.0", "previous.1", "previous.2",
+                            "scaler"]
+    back = ClientState.from_arrays(dict(reversed(list(arrays.items()))))
+    assert back.numbers == {"scaler": 0.25}
+    for name, weights in (("target", target), ("previous", previous)):
+        assert len(back.weights[name]) == len(weights)
+        for got, want in zip(back.weights[name], weights):
+            np.testing.assert_array_equal(got, want)
+    assert ClientState.from_arrays({}) == ClientState()

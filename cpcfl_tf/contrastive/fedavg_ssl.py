@@ -29,33 +29,35 @@ Weights = list[np.ndarray]
 
 @dataclasses.dataclass
 class ClientState:
-    """What one client keeps between its rounds (never sent)."""
+    """What one client keeps between its rounds (never sent), each stage's own by name:
+    weight lists (BYOL's ``target``; FedEMA's ``previous``) and numbers (FedEMA's
+    ``scaler``)."""
 
-    target: Weights | None = None
-    """Its moving-average target network (BYOL)."""
-    previous: Weights | None = None
-    """Its online parts after its last round (FedEMA)."""
-    scaler: float | None = None
-    """FedEMA's lambda, set at its first moving average."""
+    weights: dict[str, Weights] = dataclasses.field(default_factory=dict)
+    numbers: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def arrays(self) -> dict[str, np.ndarray]:
-        """For a checkpoint: every array and the scaler, by name."""
+        """For a checkpoint: array i of weight list ``name`` as ``name.i``, a number as
+        ``name``."""
         out = {}
-        for name in ("target", "previous"):
-            for i, a in enumerate(getattr(self, name) or []):
+        for name, weights in self.weights.items():
+            for i, a in enumerate(weights):
                 out[f"{name}.{i}"] = a
-        if self.scaler is not None:
-            out["scaler"] = np.array(self.scaler)
+        out.update({name: np.array(value) for name, value in self.numbers.items()})
         return out
 
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray]) -> "ClientState":
-        def listed(name: str) -> Weights | None:
-            keys = sorted((k for k in arrays if k.startswith(name + ".")),
-                          key=lambda k: int(k.split(".")[1]))
-            return [arrays[k] for k in keys] or None
-        scaler = float(arrays["scaler"]) if "scaler" in arrays else None
-        return cls(listed("target"), listed("previous"), scaler)
+        lists: dict[str, dict[int, np.ndarray]] = {}
+        numbers = {}
+        for key, value in arrays.items():
+            name, dot, index = key.partition(".")
+            if dot:
+                lists.setdefault(name, {})[int(index)] = value
+            else:
+                numbers[name] = float(value)
+        return cls({name: [items[i] for i in sorted(items)] for name, items in lists.items()},
+                   numbers)
 
 
 def get_parts(parts) -> Weights:
@@ -86,6 +88,10 @@ def trainable_mask(parts) -> list[bool]:
 class FedAvgSSL:
     """FedAvg of the method's online parts; BYOL's target kept on the client."""
 
+    reported: tuple[str, ...] = ()
+    """What :meth:`local_start` returns that a round's record gains, as its mean over the
+    round's clients (FedEMA's ``mu``)."""
+
     def __init__(self, settings: dict):
         self.settings = settings
 
@@ -101,15 +107,15 @@ class FedAvgSSL:
         pairs = model.target_pairs()
         if pairs:
             targets = [t for t, _ in pairs]
-            set_parts(targets, state.target if state.target is not None
-                      else get_parts([o for _, o in pairs]))
+            set_parts(targets, state.weights.get("target")
+                      or get_parts([o for _, o in pairs]))
         return {}
 
     def local_end(self, model: ContrastiveModel, state: ClientState) -> Weights:
         """Keep what stays on the client; return what it sends (its online parts)."""
         pairs = model.target_pairs()
         if pairs:
-            state.target = get_parts([t for t, _ in pairs])
+            state.weights["target"] = get_parts([t for t, _ in pairs])
         return get_parts(self.shared(model))
 
     @staticmethod

@@ -42,27 +42,32 @@ def ema_weight(distance: float, scaler: float) -> float:
 
 
 class FedEMA(FedAvgSSL):
-    """FedBYOL with the divergence-aware moving average at the client's start."""
+    """FedBYOL with the divergence-aware moving average at the client's start. A client
+    keeps its online parts after its round (``previous``) and its lambda (``scaler``);
+    a round's record gains the clients' mean mu."""
+
+    reported = ("mu",)
 
     def local_start(self, model, global_weights: Weights, state: ClientState) -> dict:
         record = super().local_start(model, global_weights, state)  # targets, as FedBYOL
-        if state.previous is None:
+        previous = state.weights.get("previous")
+        if previous is None:
             return record
         shared = self.shared(model)
         encoder_mask = trainable_mask([model.encoder])
         distance = divergence(global_weights[:len(encoder_mask)],
-                              state.previous[:len(encoder_mask)], encoder_mask)
-        if state.scaler is None:
-            state.scaler = self.settings["scaler"] or (
+                              previous[:len(encoder_mask)], encoder_mask)
+        if "scaler" not in state.numbers:
+            state.numbers["scaler"] = self.settings["scaler"] or (
                 self.settings["tau"] / distance if distance > 0 else 1.0)
-        mu = ema_weight(distance, state.scaler)
-        set_parts(shared, moving_average(global_weights, state.previous, mu,
-                                         trainable_mask(shared)))
+        mu = ema_weight(distance, state.numbers["scaler"])
+        set_parts(shared, moving_average(global_weights, previous, mu, trainable_mask(shared)))
         return {"mu": mu, "divergence": distance}
 
     def local_end(self, model, state: ClientState) -> Weights:
-        state.previous = super().local_end(model, state)  # its own: sending copies it
-        return state.previous
+        sent = super().local_end(model, state)
+        state.weights["previous"] = sent  # its own: sending copies it
+        return sent
 
 
 def build(settings: dict) -> FedEMA:

@@ -139,7 +139,7 @@ class LocalTrainer:
               client: int):
         """Client ``client``'s round ``round_`` (0-based) from ``global_weights``: returns
         what it sends (its online parts) and what the round's record gains (loss,
-        embedding_std, steps, seconds; FedEMA's mu)."""
+        embedding_std, steps, seconds; the method's own, as FedEMA's mu)."""
         for variable, value in zip(self.model.optimizer.variables, self.fresh):
             variable.assign(value)  # a fresh Adam per client round
         rng = np.random.default_rng([self.seed, round_, client, 0x617567])  # "aug"
@@ -179,7 +179,7 @@ def sampled_clients(seed: int, round_: int, num_clients: int, participation: flo
 class Replies:
     """What a round's sampled clients sent back, by client id: each one's online parts and
     image count, and its round's results (:meth:`LocalTrainer.round`'s: loss,
-    embedding_std, steps, seconds, FedEMA's mu). ``reached``: how many clients the global
+    embedding_std, steps, seconds, the method's own). ``reached``: how many clients the global
     parts were sent to; ``failed``: the sampled clients that sent nothing."""
     uploads: list[list[np.ndarray]]
     counts: list[int]
@@ -237,7 +237,8 @@ def run_rounds(trainer: LocalTrainer, clients, num_clients: int, global_weights,
         totals["bytes_up"] += (down + 8) * len(replies.uploads)  # its online parts and count
         if replies.uploads:
             global_weights = trainer.algorithm.aggregate(replies.uploads, replies.counts)
-        entry = round_entry(r, replies.results, time.perf_counter() - started)
+        entry = round_entry(r, replies.results, time.perf_counter() - started,
+                            trainer.algorithm.reported)
         if replies.failed:
             entry["failed"] = list(replies.failed)
         if after is not None:
@@ -245,16 +246,20 @@ def run_rounds(trainer: LocalTrainer, clients, num_clients: int, global_weights,
     return global_weights
 
 
-def round_entry(round_: int, results: list[dict], seconds: float) -> dict:
-    """A round's history entry from its clients' results (:meth:`LocalTrainer.round`)."""
+def round_entry(round_: int, results: list[dict], seconds: float,
+                reported: tuple[str, ...] = ()) -> dict:
+    """A round's history entry from its clients' results (:meth:`LocalTrainer.round`),
+    with the mean of each ``reported`` result the clients gave (the method's own:
+    ``FedAvgSSL.reported``)."""
     def mean(key):
         return float(np.mean([r[key] for r in results])) if results else float("nan")
 
     entry = {"round": round_ + 1, "loss": mean("loss"), "embedding_std": mean("embedding_std"),
              "clients": len(results), "seconds": round(seconds, 3)}
-    mus = [r["mu"] for r in results if "mu" in r]
-    if mus:
-        entry["mu"] = float(np.mean(mus))
+    for key in reported:
+        values = [r[key] for r in results if key in r]
+        if values:
+            entry[key] = float(np.mean(values))
     return entry
 
 
@@ -292,9 +297,10 @@ def federated_pretrain(config: Config, client_images: list[np.ndarray], out_dir:
         if verbose:
             knn = (f", kNN accuracy {entry['knn_accuracy']:.4f}" if "knn_accuracy" in entry
                    else "")
-            mu = f", mu {entry['mu']:.3f}" if "mu" in entry else ""
+            own = "".join(f", {key} {entry[key]:.3f}" for key in trainer.algorithm.reported
+                          if key in entry)
             print(f"{p['start']} round {r + 1}/{rounds}: loss {entry['loss']:.4f}, "
-                  f"embedding_std {entry['embedding_std']:.4f}{mu}{knn}, {entry['clients']} "
+                  f"embedding_std {entry['embedding_std']:.4f}{own}{knn}, {entry['clients']} "
                   f"clients, {entry['seconds']:.1f} s", flush=True)
         _save(checkpoint, trainer.model, r + 1, meta, weights, states, history, totals)
         if on_round:

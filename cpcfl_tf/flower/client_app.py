@@ -260,8 +260,8 @@ def _pretrain(msg: Message, context: Context) -> Message:
         k: Array.from_numpy_ndarray(np.asarray(a)) for k, a in state.arrays().items()})
     return _reply(msg, model=to_record(sent), metrics=MetricRecord({
         "client-id": client, "num-examples": len(images), "steps": result["steps"],
-        **{k: float(result[k]) for k in ("loss", "embedding_std", "mu", "seconds")
-           if k in result}}))
+        **{k: float(result[k]) for k in ("loss", "embedding_std", "seconds",
+                                         *trainer.algorithm.reported) if k in result}}))
 
 
 _KEPT = "pretrain-kept"
