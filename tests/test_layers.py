@@ -22,13 +22,29 @@ LAYERS = {
 """Layer of each top-level part of ``cpcfl_tf``; a module may import its own layer or lower."""
 
 
-INSIDE = {
-    "federated": ("diagnostics", "clients", "metrics", "backends", "algorithm", "pool",
-                  "centralized", "simulator", "starting"),
-    "contrastive": ("losses", "model", "simclr", "byol", "simsiam", "vicreg", "pretrain",
-                    "fedavg_ssl", "fedema", "federated_pretrain", "linear_eval", "knn",
-                    "timing"),
-}
+def _method_modules(entries) -> tuple[str, ...]:
+    """The modules under ``contrastive/`` that registry ``entries`` name, in its order."""
+    prefix = "cpcfl_tf.contrastive."
+    return tuple(e.module[len(prefix):] for e in entries if e.module.startswith(prefix))
+
+
+def _inside():
+    from cpcfl_tf.ssl_methods import FEDERATED_SSL, SSL_METHODS
+
+    ssl = _method_modules(SSL_METHODS.values())
+    federated = tuple(m for m in _method_modules(FEDERATED_SSL.values()) if m != "fedavg_ssl")
+    return {
+        "federated": ("diagnostics", "clients", "metrics", "backends", "algorithm", "pool",
+                      "centralized", "simulator", "starting"),
+        # Each self-supervised method's file (its registry entry names it) sits on the
+        # model and the losses; each federated pre-training's on fedavg_ssl: a new one
+        # takes its place here without an edit.
+        "contrastive": ("losses", "model", *ssl, "pretrain", "fedavg_ssl", *federated,
+                        "federated_pretrain", "linear_eval", "knn", "timing"),
+    }
+
+
+INSIDE = _inside()
 """The order of the modules inside a package: a module imports only those before it."""
 
 
