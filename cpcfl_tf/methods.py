@@ -19,22 +19,21 @@ from cpcfl_tf.errors import UserError
 from cpcfl_tf.plugins import entries, used
 from cpcfl_tf.rules import RULES, Rule
 from cpcfl_tf.ssl_methods import FEDERATED_STARTS, SSL_METHODS
+from cpcfl_tf.starts import START
 
 PRETRAIN_METHODS = tuple(SSL_METHODS)
 """The server's self-supervised pre-trainings (:mod:`cpcfl_tf.ssl_methods`)."""
 FEDERATED_PRETRAININGS = tuple(FEDERATED_STARTS)
 """The self-supervised pre-trainings on the clients' unlabeled images (``fed-simclr``,
 ..., ``fedema-byol``: :data:`cpcfl_tf.ssl_methods.FEDERATED_STARTS`)."""
-STARTS = {"none": "None", **{m.name: m.label for m in SSL_METHODS.values()},
-          "fedavg": "FedAvg", "supervised": "Supervised",
-          **{name: fed.start_label(m) for name, (fed, m) in FEDERATED_STARTS.items()}}
+STARTS = {name: start.label for name, start in START.items()}
 """Every starting encoder (``federated.pretraining``, a name kept for the records: not
 every start is a pre-training) and how tables name it: random initialisation, the
 server's self-supervised pre-trainings (one per registry entry), the encoder of a FedAvg
 (None) run on the same clients (:data:`FEDAVG_ENCODER_RUN`), supervised pre-training,
-and the federated self-supervised pre-trainings."""
-PRETRAININGS = tuple(STARTS)
-PRETRAINED = (*PRETRAIN_METHODS, "supervised", *FEDERATED_PRETRAININGS)
+and the federated self-supervised pre-trainings (:data:`cpcfl_tf.starts.START`)."""
+PRETRAININGS = tuple(START)
+PRETRAINED = tuple(name for name, start in START.items() if start.pretrained)
 """The starts a pre-trained encoder gives: what CP-CFL needs."""
 
 ASSIGNMENTS = {name: rule.description for name, rule in RULES.items()}

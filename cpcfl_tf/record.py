@@ -19,6 +19,7 @@ from cpcfl_tf.config import Config, as_resolved, config_json, config_record
 from cpcfl_tf.methods import METHODS
 from cpcfl_tf.results import read_file, write_json
 from cpcfl_tf.ssl_methods import FEDERATED_STARTS
+from cpcfl_tf.starts import START
 
 SCORES = ("f1_macro", "f1_weighted", "auroc_ovr_macro", "auroc_ovr_weighted",
           "auroc_ovo_macro", "auroc_ovo_weighted")
@@ -174,7 +175,8 @@ class RunRecord:
         """What names one server pre-training (method, its settings, data and seed): runs
         with the same key should start from one encoder. None for a start that is no
         shared pre-training: random weights, or FedAvg's encoder (each run's own)."""
-        if self.pretraining in ("none", "fedavg"):
+        start = START.get(self.pretraining)
+        if start is not None and not start.shared:
             return None
         data = self.config.data
         settings = dataclasses.replace(self.config.pretrain, seed=None)

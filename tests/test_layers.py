@@ -9,7 +9,7 @@ from helpers import ROOT
 
 LAYERS = {
     "errors": 0, "results": 0, "scalars": 0, "environment": 0, "compat": 0, "plugins": 0,
-    "data": 1, "methods": 1, "rules": 1, "ssl_methods": 1,
+    "data": 1, "methods": 1, "rules": 1, "ssl_methods": 1, "starts": 1,
     "config": 2, "dataset_pairs": 2,
     "models": 3, "flops": 3,
     "contrastive": 4,

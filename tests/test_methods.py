@@ -129,3 +129,38 @@ def test_no_module_but_the_rules_compares_a_rules_name_or_what_it_asks():
             if about and words & {p.value for p in parts if isinstance(p, ast.Constant)}:
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not found, found
+
+
+def test_every_start_is_one_object_that_says_what_it_is_and_how_it_is_got():
+    from types import SimpleNamespace
+
+    from cpcfl_tf.methods import PRETRAINED
+    from cpcfl_tf.ssl_methods import FEDERATED_STARTS, SSL_METHODS
+    from cpcfl_tf.starts import START
+
+    assert list(START) == ["none", *SSL_METHODS, "fedavg", "supervised", *FEDERATED_STARTS]
+    assert PRETRAINED == (*SSL_METHODS, "supervised", *FEDERATED_STARTS)
+    assert [n for n, s in START.items() if not s.shared] == ["none", "fedavg"]
+    assert [n for n, s in START.items() if not s.on_flower] == ["fedavg"]
+
+    class Source:
+        """Records which piece of work a start asks for."""
+        def __init__(self):
+            self.asked = []
+
+        def __getattr__(self, name):
+            def work(*args):
+                self.asked.append((name, *args[1:]))
+                return SimpleNamespace(encoder=SimpleNamespace(get_weights=lambda: [name]))
+            return work
+
+    config = SimpleNamespace()
+    for name, asked in (("simclr", ("contrastive", "simclr")), ("supervised", ("supervised",)),
+                        ("fedavg", ("fedavg",)), ("fed-byol", ("federated",))):
+        source = Source()
+        START[name].encoder(source, config)
+        assert source.asked == [asked], name
+    source = Source()
+    assert START["none"].encoder(source, config) is None and source.asked == []
+    assert START["none"].ready(source, config) and START["none"].status(source, config) == (
+        "random initialisation")

@@ -37,6 +37,7 @@ from cpcfl_tf.record import RunRecord
 from cpcfl_tf.results import cache_root, read_weights, write_weights
 from cpcfl_tf.scalars import ScalarLog
 from cpcfl_tf.ssl_methods import FEDERATED_STARTS
+from cpcfl_tf.starts import START
 
 Weights = list[np.ndarray]
 
@@ -89,16 +90,7 @@ class StartingEncoders:
 
     def __call__(self, config: Config) -> Weights | None:
         """The encoder ``config``'s run starts from (``None``: random)."""
-        pre = config.federated.pretraining
-        if pre == "none":
-            return None
-        if pre == "fedavg":
-            return self.fedavg(config)
-        if pre == "supervised":
-            return self.supervised(config)
-        if pre in FEDERATED_STARTS:
-            return self.federated(config).encoder.get_weights()
-        return self.contrastive(config, pre).encoder.get_weights()
+        return START[config.federated.pretraining].encoder(self, config)
 
     def federated(self, config: Config):
         """``config``'s cached federated self-supervised pre-training, with its history."""
@@ -111,51 +103,49 @@ class StartingEncoders:
                                  verbose=self.verbose, monitor=monitor,
                                  on_round=self._epoch_log(config, config.federated.pretraining))
 
+    @staticmethod
+    def federated_rounds(config: Config) -> int:
+        """The rounds of ``config``'s federated pre-training."""
+        from cpcfl_tf.contrastive.federated_pretrain import plan
+
+        return plan(config)["settings"]["rounds"]
+
     def status(self, config: Config) -> str:
         """Where ``config``'s starting encoder would come from now (nothing is built)."""
-        pre = config.federated.pretraining
-        if pre == "none":
-            return "random initialisation"
-        if pre == "fedavg":
-            if self.ready(config):
-                return "FedAvg encoder: cached"
-            return "FedAvg encoder: kept from the FedAvg (None) run (trained first if none)"
-        done = self._finished_file(config)
-        folder = done.parent
-        if pre in FEDERATED_STARTS:
-            from cpcfl_tf.contrastive.federated_pretrain import plan
+        return START[config.federated.pretraining].status(self, config)
 
-            fresh = f"to pre-train federated ({plan(config)['settings']['rounds']} rounds)"
-        else:
-            fresh = f"to pre-train ({config.pretrain.epochs} epochs)"
+    def cache_status(self, config: Config, fresh: str) -> str:
+        """A cached pre-training's state: cached, to resume, or ``fresh`` (to make)."""
+        done = START[config.federated.pretraining].finished_file(self, config)
+        folder = done.parent
         state = ("cached" if done.exists() else "to resume"
                  if (folder / "checkpoint.npz").exists() else fresh)
-        return f"{pre} encoder: {state} ({folder})"
+        return f"{config.federated.pretraining} encoder: {state} ({folder})"
 
     def ready(self, config: Config) -> bool:
         """Whether ``config``'s starting encoder is at hand without training: random, or
         cached (what :meth:`status` calls "cached")."""
-        pre = config.federated.pretraining
-        if pre == "none":
-            return True
-        if pre == "fedavg":
-            key = _fedavg_key(config)
-            return key in self._fedavg or _fedavg_path(key).exists()
-        return self._finished_file(config).exists()
+        return START[config.federated.pretraining].ready(self, config)
+
+    def fedavg_ready(self, config: Config) -> bool:
+        """Whether ``config``'s FedAvg encoder is kept here or cached."""
+        key = _fedavg_key(config)
+        return key in self._fedavg or _fedavg_path(key).exists()
 
     @staticmethod
-    def _finished_file(config: Config) -> Path:
-        """The file a finished pre-training of ``config``'s starting encoder leaves in its
-        cache folder."""
-        pre = config.federated.pretraining
-        if pre in FEDERATED_STARTS:
-            from cpcfl_tf.contrastive.federated_pretrain import federated_folder
-
-            return federated_folder(config) / "pretrain.json"
+    def pretrain_folder(config: Config) -> Path:
+        """The cache folder of ``config``'s server pre-training (contrastive or supervised)."""
         from cpcfl_tf.contrastive.pretrain import pretrain_folder
 
-        folder = pretrain_folder(config.pretrain, config.data, pre, config.pretrain_seed)
-        return folder / ("encoder.npz" if pre == "supervised" else "pretrain.json")
+        return pretrain_folder(config.pretrain, config.data, config.federated.pretraining,
+                               config.pretrain_seed)
+
+    @staticmethod
+    def federated_folder(config: Config) -> Path:
+        """The cache folder of ``config``'s federated pre-training."""
+        from cpcfl_tf.contrastive.federated_pretrain import federated_folder
+
+        return federated_folder(config)
 
     def contrastive(self, config: Config, method: str):
         """The server's cached self-supervised pre-training (``method`` in

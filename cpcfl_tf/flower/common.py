@@ -15,6 +15,7 @@ import numpy as np
 from cpcfl_tf.config import Config, get_preset, parse_settings
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.methods import METHODS, PRETRAIN_METHODS
+from cpcfl_tf.starts import START
 
 DEFAULTS: dict[str, Any] = {
     "preset": "smoke", "method": "cp-cfl", "pretraining": "simclr", "num-clusters": 2,
@@ -58,10 +59,10 @@ def run_config(values: Mapping[str, Any]) -> Config:
         raise UserError(f"method {fl.method!r} is not available on Flower yet (its clients "
                         "answer from the starting encoder's features before training); run "
                         "it in the simulator")
-    if fl.pretraining == "fedavg":
+    if not START[fl.pretraining].on_flower:
         # IFCA (FedAvg) starts from a FedAvg (None) run's encoder: a federation of its own.
-        raise UserError("pre-training 'fedavg' is not available on Flower; use one of "
-                        f"{', '.join(('none', *PRETRAIN_METHODS, 'supervised'))}, or the "
+        raise UserError(f"pre-training {fl.pretraining!r} is not available on Flower; use one "
+                        f"of {', '.join(('none', *PRETRAIN_METHODS, 'supervised'))}, or the "
                         "simulator")
     if fl.optimizer_state != "fresh":
         # A ClientApp starts afresh for every message: no Adam state survives a round, so

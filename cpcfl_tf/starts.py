@@ -1,0 +1,132 @@
+"""Where a federated run's encoder starts from (``federated.pretraining``): one object per
+start, in :data:`START`.
+
+A start says what it is (its label in tables, whether it gives a pre-trained encoder,
+whether runs of one key share it, whether the Flower apps can begin from it) and how it
+is got, the way a Flower strategy overrides a stage: :meth:`Start.encoder`,
+:meth:`Start.status` and :meth:`Start.ready` call the one source of encoders
+(:class:`cpcfl_tf.federated.starting.StartingEncoders`, passed in) for the piece of work
+that start needs: a random initialisation needs none, the server's pre-trainings and
+the supervised one their cached folder, IFCA (FedAvg)'s encoder a FedAvg run, a
+federated pre-training the clients' images. Nothing else compares a start's name.
+
+This module imports nothing of the kit but the self-supervised registry, so every layer
+may read it.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from cpcfl_tf.ssl_methods import FEDERATED_STARTS, SSL_METHODS, FederatedSSL
+
+
+@dataclasses.dataclass(frozen=True)
+class Start:
+    """Random initialisation, and what every start is."""
+
+    name: str
+    label: str
+    pretrained: bool = False
+    """It gives a pre-trained encoder (what CP-CFL needs: :data:`~cpcfl_tf.methods.PRETRAINED`)."""
+    shared: bool = False
+    """Runs of one pre-training key start from one encoder (a run record's
+    ``pretraining_key``); False: random weights, or each run's own FedAvg encoder."""
+    on_flower: bool = True
+    """The Flower ServerApp can begin from it."""
+
+    def encoder(self, source, config):
+        """The starting encoder's weights (None: random), got from ``source``."""
+        return None
+
+    def status(self, source, config) -> str:
+        """Where it would come from now (nothing is built)."""
+        return "random initialisation"
+
+    def ready(self, source, config) -> bool:
+        """Whether it is at hand without training."""
+        return True
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerPretraining(Start):
+    """The server's self-supervised pre-training with ``ssl_method`` on unlabeled images."""
+
+    pretrained: bool = True
+    shared: bool = True
+    ssl_method: str = ""
+
+    def encoder(self, source, config):
+        return source.contrastive(config, self.ssl_method).encoder.get_weights()
+
+    def fresh(self, source, config) -> str:
+        return f"to pre-train ({config.pretrain.epochs} epochs)"
+
+    def status(self, source, config) -> str:
+        return source.cache_status(config, self.fresh(source, config))
+
+    def ready(self, source, config) -> bool:
+        return self.finished_file(source, config).exists()
+
+    def finished_file(self, source, config):
+        """The file a finished pre-training leaves in its cache folder."""
+        return source.pretrain_folder(config) / "pretrain.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Supervised(ServerPretraining):
+    """The server's supervised pre-training on the labeled version of the same split."""
+
+    def encoder(self, source, config):
+        return source.supervised(config)
+
+    def finished_file(self, source, config):
+        return source.pretrain_folder(config) / "encoder.npz"
+
+
+@dataclasses.dataclass(frozen=True)
+class FederatedPretraining(ServerPretraining):
+    """A federated self-supervised pre-training (``federated``) of ``ssl_method`` on the
+    clients' unlabeled images."""
+
+    federated: FederatedSSL | None = None
+
+    def encoder(self, source, config):
+        return source.federated(config).encoder.get_weights()
+
+    def fresh(self, source, config) -> str:
+        return f"to pre-train federated ({source.federated_rounds(config)} rounds)"
+
+    def finished_file(self, source, config):
+        return source.federated_folder(config) / "pretrain.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class FedAvgEncoder(Start):
+    """IFCA (FedAvg)'s start: the global encoder of a FedAvg (None) run on the same
+    clients (a federation of its own: not on Flower)."""
+
+    on_flower: bool = False
+
+    def encoder(self, source, config):
+        return source.fedavg(config)
+
+    def status(self, source, config) -> str:
+        if self.ready(source, config):
+            return "FedAvg encoder: cached"
+        return "FedAvg encoder: kept from the FedAvg (None) run (trained first if none)"
+
+    def ready(self, source, config) -> bool:
+        return source.fedavg_ready(config)
+
+
+START: dict[str, Start] = {s.name: s for s in (
+    Start("none", "None"),
+    *(ServerPretraining(m.name, m.label, ssl_method=m.name) for m in SSL_METHODS.values()),
+    FedAvgEncoder("fedavg", "FedAvg"),
+    Supervised("supervised", "Supervised"),
+    *(FederatedPretraining(name, fed.start_label(method), ssl_method=method, federated=fed)
+      for name, (fed, method) in FEDERATED_STARTS.items()),
+)}
+"""Every start, by ``federated.pretraining``: random weights, the server's
+self-supervised pre-trainings (one per registry entry), IFCA (FedAvg)'s encoder, the
+supervised pre-training, the federated self-supervised pre-trainings."""
