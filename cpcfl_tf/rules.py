@@ -19,8 +19,8 @@ A :class:`Rule` says, in one place, everything a rule does besides the round its
 never compare its name. Pure NumPy (and scikit-learn's clustering): the server state and
 replies are read by their fields (``round``, ``models``, ``assignment``, ``memory``, the
 rule's own arrays kept between rounds; ``clients``, ``cluster_ids``, ``sizes``,
-``weights``), so this module imports nothing of the kit but its errors (and the plugin loader) and
-sits below the config.
+``weights``), so this module imports nothing of the kit but its errors and the plugin
+loader, and sits below the config.
 """
 from __future__ import annotations
 
@@ -180,7 +180,7 @@ class Subspaces(Rule):
         return data_subspace(images, int(question["basis"]))
 
     def answer_bytes(self, answers):
-        return 0 if answers is None else int(sum(a.nbytes for a in answers))
+        return sent_bytes(answers)
 
     def first(self, fl, num_clients, answers):
         if answers is None:
@@ -210,7 +210,7 @@ class FeatureGroups(Rule):
         return mean_embedding(embeddings)
 
     def answer_bytes(self, answers):
-        return 0 if answers is None else int(sum(a.nbytes for a in answers))
+        return sent_bytes(answers)
 
     def remember(self, fl, answers):
         if answers is None:
@@ -394,6 +394,11 @@ def data_subspace(images: np.ndarray, basis: int) -> np.ndarray:
     matrix = images.reshape(len(images), -1).astype(np.float64).T / 255.0
     left = np.linalg.svd(matrix, full_matrices=False)[0]
     return left[:, :basis].astype(np.float32)
+
+
+def sent_bytes(answers: Sequence[np.ndarray] | None) -> int:
+    """The bytes of the arrays the clients sent as answers (0: none asked)."""
+    return 0 if answers is None else int(sum(a.nbytes for a in answers))
 
 
 def mean_embedding(embeddings: np.ndarray) -> np.ndarray:

@@ -422,13 +422,13 @@ class Runner:
             self.paired.add(spec.name)
         return found
 
-    def _taken_elsewhere(self, spec: RunSpec) -> Path | None:
-        """The record taken for ``spec`` that this machine does not make: its base run's
-        restart twin (:meth:`_twin_of_base`), or the one the folder's :attr:`TAKEN` names
-        (:meth:`_named`); None where there is neither."""
-        if self._twin_of_base(spec) is not None or self._named(spec) is not None:
-            return self.reused[spec.name]
-        return None
+    def _taken_elsewhere(self, spec: RunSpec) -> RunRecord | None:
+        """The record taken for ``spec`` that this machine does not make (its path noted
+        in :attr:`reused`): its base run's restart twin (:meth:`_twin_of_base`), or the
+        one the folder's :attr:`TAKEN` names (:meth:`_named`); None where there is
+        neither."""
+        twin = self._twin_of_base(spec)
+        return twin.record if twin is not None else self._named(spec)
 
     def _base_to_make(self, spec: RunSpec) -> bool:
         """Whether ``spec``'s method has a base method (:func:`base_config`) whose run of
@@ -533,14 +533,13 @@ class Runner:
             return self._stand_in(spec, unrestarted)
         taken = self._taken_elsewhere(spec) if action == "run" else None
         if taken is not None:
-            record = read_record(taken)
             if self.verbose:
                 why = ("it starts from its base method's run's encoder"
                        if spec.name in self.paired else "the folder's taken.json names it")
-                print(f"{spec.name}: the run of {taken} ({why}), final accuracy "
-                      f"{record.final.accuracy:.4f}")
-            self.records.append(record)
-            return record
+                print(f"{spec.name}: the run of {self.reused[spec.name]} ({why}), final "
+                      f"accuracy {taken.final.accuracy:.4f}")
+            self.records.append(taken)
+            return taken
         if action == "run":  # with --force, an old checkpoint starts over
             checkpoint.unlink(missing_ok=True)
         if self.verbose:

@@ -62,7 +62,8 @@ class ServerPretraining(Start):
         return f"to pre-train ({config.pretrain.epochs} epochs)"
 
     def status(self, source, config) -> str:
-        return source.cache_status(config, self.fresh(source, config))
+        return source.cache_status(config, self.finished_file(source, config),
+                                   self.fresh(source, config))
 
     def ready(self, source, config) -> bool:
         return self.finished_file(source, config).exists()

@@ -444,10 +444,8 @@ def findings(summary: dict) -> list[str]:
     saved, restart = summary.get("rescued"), methods.get("cp-cfl-restart-simclr")
     if restart and plain:
         line = (f"CP-CFL+restart restarted in {restart['runs_restarted']} of "
-                f"{restart['runs']} runs ({_count(restart['restarts'], 'restart')})")
-        if saved and saved["missed"]:
-            line += (f" and ended with the true groups in {saved['found_by_restart']} of the "
-                     f"{saved['missed']} runs CP-CFL (SimCLR) merged")
+                f"{restart['runs']} runs ({_count(restart['restarts'], 'restart')})"
+                + _rescued_phrase(saved))
         if plain["megabytes"]:
             more = restart["megabytes"] / plain["megabytes"] - 1
             line += (f", sending {more:.1%} more bytes than CP-CFL (SimCLR) (means)"
@@ -461,10 +459,7 @@ def findings(summary: dict) -> list[str]:
     if features and plain:
         saved = summary.get("rescued_by_features")
         line = (f"CP-CFL+features trained {summary['rounds']['cp-cfl-features-simclr']:.0f} "
-                "rounds in every run (no restart, no round added)")
-        if saved and saved["missed"]:
-            line += (f" and ended with the true groups in {saved['found_by_restart']} of the "
-                     f"{saved['missed']} runs CP-CFL (SimCLR) merged")
+                "rounds in every run (no restart, no round added)" + _rescued_phrase(saved))
         if plain["megabytes"]:
             more = features["megabytes"] / plain["megabytes"] - 1
             line += (f", sending {more:.2%} more bytes than CP-CFL (SimCLR) (its clients' mean "
@@ -522,6 +517,15 @@ def remedy_lines(summary: dict) -> list[str]:
                                          "and it costs fewer rounds or bytes")
     return [f"Which remedy to use (beyond the paper, preset {summary['preset']}, "
             f"{summary['runs']} runs): {choice}, because {why}. {facts}"]
+
+
+def _rescued_phrase(saved: dict | None) -> str:
+    """How many of CP-CFL's merged runs a remedy's runs ended with the true groups in
+    (:func:`rescued`), as a findings line continues; empty where none merged."""
+    if not saved or not saved["missed"]:
+        return ""
+    return (f" and ended with the true groups in {saved['found_by_restart']} of the "
+            f"{saved['missed']} runs CP-CFL (SimCLR) merged")
 
 
 def first_choices(records: dict[int, RunRecord]) -> dict | None:

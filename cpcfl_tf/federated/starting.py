@@ -114,9 +114,10 @@ class StartingEncoders:
         """Where ``config``'s starting encoder would come from now (nothing is built)."""
         return START[config.federated.pretraining].status(self, config)
 
-    def cache_status(self, config: Config, fresh: str) -> str:
-        """A cached pre-training's state: cached, to resume, or ``fresh`` (to make)."""
-        done = START[config.federated.pretraining].finished_file(self, config)
+    @staticmethod
+    def cache_status(config: Config, done: Path, fresh: str) -> str:
+        """A cached pre-training's state, from the file its finished run leaves
+        (``done``): cached, to resume, or ``fresh`` (to make)."""
         folder = done.parent
         state = ("cached" if done.exists() else "to resume"
                  if (folder / "checkpoint.npz").exists() else fresh)

@@ -49,6 +49,10 @@ class Credentials:
         return self.folder / "ca.crt"
 
     @property
+    def ca_key(self) -> Path:
+        return self.folder / "ca.key"
+
+    @property
     def server_certificate(self) -> Path:
         return self.folder / "server.pem"
 
@@ -61,6 +65,14 @@ class Credentials:
 
     def node_public_key(self, k: int) -> Path:
         return self.folder / f"node-{k}.pub"
+
+    def files(self, nodes: int, *, signing: bool = False) -> list[Path]:
+        """What a federation of ``nodes`` SuperNodes needs: the CA, the SuperLink's
+        certificate and key, each node's key pair; with ``signing``, also the CA's key
+        (which only the one who makes certificates needs)."""
+        return [self.ca, *([self.ca_key] if signing else []), self.server_certificate,
+                self.server_key,
+                *(p for k in range(nodes) for p in (self.node_key(k), self.node_public_key(k)))]
 
     def superlink_flags(self) -> list[str]:
         """``flower-superlink``'s TLS flags and SuperNode authentication."""
@@ -149,9 +161,7 @@ def make(folder: str | Path, nodes: int, hosts: Sequence[str] = ("127.0.0.1",)) 
         raise UserError(f"--nodes {nodes}: give at least 1 SuperNode")
     if not hosts:
         raise UserError("give the SuperLink's address with --host (a name or an IP address)")
-    files = [creds.ca, creds.folder / "ca.key", creds.server_certificate, creds.server_key,
-             *(p for k in range(nodes) for p in (creds.node_key(k), creds.node_public_key(k)))]
-    present = [p.name for p in files if p.exists()]
+    present = [p.name for p in creds.files(nodes, signing=True) if p.exists()]
     if present:
         raise UserError(f"{creds.folder} already holds {', '.join(present)}: give --out a "
                         "new folder (credentials are never overwritten)")
@@ -163,7 +173,7 @@ def make(folder: str | Path, nodes: int, hosts: Sequence[str] = ("127.0.0.1",)) 
     server = _certificate(hosts[0], server_key, "cpcfl_tf federation CA", ca_key, ca=False,
                           hosts=hosts)
     _write(creds.ca, ca.public_bytes(pem), private=False)
-    _write(creds.folder / "ca.key", ca_key.private_bytes(pem, pkcs8, s.NoEncryption()),
+    _write(creds.ca_key, ca_key.private_bytes(pem, pkcs8, s.NoEncryption()),
            private=True)
     _write(creds.server_certificate, server.public_bytes(pem), private=False)
     _write(creds.server_key, server_key.private_bytes(pem, pkcs8, s.NoEncryption()),

@@ -318,9 +318,7 @@ def _given_credentials(folder: Path, nodes: int) -> Credentials:
     """The credentials in ``folder``, refused in one line if any file a federation of
     ``nodes`` SuperNodes needs is missing."""
     creds = Credentials(folder)
-    needed = [creds.ca, creds.server_certificate, creds.server_key,
-              *(p for k in range(nodes) for p in (creds.node_key(k), creds.node_public_key(k)))]
-    missing = [p.name for p in needed if not p.exists()]
+    missing = [p.name for p in creds.files(nodes) if not p.exists()]
     if missing:
         raise UserError(f"--credentials {folder} lacks {', '.join(missing)}: make them with "
                         f"python -m cpcfl_tf.flower.credentials --out NEW_DIR --nodes {nodes}")

@@ -193,10 +193,10 @@ class _Nodes:
                  examples: dict[int, int] | None = None):
         self.grid, self.client_of, self.timeout, self.fl = grid, client_of, timeout, fl
         self.names = names
+        """Client id -> data folder name, for nodes with their own data."""
         self.examples = examples or {}
         """Client id -> its training examples (the roster's count, or its partition's
         size): the most a reply's ``num-examples`` may say."""
-        """Client id -> data folder name, for nodes with their own data."""
         self.num_clients, self.assigns = num_clients, METHODS[fl.method].server_assigns
         self.scores: dict[int, float] = {}
         """The last scored round's accuracy per client that answered (the last round is
