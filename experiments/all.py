@@ -100,18 +100,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     common = ["--preset", args.preset, "--seed", str(args.seed), "--resume",
               *(["--force"] if args.force else []),
               *(["--nondeterministic"] if args.nondeterministic else []),
-              "--distribute", args.distribute,  # what pre-trains and how, to every script
-              *(["--knn-every", str(args.knn_every)] if args.knn_every else []),
-              *(["--knn-proxy", args.knn_proxy] if args.knn_proxy else []),
-              *(["--encoders-from", args.encoders_from] if args.encoders_from else []),
               *(["--data-dir", args.data_dir] if args.data_dir else []),
               *(["--manual-dir", args.manual_dir] if args.manual_dir else []),
               *(["--set", *args.set] if args.set else [])]
+    pretraining = ["--distribute", args.distribute,  # what pre-trains and how
+                   *(["--knn-every", str(args.knn_every)] if args.knn_every else []),
+                   *(["--knn-proxy", args.knn_proxy] if args.knn_proxy else []),
+                   *(["--encoders-from", args.encoders_from] if args.encoders_from else [])]
     took = {}
     for name in args.scripts:
         print(f"== {name}", flush=True)
         started = time.perf_counter()
-        load(name).main([*common, "--out", str(root / name)])
+        module = load(name)
+        # A script that times one device (pretraining_cost) takes none of the pre-training's
+        # placement options.
+        own = pretraining if module.SCRIPT.distribute else []
+        module.main([*common, *own, "--out", str(root / name)])
         took[name] = time.perf_counter() - started
         print(f"== {name}: {took[name]:.0f} s", flush=True)
 

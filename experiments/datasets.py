@@ -62,6 +62,35 @@ def relevance(runner: Runner, spec: RunSpec) -> float:
     return relevance_score(encoder, runner.unlabeled(config), client_images, seed=config.seed)
 
 
+def relevance_scores(session, pairs, runs) -> dict[str, float]:
+    """Each pair's relevance score, kept in ``relevance.json`` beside the run records with
+    the SimCLR encoder it was computed from and the machine: a report rebuilt later, or on
+    another kind of CPU (whose pre-training gives other bits), reads the same score; an
+    encoder of other settings, or ``--force``, computes it again."""
+    from cpcfl_tf.contrastive.pretrain import pretrain_folder
+    from cpcfl_tf.environment import environment
+    from cpcfl_tf.results import read_json, write_json
+
+    path = session.out / "relevance.json"
+    stored = ({} if session.args.force or not path.exists()
+              else read_json(path, fix="delete it to compute the scores again"))
+    scores, changed = {}, False
+    for pair in pairs:
+        config = runs[pair.key][0].config(session.runner.base)
+        encoder = pretrain_folder(config.pretrain, config.data, "simclr",
+                                  config.pretrain_seed).name
+        kept = stored.get(pair.key)
+        if kept is None or kept.get("encoder") != encoder:
+            kept = stored[pair.key] = {
+                "score": relevance(session.runner, runs[pair.key][0]), "encoder": encoder,
+                "environment": environment()}
+            changed = True
+        scores[pair.key] = kept["score"]
+    if changed:
+        write_json(path, stored)
+    return scores
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     session = SCRIPT.start(argv)
     config = session.config
@@ -73,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     kept = {s.name for s in session.plan([spec for pair in pairs for spec in runs[pair.key]])}
     records = {(pair.key, spec.key): session.runner.run(spec)
                for pair in pairs for spec in runs[pair.key] if spec.name in kept}
-    scores = {pair.key: relevance(session.runner, runs[pair.key][0]) for pair in pairs}
+    scores = relevance_scores(session, pairs, runs)
 
     lines = [f"# Pre-training data vs client data (preset `{config.preset}`), "
              f"T = {config.federated.rounds}", "",

@@ -19,6 +19,7 @@ encoder's record (how it was made) is copied to ``encoders/``.
 """
 from __future__ import annotations
 
+import json
 import statistics
 from typing import Sequence
 
@@ -84,14 +85,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     complete = [s for s in seeds if all(f"seed{s}-{row}" in records for row, *_ in ROWS)]
     specs = [spec for spec in specs if spec.seed in complete]
     summary = summarize(specs, records, encoders)
-    from cpcfl_tf.environment import environment
     from cpcfl_tf.results import write_json
 
     write_json(session.out / "federated_pretraining.json", {
         "experiment": "federated_pretraining", "preset": config.preset,
         "config": config.to_dict(), "seeds": seeds, "rows": summary["rows"],
         "differences": summary["differences"], "encoders": encoders,
-        "environment": environment()})
+        "environment": runs_environment(records.values())})
     text = report(config, summary)
     if len(complete) < len(seeds):
         title, rest = text.split("\n", 1)
@@ -102,6 +102,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     session.finish(text, rows=run_rows(specs, records, encoders))
     if len(complete) == len(seeds) and len(summary["rows"]) == len(ROWS):
         session.update_readme("fedpretrain", _tables(text), "federated pre-training tables")
+
+
+def runs_environment(records) -> dict:
+    """The machine that made the summarized runs: the fields of
+    :func:`~cpcfl_tf.environment.environment` as their records give them (those of most of
+    them, with ``"machines"``: how many there were, when they differ), so that the summary
+    rebuilt elsewhere says the same."""
+    from collections import Counter
+
+    from cpcfl_tf.environment import environment
+
+    fields = list(environment())
+    seen = Counter(json.dumps({k: r.environment.get(k) for k in fields}) for r in records)
+    if not seen:
+        return environment()
+    common = json.loads(seen.most_common(1)[0][0])
+    return common if len(seen) == 1 else {**common, "machines": len(seen)}
 
 
 def score_encoders(session, specs: Sequence[RunSpec], only_kept: bool = False

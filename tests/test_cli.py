@@ -318,6 +318,7 @@ def test_all_passes_every_option_it_takes_to_each_script(tmp_path, monkeypatch):
     module = script("all")
     calls = []
     monkeypatch.setattr(module, "load", lambda name: type("M", (), {
+        "SCRIPT": script(name).SCRIPT,
         "main": staticmethod(lambda argv: calls.append((name, argv)))}))
     proxy = "fashion_mnist_idx:train[50000:],fashion_mnist_idx:test"
     module.main(["--preset", "smoke", "--out", str(tmp_path), "--scripts", "table2,heads",
@@ -329,3 +330,23 @@ def test_all_passes_every_option_it_takes_to_each_script(tmp_path, monkeypatch):
         assert (parsed.distribute, parsed.knn_every, parsed.knn_proxy, parsed.nondeterministic,
                 parsed.set, parsed.out) == ("mirrored", 2, proxy, True, ["federated.rounds=3"],
                                             str(tmp_path / name))
+
+
+def test_all_gives_each_script_only_options_it_takes(tmp_path, monkeypatch):
+    """Every script all.py runs parses the command line all.py gives it, with every
+    option all.py takes set (pretraining_cost, which times one device, was given
+    --distribute and stopped the whole run); the options a script lacks are the
+    pre-training's placement ones, and only where its SCRIPT says it takes none."""
+    module = script("all")
+    calls = []
+    monkeypatch.setattr(module, "load", lambda name: type("M", (), {
+        "SCRIPT": script(name).SCRIPT,
+        "main": staticmethod(lambda argv: calls.append((name, argv)))}))
+    module.main(["--preset", "smoke", "--out", str(tmp_path), "--distribute", "mirrored",
+                 "--knn-every", "2", "--nondeterministic", "--set", "federated.rounds=3"])
+    assert [name for name, _ in calls] == list(module.SCRIPTS)
+    for name, argv in calls:
+        parsed = script(name).SCRIPT.parser().parse_args(argv)  # exits 2 on an unknown one
+        assert parsed.nondeterministic and parsed.set == ["federated.rounds=3"], name
+        assert getattr(parsed, "distribute", None) == (
+            "mirrored" if script(name).SCRIPT.distribute else None), name

@@ -300,6 +300,15 @@ def test_the_study_judges_each_federated_encoder_against_both_references(tmp_pat
     assert row["pretrain_megabytes"] > 0 and row["client_pretrain_images"] > 0
     text = (out / "federated_pretraining.md").read_text()
     assert "CP-CFL (FedSimCLR) (groups) minus IFCA (None)" in text and "Partial" not in text
+    # The summary names the machine its runs name (rebuilt elsewhere, it says the same):
+    # a record planted from another machine makes two, the most common one given.
+    other = json.loads((out / "seed0-ifca-none.json").read_text())
+    other["environment"]["cpu_id"] = "family 1 model 2; flags 00000000"
+    (out / "seed0-ifca-none.json").write_text(json.dumps(other))
+    study.main([*argv, "--report"])
+    summary = json.loads((out / "federated_pretraining.json").read_text())["environment"]
+    made_here = json.loads((out / "seed1-ifca-none.json").read_text())["environment"]
+    assert summary == {**{k: made_here[k] for k in stored["environment"]}, "machines": 2}
     (out / "seed1-ifca-none.json").unlink()  # a study under way: --report runs nothing
     study.main([*argv, "--report"])
     partial = json.loads((out / "federated_pretraining.json").read_text())

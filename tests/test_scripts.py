@@ -37,7 +37,8 @@ def test_datasets_runs_every_pair_with_centralized_baselines(tmp_path, capsys, m
     assert "pair digits -> Fashion-MNIST stands for the paper's STL-10 -> MNIST (unrelated)" in printed
     related, unrelated = load(out, "digits-digits-cp-cfl-simclr"), load(out, "digits-fmnist-cp-cfl-simclr")
     for path in out.glob("*.json"):  # federated and centralized runs follow the contract
-        assert run_record_errors(json.loads(path.read_text())) == [], path.name
+        if path.name != "relevance.json":
+            assert run_record_errors(json.loads(path.read_text())) == [], path.name
     assert related["config"]["data"]["client_dataset"] == "digits"
     assert unrelated["config"]["data"]["client_dataset"] == "fashion_mnist_idx"
     assert unrelated["config"]["data"]["pretrain_dataset"] == "digits"
@@ -53,6 +54,27 @@ def test_datasets_runs_every_pair_with_centralized_baselines(tmp_path, capsys, m
     assert len(table) == 2 * 7
     assert all(-1 <= float(r["relevance"]) <= 1 for r in table)
     assert "Centralized (by cluster)" in (out / "datasets.md").read_text()
+    # The scores are kept beside the records with their encoder: a rebuilt report reads
+    # them (another kind of CPU pre-trains other bits), an encoder of other settings
+    # computes its own.
+    kept = json.loads((out / "relevance.json").read_text())
+    assert sorted(kept) == ["digits-digits", "digits-fmnist"]
+    assert {float(r["relevance"]) for r in table} == {v["score"] for v in kept.values()}
+    assert all(v["encoder"].startswith("simclr-cnn-") and v["environment"]["cpu_id"]
+               for v in kept.values())
+    planted = {**kept, "digits-digits": {**kept["digits-digits"], "score": 0.125}}
+    (out / "relevance.json").write_text(json.dumps(planted))
+    module = script("datasets")
+    monkeypatch.setattr(module, "relevance", lambda *a: pytest.fail("score computed again"))
+    module.main(["--preset", "smoke", "--out", str(out), "--set", "federated.rounds=2"])
+    assert "(0.1250 / " in (out / "datasets.md").read_text()
+    stale = {**planted, "digits-digits": {**planted["digits-digits"], "encoder": "simclr-x"}}
+    (out / "relevance.json").write_text(json.dumps(stale))
+    monkeypatch.setattr(module, "relevance", lambda *a: 0.25)
+    module.main(["--preset", "smoke", "--out", str(out), "--set", "federated.rounds=2"])
+    assert "(0.2500 / " in (out / "datasets.md").read_text()
+    assert json.loads((out / "relevance.json").read_text())["digits-digits"]["encoder"] == \
+        kept["digits-digits"]["encoder"]
 
 
 def test_heads_reports_every_head_at_the_quarters(tmp_path):
