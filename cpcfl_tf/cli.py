@@ -14,7 +14,8 @@ from typing import Callable, Sequence
 
 from cpcfl_tf.config import PRESETS, Config, get_preset, parse_settings
 from cpcfl_tf.environment import set_determinism
-from cpcfl_tf.errors import ArgumentParser
+from cpcfl_tf.errors import ArgumentParser, UserError
+from cpcfl_tf.ssl_methods import SSL_METHODS
 
 
 def experiment_parser(name: str, description: str, *, folder: str = "experiments",
@@ -159,3 +160,46 @@ def print_metrics(record: dict, keys: tuple[str, ...], digits: int = 4) -> None:
     for key in keys:
         if key in record:
             print(f"{key}: {record[key]:.{digits}f}")
+
+
+def proxy_splits(text: str | None) -> tuple[tuple[str, str], tuple[str, str]] | None:
+    """``--knn-proxy DATASET:SPLIT,DATASET:SPLIT`` as two (dataset, split) pairs."""
+    if text is None:
+        return None
+    parts = [p.strip().partition(":") for p in text.split(",")]
+    if len(parts) != 2 or not all(sep and name and split for name, sep, split in parts):
+        raise UserError(f"--knn-proxy takes TRAIN,TEST as DATASET:SPLIT,DATASET:SPLIT, e.g. "
+                        f"fashion_mnist_idx:train[50000:],fashion_mnist_idx:test; got {text!r}")
+    return tuple((name, split) for name, _, split in parts)
+
+
+def read_selection(path: str | Path) -> dict[int, dict[str, dict]]:
+    """The choices of an ``encoder_selection.json`` (experiments/encoder_selection.py):
+    pre-training seed -> method -> its selected settings."""
+    from cpcfl_tf.results import read_json
+
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"--encoders-from {path} is not a file; give the encoder_selection.json "
+                        "that experiments/encoder_selection.py wrote")
+    stored = read_json(path, fix="run experiments/encoder_selection.py again")
+    if stored.get("experiment") != "encoder_selection" or "selected" not in stored:
+        raise UserError(f"--encoders-from {path} is not an encoder selection; give the "
+                        "encoder_selection.json that experiments/encoder_selection.py wrote")
+    return {int(seed): {m: dict(c["settings"]) for m, c in methods.items()}
+            for seed, methods in stored["selected"].items()}
+
+
+def selected(config: Config, selection: dict[int, dict[str, dict]] | None) -> Config:
+    """``config`` starting from the encoder ``selection`` (:func:`read_selection`) chose
+    for its method and pre-training seed (the settings go into ``pretrain.options``)."""
+    method = config.federated.pretraining
+    if selection is None or method not in SSL_METHODS:
+        return config
+    chosen = selection.get(config.pretrain_seed, {})
+    if method not in chosen:
+        raise UserError(f"--encoders-from selected no {method} encoder for seed "
+                        f"{config.pretrain_seed}; run experiments/encoder_selection.py "
+                        f"with that seed and method, or leave the option out")
+    return config.with_overrides(pretrain={"options": {
+        **(config.pretrain.options or {}), method: chosen[method]}})

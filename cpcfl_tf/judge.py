@@ -1,12 +1,9 @@
 """Judging a claim from run records, the way a referee would.
 
-Three pieces, used by ``experiments/claims.py`` (which says *which* runs each claim of the
-paper needs) and by ``experiments/compare.py`` (a reproducer's runs against the committed
-ones):
+Two pieces, used by ``experiments/claims.py`` (which says *which* runs each claim of the
+paper needs, found by :class:`~cpcfl_tf.record_store.RecordIndex`) and by
+``experiments/compare.py`` (a reproducer's runs against the committed ones):
 
-* :class:`RecordIndex` finds the run records of a results tree by the config that made
-  them, wherever a script wrote them (a run is the same whatever script asks for it),
-  and the runs of one seed together (one encoder per pre-training, one kind of CPU);
 * :func:`paired` takes a statistic of two runs of the *same seed* (the same partition,
   initial weights, batch order and pre-trained encoder) and gives their per-seed
   differences;
@@ -15,19 +12,17 @@ ones):
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import math
-from collections import Counter
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
 from cpcfl_tf.config import Config, config_record
 from cpcfl_tf.environment import machine
-from cpcfl_tf.errors import UserError
-from cpcfl_tf.record import RunRecord, read_record
+from cpcfl_tf.record import RunRecord
+from cpcfl_tf.record_store import Found, RecordIndex, config_key, run_record_in
 
 HOLDS, OPPOSITE, NOT_SHOWN, CANNOT = "holds", "opposite", "not shown", "cannot be told here"
 VERDICTS = (HOLDS, OPPOSITE, NOT_SHOWN, CANNOT)
@@ -53,128 +48,6 @@ A "close to" link (C11) holds when the interval lies within ± its margin, is
 {OPPOSITE} when it lies wholly outside, and is {NOT_SHOWN} otherwise.
 """
 """The one rule every verdict follows; written at the top of ``claims.md``."""
-
-
-# -- finding records -----------------------------------------------------------------
-def config_key(config: Config) -> str:
-    """What identifies a run: its requested config, without where data is read from."""
-    return json.dumps(config_record(config), sort_keys=True)
-
-
-@dataclasses.dataclass(frozen=True)
-class Found:
-    """A record of the index, with where it is."""
-
-    path: Path
-    record: RunRecord
-
-
-class RecordIndex:
-    """Every run record under ``root``, by :func:`config_key`.
-
-    Where several records have one config (the same run asked for by two scripts, or made
-    on two machines), :meth:`get` prefers one from the machine most of the tree's records
-    name (:func:`~cpcfl_tf.environment.machine`: so a run remade on another machine for
-    one pairing does not replace the record the rest of its seed is judged with), then
-    one under ``prefer`` (a folder), then one that names its CPU (newer records), then
-    the first path in sorted order.
-    ``linear_evals`` holds every ``linear_eval.json`` of the tree
-    (``experiments/linear_eval.py``), read once.
-    """
-
-    def __init__(self, root: str | Path, prefer: str | Path | None = None):
-        self.root = Path(root)
-        self.prefer = Path(prefer) if prefer else None
-        self._by_key: dict[str, list[Found]] = {}
-        self.linear_evals: list[tuple[Path, dict]] = []
-        for path in sorted(self.root.rglob("*.json")):
-            if path.name == "linear_eval.json":
-                try:
-                    self.linear_evals.append((path, json.loads(path.read_text())))
-                except (OSError, ValueError):
-                    pass  # a damaged evaluation counts as missing
-                continue
-            record = _run_record(path)
-            if record is not None:
-                self._by_key.setdefault(config_key(record.requested), []).append(
-                    Found(path, record))
-        cpus = Counter(machine(f.record.environment) for found in self._by_key.values()
-                       for f in found)
-        cpus.pop(None, None)
-        self._most = cpus.most_common(1)[0][0] if cpus else None
-        for found in self._by_key.values():
-            found.sort(key=self._rank)
-
-    def _rank(self, found: Found) -> tuple:
-        preferred = self.prefer is not None and self.prefer in found.path.parents
-        cpu = machine(found.record.environment)
-        return (cpu != self._most, not preferred, cpu is None, str(found.path))
-
-    def get(self, config: Config) -> Found | None:
-        found = self.every(config)
-        return found[0] if found else None
-
-    def every(self, config: Config) -> list[Found]:
-        """Every record of ``config``, the preferred first."""
-        return list(self._by_key.get(config_key(config), []))
-
-    def together(self, configs: Sequence[Config]) -> list[Found] | None:
-        """One record of each config (None: one has none), chosen so that they are one
-        sample of chance: runs of one pre-training start from one encoder
-        (``environment.starting_encoder``) and, where the tree allows, ran on one
-        machine. Among equals, the preferred (:meth:`every`'s order)."""
-        return together([self.every(config) for config in configs])
-
-    def add(self, path: Path, record: RunRecord) -> None:
-        """Index a record written after the tree was read."""
-        found = self._by_key.setdefault(config_key(record.requested), [])
-        found.append(Found(Path(path), record))
-        found.sort(key=self._rank)
-
-    def __iter__(self) -> Iterator[Found]:
-        """Every record of the tree, in path order."""
-        return iter(sorted((f for found in self._by_key.values() for f in found),
-                           key=lambda f: str(f.path)))
-
-    def preferred(self) -> Iterable[Found]:
-        """The preferred record of every config in the tree."""
-        return (found[0] for found in self._by_key.values())
-
-
-def together(options: Sequence[Sequence[Found]]) -> list[Found] | None:
-    """One of each list of ``options`` (each in preference order; None: one is empty),
-    chosen so that they are one sample of chance (:meth:`RecordIndex.together`)."""
-    if not all(options):
-        return None
-    # min keeps the first of the best, and product order is the preference order
-    return list(min(itertools.product(*options),
-                    key=lambda chosen: mismatch([f.record for f in chosen])))
-
-
-def mismatch(records: Sequence[RunRecord]) -> tuple[bool, bool]:
-    """(runs of one pre-training started from different encoders, the runs ran on more
-    than one machine, :func:`~cpcfl_tf.environment.machine`): what keeps runs of one
-    seed from being one sample of chance (:attr:`~cpcfl_tf.record.RunRecord.pretraining_key`
-    says which runs share one)."""
-    encoders: dict[tuple, set] = {}
-    for r in records:
-        if r.pretraining_key is not None:
-            encoders.setdefault(r.pretraining_key, set()).add(
-                r.environment.get("starting_encoder"))
-    return (any(len(seen) > 1 for seen in encoders.values()),
-            len({machine(r.environment) for r in records}) > 1)
-
-
-def _run_record(path: Path) -> RunRecord | None:
-    """The run record in ``path``, or None for other JSON files (reports, partitions,
-    benchmarks). A damaged run record is a one-line error naming it."""
-    try:
-        data = json.loads(path.read_text())
-    except ValueError:
-        raise UserError(f"{path} is not valid JSON; restore it (git checkout) or delete it")
-    if not (isinstance(data, dict) and {"config", "rounds", "final", "seeds"} <= set(data)):
-        return None
-    return read_record(path)
 
 
 def linear_eval_settings(config: Config) -> dict:
@@ -373,7 +246,7 @@ def compare_runs(ours: str | Path, reference: str | Path) -> list[Comparison]:
     for path in sorted(ours.rglob("*.json")):
         if reference.resolve() in path.resolve().parents or path.resolve() == reference.resolve():
             continue
-        record = _run_record(path)
+        record = run_record_in(path)
         if record is None:
             continue
         accuracy = 100 * record.final.accuracy
@@ -409,7 +282,7 @@ def _same_place(reference: Path, path: Path, record: RunRecord) -> Found | None:
     the reproducer re-made)."""
     candidate = reference / record.experiment / path.name
     if record.experiment and candidate.exists():
-        found = _run_record(candidate)
+        found = run_record_in(candidate)
         if found is not None and config_key(found.requested) == config_key(record.requested):
             return Found(candidate, found)
     return None

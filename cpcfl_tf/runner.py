@@ -9,27 +9,32 @@ script's output folder:
 * an interrupted run leaves ``.<name>.ckpt.npz``; ``--resume`` continues it to exactly
   the result of an uninterrupted run (without ``--resume`` it is refused);
 * starting encoders come from :mod:`cpcfl_tf.federated.starting` (one cache for all
-  scripts); data and partitions are loaded once per (data config, seed).
+  scripts); data and partitions are loaded once per (data config, seed)
+  (:class:`~cpcfl_tf.run_data.DataCache`); records found elsewhere in the tree come from
+  :class:`~cpcfl_tf.record_store.RecordStore`.
+
+Each run is decided once (:meth:`Runner.decide`, a :class:`Decision`), then done.
 """
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
-import json
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-from cpcfl_tf.config import Config, config_record
-from cpcfl_tf.environment import environment, reproduces, run_environment
+from cpcfl_tf.cli import proxy_splits, read_selection, selected
+from cpcfl_tf.config import Config
+from cpcfl_tf.environment import environment, run_environment
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.federated.starting import StartingEncoders
-from cpcfl_tf.judge import Found, RecordIndex
 from cpcfl_tf.methods import FEDAVG_ENCODER_RUN, METHODS, plugins_used
 from cpcfl_tf.record import RunRecord, read_record, write_record
+from cpcfl_tf.record_store import Found, RecordStore, same_config
 from cpcfl_tf.results import weights_fingerprint
-from cpcfl_tf.ssl_methods import SSL_METHODS
+from cpcfl_tf.run_data import DataCache
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,32 +70,51 @@ class RunSpec:
             partition=dict(self.partition), data=dict(self.data), pretrain=dict(self.pretrain))
 
 
-def _proxy_splits(text: str | None) -> tuple[tuple[str, str], tuple[str, str]] | None:
-    """``--knn-proxy DATASET:SPLIT,DATASET:SPLIT`` as two (dataset, split) pairs."""
-    if text is None:
-        return None
-    parts = [p.strip().partition(":") for p in text.split(",")]
-    if len(parts) != 2 or not all(sep and name and split for name, sep, split in parts):
-        raise UserError(f"--knn-proxy takes TRAIN,TEST as DATASET:SPLIT,DATASET:SPLIT, e.g. "
-                        f"fashion_mnist_idx:train[50000:],fashion_mnist_idx:test; got {text!r}")
-    return tuple((name, split) for name, _, split in parts)
+class Decision(enum.Enum):
+    """What :meth:`Runner.decide` does with a run."""
+
+    DONE = "done"
+    """Its record is in the output folder."""
+    STAND_IN = "stand-in"
+    """Its base method's run, in which its restart rule never fires: that run, bit for bit."""
+    TAKEN = "taken"
+    """A record made elsewhere: its base run's restart twin, or the one ``taken.json`` names."""
+    BASE_FIRST = "base first"
+    """Its base method's run is made first (a dry run's answer; a run goes ahead)."""
+    RESUME = "to resume"
+    RUN = "to run"
+    """Made here, unless a record this machine would make bit for bit is found for its
+    starting encoder (:attr:`Plan.candidates`)."""
+    STOPS = "stops"
+    """Refused (another config in its place, an interruption without ``--resume``)."""
 
 
-def read_selection(path: str | Path) -> dict[int, dict[str, dict]]:
-    """The choices of an ``encoder_selection.json`` (experiments/encoder_selection.py):
-    pre-training seed -> method -> its selected settings."""
-    from cpcfl_tf.results import read_json
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The decision about one run, with what it rests on."""
 
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"--encoders-from {path} is not a file; give the encoder_selection.json "
-                        "that experiments/encoder_selection.py wrote")
-    stored = read_json(path, fix="run experiments/encoder_selection.py again")
-    if stored.get("experiment") != "encoder_selection" or "selected" not in stored:
-        raise UserError(f"--encoders-from {path} is not an encoder selection; give the "
-                        "encoder_selection.json that experiments/encoder_selection.py wrote")
-    return {int(seed): {m: dict(c["settings"]) for m, c in methods.items()}
-            for seed, methods in stored["selected"].items()}
+    decision: Decision
+    found: Found | None = None
+    """The record taken (done, stand-in, taken)."""
+    candidates: tuple[Found, ...] = ()
+    """Records this machine would make bit for bit, if they start from its encoder."""
+    why: str = ""
+
+    def describe(self) -> str:
+        """The dry run's line for it."""
+        d, path = self.decision, self.found and self.found.path
+        if d is Decision.STAND_IN:
+            return f"its restart rule never fires in {path}: that run"
+        if d is Decision.TAKEN:
+            return f"found: {path} ({self.why})"
+        if d is Decision.BASE_FIRST:
+            return ("to run if its restart rule fires in its base method's run (made "
+                    "first; else that run)")
+        if d is Decision.STOPS:
+            return f"stops: {self.why}"
+        if self.candidates:
+            return f"found: {self.candidates[0].path}"
+        return d.value
 
 
 class Runner:
@@ -112,57 +136,34 @@ class Runner:
                                 "folder")
         self.resume, self.force, self.verbose = resume, force, verbose
         self.distribute = distribute
-        """How the server pre-trains (``default`` or ``mirrored``); not part of any key."""
-        self._splits: dict[str, tuple] = {}
-        self._partitions: dict[str, tuple] = {}
-        self._unlabeled: dict[str, np.ndarray] = {}
-        self.knn_every, self.knn_proxy = knn_every, _proxy_splits(knn_proxy)
-        """The kNN monitor of the pre-trainings done here: every this many epochs (0:
-        off), on these ``(dataset, split)`` pairs (None: the linear evaluation's)."""
+        """How the server pre-trains (``default`` or ``mirrored``); part of no key."""
+        self.data = DataCache(knn_every, proxy_splits(knn_proxy))
+        self.store = RecordStore(self.out, force)
         self.selection = read_selection(selection) if selection else None
         """seed -> self-supervised method -> the settings ``--encoders-from`` starts its
         runs' encoders with (None: the config's)."""
-        self.encoders = StartingEncoders(clients=self.clients,
-                                         unlabeled=self.unlabeled, verbose=verbose,
-                                         distribute=distribute, tensorboard=tensorboard,
-                                         knn=self.knn_monitor if knn_every else None,
-                                         client_unlabeled=self.client_unlabeled)
+        self.encoders = StartingEncoders(
+            clients=self.data.clients, unlabeled=self.data.unlabeled, verbose=verbose,
+            distribute=distribute, tensorboard=tensorboard,
+            knn=self.data.knn_monitor if knn_every else None,
+            client_unlabeled=self.data.client_unlabeled)
         """The runs' starting encoders, each built once (pre-trained with the run's seed)."""
         self.tensorboard = tensorboard
         """Folder of TensorBoard scalars (None: none written)."""
         self.max_clients = max_clients
-        """At most this many clients per training step (None: all); not part of any key,
-        as the result is the same."""
+        """At most this many clients per training step (None: all); part of no key."""
         self.diagnose = diagnose
-        """Rounds of the selection diagnostic in the runs made now (0: none); not part of
-        any key, as the result is the same (:mod:`cpcfl_tf.federated.diagnostics`)."""
+        """Rounds of the selection diagnostic in the runs made now (0: none); part of no
+        key (:mod:`cpcfl_tf.federated.diagnostics`)."""
         self.records: list[RunRecord] = []
         """Every record :meth:`run` returned, in order: what the script's report shows."""
-        self.reuse: RecordIndex | None = None
-        """Records made elsewhere (e.g. by other scripts of the results tree): a run this
-        machine would make bit for bit the same (same config, starting encoder and
-        :data:`~cpcfl_tf.environment.REPRODUCING` fields) is taken from there instead of
-        being run again, and not copied."""
-        self.reused: dict[str, Path] = {}
-        """Run name -> the record taken from :attr:`reuse` for it."""
-        self.paired: set[str] = set()
-        """Of :attr:`reused`, runs of a method with a base method taken because they start
-        from the encoder the folder's base run started from (:meth:`_twin_of_base`)."""
-        self.named: set[str] = set()
-        """Of :attr:`reused`, the runs taken (by :meth:`run` or a report's
-        :meth:`finished`) because the folder's ``taken.json`` names them (:attr:`TAKEN`),
-        not because this machine would make them bit for bit."""
-        self.stood_in: dict[str, tuple[str, Path]] = {}
-        """Run name -> its method and the record taken for it: the run of the method its
-        method is until its restart rule fires (:attr:`~cpcfl_tf.methods.Method.restarts_of`),
-        in which the rule never fired (:meth:`_unrestarted`)."""
 
     @staticmethod
     def check_options(args) -> None:
         """Refuse, in one line, a bad value of the options :meth:`for_script` reads
         (``--knn-proxy``, ``--encoders-from``) before a script does any work: the runner
         itself is built when a script first needs it."""
-        _proxy_splits(getattr(args, "knn_proxy", None))
+        proxy_splits(getattr(args, "knn_proxy", None))
         if getattr(args, "encoders_from", None):
             read_selection(args.encoders_from)
 
@@ -183,92 +184,8 @@ class Runner:
         """``spec``'s config on this runner's base, its starting encoder the one
         ``--encoders-from`` selected for its method and pre-training seed (the settings go
         into ``pretrain.options``, so the run record names them)."""
-        config = spec.config(self.base)
-        method = config.federated.pretraining
-        if self.selection is None or method not in SSL_METHODS:
-            return config
-        chosen = self.selection.get(config.pretrain_seed, {})
-        if method not in chosen:
-            raise UserError(f"--encoders-from selected no {method} encoder for seed "
-                            f"{config.pretrain_seed}; run experiments/encoder_selection.py "
-                            f"with that seed and method, or leave the option out")
-        return config.with_overrides(pretrain={"options": {
-            **(config.pretrain.options or {}), method: chosen[method]}})
+        return selected(spec.config(self.base), self.selection)
 
-    # -- data ---------------------------------------------------------------
-    def client_splits(self, data) -> tuple:
-        """The clients' labeled training and test splits ``data`` names (loaded once per
-        data config): what the partition draws from and the linear evaluation's proxy."""
-        from cpcfl_tf.federated.clients import load_client_splits
-
-        data_key = json.dumps(dataclasses.asdict(data), sort_keys=True)
-        if data_key not in self._splits:
-            self._splits[data_key] = load_client_splits(data)
-        return self._splits[data_key]
-
-    def partition(self, config: Config):
-        """``(partition, train split, test split)`` of the run (loaded and drawn once per
-        data config and seed)."""
-        from cpcfl_tf.federated.clients import labeled_partition, partition_for
-
-        key = json.dumps([dataclasses.asdict(config.data), labeled_partition(config),
-                          config.seed], sort_keys=True)
-        if key not in self._partitions:
-            train, test = self.client_splits(config.data)
-            self._partitions[key] = (partition_for(config, train, test), train, test)
-        return self._partitions[key]
-
-    def knn_monitor(self, config: Config):
-        """The kNN monitor of ``config``'s pre-training: its labeled proxy is the linear
-        evaluation's (the clients' training and test splits: the paper's proxy) unless
-        ``--knn-proxy`` names others. The labels go to the monitor only."""
-        from cpcfl_tf.contrastive.knn import KnnMonitor
-        from cpcfl_tf.data import load_labeled
-
-        data = config.data
-        if self.knn_proxy is None:
-            train, test = self.client_splits(data)
-        else:
-            train, test = (load_labeled(name, split, image_size=data.image_size,
-                                        data_dir=data.data_dir, manual_dir=data.manual_dir)
-                           for name, split in self.knn_proxy)
-        return KnnMonitor(train, test, every=self.knn_every)
-
-    def unlabeled(self, config: Config) -> np.ndarray:
-        """The server's unlabeled pre-training images (loaded once per source)."""
-        from cpcfl_tf.contrastive.pretrain import load_pretrain_images
-
-        data = config.data
-        key = json.dumps([data.pretrain_dataset, data.pretrain_split, data.image_size,
-                          data.data_dir, data.manual_dir])
-        if key not in self._unlabeled:
-            self._unlabeled[key] = load_pretrain_images(config.data)
-        return self._unlabeled[key]
-
-    def client_unlabeled(self, config: Config) -> list[np.ndarray]:
-        """Each client's unlabeled images (``partition.unlabeled``): the pre-training
-        split dealt over the run's partition (for the groups deal by its labels, which go
-        no further)."""
-        from cpcfl_tf.data import load_labeled
-        from cpcfl_tf.federated.clients import client_unlabeled
-
-        partition, train, _ = self.partition(config)
-        data = config.data
-        if config.partition.unlabeled == "groups":
-            pretrain = load_labeled(data.pretrain_dataset, data.pretrain_split,
-                                    image_size=data.image_size, data_dir=data.data_dir,
-                                    manual_dir=data.manual_dir)
-        else:
-            pretrain = self.unlabeled(config)
-        return client_unlabeled(config, partition, train, pretrain)
-
-    def clients(self, config: Config):
-        """The run's clients, stacked for the simulator."""
-        from cpcfl_tf.federated.clients import make_clients
-
-        return make_clients(*self.partition(config))
-
-    # -- runs ---------------------------------------------------------------
     def path(self, spec: RunSpec) -> Path:
         return self.out / f"{spec.name}.json"
 
@@ -276,272 +193,100 @@ class Runner:
         """Where an unfinished run of ``spec`` keeps its last round."""
         return self.out / f".{spec.name}.ckpt.npz"
 
-    def _scalars(self, spec: RunSpec, config: Config, clients, on_round):
-        """``on_round`` that also logs the round to TensorBoard (when a folder is set)."""
-        if not self.tensorboard:
-            return on_round
-        from cpcfl_tf.scalars import ScalarLog
-
-        log = ScalarLog(Path(self.tensorboard) / self.experiment / spec.name)
-
-        def logged(record: dict, state) -> None:
-            log.write(record["round"], _round_scalars(record, clients.groups,
-                                                      len(state.models)))
-            if on_round:
-                on_round(record, state)
-
-        return logged
-
-    def _decide(self, spec: RunSpec) -> tuple[str, RunRecord | None]:
-        """The one skip / resume / refuse decision: ``("done", record)``, ``("resume",
-        None)`` or ``("run", None)``; a one-line :class:`UserError` when the run must not
-        go ahead (another config in its place, an interruption without ``--resume``, a
-        damaged record). Reads, never writes."""
-        config = self.config_of(spec)
+    # -- deciding -----------------------------------------------------------
+    def decide(self, spec: RunSpec, config: Config | None = None) -> Plan:
+        """The one decision about ``spec`` (``config``: its :meth:`config_of`, if built
+        already). Reads, never writes: which records it took is noted in :attr:`store`.
+        A one-line :class:`UserError` for a run that must not go ahead."""
+        config = config or self.config_of(spec)
         path, checkpoint = self.path(spec), self.checkpoint(spec)
         if path.exists() and not self.force:
             record = read_record(path)
-            if not _same_config(record, config):
+            if not same_config(record, config):
                 raise UserError(f"{path} holds a run with a different config; pass --force to "
                                 "redo it or --out another folder")
-            return "done", record
+            return Plan(Decision.DONE, Found(path, record))
         if checkpoint.exists() and not self.force:
             if not self.resume:
                 raise UserError(f"{spec.name} was interrupted ({checkpoint}); pass --resume to "
                                 "continue it or --force to start it over")
-            return "resume", None
-        return "run", None
-
-    TAKEN = "taken.json"
-    """The file in the output folder naming, per run, the record taken for it from
-    :attr:`reuse` (:meth:`keep_taken`, called with the report:
-    :meth:`~cpcfl_tf.script.Session.finish`)."""
-
-    def finished(self, spec: RunSpec) -> RunRecord | None:
-        """``spec``'s finished record in the output folder, or the one :meth:`run` would
-        take from :attr:`reuse` (when its starting encoder needs no training: cached, or
-        random), or else the one the folder's :attr:`TAKEN` names, so that a report reads
-        the same runs on any machine and without the encoders cached; None where there is
-        none (not run yet, or only begun); a one-line error for a record of another config.
-        Reads, never writes."""
-        action, record = self._decide(spec)
-        if action != "run":
-            return record if action == "done" else None
-        unrestarted = self._unrestarted(spec)
-        if unrestarted is not None:
-            return self._stand_in(spec, unrestarted)
-        twin = self._twin_of_base(spec)
-        if twin is not None:
-            return twin.record
-        config = self.config_of(spec)
-        candidates = self._candidates(spec)
-        taken = (self._taken(spec, self.encoders(config), candidates)
-                 if candidates and self.encoders.ready(config) else None)
-        return taken if taken is not None else self._named(spec)
-
-    @functools.cached_property
-    def _taken_file(self) -> dict[str, str]:
-        """The folder's :attr:`TAKEN` as it was when first read (empty if there is none);
-        a one-line error if it is damaged."""
-        from cpcfl_tf.results import read_file
-
-        def load(path: Path) -> dict[str, str]:
-            taken = json.loads(path.read_text())
-            if not isinstance(taken, dict):
-                raise ValueError("not a map of run names to records")
-            return taken
-
-        path = self.out / self.TAKEN
-        return (read_file(path, load, fix="restore it (git checkout) or delete it")
-                if path.exists() else {})
-
-    def keep_taken(self) -> None:
-        """Add the runs taken from :attr:`reuse` to the folder's :attr:`TAKEN`, so that a
-        report elsewhere (:meth:`finished`) finds them."""
-        from cpcfl_tf.results import write_json
-
-        merged = {**self._taken_file, **{name: str(p) for name, p in self.reused.items()}}
-        if merged != self._taken_file:
-            write_json(self.out / self.TAKEN, dict(sorted(merged.items())))
-            self._taken_file = merged
-
-    def _named(self, spec: RunSpec) -> RunRecord | None:
-        """The record the folder's :attr:`TAKEN` names for ``spec`` (noted in
-        :attr:`reused` and :attr:`named`), if it is there and holds ``spec``'s config."""
-        if self.force:
-            return None
-        path = self._taken_file.get(spec.name)
-        if not path or not Path(path).is_file():
-            return None
-        record = read_record(Path(path))
-        if not _same_config(record, self.config_of(spec)):
-            return None
-        self.reused[spec.name] = Path(path)
-        # a restart variant's run named there was taken as its base run's (_twin_of_base)
-        (self.paired if base_config(record.requested) else self.named).add(spec.name)
-        return record
-
-    @functools.cached_property
-    def _folder(self) -> RecordIndex:
-        """The records of the output folder, by config (kept current by :meth:`run`)."""
-        return RecordIndex(self.out)
-
-    def _unrestarted(self, spec: RunSpec) -> Found | None:
-        """For a method with :attr:`~cpcfl_tf.methods.Method.restarts_of`: that method's
-        finished run of ``spec``'s config (in the output folder, or taken from
-        :attr:`reuse` by this runner) if its restart rule would never have fired in it; then
-        ``spec``'s run is that run, bit for bit. None otherwise."""
-        config = self.config_of(spec)
-        base = base_config(config)
-        if base is None or self.force:
-            return None
-        taken = [] if self.reuse is None else [f for f in self.reuse.every(base)
-                                                if f.path in self.reused.values()]
-        found = next((f for f in [*self._folder.every(base), *taken]
-                      if _same_config(f.record, base)), None)
-        return found if found is not None and stands_in(found.record, config) else None
-
-    def _twin_of_base(self, spec: RunSpec) -> Found | None:
-        """For a method with a base method whose run of ``spec``'s config is in the output
-        folder (and fires the restart rule): a record of ``spec``'s config in
-        :attr:`reuse` that starts from that run's encoder, from any machine, noted in
-        :attr:`reused`. It is the restart run of the base run's sample of chance (the
-        reliability study's runs 0-4 are the trials' configs: its CP-CFL+restart run of
-        seed 2 is trial 3's). None otherwise."""
-        config = self.config_of(spec)
-        base = base_config(config)
-        if base is None or self.reuse is None or self.force:
-            return None
-        made = next((f for f in self._folder.every(base) if _same_config(f.record, base)), None)
-        encoder = made and made.record.environment.get("starting_encoder")
-        found = next((f for f in self.reuse.every(config) if encoder
-                      and f.record.environment.get("starting_encoder") == encoder
-                      and _same_config(f.record, config)), None)
-        if found is not None:
-            self.reused[spec.name] = found.path
-            self.paired.add(spec.name)
-        return found
-
-    def _taken_elsewhere(self, spec: RunSpec) -> RunRecord | None:
-        """The record taken for ``spec`` that this machine does not make (its path noted
-        in :attr:`reused`): its base run's restart twin (:meth:`_twin_of_base`), or the
-        one the folder's :attr:`TAKEN` names (:meth:`_named`); None where there is
-        neither."""
-        twin = self._twin_of_base(spec)
-        return twin.record if twin is not None else self._named(spec)
-
-    def _base_to_make(self, spec: RunSpec) -> bool:
-        """Whether ``spec``'s method has a base method (:func:`base_config`) whose run of
-        the same config this runner has not got (in its folder, or taken): made first, it
-        decides whether ``spec`` is run at all."""
-        base = base_config(self.config_of(spec))
-        if base is None or self.force:
-            return False
-        taken = [] if self.reuse is None else self.reuse.every(base)
-        return not any(_same_config(f.record, base) for f in [*self._folder.every(base), *taken])
-
-    def _stand_in(self, spec: RunSpec, found: Found) -> RunRecord:
-        self.stood_in[spec.name] = (self.config_of(spec).federated.method, found.path)
-        return found.record
-
-    def _taken(self, spec: RunSpec, encoder, candidates: list[Found]) -> RunRecord | None:
-        """The record among ``candidates`` (:meth:`_candidates`) that starts from
-        ``encoder``, so that this machine would make it bit for bit for ``spec`` (same
-        config, machine kind and starting encoder), noted in :attr:`reused`; None if there
-        is none."""
-        if not candidates:
-            return None
-        starting = weights_fingerprint(encoder)
-        found = next((f for f in candidates
-                      if f.record.environment.get("starting_encoder") == starting), None)
-        if found is None:
-            return None
-        self.reused[spec.name] = found.path
-        return found.record
-
-    def status(self, spec: RunSpec) -> str:
-        """What :meth:`run` would do with ``spec`` now (:meth:`planned`). Reads, never
-        writes."""
-        return self.planned(spec)[0]
-
-    def planned(self, spec: RunSpec) -> tuple[str, str | None]:
-        """What :meth:`run` would do with ``spec`` now: ``done``, ``to resume``, ``to run``,
-        ``found: <path>``, its base method's run, or ``stops: <why>``; and where the
-        starting encoder it needs would come from
-        (:meth:`~cpcfl_tf.federated.starting.StartingEncoders.status`), None where it needs
-        none (done, stops, or its base method's run). Reads, never writes."""
-        try:
-            action, _ = self._decide(spec)
-        except UserError as err:
-            return f"stops: {err}", None
-        if action == "done":
-            return "done", None
-        unrestarted = self._unrestarted(spec) if action == "run" else None
-        if unrestarted is not None:
-            return f"its restart rule never fires in {unrestarted.path}: that run", None
-        twin = self._twin_of_base(spec) if action == "run" else None
-        if twin is not None:
-            return f"found: {twin.path} (from its base method's run's encoder)", None
-        if action == "run" and self._base_to_make(spec):
-            return ("to run if its restart rule fires in its base method's run (made "
-                    "first; else that run)"), self.encoders.status(self.config_of(spec))
-        candidates = self._candidates(spec) if action == "run" else []
-        status = (f"found: {candidates[0].path}" if candidates
-                  else {"resume": "to resume", "run": "to run"}[action])
-        return status, self.encoders.status(self.config_of(spec))
-
-    def _candidates(self, spec: RunSpec) -> list[Found]:
-        """Records of ``spec``'s config in :attr:`reuse` that this machine would make bit
-        for bit, if their starting encoder is the one it starts from (checked in
-        :meth:`run`)."""
-        if self.reuse is None or self.force:
-            return []
-        config = self.config_of(spec)
-        return [f for f in self.reuse.every(config) if f.path != self.path(spec)
-                and reproduces(f.record.environment, self._here) and _same_config(f.record, config)]
+            return Plan(Decision.RESUME)
+        base = None if self.force else base_config(config)
+        if base is not None:
+            found = self.store.base_run(base)
+            if found is not None and stands_in(found.record, config):
+                return Plan(Decision.STAND_IN, found)
+            twin = self.store.twin(spec.name, config, base)
+            if twin is not None:
+                return Plan(Decision.TAKEN, twin, why="from its base method's run's encoder")
+        named = self.store.named_in_taken(spec.name, config)
+        if named is not None:
+            return Plan(Decision.TAKEN, named, why="the folder's taken.json names it")
+        first = base is not None and not self.store.has_base(base)
+        return Plan(Decision.BASE_FIRST if first else Decision.RUN,
+                    candidates=tuple(self.store.candidates(config, path, self._here)))
 
     @functools.cached_property
     def _here(self) -> dict:
         """This machine's :func:`environment`, read once (a process's does not change)."""
         return environment()
 
+    def planned(self, spec: RunSpec) -> tuple[str, str | None]:
+        """What :meth:`run` would do with ``spec`` now (:meth:`Plan.describe`), and where
+        the starting encoder it needs would come from
+        (:meth:`~cpcfl_tf.federated.starting.StartingEncoders.status`), None where it
+        needs none. Reads, never writes."""
+        try:
+            plan = self.decide(spec)
+        except UserError as err:
+            return Plan(Decision.STOPS, why=str(err)).describe(), None
+        needs = plan.decision in (Decision.RUN, Decision.RESUME, Decision.BASE_FIRST)
+        return plan.describe(), self.encoders.status(self.config_of(spec)) if needs else None
+
+    def status(self, spec: RunSpec) -> str:
+        """What :meth:`run` would do with ``spec`` now (:meth:`planned`)."""
+        return self.planned(spec)[0]
+
+    def finished(self, spec: RunSpec) -> RunRecord | None:
+        """``spec``'s finished record: in the output folder, or taken (a stand-in, a twin,
+        the one ``taken.json`` names, or one this machine would make when its starting
+        encoder needs no training), so that a report reads the same runs on any machine;
+        None where there is none. Reads, never writes."""
+        config = self.config_of(spec)
+        plan = self.decide(spec, config)
+        if plan.found is not None:
+            return self._took(spec, config, plan).record
+        if plan.candidates and self.encoders.ready(config):
+            found = self.store.take(spec.name, list(plan.candidates),
+                                    weights_fingerprint(self.encoders(config)))
+            return found and found.record
+        return None
+
+    def _took(self, spec: RunSpec, config: Config, plan: Plan) -> Found:
+        """``plan``'s record, a stand-in noted as one."""
+        if plan.decision is Decision.STAND_IN:
+            self.store.stand_in(spec.name, config.federated.method, plan.found)
+        return plan.found
+
+    # -- running ------------------------------------------------------------
     def run(self, spec: RunSpec, on_round: Callable[[dict, Any], None] | None = None
             ) -> RunRecord:
-        """Run ``spec`` (or load its finished record) and return its record.
+        """Run ``spec`` (or take its record, :meth:`decide`) and return its record.
 
         ``on_round(round_record, state)`` is called after every round the run makes now
         (not for rounds of a finished run, nor those before a resumed checkpoint)."""
-        from cpcfl_tf.federated.simulator import run_federated
-        from cpcfl_tf.federated.starting import pool_encoder
-
         config = self.config_of(spec)
-        path, checkpoint = self.path(spec), self.checkpoint(spec)
-        action, record = self._decide(spec)
-        if action == "done":
-            checkpoint.unlink(missing_ok=True)  # left if a kill came right after the result
+        plan = self.decide(spec, config)
+        if plan.decision is not Decision.RESUME:
+            # left by a kill right after the record was written; with --force, an old
+            # checkpoint starts over
+            self.checkpoint(spec).unlink(missing_ok=True)
+        if plan.found is not None:
+            found = self._took(spec, config, plan)
             if self.verbose:
-                print(f"{spec.name}: done before, final accuracy "
-                      f"{record.final.accuracy:.4f} ({path})")
-            self.records.append(record)
-            return record
-        unrestarted = self._unrestarted(spec) if action == "run" else None
-        if unrestarted is not None:
-            if self.verbose:
-                print(f"{spec.name}: its restart rule never fires in {unrestarted.path}, so it "
-                      f"is that run, final accuracy {unrestarted.record.final.accuracy:.4f}")
-            self.records.append(unrestarted.record)
-            return self._stand_in(spec, unrestarted)
-        taken = self._taken_elsewhere(spec) if action == "run" else None
-        if taken is not None:
-            if self.verbose:
-                why = ("it starts from its base method's run's encoder"
-                       if spec.name in self.paired else "the folder's taken.json names it")
-                print(f"{spec.name}: the run of {self.reused[spec.name]} ({why}), final "
-                      f"accuracy {taken.final.accuracy:.4f}")
-            self.records.append(taken)
-            return taken
-        if action == "run":  # with --force, an old checkpoint starts over
-            checkpoint.unlink(missing_ok=True)
+                print(_taken_line(spec, plan, self.store.paired))
+            self.records.append(found.record)
+            return found.record
         if self.verbose:
             fl = config.federated
             length = (f"{fl.rounds} rounds" if METHODS[fl.method].federated
@@ -549,25 +294,33 @@ class Runner:
             print(f"{spec.name}: {fl.method} ({fl.pretraining}), "
                   f"{config.partition.num_clients} clients, {length}")
         encoder = self.encoders(config)
-        found = (self._taken(spec, encoder, self._candidates(spec)) if action == "run"
-                 else None)
+        found = self.store.take(spec.name, list(plan.candidates), weights_fingerprint(encoder))
         if found is not None:
             if self.verbose:
-                print(f"{spec.name}: the same run as {self.reused[spec.name]} (same config, "
-                      f"machine kind and starting encoder), final accuracy "
-                      f"{found.final.accuracy:.4f}")
-            self.records.append(found)
-            return found
+                print(f"{spec.name}: the same run as {found.path} (same config, machine kind "
+                      f"and starting encoder), final accuracy {found.record.final.accuracy:.4f}")
+            self.records.append(found.record)
+            return found.record
+        record = self._make(spec, config, encoder, on_round)
+        self.records.append(record)
+        return record
+
+    def _make(self, spec: RunSpec, config: Config, encoder, on_round) -> RunRecord:
+        """Run ``spec`` here (resuming its checkpoint) and write its record."""
+        from cpcfl_tf.federated.simulator import run_federated
+        from cpcfl_tf.federated.starting import pool_encoder
+
+        path, checkpoint = self.path(spec), self.checkpoint(spec)
         if not METHODS[config.federated.method].federated:
             from cpcfl_tf.federated.centralized import run_centralized
 
-            record = run_centralized(config, self.clients(config), encoder)
+            record = run_centralized(config, self.data.clients(config), encoder)
         else:
-            clients = self.clients(config)
+            clients = self.data.clients(config)
+            logged = _with_scalars(self.tensorboard, self.experiment, spec, clients, on_round)
             record, state = run_federated(config, clients, encoder_weights=encoder,
                                           checkpoint=checkpoint, verbose=self.verbose,
-                                          on_round=self._scalars(spec, config, clients, on_round),
-                                          max_clients=self.max_clients,
+                                          on_round=logged, max_clients=self.max_clients,
                                           diagnose=self.diagnose)
             if (config.federated.method, config.federated.pretraining) == FEDAVG_ENCODER_RUN:
                 # IFCA (FedAvg) starts from this model's encoder: kept, also for later runs.
@@ -577,15 +330,40 @@ class Runner:
                                          config.federated.method,
                                          config.federated.pretraining)))
         write_record(path, record)
-        if self.reuse is not None:
-            self.reuse.add(path, record)
-        if "_folder" in self.__dict__:
-            self._folder.add(path, record)
+        self.store.add(path, record)
         checkpoint.unlink(missing_ok=True)
         if self.verbose:
             print(f"{spec.name}: final accuracy {record.final.accuracy:.4f} -> {path}")
-        self.records.append(record)
         return record
+
+
+def _with_scalars(tensorboard, experiment: str, spec: RunSpec, clients, on_round):
+    """``on_round`` that also logs the round to TensorBoard (when a folder is set)."""
+    if not tensorboard:
+        return on_round
+    from cpcfl_tf.scalars import ScalarLog
+
+    log = ScalarLog(Path(tensorboard) / experiment / spec.name)
+
+    def logged(record: dict, state) -> None:
+        log.write(record["round"], _round_scalars(record, clients.groups, len(state.models)))
+        if on_round:
+            on_round(record, state)
+
+    return logged
+
+
+def _taken_line(spec: RunSpec, plan: Plan, paired: set[str]) -> str:
+    """The line of a run taken, not made."""
+    record, path = plan.found.record, plan.found.path
+    if plan.decision is Decision.DONE:
+        return f"{spec.name}: done before, final accuracy {record.final.accuracy:.4f} ({path})"
+    if plan.decision is Decision.STAND_IN:
+        return (f"{spec.name}: its restart rule never fires in {path}, so it is that run, "
+                f"final accuracy {record.final.accuracy:.4f}")
+    why = ("it starts from its base method's run's encoder" if spec.name in paired
+           else "the folder's taken.json names it")
+    return f"{spec.name}: the run of {path} ({why}), final accuracy {record.final.accuracy:.4f}"
 
 
 def _round_scalars(record: dict, groups: np.ndarray, num_clusters: int) -> dict[str, float]:
@@ -613,15 +391,6 @@ def stands_in(record: RunRecord, config: Config) -> bool:
     from cpcfl_tf.federated.algorithm import would_restart
 
     base = base_config(config)
-    return (base is not None and _same_config(record, base)
+    return (base is not None and same_config(record, base)
             and not would_restart(config.resolved().federated,
                                   [r.cluster_ids for r in record.rounds]))
-
-
-def _same_config(record: RunRecord, config: Config) -> bool:
-    """Whether ``record`` was run with ``config``: as requested and, for federated runs, as
-    it resolved (what a method implies can change, e.g. FedAvg (SimCLR)'s Tc phase)."""
-    if config_record(record.requested) != config_record(config):
-        return False
-    return (not METHODS[config.federated.method].federated
-            or record.config.federated == config.resolved().federated)

@@ -96,11 +96,11 @@ class Session:
         given, else the kit's own ``results/<preset>`` when the output folder is in it. A
         reproducer writing elsewhere (``--out``) gets every run made on their machine, to
         compare with the committed ones."""
-        from cpcfl_tf.judge import RecordIndex
+        from cpcfl_tf.record_store import RecordIndex
 
         own = Path("results") / self.config.preset
         if tree is not None or (own.is_dir() and self.out.resolve().parent == own.resolve()):
-            self.runner.reuse = RecordIndex(tree or own, prefer=self.out)
+            self.runner.store.reuse = RecordIndex(tree or own, prefer=self.out)
 
     def update_readme(self, tag: str, lines: list[str], what: str, front: bool = False
                       ) -> None:
@@ -191,11 +191,12 @@ class Session:
         from cpcfl_tf.results import write_csv, write_text
 
         note = provenance(self.runner.records) if "runner" in self.__dict__ else []
-        if "runner" in self.__dict__ and self.runner.reused:
-            note += reused_note(self.runner.reused, self.runner.named, self.runner.paired)
-            self.runner.keep_taken()
-        if "runner" in self.__dict__ and self.runner.stood_in:
-            note.append(stood_in_note(self.runner.stood_in))
+        store = self.runner.store if "runner" in self.__dict__ else None
+        if store and store.reused:
+            note += reused_note(store.reused, store.named, store.paired)
+            store.keep_taken()
+        if store and store.stood_in:
+            note.append(stood_in_note(store.stood_in))
         if note:
             report = report.rstrip("\n") + "\n\n" + "\n".join(note) + "\n"
         if rows:
@@ -252,7 +253,7 @@ def reused_note(reused: dict[str, Path], named: set[str], paired: set[str] = fro
 
 def stood_in_note(stood_in: dict[str, tuple[str, Path]]) -> str:
     """The report's note on runs taken from the method their method is until its restart
-    rule fires (:attr:`Runner.stood_in`)."""
+    rule fires (:attr:`~cpcfl_tf.record_store.RecordStore.stood_in`)."""
     from collections import Counter
 
     from cpcfl_tf.methods import METHODS

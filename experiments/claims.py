@@ -21,7 +21,8 @@ from cpcfl_tf.cli import resolve_config
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.evidence import (Evidence, Judged, encoder_notes, groups_found, headroom,
                                machine_notes, report, seed_list, verdict_table)
-from cpcfl_tf.judge import RULE, config_key
+from cpcfl_tf.judge import RULE
+from cpcfl_tf.record_store import config_key
 from cpcfl_tf.methods import PRETRAIN_METHODS
 from cpcfl_tf.report import markdown_table, replace_block
 from cpcfl_tf.runner import Runner, RunSpec
@@ -53,13 +54,13 @@ class LinearEval:
 def make_missing(session, evidence_: Evidence, chosen: list[Claim]) -> None:
     """Make every run of ``chosen`` (claim by claim, seed by seed) that the tree lacks into
     the script's folder. A record elsewhere in the tree is used where this machine would
-    make it bit for bit (:attr:`~cpcfl_tf.runner.Runner.reuse`), so one seed's evidence
-    comes from one kind of machine. The second verdict's claims (CP-CFL's merges fixed,
+    make it bit for bit (:attr:`~cpcfl_tf.record_store.RecordStore.reuse`), so one seed's
+    evidence comes from one kind of machine. The second verdict's claims (CP-CFL's merges fixed,
     :func:`fixed_claims`) make only the fixed runs the tree lacks: where the rule never
     fires, the base run is the fixed run, so only runs in which it fires are made, and
     they pair with the first verdict's records. With ``--dry-run``, list them with what
     each would do and stop."""
-    session.runner.reuse = evidence_.index
+    session.runner.store.reuse = evidence_.index
     todo: list[RunSpec | LinearEval] = []  # in the order they run: claim, seed, step
     done: set[str] = set()
     complete: list[str] = []

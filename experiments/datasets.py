@@ -57,9 +57,10 @@ def relevance(runner: Runner, spec: RunSpec) -> float:
     from cpcfl_tf.contrastive.linear_eval import relevance_score
 
     config = spec.config(runner.base)
-    client_images = runner.partition(config)[1].images
+    client_images = runner.data.partition(config)[1].images
     encoder = runner.encoders.contrastive(config, "simclr").encoder
-    return relevance_score(encoder, runner.unlabeled(config), client_images, seed=config.seed)
+    return relevance_score(encoder, runner.data.unlabeled(config), client_images,
+                           seed=config.seed)
 
 
 def relevance_scores(session, pairs, runs) -> dict[str, float]:

@@ -187,7 +187,7 @@ def score_candidates(session, plan: dict[str, list[dict]], seeds: list[int]) -> 
                 if kept.get(folder, {}).get("linear_epochs", epochs) != epochs:
                     kept.pop(folder, None)  # scored with another --linear-epochs
                 if folder not in kept:
-                    proxy = proxy or runner.client_splits(config.data)
+                    proxy = proxy or runner.data.client_splits(config.data)
                     result = runner.encoders.contrastive(run_config, method)
                     kept[folder] = {**proxy_scores(result.encoder, *proxy, seed=seed,
                                                    epochs=epochs),

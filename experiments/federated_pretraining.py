@@ -146,7 +146,7 @@ def score_encoders(session, specs: Sequence[RunSpec], only_kept: bool = False
                   else runner.encoders.contrastive(config, start))
         folder = result.out_dir.name
         if kept.get(folder, {}).get("linear_epochs") != epochs:
-            proxy = proxy or runner.client_splits(config.data)
+            proxy = proxy or runner.data.client_splits(config.data)
             made = read_json(result.out_dir / "pretrain.json", fix="delete the cache folder "
                              f"{result.out_dir} to pre-train it again")
             kept[folder] = {

@@ -94,7 +94,7 @@ def probe_for(runner: Runner, spec: RunSpec) -> RoundProbe:
     from cpcfl_tf.federated.pool import build_template
 
     config = spec.config(runner.base)
-    clients = runner.clients(config)
+    clients = runner.data.clients(config)
     fl = config.resolved().federated
     template = build_template(fl, clients.test.images.shape[2:], clients.num_classes)
     return RoundProbe(runner.out / f"{spec.name}.rounds.json", clients,

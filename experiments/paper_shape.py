@@ -156,12 +156,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         run_config = spec.config(config)
         with stages.stage(f"load the unlabeled images ({sizes['unlabelled']:,} x 96x96x3)"
                           ) as loaded:
-            loaded["array_bytes"] = runner.unlabeled(run_config).nbytes
+            loaded["array_bytes"] = runner.data.unlabeled(run_config).nbytes
         with stages.stage(f"pre-train SimCLR ({run_config.pretrain.epochs} epoch(s))"):
             runner.encoders.contrastive(run_config, "simclr")
         with stages.stage(f"load the client images and draw the "
                           f"{run_config.partition.num_clients} clients") as loaded:
-            _, train, test = runner.partition(run_config)
+            _, train, test = runner.data.partition(run_config)
             loaded["array_bytes"] = train.images.nbytes + test.images.nbytes
         with stages.stage(f"federated CP-CFL (SimCLR), {run_config.federated.rounds} rounds"):
             record = runner.run(spec)

@@ -103,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if "cp-cfl-simclr" in records:
         plot_cluster_identity(records["cp-cfl-simclr"], out / "cluster_identity.png",
                               title="Cluster identity of each client, CP-CFL (SimCLR)")
-    partition, train, _ = session.runner.partition(SPECS[4].config(config))
+    partition, train, _ = session.runner.data.partition(SPECS[4].config(config))
     plot_client_data_amounts(partition, train.labels, out / "client_data_amount.png",
                              title=f"Client data per class ({train.source}, seed {config.seed})")
     session.finish(report, rows)

@@ -146,7 +146,7 @@ def simulated(run, rounds, out, dropped=None):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(simulator._Simulation, "train", failing)
         patch.setattr(simulator, "client_accuracy", scored)
-        record, _ = simulator.run_federated(config, runner.clients(config),
+        record, _ = simulator.run_federated(config, runner.data.clients(config),
                                             encoder_weights=encoder, verbose=0)
     return [r.cluster_ids for r in record.rounds], scores, encoder, record.final
 

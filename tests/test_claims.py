@@ -541,7 +541,7 @@ def test_a_fired_restart_run_is_taken_where_it_starts_from_its_base_runs_encoder
     config elsewhere in the tree that starts from the folder's CP-CFL run's encoder is
     that run's restart (another script made it): the runner takes it; one from another
     encoder is not taken (the run would be made)."""
-    from cpcfl_tf.judge import RecordIndex
+    from cpcfl_tf.record_store import RecordIndex
     from cpcfl_tf.runner import Runner, RunSpec
 
     base = SMOKE.with_overrides(federated={"restart_round": 2})
@@ -559,7 +559,7 @@ def test_a_fired_restart_run_is_taken_where_it_starts_from_its_base_runs_encoder
         write_record(other / "run0-cp-cfl-restart-simclr.json", dataclasses.replace(
             restarted, environment={"cpu": "B", "starting_encoder": encoder}))
         runner = Runner("trials", base, folder)
-        runner.reuse = RecordIndex(tree)
+        runner.store.reuse = RecordIndex(tree)
         found = runner.finished(spec)
         assert (found and found.final.accuracy) == taken
-        assert (spec.name in runner.reused) == (taken is not None)
+        assert (spec.name in runner.store.reused) == (taken is not None)

@@ -126,11 +126,11 @@ def test_clients_unlabeled_images_come_from_the_pretraining_split_only(tmp_path)
 
     config = smoke("fed-simclr", "groups")
     runner = Runner("t", config, tmp_path / "out", dry_run=True)
-    dealt = runner.client_unlabeled(config)
-    partition, train, _ = runner.partition(config)
+    dealt = runner.data.client_unlabeled(config)
+    partition, train, _ = runner.data.partition(config)
     assert len(dealt) == config.partition.num_clients
     assert all(d.dtype == np.uint8 and d.ndim == 4 for d in dealt)  # images, no labels
-    pool = runner.unlabeled(config)
+    pool = runner.data.unlabeled(config)
     keys = {x.tobytes() for x in pool}
     assert all(x.tobytes() in keys for d in dealt for x in d[:5])  # from digits:train[:697]
     assert sum(len(d) for d in dealt) == len(pool)

@@ -14,9 +14,9 @@ LAYERS = {
     "models": 3, "flops": 3,
     "contrastive": 4,
     "federated": 5,
-    "record": 3,
+    "record": 3, "record_store": 3,
     "plots": 6, "cli": 6, "flower": 6, "report": 6, "judge": 6,
-    "runner": 7,
+    "runner": 7, "run_data": 7,
     "script": 8, "catalogue": 8, "claims": 9, "evidence": 9,
 }
 """Layer of each top-level part of ``cpcfl_tf``; a module may import its own layer or lower."""

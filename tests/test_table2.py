@@ -99,7 +99,7 @@ def test_an_interrupted_run_needs_resume(smoke_run, tmp_path):
             raise Stop
 
     with pytest.raises(Stop):
-        run_federated(config, runner.clients(config), verbose=0,
+        run_federated(config, runner.data.clients(config), verbose=0,
                       checkpoint=tmp_path / ".fedavg-none.ckpt.npz", on_round=interrupt)
     with pytest.raises(UserError, match="interrupted .* --resume"):
         runner.run(spec)
@@ -240,9 +240,25 @@ def test_a_restart_variant_run_whose_rule_never_fires_is_taken_from_its_base_run
     assert runner.planned(RunSpec("cp-cfl", "cp-cfl", "simclr", short))[1] is None  # done
     assert runner.planned(RunSpec("other", "cp-cfl", "simclr", short))[1].startswith(
         "simclr encoder: cached")
+    # One decision per run, an enum: the variant stands in, the base is done, a new
+    # config is made; a run taken elsewhere never builds an encoder.
+    from cpcfl_tf.runner import Decision
+
+    assert [runner.decide(s).decision for s in (
+        variant, RunSpec("cp-cfl", "cp-cfl", "simclr", short),
+        RunSpec("other", "cp-cfl", "simclr", short))] == [
+            Decision.STAND_IN, Decision.DONE, Decision.RUN]
+    assert runner.decide(variant).found.path == tmp_path / "cp-cfl.json"
+    (tmp_path / ".other.ckpt.npz").write_bytes(b"")  # interrupted: resumed, or refused
+    assert Runner("reliability", get_preset("smoke"), tmp_path, verbose=0, resume=True
+                  ).decide(RunSpec("other", "cp-cfl", "simclr", short)).decision \
+        is Decision.RESUME
+    assert runner.planned(RunSpec("other", "cp-cfl", "simclr", short))[0].startswith(
+        "stops: other was interrupted")
+    (tmp_path / ".other.ckpt.npz").unlink()
     assert runner.run(variant).to_json() == plain.to_json()
     assert runner.finished(variant).to_json() == plain.to_json()
-    assert runner.stood_in == {"restart": ("cp-cfl-restart", tmp_path / "cp-cfl.json")}
+    assert runner.store.stood_in == {"restart": ("cp-cfl-restart", tmp_path / "cp-cfl.json")}
     assert not (tmp_path / "restart.json").exists()
     # a share no cluster reaches: the test fires at round 2, and the variant runs itself
     strict = {**short, "min_cluster_share": 1.5, "max_restarts": 1}
@@ -250,7 +266,7 @@ def test_a_restart_variant_run_whose_rule_never_fires_is_taken_from_its_base_run
     assert base.rounds == plain.rounds  # CP-CFL has no restart rule
     made = runner.run(RunSpec("restart-strict", "cp-cfl-restart", "simclr", strict))
     assert made.final.restarts == 1 and (tmp_path / "restart-strict.json").exists()
-    assert "restart-strict" not in runner.stood_in
+    assert "restart-strict" not in runner.store.stood_in
     # --force makes every run again
     forced = Runner("reliability", get_preset("smoke"), tmp_path, verbose=0, force=True)
     assert forced.run(variant).rounds == plain.rounds and (tmp_path / "restart.json").exists()

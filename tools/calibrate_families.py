@@ -88,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     # PACFL: the ARI of its clustering for each p on every held-out partition.
     aris = {}
     for seed in HELD_OUT:
-        clients = session.runner.clients(config.with_overrides(seed=seed))
+        clients = session.runner.data.clients(config.with_overrides(seed=seed))
         # the leading p singular vectors are the first p of the leading max(BASES)
         widest = [rules.data_subspace(x, max(BASES)) for x in clients.train.images]
         aris[seed] = [cluster_ari(clients.groups, rules.subspace_clusters(

@@ -37,7 +37,7 @@ def needed(results: Path) -> dict[str, dict]:
     """The starting encoders the run records under ``results`` name: fingerprint ->
     ``{"records": [paths], "pretraining": [...], "cpu": [the CPUs the runs ran on]}``."""
     from cpcfl_tf.environment import machine
-    from cpcfl_tf.judge import RecordIndex
+    from cpcfl_tf.record_store import RecordIndex
 
     out: dict[str, dict] = collections.defaultdict(
         lambda: {"records": [], "pretraining": set(), "cpu": set()})

@@ -3,15 +3,16 @@
 Copies ``results/<preset>`` (or ``--results``) and ``results/README.md`` into a sandbox
 laid out like the repository (``<sandbox>/results/<preset>``), runs every script there
 from the sandbox, as the kit's own tree, and compares the two trees file by file:
-``experiments/all.py`` (the paper's tables and the report), then each script beyond the
-paper whose folder the tree holds, then ``experiments/claims.py``. Finished runs are
-skipped, so only reports, CSVs and figures are rewritten from the run records. A script
-whose ``--dry-run`` says it would make a run (one it takes from another folder only on
-the machine kind that made it, say) is not run: it is listed as not checked here, with
-what it would make. Exit status 0 when nothing changed, 1 with the list of files that
-changed, appeared or went missing. A refactoring that is meant to change no result passes
-this on every preset; ``experiments/compare.py`` checks re-made runs against the
-committed records bit for bit.
+``experiments/all.py`` (each of the paper's tables whose folder the tree holds, and the
+report), then each script beyond the paper whose folder the tree holds, then
+``experiments/claims.py``. Finished runs are skipped, so only reports, CSVs and figures
+are rewritten from the run records. A script made of runs is asked with ``--dry-run``
+first; one that would make a run (one it takes from another folder only on the machine
+kind that made it, say) is not run: it is listed as not checked here, with what it would
+make. Exit status 0 when nothing changed, 1 with the list of files that changed,
+appeared or went missing. A refactoring that is meant to change no result passes this on
+every preset; ``experiments/compare.py`` checks re-made runs against the committed
+records bit for bit.
 """
 from __future__ import annotations
 
@@ -32,8 +33,6 @@ BEYOND = {"cfl_families": (), "clustering_reliability": (), "encoder_selection":
           "federated_pretraining": ("--report",), "local_optimizer": (), "partition": ()}
 """The scripts beyond ``experiments/all.py``'s whose folder a tree may hold, with the
 options that make them write their report from what is kept (no run, no scoring)."""
-DRY_RUN = ("cfl_families", "clustering_reliability", "encoder_selection", "local_optimizer")
-"""Of :data:`BEYOND`, those made of runs: asked with ``--dry-run`` first."""
 MAKES = (": to run", ": to resume", "to pre-train", "to train")
 """What a dry run's line says when the script would make something."""
 
@@ -75,21 +74,28 @@ def would_make(name: str, preset: str, sandbox: Path) -> list[str]:
 def rebuild(preset: str, sandbox: Path, scripts: list[str] | None) -> list[str]:
     """Run every script over the sandbox's tree; the scripts not checked, with why."""
     tree = sandbox / "results" / preset
-    table_scripts = _load_all().SCRIPTS
+    table_scripts = _load("all").SCRIPTS
     wanted = scripts or [*table_scripts, *BEYOND, "claims"]
     unknown = set(wanted) - {*table_scripts, *BEYOND, "claims"}
     if unknown:
         raise UserError(f"unknown script(s) {', '.join(sorted(unknown))}; known: "
                         + ",".join([*table_scripts, *BEYOND, "claims"]))
-    tables = [s for s in wanted if s in table_scripts]
+    unchecked = []
+    tables = []
+    for name in [s for s in table_scripts if s in wanted and (tree / s).is_dir()]:
+        making = would_make(name, preset, sandbox) if _load(name).SCRIPT.runs else []
+        if making:
+            unchecked.append(f"{name}: not checked here, it would make "
+                             f"{len(making)} thing(s), e.g. {making[0]}")
+        else:
+            tables.append(name)
     if tables:
         command = [sys.executable, str(EXPERIMENTS / "all.py"), "--preset", preset,
                    "--scripts", ",".join(tables)]
         if _run(command, sandbox).returncode != 0:
             raise UserError("experiments/all.py failed in the sandbox (its error is above)")
-    unchecked = []
     for name in [s for s in BEYOND if s in wanted and (tree / s).is_dir()]:
-        if name in DRY_RUN:
+        if _load(name).SCRIPT.runs:
             making = would_make(name, preset, sandbox)
             if making:
                 unchecked.append(f"{name}: not checked here, it would make "
@@ -106,10 +112,11 @@ def rebuild(preset: str, sandbox: Path, scripts: list[str] | None) -> list[str]:
     return unchecked
 
 
-def _load_all():
+def _load(name: str):
+    """``experiments/<name>.py`` as a module."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("all", EXPERIMENTS / "all.py")
+    spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
