@@ -1,8 +1,8 @@
 """Speed of a federated pre-training epoch against a server epoch over the same images.
 
 In one process, on the same unlabeled images of the preset: the server's pre-training
-(:func:`cpcfl_tf.contrastive.pretrain.pretrain`, the preset's batch) and a federated one
-(:func:`cpcfl_tf.contrastive.federated_pretrain.federated_pretrain`, the images dealt
+(:func:`cpcfl_tf.pretraining.pretrain.pretrain`, the preset's batch) and a federated one
+(:func:`cpcfl_tf.pretraining.federated_pretrain.federated_pretrain`, the images dealt
 ``iid`` to ``--clients`` clients, one local epoch per round, the start's own batch), each
 for ``--epochs`` passes; the first pass of each includes tracing, so the ratio is taken
 over the later ones (median seconds per pass). Goal: a federated pass at most 1.5x a
@@ -19,7 +19,7 @@ from typing import Sequence
 from cpcfl_tf.cli import print_metrics
 from cpcfl_tf.environment import environment
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.methods import FEDERATED_PRETRAININGS
+from cpcfl_tf.clustered.methods import FEDERATED_PRETRAININGS
 from cpcfl_tf.script import Script
 
 SCRIPT = Script(__file__, __doc__, distribute=False, runs=False)
@@ -50,8 +50,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         pretrain={"epochs": args.epochs,
                   "options": {algorithm: {"rounds": args.epochs, "local_epochs": 1}}})
 
-    from cpcfl_tf.contrastive.federated_pretrain import federated_pretrain, plan
-    from cpcfl_tf.contrastive.pretrain import load_pretrain_images, pretrain
+    from cpcfl_tf.pretraining.federated_pretrain import federated_pretrain, plan
+    from cpcfl_tf.pretraining.pretrain import load_pretrain_images, pretrain
     from cpcfl_tf.data.unlabeled import deal_unlabeled
     from cpcfl_tf.results import write_json
 

@@ -16,7 +16,7 @@ from cpcfl_tf.cli import print_metrics
 from cpcfl_tf.config import ENCODERS
 from cpcfl_tf.environment import environment
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.methods import PRETRAIN_METHODS
+from cpcfl_tf.clustered.methods import PRETRAIN_METHODS
 from cpcfl_tf.script import Script
 
 
@@ -50,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         batch_size=args.batch_size or config.pretrain.batch_size,
         jit_compile=args.jit_compile, precision=args.precision)
 
-    from cpcfl_tf.contrastive.timing import (bare_encoder_step, compare_seconds,
+    from cpcfl_tf.pretraining.timing import (bare_encoder_step, compare_seconds,
                                              contrastive_step, random_images)
     from cpcfl_tf.results import write_json
 

@@ -3,7 +3,7 @@
 Random data (speed does not depend on content): C clients with 50 training and 50 test
 images each, N random CNN + theta_c models, IFCA rounds (every round selects by
 training loss and trains the whole model: the full cost of a CFL round). Ours is
-:func:`cpcfl_tf.federated.simulator.run_federated`. The baseline is the loop a typical
+:func:`cpcfl_tf.clustered.simulator.run_federated`. The baseline is the loop a typical
 reproduction writes: per client, ``model.evaluate`` each of the N models, then
 ``model.compile`` (fresh Adam) and ``model.fit`` for 3 epochs, then ``model.evaluate``
 on the test data. Both report the mean over rounds after the first (tracing, warm-up).
@@ -33,7 +33,7 @@ def plain_keras_round(model, pool, train_x, train_y, test_x, test_y, *, epochs: 
     """One CFL round written the obvious way, with Keras' high-level API per client."""
     import keras
 
-    from cpcfl_tf.federated import algorithm
+    from cpcfl_tf.clustered import algorithm
 
     weights, ids = [], []
     for x, y in zip(train_x, train_y):
@@ -139,9 +139,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         (out / "benchmark_simulator.md").write_text(report(out))
         return
 
-    from cpcfl_tf.federated.clients import ClientArrays, Clients
-    from cpcfl_tf.federated.pool import build_template, initial_pool
-    from cpcfl_tf.federated.simulator import run_federated
+    from cpcfl_tf.clustered.clients import ClientArrays, Clients
+    from cpcfl_tf.clustered.pool import build_template, initial_pool
+    from cpcfl_tf.clustered.simulator import run_federated
     from cpcfl_tf.results import write_json
 
     def timed(clients_count: int, participation: float, eval_every: int, rounds: int):

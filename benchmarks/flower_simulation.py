@@ -81,7 +81,7 @@ from cpcfl_tf.runner import Runner
 settings = json.loads(sys.argv[1])
 config = run_config(settings)
 runner = Runner("flower_simulation", config, sys.argv[2], verbose=0)
-from cpcfl_tf.federated.simulator import run_federated
+from cpcfl_tf.clustered.simulator import run_federated
 from cpcfl_tf.record import write_record
 record, _ = run_federated(config, runner.data.clients(config),
                           encoder_weights=runner.encoders(config), verbose=0)

@@ -77,7 +77,7 @@ def round_flops(config, clients: int, train: int = TRAIN_IMAGES, test: int = 50)
     """FLOPs of one IFCA round of the benchmark: local training (forward + backward taken
     as 3 forwards, the usual estimate), selection (every pool model on every training
     image) and evaluation (each client's cluster model on its test images)."""
-    from cpcfl_tf.federated.pool import build_template
+    from cpcfl_tf.clustered.pool import build_template
     from cpcfl_tf.flops import count_flops
 
     fl = config.federated
@@ -101,7 +101,7 @@ def kernel_breakdown(classifier, clients: int, batches: Sequence[int], repeats: 
     import keras
     import tensorflow as tf
 
-    from cpcfl_tf.contrastive.timing import median_seconds
+    from cpcfl_tf.pretraining.timing import median_seconds
 
     rows = []
     convolutions = [layer for layer in classifier.get_layer("encoder").layers
@@ -143,7 +143,7 @@ def _as_matmul_logits(layers, params, x, every: bool):
     output: a reshape). The same arithmetic in another order (last bits differ)."""
     import tensorflow as tf
 
-    from cpcfl_tf.federated.backends import stacked_logits
+    from cpcfl_tf.clustered.backends import stacked_logits
 
     k, h, i = x.shape[0], x, 0
     for n, layer in enumerate(layers):
@@ -180,9 +180,9 @@ def step_layouts(classifier, clients: int, batches: Sequence[int], repeats: int 
     import numpy as np
     import tensorflow as tf
 
-    from cpcfl_tf.contrastive.timing import compare_seconds
+    from cpcfl_tf.pretraining.timing import compare_seconds
     from cpcfl_tf.data.images import to_float
-    from cpcfl_tf.federated.backends import StackedBackend, stacked_logits
+    from cpcfl_tf.clustered.backends import StackedBackend, stacked_logits
 
     backend = StackedBackend(classifier)
 
@@ -300,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 def time_kernels(config, clients: int) -> dict:
     """The ``kernels`` part: the local step's convolutions and layouts."""
     from cpcfl_tf.environment import onednn_enabled
-    from cpcfl_tf.federated.pool import build_template
+    from cpcfl_tf.clustered.pool import build_template
 
     fl = config.federated
     size = config.data.image_size

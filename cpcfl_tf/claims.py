@@ -12,9 +12,9 @@ import numpy as np
 from cpcfl_tf.catalogue import COMPARISON, client_settings, clients_partition
 from cpcfl_tf.config import Config
 from cpcfl_tf.dataset_pairs import dataset_pairs
-from cpcfl_tf.federated.metrics import cluster_ari
+from cpcfl_tf.clustered.metrics import cluster_ari
 from cpcfl_tf.judge import Statistic, accuracy_at, clustering_failures, final_accuracy
-from cpcfl_tf.methods import METHODS
+from cpcfl_tf.clustered.methods import METHODS
 from cpcfl_tf.record import RunRecord
 from cpcfl_tf.runner import RunSpec
 
@@ -66,7 +66,7 @@ def evidence(config: Config) -> dict[str, RunSpec]:
 
 FIXED = {m.restarts_of: m.name for m in METHODS.values() if m.restarts_of}
 """A method -> the method that is it with its merges fixed (IFCA's restart rule:
-``cp-cfl`` -> ``cp-cfl-restart``, :attr:`~cpcfl_tf.methods.Method.restarts_of`). Beyond
+``cp-cfl`` -> ``cp-cfl-restart``, :attr:`~cpcfl_tf.clustered.methods.Method.restarts_of`). Beyond
 the paper, every claim is judged a second time with each such run in its base's place."""
 FIXED_SUFFIX = "+restart"
 

@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 from cpcfl_tf.config import PRESETS, Config, get_preset, parse_settings
 from cpcfl_tf.environment import set_determinism
 from cpcfl_tf.errors import ArgumentParser, UserError
-from cpcfl_tf.ssl_methods import SSL_METHODS
+from cpcfl_tf.pretraining.methods import SSL_METHODS
 
 
 def experiment_parser(name: str, description: str, *, folder: str = "experiments",

@@ -27,7 +27,7 @@ from typing import Any, Sequence
 
 from cpcfl_tf.compat import UNSET_FIELDS, read_pretrain, stored_pretrain
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.methods import METHODS, PRETRAIN_METHODS, PRETRAININGS
+from cpcfl_tf.clustered.methods import METHODS, PRETRAIN_METHODS, PRETRAININGS
 
 ENCODER_DIMS = {"cnn": 256, "resnet18": 512, "resnet50": 2048}
 """The encoders and the width of their output (Sec. "Experimental settings", "ResNet-18
@@ -143,7 +143,7 @@ class PretrainConfig:
     (SimCLR, BYOL, SimSiam, VICReg, supervised) is the run's ``federated.pretraining``: one
     name, in one place; each method's own settings (SimCLR's temperature, BYOL's target
     rate, the projector's width, ...) are its registry entry's
-    (:mod:`cpcfl_tf.ssl_methods`), overridden in :attr:`options`."""
+    (:mod:`cpcfl_tf.pretraining.methods`), overridden in :attr:`options`."""
 
     encoder: str = "cnn"
     epochs: int = 300
@@ -171,7 +171,7 @@ class PretrainConfig:
     """Epochs of linear warm-up of the cosine schedule (SimCLR used 10 of its 100+)."""
 
     def __post_init__(self) -> None:
-        from cpcfl_tf.ssl_methods import check_options
+        from cpcfl_tf.pretraining.methods import check_options
 
         _check(self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)
                                      and self.seed >= 0),
@@ -191,7 +191,7 @@ class PretrainConfig:
 
     def settings(self, method: str) -> dict[str, Any]:
         """Every setting of self-supervised ``method`` with the value it runs with."""
-        from cpcfl_tf.ssl_methods import get_ssl_method
+        from cpcfl_tf.pretraining.methods import get_ssl_method
 
         return get_ssl_method(method).resolve((self.options or {}).get(method))
 
@@ -257,7 +257,7 @@ class FederatedConfig:
 
     def __post_init__(self) -> None:
         _choice("federated", "method", self.method, tuple(METHODS))
-        from cpcfl_tf.ssl_methods import federated_start
+        from cpcfl_tf.pretraining.methods import federated_start
 
         federated_start(self.pretraining)  # e.g. fedema-simclr: why not, and what instead
         _choice("federated", "pretraining", self.pretraining, PRETRAININGS)
@@ -380,7 +380,7 @@ class Config:
         each of them (arithmetic, before anything is read)."""
         from cpcfl_tf.data.sources import get_spec, parse_split, split_size
         from cpcfl_tf.data.unlabeled import check_deal
-        from cpcfl_tf.ssl_methods import FEDERATED_STARTS
+        from cpcfl_tf.pretraining.methods import FEDERATED_STARTS
 
         start, where = self.federated.pretraining, self.partition.unlabeled
         federated = FEDERATED_STARTS.get(start)
@@ -416,7 +416,7 @@ class Config:
         """The settings of the federated pre-training this run starts from (its entry's
         in ``pretrain.options``, defaults filled in; ``rounds`` may still be None, the
         server's passes); None for a start that is not federated."""
-        from cpcfl_tf.ssl_methods import FEDERATED_STARTS
+        from cpcfl_tf.pretraining.methods import FEDERATED_STARTS
 
         federated = FEDERATED_STARTS.get(self.federated.pretraining)
         if federated is None:
@@ -430,7 +430,7 @@ class Config:
         return self.seed if self.pretrain.seed is None else self.pretrain.seed
 
     def resolved(self) -> "Config":
-        """The config as its method runs it (:mod:`cpcfl_tf.methods`): the number of
+        """The config as its method runs it (:mod:`cpcfl_tf.clustered.methods`): the number of
         models N and Tc in ``federated``; what a run record keeps as ``config``."""
         fl, p = self.federated, self.partition
         if isinstance(fl, ResolvedFederated):
@@ -500,7 +500,7 @@ def _read(section: str, stored: dict[str, Any]) -> dict[str, Any]:
 def _stored_pretrain(config: Config) -> dict[str, Any]:
     """``config.pretrain`` as records write it: the stored layout with the values of the
     run's self-supervised method, all of its settings named (none for other starts)."""
-    from cpcfl_tf.ssl_methods import FEDERATED_STARTS, SSL_METHODS
+    from cpcfl_tf.pretraining.methods import FEDERATED_STARTS, SSL_METHODS
 
     method = config.federated.pretraining
     federated = FEDERATED_STARTS.get(method)

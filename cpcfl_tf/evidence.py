@@ -17,11 +17,11 @@ from cpcfl_tf.catalogue import COMPARISON_LABELS, client_settings
 from cpcfl_tf.config import Config
 from cpcfl_tf.environment import machine
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.federated.algorithm import cluster_sizes, clustering_failed
-from cpcfl_tf.federated.metrics import cluster_ari
+from cpcfl_tf.clustered.algorithm import cluster_sizes, clustering_failed
+from cpcfl_tf.clustered.metrics import cluster_ari
 from cpcfl_tf.judge import (CANNOT, RULE, Summary, combined, final_accuracy,
                             linear_eval_config, linear_eval_settings, paired, verdict)
-from cpcfl_tf.methods import run_label
+from cpcfl_tf.clustered.methods import run_label
 from cpcfl_tf.record import RunRecord
 from cpcfl_tf.record_store import Found, RecordIndex, mismatch, together
 from cpcfl_tf.report import markdown_table

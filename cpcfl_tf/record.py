@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from cpcfl_tf.config import Config, as_resolved, config_json, config_record
-from cpcfl_tf.methods import METHODS
+from cpcfl_tf.clustered.methods import METHODS
 from cpcfl_tf.results import read_file, write_json
-from cpcfl_tf.ssl_methods import FEDERATED_STARTS
-from cpcfl_tf.starts import START
+from cpcfl_tf.pretraining.methods import FEDERATED_STARTS
+from cpcfl_tf.clustered.starts import START
 
 SCORES = ("f1_macro", "f1_weighted", "auroc_ovr_macro", "auroc_ovr_weighted",
           "auroc_ovo_macro", "auroc_ovo_weighted")
@@ -57,7 +57,7 @@ class Round:
     selection: dict[str, list] | None = None
     """The selection diagnostic (runs made with ``--diagnose``): ``clients`` (who chose),
     ``losses`` (each one's loss on every pool model) and ``margins`` (second-lowest minus
-    lowest loss), :mod:`cpcfl_tf.federated.diagnostics`."""
+    lowest loss), :mod:`cpcfl_tf.clustered.diagnostics`."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"round": self.round}

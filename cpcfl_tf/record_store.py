@@ -21,7 +21,7 @@ from typing import Iterable, Iterator, Sequence
 from cpcfl_tf.config import Config, config_record
 from cpcfl_tf.environment import machine, reproduces
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.methods import METHODS
+from cpcfl_tf.clustered.methods import METHODS
 from cpcfl_tf.record import RunRecord, read_record
 
 

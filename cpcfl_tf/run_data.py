@@ -26,7 +26,7 @@ class DataCache:
     def client_splits(self, data) -> tuple:
         """The clients' labeled training and test splits ``data`` names (loaded once per
         data config): what the partition draws from and the linear evaluation's proxy."""
-        from cpcfl_tf.federated.clients import load_client_splits
+        from cpcfl_tf.clustered.clients import load_client_splits
 
         data_key = json.dumps(dataclasses.asdict(data), sort_keys=True)
         if data_key not in self._splits:
@@ -36,7 +36,7 @@ class DataCache:
     def partition(self, config: Config):
         """``(partition, train split, test split)`` of the run (loaded and drawn once per
         data config and seed)."""
-        from cpcfl_tf.federated.clients import labeled_partition, partition_for
+        from cpcfl_tf.clustered.clients import labeled_partition, partition_for
 
         key = json.dumps([dataclasses.asdict(config.data), labeled_partition(config),
                           config.seed], sort_keys=True)
@@ -49,7 +49,7 @@ class DataCache:
         """The kNN monitor of ``config``'s pre-training: its labeled proxy is the linear
         evaluation's (the clients' training and test splits: the paper's proxy) unless
         ``--knn-proxy`` names others. The labels go to the monitor only."""
-        from cpcfl_tf.contrastive.knn import KnnMonitor
+        from cpcfl_tf.pretraining.knn import KnnMonitor
         from cpcfl_tf.data import load_labeled
 
         data = config.data
@@ -63,7 +63,7 @@ class DataCache:
 
     def unlabeled(self, config: Config) -> np.ndarray:
         """The server's unlabeled pre-training images (loaded once per source)."""
-        from cpcfl_tf.contrastive.pretrain import load_pretrain_images
+        from cpcfl_tf.pretraining.pretrain import load_pretrain_images
 
         data = config.data
         key = json.dumps([data.pretrain_dataset, data.pretrain_split, data.image_size,
@@ -77,7 +77,7 @@ class DataCache:
         split dealt over the run's partition (for the groups deal by its labels, which go
         no further)."""
         from cpcfl_tf.data import load_labeled
-        from cpcfl_tf.federated.clients import client_unlabeled
+        from cpcfl_tf.clustered.clients import client_unlabeled
 
         partition, train, _ = self.partition(config)
         data = config.data
@@ -91,6 +91,6 @@ class DataCache:
 
     def clients(self, config: Config):
         """The run's clients, stacked for the simulator."""
-        from cpcfl_tf.federated.clients import make_clients
+        from cpcfl_tf.clustered.clients import make_clients
 
         return make_clients(*self.partition(config))

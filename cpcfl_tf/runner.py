@@ -8,7 +8,7 @@ script's output folder:
   a JSON from a *different* config is refused, so one folder never mixes settings;
 * an interrupted run leaves ``.<name>.ckpt.npz``; ``--resume`` continues it to exactly
   the result of an uninterrupted run (without ``--resume`` it is refused);
-* starting encoders come from :mod:`cpcfl_tf.federated.starting` (one cache for all
+* starting encoders come from :mod:`cpcfl_tf.clustered.starting` (one cache for all
   scripts); data and partitions are loaded once per (data config, seed)
   (:class:`~cpcfl_tf.run_data.DataCache`); records found elsewhere in the tree come from
   :class:`~cpcfl_tf.record_store.RecordStore`.
@@ -29,8 +29,8 @@ from cpcfl_tf.cli import proxy_splits, read_selection, selected
 from cpcfl_tf.config import Config
 from cpcfl_tf.environment import environment, run_environment
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.federated.starting import StartingEncoders
-from cpcfl_tf.methods import FEDAVG_ENCODER_RUN, METHODS, plugins_used
+from cpcfl_tf.clustered.starting import StartingEncoders
+from cpcfl_tf.clustered.methods import FEDAVG_ENCODER_RUN, METHODS, plugins_used
 from cpcfl_tf.record import RunRecord, read_record, write_record
 from cpcfl_tf.record_store import Found, RecordStore, same_config
 from cpcfl_tf.results import weights_fingerprint
@@ -154,7 +154,7 @@ class Runner:
         """At most this many clients per training step (None: all); part of no key."""
         self.diagnose = diagnose
         """Rounds of the selection diagnostic in the runs made now (0: none); part of no
-        key (:mod:`cpcfl_tf.federated.diagnostics`)."""
+        key (:mod:`cpcfl_tf.clustered.diagnostics`)."""
         self.records: list[RunRecord] = []
         """Every record :meth:`run` returned, in order: what the script's report shows."""
 
@@ -234,7 +234,7 @@ class Runner:
     def planned(self, spec: RunSpec) -> tuple[str, str | None]:
         """What :meth:`run` would do with ``spec`` now (:meth:`Plan.describe`), and where
         the starting encoder it needs would come from
-        (:meth:`~cpcfl_tf.federated.starting.StartingEncoders.status`), None where it
+        (:meth:`~cpcfl_tf.clustered.starting.StartingEncoders.status`), None where it
         needs none. Reads, never writes."""
         try:
             plan = self.decide(spec)
@@ -307,12 +307,12 @@ class Runner:
 
     def _make(self, spec: RunSpec, config: Config, encoder, on_round) -> RunRecord:
         """Run ``spec`` here (resuming its checkpoint) and write its record."""
-        from cpcfl_tf.federated.simulator import run_federated
-        from cpcfl_tf.federated.starting import pool_encoder
+        from cpcfl_tf.clustered.simulator import run_federated
+        from cpcfl_tf.clustered.starting import pool_encoder
 
         path, checkpoint = self.path(spec), self.checkpoint(spec)
         if not METHODS[config.federated.method].federated:
-            from cpcfl_tf.federated.centralized import run_centralized
+            from cpcfl_tf.clustered.centralized import run_centralized
 
             record = run_centralized(config, self.data.clients(config), encoder)
         else:
@@ -368,8 +368,8 @@ def _taken_line(spec: RunSpec, plan: Plan, paired: set[str]) -> str:
 
 def _round_scalars(record: dict, groups: np.ndarray, num_clusters: int) -> dict[str, float]:
     """What TensorBoard shows of a round: accuracy, ARI, and each cluster's size."""
-    from cpcfl_tf.federated.algorithm import cluster_sizes
-    from cpcfl_tf.federated.metrics import cluster_ari
+    from cpcfl_tf.clustered.algorithm import cluster_sizes
+    from cpcfl_tf.clustered.metrics import cluster_ari
 
     ids = np.asarray(record["cluster_ids"])
     sizes = cluster_sizes(ids, num_clusters)
@@ -379,7 +379,7 @@ def _round_scalars(record: dict, groups: np.ndarray, num_clusters: int) -> dict[
 
 def base_config(config: Config) -> Config | None:
     """The config of the run ``config``'s run is until its restart rule fires (its
-    method's :attr:`~cpcfl_tf.methods.Method.restarts_of`); None for other methods."""
+    method's :attr:`~cpcfl_tf.clustered.methods.Method.restarts_of`); None for other methods."""
     base = METHODS[config.federated.method].restarts_of
     return config.with_overrides(federated={"method": base}) if base else None
 
@@ -388,7 +388,7 @@ def stands_in(record: RunRecord, config: Config) -> bool:
     """Whether ``record`` is the run of ``config`` bit for bit: a run of its base config
     (:func:`base_config`) in which ``config``'s restart rule never fires (attempt 0 draws
     what the base draws). A property of the record, whatever machine made it."""
-    from cpcfl_tf.federated.algorithm import would_restart
+    from cpcfl_tf.clustered.algorithm import would_restart
 
     base = base_config(config)
     return (base is not None and same_config(record, base)

@@ -256,7 +256,7 @@ def stood_in_note(stood_in: dict[str, tuple[str, Path]]) -> str:
     rule fires (:attr:`~cpcfl_tf.record_store.RecordStore.stood_in`)."""
     from collections import Counter
 
-    from cpcfl_tf.methods import METHODS
+    from cpcfl_tf.clustered.methods import METHODS
 
     parts = []
     for method, n in sorted(Counter(m for m, _ in stood_in.values()).items()):

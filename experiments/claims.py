@@ -23,7 +23,7 @@ from cpcfl_tf.evidence import (Evidence, Judged, encoder_notes, groups_found, he
                                machine_notes, report, seed_list, verdict_table)
 from cpcfl_tf.judge import RULE
 from cpcfl_tf.record_store import config_key
-from cpcfl_tf.methods import PRETRAIN_METHODS
+from cpcfl_tf.clustered.methods import PRETRAIN_METHODS
 from cpcfl_tf.report import markdown_table, replace_block
 from cpcfl_tf.runner import Runner, RunSpec
 from cpcfl_tf.script import Script

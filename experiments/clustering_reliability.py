@@ -25,10 +25,10 @@ from typing import Sequence
 import numpy as np
 
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.federated.diagnostics import merges
+from cpcfl_tf.clustered.diagnostics import merges
 from cpcfl_tf.judge import (RULE, clopper_pearson, clustering_failures, compared,
                             final_accuracy, paired, t_interval, verdict)
-from cpcfl_tf.methods import run_label
+from cpcfl_tf.clustered.methods import run_label
 from cpcfl_tf.record import RunRecord
 from cpcfl_tf.report import markdown_table, mean_sd
 from cpcfl_tf.runner import RunSpec
@@ -89,8 +89,8 @@ def found(record: RunRecord) -> bool:
 
 def rounds_trained(record: RunRecord) -> int:
     """Rounds a run trained, its restarted attempts' too: each restart threw away the
-    rounds up to its check (:func:`~cpcfl_tf.federated.algorithm.restart_check_round`)."""
-    from cpcfl_tf.federated.algorithm import restart_check_round
+    rounds up to its check (:func:`~cpcfl_tf.clustered.algorithm.restart_check_round`)."""
+    from cpcfl_tf.clustered.algorithm import restart_check_round
 
     fl = record.config.federated
     return fl.rounds + record.final.restarts * restart_check_round(fl)

@@ -54,7 +54,7 @@ def specs(config) -> dict[str, list[RunSpec]]:
 
 def relevance(runner: Runner, spec: RunSpec) -> float:
     """The relevance score of the spec's pre-training data to its client data."""
-    from cpcfl_tf.contrastive.linear_eval import relevance_score
+    from cpcfl_tf.pretraining.linear_eval import relevance_score
 
     config = spec.config(runner.base)
     client_images = runner.data.partition(config)[1].images
@@ -68,7 +68,7 @@ def relevance_scores(session, pairs, runs) -> dict[str, float]:
     the SimCLR encoder it was computed from and the machine: a report rebuilt later, or on
     another kind of CPU (whose pre-training gives other bits), reads the same score; an
     encoder of other settings, or ``--force``, computes it again."""
-    from cpcfl_tf.contrastive.pretrain import pretrain_folder
+    from cpcfl_tf.pretraining.pretrain import pretrain_folder
     from cpcfl_tf.environment import environment
     from cpcfl_tf.results import read_json, write_json
 

@@ -5,7 +5,7 @@ proxy, keep the best.
 The paper tunes the projection head's width (256 or 512) per method and keeps the
 encoder with the best proxy accuracy (STL-10 train -> test; here the clients' training
 split -> test split, as experiments/linear_eval.py). The grid is each method's own
-(:mod:`cpcfl_tf.ssl_methods`); ``--grid SETTING=V1,V2`` takes others. Each seed
+(:mod:`cpcfl_tf.pretraining.methods`); ``--grid SETTING=V1,V2`` takes others. Each seed
 (``--seed`` .. ``--seed + --seeds - 1``) pre-trains its own candidates; a candidate at the
 paper's value is the encoder every other script starts from (same cache entry).
 
@@ -24,11 +24,11 @@ from cpcfl_tf.cli import name_list
 from cpcfl_tf.config import Config
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.judge import compared, final_accuracy, verdict
-from cpcfl_tf.methods import run_label
+from cpcfl_tf.clustered.methods import run_label
 from cpcfl_tf.report import markdown_table
 from cpcfl_tf.runner import RunSpec
 from cpcfl_tf.script import Script
-from cpcfl_tf.ssl_methods import SSL_METHODS
+from cpcfl_tf.pretraining.methods import SSL_METHODS
 
 SEEDS = {"smoke": 2, "quick": 5, "standard": 5, "paper": 1}
 """Seeds per preset (the claims' five on the CPU presets)."""
@@ -115,7 +115,7 @@ def label(settings: dict) -> str:
 
 def shown(config: Config, method: str, settings: dict) -> dict:
     """``settings`` with each default of None replaced by what it stands for on the
-    config's encoder (:attr:`~cpcfl_tf.ssl_methods.Setting.means`)."""
+    config's encoder (:attr:`~cpcfl_tf.pretraining.methods.Setting.means`)."""
     from cpcfl_tf.config import ENCODER_DIMS
 
     spec, encoder = SSL_METHODS[method], config.pretrain.encoder
@@ -165,8 +165,8 @@ def score_candidates(session, plan: dict[str, list[dict]], seeds: list[int]) -> 
     """Pre-train (or find in the cache) and score every candidate of every seed; the
     scores of a candidate scored before (``candidates.json`` in the output folder) are
     kept, as its cache entry names the same encoder."""
-    from cpcfl_tf.contrastive.knn import proxy_scores
-    from cpcfl_tf.contrastive.pretrain import pretrain_folder
+    from cpcfl_tf.pretraining.knn import proxy_scores
+    from cpcfl_tf.pretraining.pretrain import pretrain_folder
     from cpcfl_tf.results import read_json, write_json
 
     config, runner = session.config, session.runner

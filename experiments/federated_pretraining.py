@@ -26,11 +26,11 @@ from typing import Sequence
 from cpcfl_tf.cli import resolve_config
 from cpcfl_tf.errors import run_cli
 from cpcfl_tf.judge import compared, final_accuracy, verdict
-from cpcfl_tf.methods import STARTS, run_label
+from cpcfl_tf.clustered.methods import STARTS, run_label
 from cpcfl_tf.report import markdown_table
 from cpcfl_tf.runner import RunSpec
 from cpcfl_tf.script import Script
-from cpcfl_tf.ssl_methods import FEDERATED_STARTS
+from cpcfl_tf.pretraining.methods import FEDERATED_STARTS
 
 SEEDS = {"smoke": 2, "quick": 5, "standard": 5, "paper": 1}
 """Seeds per preset (the claims' five on the CPU presets)."""
@@ -127,7 +127,7 @@ def score_encoders(session, specs: Sequence[RunSpec], only_kept: bool = False
     was made (its ``pretrain.json`` beside it in ``encoders/``), by cache folder; scores
     kept in ``encoders.json`` so an interrupted study does not score again.
     ``only_kept``: score nothing, return the scores kept."""
-    from cpcfl_tf.contrastive.knn import proxy_scores
+    from cpcfl_tf.pretraining.knn import proxy_scores
     from cpcfl_tf.results import prepare_out_dir, read_json, write_json
 
     runner, epochs = session.runner, session.args.linear_epochs

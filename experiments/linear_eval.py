@@ -15,7 +15,7 @@ from cpcfl_tf.config import Config
 from cpcfl_tf.environment import environment
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.judge import linear_eval_config, linear_eval_settings
-from cpcfl_tf.methods import PRETRAIN_METHODS
+from cpcfl_tf.clustered.methods import PRETRAIN_METHODS
 from cpcfl_tf.report import markdown_table
 from cpcfl_tf.script import Script
 
@@ -55,8 +55,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     import keras
 
-    from cpcfl_tf.contrastive.linear_eval import linear_eval
-    from cpcfl_tf.federated.clients import load_client_splits
+    from cpcfl_tf.pretraining.linear_eval import linear_eval
+    from cpcfl_tf.clustered.clients import load_client_splits
     from cpcfl_tf.models import build_encoder
     from cpcfl_tf.results import weights_fingerprint, write_json
 

@@ -53,8 +53,8 @@ class RoundProbe:
 
     def __call__(self, record: dict, state) -> None:
         """``record``: the round's record as the round loop made it (JSON)."""
-        from cpcfl_tf.federated.backends import client_probabilities
-        from cpcfl_tf.federated.metrics import class_accuracy, client_accuracy
+        from cpcfl_tf.clustered.backends import client_probabilities
+        from cpcfl_tf.clustered.metrics import class_accuracy, client_accuracy
         from cpcfl_tf.results import write_json
 
         ids = np.asarray(record["cluster_ids"])
@@ -90,8 +90,8 @@ def read_probe(path: Path) -> list[dict]:
 
 
 def probe_for(runner: Runner, spec: RunSpec) -> RoundProbe:
-    from cpcfl_tf.federated.backends import backend_of
-    from cpcfl_tf.federated.pool import build_template
+    from cpcfl_tf.clustered.backends import backend_of
+    from cpcfl_tf.clustered.pool import build_template
 
     config = spec.config(runner.base)
     clients = runner.data.clients(config)
@@ -105,7 +105,7 @@ def summary(record: RunRecord, probe_rounds: list[dict]) -> dict:
     """Final and best accuracy, zig-zag amplitude, and over the second half: the mean cosine
     of successive server updates and the mean correlation of successive rounds' changes
     of per-class accuracy (both -1 when every round undoes the one before)."""
-    from cpcfl_tf.federated.metrics import zigzag_amplitude
+    from cpcfl_tf.clustered.metrics import zigzag_amplitude
 
     accuracy = np.array([r.accuracy for r in record.rounds])
     half = len(accuracy) // 2

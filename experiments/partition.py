@@ -30,7 +30,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from cpcfl_tf.results import prepare_out_dir, write_json
 
     out = prepare_out_dir(args.out or f"results/{config.preset}/partition")
-    from cpcfl_tf.federated.clients import load_client_splits, partition_for
+    from cpcfl_tf.clustered.clients import load_client_splits, partition_for
     from cpcfl_tf.plots import plot_client_data_amounts
 
     train, test = load_client_splits(config.data, resize=False)

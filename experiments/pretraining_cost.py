@@ -36,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.repeats < 1:
         raise UserError(f"--repeats must be >= 1, got {args.repeats}")
 
-    from cpcfl_tf.contrastive.timing import contrastive_step, median_seconds, random_images
+    from cpcfl_tf.pretraining.timing import contrastive_step, median_seconds, random_images
     from cpcfl_tf.data.sources import split_size
     from cpcfl_tf.flops import count_flops
     from cpcfl_tf.models import build_encoder

@@ -12,7 +12,7 @@ from typing import Sequence
 
 from cpcfl_tf.errors import run_cli
 from cpcfl_tf.record import SCORES, RunRecord
-from cpcfl_tf.methods import run_label
+from cpcfl_tf.clustered.methods import run_label
 from cpcfl_tf.report import markdown_table
 from cpcfl_tf.runner import RunSpec
 from cpcfl_tf.script import Script

@@ -14,7 +14,7 @@ from typing import Sequence
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.report import markdown_table, trial_table
 from cpcfl_tf.catalogue import COMPARISON, COMPARISON_LABELS, comparison_specs
-from cpcfl_tf.methods import run_label
+from cpcfl_tf.clustered.methods import run_label
 from cpcfl_tf.runner import RunSpec
 from cpcfl_tf.script import Script
 

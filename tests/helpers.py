@@ -121,8 +121,8 @@ def simulated(run, rounds, out, dropped=None):
     encoder and the record's final. ``dropped={round: clients}`` drops those clients'
     training replies from that round, as a killed SuperNode's or a reply the server
     left out."""
-    import cpcfl_tf.federated.simulator as simulator
-    from cpcfl_tf.federated import algorithm
+    import cpcfl_tf.clustered.simulator as simulator
+    from cpcfl_tf.clustered import algorithm
 
     config, runner, encoder = _simulator(rounds, out, run)
     train, score, scores = simulator._Simulation.train, simulator.client_accuracy, []

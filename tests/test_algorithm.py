@@ -4,7 +4,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from cpcfl_tf.federated import algorithm
+from cpcfl_tf.clustered import algorithm
 
 RNG = np.random.default_rng(0)
 
@@ -80,7 +80,7 @@ def test_clustering_failure_is_judged_on_the_clients_that_took_part():
 
 
 def test_ari_leaves_out_clients_that_never_took_part():
-    from cpcfl_tf.federated.metrics import cluster_ari
+    from cpcfl_tf.clustered.metrics import cluster_ari
 
     groups = np.array([0, 0, 1, 1, 2, 2])
     assert cluster_ari(groups, np.array([2, 2, 0, -1, 1, -1])) == 1.0
@@ -125,7 +125,7 @@ def test_a_node_alone_selects_what_the_simulator_selects_for_it(participation):
 
 def test_streams_and_restart_rule():
     from cpcfl_tf.config import ResolvedFederated
-    from cpcfl_tf.federated.algorithm import Stream, should_restart, stream_seed
+    from cpcfl_tf.clustered.algorithm import Stream, should_restart, stream_seed
 
     assert stream_seed(3, 1, 7, Stream.BATCHES) == [3, 1, 7, 1]
     failed, fine = np.zeros(9, np.int64), np.repeat([0, 1, 2], 3)
@@ -140,7 +140,7 @@ def test_the_algorithm_takes_only_a_resolved_config():
     """A requested config would run FedAvg with three models and give IFCA a Tc phase:
     the algorithm and the pool refuse it at once, saying what to pass."""
     from cpcfl_tf.config import get_preset
-    from cpcfl_tf.federated.pool import initial_pool
+    from cpcfl_tf.clustered.pool import initial_pool
 
     requested = get_preset("smoke").with_overrides(federated={"method": "fedavg",
                                                               "pretraining": "none"})
@@ -167,7 +167,7 @@ def test_the_restart_check_reads_the_round_it_is_applied_after():
     restarts (so the runner makes it rather than take CP-CFL's run); one merged only in
     round 2, or one that never reaches round 3, does not."""
     from cpcfl_tf.config import FederatedConfig
-    from cpcfl_tf.federated.algorithm import restart_check_round, would_restart
+    from cpcfl_tf.clustered.algorithm import restart_check_round, would_restart
 
     fl = FederatedConfig(method="cp-cfl-restart", rounds=3, head_rounds=1, restart_round=2,
                          num_clusters=3)

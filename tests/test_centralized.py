@@ -3,10 +3,10 @@ import numpy as np
 import pytest
 
 from cpcfl_tf.config import get_preset
-from cpcfl_tf.contrastive.linear_eval import encode, relevance_score
+from cpcfl_tf.pretraining.linear_eval import encode, relevance_score
 from cpcfl_tf.data import load_labeled
-from cpcfl_tf.federated.clients import clients_for
-from cpcfl_tf.federated.centralized import centralized_baseline, supervised_encoder
+from cpcfl_tf.clustered.clients import clients_for
+from cpcfl_tf.clustered.centralized import centralized_baseline, supervised_encoder
 from cpcfl_tf.models import build_encoder
 
 SMOKE = get_preset("smoke").with_overrides(federated={"centralized_epochs": 3})
@@ -38,7 +38,7 @@ def test_default_centralized_epochs_are_a_clients_passes(clients):
 
 def test_the_by_group_baseline_trains_one_model_per_group_on_its_data_alone(clients,
                                                                             monkeypatch):
-    import cpcfl_tf.federated.centralized as centralized
+    import cpcfl_tf.clustered.centralized as centralized
 
     seen = {}
     train, score = centralized._train_pooled, centralized.client_probabilities

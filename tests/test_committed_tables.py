@@ -28,10 +28,10 @@ def test_tables_are_found():
 @pytest.mark.parametrize("folder", TABLES, ids=lambda f: str(f.relative_to(ROOT / "results")))
 def test_a_committed_table_is_regenerated_byte_for_byte_from_its_records(folder, tmp_path,
                                                                           monkeypatch):
-    import cpcfl_tf.contrastive.pretrain as pretrain
-    import cpcfl_tf.federated.centralized as centralized
-    import cpcfl_tf.federated.simulator as simulator
-    from cpcfl_tf.federated.starting import StartingEncoders
+    import cpcfl_tf.pretraining.pretrain as pretrain
+    import cpcfl_tf.clustered.centralized as centralized
+    import cpcfl_tf.clustered.simulator as simulator
+    from cpcfl_tf.clustered.starting import StartingEncoders
 
     for module, name in ((simulator, "run_federated"), (centralized, "run_centralized"),
                          (pretrain, "pretrain")):

@@ -6,7 +6,7 @@ import pytest
 from cpcfl_tf.config import (Config, DataConfig, FederatedConfig, PartitionConfig,
                              PretrainConfig, PRESETS, get_preset)
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.ssl_methods import SSL_METHODS
+from cpcfl_tf.pretraining.methods import SSL_METHODS
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
@@ -188,7 +188,7 @@ COMMITTED_KEYS = {
 
 @pytest.mark.parametrize("preset,method", list(COMMITTED_KEYS))
 def test_pretraining_cache_keys_survive_added_settings(preset, method):
-    from cpcfl_tf.contrastive.pretrain import image_source, pretrain_key
+    from cpcfl_tf.pretraining.pretrain import image_source, pretrain_key
 
     config = get_preset(preset)
     key = pretrain_key(config.pretrain, method, data=image_source(config.data), seed=0)

@@ -3,15 +3,15 @@ import pytest
 import tensorflow as tf
 
 from cpcfl_tf.config import PretrainConfig
-from cpcfl_tf.contrastive.byol import symmetric_byol
-from cpcfl_tf.contrastive.losses import byol_loss, embedding_std, nt_xent, simsiam_loss
-from cpcfl_tf.contrastive.model import predicted
-from cpcfl_tf.contrastive.simsiam import symmetric_simsiam
-from cpcfl_tf.contrastive.pretrain import DivergedError, build_contrastive_model, pretrain
+from cpcfl_tf.pretraining.byol import symmetric_byol
+from cpcfl_tf.pretraining.losses import byol_loss, embedding_std, nt_xent, simsiam_loss
+from cpcfl_tf.pretraining.model import predicted
+from cpcfl_tf.pretraining.simsiam import symmetric_simsiam
+from cpcfl_tf.pretraining.pretrain import DivergedError, build_contrastive_model, pretrain
 from cpcfl_tf.data import load_unlabeled
 from cpcfl_tf.data.augment import build_augmenter
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.ssl_methods import SSL_METHODS
+from cpcfl_tf.pretraining.methods import SSL_METHODS
 
 RNG = np.random.default_rng(0)
 
@@ -164,7 +164,7 @@ def test_pretrain_saves_the_encoder_alone_and_reuses_it(digits, tmp_path):
 
 def test_pretrained_encoder_pretrains_the_method_a_run_names(tmp_path, monkeypatch):
     from cpcfl_tf.config import get_preset
-    from cpcfl_tf.contrastive import pretrain as module
+    from cpcfl_tf.pretraining import pretrain as module
 
     calls = []
     monkeypatch.setattr(module, "pretrain", lambda config, images, out, method, **_: calls.append(
@@ -186,7 +186,7 @@ def test_an_interrupted_pretraining_resumes_to_the_same_encoder(digits, tmp_path
     config = PretrainConfig(epochs=3, batch_size=64)
     whole = pretrain(config, digits, tmp_path / "whole", method="byol", seed=0, verbose=0)
 
-    from cpcfl_tf.contrastive import pretrain as driver
+    from cpcfl_tf.pretraining import pretrain as driver
     real_save = driver._save_checkpoint
 
     def save_then_die(path, model, epoch, meta, history):
@@ -218,7 +218,7 @@ def test_a_damaged_checkpoint_starts_the_pre_training_over(digits, tmp_path, cap
 
 
 def test_nan_loss_stops_with_a_clear_error(digits, tmp_path, monkeypatch):
-    from cpcfl_tf.contrastive import simclr
+    from cpcfl_tf.pretraining import simclr
 
     monkeypatch.setattr(simclr, "nt_xent_across_replicas",
                         lambda zi, zj, tau: tf.reduce_sum(zi) * float("nan"))

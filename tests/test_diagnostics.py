@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from cpcfl_tf.config import ResolvedFederated
-from cpcfl_tf.federated import algorithm, diagnostics
+from cpcfl_tf.clustered import algorithm, diagnostics
 
 TARGETS = np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, -1.0]])
 """Each true group's target point."""
@@ -14,7 +14,7 @@ GROUPS = np.repeat([0, 1, 2], 4)
 
 
 class Points:
-    """A :class:`~cpcfl_tf.federated.algorithm.Federation` of 12 clients in 3 groups."""
+    """A :class:`~cpcfl_tf.clustered.algorithm.Federation` of 12 clients in 3 groups."""
 
     num_clients = len(GROUPS)
 

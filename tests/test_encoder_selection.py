@@ -27,7 +27,7 @@ def selection(tmp_path_factory):
 
 
 def test_every_candidate_is_scored_and_the_best_by_linear_accuracy_is_selected(selection):
-    from cpcfl_tf.federated.starting import StartingEncoders
+    from cpcfl_tf.clustered.starting import StartingEncoders
     from cpcfl_tf.results import weights_fingerprint
 
     out, stored = selection

@@ -58,7 +58,7 @@ def test_linear_eval_scores_random_and_pretrained_encoders(tmp_path):
     assert record["proxy"] == {"train": "digits:train[697:]", "test": "digits:test"}
     assert Path(record["rows"][1]["cache"], "encoder.keras").exists()
     # The encoder's bits, named as a run record names the encoder it started from.
-    from cpcfl_tf.federated.starting import StartingEncoders
+    from cpcfl_tf.clustered.starting import StartingEncoders
     from cpcfl_tf.results import weights_fingerprint
 
     config = get_preset("smoke").with_overrides(federated={"pretraining": "simclr"})

@@ -5,13 +5,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cpcfl_tf import rules
+from cpcfl_tf.clustered import rules
 from cpcfl_tf.config import get_preset
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.federated import algorithm
-from cpcfl_tf.federated.clients import clients_for
-from cpcfl_tf.federated.metrics import cluster_ari
-from cpcfl_tf.federated.simulator import run_federated
+from cpcfl_tf.clustered import algorithm
+from cpcfl_tf.clustered.clients import clients_for
+from cpcfl_tf.clustered.metrics import cluster_ari
+from cpcfl_tf.clustered.simulator import run_federated
 from helpers import Killed, kill_after
 
 SMOKE = get_preset("smoke")
@@ -31,9 +31,9 @@ def run(clients, method, checkpoint=None, on_round=None, **federated):
 def one_round_by_hand(clients, fl, ids):
     """Round 1 from the initial pool: every client trains model ``ids[u]`` with the
     round's batches; returns the trained weights stacked over clients."""
-    from cpcfl_tf.federated.backends import (LocalTraining, backend_of, batch_orders,
+    from cpcfl_tf.clustered.backends import (LocalTraining, backend_of, batch_orders,
                                              stack_models)
-    from cpcfl_tf.federated.pool import build_template, initial_pool
+    from cpcfl_tf.clustered.pool import build_template, initial_pool
 
     template = build_template(fl, clients.train.images.shape[2:], clients.num_classes)
     backend = backend_of(template, fl)
@@ -107,7 +107,7 @@ def test_nearest_centres_recovers_three_groups():
 
 def test_flower_runs_every_method_that_sends_something_and_refuses_local():
     from cpcfl_tf.flower.common import run_config
-    from cpcfl_tf.methods import METHODS
+    from cpcfl_tf.clustered.methods import METHODS
 
     for name in ("oracle", "fesem", "cfl", "fl-hc", "pacfl"):
         assert METHODS[name].on_flower
@@ -196,7 +196,7 @@ def test_cfl_splits_only_when_the_two_parts_pull_apart_enough():
 def test_cfl_runs_and_records_its_options(clients):
     record, state = run(clients, "cfl", options={"split_after": 1, "eps1": 1e9, "eps2": 0.0,
                                                  "max_cross": 1.0})
-    from cpcfl_tf.methods import METHODS
+    from cpcfl_tf.clustered.methods import METHODS
 
     assert record.config.federated.options == {**METHODS["cfl"].options, "eps1": 1e9,
                                                "eps2": 0.0, "split_after": 1, "max_cross": 1.0}
@@ -366,7 +366,7 @@ def test_the_cfl_and_pacfl_defaults_are_what_the_committed_calibration_derived()
     import csv
     import re
 
-    from cpcfl_tf.methods import METHODS
+    from cpcfl_tf.clustered.methods import METHODS
     from helpers import script
 
     folder = Path(__file__).parents[1] / "results" / "quick" / "calibrate_families"
@@ -468,7 +468,7 @@ def test_cp_cfl_features_takes_its_first_choice_from_the_encoders_features(clien
     from sklearn.cluster import KMeans
 
     from cpcfl_tf.data.images import to_float
-    from cpcfl_tf.federated.pool import build_template
+    from cpcfl_tf.clustered.pool import build_template
     from cpcfl_tf.runner import Runner
 
     config = SMOKE.with_overrides(federated={"method": "cp-cfl-features", "pretraining": "simclr",

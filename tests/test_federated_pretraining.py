@@ -10,8 +10,8 @@ import pytest
 from cpcfl_tf.config import get_preset
 from cpcfl_tf.data.unlabeled import check_deal, deal_unlabeled, group_shares
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.methods import METHODS, STARTS
-from cpcfl_tf.ssl_methods import FEDERATED_SSL, FEDERATED_STARTS, SSL_METHODS
+from cpcfl_tf.clustered.methods import METHODS, STARTS
+from cpcfl_tf.pretraining.methods import FEDERATED_SSL, FEDERATED_STARTS, SSL_METHODS
 
 
 def smoke(start: str, deal: str = "iid", **settings):
@@ -142,8 +142,8 @@ def test_fedavg_of_one_client_is_that_clients_own_pretraining(tmp_path):
     own step run alone on the client's images in the same batch order."""
     import tensorflow as tf
 
-    from cpcfl_tf.contrastive.federated_pretrain import federated_pretrain
-    from cpcfl_tf.contrastive.pretrain import build_contrastive_model
+    from cpcfl_tf.pretraining.federated_pretrain import federated_pretrain
+    from cpcfl_tf.pretraining.pretrain import build_contrastive_model
 
     config = smoke("fed-simsiam", "iid", rounds=1, local_epochs=2).with_overrides(
         partition={"num_clients": 1, "num_groups": 1})
@@ -166,9 +166,9 @@ def test_fedavg_of_one_client_is_that_clients_own_pretraining(tmp_path):
 
 
 def test_fedema_mu_matches_numpy():
-    from cpcfl_tf.contrastive.fedavg_ssl import ClientState, get_parts
-    from cpcfl_tf.contrastive.fedema import FedEMA
-    from cpcfl_tf.contrastive.pretrain import build_contrastive_model
+    from cpcfl_tf.pretraining.fedavg_ssl import ClientState, get_parts
+    from cpcfl_tf.pretraining.fedema import FedEMA
+    from cpcfl_tf.pretraining.pretrain import build_contrastive_model
 
     config = smoke("fedema-byol")
     model = build_contrastive_model(config.pretrain, (32, 32, 3), method="byol", seed=0)
@@ -203,9 +203,9 @@ def test_fedema_mu_matches_numpy():
 
 
 def test_the_server_receives_online_weights_and_counts_only(tmp_path, monkeypatch):
-    from cpcfl_tf.contrastive import fedavg_ssl
-    from cpcfl_tf.contrastive.federated_pretrain import federated_pretrain
-    from cpcfl_tf.contrastive.pretrain import build_contrastive_model
+    from cpcfl_tf.pretraining import fedavg_ssl
+    from cpcfl_tf.pretraining.federated_pretrain import federated_pretrain
+    from cpcfl_tf.pretraining.pretrain import build_contrastive_model
 
     seen = []
     real = fedavg_ssl.FedAvgSSL.aggregate
@@ -227,7 +227,7 @@ def test_the_server_receives_online_weights_and_counts_only(tmp_path, monkeypatc
 
 
 def test_an_interrupted_federated_pretraining_resumes_bit_for_bit(tmp_path, monkeypatch):
-    from cpcfl_tf.contrastive import federated_pretrain as fp
+    from cpcfl_tf.pretraining import federated_pretrain as fp
 
     config = smoke("fedema-byol", rounds=3).with_overrides(
         partition={"num_clients": 3, "num_groups": 3})
@@ -354,8 +354,8 @@ def test_a_client_round_depends_on_its_own_inputs_only():
     """What lets a Flower node (its own process, its own model) compute the simulator's
     round: a round's result depends on the global weights, the client's state and images,
     and (seed, round, client), not on the rounds the same model ran before."""
-    from cpcfl_tf.contrastive.fedavg_ssl import ClientState
-    from cpcfl_tf.contrastive.federated_pretrain import LocalTrainer
+    from cpcfl_tf.pretraining.fedavg_ssl import ClientState
+    from cpcfl_tf.pretraining.federated_pretrain import LocalTrainer
 
     config = smoke("fed-simclr")
     rng = np.random.default_rng(2)
@@ -415,8 +415,8 @@ def _round_of(uploads, counts, reached, failed=()):
     (``reached`` clients were sent the global parts), through the one round loop."""
     import types
 
-    from cpcfl_tf.contrastive.fedavg_ssl import FedAvgSSL
-    from cpcfl_tf.contrastive.federated_pretrain import Replies, new_totals, run_rounds
+    from cpcfl_tf.pretraining.fedavg_ssl import FedAvgSSL
+    from cpcfl_tf.pretraining.federated_pretrain import Replies, new_totals, run_rounds
 
     results = [{"seconds": 1.0, "steps": 2, "loss": 0.5, "embedding_std": 0.1}
                for _ in uploads]
@@ -449,8 +449,8 @@ def test_fedavg_of_two_clients_is_their_rounds_averaged_by_image_count(tmp_path)
     """Two clients of 48 and 96 images, one round: the global encoder is the NumPy
     average of each client's own round (run alone from the same global weights), weighted
     1/3 and 2/3."""
-    from cpcfl_tf.contrastive.fedavg_ssl import ClientState
-    from cpcfl_tf.contrastive.federated_pretrain import LocalTrainer, federated_pretrain
+    from cpcfl_tf.pretraining.fedavg_ssl import ClientState
+    from cpcfl_tf.pretraining.federated_pretrain import LocalTrainer, federated_pretrain
 
     config = smoke("fed-simsiam", "iid", rounds=1, local_epochs=1).with_overrides(
         partition={"num_clients": 2, "num_groups": 2})
@@ -471,9 +471,9 @@ def test_fedavg_of_two_clients_is_their_rounds_averaged_by_image_count(tmp_path)
 def test_fedema_with_a_fixed_scaler_uses_it():
     """``scaler`` set: mu = min(scaler * divergence, 1) from the first moving average on
     (the auto-scaler would give tau = 0.7 there); here scaler = 0.4 / d0, so mu is 0.4."""
-    from cpcfl_tf.contrastive.fedavg_ssl import ClientState, get_parts, trainable_mask
-    from cpcfl_tf.contrastive.fedema import FedEMA
-    from cpcfl_tf.contrastive.pretrain import build_contrastive_model
+    from cpcfl_tf.pretraining.fedavg_ssl import ClientState, get_parts, trainable_mask
+    from cpcfl_tf.pretraining.fedema import FedEMA
+    from cpcfl_tf.pretraining.pretrain import build_contrastive_model
 
     config = smoke("fedema-byol")
     model = build_contrastive_model(config.pretrain, (32, 32, 3), method="byol", seed=0)
@@ -494,8 +494,8 @@ def test_fedbyols_target_stays_the_clients_own_from_round_to_round():
     """A client's first round starts its target from the global online parts (as BYOL
     starts its target), later rounds from the target it kept: never reset to the global
     model, whatever the global model is."""
-    from cpcfl_tf.contrastive.fedavg_ssl import ClientState, FedAvgSSL, get_parts
-    from cpcfl_tf.contrastive.pretrain import build_contrastive_model
+    from cpcfl_tf.pretraining.fedavg_ssl import ClientState, FedAvgSSL, get_parts
+    from cpcfl_tf.pretraining.pretrain import build_contrastive_model
 
     config = smoke("fed-byol")
     model = build_contrastive_model(config.pretrain, (32, 32, 3), method="byol", seed=0)
@@ -518,7 +518,7 @@ def test_fedbyols_target_stays_the_clients_own_from_round_to_round():
 def test_the_federated_cache_key_names_the_partition_it_deals_over():
     """Two runs with one fixed pre-training seed but other data seeds draw other
     partitions, so other clients hold other images: two encoders, two cache folders."""
-    from cpcfl_tf.contrastive.federated_pretrain import federated_folder
+    from cpcfl_tf.pretraining.federated_pretrain import federated_folder
 
     config = smoke("fed-simclr", "groups").with_overrides(pretrain={"seed": 7})
     other = config.with_overrides(seed=1)
@@ -531,7 +531,7 @@ def test_what_a_client_keeps_round_trips_through_a_checkpoints_arrays():
     # A client's state is each stage's own, by name (BYOL's target, FedEMA's previous
     # weights and lambda); a checkpoint stores it as named arrays, as it always has
     # (target.0, previous.1, scaler), and reads it back whole.
-    from cpcfl_tf.contrastive.fedavg_ssl import ClientState
+    from cpcfl_tf.pretraining.fedavg_ssl import ClientState
 
     target = [np.arange(6.0).reshape(2, 3), np.ones(2)]
     previous = [np.zeros(3), np.full(4, 2.0), np.eye(2)]

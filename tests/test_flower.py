@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("flwr")
 pytestmark = pytest.mark.flower
 
-from cpcfl_tf import rules
+from cpcfl_tf.clustered import rules
 from cpcfl_tf.flower.loopback import Federation, wait_for_file  # noqa: E402
 from helpers import run_in_process, script, simulated  # noqa: E402
 
@@ -212,7 +212,7 @@ def test_the_simulation_engine_runs_the_simulators_rounds(tmp_path, env):
     # stage, at 3123e7d, gave the simulator's encoder too.)
     pytest.importorskip("ray", reason='the Simulation Engine needs pip install -e ".[flower-sim]"')
     from cpcfl_tf.flower.loopback import simulate
-    from cpcfl_tf.methods import METHODS
+    from cpcfl_tf.clustered.methods import METHODS
     from cpcfl_tf.results import weights_fingerprint
 
     run = {**PACFL, "pretraining": "fedema-byol", "set": FEDEMA["set"]}
@@ -298,7 +298,7 @@ def test_a_node_answers_what_its_method_asks_first():
     from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
     from flwr.common import Metadata
 
-    from cpcfl_tf.federated.clients import clients_for
+    from cpcfl_tf.clustered.clients import clients_for
     from cpcfl_tf.flower.client_app import query
     from cpcfl_tf.flower.common import from_record, run_config
 
@@ -335,9 +335,9 @@ def test_a_scored_round_scores_each_node_with_its_model_or_the_one_it_would_choo
     from flwr.app import Context, Message, MessageType, RecordDict
     from flwr.common import Metadata
 
-    from cpcfl_tf.federated import algorithm
-    from cpcfl_tf.federated.backends import client_losses
-    from cpcfl_tf.federated.pool import build_template, initial_pool
+    from cpcfl_tf.clustered import algorithm
+    from cpcfl_tf.clustered.backends import client_losses
+    from cpcfl_tf.clustered.pool import build_template, initial_pool
     from cpcfl_tf.flower import client_app, server_app
     from cpcfl_tf.flower.common import from_record, run_config
 
@@ -569,7 +569,7 @@ def test_the_server_averages_each_cluster_by_the_nodes_example_counts(monkeypatc
 
     import numpy as np
 
-    from cpcfl_tf.federated import algorithm
+    from cpcfl_tf.clustered import algorithm
     from cpcfl_tf.flower import server_app
     from cpcfl_tf.flower.common import run_config, to_record
 
@@ -647,9 +647,9 @@ def test_the_servers_pretraining_stage_is_the_simulators_and_leaves_a_failed_nod
 
     import numpy as np
 
-    from cpcfl_tf.contrastive import federated_pretrain as fp
-    from cpcfl_tf.contrastive.fedavg_ssl import ClientState, set_parts
-    from cpcfl_tf.federated.clients import unlabeled_for
+    from cpcfl_tf.pretraining import federated_pretrain as fp
+    from cpcfl_tf.pretraining.fedavg_ssl import ClientState, set_parts
+    from cpcfl_tf.clustered.clients import unlabeled_for
     from cpcfl_tf.flower.common import run_config
     from cpcfl_tf.results import weights_fingerprint
 

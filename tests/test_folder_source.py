@@ -42,7 +42,7 @@ def test_a_folder_with_train_and_test_is_a_labeled_dataset(tmp_path, fmnist):
 
 def test_a_flat_folder_gets_a_seeded_split_and_serves_a_run(tmp_path, fmnist):
     from cpcfl_tf.config import get_preset
-    from cpcfl_tf.federated.clients import clients_for
+    from cpcfl_tf.clustered.clients import clients_for
 
     write(tmp_path / "images", fmnist.images, fmnist.labels)
     name = f"folder:{tmp_path / 'images'}"

@@ -1,6 +1,6 @@
-"""The kit's modules import one way: data -> config -> models -> contrastive -> federated
--> the command-line edge (cli, Flower, plots, report; the runner; the script
-scaffold), and inside ``federated/`` and ``contrastive/`` in the order below. Checked on
+"""The kit's modules import one way: data and the stages' registries -> config -> models
+-> pretraining -> clustered -> the command-line edge (cli, Flower, plots, report; the runner; the script
+scaffold), and inside ``clustered/`` and ``pretraining/`` in the order below. Checked on
 every import statement, module level or inside a function (an import inside a function
 keeps TensorFlow out of a process that does not need it; it never dodges a circle)."""
 import ast
@@ -9,38 +9,41 @@ from helpers import ROOT
 
 LAYERS = {
     "errors": 0, "results": 0, "scalars": 0, "environment": 0, "compat": 0, "plugins": 0,
-    "data": 1, "methods": 1, "rules": 1, "ssl_methods": 1, "starts": 1,
+    "data": 1, "pretraining.methods": 1, "clustered.rules": 1, "clustered.starts": 1,
+    "clustered.methods": 1,
     "config": 2, "dataset_pairs": 2,
     "models": 3, "flops": 3,
-    "contrastive": 4,
-    "federated": 5,
+    "pretraining": 4,
+    "clustered": 5,
     "record": 3, "record_store": 3,
     "plots": 6, "cli": 6, "flower": 6, "report": 6, "judge": 6,
     "runner": 7, "run_data": 7,
     "script": 8, "catalogue": 8, "claims": 9, "evidence": 9,
 }
-"""Layer of each top-level part of ``cpcfl_tf``; a module may import its own layer or lower."""
+"""Layer of each part of ``cpcfl_tf`` (a package, or a module of one: the stages'
+registries are names every config checks, below the config); a module may import its
+own layer or lower."""
 
 
 def _method_modules(entries) -> tuple[str, ...]:
-    """The modules under ``contrastive/`` that registry ``entries`` name, in its order."""
-    prefix = "cpcfl_tf.contrastive."
+    """The modules under ``pretraining/`` that registry ``entries`` name, in its order."""
+    prefix = "cpcfl_tf.pretraining."
     return tuple(e.module[len(prefix):] for e in entries if e.module.startswith(prefix))
 
 
 def _inside():
-    from cpcfl_tf.ssl_methods import FEDERATED_SSL, SSL_METHODS
+    from cpcfl_tf.pretraining.methods import FEDERATED_SSL, SSL_METHODS
 
     ssl = _method_modules(SSL_METHODS.values())
     federated = tuple(m for m in _method_modules(FEDERATED_SSL.values()) if m != "fedavg_ssl")
     return {
-        "federated": ("diagnostics", "clients", "metrics", "backends", "algorithm", "pool",
-                      "centralized", "simulator", "starting"),
+        "clustered": ("rules", "starts", "methods", "diagnostics", "clients", "metrics",
+                      "backends", "algorithm", "pool", "centralized", "simulator", "starting"),
         # Each self-supervised method's file (its registry entry names it) sits on the
         # model and the losses; each federated pre-training's on fedavg_ssl: a new one
         # takes its place here without an edit.
-        "contrastive": ("losses", "model", *ssl, "pretrain", "fedavg_ssl", *federated,
-                        "federated_pretrain", "linear_eval", "knn", "timing"),
+        "pretraining": ("methods", "losses", "model", *ssl, "pretrain", "fedavg_ssl",
+                        *federated, "federated_pretrain", "linear_eval", "knn", "timing"),
     }
 
 
@@ -49,7 +52,10 @@ INSIDE = _inside()
 
 
 def layer(module: str) -> int:
-    return LAYERS[module.split(".")[1]]
+    """The layer of the longest part of ``module``'s name that :data:`LAYERS` lists."""
+    parts = module.split(".")[1:]
+    return next(LAYERS[".".join(parts[:k])] for k in range(len(parts), 0, -1)
+                if ".".join(parts[:k]) in LAYERS)
 
 
 def modules():

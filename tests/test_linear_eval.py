@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from cpcfl_tf.config import PretrainConfig
-from cpcfl_tf.contrastive.linear_eval import encode, linear_eval, select_best
-from cpcfl_tf.contrastive.pretrain import pretrain_key
-from cpcfl_tf.contrastive.pretrain import pretrain
+from cpcfl_tf.pretraining.linear_eval import encode, linear_eval, select_best
+from cpcfl_tf.pretraining.pretrain import pretrain_key
+from cpcfl_tf.pretraining.pretrain import pretrain
 from cpcfl_tf.data import load_labeled, load_unlabeled
 from cpcfl_tf.models import build_encoder
 

@@ -1,4 +1,4 @@
-"""One home for what a method is: ``cpcfl_tf/methods.py``."""
+"""One home for what a method is: ``cpcfl_tf/clustered/methods.py``."""
 import ast
 import dataclasses
 
@@ -9,8 +9,8 @@ from helpers import ROOT
 
 from cpcfl_tf.config import get_preset
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.federated.algorithm import should_restart
-from cpcfl_tf.methods import ASSIGNMENTS, METHODS, STARTS, get_method, run_label
+from cpcfl_tf.clustered.algorithm import should_restart
+from cpcfl_tf.clustered.methods import ASSIGNMENTS, METHODS, STARTS, get_method, run_label
 
 
 def federated(method: str, pretraining: str, **fields):
@@ -107,10 +107,10 @@ SUBJECTS = {"assign", "asks", "asked", "rule", "method"}
 
 
 def test_no_module_but_the_rules_compares_a_rules_name_or_what_it_asks():
-    """``assign == "subspaces"`` or ``asked == "group"`` outside :mod:`cpcfl_tf.rules`
+    """``assign == "subspaces"`` or ``asked == "group"`` outside :mod:`cpcfl_tf.clustered.rules`
     would be a second home for a rule (checked against the old code: it found
     algorithm.py, simulator.py and both Flower apps)."""
-    from cpcfl_tf.rules import RULES
+    from cpcfl_tf.clustered.rules import RULES
 
     words = set(RULES) | {r.asks for r in RULES.values() if r.asks} | set(METHODS)
     found = []
@@ -134,9 +134,9 @@ def test_no_module_but_the_rules_compares_a_rules_name_or_what_it_asks():
 def test_every_start_is_one_object_that_says_what_it_is_and_how_it_is_got():
     from types import SimpleNamespace
 
-    from cpcfl_tf.methods import PRETRAINED
-    from cpcfl_tf.ssl_methods import FEDERATED_STARTS, SSL_METHODS
-    from cpcfl_tf.starts import START
+    from cpcfl_tf.clustered.methods import PRETRAINED
+    from cpcfl_tf.pretraining.methods import FEDERATED_STARTS, SSL_METHODS
+    from cpcfl_tf.clustered.starts import START
 
     assert list(START) == ["none", *SSL_METHODS, "fedavg", "supervised", *FEDERATED_STARTS]
     assert PRETRAINED == (*SSL_METHODS, "supervised", *FEDERATED_STARTS)

@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from cpcfl_tf.federated.metrics import cluster_ari, pooled_scores
+from cpcfl_tf.clustered.metrics import cluster_ari, pooled_scores
 
 
 def _auc(scores: np.ndarray, positive: np.ndarray) -> float:

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.ssl_methods import SSL_METHODS
+from cpcfl_tf.pretraining.methods import SSL_METHODS
 
 CHILD = textwrap.dedent("""
     import json, sys
@@ -21,12 +21,12 @@ CHILD = textwrap.dedent("""
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 
     from cpcfl_tf.config import PretrainConfig
-    from cpcfl_tf.contrastive.pretrain import build_contrastive_model, make_strategy, pretrain
+    from cpcfl_tf.pretraining.pretrain import build_contrastive_model, make_strategy, pretrain
 
     images = tf.constant(np.random.default_rng(0).integers(0, 256, (8, 32, 32, 3), np.uint8))
     strategy = make_strategy("mirrored")
     out = {"replicas": strategy.num_replicas_in_sync}
-    from cpcfl_tf.ssl_methods import SSL_METHODS
+    from cpcfl_tf.pretraining.methods import SSL_METHODS
 
     for method in SSL_METHODS:  # every registered method, one added later too
         config = PretrainConfig(epochs=1, batch_size=8)
@@ -86,7 +86,7 @@ def test_pretraining_runs_end_to_end_mirrored(mirrored):
 
 
 def test_unknown_strategy_is_a_user_error():
-    from cpcfl_tf.contrastive.pretrain import make_strategy
+    from cpcfl_tf.pretraining.pretrain import make_strategy
 
     with pytest.raises(UserError, match="unknown --distribute 'tpu'"):
         make_strategy("tpu")

@@ -3,7 +3,7 @@ import pytest
 
 from cpcfl_tf.config import get_preset
 from cpcfl_tf.data import partition_clients
-from cpcfl_tf.federated.clients import partition_for
+from cpcfl_tf.clustered.clients import partition_for
 from cpcfl_tf.data.partition import make_group_classes
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.plots import plot_client_data_amounts
@@ -156,7 +156,7 @@ def _disjoint(partition):
 
 def test_a_rotated_partition_gives_every_client_every_class_turned_by_its_group(
         fmnist_clients, tmp_path):
-    from cpcfl_tf.federated.clients import make_clients
+    from cpcfl_tf.clustered.clients import make_clients
 
     train, test = fmnist_clients
     p = partition_clients(train.labels, test.labels, num_classes=10, num_clients=8,

@@ -17,7 +17,7 @@ FILES = {
     "toy_cpcfl/__init__.py": "",
     # SimCLR's loss and model at another temperature: any build(parts, settings) will do.
     "toy_cpcfl/ssl.py": '''
-        from cpcfl_tf.ssl_methods import Setting, SSLMethod
+        from cpcfl_tf.pretraining.methods import Setting, SSLMethod
 
         TOY = SSLMethod("toy-simclr", "ToySimCLR", "toy_cpcfl.ssl", "a toy",
                         {"temperature": Setting(0.5, "the toy's own"),
@@ -25,13 +25,13 @@ FILES = {
 
 
         def build(parts, settings):
-            from cpcfl_tf.contrastive.simclr import build as simclr
+            from cpcfl_tf.pretraining.simclr import build as simclr
             return simclr(parts, settings)
         ''',
     "toy_cpcfl/rule.py": '''
         import numpy as np
 
-        from cpcfl_tf.rules import Rule
+        from cpcfl_tf.clustered.rules import Rule
 
 
         class Alternate(Rule):
@@ -44,7 +44,7 @@ FILES = {
                 return np.arange(num_clients) % fl.num_clusters
         ''',
     "toy_cpcfl/method.py": '''
-        from cpcfl_tf.methods import PRETRAININGS, Method
+        from cpcfl_tf.clustered.methods import PRETRAININGS, Method
 
         TOY = Method("toy-cfl", "ToyCFL", PRETRAININGS, assign="toy-alternate", head_phase=True)
         ''',
@@ -68,9 +68,9 @@ from pathlib import Path
 import numpy as np
 
 from cpcfl_tf.config import get_preset
-from cpcfl_tf.contrastive.linear_eval import linear_eval
+from cpcfl_tf.pretraining.linear_eval import linear_eval
 from cpcfl_tf.data.sources import load_labeled
-from cpcfl_tf.federated.metrics import cluster_ari
+from cpcfl_tf.clustered.metrics import cluster_ari
 from cpcfl_tf.runner import Runner, RunSpec
 
 out = Path(sys.argv[1])
@@ -146,20 +146,20 @@ def test_a_plugin_entry_that_cannot_join_is_refused_in_one_line(monkeypatch):
 
     from cpcfl_tf import plugins
     from cpcfl_tf.errors import UserError
-    from cpcfl_tf.rules import RULES, Rule
+    from cpcfl_tf.clustered.rules import RULES, Rule
 
     def offered(name, value):
         point = importlib.metadata.EntryPoint(name, value, "cpcfl_tf.rules")
         monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [point])
 
     for name, value, said in (
-            ("loss", "cpcfl_tf.rules:Rule", "the kit has a Rule 'loss' already; give the "
+            ("loss", "cpcfl_tf.clustered.rules:Rule", "the kit has a Rule 'loss' already; give the "
                                             "plugin's another name"),
-            ("mine", "cpcfl_tf.rules:Rule", "names a Rule called 'loss': name them alike"),
+            ("mine", "cpcfl_tf.clustered.rules:Rule", "names a Rule called 'loss': name them alike"),
             ("mine", "cpcfl_tf.errors:UserError", "is a UserError, not a Rule"),
             ("mine", "nowhere_at_all:Rule", "could not be loaded: ModuleNotFoundError")):
         offered(name, value)
         with pytest.raises(UserError, match=said):
             plugins.entries("cpcfl_tf.rules", Rule, RULES)
-    offered("mine", "cpcfl_tf.rules:Rule")
+    offered("mine", "cpcfl_tf.clustered.rules:Rule")
     assert plugins.used(rule="loss", method="cp-cfl") == {}  # the kit's own: nothing said

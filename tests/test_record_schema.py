@@ -99,7 +99,7 @@ def test_every_committed_record_reports_what_its_rounds_and_clients_say(path):
     import numpy as np
     from sklearn.metrics import adjusted_rand_score
 
-    from cpcfl_tf.methods import METHODS
+    from cpcfl_tf.clustered.methods import METHODS
 
     record = json.loads(path.read_text())
     final, fl = record["final"], record["config"]["federated"]

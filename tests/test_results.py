@@ -56,7 +56,7 @@ def cache(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("damage", ["truncated encoder", "summary not json"])
 def test_a_damaged_cached_encoder_is_pre_trained_again(cache, capsys, damage):
-    from cpcfl_tf.contrastive.pretrain import pretrained_encoder
+    from cpcfl_tf.pretraining.pretrain import pretrained_encoder
 
     first = pretrained_encoder(SMOKE.pretrain, SMOKE.data, method="simclr", verbose=0)
     if damage == "truncated encoder":
@@ -76,7 +76,7 @@ def test_a_damaged_cached_encoder_is_pre_trained_again(cache, capsys, damage):
 
 
 def test_a_damaged_supervised_encoder_is_pre_trained_again(cache, capsys):
-    from cpcfl_tf.federated.starting import StartingEncoders
+    from cpcfl_tf.clustered.starting import StartingEncoders
 
     config = SMOKE.with_overrides(pretrain={"epochs": 1})
     first = StartingEncoders(verbose=0).supervised(config)
@@ -90,8 +90,8 @@ def test_a_damaged_supervised_encoder_is_pre_trained_again(cache, capsys):
 
 
 def test_cached_pretrained_encoders_are_loaded_without_reading_any_image(cache):
-    from cpcfl_tf.contrastive.pretrain import load_pretrain_images
-    from cpcfl_tf.federated.starting import StartingEncoders
+    from cpcfl_tf.pretraining.pretrain import load_pretrain_images
+    from cpcfl_tf.clustered.starting import StartingEncoders
 
     loads = []
 
@@ -111,7 +111,7 @@ def test_cached_pretrained_encoders_are_loaded_without_reading_any_image(cache):
 def test_each_seed_pre_trains_its_own_encoder(cache):
     """The server pre-trains with the run's seed: trials sample the encoder too, and the
     runs of one seed share one cached encoder."""
-    from cpcfl_tf.federated.starting import StartingEncoders
+    from cpcfl_tf.clustered.starting import StartingEncoders
 
     encoders = StartingEncoders(verbose=0)
     config = SMOKE.with_overrides(federated={"pretraining": "simclr"})
@@ -127,7 +127,7 @@ def test_each_seed_pre_trains_its_own_encoder(cache):
 def test_fedavg_encoders_cached_before_a_field_existed_keep_their_key():
     """Fields added later stay out of the FedAvg cache key at their defaults (entries
     cached before them are found again) and enter it otherwise (their runs differ)."""
-    from cpcfl_tf.federated.starting import _fedavg_key
+    from cpcfl_tf.clustered.starting import _fedavg_key
 
     config = SMOKE.with_overrides(federated={"method": "ifca", "pretraining": "fedavg"})
     key = json.loads(_fedavg_key(config))
@@ -145,7 +145,7 @@ def test_the_starting_encoders_of_a_tree_move_to_another_machines_cache(cache, t
     # entry it has already, and replaces one with other bits only when told to.
     import tarfile
 
-    from cpcfl_tf.federated.starting import StartingEncoders, cache_entries
+    from cpcfl_tf.clustered.starting import StartingEncoders, cache_entries
     from cpcfl_tf.record import Final, RunRecord, write_record
     from cpcfl_tf.results import weights_fingerprint, write_weights
     from helpers import script

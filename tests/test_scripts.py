@@ -22,7 +22,7 @@ def rows(path):
 
 
 def test_datasets_runs_every_pair_with_centralized_baselines(tmp_path, capsys, monkeypatch):
-    from cpcfl_tf.contrastive import pretrain
+    from cpcfl_tf.pretraining import pretrain
 
     loads = []
     load_images = pretrain.load_pretrain_images
@@ -91,7 +91,7 @@ def test_heads_reports_every_head_at_the_quarters(tmp_path):
 
 
 def test_supervised_pretrains_with_labels_once_and_caches_it(tmp_path, monkeypatch):
-    from cpcfl_tf.federated import centralized
+    from cpcfl_tf.clustered import centralized
 
     monkeypatch.setenv("CPCFL_CACHE", str(tmp_path / "cache"))  # its own: empty at first
     calls, train = [], centralized.supervised_encoder
@@ -170,7 +170,7 @@ def test_clients_scales_the_number_of_clients(tmp_path):
 
 
 def test_local_optimizer_probes_every_round_and_reports_each_variant(tmp_path):
-    from cpcfl_tf.federated.metrics import zigzag_amplitude
+    from cpcfl_tf.clustered.metrics import zigzag_amplitude
 
     module = script("local_optimizer")
     module.main(["--preset", "smoke", "--out", str(tmp_path)])
@@ -215,7 +215,7 @@ def test_local_optimizer_summary_sees_rounds_that_undo_each_other():
 
 
 def test_zigzag_amplitude_measures_an_alternating_curve():
-    from cpcfl_tf.federated.metrics import zigzag_amplitude
+    from cpcfl_tf.clustered.metrics import zigzag_amplitude
 
     assert zigzag_amplitude([0.5, 0.6] * 10) == pytest.approx(0.1)
     assert zigzag_amplitude(np.linspace(0.2, 0.9, 20)) == pytest.approx(0.0)
@@ -306,8 +306,8 @@ def test_a_report_says_when_its_runs_come_from_other_machines_or_encoders():
 
 def test_a_centralized_run_needs_one_or_group_many_models():
     from cpcfl_tf.config import get_preset
-    from cpcfl_tf.federated.centralized import run_centralized
-    from cpcfl_tf.federated.clients import Clients
+    from cpcfl_tf.clustered.centralized import run_centralized
+    from cpcfl_tf.clustered.clients import Clients
 
     config = get_preset("smoke").with_overrides(
         federated={"method": "centralized", "pretraining": "none", "num_clusters": 2})

@@ -8,7 +8,7 @@ import pytest
 
 from cpcfl_tf.config import get_preset
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.ssl_methods import SSL_METHODS
+from cpcfl_tf.pretraining.methods import SSL_METHODS
 from helpers import ROOT, script
 
 ARCHIVE = ROOT / "results" / "quick" / "encoders" / "encoders.tar"
@@ -20,7 +20,7 @@ def _manifest(path=ARCHIVE):
 
 
 def test_the_shipped_encoders_are_those_the_quick_table2_records_start_from():
-    from cpcfl_tf.contrastive.pretrain import pretrain_folder
+    from cpcfl_tf.pretraining.pretrain import pretrain_folder
 
     assert ARCHIVE.stat().st_size <= 15 * 2 ** 20
     records = [json.loads(p.read_text()) for p in sorted((ROOT / "results/quick/table2")
@@ -36,7 +36,7 @@ def test_the_shipped_encoders_are_those_the_quick_table2_records_start_from():
 
 
 def test_unpacked_they_are_found_by_every_script_without_pre_training(tmp_path, monkeypatch):
-    from cpcfl_tf.federated.starting import StartingEncoders
+    from cpcfl_tf.clustered.starting import StartingEncoders
     from cpcfl_tf.results import weights_fingerprint
 
     monkeypatch.setenv("CPCFL_CACHE", str(tmp_path / "cache"))

@@ -11,14 +11,14 @@ import pytest
 import tensorflow as tf
 
 from cpcfl_tf.config import PretrainConfig, get_preset
-from cpcfl_tf.contrastive.pretrain import pretrain
+from cpcfl_tf.pretraining.pretrain import pretrain
 from cpcfl_tf.data import load_unlabeled
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.federated.backends import (KerasBackend, LocalTraining, StackedBackend,
+from cpcfl_tf.clustered.backends import (KerasBackend, LocalTraining, StackedBackend,
                                          batch_orders, client_losses, stack_models)
-from cpcfl_tf.federated.clients import ClientArrays
-from cpcfl_tf.federated.clients import clients_for
-from cpcfl_tf.federated.simulator import run_federated
+from cpcfl_tf.clustered.clients import ClientArrays
+from cpcfl_tf.clustered.clients import clients_for
+from cpcfl_tf.clustered.simulator import run_federated
 from cpcfl_tf.models import build_classifier, build_classifier_head, build_encoder
 
 SMOKE = get_preset("smoke")
@@ -86,8 +86,8 @@ def _bn_classifier():
 
 def test_a_frozen_encoder_runs_in_inference_mode_and_keeps_its_batchnorm_statistics(clients):
     from cpcfl_tf.data.images import to_float
-    from cpcfl_tf.federated import algorithm
-    from cpcfl_tf.federated.backends import make_backend, unstack
+    from cpcfl_tf.clustered import algorithm
+    from cpcfl_tf.clustered.backends import make_backend, unstack
 
     keras.utils.set_random_seed(0)
     model = _bn_classifier()
@@ -152,7 +152,7 @@ def test_clients_can_keep_their_adam_state_between_rounds(clients, encoder, tmp_
 
 
 def test_kept_adam_state_with_different_step_counts_trains_each_client_as_alone(clients):
-    from cpcfl_tf.federated.backends import ClientMoments
+    from cpcfl_tf.clustered.backends import ClientMoments
 
     keras.utils.set_random_seed(2)
     model = build_classifier(build_encoder("cnn", (32, 32, 3)), build_classifier_head("c", 256, 10))
@@ -180,7 +180,7 @@ def test_kept_adam_state_trains_as_adam_written_in_numpy(clients):
     """A client resuming Adam from kept moments and step count 7: the stacked backend's
     weights against Kingma and Ba's update in NumPy (Keras' defaults: beta 0.9 / 0.999,
     epsilon 1e-7 outside the root), gradients of the plain Keras model."""
-    from cpcfl_tf.federated.backends import ClientMoments
+    from cpcfl_tf.clustered.backends import ClientMoments
 
     keras.utils.set_random_seed(4)
     model = build_classifier(build_encoder("cnn", (32, 32, 3)), build_classifier_head("c", 256, 10))
@@ -244,9 +244,9 @@ def test_encoder_epochs_1_trains_the_encoder_in_the_first_local_epoch_only(clien
                                                                           backend):
     """Three local epochs with E_l,f = 1 leave the encoder where one epoch (the same
     batches) leaves it; the head goes on training."""
-    from cpcfl_tf.federated import algorithm
-    from cpcfl_tf.federated.backends import backend_of
-    from cpcfl_tf.federated.pool import build_template, initial_pool
+    from cpcfl_tf.clustered import algorithm
+    from cpcfl_tf.clustered.backends import backend_of
+    from cpcfl_tf.clustered.pool import build_template, initial_pool
 
     fl = config(local_epochs=3, encoder_epochs=1, head_rounds=0,
                 backend=backend).resolved().federated
@@ -361,7 +361,7 @@ def test_ifca_restarts_under_partial_participation(clients, capsys):
     assert 2 <= sum(sizes) <= 4  # 2 clients a round for 2 rounds: not all 9 have a cluster
     ids = np.array(record.rounds[-1].cluster_ids)
     assert (ids == -1).any()  # someone was never drawn in the kept attempt
-    from cpcfl_tf.federated.metrics import cluster_ari
+    from cpcfl_tf.clustered.metrics import cluster_ari
     assert record.final.ari == cluster_ari(clients.groups, ids)
 
 
@@ -375,7 +375,7 @@ def test_an_ifca_restart_starts_a_new_pool_and_a_resume_after_it_gives_the_same_
     its own new pool with the history cleared; a run killed after a restart resumes to the
     uninterrupted record. Two clusters of 9 clients with ``min_cluster_share`` 1 always
     fail (one cluster holds fewer than 4.5), so every attempt restarts."""
-    from cpcfl_tf.federated.pool import build_template, initial_pool
+    from cpcfl_tf.clustered.pool import build_template, initial_pool
 
     c = config(method="ifca", pretraining="none", num_clusters=2, rounds=3, restart_round=2,
                max_restarts=2, min_cluster_share=1.0)
@@ -436,8 +436,8 @@ def test_divergence_is_a_clear_error(clients):
 RUNNER = textwrap.dedent("""
     import sys
     from cpcfl_tf.config import get_preset
-    from cpcfl_tf.federated.clients import clients_for
-    from cpcfl_tf.federated.simulator import run_federated
+    from cpcfl_tf.clustered.clients import clients_for
+    from cpcfl_tf.clustered.simulator import run_federated
     c = get_preset("smoke").with_overrides(
         federated={"method": "ifca", "pretraining": "none", "rounds": 6})
     run_federated(c, clients_for(c),
@@ -490,7 +490,7 @@ def test_a_checkpoint_from_another_starting_encoder_is_refused(clients, encoder,
 
 
 def test_ifca_fedavg_starts_from_the_fedavg_models_encoder(clients):
-    from cpcfl_tf.federated.starting import fedavg_encoder
+    from cpcfl_tf.clustered.starting import fedavg_encoder
 
     encoder, fedavg = fedavg_encoder(config(rounds=2, head_rounds=0), clients, verbose=0)
     assert len(encoder) == 10 and fedavg.config.federated.num_clusters == 1
@@ -524,7 +524,7 @@ def test_training_in_chunks_of_clients_gives_the_unchunked_run(clients, encoder)
 @pytest.mark.parametrize("kind", ["stacked", "keras"])
 def test_jit_compiled_steps_train_like_the_default_and_repeat_bit_for_bit(clients, kind):
     """federated.jit_compile: XLA's kernels give other last bits, not another training."""
-    from cpcfl_tf.federated.backends import make_backend
+    from cpcfl_tf.clustered.backends import make_backend
 
     keras.utils.set_random_seed(2)
     model = build_classifier(build_encoder("cnn", (32, 32, 3)), build_classifier_head("c-1", 256, 10))
@@ -549,8 +549,8 @@ def test_cp_cfl_restart_that_never_restarts_is_cp_cfl_and_the_diagnostic_changes
     """Attempt 0 of CP-CFL+restart draws what CP-CFL draws; with groups found its failure
     test never fires, so the two runs are one, round for round. The selection diagnostic
     records the pool losses of rounds Tc + 1 .. Tc + K and leaves every result as it was."""
-    from cpcfl_tf.federated.backends import backend_of
-    from cpcfl_tf.federated.pool import build_template
+    from cpcfl_tf.clustered.backends import backend_of
+    from cpcfl_tf.clustered.pool import build_template
 
     plain, _ = run_federated(config(rounds=4, head_rounds=1), clients, encoder_weights=encoder,
                              verbose=0)
@@ -583,8 +583,8 @@ def test_a_run_traces_the_forward_pass_once_and_a_second_run_traces_nothing(
     first run). Its number of images is now left open in one trace, and the logits are
     those of a trace of the exact shape, to the bit."""
     from cpcfl_tf.data.images import to_float
-    from cpcfl_tf.federated.backends import backend_of, stacked_logits
-    from cpcfl_tf.federated.pool import build_template
+    from cpcfl_tf.clustered.backends import backend_of, stacked_logits
+    from cpcfl_tf.clustered.pool import build_template
 
     c = config(rounds=6, head_rounds=4)
     fl = c.resolved().federated

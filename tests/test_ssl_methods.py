@@ -1,4 +1,4 @@
-"""The pre-training stage's registry (cpcfl_tf/ssl_methods.py): VICReg through it alone,
+"""The pre-training stage's registry (cpcfl_tf/pretraining/methods.py): VICReg through it alone,
 per-method settings that keep every key and record, the kNN monitor and the schedules."""
 import dataclasses
 import json
@@ -9,7 +9,7 @@ import pytest
 from cpcfl_tf import compat
 from cpcfl_tf.config import Config, PretrainConfig, config_json, get_preset
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.ssl_methods import SSL_METHODS, Setting, check_options
+from cpcfl_tf.pretraining.methods import SSL_METHODS, Setting, check_options
 
 from helpers import ROOT
 
@@ -39,7 +39,7 @@ def _vicreg_numpy(z1, z2, lam=25.0, mu=25.0, nu=1.0, gamma=1.0, eps=1e-4):
 
 @pytest.mark.parametrize("scale", [0.05, 3.0])  # variance term active / inactive
 def test_vicreg_loss_equals_the_numpy_equations(scale):
-    from cpcfl_tf.contrastive.vicreg import vicreg_loss
+    from cpcfl_tf.pretraining.vicreg import vicreg_loss
 
     rng = np.random.default_rng(0)
     z1 = rng.normal(0, scale, (16, 12)).astype(np.float32)
@@ -59,7 +59,7 @@ def test_vicreg_loss_equals_the_numpy_equations(scale):
 
 
 def test_vicreg_is_built_from_its_registry_entry_with_an_expander_scaled_to_the_encoder():
-    from cpcfl_tf.contrastive.pretrain import build_contrastive_model
+    from cpcfl_tf.pretraining.pretrain import build_contrastive_model
 
     model = build_contrastive_model(PretrainConfig(), (32, 32, 3), method="vicreg")
     assert [layer.units for layer in model.projector.layers if hasattr(layer, "units")] == \
@@ -74,8 +74,8 @@ def test_vicregs_loss_is_the_one_its_settings_say_with_every_weight_passed_throu
     """Built with gamma and epsilon away from their defaults, the model's loss settings
     give the NumPy equations' value with those settings (a build that dropped them would
     fall back to the loss function's own defaults)."""
-    from cpcfl_tf.contrastive.pretrain import build_contrastive_model
-    from cpcfl_tf.contrastive.vicreg import vicreg_loss
+    from cpcfl_tf.pretraining.pretrain import build_contrastive_model
+    from cpcfl_tf.pretraining.vicreg import vicreg_loss
 
     config = PretrainConfig().with_settings("vicreg", sim_weight=5.0, var_weight=7.0,
                                             cov_weight=0.5, gamma=2.0, epsilon=1e-2)
@@ -122,7 +122,7 @@ def test_a_changed_registry_default_changes_that_methods_keys_only(monkeypatch):
     """VICReg's covariance weight moved from 1 to 2 in the registry: every VICReg key of
     the committed records changes (a cached encoder of weight 1 is not taken for 2), the
     other methods' keys stay; an explicit 1.0 is the old key again."""
-    from cpcfl_tf.contrastive.pretrain import image_source, pretrain_key
+    from cpcfl_tf.pretraining.pretrain import image_source, pretrain_key
 
     found = _encoders_named_by_committed_records()
 
@@ -194,7 +194,7 @@ def test_an_older_record_layout_with_flat_settings_reads_as_options():
 def _encoders_named_by_committed_records():
     """(pretrain section as stored, method, data, seed) of every committed run record
     that starts from the server's self-supervised pre-training, once each."""
-    from cpcfl_tf.contrastive.pretrain import image_source
+    from cpcfl_tf.pretraining.pretrain import image_source
 
     seen = {}
     for path in sorted((ROOT / "results").rglob("*.json")):
@@ -215,7 +215,7 @@ def test_a_new_pretrain_field_or_setting_at_its_default_keeps_every_committed_ke
     """A field added to the pre-training config (here a test-local subclass) and a setting
     added to a method, both at the value that runs as before, change no cache key of any
     encoder the committed records start from, nor their records."""
-    from cpcfl_tf.contrastive.pretrain import image_source, pretrain_key
+    from cpcfl_tf.pretraining.pretrain import image_source, pretrain_key
 
     found = _encoders_named_by_committed_records()
     assert len(found) >= 20 and {m for _, m in found} >= {"simclr", "byol", "simsiam", "vicreg"}
@@ -258,7 +258,7 @@ def test_a_method_setting_left_out_of_compat_would_change_the_records(monkeypatc
 # -- the schedules ----------------------------------------------------------------------
 
 def test_the_cosine_schedule_warms_up_linearly_then_decays_to_zero():
-    from cpcfl_tf.contrastive.pretrain import learning_rate
+    from cpcfl_tf.pretraining.pretrain import learning_rate
 
     assert learning_rate(PretrainConfig(epochs=10), 7) == 1e-3  # the paper's constant rate
     schedule = learning_rate(PretrainConfig(epochs=10, lr_schedule="cosine", warmup_epochs=2),
@@ -274,8 +274,8 @@ def test_the_cosine_schedule_warms_up_linearly_then_decays_to_zero():
 def test_byols_target_rate_follows_its_cosine_schedule(digits_images):
     import tensorflow as tf
 
-    from cpcfl_tf.contrastive.byol import cosine_target_rate
-    from cpcfl_tf.contrastive.pretrain import build_contrastive_model
+    from cpcfl_tf.pretraining.byol import cosine_target_rate
+    from cpcfl_tf.pretraining.pretrain import build_contrastive_model
 
     rates = [float(cosine_target_rate(0.9, k, 100)) for k in (0, 50, 100)]
     assert rates == pytest.approx([0.9, 0.95, 1.0])
@@ -296,7 +296,7 @@ def test_a_pretraining_sizes_its_schedules_by_its_steps(tmp_path, monkeypatch):
     learning rate is half the base rate after step 4 of 8 and the last step's BYOL target
     rate is 1 - 0.1 (cos(7 pi / 8) + 1) / 2 (hand-worked from BYOL Sec. 3.2); schedules
     sized by epochs alone (2 steps) would have reached 0 and 1 long before."""
-    from cpcfl_tf.contrastive import pretrain as module
+    from cpcfl_tf.pretraining import pretrain as module
 
     built = []
     real = module.build_contrastive_model
@@ -322,7 +322,7 @@ def test_a_pretraining_sizes_its_schedules_by_its_steps(tmp_path, monkeypatch):
 # -- the kNN monitor --------------------------------------------------------------------
 
 def test_weighted_knn_equals_a_brute_force_vote():
-    from cpcfl_tf.contrastive.knn import knn_predict
+    from cpcfl_tf.pretraining.knn import knn_predict
 
     rng = np.random.default_rng(1)
     bank, labels = rng.normal(size=(60, 5)), rng.integers(0, 3, 60)
@@ -339,8 +339,8 @@ def test_weighted_knn_equals_a_brute_force_vote():
 
 
 def test_the_monitor_records_knn_accuracy_and_leaves_the_encoders_bits(digits_images, tmp_path):
-    from cpcfl_tf.contrastive.knn import KnnMonitor
-    from cpcfl_tf.contrastive.pretrain import pretrain
+    from cpcfl_tf.pretraining.knn import KnnMonitor
+    from cpcfl_tf.pretraining.pretrain import pretrain
     from cpcfl_tf.data.sources import load_labeled
 
     train = load_labeled("digits", "train[697:1000]", image_size=32)
@@ -372,7 +372,7 @@ def test_what_a_default_width_stands_for_is_what_the_method_builds(method):
     (built here on a small stand-in encoder of the CNN's width)."""
     import keras
 
-    from cpcfl_tf.contrastive.model import Parts
+    from cpcfl_tf.pretraining.model import Parts
 
     def encoder(name="encoder"):
         inputs = keras.Input((4, 4, 3))

@@ -124,7 +124,7 @@ def test_cfl_families_pairs_each_family_by_seed_and_judges_the_difference(tmp_pa
 
 def test_families_take_runs_this_machine_would_repeat_bit_for_bit_from_the_tree(
         tmp_path, monkeypatch, capsys):
-    import cpcfl_tf.federated.simulator as simulator
+    import cpcfl_tf.clustered.simulator as simulator
 
     families = script("cfl_families")
     monkeypatch.chdir(tmp_path)
@@ -174,7 +174,7 @@ def test_a_report_elsewhere_takes_the_runs_its_folders_taken_json_names(
     # A folder that took runs from the tree names them in taken.json; --report on another
     # machine, or without the encoders cached, takes them from there and says so. A named
     # record that no longer holds the run's config is not taken.
-    import cpcfl_tf.federated.simulator as simulator
+    import cpcfl_tf.clustered.simulator as simulator
 
     families = script("cfl_families")
     monkeypatch.chdir(tmp_path)

@@ -51,7 +51,7 @@ def test_records_name_the_encoder_they_started_from(smoke_run):
     import keras
     import numpy as np
 
-    from cpcfl_tf.contrastive.pretrain import pretrain_folder
+    from cpcfl_tf.pretraining.pretrain import pretrain_folder
     from cpcfl_tf.results import weights_fingerprint
 
     start = {name: read_record(smoke_run / f"{name}.json").environment["starting_encoder"]
@@ -86,7 +86,7 @@ def test_an_interrupted_run_needs_resume(smoke_run, tmp_path):
 
     spec = RunSpec("fedavg-none", "fedavg", "none")
     runner = Runner("table2", get_preset("smoke"), tmp_path, verbose=0)
-    from cpcfl_tf.federated.simulator import run_federated
+    from cpcfl_tf.clustered.simulator import run_federated
 
     config = spec.config(get_preset("smoke"))
     stop = {"after": 2}
@@ -200,7 +200,7 @@ def test_encoder_training_script_covers_heads_and_settings(tmp_path):
 
 
 def test_ifca_fedavg_starts_from_the_cached_fedavg_encoder(tmp_path, monkeypatch, capsys):
-    import cpcfl_tf.federated.starting as starting
+    import cpcfl_tf.clustered.starting as starting
     from cpcfl_tf.config import get_preset
     from cpcfl_tf.runner import RunSpec, Runner
 
@@ -225,7 +225,7 @@ def test_a_restart_variant_run_whose_rule_never_fires_is_taken_from_its_base_run
     # where CP-CFL's run of the same config shows the test passing, that run is taken
     # for it (no record written, nothing trained); where the test fires, it runs.
     from cpcfl_tf.config import get_preset
-    from cpcfl_tf.federated.algorithm import clustering_failed
+    from cpcfl_tf.clustered.algorithm import clustering_failed
     from cpcfl_tf.runner import RunSpec, Runner
 
     runner = Runner("reliability", get_preset("smoke"), tmp_path, verbose=0)

@@ -12,7 +12,7 @@ preset's three groups and once on one group (where nothing should split), and re
 norms every round records. PACFL needs p (``basis``): it is chosen by the ARI its
 clustering gives on the held-out partitions.
 
-The thresholds it derives (rule in the report) are what ``cpcfl_tf/methods.py`` uses
+The thresholds it derives (rule in the report) are what ``cpcfl_tf/clustered/methods.py`` uses
 for CFL and PACFL; ``docs/choices.md`` cites this report.
 """
 from __future__ import annotations
@@ -21,9 +21,9 @@ from typing import Sequence
 
 import numpy as np
 
-from cpcfl_tf import rules
+from cpcfl_tf.clustered import rules
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.methods import METHODS, STARTS
+from cpcfl_tf.clustered.methods import METHODS, STARTS
 from cpcfl_tf.report import markdown_table
 from cpcfl_tf.runner import RunSpec
 from cpcfl_tf.script import Script
@@ -83,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     config, args = session.config, session.args
     if not 1 <= args.seeds <= len(HELD_OUT):
         raise UserError(f"--seeds must be in 1..{len(HELD_OUT)}, got {args.seeds}")
-    from cpcfl_tf.federated.metrics import cluster_ari
+    from cpcfl_tf.clustered.metrics import cluster_ari
 
     # PACFL: the ARI of its clustering for each p on every held-out partition.
     aris = {}

@@ -83,7 +83,7 @@ def _tree(results: str) -> Path:
 
 
 def status(args) -> None:
-    from cpcfl_tf.federated.starting import cache_entries
+    from cpcfl_tf.clustered.starting import cache_entries
 
     wanted, cached = needed(_tree(args.results)), cache_entries()
     if not wanted:
@@ -101,7 +101,7 @@ def status(args) -> None:
 
 
 def pack(args) -> None:
-    from cpcfl_tf.federated.starting import cache_entries
+    from cpcfl_tf.clustered.starting import cache_entries
 
     wanted, cached = needed(_tree(args.results)), cache_entries()
     packed = {f: cached[f] for f in wanted if f in cached
@@ -138,7 +138,7 @@ def pack(args) -> None:
 
 
 def unpack(args) -> None:
-    from cpcfl_tf.federated.starting import entry_weights
+    from cpcfl_tf.clustered.starting import entry_weights
     from cpcfl_tf.results import weights_fingerprint
 
     archive = Path(args.archive)

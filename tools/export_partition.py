@@ -31,7 +31,7 @@ def client_folder(out: Path, client: int) -> Path:
 
 
 def export(clients, out: Path) -> list[Path]:
-    """Write every client of ``clients`` (:class:`~cpcfl_tf.federated.clients.Clients`)
+    """Write every client of ``clients`` (:class:`~cpcfl_tf.clustered.clients.Clients`)
     under ``out``; returns the client folders in client order."""
     from PIL import Image
 
@@ -68,13 +68,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise UserError(f"{args.out} is not empty; give an empty folder or --force")
     session = SCRIPT.session(args)
 
-    from cpcfl_tf.federated.clients import clients_for
+    from cpcfl_tf.clustered.clients import clients_for
     from cpcfl_tf.results import write_json
 
     clients = clients_for(session.config)
     folders = export(clients, session.out)
     if session.config.partition.unlabeled != "server":
-        from cpcfl_tf.federated.clients import unlabeled_for
+        from cpcfl_tf.clustered.clients import unlabeled_for
 
         export_unlabeled(unlabeled_for(session.config), session.out)
     write_json(session.out / "partition.json", {"clients": clients.records})

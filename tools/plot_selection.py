@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Sequence
 
 from cpcfl_tf.errors import ArgumentParser, UserError, run_cli
-from cpcfl_tf.methods import run_label
+from cpcfl_tf.clustered.methods import run_label
 from cpcfl_tf.record import RunRecord, read_record
 
 

@@ -1,7 +1,7 @@
 """Data: image sources, the one preprocessing path, and the paper's client partition.
 
 This layer knows nothing of the kit's configuration: it takes dataset names, splits and
-numbers. :mod:`cpcfl_tf.federated.clients` turns a config into clients.
+numbers. :mod:`cpcfl_tf.clustered.clients` turns a config into clients.
 """
 from cpcfl_tf.data.partition import Client, Partition, partition_clients
 from cpcfl_tf.data.sources import (DATASETS, LabeledImages, get_spec, load_labeled,

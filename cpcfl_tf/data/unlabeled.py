@@ -1,7 +1,7 @@
 """Dealing the unlabeled pre-training images to the clients (``partition.unlabeled``).
 
 The paper's server holds the unlabeled images (``server``). Federated self-supervised
-pre-training (:mod:`cpcfl_tf.contrastive.federated_pretrain`) needs them on the clients
+pre-training (:mod:`cpcfl_tf.pretraining.federated_pretrain`) needs them on the clients
 instead, dealt one of two ways:
 
 * ``iid``: uniformly at random, C near-equal shares of all the images;

@@ -1,5 +1,5 @@
 """CP-CFL as a real Flower federation (extra ``[flower]``): the same algorithm functions
-as the simulator (:mod:`cpcfl_tf.federated.algorithm`), driven by Flower's Message API.
+as the simulator (:mod:`cpcfl_tf.clustered.algorithm`), driven by Flower's Message API.
 
 * :mod:`~cpcfl_tf.flower.server_app`: the ``ServerApp`` (pool, Tc phase, aggregation);
 * :mod:`~cpcfl_tf.flower.client_app`: the ``ClientApp`` (own partition, selection on

@@ -36,7 +36,7 @@ from cpcfl_tf.errors import UserError
 from cpcfl_tf.flower import checks
 from cpcfl_tf.flower.common import (class_names, from_record, models_from_records, run_config,
                                    to_record)
-from cpcfl_tf.methods import METHODS
+from cpcfl_tf.clustered.methods import METHODS
 
 app = ClientApp()
 
@@ -55,8 +55,8 @@ def _checked(run_items: tuple, partition_id: int):
 def _backend(run_items: tuple):
     """The run's config and a backend, built once per process and run: under the
     Simulation Engine one process serves many partitions of a run."""
-    from cpcfl_tf.federated.backends import backend_of
-    from cpcfl_tf.federated.pool import build_template
+    from cpcfl_tf.clustered.backends import backend_of
+    from cpcfl_tf.clustered.pool import build_template
 
     config = run_config(dict(run_items))
     fl, size = config.resolved().federated, config.data.image_size
@@ -86,7 +86,7 @@ def _models(msg: Message, run_items: tuple) -> dict[int, list[np.ndarray]]:
 def _partition(run_items: tuple):
     """Every client of the run's seeded partition (what the simulator draws), once per
     process and run."""
-    from cpcfl_tf.federated.clients import clients_for
+    from cpcfl_tf.clustered.clients import clients_for
 
     return clients_for(run_config(dict(run_items)))
 
@@ -100,7 +100,7 @@ def _listing(run_items: tuple, path: str) -> dict:
 def _dealt(run_items: tuple) -> list:
     """Every client's unlabeled images under the run's deal (what the simulator deals),
     once per process and run."""
-    from cpcfl_tf.federated.clients import unlabeled_for
+    from cpcfl_tf.clustered.clients import unlabeled_for
 
     return unlabeled_for(run_config(dict(run_items)))
 
@@ -115,7 +115,7 @@ def _own_unlabeled(run_items: tuple, path: str) -> np.ndarray:
 @functools.lru_cache(maxsize=1)
 def _trainer(run_items: tuple, shape: tuple):
     """The federated pre-training's client side, built once per process and run."""
-    from cpcfl_tf.contrastive.federated_pretrain import LocalTrainer
+    from cpcfl_tf.pretraining.federated_pretrain import LocalTrainer
 
     return LocalTrainer(run_config(dict(run_items)), shape)
 
@@ -123,7 +123,7 @@ def _trainer(run_items: tuple, shape: tuple):
 @functools.lru_cache(maxsize=4)
 def _own(run_items: tuple, path: str):
     """This node's own images as one client's arrays: (train, test)."""
-    from cpcfl_tf.federated.clients import ClientArrays
+    from cpcfl_tf.clustered.clients import ClientArrays
 
     config = run_config(dict(run_items))
     data = read_node_folder(_listing(run_items, path), len(class_names(dict(run_items))),
@@ -222,7 +222,7 @@ def query(msg: Message, context: Context) -> Message:
     asked = settings.get("ask")
     if asked is None:  # a ConfigRecord: a folder name is a string
         return _reply(msg, identity=ConfigRecord(_identity(context)))
-    # Once before training, what the method's rule asks (cpcfl_tf.rules): only now data.
+    # Once before training, what the method's rule asks (cpcfl_tf.clustered.rules): only now data.
     client = int(settings["client-id"])
     _addressed(settings, context)
     config, data, _, _, group = _node(context)
@@ -233,12 +233,12 @@ def query(msg: Message, context: Context) -> Message:
 
 def _pretrain(msg: Message, context: Context) -> Message:
     """One round of the federated pre-training on this node's unlabeled images: the
-    simulator's client round (:class:`~cpcfl_tf.contrastive.federated_pretrain.LocalTrainer`),
+    simulator's client round (:class:`~cpcfl_tf.pretraining.federated_pretrain.LocalTrainer`),
     what the client keeps (BYOL's target, FedEMA's previous weights) in the node's
     ``context.state``; sends its online parts and its image count."""
     from flwr.app import Array, ArrayRecord
 
-    from cpcfl_tf.contrastive.fedavg_ssl import ClientState
+    from cpcfl_tf.pretraining.fedavg_ssl import ClientState
 
     settings = msg.content["config"]
     client = int(settings["client-id"])
@@ -273,8 +273,8 @@ _KEPT = "pretrain-kept"
 def train(msg: Message, context: Context) -> Message:
     """Select a cluster (the drawn one in the Tc phase), train it locally, send it back;
     in the federated pre-training stage, train the self-supervised model instead."""
-    from cpcfl_tf.federated import algorithm
-    from cpcfl_tf.federated.backends import (LocalTraining, batch_orders, client_losses,
+    from cpcfl_tf.clustered import algorithm
+    from cpcfl_tf.clustered.backends import (LocalTraining, batch_orders, client_losses,
                                              stack_models, unstack)
 
     settings = msg.content["config"]
@@ -345,8 +345,8 @@ def evaluate(msg: Message, context: Context) -> Message:
     """Accuracy of the received cluster model on this node's local test data. Sent the
     whole pool (the node has not taken part yet), the node scores the model of lowest
     loss on its training data, as it would choose it."""
-    from cpcfl_tf.federated.backends import client_losses, client_probabilities
-    from cpcfl_tf.federated.metrics import client_accuracy
+    from cpcfl_tf.clustered.backends import client_losses, client_probabilities
+    from cpcfl_tf.clustered.metrics import client_accuracy
 
     _addressed(msg.content["config"], context)
     _, data, test, backend, _ = _node(context)

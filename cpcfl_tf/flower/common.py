@@ -14,8 +14,8 @@ import numpy as np
 
 from cpcfl_tf.config import Config, get_preset, parse_settings
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.methods import METHODS, PRETRAIN_METHODS
-from cpcfl_tf.starts import START
+from cpcfl_tf.clustered.methods import METHODS, PRETRAIN_METHODS
+from cpcfl_tf.clustered.starts import START
 
 DEFAULTS: dict[str, Any] = {
     "preset": "smoke", "method": "cp-cfl", "pretraining": "simclr", "num-clusters": 2,

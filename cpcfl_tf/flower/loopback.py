@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.flower.credentials import Credentials
-from cpcfl_tf.methods import METHODS, PRETRAINED
+from cpcfl_tf.clustered.methods import METHODS, PRETRAINED
 
 APP_DIR = Path(__file__).resolve().parents[2]
 """The Flower App: the repository root (a clone with the kit installed from it)."""

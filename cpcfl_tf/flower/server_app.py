@@ -4,10 +4,10 @@ Per round the server sends each node the pool of N models when clients choose by
 (IFCA, CP-CFL, FedAvg as N = 1; in the Tc phase the node trains the head of the model
 drawn for it, with the encoder frozen), or only the model it assigned the node (oracle,
 FeSEM, CFL, FL+HC, PACFL). It receives trained weights, the cluster id and the number of
-examples, and aggregates with :func:`cpcfl_tf.federated.algorithm.run_rounds` -- the
+examples, and aggregates with :func:`cpcfl_tf.clustered.algorithm.run_rounds` -- the
 simulator's own round, seeded the same way, so with the same seeds a federation assigns
 the same cluster ids. Before training it asks what a method needs once
-(:attr:`~cpcfl_tf.methods.Method.asks_first`: the oracle's true groups, PACFL's data
+(:attr:`~cpcfl_tf.clustered.methods.Method.asks_first`: the oracle's true groups, PACFL's data
 subspaces); the record's ``bytes_other`` counts the subspaces.
 
 Clients: a node started with ``partition-id`` is that client of the run's seeded
@@ -40,12 +40,12 @@ from flwr.serverapp import Grid, ServerApp
 
 from cpcfl_tf.config import FederatedConfig
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.federated import algorithm
+from cpcfl_tf.clustered import algorithm
 from cpcfl_tf.flower import checks
 from cpcfl_tf.flower.common import (class_names, from_record, models_to_records, run_config,
                                    to_record)
-from cpcfl_tf.methods import METHODS, plugins_used
-from cpcfl_tf.ssl_methods import FEDERATED_STARTS
+from cpcfl_tf.clustered.methods import METHODS, plugins_used
+from cpcfl_tf.pretraining.methods import FEDERATED_STARTS
 from cpcfl_tf.record import write_record
 from cpcfl_tf.results import prepare_out_dir
 
@@ -125,7 +125,7 @@ def _check_partitions(grid: Grid, nodes: list[int], num_clients: int, timeout: f
 def _ask_first(grid: Grid, client_of: dict[int, int], fl, num_clients: int, timeout: float,
                names: dict[int, str] | None = None) -> list[np.ndarray] | None:
     """Every client's answer, by client id, to what the method's rule asks once before
-    training (:mod:`cpcfl_tf.rules`: the oracle's true groups, PACFL's data subspaces);
+    training (:mod:`cpcfl_tf.clustered.rules`: the oracle's true groups, PACFL's data subspaces);
     every client must answer. None when the rule asks nothing."""
     rule = METHODS[fl.method].rule
     if rule.asks is None:
@@ -185,7 +185,7 @@ def _roster(grid: Grid, nodes: list[int], timeout: float
 
 
 class _Nodes:
-    """The ServerApp's :class:`~cpcfl_tf.federated.algorithm.Federation`: one SuperNode per
+    """The ServerApp's :class:`~cpcfl_tf.clustered.algorithm.Federation`: one SuperNode per
     client, reached through the Grid. A node that fails a round is left out of it."""
 
     def __init__(self, grid: Grid, client_of: dict[int, int], num_clients: int,
@@ -301,7 +301,7 @@ class _Nodes:
 
 class _PretrainNodes:
     """The federated pre-training's clients as SuperNodes (the counterpart of the
-    simulator's :class:`~cpcfl_tf.contrastive.federated_pretrain.LocalClients`): a round
+    simulator's :class:`~cpcfl_tf.pretraining.federated_pretrain.LocalClients`): a round
     sends the global online parts to the sampled clients' nodes that are online; each
     trains the method's step on its own unlabeled images and sends its parts with its
     image count. A node that fails the round is left out of it."""
@@ -313,7 +313,7 @@ class _PretrainNodes:
         """Client id -> its unlabeled images: the most a reply's ``num-examples`` may say."""
 
     def train(self, global_weights, round_: int, chosen: np.ndarray):
-        from cpcfl_tf.contrastive.federated_pretrain import Replies
+        from cpcfl_tf.pretraining.federated_pretrain import Replies
 
         wanted, online = set(chosen.tolist()), set(self.grid.get_node_ids())
         contents = {node: RecordDict({
@@ -343,10 +343,10 @@ def _pretrain_stage(grid: Grid, client_of: dict[int, int], config, timeout: floa
                     names: dict[int, str] | None, unlabeled: dict[int, int]
                     ) -> list[np.ndarray]:
     """The federated self-supervised pre-training as the run's first stage: the
-    simulator's rounds (:func:`~cpcfl_tf.contrastive.federated_pretrain.run_rounds`,
+    simulator's rounds (:func:`~cpcfl_tf.pretraining.federated_pretrain.run_rounds`,
     seeded the same) with the nodes as its clients. Returns the global encoder."""
-    from cpcfl_tf.contrastive.fedavg_ssl import set_parts
-    from cpcfl_tf.contrastive.federated_pretrain import LocalTrainer, new_totals, run_rounds
+    from cpcfl_tf.pretraining.fedavg_ssl import set_parts
+    from cpcfl_tf.pretraining.federated_pretrain import LocalTrainer, new_totals, run_rounds
 
     size = config.data.image_size
     server = LocalTrainer(config, (size, size, 3))  # its seeded init and its averaging only
@@ -358,7 +358,7 @@ def _pretrain_stage(grid: Grid, client_of: dict[int, int], config, timeout: floa
 
     totals = new_totals()
     if names is None:  # partition nodes: each client's share of the run's deal
-        from cpcfl_tf.federated.clients import unlabeled_for
+        from cpcfl_tf.clustered.clients import unlabeled_for
 
         examples = {k: len(images) for k, images in enumerate(unlabeled_for(config))}
     else:  # own data: what each node reported in the roster
@@ -377,7 +377,7 @@ def _examples(config, node_data: dict[str, dict] | None) -> dict[int, int]:
     client of a drawn partition has as many)."""
     if node_data is not None:
         return {int(k): int(d["num_train"]) for k, d in node_data.items()}
-    from cpcfl_tf.federated.clients import clients_for
+    from cpcfl_tf.clustered.clients import clients_for
 
     size = clients_for(config).train.size
     return dict.fromkeys(range(config.partition.num_clients), size)
@@ -386,8 +386,8 @@ def _examples(config, node_data: dict[str, dict] | None) -> dict[int, int]:
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     from cpcfl_tf.environment import run_environment
-    from cpcfl_tf.federated.pool import build_template, federated_record, initial_state
-    from cpcfl_tf.federated.starting import StartingEncoders
+    from cpcfl_tf.clustered.pool import build_template, federated_record, initial_state
+    from cpcfl_tf.clustered.starting import StartingEncoders
 
     settings = dict(context.run_config)
     config = run_config(settings)

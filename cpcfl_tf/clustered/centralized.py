@@ -20,11 +20,11 @@ import numpy as np
 from cpcfl_tf.config import Config
 from cpcfl_tf.data.sources import LabeledImages
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.federated.backends import (LocalTraining, backend_of, batch_orders,
+from cpcfl_tf.clustered.backends import (LocalTraining, backend_of, batch_orders,
                                          client_probabilities, stack_models, unstack)
-from cpcfl_tf.federated.metrics import client_accuracy, pooled_scores
-from cpcfl_tf.federated.clients import ClientArrays, Clients
-from cpcfl_tf.federated.pool import build_template, initial_pool
+from cpcfl_tf.clustered.metrics import client_accuracy, pooled_scores
+from cpcfl_tf.clustered.clients import ClientArrays, Clients
+from cpcfl_tf.clustered.pool import build_template, initial_pool
 from cpcfl_tf.record import SCORES, Final, RunRecord
 
 

@@ -108,7 +108,7 @@ def client_unlabeled(config: Config, partition: Partition, train: LabeledImages,
     labels for the ``groups`` deal (which they deal, and which go no further); ``train``
     the clients' labeled split, whose class counts per client the ``groups`` deal follows
     (a rotated client's unlabeled images are turned as its labeled ones)."""
-    from cpcfl_tf.contrastive.federated_pretrain import plan
+    from cpcfl_tf.pretraining.federated_pretrain import plan
     from cpcfl_tf.data.unlabeled import deal_unlabeled
 
     kind = config.partition.unlabeled
@@ -138,7 +138,7 @@ def client_unlabeled(config: Config, partition: Partition, train: LabeledImages,
 def unlabeled_for(config: Config) -> list[np.ndarray]:
     """Load what the deal needs and deal it: every client's unlabeled images (a Flower
     node with a partition id keeps its own; the runner caches the pieces instead)."""
-    from cpcfl_tf.contrastive.pretrain import load_pretrain_images
+    from cpcfl_tf.pretraining.pretrain import load_pretrain_images
 
     train, test = load_client_splits(config.data)
     data = config.data

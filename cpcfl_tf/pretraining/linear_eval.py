@@ -57,7 +57,7 @@ def select_best(candidates: Sequence[tuple[str, PretrainConfig]], images: np.nda
     (``{"key", "method", "config", "accuracy"}``); each pre-training lives in
     ``out_root/<pretrain_key>`` and is reused when it is already there.
     """
-    from cpcfl_tf.contrastive.pretrain import pretrain, pretrain_key
+    from cpcfl_tf.pretraining.pretrain import pretrain, pretrain_key
 
     scores, best = [], None
     for method, config in candidates:

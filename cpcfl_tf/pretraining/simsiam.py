@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from cpcfl_tf.contrastive.losses import simsiam_loss
-from cpcfl_tf.contrastive.model import ContrastiveModel, Parts, predicted
+from cpcfl_tf.pretraining.losses import simsiam_loss
+from cpcfl_tf.pretraining.model import ContrastiveModel, Parts, predicted
 from cpcfl_tf.models import build_predictor, build_projector
 
 

@@ -1,7 +1,7 @@
 """FedAvg of a self-supervised model (FedU's and FedEMA's baseline: FedSimCLR, FedBYOL,
 FedSimSiam, FedVICReg), as small stages over an explicit state.
 
-A round (:func:`cpcfl_tf.contrastive.federated_pretrain.federated_pretrain` runs it):
+A round (:func:`cpcfl_tf.pretraining.federated_pretrain.federated_pretrain` runs it):
 
 1. every sampled client sets its model from the global online parts
    (:meth:`FedAvgSSL.local_start`), a moving-average target network from its own kept
@@ -14,7 +14,7 @@ A round (:func:`cpcfl_tf.contrastive.federated_pretrain.federated_pretrain` runs
 What travels: the online encoder, projector and predictor (EasyFL fedssl's FedBYOL:
 ``--aggregate_encoder online --update_encoder online --update_predictor global``); BYOL's
 target never leaves the client (docs/choices.md). A variant overrides a stage
-(:mod:`cpcfl_tf.contrastive.fedema`).
+(:mod:`cpcfl_tf.pretraining.fedema`).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import dataclasses
 
 import numpy as np
 
-from cpcfl_tf.contrastive.model import ContrastiveModel
+from cpcfl_tf.pretraining.model import ContrastiveModel
 
 Weights = list[np.ndarray]
 

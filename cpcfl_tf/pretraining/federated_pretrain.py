@@ -1,9 +1,9 @@
 """Federated self-supervised pre-training: the encoder learned on the clients' unlabeled
 images (``partition.unlabeled`` ``iid`` or ``groups``) when no server holds any.
 
-One start (``fed-simclr``, ``fedema-byol``, ...: :data:`cpcfl_tf.ssl_methods.FEDERATED_STARTS`)
-names a federated pre-training (its stages: :mod:`~cpcfl_tf.contrastive.fedavg_ssl`,
-:mod:`~cpcfl_tf.contrastive.fedema`) and the self-supervised method whose own compiled
+One start (``fed-simclr``, ``fedema-byol``, ...: :data:`cpcfl_tf.pretraining.methods.FEDERATED_STARTS`)
+names a federated pre-training (its stages: :mod:`~cpcfl_tf.pretraining.fedavg_ssl`,
+:mod:`~cpcfl_tf.pretraining.fedema`) and the self-supervised method whose own compiled
 training step the clients run. The method's model is built once; each sampled client's
 round swaps weights into it, resets the optimizer to its freshly built state (a fresh
 Adam per client and round, as EasyFL's clients make one) and runs E_p local epochs of full
@@ -12,7 +12,7 @@ a different one every epoch). The server sees the uploaded online parts and imag
 only. Every round is checkpointed, so an interrupted pre-training resumes bit for bit.
 
 The cache folder (``pretrained/<start>-<encoder>-<hash>/``) is laid out like the server's
-(:mod:`cpcfl_tf.contrastive.pretrain`): ``encoder.keras`` (the global online encoder) and
+(:mod:`cpcfl_tf.pretraining.pretrain`): ``encoder.keras`` (the global online encoder) and
 ``pretrain.json``, whose ``federated`` block says how it was made: rounds, local epochs,
 participation, batch, the deal and each client's image count, bytes sent each way and the
 clients' compute (steps, images, seconds).
@@ -32,14 +32,14 @@ import tensorflow as tf
 
 from cpcfl_tf.compat import without_added
 from cpcfl_tf.config import Config
-from cpcfl_tf.contrastive.fedavg_ssl import ClientState, get_parts, set_parts
-from cpcfl_tf.contrastive.pretrain import (PretrainResult, _check_checkpoint, _finished,
+from cpcfl_tf.pretraining.fedavg_ssl import ClientState, get_parts, set_parts
+from cpcfl_tf.pretraining.pretrain import (PretrainResult, _check_checkpoint, _finished,
                                            build_contrastive_model, image_source,
                                            keyed_settings)
 from cpcfl_tf.data.unlabeled import check_batch
 from cpcfl_tf.errors import DivergedError, UserError
 from cpcfl_tf.results import CACHE_FIX, cache_root, prepare_out_dir, write_atomic, write_json
-from cpcfl_tf.ssl_methods import FEDERATED_STARTS
+from cpcfl_tf.pretraining.methods import FEDERATED_STARTS
 
 
 def plan(config: Config) -> dict:

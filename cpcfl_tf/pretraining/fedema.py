@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cpcfl_tf.contrastive.fedavg_ssl import (ClientState, FedAvgSSL, Weights, set_parts,
+from cpcfl_tf.pretraining.fedavg_ssl import (ClientState, FedAvgSSL, Weights, set_parts,
                                              trainable_mask)
 
 

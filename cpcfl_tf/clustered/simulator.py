@@ -23,14 +23,14 @@ import numpy as np
 from cpcfl_tf.compat import without_added
 from cpcfl_tf.config import Config, FederatedConfig
 from cpcfl_tf.errors import DivergedError, UserError
-from cpcfl_tf.federated import algorithm
-from cpcfl_tf.federated.backends import (ClientMoments, LocalTraining, backend_of,
+from cpcfl_tf.clustered import algorithm
+from cpcfl_tf.clustered.backends import (ClientMoments, LocalTraining, backend_of,
                                          batch_orders, client_losses, client_probabilities,
                                          stack_models)
-from cpcfl_tf.federated.clients import Clients
-from cpcfl_tf.federated.metrics import client_accuracy, cluster_ari, pooled_scores
-from cpcfl_tf.federated.pool import build_template, federated_record, initial_state
-from cpcfl_tf.methods import get_method
+from cpcfl_tf.clustered.clients import Clients
+from cpcfl_tf.clustered.metrics import client_accuracy, cluster_ari, pooled_scores
+from cpcfl_tf.clustered.pool import build_template, federated_record, initial_state
+from cpcfl_tf.clustered.methods import get_method
 from cpcfl_tf.record import Round, RunRecord
 from cpcfl_tf.results import read_file, weights_fingerprint, write_atomic
 
@@ -91,7 +91,7 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
     config
         The run's configuration; ``config.resolved().federated`` is what runs.
     clients
-        From :func:`cpcfl_tf.federated.clients.make_clients`.
+        From :func:`cpcfl_tf.clustered.clients.make_clients`.
     encoder_weights
         The shared starting encoder (pre-trained, or a FedAvg model's), or ``None``
         for random initialisation.
@@ -110,7 +110,7 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
         the result is the same, so it is not part of the run's config).
     diagnose
         Record the selection diagnostic in the first ``diagnose`` rounds the clients
-        choose by loss (:mod:`cpcfl_tf.federated.diagnostics`); an observation, so not
+        choose by loss (:mod:`cpcfl_tf.clustered.diagnostics`); an observation, so not
         part of the run's config either (0: off).
 
     Returns
@@ -192,7 +192,7 @@ def embedder(template, encoder_weights) -> Callable[[np.ndarray], np.ndarray]:
     """Images -> their embeddings by the starting encoder (frozen, inference mode), on the
     template's encoder, whose weights are put back after."""
     def embed(images: np.ndarray) -> np.ndarray:
-        from cpcfl_tf.contrastive.linear_eval import encode
+        from cpcfl_tf.pretraining.linear_eval import encode
 
         if encoder_weights is None:
             raise UserError("this method's clients answer from a pre-trained encoder's "
@@ -208,7 +208,7 @@ def embedder(template, encoder_weights) -> Callable[[np.ndarray], np.ndarray]:
 
 
 class _Simulation:
-    """The simulator's :class:`~cpcfl_tf.federated.algorithm.Federation`: every client in
+    """The simulator's :class:`~cpcfl_tf.clustered.algorithm.Federation`: every client in
     this process, trained together by a backend."""
 
     def __init__(self, fl: FederatedConfig, backend, clients: Clients,

@@ -5,7 +5,7 @@ A start says what it is (its label in tables, whether it gives a pre-trained enc
 whether runs of one key share it, whether the Flower apps can begin from it) and how it
 is got, the way a Flower strategy overrides a stage: :meth:`Start.encoder`,
 :meth:`Start.status` and :meth:`Start.ready` call the one source of encoders
-(:class:`cpcfl_tf.federated.starting.StartingEncoders`, passed in) for the piece of work
+(:class:`cpcfl_tf.clustered.starting.StartingEncoders`, passed in) for the piece of work
 that start needs: a random initialisation needs none, the server's pre-trainings and
 the supervised one their cached folder, IFCA (FedAvg)'s encoder a FedAvg run, a
 federated pre-training the clients' images. Nothing else compares a start's name.
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from cpcfl_tf.ssl_methods import FEDERATED_STARTS, SSL_METHODS, FederatedSSL
+from cpcfl_tf.pretraining.methods import FEDERATED_STARTS, SSL_METHODS, FederatedSSL
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,7 +27,7 @@ class Start:
     name: str
     label: str
     pretrained: bool = False
-    """It gives a pre-trained encoder (what CP-CFL needs: :data:`~cpcfl_tf.methods.PRETRAINED`)."""
+    """It gives a pre-trained encoder (what CP-CFL needs: :data:`~cpcfl_tf.clustered.methods.PRETRAINED`)."""
     shared: bool = False
     """Runs of one pre-training key start from one encoder (a run record's
     ``pretraining_key``); False: random weights, or each run's own FedAvg encoder."""

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from cpcfl_tf.contrastive.losses import nt_xent_across_replicas
-from cpcfl_tf.contrastive.model import ContrastiveModel, Parts
+from cpcfl_tf.pretraining.losses import nt_xent_across_replicas
+from cpcfl_tf.pretraining.model import ContrastiveModel, Parts
 from cpcfl_tf.models import build_projector
 
 

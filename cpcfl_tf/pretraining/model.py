@@ -4,9 +4,9 @@ one optimizer step and its metrics (:class:`ContrastiveModel`), and the parts a 
 
 Each method is one module beside this one (``simclr``, ``byol``, ``simsiam``, ``vicreg``)
 holding its model and a ``build(parts, settings)`` that the registry
-(:mod:`cpcfl_tf.ssl_methods`) calls. ``train_step`` takes a batch of ``uint8`` images
+(:mod:`cpcfl_tf.pretraining.methods`) calls. ``train_step`` takes a batch of ``uint8`` images
 (labels never exist here) and returns ``{metric.name: value}``: the loss and the collapse
-monitor :func:`~cpcfl_tf.contrastive.losses.embedding_std`.
+monitor :func:`~cpcfl_tf.pretraining.losses.embedding_std`.
 
 Table tab:different_url of the paper:
 
@@ -29,7 +29,7 @@ from typing import Callable
 import keras
 import tensorflow as tf
 
-from cpcfl_tf.contrastive.losses import embedding_std
+from cpcfl_tf.pretraining.losses import embedding_std
 from cpcfl_tf.data.images import to_float
 
 

@@ -6,8 +6,8 @@ import math
 
 import tensorflow as tf
 
-from cpcfl_tf.contrastive.losses import byol_loss
-from cpcfl_tf.contrastive.model import ContrastiveModel, Parts, predicted
+from cpcfl_tf.pretraining.losses import byol_loss
+from cpcfl_tf.pretraining.model import ContrastiveModel, Parts, predicted
 from cpcfl_tf.models import build_predictor, build_projector
 
 

@@ -1,11 +1,11 @@
 """The self-supervised methods the server pre-trains with: one registry entry each.
 
-The pre-training stage's one home, as :mod:`cpcfl_tf.methods` is the federated stage's:
+The pre-training stage's one home, as :mod:`cpcfl_tf.clustered.methods` is the federated stage's:
 an entry names the method, how tables name it, the file that implements it (one module
-under :mod:`cpcfl_tf.contrastive`, imported only when it trains), its own settings with
+under :mod:`cpcfl_tf.pretraining`, imported only when it trains), its own settings with
 their defaults and the paper each default comes from, and the grid the paper's encoder
 selection tunes. Config validation, pre-training, the starting encoders of
-:mod:`cpcfl_tf.methods`, the run record's schema, the Flower apps and the docs read it;
+:mod:`cpcfl_tf.clustered.methods`, the run record's schema, the Flower apps and the docs read it;
 nothing else names a method. ``pretrain.options`` overrides settings per method, e.g.
 ``{"byol": {"target_decay": 0.99}}``.
 
@@ -139,13 +139,13 @@ def _bn_width(encoder: str, dim: int) -> int:
     return 512
 
 SSL_METHODS: dict[str, SSLMethod] = {m.name: m for m in (
-    SSLMethod("simclr", "SimCLR", "cpcfl_tf.contrastive.simclr",
+    SSLMethod("simclr", "SimCLR", "cpcfl_tf.pretraining.simclr",
               "Chen et al., ICML 2020",
               {"temperature": Setting(0.1, _PAPER, help="tau of NT-Xent"),
                "projector_dim": Setting(None, _PAPER + ": 256", width,
                                         "projection head width", _simclr_width)},
               grid=_WIDTH_GRID),
-    SSLMethod("byol", "BYOL", "cpcfl_tf.contrastive.byol", "Grill et al., NeurIPS 2020",
+    SSLMethod("byol", "BYOL", "cpcfl_tf.pretraining.byol", "Grill et al., NeurIPS 2020",
               {"target_decay": Setting(0.9, _PAPER, rate,
                                        "beta: target = beta * target + (1 - beta) * online"),
                "target_schedule": Setting("constant", "the paper's constant beta; cosine: "
@@ -156,7 +156,7 @@ SSL_METHODS: dict[str, SSLMethod] = {m.name: m for m in (
                                         _bn_width),
                "predictor_dim": Setting(64, _PAPER, count, "predictor bottleneck")},
               grid=_WIDTH_GRID),
-    SSLMethod("simsiam", "SimSiam", "cpcfl_tf.contrastive.simsiam",
+    SSLMethod("simsiam", "SimSiam", "cpcfl_tf.pretraining.simsiam",
               "Chen and He, CVPR 2021",
               {"projector_dim": Setting(None, _PAPER + ": 512 (as BYOL)", width,
                                         "projection head width (the predictor's output)",
@@ -168,7 +168,7 @@ SSL_METHODS: dict[str, SSLMethod] = {m.name: m for m in (
     # 25, 25, 1 and gamma = 1, epsilon = 1e-4 (its Sec. 4.3 and Eq. 1); the expander is
     # its shape (three Dense layers, BN + ReLU after the first two, Sec. 4.3: 8192 wide on
     # ResNet-50's 2048-d output) scaled to the encoder: 4 x the encoder's width.
-    SSLMethod("vicreg", "VICReg", "cpcfl_tf.contrastive.vicreg",
+    SSLMethod("vicreg", "VICReg", "cpcfl_tf.pretraining.vicreg",
               "Bardes, Ponce and LeCun, ICLR 2022",
               {"sim_weight": Setting(25.0, "VICReg, Sec. 4.3 (lambda)", non_negative,
                                      "weight of the invariance term"),
@@ -248,14 +248,14 @@ FEDERATED_SSL: dict[str, FederatedSSL] = {f.name: f for f in (
     # and FedEMA: each sampled client trains the method's own step on its images from the
     # global online parts; the server averages them by image count (BYOL's target stays
     # on the client: EasyFL fedssl's FedBYOL; docs/choices.md).
-    FederatedSSL("fed", "Fed", "cpcfl_tf.contrastive.fedavg_ssl",
+    FederatedSSL("fed", "Fed", "cpcfl_tf.pretraining.fedavg_ssl",
                  "FedU, Zhuang et al., ICCV 2021; FedEMA, Zhuang et al., ICLR 2022",
                  dict(_ROUNDS)),
     # FedEMA ("Divergence-aware federated self-supervised learning", Zhuang et al., ICLR
     # 2022, Sec. 4): the client's online encoder, projector and predictor become
     # mu * its own + (1 - mu) * the global, mu = min(lambda * ||w_global - w_client||, 1),
     # lambda = tau / the client's first divergence (the auto-scaler, tau = 0.7).
-    FederatedSSL("fedema", "FedEMA-", "cpcfl_tf.contrastive.fedema",
+    FederatedSSL("fedema", "FedEMA-", "cpcfl_tf.pretraining.fedema",
                  "Zhuang et al., ICLR 2022",
                  {**_ROUNDS,
                   "tau": Setting(0.7, "FedEMA, Sec. 5 (auto-scaler target tau)", fraction,

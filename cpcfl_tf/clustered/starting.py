@@ -3,7 +3,7 @@
 ============================  ===========================================================
 ``none``                      random initialisation (no encoder is passed on)
 ``simclr``, ``byol``,         the server's contrastive pre-training on *unlabeled* images
-``simsiam``                   (:func:`cpcfl_tf.contrastive.pretrain.pretrained_encoder`)
+``simsiam``                   (:func:`cpcfl_tf.pretraining.pretrain.pretrained_encoder`)
 ``supervised``                the server's supervised pre-training on the labeled version
                               of the same split (tab:encoder_pretraining)
 ``fedavg``                    the global model's encoder after a FedAvg (None) run on the
@@ -30,14 +30,14 @@ import numpy as np
 
 from cpcfl_tf.compat import pretrain_settings, without_added
 from cpcfl_tf.config import Config, config_record
-from cpcfl_tf.federated import algorithm
-from cpcfl_tf.federated.clients import Clients
-from cpcfl_tf.methods import FEDAVG_ENCODER_RUN, PRETRAIN_METHODS
+from cpcfl_tf.clustered import algorithm
+from cpcfl_tf.clustered.clients import Clients
+from cpcfl_tf.clustered.methods import FEDAVG_ENCODER_RUN, PRETRAIN_METHODS
 from cpcfl_tf.record import RunRecord
 from cpcfl_tf.results import cache_root, read_weights, write_weights
 from cpcfl_tf.scalars import ScalarLog
-from cpcfl_tf.ssl_methods import FEDERATED_STARTS
-from cpcfl_tf.starts import START
+from cpcfl_tf.pretraining.methods import FEDERATED_STARTS
+from cpcfl_tf.clustered.starts import START
 
 Weights = list[np.ndarray]
 
@@ -64,13 +64,13 @@ class StartingEncoders:
         ``unlabeled(config)``: the server's unlabeled images, called only when a
         contrastive pre-training is not cached yet.
     verbose, distribute
-        As for :func:`cpcfl_tf.contrastive.pretrain.pretrained_encoder`.
+        As for :func:`cpcfl_tf.pretraining.pretrain.pretrained_encoder`.
     tensorboard
         Folder for TensorBoard scalars: each pre-training trained here logs its loss,
         embedding std and kNN accuracy per epoch under ``pretrain/<cache key>``.
     knn
         ``knn(config)``: the kNN monitor of a pre-training trained here
-        (:class:`~cpcfl_tf.contrastive.knn.KnnMonitor`), called only when one trains;
+        (:class:`~cpcfl_tf.pretraining.knn.KnnMonitor`), called only when one trains;
         None: no monitor.
     client_unlabeled
         ``client_unlabeled(config)``: each client's unlabeled images (a federated
@@ -94,7 +94,7 @@ class StartingEncoders:
 
     def federated(self, config: Config):
         """``config``'s cached federated self-supervised pre-training, with its history."""
-        from cpcfl_tf.contrastive.federated_pretrain import federated_encoder
+        from cpcfl_tf.pretraining.federated_pretrain import federated_encoder
 
         if self._client_unlabeled is None:
             raise ValueError("a federated pre-training needs the clients' unlabeled images")
@@ -106,7 +106,7 @@ class StartingEncoders:
     @staticmethod
     def federated_rounds(config: Config) -> int:
         """The rounds of ``config``'s federated pre-training."""
-        from cpcfl_tf.contrastive.federated_pretrain import plan
+        from cpcfl_tf.pretraining.federated_pretrain import plan
 
         return plan(config)["settings"]["rounds"]
 
@@ -136,7 +136,7 @@ class StartingEncoders:
     @staticmethod
     def pretrain_folder(config: Config) -> Path:
         """The cache folder of ``config``'s server pre-training (contrastive or supervised)."""
-        from cpcfl_tf.contrastive.pretrain import pretrain_folder
+        from cpcfl_tf.pretraining.pretrain import pretrain_folder
 
         return pretrain_folder(config.pretrain, config.data, config.federated.pretraining,
                                config.pretrain_seed)
@@ -144,14 +144,14 @@ class StartingEncoders:
     @staticmethod
     def federated_folder(config: Config) -> Path:
         """The cache folder of ``config``'s federated pre-training."""
-        from cpcfl_tf.contrastive.federated_pretrain import federated_folder
+        from cpcfl_tf.pretraining.federated_pretrain import federated_folder
 
         return federated_folder(config)
 
     def contrastive(self, config: Config, method: str):
         """The server's cached self-supervised pre-training (``method`` in
-        :data:`~cpcfl_tf.methods.PRETRAIN_METHODS`), with its history."""
-        from cpcfl_tf.contrastive.pretrain import pretrained_encoder
+        :data:`~cpcfl_tf.clustered.methods.PRETRAIN_METHODS`), with its history."""
+        from cpcfl_tf.pretraining.pretrain import pretrained_encoder
 
         assert method in PRETRAIN_METHODS, method
         images = None if self._unlabeled is None else (lambda: self._unlabeled(config))
@@ -164,12 +164,12 @@ class StartingEncoders:
     def _epoch_log(self, config: Config, method: str):
         """The TensorBoard logger of a pre-training's epochs (a federated one's rounds),
         None without a folder."""
-        from cpcfl_tf.contrastive.pretrain import pretrain_folder
+        from cpcfl_tf.pretraining.pretrain import pretrain_folder
 
         if not self.tensorboard:
             return None
         if method in FEDERATED_STARTS:
-            from cpcfl_tf.contrastive.federated_pretrain import federated_folder
+            from cpcfl_tf.pretraining.federated_pretrain import federated_folder
 
             folder = federated_folder(config)
         else:
@@ -182,9 +182,9 @@ class StartingEncoders:
         """Supervised pre-training on the labeled version of ``config.data``'s pre-training
         split, with the contrastive pre-training's budget (``config.pretrain``'s epochs,
         batch size and learning rate: the paper does not give its own)."""
-        from cpcfl_tf.contrastive.pretrain import image_source, pretrain_folder
+        from cpcfl_tf.pretraining.pretrain import image_source, pretrain_folder
         from cpcfl_tf.data import load_labeled
-        from cpcfl_tf.federated.centralized import supervised_encoder
+        from cpcfl_tf.clustered.centralized import supervised_encoder
 
         data, pre = config.data, config.pretrain
         out = pretrain_folder(pre, data, "supervised", config.pretrain_seed)
@@ -235,7 +235,7 @@ def fedavg_encoder(config: Config, clients: Clients, *, checkpoint: str | Path |
     """IFCA(FedAvg)'s starting encoder: the encoder of the global model of a FedAvg run
     (random initialisation, the same clients and rounds). Returns it and that run's record.
     """
-    from cpcfl_tf.federated.simulator import run_federated  # TensorFlow: only when it runs
+    from cpcfl_tf.clustered.simulator import run_federated  # TensorFlow: only when it runs
 
     record, state = run_federated(fedavg_config(config), clients, checkpoint=checkpoint,
                                   verbose=verbose)

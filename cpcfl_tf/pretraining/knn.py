@@ -14,7 +14,7 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
-from cpcfl_tf.contrastive.linear_eval import encode, linear_eval
+from cpcfl_tf.pretraining.linear_eval import encode, linear_eval
 from cpcfl_tf.data.sources import LabeledImages
 from cpcfl_tf.errors import UserError
 
@@ -75,7 +75,7 @@ class KnnMonitor:
 def proxy_scores(encoder, train: LabeledImages, test: LabeledImages, *, seed: int,
                  epochs: int) -> dict:
     """An encoder's scores on a labeled proxy, as the studies keep them: linear
-    accuracy (:func:`~cpcfl_tf.contrastive.linear_eval.linear_eval`, ``epochs`` of it),
+    accuracy (:func:`~cpcfl_tf.pretraining.linear_eval.linear_eval`, ``epochs`` of it),
     weighted-kNN accuracy (:class:`KnnMonitor`) and the weights' fingerprint."""
     from cpcfl_tf.results import weights_fingerprint
 

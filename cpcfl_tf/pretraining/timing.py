@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from cpcfl_tf.config import PretrainConfig
-from cpcfl_tf.contrastive.pretrain import build_contrastive_model
+from cpcfl_tf.pretraining.pretrain import build_contrastive_model
 from cpcfl_tf.data.images import to_float
 
 

@@ -1,7 +1,7 @@
 """How a clustered-FL method puts its clients in clusters: one object per rule.
 
 A :class:`Rule` says, in one place, everything a rule does besides the round itself
-(:mod:`cpcfl_tf.federated.algorithm`):
+(:mod:`cpcfl_tf.clustered.algorithm`):
 
 - ``num_models``: how many models the pool holds (N);
 - ``asks``, ``question``, ``answer``: what the server asks each client once before
@@ -14,7 +14,7 @@ A :class:`Rule` says, in one place, everything a rule does besides the round its
 - ``server_assigns``, ``communicates``: whether the server tells each client its model
   (then sends it that one model) and whether anything is sent at all.
 
-:data:`RULES` names them; a method (:mod:`cpcfl_tf.methods`) names its rule in
+:data:`RULES` names them; a method (:mod:`cpcfl_tf.clustered.methods`) names its rule in
 ``Method.assign``. The algorithm, the simulator and both Flower apps call the rule and
 never compare its name. Pure NumPy (and scikit-learn's clustering): the server state and
 replies are read by their fields (``round``, ``models``, ``assignment``, ``memory``, the

@@ -23,8 +23,8 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from cpcfl_tf.config import resolved_only
-from cpcfl_tf.federated.diagnostics import diagnosed, selection_record
-from cpcfl_tf.methods import METHODS
+from cpcfl_tf.clustered.diagnostics import diagnosed, selection_record
+from cpcfl_tf.clustered.methods import METHODS
 
 Weights = list[np.ndarray]
 
@@ -37,7 +37,7 @@ class Stream(enum.IntEnum):
     SELECTION = 0
     """Who takes part, the random picks during Tc, and tie-breaks between equal losses."""
     BATCHES = 1
-    """Each client's batch order (:func:`cpcfl_tf.federated.backends.batch_orders`)."""
+    """Each client's batch order (:func:`cpcfl_tf.clustered.backends.batch_orders`)."""
 
 
 def stream_seed(seed: int, attempt: int, round_: int, stream: Stream) -> list[int]:
@@ -68,7 +68,7 @@ class ServerState:
     num_encoder: int
     """How many leading arrays of each weight list belong to the encoder."""
     assignment: np.ndarray | None = None
-    """Methods whose server assigns the clients (not ``loss``, :data:`~cpcfl_tf.methods.ASSIGNMENTS`):
+    """Methods whose server assigns the clients (not ``loss``, :data:`~cpcfl_tf.clustered.methods.ASSIGNMENTS`):
     each client's model in the next round."""
     memory: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
     """What the method's rule keeps between rounds besides the pool (its own arrays, by
@@ -217,7 +217,7 @@ def aggregate(state: ServerState, client_weights: Sequence[np.ndarray], cluster_
 def initial_assignment(fl, num_clients: int, answers: Sequence[np.ndarray] | None = None
                        ) -> np.ndarray | None:
     """Each client's first model when the server assigns, from the clients' ``answers``
-    to what the rule asks first (:meth:`cpcfl_tf.rules.Rule.first`); ``None`` when each
+    to what the rule asks first (:meth:`cpcfl_tf.clustered.rules.Rule.first`); ``None`` when each
     client chooses by its loss."""
     return METHODS[fl.method].rule.first(fl, num_clients, answers)
 
@@ -225,7 +225,7 @@ def initial_assignment(fl, num_clients: int, answers: Sequence[np.ndarray] | Non
 def server_ids(fl, state: ServerState, replies: "Replies"
                ) -> tuple[np.ndarray, ServerState, dict]:
     """The cluster of each reply the server aggregates by, the pool it aggregates into,
-    and what the rule adds to the round's record (:meth:`cpcfl_tf.rules.Rule.step`)."""
+    and what the rule adds to the round's record (:meth:`cpcfl_tf.clustered.rules.Rule.step`)."""
     return METHODS[fl.method].rule.step(fl, state, replies)
 
 
@@ -239,7 +239,7 @@ def restart_check_round(fl) -> int:
 
 def should_restart(fl, finished_round: int, attempt: int, cluster_ids: np.ndarray) -> bool:
     """IFCA's restart rule: after :func:`restart_check_round`, a run of a method with
-    restarts (:mod:`cpcfl_tf.methods`) whose clustering failed starts over with new random
+    restarts (:mod:`cpcfl_tf.clustered.methods`) whose clustering failed starts over with new random
     models (new heads on the same pre-trained encoder), at most ``fl.max_restarts`` times.
     CP-CFL and FedAvg never restart (the paper gives CP-CFL no restart rule)."""
     return (METHODS[fl.method].restarts and finished_round == restart_check_round(fl)
@@ -290,11 +290,11 @@ class Replies:
     losses: np.ndarray | None = None
     """``(replies, N)``: each reply's loss on every pool model, where the driver saw them
     (the simulator, when the clients chose by loss); what the selection diagnostic
-    records (:mod:`cpcfl_tf.federated.diagnostics`)."""
+    records (:mod:`cpcfl_tf.clustered.diagnostics`)."""
 
 
 class Federation(Protocol):
-    """How a driver reaches its clients: :mod:`cpcfl_tf.federated.simulator` in one
+    """How a driver reaches its clients: :mod:`cpcfl_tf.clustered.simulator` in one
     process, :mod:`cpcfl_tf.flower.server_app` over the network. The round itself is
     :func:`run_rounds`'s."""
 
@@ -331,7 +331,7 @@ class Progress:
 def sent_before_training(fl, answers: Sequence[np.ndarray] | None) -> Progress:
     """Where a fresh run stands before round 1: what the clients' answers to the rule's
     first question added to the bytes sent up (PACFL's data subspaces, counted up and in
-    ``bytes_other``; :meth:`cpcfl_tf.rules.Rule.answer_bytes`)."""
+    ``bytes_other``; :meth:`cpcfl_tf.clustered.rules.Rule.answer_bytes`)."""
     other = METHODS[fl.method].rule.answer_bytes(answers)
     return Progress(bytes_up=other, bytes_other=other)
 
@@ -362,7 +362,7 @@ def run_rounds(fl, seed: int, federation: Federation, start: Callable[[int], Ser
     diagnose
         Record the clients' losses on every pool model and their margins (``selection``)
         in the first ``diagnose`` rounds in which they choose by loss, where the
-        federation reports them (:mod:`cpcfl_tf.federated.diagnostics`); 0: never.
+        federation reports them (:mod:`cpcfl_tf.clustered.diagnostics`); 0: never.
     """
     resolved_only(fl, "run_rounds")
     state = start(0) if state is None else state

@@ -8,8 +8,8 @@ import keras
 import numpy as np
 
 from cpcfl_tf.config import Config, FederatedConfig, resolved_only
-from cpcfl_tf.federated import algorithm
-from cpcfl_tf.methods import METHODS
+from cpcfl_tf.clustered import algorithm
+from cpcfl_tf.clustered.methods import METHODS
 from cpcfl_tf.models import ENCODER_DIMS, build_classifier, build_classifier_head, build_encoder
 from cpcfl_tf.record import Final, Round, RunRecord
 
@@ -51,7 +51,7 @@ def initial_state(fl: FederatedConfig, template: keras.Model, encoder_weights, *
     """What a (re)started run begins with, in every driver (the simulator and the Flower
     ServerApp): :func:`initial_pool` and, when the server assigns the clients, each
     client's first model from their ``answers`` to what the rule asks first
-    (:func:`~cpcfl_tf.federated.algorithm.initial_assignment`)."""
+    (:func:`~cpcfl_tf.clustered.algorithm.initial_assignment`)."""
     return algorithm.ServerState(
         0, initial_pool(fl, template, encoder_weights, seed=seed, attempt=attempt),
         len(template.get_layer("encoder").weights),

@@ -5,7 +5,7 @@ Both views go through one encoder and one expander; the loss pulls the two embed
 an image together (invariance), keeps every dimension's standard deviation over the batch
 near gamma (variance) and decorrelates the dimensions (covariance). No negatives, no
 predictor, no stop-gradient, no target network. Settings and their sources: the registry
-entry in :mod:`cpcfl_tf.ssl_methods`.
+entry in :mod:`cpcfl_tf.pretraining.methods`.
 """
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import keras
 import tensorflow as tf
 from keras import layers
 
-from cpcfl_tf.contrastive.losses import whole_batch
-from cpcfl_tf.contrastive.model import ContrastiveModel, Parts
+from cpcfl_tf.pretraining.losses import whole_batch
+from cpcfl_tf.pretraining.model import ContrastiveModel, Parts
 from cpcfl_tf.models.layers import batch_norm
 
 

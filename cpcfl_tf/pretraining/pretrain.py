@@ -26,13 +26,13 @@ import tensorflow as tf
 
 from cpcfl_tf.compat import ADDED_SETTINGS, KEYED_DEFAULTS, pretrain_settings
 from cpcfl_tf.config import DataConfig, PretrainConfig
-from cpcfl_tf.contrastive.model import ContrastiveModel, Parts
+from cpcfl_tf.pretraining.model import ContrastiveModel, Parts
 from cpcfl_tf.data.augment import build_augmenter
 from cpcfl_tf.errors import DivergedError, UserError
 from cpcfl_tf.models import ENCODER_DIMS, build_encoder
 from cpcfl_tf.results import (CACHE_FIX, cache_root, prepare_out_dir, read_cache_entry,
                               write_atomic, write_json)
-from cpcfl_tf.ssl_methods import SSL_METHODS, get_ssl_method
+from cpcfl_tf.pretraining.methods import SSL_METHODS, get_ssl_method
 
 
 @dataclasses.dataclass
@@ -45,7 +45,7 @@ class PretrainResult:
 def build_contrastive_model(config: PretrainConfig, input_shape: tuple[int, int, int], *,
                             method: str = "simclr", seed: int = 0,
                             steps_per_epoch: int = 1) -> ContrastiveModel:
-    """``method``'s ``keras.Model`` (a name of :data:`~cpcfl_tf.ssl_methods.SSL_METHODS`)
+    """``method``'s ``keras.Model`` (a name of :data:`~cpcfl_tf.pretraining.methods.SSL_METHODS`)
     with its settings from ``config``, compiled with Adam and its optimizer built.
 
     ``steps_per_epoch`` sizes the schedules that run over the whole pre-training (the
@@ -199,7 +199,7 @@ def pretrain(config: PretrainConfig, images: np.ndarray, out_dir: str | Path, *,
     config
         Encoder and optimisation settings.
     method
-        A self-supervised method (:data:`~cpcfl_tf.ssl_methods.SSL_METHODS`).
+        A self-supervised method (:data:`~cpcfl_tf.pretraining.methods.SSL_METHODS`).
     images
         ``uint8 (n, h, w, 3)`` unlabeled images (:func:`cpcfl_tf.data.load_unlabeled`).
     out_dir
@@ -218,7 +218,7 @@ def pretrain(config: PretrainConfig, images: np.ndarray, out_dir: str | Path, *,
         Called after every epoch this call trains with the epoch (1-based) and its
         history entry (loss, embedding_std, seconds, knn_accuracy when measured).
     monitor
-        A :class:`~cpcfl_tf.contrastive.knn.KnnMonitor`: the encoder's kNN accuracy on
+        A :class:`~cpcfl_tf.pretraining.knn.KnnMonitor`: the encoder's kNN accuracy on
         its labeled proxy after the epochs it is due, in the history and on the progress
         line. It reads the encoder only (inference mode), so the encoder's bits are the
         same with or without it; not part of any key.

@@ -1,6 +1,6 @@
 """How clients compute: losses for selection, local training, test predictions.
 
-Two backends with one interface, so the rounds in :mod:`cpcfl_tf.federated.simulator`
+Two backends with one interface, so the rounds in :mod:`cpcfl_tf.clustered.simulator`
 do not care which one runs:
 
 * :class:`StackedBackend` trains *all* clients in one compiled step. Their weights are
@@ -37,7 +37,7 @@ import tensorflow as tf
 
 from cpcfl_tf.data.images import to_float
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.federated.clients import ClientArrays
+from cpcfl_tf.clustered.clients import ClientArrays
 
 Stacked = list[np.ndarray]
 """Weights of many models, array by array, each with a leading model/client axis."""
