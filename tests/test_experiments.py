@@ -89,7 +89,8 @@ def test_every_script_has_help():
         assert proc.returncode == 0, path.stem
         assert proc.stdout.startswith(f"usage: python {path.parent.name}/{path.stem}.py")
         if path.stem not in ("migrate_records", "compare", "results_unchanged", "encoders",
-                             "update_schema", "plot_selection", "suite_times"):  # no runs
+                             "update_schema", "plot_selection", "suite_times",
+                             "shape"):  # no runs
             assert "--preset" in proc.stdout and "--resume" in proc.stdout, path.stem
 
 
