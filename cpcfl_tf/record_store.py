@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
 from cpcfl_tf.config import Config, config_record
-from cpcfl_tf.environment import machine, reproduces
+from cpcfl_tf.environment import environment, machine, reproduces
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.clustered.methods import METHODS
 from cpcfl_tf.record import RunRecord, read_record
@@ -267,13 +267,20 @@ class RecordStore:
             self.paired.add(name)
         return found
 
-    def candidates(self, config: Config, own: Path, here: dict) -> list[Found]:
-        """Records of ``config`` in :attr:`reuse` (other than ``own``) that a machine of
-        environment ``here`` would make bit for bit if they start from its encoder."""
+    def candidates(self, config: Config, own: Path) -> list[Found]:
+        """Records of ``config`` in :attr:`reuse` (other than ``own``) that this machine
+        would make bit for bit if they start from its encoder."""
         if self.reuse is None or self.force:
             return []
         return [f for f in self.reuse.every(config) if f.path != own
-                and reproduces(f.record.environment, here) and same_config(f.record, config)]
+                and reproduces(f.record.environment, self._here)
+                and same_config(f.record, config)]
+
+    @functools.cached_property
+    def _here(self) -> dict:
+        """This machine's :func:`~cpcfl_tf.environment.environment`, read once, and only
+        where there is a record to compare it with (it imports TensorFlow)."""
+        return environment()
 
     def take(self, name: str, candidates: list[Found], starting: str) -> Found | None:
         """The one of ``candidates`` that starts from the encoder of fingerprint

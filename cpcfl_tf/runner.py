@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import functools
 from pathlib import Path
 from typing import Any, Callable
 
@@ -27,7 +26,7 @@ import numpy as np
 
 from cpcfl_tf.cli import proxy_splits, read_selection, selected
 from cpcfl_tf.config import Config
-from cpcfl_tf.environment import environment, run_environment
+from cpcfl_tf.environment import run_environment
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.clustered.starting import StartingEncoders
 from cpcfl_tf.clustered.methods import FEDAVG_ENCODER_RUN, METHODS, plugins_used
@@ -224,12 +223,7 @@ class Runner:
             return Plan(Decision.TAKEN, named, why="the folder's taken.json names it")
         first = base is not None and not self.store.has_base(base)
         return Plan(Decision.BASE_FIRST if first else Decision.RUN,
-                    candidates=tuple(self.store.candidates(config, path, self._here)))
-
-    @functools.cached_property
-    def _here(self) -> dict:
-        """This machine's :func:`environment`, read once (a process's does not change)."""
-        return environment()
+                    candidates=tuple(self.store.candidates(config, path)))
 
     def planned(self, spec: RunSpec) -> tuple[str, str | None]:
         """What :meth:`run` would do with ``spec`` now (:meth:`Plan.describe`), and where

@@ -71,6 +71,20 @@ def would_make(name: str, preset: str, sandbox: Path) -> list[str]:
             if any(word in line for word in MAKES)]
 
 
+def not_checkable(name: str, preset: str, sandbox: Path) -> str | None:
+    """Why ``name`` cannot be rebuilt from the sandbox's records (a script made of runs
+    whose dry run would make one), or None."""
+    making = would_make(name, preset, sandbox) if _load(name).SCRIPT.runs else []
+    return (f"{name}: not checked here, it would make {len(making)} thing(s), e.g. "
+            f"{making[0]}") if making else None
+
+
+def _must_run(script: str, args: list[str], sandbox: Path) -> None:
+    """Run ``experiments/<script>.py args`` in the sandbox; a one-line error if it fails."""
+    if _run([sys.executable, str(EXPERIMENTS / f"{script}.py"), *args], sandbox).returncode:
+        raise UserError(f"experiments/{script}.py failed in the sandbox (its error is above)")
+
+
 def rebuild(preset: str, sandbox: Path, scripts: list[str] | None) -> list[str]:
     """Run every script over the sandbox's tree; the scripts not checked, with why."""
     tree = sandbox / "results" / preset
@@ -80,35 +94,20 @@ def rebuild(preset: str, sandbox: Path, scripts: list[str] | None) -> list[str]:
     if unknown:
         raise UserError(f"unknown script(s) {', '.join(sorted(unknown))}; known: "
                         + ",".join([*table_scripts, *BEYOND, "claims"]))
-    unchecked = []
-    tables = []
+    unchecked, tables = [], []
     for name in [s for s in table_scripts if s in wanted and (tree / s).is_dir()]:
-        making = would_make(name, preset, sandbox) if _load(name).SCRIPT.runs else []
-        if making:
-            unchecked.append(f"{name}: not checked here, it would make "
-                             f"{len(making)} thing(s), e.g. {making[0]}")
-        else:
-            tables.append(name)
+        why = not_checkable(name, preset, sandbox)
+        (unchecked if why else tables).append(why or name)
     if tables:
-        command = [sys.executable, str(EXPERIMENTS / "all.py"), "--preset", preset,
-                   "--scripts", ",".join(tables)]
-        if _run(command, sandbox).returncode != 0:
-            raise UserError("experiments/all.py failed in the sandbox (its error is above)")
+        _must_run("all", ["--preset", preset, "--scripts", ",".join(tables)], sandbox)
     for name in [s for s in BEYOND if s in wanted and (tree / s).is_dir()]:
-        if _load(name).SCRIPT.runs:
-            making = would_make(name, preset, sandbox)
-            if making:
-                unchecked.append(f"{name}: not checked here, it would make "
-                                 f"{len(making)} thing(s), e.g. {making[0]}")
-                continue
-        command = [sys.executable, str(EXPERIMENTS / f"{name}.py"), "--preset", preset,
-                   "--resume", *BEYOND[name]]
-        if _run(command, sandbox).returncode != 0:
-            raise UserError(f"experiments/{name}.py failed in the sandbox (its error is above)")
+        why = not_checkable(name, preset, sandbox)
+        if why:
+            unchecked.append(why)
+        else:
+            _must_run(name, ["--preset", preset, "--resume", *BEYOND[name]], sandbox)
     if "claims" in wanted and (tree / "claims.md").exists():
-        command = [sys.executable, str(EXPERIMENTS / "claims.py"), "--preset", preset]
-        if _run(command, sandbox).returncode != 0:
-            raise UserError("experiments/claims.py failed in the sandbox (its error is above)")
+        _must_run("claims", ["--preset", preset], sandbox)
     return unchecked
 
 
