@@ -143,6 +143,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from cpcfl_tf.clustered.pool import build_template, initial_pool
     from cpcfl_tf.clustered.simulator import run_federated
     from cpcfl_tf.results import write_json
+    from cpcfl_tf.run_plan import resolve
 
     def timed(clients_count: int, participation: float, eval_every: int, rounds: int):
         """Seconds of each simulator round of ``clients_count`` random clients, and the
@@ -161,13 +162,14 @@ def main(argv: Sequence[str] | None = None) -> None:
                        "participation": participation, "eval_every": eval_every,
                        **({"jit_compile": True} if args.xla else {})})
         stamps = [time.perf_counter()]
-        run_federated(run, clients, verbose=0,
+        plan = resolve(run)
+        run_federated(plan, clients, verbose=0,
                       on_round=lambda *_: stamps.append(time.perf_counter()),
                       max_clients=args.max_clients_per_step)
         seconds = np.diff(stamps)
         print(f"{clients_count} clients, rounds (s): {', '.join(f'{s:.2f}' for s in seconds)}",
               file=sys.stderr)
-        return seconds, run, data, shape
+        return seconds, plan, data, shape
 
     reference = None
     if args.reference_clients:  # first, so both share this process's warm-up
@@ -194,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                       max_clients_per_step=args.max_clients_per_step,
                       peak_memory_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     if args.baseline_rounds:
-        fl = run.resolved().federated
+        fl = run.federated
         model = build_template(fl, shape[2:], 10)
         pool = initial_pool(fl, model, None, seed=args.seed, attempt=0)
         to_float = lambda a: a.astype(np.float32) / 255.0  # noqa: E731

@@ -83,7 +83,8 @@ config = run_config(settings)
 runner = Runner("flower_simulation", config, sys.argv[2], verbose=0)
 from cpcfl_tf.clustered.simulator import run_federated
 from cpcfl_tf.record import write_record
-record, _ = run_federated(config, runner.data.clients(config),
+from cpcfl_tf.run_plan import resolve
+record, _ = run_federated(resolve(config), runner.data.clients(config),
                           encoder_weights=runner.encoders(config), verbose=0)
 write_record(sys.argv[3], record)
 """

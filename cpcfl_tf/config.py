@@ -1,10 +1,13 @@
 """One configuration object, validated on construction, and the four presets.
 
-``Config`` groups the settings of a run into sections (data, partition, pre-training,
-federated). Every section checks itself in ``__post_init__`` and raises
-:class:`~cpcfl_tf.errors.UserError` with one line that names the fix, so a bad value
-stops a script before anything is loaded or written. ``dataclasses.replace`` re-runs
-the checks, so overrides are validated the same way.
+``Config`` is the request: it groups the settings of a run into sections (data,
+partition, pre-training, federated). Every section checks itself in ``__post_init__``
+and raises :class:`~cpcfl_tf.errors.UserError` with one line that names the fix, so a
+bad value stops a script before anything is loaded or written. ``dataclasses.replace``
+re-runs the checks, so overrides are validated the same way. Building a config reads no
+data: what needs a dataset's facts (its splits, their sizes, whether they hold labels)
+is checked when the config is resolved into the run's plan,
+:func:`cpcfl_tf.run_plan.resolve`.
 
 Presets (docs/presets-and-data.md):
 
@@ -74,26 +77,10 @@ class DataConfig:
     manual_dir: str | None = None
 
     def __post_init__(self) -> None:
-        from cpcfl_tf.data.sources import get_spec, parse_split  # no TF import
+        from cpcfl_tf.data.sources import check_split_text  # reads nothing
 
-        parse_split(self.pretrain_dataset, self.pretrain_split)
-        spec = get_spec(self.client_dataset)
-        for split in (self.client_train_split, self.client_test_split):
-            base = parse_split(self.client_dataset, split).base
-            _check(base not in spec.unlabeled_splits,
-                   f"client data must be labeled, but {self.client_dataset}:{base} has no labels")
-        # The server's images, the clients' training and test images: three disjoint sets.
-        named = [("data.pretrain_split", self.pretrain_dataset, self.pretrain_split),
-                 ("data.client_train_split", self.client_dataset, self.client_train_split),
-                 ("data.client_test_split", self.client_dataset, self.client_test_split)]
-        for (a, a_set, a_split), (b, b_set, b_split) in ((named[0], named[1]),
-                                                         (named[0], named[2]),
-                                                         (named[1], named[2])):
-            first, second = parse_split(a_set, a_split), parse_split(b_set, b_split)
-            size = get_spec(a_set).splits.get(first.base)
-            _check(a_set != b_set or not first.overlaps(second, size),
-                   f"{a} {a_split!r} and {b} {b_split!r} share images of {a_set}; make them "
-                   f"disjoint (e.g. train[:50000] and train[50000:])")
+        for split in (self.pretrain_split, self.client_train_split, self.client_test_split):
+            check_split_text(split)
         _check(isinstance(self.image_size, int) and self.image_size >= MIN_IMAGE_SIZE,
                f"data.image_size must be an integer >= {MIN_IMAGE_SIZE} (the CNN encoder needs "
                f"31 px), got {self.image_size!r}")
@@ -309,7 +296,7 @@ class FederatedConfig:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class ResolvedFederated(FederatedConfig):
-    """``federated`` as its method runs it (:meth:`Config.resolved`): the number of models
+    """``federated`` as its method runs it (:func:`cpcfl_tf.run_plan.resolve`): the number of models
     N, Tc and the method's options as the run uses them. The algorithm and its drivers
     take only this form (:func:`resolved_only`); a requested config given to them would
     run, say, FedAvg with three models or IFCA with a Tc phase. Equal to a
@@ -327,7 +314,7 @@ class ResolvedFederated(FederatedConfig):
 
 def as_resolved(fl: FederatedConfig) -> ResolvedFederated:
     """``fl`` as the resolved type, for a config already resolved when it was stored (a
-    run record's ``config``); a requested one is resolved by :meth:`Config.resolved`."""
+    run record's ``config``); a requested one is resolved by :func:`cpcfl_tf.run_plan.resolve`."""
     return fl if isinstance(fl, ResolvedFederated) else ResolvedFederated(
         **{f.name: getattr(fl, f.name) for f in dataclasses.fields(fl)})
 
@@ -336,7 +323,7 @@ def resolved_only(fl: FederatedConfig, where: str) -> ResolvedFederated:
     """``fl`` if it is resolved; else a ``TypeError`` saying what to pass instead."""
     if not isinstance(fl, ResolvedFederated):
         raise TypeError(f"{where} takes the resolved federated config "
-                        "(config.resolved().federated, what the method runs), got the "
+                        "(resolve(config).federated, what the method runs), got the "
                         "requested one")
     return fl
 
@@ -353,33 +340,17 @@ class Config:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        from cpcfl_tf.data.partition import check_split_sizes, make_group_classes
-        from cpcfl_tf.data.sources import get_spec, parse_split, split_size
-
         _check(isinstance(self.seed, int) and self.seed >= 0,
                f"seed must be a non-negative integer, got {self.seed!r}")
         _check(self.pretrain.encoder == self.federated.encoder,
                f"pretrain.encoder ({self.pretrain.encoder}) and federated.encoder "
                f"({self.federated.encoder}) differ; change both, e.g. Config.with_encoder()")
-        p, d = self.partition, self.data
-        spec = get_spec(d.client_dataset)
-        if p.kind == "groups":
-            make_group_classes(p.num_groups, p.classes_per_group, p.class_overlap,
-                               spec.num_classes)
         self._check_unlabeled()
-        splits = (d.client_train_split, d.client_test_split)
-        if p.kind != "own" and all(parse_split(d.client_dataset, s).base in spec.splits
-                                   for s in splits):
-            # Impossible client counts fail here, by arithmetic, before any image is read.
-            check_split_sizes(p.num_clients, p.class_counts, p.test_fraction, p.disjoint,
-                              p.kind, tuple(split_size(d.client_dataset, s) for s in splits),
-                              tuple(f"{d.client_dataset}:{s}" for s in splits))
 
     def _check_unlabeled(self) -> None:
-        """A start that pre-trains where the unlabeled images are; clients with a batch
-        each of them (arithmetic, before anything is read)."""
-        from cpcfl_tf.data.sources import get_spec, parse_split, split_size
-        from cpcfl_tf.data.unlabeled import check_deal
+        """A start that pre-trains where the unlabeled images are, with settings a
+        federated pre-training can run (names only: what the data can hold is checked
+        when the config is resolved, :func:`cpcfl_tf.run_plan.check_data`)."""
         from cpcfl_tf.pretraining.methods import FEDERATED_STARTS
 
         start, where = self.federated.pretraining, self.partition.unlabeled
@@ -394,23 +365,12 @@ class Config:
                             "partition.unlabeled=server")
         if federated:
             algorithm, method = federated
-            d = self.data
-            base = parse_split(d.pretrain_dataset, d.pretrain_split).base
-            if where == "groups" and base in get_spec(d.pretrain_dataset).unlabeled_splits:
-                raise UserError(f"the groups deal needs labels to deal {d.pretrain_dataset}:"
-                                f"{d.pretrain_split}'s images by class, and it has none; set "
-                                "partition.unlabeled=iid")
             if self.pretrain.lr_schedule != "constant":
                 raise UserError(f"{start} runs a constant learning rate (a fresh Adam per "
                                 "client round); set pretrain.lr_schedule=constant")
             if self.pretrain.settings(method).get("target_schedule", "constant") != "constant":
                 raise UserError(f"{start} keeps BYOL's target on the client with a constant "
                                 f"rate; drop {method}.target_schedule from pretrain.options")
-            batch = self.federated_ssl_settings()["batch_size"]
-            if self.partition.kind != "own" and base in get_spec(d.pretrain_dataset).splits:
-                check_deal(split_size(d.pretrain_dataset, d.pretrain_split),
-                           self.partition.num_clients, batch,
-                           f"{d.pretrain_dataset}:{d.pretrain_split}")
 
     def federated_ssl_settings(self) -> dict[str, Any] | None:
         """The settings of the federated pre-training this run starts from (its entry's
@@ -428,18 +388,6 @@ class Config:
         """The seed the server pre-trains this run's encoder with: ``pretrain.seed``, by
         default the run's own seed."""
         return self.seed if self.pretrain.seed is None else self.pretrain.seed
-
-    def resolved(self) -> "Config":
-        """The config as its method runs it (:mod:`cpcfl_tf.clustered.methods`): the number of
-        models N and Tc in ``federated``; what a run record keeps as ``config``."""
-        fl, p = self.federated, self.partition
-        if isinstance(fl, ResolvedFederated):
-            return self
-        method = METHODS[fl.method]
-        return dataclasses.replace(self, federated=as_resolved(dataclasses.replace(
-            fl, num_clusters=method.num_models(fl.num_clusters, p.num_clients, p.num_groups),
-            head_rounds=method.head_rounds(fl.pretraining, fl.head_rounds),
-            options=method.resolve_options(fl.options))))
 
     def to_dict(self) -> dict[str, Any]:
         """The config as records store it (what :meth:`from_dict` reads): every field but

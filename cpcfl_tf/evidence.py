@@ -25,6 +25,7 @@ from cpcfl_tf.clustered.methods import run_label
 from cpcfl_tf.record import RunRecord
 from cpcfl_tf.record_store import Found, RecordIndex, mismatch, together
 from cpcfl_tf.report import markdown_table
+from cpcfl_tf.run_plan import resolve
 from cpcfl_tf.runner import RunSpec, stands_in
 from cpcfl_tf.claims import Claim, Link, base_name, evidence
 
@@ -80,7 +81,8 @@ class Evidence:
         base = base_name(name)
         if found or base is None:
             return found
-        return [f for f in self.every(base, seed) if stands_in(f.record, config)]
+        run = resolve(config)
+        return [f for f in self.every(base, seed) if stands_in(f.record, run)]
 
     def _use(self, seed: int, name: str, path: Path) -> None:
         paths = self.used.setdefault(f"seed {seed}: {name}", [])

@@ -23,6 +23,7 @@ from cpcfl_tf.environment import environment, machine, reproduces
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.clustered.methods import METHODS
 from cpcfl_tf.record import RunRecord, read_record
+from cpcfl_tf.run_plan import RunPlan
 
 
 def config_key(config: Config) -> str:
@@ -146,13 +147,12 @@ def run_record_in(path: Path) -> RunRecord | None:
     return read_record(path)
 
 
-def same_config(record: RunRecord, config: Config) -> bool:
-    """Whether ``record`` was run with ``config``: as requested and, for federated runs, as
+def same_config(record: RunRecord, plan: RunPlan) -> bool:
+    """Whether ``record`` is a run of ``plan``: as requested and, for federated runs, as
     it resolved (what a method implies can change, e.g. FedAvg (SimCLR)'s Tc phase)."""
-    if config_record(record.requested) != config_record(config):
+    if config_record(record.requested) != config_record(plan.requested):
         return False
-    return (not METHODS[config.federated.method].federated
-            or record.config.federated == config.resolved().federated)
+    return not plan.method.federated or record.config.federated == plan.federated
 
 
 class RecordStore:
@@ -224,57 +224,59 @@ class RecordStore:
             write_json(self.out / self.TAKEN, dict(sorted(merged.items())))
             self._taken_file = merged
 
-    def named_in_taken(self, name: str, config: Config) -> Found | None:
+    def named_in_taken(self, name: str, plan: RunPlan) -> Found | None:
         """The record the folder's :attr:`TAKEN` names for run ``name`` (noted in
         :attr:`reused` and :attr:`named`, or :attr:`paired` for a restart variant's run
-        taken as its base run's twin), if it is there and holds ``config``."""
+        taken as its base run's twin), if it is there and is a run of ``plan``."""
         path = None if self.force else self._taken_file.get(name)
         if not path or not Path(path).is_file():
             return None
         record = read_record(Path(path))
-        if not same_config(record, config):
+        if not same_config(record, plan):
             return None
         self.reused[name] = Path(path)
         restart_twin = bool(METHODS[record.requested.federated.method].restarts_of)
         (self.paired if restart_twin else self.named).add(name)
         return Found(Path(path), record)
 
-    def base_run(self, base: Config) -> Found | None:
+    def base_run(self, base: RunPlan) -> Found | None:
         """The run of ``base`` this folder has: its own, or one taken from :attr:`reuse`."""
-        taken = [] if self.reuse is None else [f for f in self.reuse.every(base)
+        taken = [] if self.reuse is None else [f for f in self.reuse.every(base.requested)
                                                 if f.path in self.reused.values()]
-        return next((f for f in [*self.folder.every(base), *taken]
+        return next((f for f in [*self.folder.every(base.requested), *taken]
                      if same_config(f.record, base)), None)
 
-    def has_base(self, base: Config) -> bool:
+    def has_base(self, base: RunPlan) -> bool:
         """Whether a run of ``base`` is here or in :attr:`reuse`."""
-        taken = [] if self.reuse is None else self.reuse.every(base)
-        return any(same_config(f.record, base) for f in [*self.folder.every(base), *taken])
+        taken = [] if self.reuse is None else self.reuse.every(base.requested)
+        return any(same_config(f.record, base)
+                   for f in [*self.folder.every(base.requested), *taken])
 
-    def twin(self, name: str, config: Config, base: Config) -> Found | None:
-        """The record of ``config`` in :attr:`reuse` that starts from the encoder this
+    def twin(self, name: str, plan: RunPlan, base: RunPlan) -> Found | None:
+        """The record of ``plan`` in :attr:`reuse` that starts from the encoder this
         folder's run of ``base`` started from, from any machine (noted in :attr:`reused`
         and :attr:`paired`): the restart run of that base run's sample of chance."""
         if self.reuse is None:
             return None
-        made = next((f for f in self.folder.every(base) if same_config(f.record, base)), None)
+        made = next((f for f in self.folder.every(base.requested)
+                     if same_config(f.record, base)), None)
         encoder = made and made.record.environment.get("starting_encoder")
-        found = next((f for f in self.reuse.every(config) if encoder
+        found = next((f for f in self.reuse.every(plan.requested) if encoder
                       and f.record.environment.get("starting_encoder") == encoder
-                      and same_config(f.record, config)), None)
+                      and same_config(f.record, plan)), None)
         if found is not None:
             self.reused[name] = found.path
             self.paired.add(name)
         return found
 
-    def candidates(self, config: Config, own: Path) -> list[Found]:
-        """Records of ``config`` in :attr:`reuse` (other than ``own``) that this machine
+    def candidates(self, plan: RunPlan, own: Path) -> list[Found]:
+        """Records of ``plan`` in :attr:`reuse` (other than ``own``) that this machine
         would make bit for bit if they start from its encoder."""
         if self.reuse is None or self.force:
             return []
-        return [f for f in self.reuse.every(config) if f.path != own
+        return [f for f in self.reuse.every(plan.requested) if f.path != own
                 and reproduces(f.record.environment, self._here)
-                and same_config(f.record, config)]
+                and same_config(f.record, plan)]
 
     @functools.cached_property
     def _here(self) -> dict:

@@ -29,11 +29,12 @@ from cpcfl_tf.config import Config
 from cpcfl_tf.environment import run_environment
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.clustered.starting import StartingEncoders
-from cpcfl_tf.clustered.methods import FEDAVG_ENCODER_RUN, METHODS, plugins_used
+from cpcfl_tf.clustered.methods import FEDAVG_ENCODER_RUN, plugins_used
 from cpcfl_tf.record import RunRecord, read_record, write_record
 from cpcfl_tf.record_store import Found, RecordStore, same_config
 from cpcfl_tf.results import weights_fingerprint
 from cpcfl_tf.run_data import DataCache
+from cpcfl_tf.run_plan import RunPlan, resolve
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,13 +84,13 @@ class Decision(enum.Enum):
     RESUME = "to resume"
     RUN = "to run"
     """Made here, unless a record this machine would make bit for bit is found for its
-    starting encoder (:attr:`Plan.candidates`)."""
+    starting encoder (:attr:`RunDecision.candidates`)."""
     STOPS = "stops"
     """Refused (another config in its place, an interruption without ``--resume``)."""
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class RunDecision:
     """The decision about one run, with what it rests on."""
 
     decision: Decision
@@ -156,6 +157,8 @@ class Runner:
         key (:mod:`cpcfl_tf.clustered.diagnostics`)."""
         self.records: list[RunRecord] = []
         """Every record :meth:`run` returned, in order: what the script's report shows."""
+        self._plans: dict[str, RunPlan] = {}
+        """Each spec's plan (:meth:`plan_of`), by the spec."""
 
     @staticmethod
     def check_options(args) -> None:
@@ -185,6 +188,14 @@ class Runner:
         into ``pretrain.options``, so the run record names them)."""
         return selected(spec.config(self.base), self.selection)
 
+    def plan_of(self, spec: RunSpec) -> RunPlan:
+        """``spec``'s plan (:func:`~cpcfl_tf.run_plan.resolve` of :meth:`config_of`), made
+        once: a config its data cannot hold is refused here, in one line."""
+        key = repr(spec)
+        if key not in self._plans:
+            self._plans[key] = resolve(self.config_of(spec))
+        return self._plans[key]
+
     def path(self, spec: RunSpec) -> Path:
         return self.out / f"{spec.name}.json"
 
@@ -193,49 +204,50 @@ class Runner:
         return self.out / f".{spec.name}.ckpt.npz"
 
     # -- deciding -----------------------------------------------------------
-    def decide(self, spec: RunSpec, config: Config | None = None) -> Plan:
-        """The one decision about ``spec`` (``config``: its :meth:`config_of`, if built
-        already). Reads, never writes: which records it took is noted in :attr:`store`.
-        A one-line :class:`UserError` for a run that must not go ahead."""
-        config = config or self.config_of(spec)
+    def decide(self, spec: RunSpec) -> RunDecision:
+        """The one decision about ``spec``. Reads, never writes: which records it took is
+        noted in :attr:`store`. A one-line :class:`UserError` for a run that must not go
+        ahead."""
+        run = self.plan_of(spec)
         path, checkpoint = self.path(spec), self.checkpoint(spec)
         if path.exists() and not self.force:
             record = read_record(path)
-            if not same_config(record, config):
+            if not same_config(record, run):
                 raise UserError(f"{path} holds a run with a different config; pass --force to "
                                 "redo it or --out another folder")
-            return Plan(Decision.DONE, Found(path, record))
+            return RunDecision(Decision.DONE, Found(path, record))
         if checkpoint.exists() and not self.force:
             if not self.resume:
                 raise UserError(f"{spec.name} was interrupted ({checkpoint}); pass --resume to "
                                 "continue it or --force to start it over")
-            return Plan(Decision.RESUME)
-        base = None if self.force else base_config(config)
+            return RunDecision(Decision.RESUME)
+        base = None if self.force else base_plan(run)
         if base is not None:
             found = self.store.base_run(base)
-            if found is not None and stands_in(found.record, config):
-                return Plan(Decision.STAND_IN, found)
-            twin = self.store.twin(spec.name, config, base)
+            if found is not None and stands_in(found.record, run):
+                return RunDecision(Decision.STAND_IN, found)
+            twin = self.store.twin(spec.name, run, base)
             if twin is not None:
-                return Plan(Decision.TAKEN, twin, why="from its base method's run's encoder")
-        named = self.store.named_in_taken(spec.name, config)
+                return RunDecision(Decision.TAKEN, twin, why="from its base method's run's encoder")
+        named = self.store.named_in_taken(spec.name, run)
         if named is not None:
-            return Plan(Decision.TAKEN, named, why="the folder's taken.json names it")
+            return RunDecision(Decision.TAKEN, named, why="the folder's taken.json names it")
         first = base is not None and not self.store.has_base(base)
-        return Plan(Decision.BASE_FIRST if first else Decision.RUN,
-                    candidates=tuple(self.store.candidates(config, path)))
+        return RunDecision(Decision.BASE_FIRST if first else Decision.RUN,
+                    candidates=tuple(self.store.candidates(run, path)))
 
     def planned(self, spec: RunSpec) -> tuple[str, str | None]:
-        """What :meth:`run` would do with ``spec`` now (:meth:`Plan.describe`), and where
+        """What :meth:`run` would do with ``spec`` now (:meth:`RunDecision.describe`), and where
         the starting encoder it needs would come from
         (:meth:`~cpcfl_tf.clustered.starting.StartingEncoders.status`), None where it
         needs none. Reads, never writes."""
         try:
             plan = self.decide(spec)
         except UserError as err:
-            return Plan(Decision.STOPS, why=str(err)).describe(), None
+            return RunDecision(Decision.STOPS, why=str(err)).describe(), None
         needs = plan.decision in (Decision.RUN, Decision.RESUME, Decision.BASE_FIRST)
-        return plan.describe(), self.encoders.status(self.config_of(spec)) if needs else None
+        return (plan.describe(),
+                self.encoders.status(self.plan_of(spec).requested) if needs else None)
 
     def status(self, spec: RunSpec) -> str:
         """What :meth:`run` would do with ``spec`` now (:meth:`planned`)."""
@@ -246,8 +258,8 @@ class Runner:
         the one ``taken.json`` names, or one this machine would make when its starting
         encoder needs no training), so that a report reads the same runs on any machine;
         None where there is none. Reads, never writes."""
-        config = self.config_of(spec)
-        plan = self.decide(spec, config)
+        config = self.plan_of(spec).requested
+        plan = self.decide(spec)
         if plan.found is not None:
             return self._took(spec, config, plan).record
         if plan.candidates and self.encoders.ready(config):
@@ -256,7 +268,7 @@ class Runner:
             return found and found.record
         return None
 
-    def _took(self, spec: RunSpec, config: Config, plan: Plan) -> Found:
+    def _took(self, spec: RunSpec, config: Config, plan: RunDecision) -> Found:
         """``plan``'s record, a stand-in noted as one."""
         if plan.decision is Decision.STAND_IN:
             self.store.stand_in(spec.name, config.federated.method, plan.found)
@@ -269,8 +281,9 @@ class Runner:
 
         ``on_round(round_record, state)`` is called after every round the run makes now
         (not for rounds of a finished run, nor those before a resumed checkpoint)."""
-        config = self.config_of(spec)
-        plan = self.decide(spec, config)
+        run = self.plan_of(spec)
+        config = run.requested
+        plan = self.decide(spec)
         if plan.decision is not Decision.RESUME:
             # left by a kill right after the record was written; with --force, an old
             # checkpoint starts over
@@ -283,7 +296,7 @@ class Runner:
             return found.record
         if self.verbose:
             fl = config.federated
-            length = (f"{fl.rounds} rounds" if METHODS[fl.method].federated
+            length = (f"{fl.rounds} rounds" if run.method.federated
                       else f"{fl.centralized_epochs or fl.rounds * fl.local_epochs} epochs")
             print(f"{spec.name}: {fl.method} ({fl.pretraining}), "
                   f"{config.partition.num_clients} clients, {length}")
@@ -295,24 +308,26 @@ class Runner:
                       f"and starting encoder), final accuracy {found.record.final.accuracy:.4f}")
             self.records.append(found.record)
             return found.record
-        record = self._make(spec, config, encoder, on_round)
+        record = self._make(spec, run, encoder, on_round)
         self.records.append(record)
         return record
 
-    def _make(self, spec: RunSpec, config: Config, encoder, on_round) -> RunRecord:
-        """Run ``spec`` here (resuming its checkpoint) and write its record."""
+    def _make(self, spec: RunSpec, run: RunPlan, encoder, on_round) -> RunRecord:
+        """Run ``spec`` (its plan ``run``) here, resuming its checkpoint, and write its
+        record."""
         from cpcfl_tf.clustered.simulator import run_federated
         from cpcfl_tf.clustered.starting import pool_encoder
 
         path, checkpoint = self.path(spec), self.checkpoint(spec)
-        if not METHODS[config.federated.method].federated:
+        config = run.requested
+        if not run.method.federated:
             from cpcfl_tf.clustered.centralized import run_centralized
 
-            record = run_centralized(config, self.data.clients(config), encoder)
+            record = run_centralized(run, self.data.clients(config), encoder)
         else:
             clients = self.data.clients(config)
             logged = _with_scalars(self.tensorboard, self.experiment, spec, clients, on_round)
-            record, state = run_federated(config, clients, encoder_weights=encoder,
+            record, state = run_federated(run, clients, encoder_weights=encoder,
                                           checkpoint=checkpoint, verbose=self.verbose,
                                           on_round=logged, max_clients=self.max_clients,
                                           diagnose=self.diagnose)
@@ -347,7 +362,7 @@ def _with_scalars(tensorboard, experiment: str, spec: RunSpec, clients, on_round
     return logged
 
 
-def _taken_line(spec: RunSpec, plan: Plan, paired: set[str]) -> str:
+def _taken_line(spec: RunSpec, plan: RunDecision, paired: set[str]) -> str:
     """The line of a run taken, not made."""
     record, path = plan.found.record, plan.found.path
     if plan.decision is Decision.DONE:
@@ -371,20 +386,19 @@ def _round_scalars(record: dict, groups: np.ndarray, num_clusters: int) -> dict[
             **{f"cluster_size/{n}": int(c) for n, c in enumerate(sizes)}}
 
 
-def base_config(config: Config) -> Config | None:
-    """The config of the run ``config``'s run is until its restart rule fires (its
-    method's :attr:`~cpcfl_tf.clustered.methods.Method.restarts_of`); None for other methods."""
-    base = METHODS[config.federated.method].restarts_of
-    return config.with_overrides(federated={"method": base}) if base else None
+def base_plan(run: RunPlan) -> RunPlan | None:
+    """The plan of the run ``run`` is until its restart rule fires (its method's
+    :attr:`~cpcfl_tf.clustered.methods.Method.restarts_of`); None for other methods."""
+    base = run.method.restarts_of
+    return resolve(run.requested.with_overrides(federated={"method": base})) if base else None
 
 
-def stands_in(record: RunRecord, config: Config) -> bool:
-    """Whether ``record`` is the run of ``config`` bit for bit: a run of its base config
-    (:func:`base_config`) in which ``config``'s restart rule never fires (attempt 0 draws
-    what the base draws). A property of the record, whatever machine made it."""
+def stands_in(record: RunRecord, run: RunPlan) -> bool:
+    """Whether ``record`` is the run of ``run`` bit for bit: a run of its base plan
+    (:func:`base_plan`) in which ``run``'s restart rule never fires (attempt 0 draws what
+    the base draws). A property of the record, whatever machine made it."""
     from cpcfl_tf.clustered.algorithm import would_restart
 
-    base = base_config(config)
+    base = base_plan(run)
     return (base is not None and same_config(record, base)
-            and not would_restart(config.resolved().federated,
-                                  [r.cluster_ids for r in record.rounds]))
+            and not would_restart(run.federated, [r.cluster_ids for r in record.rounds]))

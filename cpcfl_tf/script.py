@@ -150,7 +150,7 @@ class Session:
         ``--seed`` is not such a setting (a script's runs count their seeds from it)."""
         changed = changed_fields(self.config)
         for spec in specs:
-            config = self.runner.config_of(spec)
+            config = self.runner.plan_of(spec).requested  # checked against its data here
             for section, field in changed:
                 given = getattr(getattr(self.config, section), field)
                 used = getattr(getattr(config, section), field)

@@ -31,6 +31,7 @@ from cpcfl_tf.report import markdown_table
 from cpcfl_tf.runner import RunSpec
 from cpcfl_tf.script import Script
 from cpcfl_tf.pretraining.methods import FEDERATED_STARTS
+from cpcfl_tf.run_plan import check_data
 
 SEEDS = {"smoke": 2, "quick": 5, "standard": 5, "paper": 1}
 """Seeds per preset (the claims' five on the CPU presets)."""
@@ -74,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     config = resolve_config(args)
     seeds = [config.seed + s for s in range(args.seeds or SEEDS[config.preset])]
     for spec in specs_for(seeds):  # a start the settings cannot run: refused, nothing written
-        spec.config(config)
+        check_data(spec.config(config))
     session = SCRIPT.session(args)
     specs = session.plan(specs_for(seeds))
     records, encoders = {}, {}
@@ -138,21 +139,21 @@ def score_encoders(session, specs: Sequence[RunSpec], only_kept: bool = False
         return kept
     proxy = None
     for spec in specs:
-        config = runner.config_of(spec)
-        start = config.federated.pretraining
-        if start == "none":
+        run = runner.plan_of(spec)
+        config, start, pretraining = run.requested, run.start.name, run.pretraining
+        if pretraining is None:  # random weights
             continue
-        result = (runner.encoders.federated(config) if start in FEDERATED_STARTS
-                  else runner.encoders.contrastive(config, start))
+        result = (runner.encoders.federated(config) if pretraining.federated
+                  else runner.encoders.contrastive(config, pretraining.method))
         folder = result.out_dir.name
         if kept.get(folder, {}).get("linear_epochs") != epochs:
             proxy = proxy or runner.data.client_splits(config.data)
             made = read_json(result.out_dir / "pretrain.json", fix="delete the cache folder "
                              f"{result.out_dir} to pre-train it again")
             kept[folder] = {
-                "start": start, "seed": config.pretrain_seed,
+                "start": start, "seed": pretraining.seed,
                 "deal": config.partition.unlabeled,
-                **proxy_scores(result.encoder, *proxy, seed=config.pretrain_seed,
+                **proxy_scores(result.encoder, *proxy, seed=pretraining.seed,
                                epochs=epochs),
                 "pretrain_seconds": round(sum(h["seconds"] for h in made["history"]), 3),
                 **({"federated": made["federated"]} if "federated" in made else {})}

@@ -93,9 +93,9 @@ def probe_for(runner: Runner, spec: RunSpec) -> RoundProbe:
     from cpcfl_tf.clustered.backends import backend_of
     from cpcfl_tf.clustered.pool import build_template
 
-    config = spec.config(runner.base)
-    clients = runner.data.clients(config)
-    fl = config.resolved().federated
+    run = runner.plan_of(spec)
+    clients = runner.data.clients(run.requested)
+    fl = run.federated
     template = build_template(fl, clients.test.images.shape[2:], clients.num_classes)
     return RoundProbe(runner.out / f"{spec.name}.rounds.json", clients,
                       backend_of(template, fl))

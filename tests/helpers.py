@@ -1,7 +1,10 @@
 """What several test modules share (pytest puts this folder on sys.path)."""
-import numpy as np
 import importlib.util
 from pathlib import Path
+
+import numpy as np
+
+from cpcfl_tf.run_plan import resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -146,7 +149,7 @@ def simulated(run, rounds, out, dropped=None):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(simulator._Simulation, "train", failing)
         patch.setattr(simulator, "client_accuracy", scored)
-        record, _ = simulator.run_federated(config, runner.data.clients(config),
+        record, _ = simulator.run_federated(resolve(config), runner.data.clients(config),
                                             encoder_weights=encoder, verbose=0)
     return [r.cluster_ids for r in record.rounds], scores, encoder, record.final
 

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from cpcfl_tf.clustered import algorithm
+from cpcfl_tf.run_plan import resolve
 
 RNG = np.random.default_rng(0)
 
@@ -145,16 +146,18 @@ def test_the_algorithm_takes_only_a_resolved_config():
     requested = get_preset("smoke").with_overrides(federated={"method": "fedavg",
                                                               "pretraining": "none"})
     assert requested.federated.num_clusters == 3  # what would have run
-    assert requested.resolved().federated.num_clusters == 1
-    message = r"takes the resolved federated config \(config.resolved\(\).federated"
+    assert resolve(requested).federated.num_clusters == 1
+    message = r"takes the resolved federated config \(resolve\(config\).federated"
     with pytest.raises(TypeError, match=f"plan_round {message}"):
         algorithm.plan_round(requested.federated, 0, 0, 0, 9)
     with pytest.raises(TypeError, match=f"run_rounds {message}"):
         algorithm.run_rounds(requested.federated, 0, None, None)
     with pytest.raises(TypeError, match=f"initial_pool {message}"):
         initial_pool(requested.federated, None, None, seed=0, attempt=0)
-    resolved = requested.resolved()
-    assert resolved.resolved() is resolved
+    plan = resolve(requested)
+    assert (plan.requested, plan.num_models, plan.head_rounds) == (requested, 1, 0)
+    resolved = plan.config
+    assert resolve(resolved).config is resolved  # a record's config is resolved already
     assert algorithm.plan_round(resolved.federated, 0, 0, 0, 9).num_models == 1
     # a resolved config changed is a requested one again
     assert type(resolved.with_overrides(federated={"rounds": 2}).federated).__name__ == (

@@ -8,6 +8,7 @@ from cpcfl_tf.data import load_labeled
 from cpcfl_tf.clustered.clients import clients_for
 from cpcfl_tf.clustered.centralized import centralized_baseline, supervised_encoder
 from cpcfl_tf.models import build_encoder
+from cpcfl_tf.run_plan import resolve
 
 SMOKE = get_preset("smoke").with_overrides(federated={"centralized_epochs": 3})
 
@@ -19,21 +20,21 @@ def clients():
 
 @pytest.mark.parametrize("by_group", [False, True])
 def test_centralized_baselines_score_every_client(clients, by_group):
-    result = centralized_baseline(SMOKE, clients, by_group=by_group)
+    result = centralized_baseline(resolve(SMOKE), clients, by_group=by_group)
     assert 0.0 <= result["accuracy"] <= 1.0 and result["epochs"] == 3
     assert "f1_macro" in result and "auroc_ovo_weighted" in result
-    assert centralized_baseline(SMOKE, clients, by_group=by_group) == result  # seeded
+    assert centralized_baseline(resolve(SMOKE), clients, by_group=by_group) == result  # seeded
 
 
 def test_default_centralized_epochs_are_a_clients_passes(clients):
     c = get_preset("smoke").with_overrides(federated={"rounds": 2})
     assert c.federated.centralized_epochs is None and c.federated.local_epochs == 1
-    default = centralized_baseline(c, clients, by_group=False)
+    default = centralized_baseline(resolve(c), clients, by_group=False)
     assert default["epochs"] == 2
-    assert default == centralized_baseline(c.with_overrides(
-        federated={"centralized_epochs": 2}), clients, by_group=False)
-    assert default != centralized_baseline(c.with_overrides(
-        federated={"centralized_epochs": 1}), clients, by_group=False)
+    assert default == centralized_baseline(resolve(c.with_overrides(
+        federated={"centralized_epochs": 2})), clients, by_group=False)
+    assert default != centralized_baseline(resolve(c.with_overrides(
+        federated={"centralized_epochs": 1})), clients, by_group=False)
 
 
 def test_the_by_group_baseline_trains_one_model_per_group_on_its_data_alone(clients,
@@ -53,7 +54,7 @@ def test_the_by_group_baseline_trains_one_model_per_group_on_its_data_alone(clie
 
     monkeypatch.setattr(centralized, "_train_pooled", pooled)
     monkeypatch.setattr(centralized, "client_probabilities", probabilities)
-    centralized_baseline(SMOKE, clients, by_group=True)
+    centralized_baseline(resolve(SMOKE), clients, by_group=True)
     assert len(seen["models"]) == 3 and seen["ids"].tolist() == clients.groups.tolist()
     for g in range(3):  # row g pools exactly group g's training images
         own = clients.train.images[clients.groups == g]
@@ -63,7 +64,7 @@ def test_the_by_group_baseline_trains_one_model_per_group_on_its_data_alone(clie
 
 def test_supervised_encoder_learns_from_labels():
     labeled = load_labeled("digits", "train[:256]", image_size=32)
-    weights = supervised_encoder(SMOKE, labeled, epochs=2)
+    weights = supervised_encoder(resolve(SMOKE), labeled, epochs=2)
     keras.utils.set_random_seed(0)
     fresh = build_encoder("cnn", (32, 32, 3))
     assert [w.shape for w in weights] == [w.shape for w in fresh.get_weights()]

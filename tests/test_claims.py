@@ -14,6 +14,7 @@ from cpcfl_tf.config import get_preset
 from cpcfl_tf.evidence import found_at
 from cpcfl_tf.judge import CANNOT, HOLDS, NOT_SHOWN, OPPOSITE, t_interval, verdict
 from cpcfl_tf.record import Final, Round, RunRecord, write_record
+from cpcfl_tf.run_plan import resolve
 from helpers import script
 
 SMOKE = get_preset("smoke")
@@ -26,7 +27,7 @@ def fake(spec, seed, accuracy, *, ari=1.0, restarts=0, base=SMOKE, merged_from=N
     spec = dataclasses.replace(spec, seed=seed)
     requested = spec.config(base)
     fl = requested.federated
-    config = requested if fl.method == "centralized" else requested.resolved()
+    config = requested if fl.method == "centralized" else resolve(requested).config
     clients = requested.partition.num_clients
     groups = [k * requested.partition.num_groups // clients for k in range(clients)]
     rounds = [Round(t, [0] * clients if merged_from and t >= merged_from else groups, accuracy)

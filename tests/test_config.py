@@ -7,6 +7,7 @@ from cpcfl_tf.config import (Config, DataConfig, FederatedConfig, PartitionConfi
                              PretrainConfig, PRESETS, get_preset)
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.pretraining.methods import SSL_METHODS
+from cpcfl_tf.run_plan import resolve
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
@@ -93,8 +94,47 @@ def test_cpu_presets_follow_design():
     (lambda: dataclasses.replace(get_preset("quick"), seed=-1), "seed"),
 ])
 def test_bad_values_raise_one_line_user_errors(build, message):
+    """Each bad value is refused in one line: when the config is built, or (what needs
+    the data's facts) when it is resolved into the run's plan, before any run."""
+    def build_and_resolve():
+        made = build()
+        if isinstance(made, DataConfig):
+            made = dataclasses.replace(get_preset("paper"), data=made)
+        if isinstance(made, PartitionConfig):
+            made = dataclasses.replace(get_preset("paper"), partition=made)
+        resolve(made)
+
     with pytest.raises(UserError, match=message) as err:
-        build()
+        build_and_resolve()
+    assert "\n" not in str(err.value)
+
+
+def test_a_config_is_built_without_reading_any_dataset(monkeypatch, tmp_path):
+    """Building a config, and changing it, reads no folder and asks no tfds builder: only
+    resolving it into the run's plan looks at the data, once."""
+    from cpcfl_tf.data import sources
+
+    asked = []
+
+    def spy(name):
+        asked.append(name)
+        return spec(name)
+
+    spec = sources.get_spec
+    monkeypatch.setattr(sources, "get_spec", spy)
+    missing = f"folder:{tmp_path / 'nowhere'}"
+    config = get_preset("quick").with_overrides(
+        seed=2, data={"client_dataset": missing, "client_train_split": "train",
+                      "pretrain_dataset": "cifar100_like_name_tfds_does_not_know"},
+        partition={"num_clients": 30}, federated={"method": "ifca", "pretraining": "none"})
+    Config.from_dict(config.to_dict())
+    assert asked == []
+    with pytest.raises(UserError, match="unknown dataset 'cifar100_like") as err:
+        resolve(config)
+    assert "\n" not in str(err.value) and asked
+    config = config.with_overrides(data={"pretrain_dataset": "fashion_mnist_idx"})
+    with pytest.raises(UserError, match="nowhere") as err:
+        resolve(config)
     assert "\n" not in str(err.value)
 
 
@@ -106,7 +146,7 @@ def test_overrides_are_validated_and_kept():
 
 def test_methods_resolve_to_what_they_imply():
     def resolved(**fields):
-        return get_preset("paper").with_overrides(federated=fields).resolved().federated
+        return resolve(get_preset("paper").with_overrides(federated=fields)).federated
 
     fedavg = resolved(method="fedavg", pretraining="none")
     assert (fedavg.num_clusters, fedavg.head_rounds) == (1, 0)

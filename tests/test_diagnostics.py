@@ -7,6 +7,7 @@ import pytest
 
 from cpcfl_tf.config import ResolvedFederated
 from cpcfl_tf.clustered import algorithm, diagnostics
+from cpcfl_tf.run_plan import resolve
 
 TARGETS = np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, -1.0]])
 """Each true group's target point."""
@@ -130,8 +131,8 @@ def test_the_failure_test_comes_restart_round_rounds_after_the_clients_choose(
         method, pretraining, check):
     from cpcfl_tf.config import get_preset
 
-    fl = get_preset("quick").with_overrides(federated={
-        "method": method, "pretraining": pretraining}).resolved().federated
+    fl = resolve(get_preset("quick").with_overrides(federated={
+        "method": method, "pretraining": pretraining})).federated
     assert algorithm.restart_check_round(fl) == check
     failed = np.zeros(9, np.int64)
     assert algorithm.should_restart(fl, check, 0, failed)

@@ -12,6 +12,7 @@ from cpcfl_tf.clustered import algorithm
 from cpcfl_tf.clustered.clients import clients_for
 from cpcfl_tf.clustered.metrics import cluster_ari
 from cpcfl_tf.clustered.simulator import run_federated
+from cpcfl_tf.run_plan import resolve
 from helpers import Killed, kill_after
 
 SMOKE = get_preset("smoke")
@@ -25,7 +26,7 @@ def clients():
 def run(clients, method, checkpoint=None, on_round=None, **federated):
     config = SMOKE.with_overrides(federated={"method": method, "pretraining": "none",
                                              "rounds": 3, "head_rounds": 0, **federated})
-    return run_federated(config, clients, verbose=0, checkpoint=checkpoint, on_round=on_round)
+    return run_federated(resolve(config), clients, verbose=0, checkpoint=checkpoint, on_round=on_round)
 
 
 def one_round_by_hand(clients, fl, ids):
@@ -335,7 +336,7 @@ def on_fixed_encoder(config, clients, method, **options):
     config = config.with_overrides(federated={
         "method": method, "pretraining": "none", "rounds": 4, "head_rounds": 0,
         "encoder_epochs": 0, "options": options or None})
-    return run_federated(config, clients, verbose=0)[0]
+    return run_federated(resolve(config), clients, verbose=0)[0]
 
 
 # On these heads the one-group federation's updates agree (mean update norm close to the
@@ -441,9 +442,9 @@ def test_the_features_rule_puts_clear_groups_apart_where_near_alike_heads_merge_
     centres = rng.normal(size=(3, 16))
     answers = [rules.mean_embedding(centres[g] + 0.05 * rng.normal(size=(20, 16)))
                for g in truth]
-    fl = SMOKE.with_overrides(federated={"method": "cp-cfl-features", "pretraining": "simclr",
+    fl = resolve(SMOKE.with_overrides(federated={"method": "cp-cfl-features", "pretraining": "simclr",
                                          "num_clusters": 3, "head_rounds": 2}
-                              ).resolved().federated
+                              )).federated
     losses = 2.30 + 0.001 * rng.random((9, 3))
     losses[truth < 2, 0] -= 0.01
     losses[truth == 2, 1] -= 0.01
@@ -474,11 +475,11 @@ def test_cp_cfl_features_takes_its_first_choice_from_the_encoders_features(clien
     config = SMOKE.with_overrides(federated={"method": "cp-cfl-features", "pretraining": "simclr",
                                              "rounds": 3, "head_rounds": 1})
     encoder = Runner("features", config, tmp_path, verbose=0).encoders(config)
-    record, _ = run_federated(config, clients, encoder_weights=encoder, verbose=0)
-    plain, _ = run_federated(config.with_overrides(federated={"method": "cp-cfl"}), clients,
+    record, _ = run_federated(resolve(config), clients, encoder_weights=encoder, verbose=0)
+    plain, _ = run_federated(resolve(config.with_overrides(federated={"method": "cp-cfl"})), clients,
                              encoder_weights=encoder, verbose=0)
     assert record.rounds[0].cluster_ids == plain.rounds[0].cluster_ids
-    fl = config.resolved().federated
+    fl = resolve(config).federated
     model = build_template(fl, clients.train.images.shape[2:], clients.num_classes)
     net = model.get_layer("encoder")
     net.set_weights(encoder)

@@ -12,6 +12,7 @@ from cpcfl_tf.data.unlabeled import check_deal, deal_unlabeled, group_shares
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.clustered.methods import METHODS, STARTS
 from cpcfl_tf.pretraining.methods import FEDERATED_SSL, FEDERATED_STARTS, SSL_METHODS
+from cpcfl_tf.run_plan import resolve
 
 
 def smoke(start: str, deal: str = "iid", **settings):
@@ -57,15 +58,15 @@ def test_more_clients_than_batches_is_refused_by_arithmetic():
         check_deal(50_000, 391, 128, "fashion_mnist_idx:train[:50000]")
     check_deal(50_000, 390, 128, "x")
     with pytest.raises(UserError, match="use at most 21 clients"):
-        smoke("fed-simclr").with_overrides(partition={"num_clients": 27,
-                                                      "class_counts": (2, 2, 1, 1)})
+        resolve(smoke("fed-simclr").with_overrides(partition={"num_clients": 27,
+                                                              "class_counts": (2, 2, 1, 1)}))
 
 
 def test_the_groups_deal_needs_labels_to_deal_by():
     paper = get_preset("paper")  # STL-10's unlabelled split has none
     with pytest.raises(UserError, match="set partition.unlabeled=iid"):
-        paper.with_overrides(federated={"pretraining": "fed-simclr"},
-                             partition={"unlabeled": "groups"})
+        resolve(paper.with_overrides(federated={"pretraining": "fed-simclr"},
+                                     partition={"unlabeled": "groups"}))
 
 
 def test_records_name_the_federated_settings_and_read_back():

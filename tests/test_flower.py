@@ -13,6 +13,7 @@ pytestmark = pytest.mark.flower
 
 from cpcfl_tf.clustered import rules
 from cpcfl_tf.flower.loopback import Federation, wait_for_file  # noqa: E402
+from cpcfl_tf.run_plan import resolve  # noqa: E402
 from helpers import run_in_process, script, simulated  # noqa: E402
 
 RUN = {"preset": "smoke", "method": "cp-cfl", "pretraining": "simclr", "num-clusters": 2,
@@ -343,7 +344,7 @@ def test_a_scored_round_scores_each_node_with_its_model_or_the_one_it_would_choo
 
     run = {"num-clients": 3, "method": "ifca", "pretraining": "none", "num-clusters": 3,
            "rounds": 8, "set": "federated.eval_every=3"}
-    fl = run_config(run).resolved().federated
+    fl = resolve(run_config(run)).federated
     pool = initial_pool(fl, build_template(fl, (32, 32, 3), 10), None, seed=0, attempt=0)
     # Model k all but always says class (3, 0, 5)[k]: client 1 holds 2, 0 and 8 of those.
     pool = [[*m[:-1], 20 * np.eye(10, dtype=np.float32)[c]] for m, c in zip(pool, (3, 0, 5))]
@@ -573,8 +574,8 @@ def test_the_server_averages_each_cluster_by_the_nodes_example_counts(monkeypatc
     from cpcfl_tf.flower import server_app
     from cpcfl_tf.flower.common import run_config, to_record
 
-    fl = run_config({"num-clients": 3, "method": "ifca", "pretraining": "none",
-                     "num-clusters": 2, "rounds": 2}).resolved().federated
+    fl = resolve(run_config({"num-clients": 3, "method": "ifca", "pretraining": "none",
+                     "num-clusters": 2, "rounds": 2})).federated
     rng = np.random.default_rng(0)
     pool = [[rng.normal(size=(3, 2)).astype(np.float32), rng.normal(size=2).astype(np.float32)]
             for _ in range(2)]

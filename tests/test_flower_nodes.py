@@ -141,13 +141,15 @@ def test_nodes_with_their_own_data_are_not_held_to_the_servers_split_sizes():
     # for; the simulator has nothing to draw from such a config, and says so.
     from cpcfl_tf.data.partition import partition_clients
     from cpcfl_tf.flower.common import run_config
+    from cpcfl_tf.run_plan import resolve
 
     for start, extra in (("none", ""), ("fed-simclr", "partition.unlabeled=iid")):
         config = run_config({**RUN, "pretraining": start, "set": extra})
         own = {"num_clients": 50, "num_groups": 1}
         with pytest.raises(UserError, match="50 clients"):
-            config.with_overrides(partition=own)  # drawn from smoke's splits: too many
-        assert config.with_overrides(partition={**own, "kind": "own"}).partition.kind == "own"
+            resolve(config.with_overrides(partition=own))  # drawn from smoke's splits: too many
+        assert resolve(config.with_overrides(partition={**own, "kind": "own"})
+                       ).config.partition.kind == "own"
     with pytest.raises(UserError, match="server knows no groups: set partition.num_groups=1"):
         config.with_overrides(partition={"kind": "own"})  # smoke's 3 groups
     with pytest.raises(UserError, match="nothing to draw; run them with") as err:

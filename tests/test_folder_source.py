@@ -66,10 +66,12 @@ def test_folder_mistakes_are_one_line_errors(tmp_path, fmnist):
     write(tmp_path / "few", fmnist.images[:40], fmnist.labels[:40] % 3)
     from cpcfl_tf.config import get_preset
 
+    from cpcfl_tf.run_plan import resolve
+
     with pytest.raises(UserError, match="client data has 3"):  # too few classes for 3 groups
-        get_preset("smoke").with_overrides(data={"client_dataset": f"folder:{tmp_path / 'few'}",
-                                                 "client_train_split": "train",
-                                                 "client_test_split": "test"})
+        resolve(get_preset("smoke").with_overrides(data={
+            "client_dataset": f"folder:{tmp_path / 'few'}", "client_train_split": "train",
+            "client_test_split": "test"}))
     loose = tmp_path / "loose"
     write(loose, fmnist.images[:10], fmnist.labels[:10])
     Image.fromarray(fmnist.images[0, ..., 0]).save(loose / "stray.png")

@@ -11,12 +11,13 @@ from cpcfl_tf.config import get_preset
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.clustered.algorithm import should_restart
 from cpcfl_tf.clustered.methods import ASSIGNMENTS, METHODS, STARTS, get_method, run_label
+from cpcfl_tf.run_plan import resolve
 
 
 def federated(method: str, pretraining: str, **fields):
     """The quick preset's federated section for ``method`` as it runs (15 clients, 3 groups)."""
-    return get_preset("quick").with_overrides(
-        federated={"method": method, "pretraining": pretraining, **fields}).resolved().federated
+    return resolve(get_preset("quick").with_overrides(
+        federated={"method": method, "pretraining": pretraining, **fields})).federated
 
 
 @pytest.mark.parametrize("method, pretraining, models, tc", [

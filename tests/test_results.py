@@ -11,6 +11,7 @@ import pytest
 from cpcfl_tf.config import get_preset
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.results import DamagedFile, read_json, write_json
+from cpcfl_tf.run_plan import resolve
 
 SMOKE = get_preset("smoke")
 
@@ -169,7 +170,7 @@ def test_the_starting_encoders_of_a_tree_move_to_another_machines_cache(cache, t
         requested = SMOKE.with_overrides(federated={"pretraining": name, "method": (
             "ifca" if name == "fedavg" else "cp-cfl")})
         write_record(tmp_path / "results" / f"{name}.json", RunRecord(
-            requested.resolved(), requested, {"data": 0, "train": 0}, [], [], Final(0.5),
+            resolve(requested).config, requested, {"data": 0, "train": 0}, [], [], Final(0.5),
             {"seconds": 1.0}, "synthetic", {"cpu": "test", "starting_encoder": fingerprint}))
     results = str(tmp_path / "results")
 

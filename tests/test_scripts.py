@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from cpcfl_tf.errors import UserError
+from cpcfl_tf.run_plan import resolve
 from helpers import run_record_errors, script
 
 
@@ -313,7 +314,7 @@ def test_a_centralized_run_needs_one_or_group_many_models():
         federated={"method": "centralized", "pretraining": "none", "num_clusters": 2})
     clients = Clients(None, None, np.array([0, 1, 2]), 10, [])
     with pytest.raises(UserError, match="num_clusters 1 .* or 3"):
-        run_centralized(config, clients)
+        run_centralized(resolve(config), clients)
 
 
 def test_distribute_option_reaches_the_runner(tmp_path):

@@ -176,7 +176,9 @@ def test_a_tfds_name_that_cannot_serve_is_one_line(name, message):
 def test_a_tfds_dataset_with_too_few_classes_for_the_partition_is_refused():
     from cpcfl_tf.config import get_preset
 
+    from cpcfl_tf.run_plan import resolve
+
     with pytest.raises(UserError, match="client data has 2"):  # 3 groups need 10 classes
-        get_preset("quick").with_overrides(data={"client_dataset": "cats_vs_dogs",
-                                                 "client_train_split": "train[:20000]",
-                                                 "client_test_split": "train[20000:]"})
+        resolve(get_preset("quick").with_overrides(data={"client_dataset": "cats_vs_dogs",
+                                                         "client_train_split": "train[:20000]",
+                                                         "client_test_split": "train[20000:]"}))

@@ -7,6 +7,7 @@ import pytest
 
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.record import read_record
+from cpcfl_tf.run_plan import resolve
 from helpers import ROOT, run_record_errors, script
 
 CONTRACT = ("experiment", "preset", "method", "pretraining", "config", "seeds", "clients",
@@ -99,7 +100,7 @@ def test_an_interrupted_run_needs_resume(smoke_run, tmp_path):
             raise Stop
 
     with pytest.raises(Stop):
-        run_federated(config, runner.data.clients(config), verbose=0,
+        run_federated(resolve(config), runner.data.clients(config), verbose=0,
                       checkpoint=tmp_path / ".fedavg-none.ckpt.npz", on_round=interrupt)
     with pytest.raises(UserError, match="interrupted .* --resume"):
         runner.run(spec)

@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from cpcfl_tf.config import Config
+from cpcfl_tf.config import ResolvedFederated
 from cpcfl_tf.data.sources import LabeledImages
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.clustered.backends import (LocalTraining, backend_of, batch_orders,
@@ -26,12 +26,13 @@ from cpcfl_tf.clustered.metrics import client_accuracy, pooled_scores
 from cpcfl_tf.clustered.clients import ClientArrays, Clients
 from cpcfl_tf.clustered.pool import build_template, initial_pool
 from cpcfl_tf.record import SCORES, Final, RunRecord
+from cpcfl_tf.run_plan import RunPlan
 
 
-def _train_pooled(config: Config, data: ClientArrays, encoder_weights, num_classes: int,
-                  epochs: int, seed: int):
+def _train_pooled(fl: ResolvedFederated, data: ClientArrays, encoder_weights,
+                  num_classes: int, epochs: int, seed: int):
     """Train one model per row of ``data`` (each row a pooled dataset), all at once."""
-    fl = dataclasses.replace(config.resolved().federated, num_clusters=data.num_clients)
+    fl = dataclasses.replace(fl, num_clusters=data.num_clients)
     template = build_template(fl, data.images.shape[2:], num_classes)
     backend = backend_of(template, fl)
     start = stack_models(initial_pool(fl, template, encoder_weights, seed=seed, attempt=0))
@@ -41,14 +42,14 @@ def _train_pooled(config: Config, data: ClientArrays, encoder_weights, num_class
     return backend, [unstack(trained, k) for k in range(data.num_clients)]
 
 
-def centralized_baseline(config: Config, clients: Clients, encoder_weights=None, *,
+def centralized_baseline(plan: RunPlan, clients: Clients, encoder_weights=None, *,
                          by_group: bool, seed: int | None = None) -> dict:
     """Accuracy (mean over clients' local test sets), F1 and AUROC of a centralized model.
 
     Returns the ``final`` part of a run record plus ``epochs``.
     """
-    seed = config.seed if seed is None else seed
-    fl = config.federated
+    seed = plan.config.seed if seed is None else seed
+    fl = plan.federated
     epochs = fl.centralized_epochs or fl.rounds * fl.local_epochs
     groups = np.unique(clients.groups) if by_group else np.array([0])
     member = clients.groups if by_group else np.zeros(clients.train.num_clients, np.int64)
@@ -58,37 +59,41 @@ def centralized_baseline(config: Config, clients: Clients, encoder_weights=None,
     pooled = ClientArrays(
         np.stack([clients.train.images[r].reshape(-1, *clients.train.images.shape[2:]) for r in rows]),
         np.stack([clients.train.labels[r].reshape(-1) for r in rows]))
-    backend, models = _train_pooled(config, pooled, encoder_weights, clients.num_classes,
+    backend, models = _train_pooled(fl, pooled, encoder_weights, clients.num_classes,
                                     epochs, seed)
     probs = client_probabilities(backend, models, np.searchsorted(groups, member), clients.test)
     return {"accuracy": float(client_accuracy(clients.test.labels, probs).mean()),
             **pooled_scores(clients.test.labels, probs), "epochs": epochs}
 
 
-def run_centralized(config: Config, clients: Clients, encoder_weights=None) -> RunRecord:
-    """A centralized baseline as a run record (no rounds, no clusters).
+def run_centralized(plan: RunPlan, clients: Clients, encoder_weights=None) -> RunRecord:
+    """A centralized baseline as a run record (no rounds, no clusters): the record keeps
+    the config as requested (a baseline has no N or Tc to resolve).
 
     ``federated.num_clusters`` says which: 1 pools all clients, the number of true groups
     pools them by group (tab:different_datasets' two centralized rows).
     """
+    config = plan.requested
     groups = len(np.unique(clients.groups))
     n = config.federated.num_clusters
     if n not in (1, groups):
         raise UserError(f"a centralized run takes federated.num_clusters 1 (all clients pooled) "
                         f"or {groups} (pooled by true group), got {n}")
     started = time.perf_counter()
-    result = centralized_baseline(config, clients, encoder_weights, by_group=n > 1)
+    result = centralized_baseline(plan, clients, encoder_weights, by_group=n > 1)
     seconds = time.perf_counter() - started
     final = Final(result["accuracy"], {k: result[k] for k in SCORES}, epochs=result["epochs"])
     return RunRecord(config, config, {"data": config.seed, "train": config.seed},
                      clients.records, [], final, {"seconds": seconds, "seconds_per_round": None})
 
 
-def supervised_encoder(config: Config, labeled: LabeledImages, *, epochs: int,
+def supervised_encoder(plan: RunPlan, labeled: LabeledImages, *, epochs: int,
                        seed: int | None = None) -> list[np.ndarray]:
     """Encoder weights from supervised pre-training: encoder + theta_c trained with labels
-    on ``labeled`` (the paper: CIFAR-100), then the head is dropped."""
-    seed = config.seed if seed is None else seed
+    on ``labeled`` (the paper: CIFAR-100), then the head is dropped. ``plan``'s federated
+    settings (batch, learning rate, head) are the training's."""
+    seed = plan.config.seed if seed is None else seed
     data = ClientArrays(labeled.images[None], labeled.labels[None])
-    backend, (model,) = _train_pooled(config, data, None, labeled.num_classes, epochs, seed)
+    backend, (model,) = _train_pooled(plan.federated, data, None, labeled.num_classes,
+                                      epochs, seed)
     return model[:backend.num_encoder]

@@ -7,11 +7,12 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from cpcfl_tf.config import Config, FederatedConfig, resolved_only
+from cpcfl_tf.config import FederatedConfig, resolved_only
 from cpcfl_tf.clustered import algorithm
 from cpcfl_tf.clustered.methods import METHODS
 from cpcfl_tf.models import ENCODER_DIMS, build_classifier, build_classifier_head, build_encoder
 from cpcfl_tf.record import Final, Round, RunRecord
+from cpcfl_tf.run_plan import RunPlan
 
 
 def build_template(fl: FederatedConfig, input_shape, num_classes: int) -> keras.Model:
@@ -59,14 +60,14 @@ def initial_state(fl: FederatedConfig, template: keras.Model, encoder_weights, *
         METHODS[fl.method].rule.remember(fl, answers))
 
 
-def federated_record(config: Config, train_seed: int, progress: algorithm.Progress,
+def federated_record(plan: RunPlan, train_seed: int, progress: algorithm.Progress,
                      state: algorithm.ServerState, accuracy: float | None, *,
                      clients: list[dict] | None = None, **final) -> RunRecord:
     """A federated run's record as every driver writes it (this simulator, the Flower
     ServerApp): the resolved and requested config, seeds, its rounds, what was sent and
     how long it took; ``final`` adds the driver's own metrics (scores and ARI where the
     true groups are known, each node's accuracy on Flower)."""
-    resolved = config.resolved()
+    resolved, config = plan.config, plan.requested
     return RunRecord(
         resolved, config, {"data": config.seed, "train": train_seed}, list(clients or []),
         [Round.from_json(r) for r in progress.history],

@@ -21,7 +21,7 @@ from typing import Callable
 import numpy as np
 
 from cpcfl_tf.compat import without_added
-from cpcfl_tf.config import Config, FederatedConfig
+from cpcfl_tf.config import FederatedConfig
 from cpcfl_tf.errors import DivergedError, UserError
 from cpcfl_tf.clustered import algorithm
 from cpcfl_tf.clustered.backends import (ClientMoments, LocalTraining, backend_of,
@@ -33,6 +33,7 @@ from cpcfl_tf.clustered.pool import build_template, federated_record, initial_st
 from cpcfl_tf.clustered.methods import get_method
 from cpcfl_tf.record import Round, RunRecord
 from cpcfl_tf.results import read_file, weights_fingerprint, write_atomic
+from cpcfl_tf.run_plan import RunPlan
 
 
 def _save(path: Path, fingerprint: str, state: algorithm.ServerState, progress: algorithm.Progress,
@@ -78,18 +79,18 @@ def _load(path: Path, fingerprint: str
             progress, moments)
 
 
-def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
+def run_federated(plan: RunPlan, clients: Clients, *, encoder_weights=None,
                   checkpoint: str | Path | None = None, train_seed: int | None = None,
                   verbose: int = 1,
                   on_round: Callable[[dict, algorithm.ServerState], None] | None = None,
                   max_clients: int | None = None, diagnose: int = 0
                   ) -> tuple[RunRecord, algorithm.ServerState]:
-    """Run ``config.federated`` on ``clients``.
+    """Run ``plan.federated`` on ``clients``.
 
     Parameters
     ----------
-    config
-        The run's configuration; ``config.resolved().federated`` is what runs.
+    plan
+        The run's plan (:func:`cpcfl_tf.run_plan.resolve`).
     clients
         From :func:`cpcfl_tf.clustered.clients.make_clients`.
     encoder_weights
@@ -121,8 +122,10 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
         contract's metrics, ARI, restarts and bytes sent); the runner adds ``experiment``
         and ``environment``. ``state`` is the final server state (the pool of models).
     """
-    resolved = config.resolved()
-    fl = resolved.federated
+    if not isinstance(plan, RunPlan):
+        raise TypeError("run_federated takes the run's plan, resolve(config), got "
+                        f"{type(plan).__name__}")
+    config, fl = plan.requested, plan.federated
     seed = config.seed if train_seed is None else train_seed
     shape = clients.train.images.shape[2:]
     template = build_template(fl, shape, clients.num_classes)
@@ -167,7 +170,7 @@ def run_federated(config: Config, clients: Clients, *, encoder_weights=None,
         diagnose=diagnose)
     last = Round.from_json(progress.history[-1])
     record = federated_record(
-        config, seed, progress, state, last.accuracy, scores=last.scores,
+        plan, seed, progress, state, last.accuracy, scores=last.scores,
         ari=cluster_ari(clients.groups, np.array(progress.assigned, np.int64)),
         clients=clients.records)
     return record, state

@@ -35,6 +35,7 @@ from cpcfl_tf.clustered.clients import Clients
 from cpcfl_tf.clustered.methods import FEDAVG_ENCODER_RUN, PRETRAIN_METHODS
 from cpcfl_tf.record import RunRecord
 from cpcfl_tf.results import cache_root, read_weights, write_weights
+from cpcfl_tf.run_plan import resolve
 from cpcfl_tf.scalars import ScalarLog
 from cpcfl_tf.pretraining.methods import FEDERATED_STARTS
 from cpcfl_tf.clustered.starts import START
@@ -199,7 +200,7 @@ class StartingEncoders:
                                manual_dir=data.manual_dir)
         budget = config.with_overrides(federated={"batch_size": pre.batch_size,
                                                   "learning_rate": pre.learning_rate})
-        weights = supervised_encoder(budget, labeled, epochs=pre.epochs,
+        weights = supervised_encoder(resolve(budget), labeled, epochs=pre.epochs,
                                      seed=config.pretrain_seed)
         write_weights(out / "encoder.npz", weights)
         (out / "source.json").write_text(json.dumps(
@@ -237,7 +238,7 @@ def fedavg_encoder(config: Config, clients: Clients, *, checkpoint: str | Path |
     """
     from cpcfl_tf.clustered.simulator import run_federated  # TensorFlow: only when it runs
 
-    record, state = run_federated(fedavg_config(config), clients, checkpoint=checkpoint,
+    record, state = run_federated(resolve(fedavg_config(config)), clients, checkpoint=checkpoint,
                                   verbose=verbose)
     return pool_encoder(state), record
 

@@ -303,12 +303,18 @@ class Split:
         return f"{self.base}[{'' if self.start is None else self.start}:{'' if self.stop is None else self.stop}]"
 
 
+def check_split_text(split: str) -> re.Match:
+    """``split`` read as a split's text (no dataset is looked at)."""
+    match = _SPLIT.match(split.strip()) if isinstance(split, str) else None
+    if not match:
+        raise UserError(f"cannot read split {split!r}; write it like 'train' or 'train[50000:]'")
+    return match
+
+
 def parse_split(dataset: str, split: str) -> Split:
     """Parse and validate ``split`` for ``dataset``; an empty selection is an error."""
     spec = get_spec(dataset)
-    match = _SPLIT.match(split.strip())
-    if not match:
-        raise UserError(f"cannot read split {split!r}; write it like 'train' or 'train[50000:]'")
+    match = check_split_text(split)
     base = match["base"]
     bounds = [int(v) if v not in (None, "") else None for v in (match["start"], match["stop"])]
     parsed = Split(base, *bounds)

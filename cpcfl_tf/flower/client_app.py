@@ -36,7 +36,7 @@ from cpcfl_tf.errors import UserError
 from cpcfl_tf.flower import checks
 from cpcfl_tf.flower.common import (class_names, from_record, models_from_records, run_config,
                                    to_record)
-from cpcfl_tf.clustered.methods import METHODS
+from cpcfl_tf.run_plan import resolve
 
 app = ClientApp()
 
@@ -53,16 +53,17 @@ def _checked(run_items: tuple, partition_id: int):
 
 @functools.lru_cache(maxsize=1)
 def _backend(run_items: tuple):
-    """The run's config and a backend, built once per process and run: under the
+    """The run's plan and a backend, built once per process and run: under the
     Simulation Engine one process serves many partitions of a run."""
     from cpcfl_tf.clustered.backends import backend_of
     from cpcfl_tf.clustered.pool import build_template
 
-    config = run_config(dict(run_items))
-    fl, size = config.resolved().federated, config.data.image_size
-    template = build_template(fl, (size, size, 3), len(class_names(dict(run_items))))
+    run = resolve(run_config(dict(run_items)))
+    size = run.config.data.image_size
+    template = build_template(run.federated, (size, size, 3),
+                              len(class_names(dict(run_items))))
     _template_weights[run_items] = template.get_weights()
-    return config, backend_of(template, fl)
+    return run, backend_of(template, run.federated)
 
 
 _template_weights: dict[tuple, list] = {}
@@ -133,20 +134,20 @@ def _own(run_items: tuple, path: str):
 
 
 def _node(context: Context):
-    """Config, this node's (train, test) data, the backend and its true group (``None``
-    when the node brought its own data and no ``group`` in its node config)."""
+    """The run's plan, this node's (train, test) data, the backend and its true group
+    (``None`` when the node brought its own data and no ``group`` in its node config)."""
     run_items = tuple(sorted(context.run_config.items()))
-    config, backend = _backend(run_items)
+    run, backend = _backend(run_items)
     path = context.node_config.get("data-path")
     if path is not None:
         train, test = _own(run_items, str(path))
         group = context.node_config.get("group")
-        return config, train, test, backend, None if group is None else int(group)
+        return run, train, test, backend, None if group is None else int(group)
     partition_id = int(context.node_config["partition-id"])
     _checked(run_items, partition_id)
     clients = _partition(run_items)
     own = np.array([partition_id])
-    return (config, clients.train.subset(own), clients.test.subset(own), backend,
+    return (run, clients.train.subset(own), clients.test.subset(own), backend,
             int(clients.groups[partition_id]))
 
 
@@ -225,9 +226,8 @@ def query(msg: Message, context: Context) -> Message:
     # Once before training, what the method's rule asks (cpcfl_tf.clustered.rules): only now data.
     client = int(settings["client-id"])
     _addressed(settings, context)
-    config, data, _, _, group = _node(context)
-    rule = METHODS[config.federated.method].rule
-    answer = rule.answer(dict(settings), data.images[0], group)
+    run, data, _, _, group = _node(context)
+    answer = run.rule.answer(dict(settings), data.images[0], group)
     return _reply(msg, metrics=MetricRecord({"client-id": client}), answer=to_record([answer]))
 
 
@@ -282,10 +282,10 @@ def train(msg: Message, context: Context) -> Message:
         return _pretrain(msg, context)
     client, num_clients = int(settings["client-id"]), int(settings["num-clients"])
     _addressed(settings, context)
-    config, data, _, backend, _ = _node(context)
-    fl = config.resolved().federated
+    run, data, _, backend, _ = _node(context)
+    fl = run.federated
     # The round's plan, drawn from the seeds exactly as the server and the simulator draw it.
-    plan = algorithm.plan_round(fl, config.seed, int(settings["attempt"]), int(settings["round"]),
+    plan = algorithm.plan_round(fl, run.config.seed, int(settings["attempt"]), int(settings["round"]),
                                 num_clients)
     row = int(np.searchsorted(plan.participants, client))
     models = _models(msg, tuple(sorted(context.run_config.items())))

@@ -48,6 +48,7 @@ from cpcfl_tf.clustered.methods import METHODS, plugins_used
 from cpcfl_tf.pretraining.methods import FEDERATED_STARTS
 from cpcfl_tf.record import write_record
 from cpcfl_tf.results import prepare_out_dir
+from cpcfl_tf.run_plan import check_data, resolve
 
 app = ServerApp()
 
@@ -391,6 +392,7 @@ def main(grid: Grid, context: Context) -> None:
 
     settings = dict(context.run_config)
     config = run_config(settings)
+    check_data(config)  # before any wait: the plan is made once the nodes are known
     classes = class_names(settings)
     timeout = float(settings.get("round-timeout", 300.0))
     wanted = int(settings.get("min-nodes", 0)) or config.partition.num_clients
@@ -415,7 +417,8 @@ def main(grid: Grid, context: Context) -> None:
     else:
         print(f"[cpcfl] {len(client_of)} nodes: partitions {sorted(client_of.values())}",
               flush=True)
-    fl = config.resolved().federated
+    run = resolve(config)
+    fl = run.federated
     num_clients = config.partition.num_clients
 
     names = (None if node_data is None else
@@ -449,7 +452,7 @@ def main(grid: Grid, context: Context) -> None:
     accuracy = federation.scores  # the last round's
     # The server never sees the clients' data: no class counts, no true groups, no ARI.
     record = dataclasses.replace(
-        federated_record(config, config.seed, progress, state,
+        federated_record(run, config.seed, progress, state,
                          float(np.mean(list(accuracy.values()))) if accuracy else None,
                          client_accuracy={str(k): v for k, v in sorted(accuracy.items())}),
         experiment="flower", environment=run_environment(encoder_weights, plugins_used(

@@ -1,0 +1,173 @@
+"""A run's plan: its :class:`~cpcfl_tf.config.Config` resolved, once.
+
+A ``Config`` is the request. Building it checks each value on its own and the names
+between sections; it reads no folder and calls no tfds builder. :func:`resolve` turns it
+into a :class:`RunPlan`, once per run:
+
+* it checks what needs the data: the splits exist, the clients' splits hold labels,
+  the three sets are disjoint, there are images enough for the clients and for the
+  unlabeled deal (:func:`check_data`). These are one-line errors, raised before anything
+  is written;
+* it resolves the method as it runs: its rule, its start, N, Tc and the method's
+  options, and the pre-training the start needs.
+
+The algorithm, the simulator, the centralized baselines, both Flower apps and the runner
+take the plan and never resolve again. A run record keeps ``plan.config`` (resolved) and
+``plan.requested``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from cpcfl_tf.clustered.methods import METHODS, Method
+from cpcfl_tf.clustered.rules import Rule
+from cpcfl_tf.clustered.starts import START, Start
+from cpcfl_tf.config import Config, ResolvedFederated, as_resolved
+from cpcfl_tf.errors import UserError
+from cpcfl_tf.pretraining.methods import FEDERATED_STARTS, SSL_METHODS, FederatedSSL
+
+
+@dataclasses.dataclass(frozen=True)
+class Pretraining:
+    """The pre-training a run's start needs: the server's self-supervised one (``method``
+    with its ``settings``), the supervised one (``method`` "supervised", no settings), or
+    a federated one (``federated`` with its own settings, of ``method``)."""
+
+    method: str
+    settings: dict[str, Any]
+    """Every setting of ``method`` with the value it runs with (empty: supervised)."""
+    seed: int
+    """The pre-training's seed (:attr:`~cpcfl_tf.config.Config.pretrain_seed`)."""
+    federated: FederatedSSL | None = None
+    federated_settings: dict[str, Any] | None = None
+    """The federated pre-training's settings, defaults filled in (``rounds`` may still be
+    None: the server's passes)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """What one run runs (:func:`resolve`)."""
+
+    config: Config
+    """The config as the method runs it: ``config.federated`` is the
+    :class:`~cpcfl_tf.config.ResolvedFederated` (N, Tc and options as used)."""
+    requested: Config
+    """The config as it was asked for."""
+    method: Method
+    start: Start
+    pretraining: Pretraining | None
+    """None: the start pre-trains nothing (random weights, IFCA (FedAvg)'s encoder)."""
+
+    @property
+    def federated(self) -> ResolvedFederated:
+        return self.config.federated
+
+    @property
+    def rule(self) -> Rule:
+        return self.method.rule
+
+    @property
+    def num_models(self) -> int:
+        """N."""
+        return self.config.federated.num_clusters
+
+    @property
+    def head_rounds(self) -> int:
+        """Tc."""
+        return self.config.federated.head_rounds
+
+    @property
+    def options(self) -> dict[str, float] | None:
+        """The method's options with the values used (None: it has none)."""
+        return self.config.federated.options
+
+
+def resolve(config: Config) -> RunPlan:
+    """``config``'s plan. A config read back from a record is resolved already (its
+    ``federated`` is the resolved type) and is its own request."""
+    check_data(config)
+    fl, p = config.federated, config.partition
+    method = METHODS[fl.method]
+    if isinstance(fl, ResolvedFederated):
+        resolved = config
+    else:
+        resolved = dataclasses.replace(config, federated=as_resolved(dataclasses.replace(
+            fl, num_clusters=method.num_models(fl.num_clusters, p.num_clients, p.num_groups),
+            head_rounds=method.head_rounds(fl.pretraining, fl.head_rounds),
+            options=method.resolve_options(fl.options))))
+    return RunPlan(resolved, config, method, START[fl.pretraining], _pretraining(config))
+
+
+def _pretraining(config: Config) -> Pretraining | None:
+    start, seed = config.federated.pretraining, config.pretrain_seed
+    if start in FEDERATED_STARTS:
+        federated, method = FEDERATED_STARTS[start]
+        return Pretraining(method, config.pretrain.settings(method), seed, federated,
+                           config.federated_ssl_settings())
+    if start in SSL_METHODS:
+        return Pretraining(start, config.pretrain.settings(start), seed)
+    if start == "supervised":
+        return Pretraining(start, {}, seed)
+    return None
+
+
+def check_data(config: Config) -> None:
+    """Refuse, in one line, a config its data cannot hold: every check that reads a
+    dataset's facts (a folder's contents, a tfds builder's split sizes). Arithmetic only:
+    no image is read."""
+    from cpcfl_tf.data.partition import check_split_sizes, make_group_classes
+    from cpcfl_tf.data.sources import get_spec, parse_split, split_size
+
+    d, p = config.data, config.partition
+    parse_split(d.pretrain_dataset, d.pretrain_split)
+    spec = get_spec(d.client_dataset)
+    for split in (d.client_train_split, d.client_test_split):
+        base = parse_split(d.client_dataset, split).base
+        if base in spec.unlabeled_splits:
+            raise UserError(f"client data must be labeled, but {d.client_dataset}:{base} "
+                            "has no labels")
+    # The server's images, the clients' training and test images: three disjoint sets.
+    named = [("data.pretrain_split", d.pretrain_dataset, d.pretrain_split),
+             ("data.client_train_split", d.client_dataset, d.client_train_split),
+             ("data.client_test_split", d.client_dataset, d.client_test_split)]
+    for (a, a_set, a_split), (b, b_set, b_split) in ((named[0], named[1]),
+                                                     (named[0], named[2]),
+                                                     (named[1], named[2])):
+        first, second = parse_split(a_set, a_split), parse_split(b_set, b_split)
+        size = get_spec(a_set).splits.get(first.base)
+        if a_set == b_set and first.overlaps(second, size):
+            raise UserError(f"{a} {a_split!r} and {b} {b_split!r} share images of {a_set}; "
+                            "make them disjoint (e.g. train[:50000] and train[50000:])")
+    if p.kind == "groups":
+        make_group_classes(p.num_groups, p.classes_per_group, p.class_overlap,
+                           spec.num_classes)
+    _check_deal(config)
+    splits = (d.client_train_split, d.client_test_split)
+    if p.kind != "own" and all(parse_split(d.client_dataset, s).base in spec.splits
+                               for s in splits):
+        # Impossible client counts fail here, by arithmetic, before any image is read.
+        check_split_sizes(p.num_clients, p.class_counts, p.test_fraction, p.disjoint,
+                          p.kind, tuple(split_size(d.client_dataset, s) for s in splits),
+                          tuple(f"{d.client_dataset}:{s}" for s in splits))
+
+
+def _check_deal(config: Config) -> None:
+    """A federated start's unlabeled deal: labels to deal by group where it needs them,
+    a batch for every client."""
+    from cpcfl_tf.data.sources import get_spec, parse_split, split_size
+    from cpcfl_tf.data.unlabeled import check_deal
+
+    if config.federated.pretraining not in FEDERATED_STARTS:
+        return
+    d, where = config.data, config.partition.unlabeled
+    base = parse_split(d.pretrain_dataset, d.pretrain_split).base
+    spec = get_spec(d.pretrain_dataset)
+    if where == "groups" and base in spec.unlabeled_splits:
+        raise UserError(f"the groups deal needs labels to deal {d.pretrain_dataset}:"
+                        f"{d.pretrain_split}'s images by class, and it has none; set "
+                        "partition.unlabeled=iid")
+    if config.partition.kind != "own" and base in spec.splits:
+        check_deal(split_size(d.pretrain_dataset, d.pretrain_split),
+                   config.partition.num_clients, config.federated_ssl_settings()["batch_size"],
+                   f"{d.pretrain_dataset}:{d.pretrain_split}")
