@@ -50,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         pretrain={"epochs": args.epochs,
                   "options": {algorithm: {"rounds": args.epochs, "local_epochs": 1}}})
 
-    from cpcfl_tf.pretraining.federated_pretrain import federated_pretrain, plan
+    from cpcfl_tf.pretraining.federated_pretrain import federated_pretrain, federated_plan
     from cpcfl_tf.pretraining.pretrain import load_pretrain_images, pretrain
     from cpcfl_tf.data.unlabeled import deal_unlabeled
     from cpcfl_tf.results import write_json
@@ -58,9 +58,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     images = load_pretrain_images(config.data)
     if args.images:
         images = images[:args.images]
-    batch = plan(config)["settings"]["batch_size"]
+    batch = federated_plan(config)["settings"]["batch_size"]
     rows = deal_unlabeled("iid", len(images), clients, seed=config.seed, batch_size=batch)
-    method = plan(config)["method"]
+    method = federated_plan(config)["method"]
     with tempfile.TemporaryDirectory() as tmp:
         server = pretrain(config.pretrain, images, Path(tmp) / "server", method=method,
                           seed=config.seed, verbose=1)

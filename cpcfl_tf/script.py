@@ -120,7 +120,7 @@ class Session:
         """Whether the row ``key`` is among ``--methods`` (always, without the option)."""
         return key in getattr(self.args, "methods", [key])
 
-    def plan(self, specs: Sequence[RunSpec], also: Sequence[str] = ()) -> list[RunSpec]:
+    def kept(self, specs: Sequence[RunSpec], also: Sequence[str] = ()) -> list[RunSpec]:
         """The runs of ``specs`` that ``--methods`` keeps. With ``--dry-run``: print the
         settings that differ from the preset and what each run would do (then the lines
         ``also``: work that is not a run), then stop (exit 0) having touched nothing."""
@@ -164,7 +164,7 @@ class Session:
 
     def run_all(self, specs: Sequence[RunSpec]) -> dict[str, RunRecord]:
         """Run (or load) the planned runs of ``specs``, by name."""
-        return {spec.name: self.runner.run(spec) for spec in self.plan(specs)}
+        return {spec.name: self.runner.run(spec) for spec in self.kept(specs)}
 
     def run_or_read(self, specs: Sequence[RunSpec], only_finished: bool = False
                     ) -> tuple[list[tuple[RunSpec, RunRecord]], list[RunSpec]]:
@@ -172,7 +172,7 @@ class Session:
         specs without one. ``only_finished`` (a script's ``--report``): make no run, read
         the records finished in the output folder and leave the rest as missing."""
         done, missing = [], []
-        for spec in self.plan(specs):
+        for spec in self.kept(specs):
             record = (self.runner.finished(spec) if only_finished
                       else self.runner.run(spec))
             if record is None:

@@ -87,7 +87,7 @@ def make_missing(session, evidence_: Evidence, chosen: list[Claim]) -> None:
                 if key not in done:
                     done.add(key)
                     todo.append(evidence_.spec(name, seed))
-    session.plan([t for t in todo if isinstance(t, RunSpec)],
+    session.kept([t for t in todo if isinstance(t, RunSpec)],
                  also=[f"seed{t.seed}-linear-eval: to run" for t in todo
                        if isinstance(t, LinearEval)] + complete)
     for step in todo:

@@ -30,7 +30,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     specs = {(n, spec.key): spec for n, t in grid
              for spec in comparison_specs(f"c{n}-", partition=clients_partition(config, n),
                                           federated={"rounds": t})}
-    session.plan(list(specs.values()))
+    session.kept(list(specs.values()))
     records = {key: session.runner.run(spec) for key, spec in specs.items() if session.wanted(key[1])}
     labels = {name: label for name, label in LABELS.items() if session.wanted(name)}
 

@@ -100,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"pair {pair.label} stands for the paper's {pair.paper} "
               f"({'related' if pair.related else 'unrelated'})")
     runs = specs(config)
-    kept = {s.name for s in session.plan([spec for pair in pairs for spec in runs[pair.key]])}
+    kept = {s.name for s in session.kept([spec for pair in pairs for spec in runs[pair.key]])}
     records = {(pair.key, spec.key): session.runner.run(spec)
                for pair in pairs for spec in runs[pair.key] if spec.name in kept}
     scores = relevance_scores(session, pairs, runs)

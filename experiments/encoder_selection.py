@@ -138,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     specs = [] if args.no_runs else [
         RunSpec(f"seed{seed}-cp-cfl-{m}", "cp-cfl", m, seed=seed, row=m)
         for seed in seeds for m in args.methods]
-    specs = session.plan(specs, also=[f"{m} seed {seed}: {label(c)}" for seed in seeds
+    specs = session.kept(specs, also=[f"{m} seed {seed}: {label(c)}" for seed in seeds
                                       for m, cs in plan.items() for c in cs])
     rows = score_candidates(session, plan, seeds)
     selected = choose(rows)

@@ -77,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for spec in specs_for(seeds):  # a start the settings cannot run: refused, nothing written
         check_data(spec.config(config))
     session = SCRIPT.session(args)
-    specs = session.plan(specs_for(seeds))
+    specs = session.kept(specs_for(seeds))
     records, encoders = {}, {}
     for seed in seeds:  # a seed's runs, then its encoders' scores: kept as they come
         done, _ = session.run_or_read([s for s in specs if s.seed == seed], args.report)

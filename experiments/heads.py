@@ -38,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                                        federated={"head": head}, data=pair.data,
                                        partition=pair.partition)
              for pair in pairs for head in HEADS}
-    session.plan(list(specs.values()))
+    session.kept(list(specs.values()))
     records = {key: session.runner.run(spec) for key, spec in specs.items()}
 
     from cpcfl_tf.plots import plot_accuracy_curves

@@ -149,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     session = SCRIPT.start(argv)
     config, out = session.config, session.out
     records, probes = {}, {}
-    for spec in session.plan(SPECS):
+    for spec in session.kept(SPECS):
         probe = probe_for(session.runner, spec)
         records[spec.name] = session.runner.run(spec, on_round=probe)
         probes[spec.name] = read_probe(out / f"{spec.name}.rounds.json")

@@ -30,7 +30,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     session = SCRIPT.start(argv)
     config = session.config
     data = PAPER_DATA if config.preset == "paper" else {}
-    records = {spec.key: session.runner.run(spec) for spec in session.plan(
+    records = {spec.key: session.runner.run(spec) for spec in session.kept(
         [RunSpec(f"cp-cfl-{pre}", "cp-cfl", pre, data=data, row=pre) for pre in LABELS])}
 
     from cpcfl_tf.plots import plot_accuracy_curves

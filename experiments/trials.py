@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     config, args = session.config, session.args
     if args.trials < 1:
         raise UserError(f"--trials must be >= 1, got {args.trials}")
-    specs = session.plan([spec for k in range(args.trials) for spec in [
+    specs = session.kept([spec for k in range(args.trials) for spec in [
         *comparison_specs(f"trial{k + 1}-", seed=args.seed + k),
         RunSpec(f"trial{k + 1}-{FIXED}", "cp-cfl-restart", "simclr", seed=args.seed + k,
                 row=FIXED)]])  # after its CP-CFL run, which it is where the rule never fires

@@ -209,13 +209,13 @@ def test_the_server_receives_online_weights_and_counts_only(tmp_path, monkeypatc
     from cpcfl_tf.pretraining.pretrain import build_contrastive_model
 
     seen = []
-    real = fedavg_ssl.FedAvgSSL.aggregate
+    real = fedavg_ssl.FedAvgSSL.average
 
     def spy(uploads, counts):
         seen.append((uploads, counts))
         return real(uploads, counts)
 
-    monkeypatch.setattr(fedavg_ssl.FedAvgSSL, "aggregate", staticmethod(spy))
+    monkeypatch.setattr(fedavg_ssl.FedAvgSSL, "average", staticmethod(spy))
     config = smoke("fed-byol", rounds=1).with_overrides(
         partition={"num_clients": 3, "num_groups": 3})
     images = [np.full((40 + 10 * k, 32, 32, 3), k, np.uint8) for k in range(3)]
@@ -417,18 +417,18 @@ def _round_of(uploads, counts, reached, failed=()):
     import types
 
     from cpcfl_tf.pretraining.fedavg_ssl import FedAvgSSL
-    from cpcfl_tf.pretraining.federated_pretrain import Replies, new_totals, run_rounds
+    from cpcfl_tf.pretraining.federated_pretrain import Uploads, new_totals, pretrain_rounds
 
     results = [{"seconds": 1.0, "steps": 2, "loss": 0.5, "embedding_std": 0.1}
                for _ in uploads]
-    clients = types.SimpleNamespace(train=lambda weights, r, chosen: Replies(
+    clients = types.SimpleNamespace(train=lambda weights, r, chosen: Uploads(
         uploads, list(counts), results, reached, list(failed)))
     trainer = types.SimpleNamespace(settings={"rounds": 1, "participation": 1.0,
                                               "batch_size": 16},
                                     seed=0, algorithm=FedAvgSSL({}))
     start = [np.zeros((4, 5), np.float32), np.zeros(3, np.float32)]  # 80 + 12 bytes
     totals = new_totals()
-    weights = run_rounds(trainer, clients, reached, start, totals)
+    weights = pretrain_rounds(trainer, clients, reached, start, totals)
     return weights, totals
 
 

@@ -640,7 +640,7 @@ def test_a_node_without_a_batch_of_unlabeled_images_is_refused_for_a_federated_p
 
 def test_the_servers_pretraining_stage_is_the_simulators_and_leaves_a_failed_node_out(
         tmp_path, capsys):
-    # The ServerApp's first stage runs the simulator's loop (federated_pretrain.run_rounds)
+    # The ServerApp's first stage runs the simulator's loop (federated_pretrain.pretrain_rounds)
     # with the nodes as its clients. A node that fails round 2 is left out of that round:
     # the global parts are the others' average, as the loop's own clients give when that
     # client is dropped, and the ServerApp says so.
@@ -674,14 +674,14 @@ def test_the_servers_pretraining_stage_is_the_simulators_and_leaves_a_failed_nod
     images = unlabeled_for(config)
     trainer = fp.LocalTrainer(config, images[0].shape[1:])
     states = [ClientState() for _ in images]
-    weights = fp.run_rounds(trainer, Dropping(trainer, images, states), 3, trainer.initial(),
+    weights = fp.pretrain_rounds(trainer, Dropping(trainer, images, states), 3, trainer.initial(),
                             fp.new_totals())
     set_parts(trainer.shared, weights)
     assert record["environment"]["starting_encoder"] == weights_fingerprint(
         trainer.model.encoder.get_weights())
     # Without the failure the loop gives another encoder: the check above can fail.
     full = fp.LocalTrainer(config, images[0].shape[1:])
-    set_parts(full.shared, fp.run_rounds(full, fp.LocalClients(full, images, [
+    set_parts(full.shared, fp.pretrain_rounds(full, fp.LocalClients(full, images, [
         ClientState() for _ in images]), 3, full.initial(), fp.new_totals()))
     assert weights_fingerprint(full.model.encoder.get_weights()) != \
         record["environment"]["starting_encoder"]

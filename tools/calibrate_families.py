@@ -97,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     best = BASES[int(np.argmax(mean_ari))]  # the smallest p of the best mean ARI
 
     # CFL: the norms with splitting off.
-    specs = session.plan(norm_specs(HELD_OUT[:args.seeds]))
+    specs = session.kept(norm_specs(HELD_OUT[:args.seeds]))
     records = {spec.name: session.runner.run(spec) for spec in specs}
     split_after = NO_SPLIT["split_after"]
     measured = {name: plateau(r, split_after) for name, r in records.items()}

@@ -107,9 +107,9 @@ class StartingEncoders:
     @staticmethod
     def federated_rounds(config: Config) -> int:
         """The rounds of ``config``'s federated pre-training."""
-        from cpcfl_tf.pretraining.federated_pretrain import plan
+        from cpcfl_tf.pretraining.federated_pretrain import federated_plan
 
-        return plan(config)["settings"]["rounds"]
+        return federated_plan(config)["settings"]["rounds"]
 
     def status(self, config: Config) -> str:
         """Where ``config``'s starting encoder would come from now (nothing is built)."""

@@ -314,7 +314,7 @@ class _PretrainNodes:
         """Client id -> its unlabeled images: the most a reply's ``num-examples`` may say."""
 
     def train(self, global_weights, round_: int, chosen: np.ndarray):
-        from cpcfl_tf.pretraining.federated_pretrain import Replies
+        from cpcfl_tf.pretraining.federated_pretrain import Uploads
 
         wanted, online = set(chosen.tolist()), set(self.grid.get_node_ids())
         contents = {node: RecordDict({
@@ -335,7 +335,7 @@ class _PretrainNodes:
         by_client = sorted(((int(m.content["metrics"]["client-id"]), m) for m in checked),
                            key=lambda pair: pair[0])  # the simulator's order
         metrics = [dict(m.content["metrics"]) for _, m in by_client]
-        return Replies([from_record(m.content["model"]) for _, m in by_client],
+        return Uploads([from_record(m.content["model"]) for _, m in by_client],
                        [int(m["num-examples"]) for m in metrics], metrics, len(contents),
                        sorted(wanted - {k for k, _ in by_client}))
 
@@ -344,10 +344,10 @@ def _pretrain_stage(grid: Grid, client_of: dict[int, int], config, timeout: floa
                     names: dict[int, str] | None, unlabeled: dict[int, int]
                     ) -> list[np.ndarray]:
     """The federated self-supervised pre-training as the run's first stage: the
-    simulator's rounds (:func:`~cpcfl_tf.pretraining.federated_pretrain.run_rounds`,
+    simulator's rounds (:func:`~cpcfl_tf.pretraining.federated_pretrain.pretrain_rounds`,
     seeded the same) with the nodes as its clients. Returns the global encoder."""
     from cpcfl_tf.pretraining.fedavg_ssl import set_parts
-    from cpcfl_tf.pretraining.federated_pretrain import LocalTrainer, new_totals, run_rounds
+    from cpcfl_tf.pretraining.federated_pretrain import LocalTrainer, new_totals, pretrain_rounds
 
     size = config.data.image_size
     server = LocalTrainer(config, (size, size, 3))  # its seeded init and its averaging only
@@ -364,7 +364,7 @@ def _pretrain_stage(grid: Grid, client_of: dict[int, int], config, timeout: floa
         examples = {k: len(images) for k, images in enumerate(unlabeled_for(config))}
     else:  # own data: what each node reported in the roster
         examples = {k: int(unlabeled[k]) for k in names if k in unlabeled}
-    weights = run_rounds(server, _PretrainNodes(grid, client_of, timeout, names, examples),
+    weights = pretrain_rounds(server, _PretrainNodes(grid, client_of, timeout, names, examples),
                          config.partition.num_clients, server.initial(), totals, after=after)
     print(f"[cpcfl] {start}: {totals['bytes_down'] / 1e6:.1f} MB of online parts down, "
           f"{totals['bytes_up'] / 1e6:.1f} MB up", flush=True)

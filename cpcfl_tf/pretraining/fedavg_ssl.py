@@ -9,7 +9,7 @@ A round (:func:`cpcfl_tf.pretraining.federated_pretrain.federated_pretrain` runs
 2. it runs E_p local epochs of the method's own training step on its unlabeled images;
 3. it keeps what stays on the client (:meth:`FedAvgSSL.local_end`: BYOL's target) and
    sends its online parts and its image count;
-4. the server averages the online parts by image count (:meth:`FedAvgSSL.aggregate`).
+4. the server averages the online parts by image count (:meth:`FedAvgSSL.average`).
 
 What travels: the online encoder, projector and predictor (EasyFL fedssl's FedBYOL:
 ``--aggregate_encoder online --update_encoder online --update_predictor global``); BYOL's
@@ -119,7 +119,7 @@ class FedAvgSSL:
         return get_parts(self.shared(model))
 
     @staticmethod
-    def aggregate(uploads: list[Weights], counts: list[int]) -> Weights:
+    def average(uploads: list[Weights], counts: list[int]) -> Weights:
         """The average of ``uploads`` weighted by the clients' image counts."""
         share = np.asarray(counts, dtype=np.float64) / float(sum(counts))
         return [sum(s * u[i].astype(np.float64) for s, u in zip(share, uploads)).astype(

@@ -42,7 +42,7 @@ from cpcfl_tf.results import CACHE_FIX, cache_root, prepare_out_dir, write_atomi
 from cpcfl_tf.pretraining.methods import FEDERATED_STARTS
 
 
-def plan(config: Config) -> dict:
+def federated_plan(config: Config) -> dict:
     """The federated pre-training ``config`` starts from, resolved: its name, method,
     settings (rounds resolved) and deal."""
     start = config.federated.pretraining
@@ -59,7 +59,7 @@ def identity(config: Config) -> dict:
     the method's settings in the server's layout, the federated settings, the deal, the
     partition it deals over (the ``groups`` deal follows the clients' labeled classes) and
     the clients' data."""
-    p = plan(config)
+    p = federated_plan(config)
     partition = without_added({"partition": dataclasses.asdict(config.partition)})["partition"]
     return json.loads(json.dumps({"method": p["start"],
             **keyed_settings(config.pretrain, p["method"]),
@@ -95,7 +95,7 @@ def federated_encoder(config: Config, client_images: Callable[[], list[np.ndarra
     prepare_out_dir(out, fix=CACHE_FIX)
     if (out / "checkpoint.npz").exists():
         _check_checkpoint(out / "checkpoint.npz", meta)
-    p = plan(config)
+    p = federated_plan(config)
     if verbose:
         print(f"federated pre-training {p['start']} ({config.pretrain.encoder}) on "
               f"{config.partition.num_clients} clients' unlabeled images "
@@ -118,7 +118,7 @@ class LocalTrainer:
     nothing but the global weights, its own state and images, and those three numbers."""
 
     def __init__(self, config: Config, input_shape: tuple[int, int, int]):
-        self.plan = plan(config)
+        self.plan = federated_plan(config)
         self.settings, self.seed = self.plan["settings"], config.pretrain_seed
         spec = FEDERATED_STARTS[self.plan["start"]][0]
         self.algorithm = importlib.import_module(spec.module).build(self.settings)
@@ -176,7 +176,7 @@ def sampled_clients(seed: int, round_: int, num_clients: int, participation: flo
 
 
 @dataclasses.dataclass
-class Replies:
+class Uploads:
     """What a round's sampled clients sent back, by client id: each one's online parts and
     image count, and its round's results (:meth:`LocalTrainer.round`'s: loss,
     embedding_std, steps, seconds, the method's own). ``reached``: how many clients the global
@@ -197,14 +197,14 @@ class LocalClients:
                  states: list[ClientState]):
         self.trainer, self.images, self.states = trainer, client_images, states
 
-    def train(self, global_weights, round_: int, chosen: np.ndarray) -> Replies:
+    def train(self, global_weights, round_: int, chosen: np.ndarray) -> Uploads:
         uploads, results = [], []
         for k in chosen:
             sent, result = self.trainer.round(global_weights, self.states[k], self.images[k],
                                               round_, int(k))
             uploads.append(sent)
             results.append(result)
-        return Replies(uploads, [len(self.images[k]) for k in chosen], results, len(chosen))
+        return Uploads(uploads, [len(self.images[k]) for k in chosen], results, len(chosen))
 
 
 def new_totals() -> dict:
@@ -213,7 +213,7 @@ def new_totals() -> dict:
             "client_seconds": 0.0}
 
 
-def run_rounds(trainer: LocalTrainer, clients, num_clients: int, global_weights, totals: dict,
+def pretrain_rounds(trainer: LocalTrainer, clients, num_clients: int, global_weights, totals: dict,
                *, start: int = 0,
                after: Callable[[int, dict, list], None] | None = None) -> list[np.ndarray]:
     """Rounds ``start``.. of the federated pre-training, the one loop of both drivers (the
@@ -236,7 +236,7 @@ def run_rounds(trainer: LocalTrainer, clients, num_clients: int, global_weights,
         totals["bytes_down"] += down * replies.reached
         totals["bytes_up"] += (down + 8) * len(replies.uploads)  # its online parts and count
         if replies.uploads:
-            global_weights = trainer.algorithm.aggregate(replies.uploads, replies.counts)
+            global_weights = trainer.algorithm.average(replies.uploads, replies.counts)
         entry = round_entry(r, replies.results, time.perf_counter() - started,
                             trainer.algorithm.reported)
         if replies.failed:
@@ -270,7 +270,7 @@ def federated_pretrain(config: Config, client_images: list[np.ndarray], out_dir:
     client) into ``out_dir``; resumes from its ``checkpoint.npz``. ``monitor``: the kNN
     monitor (its ``due`` counts rounds); ``on_round(round, entry)`` after each round."""
     out = prepare_out_dir(out_dir)
-    p = plan(config)
+    p = federated_plan(config)
     settings, seed = p["settings"], config.pretrain_seed
     batch, rounds = settings["batch_size"], settings["rounds"]
     counts = [len(x) for x in client_images]
@@ -306,7 +306,7 @@ def federated_pretrain(config: Config, client_images: list[np.ndarray], out_dir:
         if on_round:
             on_round(r + 1, entry)
 
-    global_weights = run_rounds(trainer, LocalClients(trainer, client_images, states),
+    global_weights = pretrain_rounds(trainer, LocalClients(trainer, client_images, states),
                                 num_clients, global_weights, totals, start=start, after=after)
 
     set_parts(trainer.shared, global_weights)
