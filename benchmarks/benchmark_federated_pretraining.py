@@ -16,11 +16,11 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
-from cpcfl_tf.cli import print_metrics
+from cpcfl_tf.running.cli import print_metrics
 from cpcfl_tf.environment import environment
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.clustered.methods import FEDERATED_PRETRAININGS
-from cpcfl_tf.script import Script
+from cpcfl_tf.running.script import Script
 
 SCRIPT = Script(__file__, __doc__, distribute=False, runs=False)
 

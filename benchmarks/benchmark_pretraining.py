@@ -12,12 +12,12 @@ import dataclasses
 import sys
 from typing import Sequence
 
-from cpcfl_tf.cli import print_metrics
+from cpcfl_tf.running.cli import print_metrics
 from cpcfl_tf.config import ENCODERS
 from cpcfl_tf.environment import environment
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.clustered.methods import PRETRAIN_METHODS
-from cpcfl_tf.script import Script
+from cpcfl_tf.running.script import Script
 
 
 SCRIPT = Script(__file__, __doc__, distribute=False, runs=False)

@@ -21,11 +21,11 @@ from typing import Sequence
 
 import numpy as np
 
-from cpcfl_tf.cli import positive_int, print_metrics
+from cpcfl_tf.running.cli import positive_int, print_metrics
 from cpcfl_tf.environment import environment
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.report import markdown_table
-from cpcfl_tf.script import Script
+from cpcfl_tf.running.report import markdown_table
+from cpcfl_tf.running.script import Script
 
 
 def plain_keras_round(model, pool, train_x, train_y, test_x, test_y, *, epochs: int,

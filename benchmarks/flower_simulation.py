@@ -25,9 +25,9 @@ from typing import Sequence
 
 from cpcfl_tf.environment import cpu_model, environment
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.report import markdown_table
+from cpcfl_tf.running.report import markdown_table
 from cpcfl_tf.results import write_json
-from cpcfl_tf.script import Script
+from cpcfl_tf.running.script import Script
 
 SCRIPT = Script(__file__, __doc__, default_preset="quick", distribute=False, runs=False)
 MARK = "CPCFL_BENCHMARK_RUN"
@@ -77,7 +77,7 @@ def measured(command: list[str], env: dict[str, str], token: str, log: Path
 SIMULATOR = """
 import json, sys
 from cpcfl_tf.flower.common import run_config
-from cpcfl_tf.runner import Runner
+from cpcfl_tf.running.runner import Runner
 settings = json.loads(sys.argv[1])
 config = run_config(settings)
 runner = Runner("flower_simulation", config, sys.argv[2], verbose=0)

@@ -26,12 +26,12 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from cpcfl_tf.cli import positive_int
+from cpcfl_tf.running.cli import positive_int
 from cpcfl_tf.environment import cpu_model, environment
 from cpcfl_tf.errors import run_cli
-from cpcfl_tf.report import markdown_table
+from cpcfl_tf.running.report import markdown_table
 from cpcfl_tf.results import write_json
-from cpcfl_tf.script import Script
+from cpcfl_tf.running.script import Script
 
 SCRIPT = Script(__file__, __doc__, default_preset="standard", distribute=False, runs=False)
 

@@ -165,7 +165,7 @@ class RecordStore:
     TAKEN = "taken.json"
     """The file in the output folder naming, per run, the record taken for it from
     :attr:`reuse` (:meth:`keep_taken`, called with the report:
-    :meth:`~cpcfl_tf.script.Session.finish`)."""
+    :meth:`~cpcfl_tf.running.script.Session.finish`)."""
 
     def __init__(self, out: Path, force: bool = False):
         self.out, self.force = Path(out), force

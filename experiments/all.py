@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from cpcfl_tf.cli import name_list
+from cpcfl_tf.running.cli import name_list
 from cpcfl_tf.errors import run_cli
-from cpcfl_tf.report import markdown_table
-from cpcfl_tf.script import Script
+from cpcfl_tf.running.report import markdown_table
+from cpcfl_tf.running.script import Script
 
 SCRIPTS = ("table2", "clusters", "encoder_training", "datasets", "heads", "supervised",
            "clients", "trials", "resnet", "linear_eval", "pretraining_cost", "heterogeneity")
@@ -89,10 +89,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = SCRIPT.parser()
     _options(parser)
     args = parser.parse_args(argv)
-    from cpcfl_tf.cli import resolve_config
+    from cpcfl_tf.running.cli import resolve_config
     from cpcfl_tf.results import prepare_out_dir, write_text
 
-    from cpcfl_tf.runner import Runner
+    from cpcfl_tf.running.runner import Runner
 
     Runner.check_options(args)  # bad input stops here, before any script starts
     config = resolve_config(args)

@@ -10,7 +10,7 @@ references of clustered FL, each client alone (local) and FedAvg within the true
 (oracle). Every seed k (``--seed`` + k) draws
 its own partition, initial weights, batch order and pre-trained encoder. For each family
 the paired difference "from SimCLR minus from random" is judged by the claims' rule
-(``cpcfl_tf.judge.RULE``).
+(``cpcfl_tf.evidence.judge.RULE``).
 """
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Sequence
 
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.judge import HOLDS, NOT_SHOWN, OPPOSITE, RULE, final_accuracy, paired, verdict
+from cpcfl_tf.evidence.judge import HOLDS, NOT_SHOWN, OPPOSITE, RULE, final_accuracy, paired, verdict
 from cpcfl_tf.clustered.methods import run_label
-from cpcfl_tf.report import markdown_table, mean_sd
-from cpcfl_tf.runner import RunSpec
-from cpcfl_tf.script import Script
+from cpcfl_tf.running.report import markdown_table, mean_sd
+from cpcfl_tf.running.runner import RunSpec
+from cpcfl_tf.running.script import Script
 
 FAMILIES = ("local", "oracle", "fedavg", "fesem", "cfl", "fl-hc", "pacfl", "fedgroup")
 """Each from random weights and from SimCLR."""
@@ -166,7 +166,7 @@ def _missing(specs: Sequence[RunSpec], rows: int) -> str:
 
 
 def _figures(runs: dict, out: Path, preset: str) -> None:
-    from cpcfl_tf.plots import plot_paired_bars
+    from cpcfl_tf.evidence.plots import plot_paired_bars
 
     families = [f for f, (a, b) in PAIRS.items() if a in runs and b in runs]
     for name, stat in (("accuracy", final_accuracy), ("ari", _ari)):

@@ -1,7 +1,7 @@
 """The paper's claims C1-C11 judged from the run records of a results tree.
 
 Each claim names the runs it needs (one per seed) and the differences the paper says are
-positive; the verdict follows one rule (``cpcfl_tf.judge.RULE``, printed at the top of
+positive; the verdict follows one rule (``cpcfl_tf.evidence.judge.RULE``, printed at the top of
 ``claims.md``). Runs are found by their config wherever a script wrote them under
 ``--results`` (default ``results/<preset>``); ``--run`` first makes the missing ones
 (into ``<results>/claims/``, linear evaluations into ``<results>/claims/linear_eval/``),
@@ -16,17 +16,17 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from cpcfl_tf.claims import CLAIM_IDS, Claim, base_name, claims, with_fix
-from cpcfl_tf.cli import resolve_config
+from cpcfl_tf.evidence.claims import CLAIM_IDS, Claim, base_name, claims, with_fix
+from cpcfl_tf.running.cli import resolve_config
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.evidence import (Evidence, Judged, encoder_notes, groups_found, headroom,
+from cpcfl_tf.evidence.engine import (Evidence, Judged, encoder_notes, groups_found, headroom,
                                machine_notes, report, seed_list, verdict_table)
-from cpcfl_tf.judge import RULE
+from cpcfl_tf.evidence.judge import RULE
 from cpcfl_tf.record_store import config_key
 from cpcfl_tf.clustered.methods import PRETRAIN_METHODS
-from cpcfl_tf.report import markdown_table, replace_block
-from cpcfl_tf.runner import Runner, RunSpec
-from cpcfl_tf.script import Script
+from cpcfl_tf.running.report import markdown_table, replace_block
+from cpcfl_tf.running.runner import Runner, RunSpec
+from cpcfl_tf.running.script import Script
 
 SCRIPT = Script(__file__, __doc__)
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,7 +99,7 @@ def make_missing(session, evidence_: Evidence, chosen: list[Claim]) -> None:
 
 def fixed_claims(chosen: list[Claim], evidence_: Evidence) -> list[Claim]:
     """The claims of ``chosen`` that name a CP-CFL run, each with CP-CFL's merges fixed
-    (:func:`~cpcfl_tf.claims.with_fix`): the second verdict, beyond the paper."""
+    (:func:`~cpcfl_tf.evidence.claims.with_fix`): the second verdict, beyond the paper."""
     return [fixed for claim in chosen
             if (fixed := with_fix(claim, evidence_.specs)) != claim]
 

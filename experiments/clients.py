@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import Sequence
 
 from cpcfl_tf.errors import run_cli
-from cpcfl_tf.report import markdown_table
-from cpcfl_tf.catalogue import COMPARISON_LABELS, client_settings, clients_partition, comparison_specs
-from cpcfl_tf.script import Script
+from cpcfl_tf.running.report import markdown_table
+from cpcfl_tf.evidence.catalogue import COMPARISON_LABELS, client_settings, clients_partition, comparison_specs
+from cpcfl_tf.running.script import Script
 
 SCRIPT = Script(__file__, __doc__, methods=tuple(COMPARISON_LABELS))
 
@@ -34,7 +34,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     records = {key: session.runner.run(spec) for key, spec in specs.items() if session.wanted(key[1])}
     labels = {name: label for name, label in LABELS.items() if session.wanted(name)}
 
-    from cpcfl_tf.plots import plot_accuracy_curves
+    from cpcfl_tf.evidence.plots import plot_accuracy_curves
 
     lines = [f"# Number of clients (preset `{config.preset}`)", "",
              "Accuracy (%) at the last round and the best round; the paper's STL-10 figures "

@@ -26,13 +26,13 @@ import numpy as np
 
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.clustered.diagnostics import merges
-from cpcfl_tf.judge import (RULE, clopper_pearson, clustering_failures, compared,
+from cpcfl_tf.evidence.judge import (RULE, clopper_pearson, clustering_failures, compared,
                             final_accuracy, paired, t_interval, verdict)
 from cpcfl_tf.clustered.methods import run_label
 from cpcfl_tf.record import RunRecord
-from cpcfl_tf.report import markdown_table, mean_sd
-from cpcfl_tf.runner import RunSpec
-from cpcfl_tf.script import Script
+from cpcfl_tf.running.report import markdown_table, mean_sd
+from cpcfl_tf.running.runner import RunSpec
+from cpcfl_tf.running.script import Script
 
 ROWS = {"cp-cfl-simclr": ("cp-cfl", "simclr"), "ifca-none": ("ifca", "none"),
         "cp-cfl-restart-simclr": ("cp-cfl-restart", "simclr"),
@@ -594,7 +594,7 @@ def margin_sets(records: dict[int, RunRecord]) -> dict[str, list[float]]:
 
 def _figures(by_run: dict[str, dict[int, RunRecord]], out: Path, preset: str,
              every: bool) -> None:
-    from cpcfl_tf.plots import plot_margin_distributions, plot_selection
+    from cpcfl_tf.evidence.plots import plot_margin_distributions, plot_selection
 
     folder = out / "figures"
     folder.mkdir(exist_ok=True)

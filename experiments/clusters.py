@@ -8,9 +8,9 @@ from __future__ import annotations
 from typing import Sequence
 
 from cpcfl_tf.errors import run_cli
-from cpcfl_tf.report import markdown_table
-from cpcfl_tf.runner import RunSpec
-from cpcfl_tf.script import Script
+from cpcfl_tf.running.report import markdown_table
+from cpcfl_tf.running.runner import RunSpec
+from cpcfl_tf.running.script import Script
 
 SCRIPT = Script(__file__, __doc__)
 
@@ -25,7 +25,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     config = session.config
     records = {spec.federated["num_clusters"]: session.runner.run(spec) for spec in session.kept(SPECS)}
 
-    from cpcfl_tf.plots import plot_accuracy_curves
+    from cpcfl_tf.evidence.plots import plot_accuracy_curves
 
     lines = [f"# Number of clusters (preset `{config.preset}`), CP-CFL (SimCLR), "
              f"{config.partition.num_clients} clients in {config.partition.num_groups} groups, "

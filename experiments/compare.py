@@ -15,7 +15,7 @@ from typing import Sequence
 
 from cpcfl_tf.config import PRESETS
 from cpcfl_tf.errors import ArgumentParser, UserError, run_cli
-from cpcfl_tf.judge import comparison_lines, compare_runs
+from cpcfl_tf.running.compare import comparison_lines, compare_runs
 
 
 def main(argv: Sequence[str] | None = None) -> None:

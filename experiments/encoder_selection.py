@@ -20,14 +20,14 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
-from cpcfl_tf.cli import name_list
+from cpcfl_tf.running.cli import name_list
 from cpcfl_tf.config import Config
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.judge import compared, final_accuracy, verdict
+from cpcfl_tf.evidence.judge import compared, final_accuracy, verdict
 from cpcfl_tf.clustered.methods import run_label
-from cpcfl_tf.report import markdown_table
-from cpcfl_tf.runner import RunSpec
-from cpcfl_tf.script import Script
+from cpcfl_tf.running.report import markdown_table
+from cpcfl_tf.running.runner import RunSpec
+from cpcfl_tf.running.script import Script
 from cpcfl_tf.pretraining.methods import SSL_METHODS
 
 SEEDS = {"smoke": 2, "quick": 5, "standard": 5, "paper": 1}

@@ -23,13 +23,13 @@ import json
 import statistics
 from typing import Sequence
 
-from cpcfl_tf.cli import resolve_config
+from cpcfl_tf.running.cli import resolve_config
 from cpcfl_tf.errors import run_cli
-from cpcfl_tf.judge import compared, final_accuracy, verdict
+from cpcfl_tf.evidence.judge import compared, final_accuracy, verdict
 from cpcfl_tf.clustered.methods import STARTS, run_label
-from cpcfl_tf.report import markdown_table
-from cpcfl_tf.runner import RunSpec
-from cpcfl_tf.script import Script
+from cpcfl_tf.running.report import markdown_table
+from cpcfl_tf.running.runner import RunSpec
+from cpcfl_tf.running.script import Script
 from cpcfl_tf.pretraining.methods import FEDERATED_STARTS
 from cpcfl_tf.run_plan import check_data
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 from typing import Sequence
 
 from cpcfl_tf.config import HEADS
-from cpcfl_tf.dataset_pairs import dataset_pairs
+from cpcfl_tf.evidence.dataset_pairs import dataset_pairs
 from cpcfl_tf.errors import run_cli
-from cpcfl_tf.report import markdown_table
-from cpcfl_tf.runner import RunSpec
-from cpcfl_tf.script import Script
+from cpcfl_tf.running.report import markdown_table
+from cpcfl_tf.running.runner import RunSpec
+from cpcfl_tf.running.script import Script
 
 SCRIPT = Script(__file__, __doc__)
 
@@ -41,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     session.kept(list(specs.values()))
     records = {key: session.runner.run(spec) for key, spec in specs.items()}
 
-    from cpcfl_tf.plots import plot_accuracy_curves
+    from cpcfl_tf.evidence.plots import plot_accuracy_curves
 
     marks = config.federated.quarters
     lines = [f"# Classifier heads (preset `{config.preset}`), CP-CFL (SimCLR)", "",

@@ -14,9 +14,9 @@ from typing import Sequence
 
 from cpcfl_tf.config import Config
 from cpcfl_tf.errors import run_cli
-from cpcfl_tf.report import markdown_table
-from cpcfl_tf.runner import RunSpec
-from cpcfl_tf.script import Script
+from cpcfl_tf.running.report import markdown_table
+from cpcfl_tf.running.runner import RunSpec
+from cpcfl_tf.running.script import Script
 
 METHODS = {"fedavg-none": ("fedavg", "none", "FedAvg (None)"),
            "ifca-none": ("ifca", "none", "IFCA (None)"),
@@ -48,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     config = session.config
     records = session.run_all(specs(config))
 
-    from cpcfl_tf.plots import plot_accuracy_curves
+    from cpcfl_tf.evidence.plots import plot_accuracy_curves
 
     lines = [f"# Other kinds of heterogeneity (preset `{config.preset}`), "
              f"T = {config.federated.rounds}", "",

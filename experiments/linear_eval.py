@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from cpcfl_tf.cli import name_list
+from cpcfl_tf.running.cli import name_list
 from cpcfl_tf.config import Config
 from cpcfl_tf.environment import environment
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.judge import linear_eval_config, linear_eval_settings
+from cpcfl_tf.evidence.judge import linear_eval_config, linear_eval_settings
 from cpcfl_tf.clustered.methods import PRETRAIN_METHODS
-from cpcfl_tf.report import markdown_table
-from cpcfl_tf.script import Script
+from cpcfl_tf.running.report import markdown_table
+from cpcfl_tf.running.script import Script
 
 SCRIPT = Script(__file__, __doc__, runs=False)
 

@@ -20,9 +20,9 @@ import numpy as np
 
 from cpcfl_tf.errors import run_cli
 from cpcfl_tf.record import RunRecord
-from cpcfl_tf.report import markdown_table
-from cpcfl_tf.runner import RunSpec, Runner
-from cpcfl_tf.script import Script
+from cpcfl_tf.running.report import markdown_table
+from cpcfl_tf.running.runner import RunSpec, Runner
+from cpcfl_tf.running.script import Script
 
 SCRIPT = Script(__file__, __doc__)
 
@@ -154,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         records[spec.name] = session.runner.run(spec, on_round=probe)
         probes[spec.name] = read_probe(out / f"{spec.name}.rounds.json")
 
-    from cpcfl_tf.plots import plot_accuracy_curves, plot_class_accuracy
+    from cpcfl_tf.evidence.plots import plot_accuracy_curves, plot_class_accuracy
 
     rounds = config.federated.rounds
     lines = [f"# Local optimizer and FedAvg's zig-zag (preset `{config.preset}`), "

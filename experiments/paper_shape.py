@@ -28,10 +28,10 @@ from typing import Iterator, Sequence
 
 from cpcfl_tf.environment import environment
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.report import markdown_table
+from cpcfl_tf.running.report import markdown_table
 from cpcfl_tf.results import write_json
-from cpcfl_tf.runner import RunSpec
-from cpcfl_tf.script import Script
+from cpcfl_tf.running.runner import RunSpec
+from cpcfl_tf.running.script import Script
 
 SCRIPT = Script(__file__, __doc__, default_preset="paper", distribute=False, runs=False)
 SHORT = ["pretrain.epochs=1", "federated.rounds=2", "federated.head_rounds=1"]
@@ -143,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     session = SCRIPT.session(args)
     config, out = session.config, session.out
 
-    from cpcfl_tf.runner import Runner
+    from cpcfl_tf.running.runner import Runner
 
     spec = RunSpec("cp-cfl-simclr", "cp-cfl", "simclr")
     # The stand-in's encoder must never be taken for a real STL-10 one: its own cache.

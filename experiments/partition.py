@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from cpcfl_tf.cli import resolve_config
+from cpcfl_tf.running.cli import resolve_config
 from cpcfl_tf.errors import run_cli
-from cpcfl_tf.script import Script
+from cpcfl_tf.running.script import Script
 
 
 SCRIPT = Script(__file__, __doc__, default_preset="quick", distribute=False,
@@ -31,7 +31,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     out = prepare_out_dir(args.out or f"results/{config.preset}/partition")
     from cpcfl_tf.clustered.clients import load_client_splits, partition_for
-    from cpcfl_tf.plots import plot_client_data_amounts
+    from cpcfl_tf.evidence.plots import plot_client_data_amounts
 
     train, test = load_client_splits(config.data, resize=False)
     partition = partition_for(config, train, test)

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from cpcfl_tf.cli import name_list
+from cpcfl_tf.running.cli import name_list
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.report import mean_sd, trial_table
-from cpcfl_tf.catalogue import COMPARISON, COMPARISON_LABELS, comparison_specs
-from cpcfl_tf.script import Script
+from cpcfl_tf.running.report import mean_sd, trial_table
+from cpcfl_tf.evidence.catalogue import COMPARISON, COMPARISON_LABELS, comparison_specs
+from cpcfl_tf.running.script import Script
 
 SCRIPT = Script(__file__, __doc__, methods=tuple(COMPARISON))
 
@@ -71,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             if spec.key in records[encoder]:
                 records[encoder][spec.key].append(session.runner.run(spec))
 
-    from cpcfl_tf.plots import plot_accuracy_curves
+    from cpcfl_tf.evidence.plots import plot_accuracy_curves
 
     lines = [f"# ResNet encoders (preset `{config.preset}`), T = {config.federated.rounds}", "",
              "Accuracy (%) per trial; the paper's STL-10 figures (GPU, T = 100) in the last "

@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Sequence
 
 from cpcfl_tf.errors import run_cli
-from cpcfl_tf.report import markdown_table
-from cpcfl_tf.runner import RunSpec
-from cpcfl_tf.script import Script
+from cpcfl_tf.running.report import markdown_table
+from cpcfl_tf.running.runner import RunSpec
+from cpcfl_tf.running.script import Script
 
 SCRIPT = Script(__file__, __doc__)
 
@@ -33,7 +33,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     records = {spec.key: session.runner.run(spec) for spec in session.kept(
         [RunSpec(f"cp-cfl-{pre}", "cp-cfl", pre, data=data, row=pre) for pre in LABELS])}
 
-    from cpcfl_tf.plots import plot_accuracy_curves
+    from cpcfl_tf.evidence.plots import plot_accuracy_curves
 
     source = records["simclr"].config.data
     marks = config.federated.quarters

@@ -13,9 +13,9 @@ from typing import Sequence
 from cpcfl_tf.errors import run_cli
 from cpcfl_tf.record import SCORES, RunRecord
 from cpcfl_tf.clustered.methods import run_label
-from cpcfl_tf.report import markdown_table
-from cpcfl_tf.runner import RunSpec
-from cpcfl_tf.script import Script
+from cpcfl_tf.running.report import markdown_table
+from cpcfl_tf.running.runner import RunSpec
+from cpcfl_tf.running.script import Script
 
 SPECS = [RunSpec("fedavg-none", "fedavg", "none"), RunSpec("fedavg-simclr", "fedavg", "simclr"),
          RunSpec("ifca-none", "ifca", "none"), RunSpec("ifca-fedavg", "ifca", "fedavg"),
@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     config, out = session.config, session.out
     records = session.run_all(SPECS)
 
-    from cpcfl_tf.plots import (plot_accuracy_curves, plot_client_data_amounts,
+    from cpcfl_tf.evidence.plots import (plot_accuracy_curves, plot_client_data_amounts,
                                 plot_cluster_identity)
 
     report, rows = tables(records, config.preset)

@@ -12,11 +12,11 @@ from __future__ import annotations
 from typing import Sequence
 
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.report import markdown_table, trial_table
-from cpcfl_tf.catalogue import COMPARISON, COMPARISON_LABELS, comparison_specs
+from cpcfl_tf.running.report import markdown_table, trial_table
+from cpcfl_tf.evidence.catalogue import COMPARISON, COMPARISON_LABELS, comparison_specs
 from cpcfl_tf.clustered.methods import run_label
-from cpcfl_tf.runner import RunSpec
-from cpcfl_tf.script import Script
+from cpcfl_tf.running.runner import RunSpec
+from cpcfl_tf.running.script import Script
 
 FIXED = "cp-cfl-restart-simclr"
 """Beyond the paper: CP-CFL with IFCA's restart rule, which fixes CP-CFL's merged groups

@@ -111,7 +111,7 @@ def run_record_errors(record: dict) -> list[str]:
 def _simulator(rounds, out, run):
     """The run's config, the simulator's runner, and the server's (cached) encoder."""
     from cpcfl_tf.flower.common import run_config
-    from cpcfl_tf.runner import Runner
+    from cpcfl_tf.running.runner import Runner
 
     config = run_config({**run, "rounds": rounds})
     runner = Runner("flower", config, out, verbose=0)

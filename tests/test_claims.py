@@ -1,4 +1,4 @@
-"""experiments/claims.py and cpcfl_tf.judge: each verdict kind on a synthetic tree of
+"""experiments/claims.py and cpcfl_tf.evidence.judge: each verdict kind on a synthetic tree of
 records whose answer is known, the rule's interval, the paper's numbers against the table
 scripts', and the run mode on smoke."""
 import dataclasses
@@ -8,11 +8,11 @@ import re
 import numpy as np
 import pytest
 
-from cpcfl_tf.claims import claims as claim_list
-from cpcfl_tf.claims import evidence
+from cpcfl_tf.evidence.claims import claims as claim_list
+from cpcfl_tf.evidence.claims import evidence
 from cpcfl_tf.config import get_preset
-from cpcfl_tf.evidence import found_at
-from cpcfl_tf.judge import CANNOT, HOLDS, NOT_SHOWN, OPPOSITE, t_interval, verdict
+from cpcfl_tf.evidence.engine import found_at
+from cpcfl_tf.evidence.judge import CANNOT, HOLDS, NOT_SHOWN, OPPOSITE, t_interval, verdict
 from cpcfl_tf.record import Final, Round, RunRecord, write_record
 from cpcfl_tf.run_plan import resolve
 from helpers import script
@@ -328,7 +328,7 @@ def test_the_rate_interval_is_clopper_pearsons():
     is where P(X >= k) = 0.025, the upper where P(X <= k) = 0.025 (binomial sums)."""
     from math import comb
 
-    from cpcfl_tf.judge import clopper_pearson
+    from cpcfl_tf.evidence.judge import clopper_pearson
 
     assert clopper_pearson(0, 20) == pytest.approx((0.0, 1 - 0.025 ** (1 / 20)))
     assert clopper_pearson(50, 50) == pytest.approx((0.025 ** (1 / 50), 1.0))
@@ -425,7 +425,7 @@ def test_run_mode_makes_only_the_missing_runs(tmp_path, capsys):
 
 
 def test_compare_tells_same_within_and_outside(tmp_path, capsys):
-    from cpcfl_tf.judge import DIFFERS, NO_REFERENCE, OUTSIDE, SAME, WITHIN
+    from cpcfl_tf.running.compare import DIFFERS, NO_REFERENCE, OUTSIDE, SAME, WITHIN
 
     specs = evidence(SMOKE)
     reference, ours = tmp_path / "reference", tmp_path / "ours"
@@ -543,7 +543,7 @@ def test_a_fired_restart_run_is_taken_where_it_starts_from_its_base_runs_encoder
     that run's restart (another script made it): the runner takes it; one from another
     encoder is not taken (the run would be made)."""
     from cpcfl_tf.record_store import RecordIndex
-    from cpcfl_tf.runner import Runner, RunSpec
+    from cpcfl_tf.running.runner import Runner, RunSpec
 
     base = SMOKE.with_overrides(federated={"restart_round": 2})
     specs = evidence(base)

@@ -236,7 +236,7 @@ def test_a_set_that_a_row_fixes_is_refused_before_any_work(tmp_path, capsys, nam
     ("clustering_reliability", lambda module: module.specs(0, 2, 1)),
 ])
 def test_what_the_dry_run_says_changed_is_what_every_run_uses(tmp_path, capsys, name, specs):
-    from cpcfl_tf.cli import changed_fields
+    from cpcfl_tf.running.cli import changed_fields
 
     module = script(name)
     argv = ["--preset", "smoke", "--out", str(tmp_path / "out"), "--dry-run",

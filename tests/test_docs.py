@@ -78,7 +78,7 @@ def _image_folder(root):
 
 
 def test_every_command_the_pages_show_parses_and_its_settings_validate(tmp_path, monkeypatch):
-    from cpcfl_tf.cli import resolve_config
+    from cpcfl_tf.running.cli import resolve_config
 
     parse = argparse.ArgumentParser.parse_args
 

@@ -7,7 +7,7 @@ import pytest
 
 from cpcfl_tf.config import get_preset
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.runner import Runner, RunSpec
+from cpcfl_tf.running.runner import Runner, RunSpec
 from helpers import ROOT, script
 
 from test_experiments import run
@@ -125,7 +125,7 @@ def test_a_committed_selection_is_its_kept_scores_and_records(preset):
     best of each seed, and each CP-CFL accuracy it reports is its record's."""
     import csv
 
-    from cpcfl_tf.judge import final_accuracy
+    from cpcfl_tf.evidence.judge import final_accuracy
     from cpcfl_tf.record import read_record
 
     folder = ROOT / "results" / preset / "encoder_selection"

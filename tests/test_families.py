@@ -470,7 +470,7 @@ def test_cp_cfl_features_takes_its_first_choice_from_the_encoders_features(clien
 
     from cpcfl_tf.data.images import to_float
     from cpcfl_tf.clustered.pool import build_template
-    from cpcfl_tf.runner import Runner
+    from cpcfl_tf.running.runner import Runner
 
     config = SMOKE.with_overrides(federated={"method": "cp-cfl-features", "pretraining": "simclr",
                                              "rounds": 3, "head_rounds": 1})

@@ -123,7 +123,7 @@ def test_the_groups_deal_refuses_a_client_short_of_a_batch_before_drawing():
 
 
 def test_clients_unlabeled_images_come_from_the_pretraining_split_only(tmp_path):
-    from cpcfl_tf.runner import Runner
+    from cpcfl_tf.running.runner import Runner
 
     config = smoke("fed-simclr", "groups")
     runner = Runner("t", config, tmp_path / "out", dry_run=True)
@@ -259,7 +259,7 @@ def test_an_interrupted_federated_pretraining_resumes_bit_for_bit(tmp_path, monk
 
 def test_cp_cfl_starts_from_a_federated_encoder(tmp_path):
     from cpcfl_tf.results import weights_fingerprint
-    from cpcfl_tf.runner import Runner, RunSpec
+    from cpcfl_tf.running.runner import Runner, RunSpec
 
     base = smoke("fed-simclr", "groups").with_overrides(federated={"rounds": 2})
     runner = Runner("t", base, tmp_path / "out", verbose=0, knn_every=1,

@@ -6,7 +6,7 @@ from cpcfl_tf.data import partition_clients
 from cpcfl_tf.clustered.clients import partition_for
 from cpcfl_tf.data.partition import make_group_classes
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.plots import plot_client_data_amounts
+from cpcfl_tf.evidence.plots import plot_client_data_amounts
 
 
 @pytest.fixture(scope="module")

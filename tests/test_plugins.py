@@ -71,7 +71,7 @@ from cpcfl_tf.config import get_preset
 from cpcfl_tf.pretraining.linear_eval import linear_eval
 from cpcfl_tf.data.sources import load_labeled
 from cpcfl_tf.clustered.metrics import cluster_ari
-from cpcfl_tf.runner import Runner, RunSpec
+from cpcfl_tf.running.runner import Runner, RunSpec
 
 out = Path(sys.argv[1])
 smoke = get_preset("smoke")

@@ -38,7 +38,7 @@ def test_a_damaged_json_is_one_line_naming_file_and_fix(tmp_path, content):
 
 
 def test_a_damaged_finished_run_stops_the_script_and_touches_nothing(tmp_path):
-    from cpcfl_tf.runner import RunSpec, Runner
+    from cpcfl_tf.running.runner import RunSpec, Runner
 
     runner = Runner("table2", SMOKE, tmp_path, verbose=0)
     (tmp_path / "fedavg-none.json").write_text('{"experiment": "table2", "rou')

@@ -5,7 +5,7 @@ import pytest
 from cpcfl_tf.config import get_preset
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.run_plan import resolve
-from cpcfl_tf.runner import Runner, RunSpec
+from cpcfl_tf.running.runner import Runner, RunSpec
 
 
 def test_the_plan_holds_what_the_method_runs():
@@ -53,7 +53,7 @@ def test_a_script_resolves_each_run_once_and_refuses_bad_data_before_any_run(
         tmp_path, monkeypatch):
     """Every run is resolved once however often the runner asks about it, and a run its
     data cannot hold stops the script before the first run is made."""
-    import cpcfl_tf.runner as runner_module
+    import cpcfl_tf.running.runner as runner_module
 
     calls = []
 

@@ -238,7 +238,7 @@ def test_name_lists_are_comma_separated_and_checked(tmp_path, capsys, name, args
 
 
 def test_name_lists_parse_into_the_names():
-    from cpcfl_tf.cli import name_list
+    from cpcfl_tf.running.cli import name_list
 
     assert name_list(["a", "b", "c"])("c,a") == ["c", "a"]
 
@@ -252,7 +252,7 @@ def test_bad_options_raise_user_errors(tmp_path, name, args, message):
 
 
 def test_mean_sd_is_the_papers_population_sd():
-    from cpcfl_tf.report import mean_sd
+    from cpcfl_tf.running.report import mean_sd
 
     mean, sd = mean_sd([42.73, 41.53, 43.67, 43.03, 42.67])  # FedAvg (None), paper trials
     # The paper prints 0.69 (truncated); the sample SD (ddof = 1) would be 0.78.
@@ -260,7 +260,7 @@ def test_mean_sd_is_the_papers_population_sd():
 
 
 def test_trial_table_summarises_only_several_trials():
-    from cpcfl_tf.report import trial_table
+    from cpcfl_tf.running.report import trial_table
 
     def table(*trials, paper=(67.17, 0.8)):
         records = {"cp-cfl": [{"v": v} for v in trials]}
@@ -281,7 +281,7 @@ def test_a_report_says_when_its_runs_come_from_other_machines_or_encoders():
     import dataclasses
 
     from cpcfl_tf.record import read_record
-    from cpcfl_tf.report import provenance
+    from cpcfl_tf.running.report import provenance
 
     base = read_record(Path(__file__).parents[1] / "results/quick/table2/cp-cfl-simclr.json")
 
@@ -318,9 +318,9 @@ def test_a_centralized_run_needs_one_or_group_many_models():
 
 
 def test_distribute_option_reaches_the_runner(tmp_path):
-    from cpcfl_tf.cli import experiment_parser
+    from cpcfl_tf.running.cli import experiment_parser
     from cpcfl_tf.config import get_preset
-    from cpcfl_tf.runner import Runner
+    from cpcfl_tf.running.runner import Runner
 
     args = experiment_parser("x", "x").parse_args(["--distribute", "mirrored"])
     runner = Runner.for_script("x", get_preset("smoke"), tmp_path, args)
@@ -332,7 +332,7 @@ def test_op_determinism_is_on_by_default_where_a_gpu_runs(monkeypatch):
     import tensorflow as tf
 
     from cpcfl_tf import environment
-    from cpcfl_tf.cli import experiment_parser
+    from cpcfl_tf.running.cli import experiment_parser
 
     calls = []
     monkeypatch.setattr(tf.config.experimental, "enable_op_determinism",

@@ -107,7 +107,7 @@ def test_cfl_families_pairs_each_family_by_seed_and_judges_the_difference(tmp_pa
         (name, seed) for name in rows_.split(",") for seed in ("0", "1"))
     pacfl = {r["seed"]: r for r in table if r["run"].startswith("pacfl")}
     assert all(int(r["bytes_other"]) > 0 for r in pacfl.values())
-    from cpcfl_tf.judge import t_interval
+    from cpcfl_tf.evidence.judge import t_interval
 
     acc = {(r["run"], r["seed"]): 100 * float(r["accuracy"]) for r in table}
     diffs = [acc["cp-cfl-simclr", s] - acc["ifca-none", s] for s in ("0", "1")]
@@ -249,7 +249,7 @@ def test_the_blas_kernels_numpy_picked_are_recorded_and_an_override_shows():
 
 
 def test_clustering_reliability_counts_rates_shares_encoders_and_explains_merges(tmp_path):
-    from cpcfl_tf.judge import clopper_pearson
+    from cpcfl_tf.evidence.judge import clopper_pearson
     from cpcfl_tf.record import read_record
 
     reliability = script("clustering_reliability")
@@ -342,7 +342,7 @@ def test_what_the_reliability_study_shows_is_written_from_its_summary():
     reliability = script("clustering_reliability")
 
     def method(found, runs, acc_found, acc_not, merged_from=(), restarts=0, mb=100.0):
-        from cpcfl_tf.judge import clopper_pearson
+        from cpcfl_tf.evidence.judge import clopper_pearson
         return {"found": found, "runs": runs, "ci95": list(clopper_pearson(found, runs)),
                 "restarts": restarts, "runs_restarted": min(restarts, runs), "megabytes": mb,
                 "accuracy_found": acc_found, "accuracy_not_found": acc_not,
@@ -470,7 +470,7 @@ def test_a_study_updates_the_results_readme_only_from_the_kits_own_folder(tmp_pa
     import argparse
 
     from cpcfl_tf.config import get_preset
-    from cpcfl_tf.script import Session
+    from cpcfl_tf.running.script import Session
 
     monkeypatch.chdir(tmp_path)
     readme = Path("results", "README.md")

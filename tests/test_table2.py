@@ -83,7 +83,7 @@ def test_a_folder_of_another_config_is_refused(smoke_run):
 
 def test_an_interrupted_run_needs_resume(smoke_run, tmp_path):
     from cpcfl_tf.config import get_preset
-    from cpcfl_tf.runner import RunSpec, Runner
+    from cpcfl_tf.running.runner import RunSpec, Runner
 
     spec = RunSpec("fedavg-none", "fedavg", "none")
     runner = Runner("table2", get_preset("smoke"), tmp_path, verbose=0)
@@ -111,7 +111,7 @@ def test_an_interrupted_run_needs_resume(smoke_run, tmp_path):
 
 def test_fedavg_simclr_is_cp_cfl_simclr_with_one_cluster(smoke_run, tmp_path):
     from cpcfl_tf.config import get_preset
-    from cpcfl_tf.runner import RunSpec, Runner
+    from cpcfl_tf.running.runner import RunSpec, Runner
 
     fedavg = json.loads((smoke_run / "fedavg-simclr.json").read_text())
     one = Runner("clusters", get_preset("smoke"), tmp_path, verbose=0).run(
@@ -129,7 +129,7 @@ def test_fedavg_simclr_is_cp_cfl_simclr_with_one_cluster(smoke_run, tmp_path):
 
 def test_a_record_that_ran_with_an_older_meaning_of_its_method_is_refused(smoke_run, tmp_path):
     from cpcfl_tf.config import get_preset
-    from cpcfl_tf.runner import RunSpec, Runner
+    from cpcfl_tf.running.runner import RunSpec, Runner
 
     record = json.loads((smoke_run / "fedavg-simclr.json").read_text())
     record["config"]["federated"]["head_rounds"] = 0  # before FedAvg (SimCLR) had Tc
@@ -141,7 +141,7 @@ def test_a_record_that_ran_with_an_older_meaning_of_its_method_is_refused(smoke_
 
 def test_a_record_written_before_a_config_field_existed_still_counts(smoke_run, tmp_path):
     from cpcfl_tf.config import get_preset
-    from cpcfl_tf.runner import RunSpec, Runner
+    from cpcfl_tf.running.runner import RunSpec, Runner
 
     record = json.loads((smoke_run / "fedavg-none.json").read_text())
     for section in (record["config"]["federated"], record["config"]["requested"]["federated"]):
@@ -203,7 +203,7 @@ def test_encoder_training_script_covers_heads_and_settings(tmp_path):
 def test_ifca_fedavg_starts_from_the_cached_fedavg_encoder(tmp_path, monkeypatch, capsys):
     import cpcfl_tf.clustered.starting as starting
     from cpcfl_tf.config import get_preset
-    from cpcfl_tf.runner import RunSpec, Runner
+    from cpcfl_tf.running.runner import RunSpec, Runner
 
     monkeypatch.setenv("CPCFL_CACHE", str(tmp_path / "cache"))
     spec = RunSpec("ifca-fedavg", "ifca", "fedavg")
@@ -227,7 +227,7 @@ def test_a_restart_variant_run_whose_rule_never_fires_is_taken_from_its_base_run
     # for it (no record written, nothing trained); where the test fires, it runs.
     from cpcfl_tf.config import get_preset
     from cpcfl_tf.clustered.algorithm import clustering_failed
-    from cpcfl_tf.runner import RunSpec, Runner
+    from cpcfl_tf.running.runner import RunSpec, Runner
 
     runner = Runner("reliability", get_preset("smoke"), tmp_path, verbose=0)
     short = {"rounds": 3, "restart_round": 1}
@@ -243,7 +243,7 @@ def test_a_restart_variant_run_whose_rule_never_fires_is_taken_from_its_base_run
         "simclr encoder: cached")
     # One decision per run, an enum: the variant stands in, the base is done, a new
     # config is made; a run taken elsewhere never builds an encoder.
-    from cpcfl_tf.runner import Decision
+    from cpcfl_tf.running.runner import Decision
 
     assert [runner.decide(s).decision for s in (
         variant, RunSpec("cp-cfl", "cp-cfl", "simclr", short),

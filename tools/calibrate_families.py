@@ -24,9 +24,9 @@ import numpy as np
 from cpcfl_tf.clustered import rules
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.clustered.methods import METHODS, STARTS
-from cpcfl_tf.report import markdown_table
-from cpcfl_tf.runner import RunSpec
-from cpcfl_tf.script import Script
+from cpcfl_tf.running.report import markdown_table
+from cpcfl_tf.running.runner import RunSpec
+from cpcfl_tf.running.script import Script
 
 SCRIPT = Script(__file__, __doc__, default_preset="quick")
 

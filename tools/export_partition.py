@@ -21,7 +21,7 @@ from typing import Sequence
 
 from cpcfl_tf.data.sources import class_folder_names
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.script import Script
+from cpcfl_tf.running.script import Script
 
 SCRIPT = Script(__file__, __doc__, default_preset="quick", distribute=False, runs=False)
 

@@ -27,7 +27,7 @@ from typing import Sequence
 import numpy as np
 
 from cpcfl_tf.errors import run_cli
-from cpcfl_tf.script import Script
+from cpcfl_tf.running.script import Script
 
 KILL = "CPCFL_KILL"
 """Child only, when to SIGKILL itself: ``write:<kind>:<n>`` at its n-th write of that kind
@@ -57,7 +57,7 @@ def child(folder: Path, preset: str, seed: int, kills: int) -> None:
     import threading
 
     import cpcfl_tf.results as results
-    from cpcfl_tf.runner import RunSpec, Runner
+    from cpcfl_tf.running.runner import RunSpec, Runner
 
     plan = os.environ.get(KILL, "").split(":")
     counts: dict[str, int] = {}

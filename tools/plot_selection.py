@@ -1,7 +1,7 @@
 """Draw the selection diagnostic of run records made with ``--diagnose K`` (any script made
 of runs): per record, each client's margin (second-lowest minus lowest pool loss) in the
 diagnosed rounds by true group, and the clients per cluster in every round
-(:func:`cpcfl_tf.plots.plot_selection`; how to read it: docs/experiments.md, "Reading the
+(:func:`cpcfl_tf.evidence.plots.plot_selection`; how to read it: docs/experiments.md, "Reading the
 selection diagnostic"). ``experiments/clustering_reliability.py`` draws its own runs'.
 
     python tools/plot_selection.py results/quick/clustering_reliability/run5-cp-cfl-simclr.json --out figures
@@ -32,7 +32,7 @@ def diagnosed(path: Path) -> RunRecord:
 
 
 def main(argv: Sequence[str] | None = None) -> list[Path]:
-    from cpcfl_tf.plots import plot_selection
+    from cpcfl_tf.evidence.plots import plot_selection
     from cpcfl_tf.results import prepare_out_dir
 
     parser = ArgumentParser(prog="python tools/plot_selection.py",

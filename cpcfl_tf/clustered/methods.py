@@ -68,7 +68,7 @@ class Method:
     restarts_of: str = ""
     """The method this one is until its restart rule fires: a run in which the rule never
     fires is that method's run of the same config, bit for bit (attempt 0 draws what the
-    other draws), so the :class:`~cpcfl_tf.runner.Runner` takes it from that run instead
+    other draws), so the :class:`~cpcfl_tf.running.runner.Runner` takes it from that run instead
     of making it again."""
     federated: bool = True
     """False: a centralized baseline (no rounds, no clusters; :mod:`cpcfl_tf.clustered.centralized`)."""

@@ -1,5 +1,5 @@
 """The paper's run catalogue: the rows its tables compare and the client counts of its
-number-of-clients study, as :class:`~cpcfl_tf.runner.RunSpec` s for the scripts
+number-of-clients study, as :class:`~cpcfl_tf.running.runner.RunSpec` s for the scripts
 (``experiments/``). Row labels come from :func:`cpcfl_tf.clustered.methods.run_label`.
 """
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 from cpcfl_tf.config import Config
 from cpcfl_tf.clustered.methods import run_label
-from cpcfl_tf.runner import RunSpec
+from cpcfl_tf.running.runner import RunSpec
 
 
 COMPARISON = {f"{method}-{pre}": (method, pre, run_label(method, pre))

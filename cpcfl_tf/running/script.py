@@ -18,11 +18,11 @@ import functools
 from pathlib import Path
 from typing import Callable, Sequence
 
-from cpcfl_tf.cli import changed_fields, experiment_parser, name_list, settings_changed, setup
+from cpcfl_tf.running.cli import changed_fields, experiment_parser, name_list, settings_changed, setup
 from cpcfl_tf.config import Config
 from cpcfl_tf.errors import ArgumentParser, UserError
 from cpcfl_tf.record import RunRecord
-from cpcfl_tf.runner import Runner, RunSpec
+from cpcfl_tf.running.runner import Runner, RunSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,10 +106,10 @@ class Session:
                       ) -> None:
         """Replace the block ``<!-- TAG:PRESET -->`` of ``results/README.md`` (``front``:
         of the repository's README.md) with ``lines``
-        (:func:`~cpcfl_tf.report.replace_block`), only where the output folder is the
+        (:func:`~cpcfl_tf.running.report.replace_block`), only where the output folder is the
         kit's own ``results/<preset>/<script>``: a study written elsewhere leaves the
         committed READMEs as they are. Scripts call it once their study is whole."""
-        from cpcfl_tf.report import replace_block
+        from cpcfl_tf.running.report import replace_block
 
         readme = Path("README.md") if front else Path("results") / "README.md"
         if (self.out.resolve() == (Path("results") / self.config.preset / self.name).resolve()
@@ -184,10 +184,10 @@ class Session:
     def finish(self, report: str, rows: list[dict] | None = None) -> None:
         """Write ``report`` as ``<name>.md`` (and ``rows`` as ``<name>.csv``), show it,
         say where it went. Notes are added where the runs come from more than one kind
-        of CPU or encoder (:func:`~cpcfl_tf.report.provenance`), where some were taken
+        of CPU or encoder (:func:`~cpcfl_tf.running.report.provenance`), where some were taken
         from elsewhere in the tree, and where some are another method's runs
         (:func:`stood_in_note`)."""
-        from cpcfl_tf.report import provenance
+        from cpcfl_tf.running.report import provenance
         from cpcfl_tf.results import write_csv, write_text
 
         note = provenance(self.runner.records) if "runner" in self.__dict__ else []
@@ -209,8 +209,8 @@ class Session:
     def compare_with_reference(self) -> None:
         """Where the runs went elsewhere than the committed ``results/<preset>``: how
         each compares with the committed record of the same config
-        (:func:`~cpcfl_tf.judge.compare_runs`)."""
-        from cpcfl_tf.judge import compare_runs, comparison_lines
+        (:func:`~cpcfl_tf.running.compare.compare_runs`)."""
+        from cpcfl_tf.running.compare import compare_runs, comparison_lines
 
         reference = Path("results") / self.config.preset
         if not reference.is_dir() or reference.resolve() in [self.out.resolve(),

@@ -1,6 +1,6 @@
 """The paper's claims C1-C11 as data: each claim, where the paper states it, and the
 links (differences the paper says are positive) it is judged by; and the runs each claim
-needs, per seed (:func:`evidence`). :mod:`cpcfl_tf.evidence` judges them from a results
+needs, per seed (:func:`evidence`). :mod:`cpcfl_tf.evidence.engine` judges them from a results
 tree; ``experiments/claims.py`` is the command line.
 """
 from __future__ import annotations
@@ -9,14 +9,14 @@ import dataclasses
 
 import numpy as np
 
-from cpcfl_tf.catalogue import COMPARISON, client_settings, clients_partition
+from cpcfl_tf.evidence.catalogue import COMPARISON, client_settings, clients_partition
 from cpcfl_tf.config import Config
-from cpcfl_tf.dataset_pairs import dataset_pairs
+from cpcfl_tf.evidence.dataset_pairs import dataset_pairs
 from cpcfl_tf.clustered.metrics import cluster_ari
-from cpcfl_tf.judge import Statistic, accuracy_at, clustering_failures, final_accuracy
+from cpcfl_tf.evidence.judge import Statistic, accuracy_at, clustering_failures, final_accuracy
 from cpcfl_tf.clustered.methods import METHODS
 from cpcfl_tf.record import RunRecord
-from cpcfl_tf.runner import RunSpec
+from cpcfl_tf.running.runner import RunSpec
 
 
 CLOSE_MARGIN = 2.0

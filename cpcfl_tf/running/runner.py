@@ -10,7 +10,7 @@ script's output folder:
   the result of an uninterrupted run (without ``--resume`` it is refused);
 * starting encoders come from :mod:`cpcfl_tf.clustered.starting` (one cache for all
   scripts); data and partitions are loaded once per (data config, seed)
-  (:class:`~cpcfl_tf.run_data.DataCache`); records found elsewhere in the tree come from
+  (:class:`~cpcfl_tf.running.run_data.DataCache`); records found elsewhere in the tree come from
   :class:`~cpcfl_tf.record_store.RecordStore`.
 
 Each run is decided once (:meth:`Runner.decide`, a :class:`Decision`), then done.
@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from cpcfl_tf.cli import proxy_splits, read_selection, selected
+from cpcfl_tf.running.cli import proxy_splits, read_selection, selected
 from cpcfl_tf.config import Config
 from cpcfl_tf.environment import run_environment
 from cpcfl_tf.errors import UserError
@@ -33,7 +33,7 @@ from cpcfl_tf.clustered.methods import FEDAVG_ENCODER_RUN, plugins_used
 from cpcfl_tf.record import RunRecord, read_record, write_record
 from cpcfl_tf.record_store import Found, RecordStore, same_config
 from cpcfl_tf.results import weights_fingerprint
-from cpcfl_tf.run_data import DataCache
+from cpcfl_tf.running.run_data import DataCache
 from cpcfl_tf.run_plan import RunPlan, resolve
 
 

@@ -1,5 +1,5 @@
 """The evidence engine of the claims: the run records of a results tree per claim and
-seed (:class:`Evidence`), each claim judged by the rule of :mod:`cpcfl_tf.judge`
+seed (:class:`Evidence`), each claim judged by the rule of :mod:`cpcfl_tf.evidence.judge`
 (:class:`Judged`), and the report ``claims.md`` with its sections (headroom, groups
 found, which machines and encoders the runs came from) and ``results/README.md``'s
 per-link table (:func:`verdict_table`). Reads the tree; writes nothing.
@@ -13,21 +13,21 @@ from typing import Sequence
 
 import numpy as np
 
-from cpcfl_tf.catalogue import COMPARISON_LABELS, client_settings
+from cpcfl_tf.evidence.catalogue import COMPARISON_LABELS, client_settings
 from cpcfl_tf.config import Config
 from cpcfl_tf.environment import machine
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.clustered.algorithm import cluster_sizes, clustering_failed
 from cpcfl_tf.clustered.metrics import cluster_ari
-from cpcfl_tf.judge import (CANNOT, RULE, Summary, combined, final_accuracy,
+from cpcfl_tf.evidence.judge import (CANNOT, RULE, Summary, combined, final_accuracy,
                             linear_eval_config, linear_eval_settings, paired, verdict)
 from cpcfl_tf.clustered.methods import run_label
 from cpcfl_tf.record import RunRecord
 from cpcfl_tf.record_store import Found, RecordIndex, mismatch, together
-from cpcfl_tf.report import markdown_table
+from cpcfl_tf.running.report import markdown_table
 from cpcfl_tf.run_plan import resolve
-from cpcfl_tf.runner import RunSpec, stands_in
-from cpcfl_tf.claims import Claim, Link, base_name, evidence
+from cpcfl_tf.running.runner import RunSpec, stands_in
+from cpcfl_tf.evidence.claims import Claim, Link, base_name, evidence
 
 
 # -- judging -------------------------------------------------------------------------
@@ -73,8 +73,8 @@ class Evidence:
 
     def every(self, name: str, seed: int) -> list[Found]:
         """Every record of run ``name`` for ``seed``, the preferred first. A fixed run
-        (:func:`~cpcfl_tf.claims.fixed_name`) with no record of its own is its base run's
-        record wherever its restart rule never fires there (:func:`~cpcfl_tf.runner.stands_in`):
+        (:func:`~cpcfl_tf.evidence.claims.fixed_name`) with no record of its own is its base run's
+        record wherever its restart rule never fires there (:func:`~cpcfl_tf.running.runner.stands_in`):
         that run is it, bit for bit."""
         config = self.config_of(name, seed)
         found = self.index.every(config)

@@ -1,7 +1,7 @@
 """The command line every experiment script shares: its options, how they become a
 validated config and a checked output folder, and small argparse types.
 
-:class:`cpcfl_tf.script.Script` builds each script's parser with :func:`experiment_parser`
+:class:`cpcfl_tf.running.script.Script` builds each script's parser with :func:`experiment_parser`
 and resolves the preset and output folder with :func:`setup`; scripts run through
 :func:`cpcfl_tf.errors.run_cli` (bad input: one line on stderr, exit 2, nothing written).
 """
