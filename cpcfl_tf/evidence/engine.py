@@ -26,7 +26,7 @@ from cpcfl_tf.record import RunRecord
 from cpcfl_tf.record_store import Found, RecordIndex, mismatch, together
 from cpcfl_tf.running.report import markdown_table
 from cpcfl_tf.run_plan import resolve
-from cpcfl_tf.running.runner import RunSpec, stands_in
+from cpcfl_tf.running.runner import RunSpec, base_plan, stands_in
 from cpcfl_tf.evidence.claims import Claim, Link, base_name, evidence
 
 
@@ -82,7 +82,8 @@ class Evidence:
         if found or base is None:
             return found
         run = resolve(config)
-        return [f for f in self.every(base, seed) if stands_in(f.record, run)]
+        base_run = base_plan(run)  # resolved once, not per record
+        return [f for f in self.every(base, seed) if stands_in(f.record, run, base_run)]
 
     def _use(self, seed: int, name: str, path: Path) -> None:
         paths = self.used.setdefault(f"seed {seed}: {name}", [])

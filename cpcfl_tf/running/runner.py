@@ -224,7 +224,7 @@ class Runner:
         base = None if self.force else base_plan(run)
         if base is not None:
             found = self.store.base_run(base)
-            if found is not None and stands_in(found.record, run):
+            if found is not None and stands_in(found.record, run, base):
                 return RunDecision(Decision.STAND_IN, found)
             twin = self.store.twin(spec.name, run, base)
             if twin is not None:
@@ -393,12 +393,12 @@ def base_plan(run: RunPlan) -> RunPlan | None:
     return resolve(run.requested.with_overrides(federated={"method": base})) if base else None
 
 
-def stands_in(record: RunRecord, run: RunPlan) -> bool:
-    """Whether ``record`` is the run of ``run`` bit for bit: a run of its base plan
-    (:func:`base_plan`) in which ``run``'s restart rule never fires (attempt 0 draws what
+def stands_in(record: RunRecord, run: RunPlan, base: RunPlan | None) -> bool:
+    """Whether ``record`` is the run of ``run`` bit for bit: a run of ``base``, its base
+    plan (:func:`base_plan`, made once by the caller), in which ``run``'s restart rule
+    never fires (attempt 0 draws what
     the base draws). A property of the record, whatever machine made it."""
     from cpcfl_tf.clustered.algorithm import would_restart
 
-    base = base_plan(run)
     return (base is not None and same_config(record, base)
             and not would_restart(run.federated, [r.cluster_ids for r in record.rounds]))
