@@ -1,4 +1,4 @@
-"""One configuration object, validated on construction, and the four presets.
+"""One configuration object, validated on construction.
 
 ``Config`` is the request: it groups the settings of a run into sections (data,
 partition, pre-training, federated). Every section checks itself in ``__post_init__``
@@ -9,28 +9,19 @@ data: what needs a dataset's facts (its splits, their sizes, whether they hold l
 is checked when the config is resolved into the run's plan,
 :func:`cpcfl_tf.run_plan.resolve`.
 
-Presets (docs/presets-and-data.md):
-
-========== ============================================= ===== ============ ===========
-preset     data                                          input C / T / Tc   pre-training
-========== ============================================= ===== ============ ===========
-smoke      scikit-learn digits                           32    9 / 4 / 1    1 epoch
-quick      Fashion-MNIST (Debian files)                  32    15 / 40 / 10 few epochs
-standard   same as quick                                 32    60 / 100 / 10 more epochs
-paper      STL-10 through tfds, the paper's settings     96    60 / 100 / 10 300 epochs
-========== ============================================= ===== ============ ===========
+The four presets are :mod:`cpcfl_tf.presets`'s.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
-import typing
-from typing import Any, Sequence
+from typing import Any
 
 from cpcfl_tf.compat import UNSET_FIELDS, read_pretrain, stored_pretrain
-from cpcfl_tf.errors import UserError
-from cpcfl_tf.clustered.methods import METHODS, PRETRAIN_METHODS, PRETRAININGS
+from cpcfl_tf.errors import require
+from cpcfl_tf.clustered.methods import METHODS, PRETRAININGS
+from cpcfl_tf.clustered.starts import START
 
 ENCODER_DIMS = {"cnn": 256, "resnet18": 512, "resnet50": 2048}
 """The encoders and the width of their output (Sec. "Experimental settings", "ResNet-18
@@ -47,20 +38,16 @@ MIN_IMAGE_SIZE = 32
 """The CNN encoder's four valid stride-2 convolutions need at least 31 pixels."""
 
 
-def _check(ok: bool, message: str) -> None:
-    if not ok:
-        raise UserError(message)
-
-
 def _positive(section: str, **values: float) -> None:
     for name, value in values.items():
-        _check(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
-               and math.isfinite(value),
-               f"{section}.{name} must be a positive finite number, got {value!r}")
+        require(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+                and math.isfinite(value),
+                f"{section}.{name} must be a positive finite number, got {value!r}")
 
 
 def _choice(section: str, name: str, value: str, choices: tuple[str, ...]) -> None:
-    _check(value in choices, f"unknown {section}.{name} {value!r}; choose one of {', '.join(choices)}")
+    require(value in choices,
+            f"unknown {section}.{name} {value!r}; choose one of {', '.join(choices)}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,9 +68,9 @@ class DataConfig:
 
         for split in (self.pretrain_split, self.client_train_split, self.client_test_split):
             check_split_text(split)
-        _check(isinstance(self.image_size, int) and self.image_size >= MIN_IMAGE_SIZE,
-               f"data.image_size must be an integer >= {MIN_IMAGE_SIZE} (the CNN encoder needs "
-               f"31 px), got {self.image_size!r}")
+        require(isinstance(self.image_size, int) and self.image_size >= MIN_IMAGE_SIZE,
+                f"data.image_size must be an integer >= {MIN_IMAGE_SIZE} (the CNN encoder needs "
+                f"31 px), got {self.image_size!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,21 +147,21 @@ class PretrainConfig:
     def __post_init__(self) -> None:
         from cpcfl_tf.pretraining.methods import check_options
 
-        _check(self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)
-                                     and self.seed >= 0),
-               f"pretrain.seed must be a non-negative integer or none, got {self.seed!r}")
+        require(self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)
+                                      and self.seed >= 0),
+                f"pretrain.seed must be a non-negative integer or none, got {self.seed!r}")
         object.__setattr__(self, "options", check_options(self.options))
         _choice("pretrain", "precision", self.precision, PRECISIONS)
         _choice("pretrain", "encoder", self.encoder, ENCODERS)
         _choice("pretrain", "lr_schedule", self.lr_schedule, LR_SCHEDULES)
         _positive("pretrain", epochs=self.epochs, batch_size=self.batch_size,
                   learning_rate=self.learning_rate)
-        _check(isinstance(self.warmup_epochs, int) and 0 <= self.warmup_epochs < self.epochs,
-               f"pretrain.warmup_epochs must be an integer in [0, epochs={self.epochs}), "
+        require(isinstance(self.warmup_epochs, int) and 0 <= self.warmup_epochs < self.epochs,
+                f"pretrain.warmup_epochs must be an integer in [0, epochs={self.epochs}), "
                f"got {self.warmup_epochs!r}")
-        _check(self.warmup_epochs == 0 or self.lr_schedule != "constant",
-               "pretrain.warmup_epochs warms up the cosine schedule; set "
-               "pretrain.lr_schedule=cosine too")
+        require(self.warmup_epochs == 0 or self.lr_schedule != "constant",
+                "pretrain.warmup_epochs warms up the cosine schedule; set "
+                "pretrain.lr_schedule=cosine too")
 
     def settings(self, method: str) -> dict[str, Any]:
         """Every setting of self-supervised ``method`` with the value it runs with."""
@@ -253,27 +240,27 @@ class FederatedConfig:
         _choice("federated", "backend", self.backend, ("auto", "stacked", "keras"))
         _choice("federated", "local_optimizer", self.local_optimizer, LOCAL_OPTIMIZERS)
         _choice("federated", "optimizer_state", self.optimizer_state, OPTIMIZER_STATES)
-        _check(isinstance(self.jit_compile, bool),
-               f"federated.jit_compile must be true or false, got {self.jit_compile!r}")
+        require(isinstance(self.jit_compile, bool),
+                f"federated.jit_compile must be true or false, got {self.jit_compile!r}")
         _positive("federated", num_clusters=self.num_clusters, rounds=self.rounds,
                   local_epochs=self.local_epochs, batch_size=self.batch_size,
                   learning_rate=self.learning_rate, participation=self.participation,
                   report_every=self.report_every, eval_every=self.eval_every)
-        _check(isinstance(self.head_rounds, int) and 0 <= self.head_rounds < self.rounds,
-               f"federated.head_rounds (Tc) must be in [0, rounds={self.rounds}), "
+        require(isinstance(self.head_rounds, int) and 0 <= self.head_rounds < self.rounds,
+                f"federated.head_rounds (Tc) must be in [0, rounds={self.rounds}), "
                f"got {self.head_rounds}")
-        _check(self.encoder_epochs is None or 0 <= self.encoder_epochs <= self.local_epochs,
-               f"federated.encoder_epochs must be in [0, local_epochs={self.local_epochs}], "
-               f"got {self.encoder_epochs}")
-        _check(self.participation <= 1, f"federated.participation must be in (0, 1], "
-                                        f"got {self.participation}")
-        _check(self.max_restarts >= 0 and self.restart_round >= 1 and self.min_cluster_share >= 0,
-               "federated.max_restarts >= 0, restart_round >= 1 and min_cluster_share >= 0")
-        _check(self.centralized_epochs is None or self.centralized_epochs >= 1,
-               f"federated.centralized_epochs must be positive, got {self.centralized_epochs}")
-        _check(self.optimizer_state == "fresh" or self.local_optimizer == "adam",
-               "federated.optimizer_state 'client' keeps Adam's moments; "
-               f"local_optimizer {self.local_optimizer!r} has none (use fresh)")
+        require(self.encoder_epochs is None or 0 <= self.encoder_epochs <= self.local_epochs,
+                f"federated.encoder_epochs must be in [0, local_epochs={self.local_epochs}], "
+                f"got {self.encoder_epochs}")
+        require(self.participation <= 1, f"federated.participation must be in (0, 1], "
+                                         f"got {self.participation}")
+        require(self.max_restarts >= 0 and self.restart_round >= 1 and self.min_cluster_share >= 0,
+                "federated.max_restarts >= 0, restart_round >= 1 and min_cluster_share >= 0")
+        require(self.centralized_epochs is None or self.centralized_epochs >= 1,
+                f"federated.centralized_epochs must be positive, got {self.centralized_epochs}")
+        require(self.optimizer_state == "fresh" or self.local_optimizer == "adam",
+                "federated.optimizer_state 'client' keeps Adam's moments; "
+                f"local_optimizer {self.local_optimizer!r} has none (use fresh)")
         METHODS[self.method].check_start(self.pretraining)
         METHODS[self.method].resolve_options(self.options)
 
@@ -294,40 +281,6 @@ class FederatedConfig:
                 or round_ == self.rounds or round_ in self.quarters)
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class ResolvedFederated(FederatedConfig):
-    """``federated`` as its method runs it (:func:`cpcfl_tf.run_plan.resolve`): the number of models
-    N, Tc and the method's options as the run uses them. The algorithm and its drivers
-    take only this form (:func:`resolved_only`); a requested config given to them would
-    run, say, FedAvg with three models or IFCA with a Tc phase. Equal to a
-    :class:`FederatedConfig` of the same values (a run record's config reads back as
-    this type)."""
-
-    def __eq__(self, other):
-        if not isinstance(other, FederatedConfig):
-            return NotImplemented
-        return dataclasses.astuple(self) == dataclasses.astuple(other)
-
-    def __hash__(self):
-        return hash(json.dumps(dataclasses.asdict(self), sort_keys=True))
-
-
-def as_resolved(fl: FederatedConfig) -> ResolvedFederated:
-    """``fl`` as the resolved type, for a config already resolved when it was stored (a
-    run record's ``config``); a requested one is resolved by :func:`cpcfl_tf.run_plan.resolve`."""
-    return fl if isinstance(fl, ResolvedFederated) else ResolvedFederated(
-        **{f.name: getattr(fl, f.name) for f in dataclasses.fields(fl)})
-
-
-def resolved_only(fl: FederatedConfig, where: str) -> ResolvedFederated:
-    """``fl`` if it is resolved; else a ``TypeError`` saying what to pass instead."""
-    if not isinstance(fl, ResolvedFederated):
-        raise TypeError(f"{where} takes the resolved federated config "
-                        "(resolve(config).federated, what the method runs), got the "
-                        "requested one")
-    return fl
-
-
 @dataclasses.dataclass(frozen=True)
 class Config:
     """Everything a run needs; :meth:`to_dict` is what result files record."""
@@ -340,48 +293,12 @@ class Config:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        _check(isinstance(self.seed, int) and self.seed >= 0,
-               f"seed must be a non-negative integer, got {self.seed!r}")
-        _check(self.pretrain.encoder == self.federated.encoder,
-               f"pretrain.encoder ({self.pretrain.encoder}) and federated.encoder "
-               f"({self.federated.encoder}) differ; change both, e.g. Config.with_encoder()")
-        self._check_unlabeled()
-
-    def _check_unlabeled(self) -> None:
-        """A start that pre-trains where the unlabeled images are, with settings a
-        federated pre-training can run (names only: what the data can hold is checked
-        when the config is resolved, :func:`cpcfl_tf.run_plan.check_data`)."""
-        from cpcfl_tf.pretraining.methods import FEDERATED_STARTS
-
-        start, where = self.federated.pretraining, self.partition.unlabeled
-        federated = FEDERATED_STARTS.get(start)
-        if federated and where == "server":
-            raise UserError(f"{start} pre-trains on the clients' unlabeled images; set "
-                            "partition.unlabeled=iid or groups")
-        if not federated and where != "server" and start in PRETRAIN_METHODS + ("supervised",):
-            raise UserError(f"with partition.unlabeled={where} the server holds no unlabeled "
-                            f"images to pre-train {start} on; start from "
-                            f"fed-{start if start in PRETRAIN_METHODS else 'simclr'}, or set "
-                            "partition.unlabeled=server")
-        if federated:
-            algorithm, method = federated
-            if self.pretrain.lr_schedule != "constant":
-                raise UserError(f"{start} runs a constant learning rate (a fresh Adam per "
-                                "client round); set pretrain.lr_schedule=constant")
-            if self.pretrain.settings(method).get("target_schedule", "constant") != "constant":
-                raise UserError(f"{start} keeps BYOL's target on the client with a constant "
-                                f"rate; drop {method}.target_schedule from pretrain.options")
-
-    def federated_ssl_settings(self) -> dict[str, Any] | None:
-        """The settings of the federated pre-training this run starts from (its entry's
-        in ``pretrain.options``, defaults filled in; ``rounds`` may still be None, the
-        server's passes); None for a start that is not federated."""
-        from cpcfl_tf.pretraining.methods import FEDERATED_STARTS
-
-        federated = FEDERATED_STARTS.get(self.federated.pretraining)
-        if federated is None:
-            return None
-        return federated[0].resolve((self.pretrain.options or {}).get(federated[0].name))
+        require(isinstance(self.seed, int) and self.seed >= 0,
+                f"seed must be a non-negative integer, got {self.seed!r}")
+        require(self.pretrain.encoder == self.federated.encoder,
+                f"pretrain.encoder ({self.pretrain.encoder}) and federated.encoder "
+                f"({self.federated.encoder}) differ; change both, e.g. Config.with_encoder()")
+        START[self.federated.pretraining].check(self)  # where its images are, its settings
 
     @property
     def pretrain_seed(self) -> int:
@@ -405,7 +322,7 @@ class Config:
         """The config :meth:`to_dict` gave (fields added to a section since then at their
         defaults), validated like any other."""
         extra = set(data) - set(SECTIONS) - {"preset", "seed"}
-        _check(not extra, f"unknown config section(s) {', '.join(sorted(extra))}")
+        require(not extra, f"unknown config section(s) {', '.join(sorted(extra))}")
         return cls(preset=data["preset"], seed=data["seed"],
                    **{name: SECTIONS[name](**with_defaults(name, _read(name, data[name])))
                       for name in SECTIONS})
@@ -423,16 +340,16 @@ class Config:
             if name == "seed":
                 changes[name] = fields
                 continue
-            _check(name in ("data", "partition", "pretrain", "federated"),
-                   f"unknown config section {name!r}")
+            require(name in ("data", "partition", "pretrain", "federated"),
+                    f"unknown config section {name!r}")
             section = getattr(self, name)
-            if isinstance(section, ResolvedFederated):  # changed: requested again
-                section = FederatedConfig(**{f.name: getattr(section, f.name)
-                                             for f in dataclasses.fields(section)})
+            if type(section) is not SECTIONS[name]:  # the resolved form, changed: requested again
+                section = SECTIONS[name](**{f.name: getattr(section, f.name)
+                                            for f in dataclasses.fields(section)})
             known = {f.name for f in dataclasses.fields(section)}
             unknown = set(fields) - known
-            _check(not unknown, f"unknown field(s) {', '.join(sorted(unknown))} in {name}; "
-                                f"known: {', '.join(sorted(known))}")
+            require(not unknown, f"unknown field(s) {', '.join(sorted(unknown))} in {name}; "
+                                 f"known: {', '.join(sorted(known))}")
             changes[name] = dataclasses.replace(section, **fields)
         return dataclasses.replace(self, **changes)
 
@@ -475,92 +392,10 @@ def with_defaults(section: str, stored: dict[str, Any]) -> dict[str, Any]:
     return filled
 
 
-def parse_settings(items: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """``["federated.rounds=200", "partition.num_clients=120", ...]`` as overrides per
-    section (for :meth:`Config.with_overrides`), each value parsed by its field's type:
-    integers, numbers, ``true``/``false``, ``none``, comma-separated integers for tuples,
-    JSON for ``pretrain.augment``, ``pretrain.options`` and ``federated.options``, or one
-    key at a time: ``pretrain.options.byol.target_decay=0.99`` (no JSON quoting: what a
-    Flower run config's ``set`` can carry). Unknown sections or fields and
-    values of the wrong type are a one-line :class:`UserError` naming what is allowed."""
-    overrides: dict[str, dict[str, Any]] = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        section, dot, name = key.strip().partition(".")
-        _check(bool(sep and dot and name), f"--set takes SECTION.FIELD=VALUE, got {item!r}")
-        _check(section in SECTIONS, f"unknown config section {section!r} in --set {item}; "
-                                    f"choose one of {', '.join(SECTIONS)}")
-        fields = {f.name for f in dataclasses.fields(SECTIONS[section])}
-        name, _, path = name.partition(".")  # pretrain.options.byol.target_decay=0.99
-        _check(name in fields, f"unknown field {section}.{name} in --set; known: "
-                               f"{', '.join(sorted(fields))}")
-        kind = typing.get_type_hints(SECTIONS[section])[name]
-        if path:
-            base = typing.get_origin(kind) or kind
-            args = [a for a in typing.get_args(kind) if a is not type(None)]
-            base = typing.get_origin(args[0]) if args and base is not dict else base
-            _check(base is dict, f"--set {section}.{name} is not a mapping; drop "
-                                 f".{path} (e.g. {section}.{name}=VALUE)")
-            inner = overrides.setdefault(section, {}).setdefault(name, {})
-            _check(isinstance(inner, dict), f"--set {section}.{name} given twice")
-            *parents, leaf = path.split(".")
-            for key in parents:
-                inner = inner.setdefault(key, {})
-            inner[leaf] = _scalar(text.strip())
-            continue
-        overrides.setdefault(section, {})[name] = _parse_value(f"{section}.{name}", kind,
-                                                               text.strip())
-    return overrides
-
-
-def _scalar(text: str) -> Any:
-    """One value of a mapping set key by key (``pretrain.options.fed.rounds=5``): JSON
-    (numbers, true/false, null, quoted strings), else the text itself."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return {"none": None}.get(text.lower(), text)
-
-
-def _parse_value(field: str, kind: Any, text: str) -> Any:
-    optional = type(None) in typing.get_args(kind)  # X | None
-    if optional:
-        kind = next(a for a in typing.get_args(kind) if a is not type(None))
-        if text.lower() in ("none", "null"):
-            return None
-    base = typing.get_origin(kind) or kind
-    try:
-        if base is bool:
-            _check(text.lower() in ("true", "false", "1", "0", "yes", "no"), "")
-            return text.lower() in ("true", "1", "yes")
-        if base is int:
-            return int(text)
-        if base is float:
-            return float(text)
-        if base is tuple:
-            return tuple(int(v) for v in text.split(",") if v.strip())
-        if base is dict:
-            value = json.loads(text)
-            _check(isinstance(value, dict), "")
-            return value
-        return text
-    except (ValueError, UserError):
-        wanted = {bool: "true or false", int: "an integer", float: "a number",
-                  tuple: "comma-separated integers", dict: "a JSON object"}[base]
-        none = " or none" if optional else ""
-        raise UserError(f"--set {field} takes {wanted}{none}, got {text!r}") from None
-
-
-def config_json(config: Config) -> dict[str, Any]:
-    """``config`` as a run record writes it: every field, but
-    :data:`cpcfl_tf.compat.UNSET_FIELDS` only when set."""
-    return config.to_dict()
-
-
 def config_record(config: Config) -> dict[str, Any]:
     """The part of ``config`` that decides a run's result (not where data is read from),
     as JSON-ready data: what a run record keeps as ``requested``."""
-    record = config_json(config)
+    record = config.to_dict()
     record["data"] = {k: v for k, v in record["data"].items() if k not in ("data_dir", "manual_dir")}
     return json.loads(json.dumps(record))
 
@@ -573,53 +408,3 @@ def pretrain_config_for(pretrain: PretrainConfig, encoder: str) -> PretrainConfi
     return dataclasses.replace(pretrain, encoder=encoder,
                                batch_size=max(1, pretrain.batch_size // 2),
                                epochs=max(1, round(pretrain.epochs * 5 / 3)))
-
-
-def _smoke() -> Config:
-    return Config(
-        preset="smoke",
-        # Pre-training and client images are disjoint parts of digits' training split.
-        data=DataConfig("digits", "train[:697]", "digits", "train[697:]", "test", image_size=32),
-        partition=PartitionConfig(num_clients=9, class_counts=(8, 8, 2, 2)),
-        pretrain=PretrainConfig(epochs=1, batch_size=128),
-        federated=FederatedConfig(rounds=4, head_rounds=1, local_epochs=1),
-    )
-
-
-def _quick() -> Config:
-    return Config(
-        preset="quick",
-        # 50,000 unlabeled images for the server, clients from the other 10,000.
-        data=DataConfig("fashion_mnist_idx", "train[:50000]", "fashion_mnist_idx",
-                        "train[50000:]", "test", image_size=32),
-        # The paper's own 15-client setting uses T = 40 (Sec. "Number of clients").
-        partition=PartitionConfig(num_clients=15),
-        pretrain=PretrainConfig(epochs=5),
-        federated=FederatedConfig(rounds=40, head_rounds=10),
-    )
-
-
-def _standard() -> Config:
-    quick = _quick()
-    return dataclasses.replace(
-        quick, preset="standard", partition=PartitionConfig(num_clients=60),
-        pretrain=dataclasses.replace(quick.pretrain, epochs=20),
-        federated=FederatedConfig(rounds=100, head_rounds=10))
-
-
-def _paper() -> Config:
-    # All defaults are the paper's: STL-10, 96x96, 60 clients in 3 groups, N = 3,
-    # T = 100, Tc = 10, E = 3, batch 32, Adam 1e-3; 300 epochs of batch 500 pre-training.
-    return Config(preset="paper", data=DataConfig(), partition=PartitionConfig(),
-                  pretrain=PretrainConfig(), federated=FederatedConfig())
-
-
-PRESETS = {"smoke": _smoke, "quick": _quick, "standard": _standard, "paper": _paper}
-
-
-def get_preset(name: str) -> Config:
-    """Return a fresh :class:`Config` for preset ``name``."""
-    try:
-        return PRESETS[name]()
-    except KeyError:
-        raise UserError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}") from None

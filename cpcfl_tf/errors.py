@@ -22,6 +22,12 @@ class DivergedError(UserError):
     the message names the learning rate to lower and what was kept."""
 
 
+def require(ok: bool, message: str) -> None:
+    """Raise :class:`UserError` with ``message`` (one line naming the fix) unless ``ok``."""
+    if not ok:
+        raise UserError(message)
+
+
 def fail(message: str) -> NoReturn:
     """Print ``error: message`` on one line to stderr and exit with status 2."""
     print(f"error: {' '.join(str(message).split())}", file=sys.stderr)

@@ -15,7 +15,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from cpcfl_tf.config import Config, as_resolved, config_json, config_record
+from cpcfl_tf.config import Config, config_record
+from cpcfl_tf.run_plan import as_resolved
 from cpcfl_tf.clustered.methods import METHODS
 from cpcfl_tf.results import read_file, write_json
 from cpcfl_tf.pretraining.methods import FEDERATED_STARTS
@@ -204,7 +205,7 @@ class RunRecord:
         out: dict[str, Any] = {
             "experiment": self.experiment, "preset": self.preset, "method": self.method,
             "pretraining": self.pretraining,
-            "config": {**config_json(self.config),
+            "config": {**self.config.to_dict(),
                        "requested": config_record(self.requested)},
             "seeds": self.seeds}
         if self.nodes is not None:

@@ -18,14 +18,59 @@ take the plan and never resolve again. A run record keeps ``plan.config`` (resol
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 from cpcfl_tf.clustered.methods import METHODS, Method
 from cpcfl_tf.clustered.rules import Rule
 from cpcfl_tf.clustered.starts import START, Start
-from cpcfl_tf.config import Config, ResolvedFederated, as_resolved
+from cpcfl_tf.config import Config, FederatedConfig
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.pretraining.methods import FEDERATED_STARTS, SSL_METHODS, FederatedSSL
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ResolvedFederated(FederatedConfig):
+    """``federated`` as its method runs it (:func:`resolve`): the number of models
+    N, Tc and the method's options as the run uses them. The algorithm and its drivers
+    take only this form (:func:`resolved_only`); a requested config given to them would
+    run, say, FedAvg with three models or IFCA with a Tc phase. Equal to a
+    :class:`FederatedConfig` of the same values (a run record's config reads back as
+    this type)."""
+
+    def __eq__(self, other):
+        if not isinstance(other, FederatedConfig):
+            return NotImplemented
+        return dataclasses.astuple(self) == dataclasses.astuple(other)
+
+    def __hash__(self):
+        return hash(json.dumps(dataclasses.asdict(self), sort_keys=True))
+
+
+def as_resolved(fl: FederatedConfig) -> ResolvedFederated:
+    """``fl`` as the resolved type, for a config already resolved when it was stored (a
+    run record's ``config``); a requested one is resolved by :func:`resolve`."""
+    return fl if isinstance(fl, ResolvedFederated) else ResolvedFederated(
+        **{f.name: getattr(fl, f.name) for f in dataclasses.fields(fl)})
+
+
+def resolved_only(fl: FederatedConfig, where: str) -> ResolvedFederated:
+    """``fl`` if it is resolved; else a ``TypeError`` saying what to pass instead."""
+    if not isinstance(fl, ResolvedFederated):
+        raise TypeError(f"{where} takes the resolved federated config "
+                        "(resolve(config).federated, what the method runs), got the "
+                        "requested one")
+    return fl
+
+
+def federated_settings(config: Config) -> dict[str, Any] | None:
+    """The settings of the federated pre-training ``config`` starts from (its entry's in
+    ``pretrain.options``, defaults filled in; ``rounds`` may still be None, the server's
+    passes); None for a start that is not federated."""
+    federated = FEDERATED_STARTS.get(config.federated.pretraining)
+    if federated is None:
+        return None
+    return federated[0].resolve((config.pretrain.options or {}).get(federated[0].name))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +96,7 @@ class RunPlan:
 
     config: Config
     """The config as the method runs it: ``config.federated`` is the
-    :class:`~cpcfl_tf.config.ResolvedFederated` (N, Tc and options as used)."""
+    :class:`ResolvedFederated` (N, Tc and options as used)."""
     requested: Config
     """The config as it was asked for."""
     method: Method
@@ -104,7 +149,7 @@ def _pretraining(config: Config) -> Pretraining | None:
     if start in FEDERATED_STARTS:
         federated, method = FEDERATED_STARTS[start]
         return Pretraining(method, config.pretrain.settings(method), seed, federated,
-                           config.federated_ssl_settings())
+                           federated_settings(config))
     if start in SSL_METHODS:
         return Pretraining(start, config.pretrain.settings(start), seed)
     if start == "supervised":
@@ -169,5 +214,5 @@ def _check_deal(config: Config) -> None:
                         "partition.unlabeled=iid")
     if config.partition.kind != "own" and base in spec.splits:
         check_deal(split_size(d.pretrain_dataset, d.pretrain_split),
-                   config.partition.num_clients, config.federated_ssl_settings()["batch_size"],
+                   config.partition.num_clients, federated_settings(config)["batch_size"],
                    f"{d.pretrain_dataset}:{d.pretrain_split}")

@@ -100,7 +100,7 @@ def test_communication_cost_is_n_plus_one_s_per_client_and_round():
 
 @pytest.mark.parametrize("participation", [1.0, 0.5])
 def test_a_node_alone_selects_what_the_simulator_selects_for_it(participation):
-    from cpcfl_tf.config import ResolvedFederated
+    from cpcfl_tf.run_plan import ResolvedFederated
 
     fl = ResolvedFederated(num_clusters=3, head_rounds=2, participation=participation)
     losses = np.array([[0.5, 0.5, 0.9], [0.2, 0.1, 0.1], [0.3, 0.3, 0.3], [0.7, 0.2, 0.4],
@@ -125,7 +125,7 @@ def test_a_node_alone_selects_what_the_simulator_selects_for_it(participation):
 
 
 def test_streams_and_restart_rule():
-    from cpcfl_tf.config import ResolvedFederated
+    from cpcfl_tf.run_plan import ResolvedFederated
     from cpcfl_tf.clustered.algorithm import Stream, should_restart, stream_seed
 
     assert stream_seed(3, 1, 7, Stream.BATCHES) == [3, 1, 7, 1]
@@ -140,7 +140,7 @@ def test_streams_and_restart_rule():
 def test_the_algorithm_takes_only_a_resolved_config():
     """A requested config would run FedAvg with three models and give IFCA a Tc phase:
     the algorithm and the pool refuse it at once, saying what to pass."""
-    from cpcfl_tf.config import get_preset
+    from cpcfl_tf.presets import get_preset
     from cpcfl_tf.clustered.pool import initial_pool
 
     requested = get_preset("smoke").with_overrides(federated={"method": "fedavg",

@@ -2,7 +2,7 @@ import keras
 import numpy as np
 import pytest
 
-from cpcfl_tf.config import get_preset
+from cpcfl_tf.presets import get_preset
 from cpcfl_tf.pretraining.linear_eval import encode, relevance_score
 from cpcfl_tf.data import load_labeled
 from cpcfl_tf.clustered.clients import clients_for

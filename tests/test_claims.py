@@ -10,7 +10,7 @@ import pytest
 
 from cpcfl_tf.evidence.claims import claims as claim_list
 from cpcfl_tf.evidence.claims import evidence
-from cpcfl_tf.config import get_preset
+from cpcfl_tf.presets import get_preset
 from cpcfl_tf.evidence.engine import found_at
 from cpcfl_tf.evidence.judge import CANNOT, HOLDS, NOT_SHOWN, OPPOSITE, t_interval, verdict
 from cpcfl_tf.record import Final, Round, RunRecord, write_record

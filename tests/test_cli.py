@@ -171,7 +171,7 @@ def test_bad_folders_are_refused_by_name_before_any_data_is_read(tmp_path, monke
     import cpcfl_tf.pretraining.pretrain as pretrain
     import cpcfl_tf.data as data
     import cpcfl_tf.clustered.clients as clients
-    from cpcfl_tf.config import get_preset
+    from cpcfl_tf.presets import get_preset
     from cpcfl_tf.errors import UserError
     from helpers import script
 

@@ -3,8 +3,9 @@ import itertools
 
 import pytest
 
-from cpcfl_tf.config import (Config, DataConfig, FederatedConfig, PartitionConfig,
-                             PretrainConfig, PRESETS, get_preset)
+from cpcfl_tf.config import (
+    Config, DataConfig, FederatedConfig, PartitionConfig, PretrainConfig)
+from cpcfl_tf.presets import PRESETS, get_preset
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.pretraining.methods import SSL_METHODS
 from cpcfl_tf.run_plan import resolve
@@ -242,7 +243,7 @@ def test_pretraining_cache_keys_survive_added_settings(preset, method):
 
 
 def test_a_mapping_is_set_key_by_key_without_json():
-    from cpcfl_tf.config import parse_settings
+    from cpcfl_tf.overrides import parse_settings
 
     assert parse_settings(["pretrain.options.fedema.rounds=2", "pretrain.options.byol."
                            "target_decay=0.99", "federated.options.eps1=0.3"]) == {

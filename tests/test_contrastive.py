@@ -163,7 +163,7 @@ def test_pretrain_saves_the_encoder_alone_and_reuses_it(digits, tmp_path):
 
 
 def test_pretrained_encoder_pretrains_the_method_a_run_names(tmp_path, monkeypatch):
-    from cpcfl_tf.config import get_preset
+    from cpcfl_tf.presets import get_preset
     from cpcfl_tf.pretraining import pretrain as module
 
     calls = []

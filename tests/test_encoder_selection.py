@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from cpcfl_tf.config import get_preset
+from cpcfl_tf.presets import get_preset
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.running.runner import Runner, RunSpec
 from helpers import ROOT, script

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cpcfl_tf.config import get_preset
+from cpcfl_tf.presets import get_preset
 from cpcfl_tf.errors import UserError
 from helpers import ROOT, SCRIPT_FOLDERS, script, script_path
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from cpcfl_tf.clustered import rules
-from cpcfl_tf.config import get_preset
+from cpcfl_tf.presets import get_preset
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.clustered import algorithm
 from cpcfl_tf.clustered.clients import clients_for

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from cpcfl_tf.config import get_preset
+from cpcfl_tf.presets import get_preset
 from cpcfl_tf.data.unlabeled import check_deal, deal_unlabeled, group_shares
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.clustered.methods import METHODS, STARTS

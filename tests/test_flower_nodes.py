@@ -68,7 +68,7 @@ def test_bad_node_data_is_refused_in_one_line(tmp_path, make, message):
 
 
 def test_the_export_writes_each_clients_images_as_the_simulator_holds_them(tmp_path, capsys):
-    from cpcfl_tf.config import get_preset
+    from cpcfl_tf.presets import get_preset
     from cpcfl_tf.clustered.clients import clients_for
 
     out = tmp_path / "clients"

@@ -12,7 +12,7 @@ LAYERS = {
     "errors": 0, "results": 0, "scalars": 0, "environment": 0, "compat": 0, "plugins": 0,
     "data": 1, "pretraining.methods": 1, "clustered.rules": 1, "clustered.starts": 1,
     "clustered.methods": 1,
-    "config": 2, "dataset_pairs": 2, "run_plan": 2,
+    "config": 2, "presets": 2, "overrides": 2, "dataset_pairs": 2, "run_plan": 2,
     "models": 3, "flops": 3,
     "pretraining": 4,
     "clustered": 5,

@@ -67,7 +67,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cpcfl_tf.config import get_preset
+from cpcfl_tf.presets import get_preset
 from cpcfl_tf.pretraining.linear_eval import linear_eval
 from cpcfl_tf.data.sources import load_labeled
 from cpcfl_tf.clustered.metrics import cluster_ari

@@ -8,7 +8,7 @@ import stat
 import numpy as np
 import pytest
 
-from cpcfl_tf.config import get_preset
+from cpcfl_tf.presets import get_preset
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.results import DamagedFile, read_json, write_json
 from cpcfl_tf.run_plan import resolve

@@ -2,7 +2,7 @@
 against its data before anything is written."""
 import pytest
 
-from cpcfl_tf.config import get_preset
+from cpcfl_tf.presets import get_preset
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.run_plan import resolve
 from cpcfl_tf.running.runner import Runner, RunSpec

@@ -306,7 +306,7 @@ def test_a_report_says_when_its_runs_come_from_other_machines_or_encoders():
 
 
 def test_a_centralized_run_needs_one_or_group_many_models():
-    from cpcfl_tf.config import get_preset
+    from cpcfl_tf.presets import get_preset
     from cpcfl_tf.clustered.centralized import run_centralized
     from cpcfl_tf.clustered.clients import Clients
 
@@ -319,7 +319,7 @@ def test_a_centralized_run_needs_one_or_group_many_models():
 
 def test_distribute_option_reaches_the_runner(tmp_path):
     from cpcfl_tf.running.cli import experiment_parser
-    from cpcfl_tf.config import get_preset
+    from cpcfl_tf.presets import get_preset
     from cpcfl_tf.running.runner import Runner
 
     args = experiment_parser("x", "x").parse_args(["--distribute", "mirrored"])

@@ -6,7 +6,7 @@ import tarfile
 
 import pytest
 
-from cpcfl_tf.config import get_preset
+from cpcfl_tf.presets import get_preset
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.pretraining.methods import SSL_METHODS
 from helpers import ROOT, script

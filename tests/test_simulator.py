@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from cpcfl_tf.config import PretrainConfig, get_preset
+from cpcfl_tf.config import PretrainConfig
+from cpcfl_tf.presets import get_preset
 from cpcfl_tf.pretraining.pretrain import pretrain
 from cpcfl_tf.data import load_unlabeled
 from cpcfl_tf.errors import UserError
@@ -328,10 +329,9 @@ def test_eval_every_thins_the_scoring_and_changes_nothing_else(clients, tmp_path
             assert (a.accuracy, a.scores) == (b.accuracy, b.scores)
     assert sparse.final == full.final and sparse.best_accuracy() <= full.best_accuracy()
     # the record leaves the field out at its default: earlier records stay byte for byte
-    from cpcfl_tf.config import config_json
 
-    assert "eval_every" not in config_json(every)["federated"]
-    assert config_json(thinned)["federated"]["eval_every"] == 3
+    assert "eval_every" not in every.to_dict()["federated"]
+    assert thinned.to_dict()["federated"]["eval_every"] == 3
     with pytest.raises(UserError, match="eval_every"):
         config(eval_every=0)
 
@@ -436,7 +436,7 @@ def test_divergence_is_a_clear_error(clients):
 
 RUNNER = textwrap.dedent("""
     import sys
-    from cpcfl_tf.config import get_preset
+    from cpcfl_tf.presets import get_preset
     from cpcfl_tf.clustered.clients import clients_for
     from cpcfl_tf.clustered.simulator import run_federated
     from cpcfl_tf.run_plan import resolve

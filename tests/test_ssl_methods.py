@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from cpcfl_tf import compat
-from cpcfl_tf.config import Config, PretrainConfig, config_json, get_preset
+from cpcfl_tf.config import Config, PretrainConfig
+from cpcfl_tf.presets import get_preset
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.pretraining.methods import SSL_METHODS, Setting, check_options
 
@@ -172,7 +173,7 @@ def test_the_stored_layout_reads_back_as_the_same_config(options, start):
                                             "temperature", "target_decay", "projector_dim",
                                             "predictor_dim"]
     assert Config.from_dict(stored) == config
-    record = config_json(config)["pretrain"]
+    record = config.to_dict()["pretrain"]
     if start in SSL_METHODS:  # the record names every setting of the run's method
         shown = {k: record[k] for k in compat.LEGACY_PRETRAIN if start in
                  compat.LEGACY_PRETRAIN[k][1]} | (record.get("options") or {}).get(start, {})
@@ -248,11 +249,11 @@ def test_a_method_setting_left_out_of_compat_would_change_the_records(monkeypatc
     added to SimCLR would appear in every SimCLR record (so the committed ones would no
     longer be what the code writes)."""
     config = get_preset("quick")
-    assert "options" not in config_json(config)["pretrain"]
+    assert "options" not in config.to_dict()["pretrain"]
     entry = SSL_METHODS["simclr"]
     monkeypatch.setitem(SSL_METHODS, "simclr", dataclasses.replace(
         entry, settings={**entry.settings, "negatives_weight": Setting(1.0, "test")}))
-    assert config_json(config)["pretrain"]["options"] == {"simclr": {"negatives_weight": 1.0}}
+    assert config.to_dict()["pretrain"]["options"] == {"simclr": {"negatives_weight": 1.0}}
 
 
 # -- the schedules ----------------------------------------------------------------------

@@ -427,7 +427,7 @@ def test_what_the_reliability_study_shows_is_written_from_its_summary():
     assert ("margin of 0.0400, against 0.0500 (middle half 0.0300-0.0700) in the runs that "
             "found the groups: not among the smallest, so a merge is not a near tie between "
             "models but one model the best for two groups.") in reliability.findings(summary)[3]
-    from cpcfl_tf.config import get_preset
+    from cpcfl_tf.presets import get_preset
 
     assert reliability.verdict_line(get_preset("standard"), summary) == (
         "Beyond the paper (60 clients, T = 100, `experiments/clustering_reliability.py`): runs "
@@ -469,7 +469,7 @@ def test_a_study_updates_the_results_readme_only_from_the_kits_own_folder(tmp_pa
                                                                            monkeypatch):
     import argparse
 
-    from cpcfl_tf.config import get_preset
+    from cpcfl_tf.presets import get_preset
     from cpcfl_tf.running.script import Session
 
     monkeypatch.chdir(tmp_path)

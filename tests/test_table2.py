@@ -82,7 +82,7 @@ def test_a_folder_of_another_config_is_refused(smoke_run):
 
 
 def test_an_interrupted_run_needs_resume(smoke_run, tmp_path):
-    from cpcfl_tf.config import get_preset
+    from cpcfl_tf.presets import get_preset
     from cpcfl_tf.running.runner import RunSpec, Runner
 
     spec = RunSpec("fedavg-none", "fedavg", "none")
@@ -110,7 +110,7 @@ def test_an_interrupted_run_needs_resume(smoke_run, tmp_path):
 
 
 def test_fedavg_simclr_is_cp_cfl_simclr_with_one_cluster(smoke_run, tmp_path):
-    from cpcfl_tf.config import get_preset
+    from cpcfl_tf.presets import get_preset
     from cpcfl_tf.running.runner import RunSpec, Runner
 
     fedavg = json.loads((smoke_run / "fedavg-simclr.json").read_text())
@@ -128,7 +128,7 @@ def test_fedavg_simclr_is_cp_cfl_simclr_with_one_cluster(smoke_run, tmp_path):
 
 
 def test_a_record_that_ran_with_an_older_meaning_of_its_method_is_refused(smoke_run, tmp_path):
-    from cpcfl_tf.config import get_preset
+    from cpcfl_tf.presets import get_preset
     from cpcfl_tf.running.runner import RunSpec, Runner
 
     record = json.loads((smoke_run / "fedavg-simclr.json").read_text())
@@ -140,7 +140,7 @@ def test_a_record_that_ran_with_an_older_meaning_of_its_method_is_refused(smoke_
 
 
 def test_a_record_written_before_a_config_field_existed_still_counts(smoke_run, tmp_path):
-    from cpcfl_tf.config import get_preset
+    from cpcfl_tf.presets import get_preset
     from cpcfl_tf.running.runner import RunSpec, Runner
 
     record = json.loads((smoke_run / "fedavg-none.json").read_text())
@@ -202,7 +202,7 @@ def test_encoder_training_script_covers_heads_and_settings(tmp_path):
 
 def test_ifca_fedavg_starts_from_the_cached_fedavg_encoder(tmp_path, monkeypatch, capsys):
     import cpcfl_tf.clustered.starting as starting
-    from cpcfl_tf.config import get_preset
+    from cpcfl_tf.presets import get_preset
     from cpcfl_tf.running.runner import RunSpec, Runner
 
     monkeypatch.setenv("CPCFL_CACHE", str(tmp_path / "cache"))
@@ -225,7 +225,7 @@ def test_a_restart_variant_run_whose_rule_never_fires_is_taken_from_its_base_run
     # CP-CFL+restart is CP-CFL until its failure test fires (tests/test_simulator.py), so
     # where CP-CFL's run of the same config shows the test passing, that run is taken
     # for it (no record written, nothing trained); where the test fires, it runs.
-    from cpcfl_tf.config import get_preset
+    from cpcfl_tf.presets import get_preset
     from cpcfl_tf.clustered.algorithm import clustering_failed
     from cpcfl_tf.running.runner import RunSpec, Runner
 

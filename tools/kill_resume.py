@@ -38,7 +38,7 @@ SPEC = ("cp-cfl-simclr", "cp-cfl", "simclr")
 
 def run_config(preset: str, seed: int, kills: int):
     """The preset with enough rounds that every planned kill finds the run unfinished."""
-    from cpcfl_tf.config import get_preset
+    from cpcfl_tf.presets import get_preset
 
     config = get_preset(preset).with_overrides(seed=seed)
     rounds = max(config.federated.rounds, kills + 2)

@@ -22,7 +22,7 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from cpcfl_tf.config import resolved_only
+from cpcfl_tf.run_plan import resolved_only
 from cpcfl_tf.clustered.diagnostics import diagnosed, selection_record
 from cpcfl_tf.clustered.methods import METHODS
 

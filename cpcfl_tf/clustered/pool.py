@@ -7,7 +7,8 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from cpcfl_tf.config import FederatedConfig, resolved_only
+from cpcfl_tf.config import FederatedConfig
+from cpcfl_tf.run_plan import resolved_only
 from cpcfl_tf.clustered import algorithm
 from cpcfl_tf.clustered.methods import METHODS
 from cpcfl_tf.models import ENCODER_DIMS, build_classifier, build_classifier_head, build_encoder

@@ -10,13 +10,14 @@ that start needs: a random initialisation needs none, the server's pre-trainings
 the supervised one their cached folder, IFCA (FedAvg)'s encoder a FedAvg run, a
 federated pre-training the clients' images. Nothing else compares a start's name.
 
-This module imports nothing of the kit but the self-supervised registry, so every layer
-may read it.
+This module imports nothing of the kit but its errors and the self-supervised registry,
+so every layer may read it.
 """
 from __future__ import annotations
 
 import dataclasses
 
+from cpcfl_tf.errors import UserError
 from cpcfl_tf.pretraining.methods import FEDERATED_STARTS, SSL_METHODS, FederatedSSL
 
 
@@ -33,6 +34,10 @@ class Start:
     ``pretraining_key``); False: random weights, or each run's own FedAvg encoder."""
     on_flower: bool = True
     """The Flower ServerApp can begin from it."""
+
+    def check(self, config) -> None:
+        """Refuse, in one line naming the fix, a ``config`` this start cannot begin from
+        (names only: what the data can hold is :func:`cpcfl_tf.run_plan.check_data`'s)."""
 
     def encoder(self, source, config):
         """The starting encoder's weights (None: random), got from ``source``."""
@@ -54,6 +59,14 @@ class ServerPretraining(Start):
     pretrained: bool = True
     shared: bool = True
     ssl_method: str = ""
+
+    def check(self, config) -> None:
+        where = config.partition.unlabeled
+        if where != "server":
+            raise UserError(f"with partition.unlabeled={where} the server holds no unlabeled "
+                            f"images to pre-train {self.name} on; start from "
+                            f"fed-{self.ssl_method or 'simclr'}, or set "
+                            "partition.unlabeled=server")
 
     def encoder(self, source, config):
         return source.contrastive(config, self.ssl_method).encoder.get_weights()
@@ -90,6 +103,18 @@ class FederatedPretraining(ServerPretraining):
     clients' unlabeled images."""
 
     federated: FederatedSSL | None = None
+
+    def check(self, config) -> None:
+        if config.partition.unlabeled == "server":
+            raise UserError(f"{self.name} pre-trains on the clients' unlabeled images; set "
+                            "partition.unlabeled=iid or groups")
+        if config.pretrain.lr_schedule != "constant":
+            raise UserError(f"{self.name} runs a constant learning rate (a fresh Adam per "
+                            "client round); set pretrain.lr_schedule=constant")
+        if config.pretrain.settings(self.ssl_method).get("target_schedule",
+                                                         "constant") != "constant":
+            raise UserError(f"{self.name} keeps BYOL's target on the client with a constant "
+                            f"rate; drop {self.ssl_method}.target_schedule from pretrain.options")
 
     def encoder(self, source, config):
         return source.federated(config).encoder.get_weights()

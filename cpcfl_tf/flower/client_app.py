@@ -36,7 +36,7 @@ from cpcfl_tf.errors import UserError
 from cpcfl_tf.flower import checks
 from cpcfl_tf.flower.common import (class_names, from_record, models_from_records, run_config,
                                    to_record)
-from cpcfl_tf.run_plan import resolve
+from cpcfl_tf.run_plan import federated_settings, resolve
 
 app = ClientApp()
 
@@ -195,7 +195,7 @@ def _identity(context: Context) -> dict:
     if path is not None:
         listed = _listing(run_items, str(path))
         unlabeled = {}
-        settings = run_config(dict(run_items)).federated_ssl_settings()
+        settings = federated_settings(run_config(dict(run_items)))
         if settings is not None:  # a federated pre-training needs a batch of them: refused
             found = list_node_unlabeled(str(path))  # now, if fewer
             check_batch(len(found), settings["batch_size"], f"{path}/unlabeled holds",

@@ -12,7 +12,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from cpcfl_tf.config import Config, get_preset, parse_settings
+from cpcfl_tf.config import Config
+from cpcfl_tf.overrides import parse_settings
+from cpcfl_tf.presets import get_preset
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.clustered.methods import METHODS, PRETRAIN_METHODS
 from cpcfl_tf.clustered.starts import START

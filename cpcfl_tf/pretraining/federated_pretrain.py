@@ -40,6 +40,7 @@ from cpcfl_tf.data.unlabeled import check_batch
 from cpcfl_tf.errors import DivergedError, UserError
 from cpcfl_tf.results import CACHE_FIX, cache_root, prepare_out_dir, write_atomic, write_json
 from cpcfl_tf.pretraining.methods import FEDERATED_STARTS
+from cpcfl_tf.run_plan import federated_settings
 
 
 def federated_plan(config: Config) -> dict:
@@ -47,7 +48,7 @@ def federated_plan(config: Config) -> dict:
     settings (rounds resolved) and deal."""
     start = config.federated.pretraining
     algorithm, method = FEDERATED_STARTS[start]
-    settings = config.federated_ssl_settings()
+    settings = federated_settings(config)
     passes = settings["local_epochs"] * settings["participation"]
     rounds = settings["rounds"] or max(1, round(config.pretrain.epochs / passes))
     return {"start": start, "algorithm": algorithm.name, "method": method,

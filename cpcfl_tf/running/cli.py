@@ -12,7 +12,9 @@ import dataclasses
 from pathlib import Path
 from typing import Callable, Sequence
 
-from cpcfl_tf.config import PRESETS, Config, get_preset, parse_settings
+from cpcfl_tf.config import Config
+from cpcfl_tf.overrides import parse_settings
+from cpcfl_tf.presets import PRESETS, get_preset
 from cpcfl_tf.environment import set_determinism
 from cpcfl_tf.errors import ArgumentParser, UserError
 from cpcfl_tf.pretraining.methods import SSL_METHODS
