@@ -64,7 +64,7 @@ class DataConfig:
     manual_dir: str | None = None
 
     def __post_init__(self) -> None:
-        from cpcfl_tf.data.sources import check_split_text  # reads nothing
+        from cpcfl_tf.data.specs import check_split_text  # reads nothing
 
         for split in (self.pretrain_split, self.client_train_split, self.client_test_split):
             check_split_text(split)

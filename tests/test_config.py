@@ -195,7 +195,7 @@ def test_keys_and_fingerprints_leave_out_added_fields_at_their_defaults():
 
 
 def test_disjoint_splits_of_one_dataset_pass_and_other_datasets_never_clash():
-    from cpcfl_tf.data.sources import Split
+    from cpcfl_tf.data.specs import Split
 
     assert DataConfig(pretrain_dataset="stl10", pretrain_split="unlabelled")  # the paper's
     get_preset("quick").with_overrides(data={"pretrain_split": "train[:49999]"})

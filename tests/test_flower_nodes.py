@@ -4,7 +4,7 @@ whose data is bad."""
 import numpy as np
 import pytest
 
-from cpcfl_tf.data.sources import list_node_folder, read_node_folder
+from cpcfl_tf.data.folders import list_node_folder, read_node_folder
 from cpcfl_tf.errors import UserError
 from helpers import script, simulated
 

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from cpcfl_tf.data.sources import class_folder_names
+from cpcfl_tf.data.folders import class_folder_names
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.running.script import Script
 

@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from cpcfl_tf.run_plan import ResolvedFederated
-from cpcfl_tf.data.sources import LabeledImages
+from cpcfl_tf.data.specs import LabeledImages
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.clustered.backends import (LocalTraining, backend_of, batch_orders,
                                          client_probabilities, stack_models, unstack)

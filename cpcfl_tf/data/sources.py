@@ -14,43 +14,21 @@ Splits use one syntax everywhere: ``"train"``, ``"train[50000:]"``, ``"test[:100
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import gzip
 import logging
 import os
-import re
 import socket
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 
+from cpcfl_tf.data.folders import FOLDER, folder_spec, read_folder
+from cpcfl_tf.data.specs import DatasetSpec, LabeledImages, Split, check_split_text, finish
 from cpcfl_tf.errors import UserError
 
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 """Where Debian's ``dataset-fashion-mnist`` package puts the IDX files."""
-
-
-@dataclasses.dataclass(frozen=True)
-class DatasetSpec:
-    """Static facts about one dataset; nothing here touches the disk or the network."""
-
-    name: str
-    backend: Literal["tfds", "idx", "sklearn", "folder"]
-    num_classes: int
-    splits: dict[str, int]
-    """Split name -> number of images."""
-    unlabeled_splits: frozenset[str] = frozenset()
-    """Splits that carry no labels (STL-10's ``unlabelled``, whose label is -1)."""
-    tfds_name: str | None = None
-    label_key: str = "label"
-    transpose: bool = False
-    """EMNIST is stored transposed in tfds; flip it back so digits read upright."""
-    host: str | None = None
-    """Download host, probed before tfds is allowed to fetch (its retries take minutes)."""
-    files: dict[str, tuple[tuple[str, int], ...]] | None = None
-    """A folder source's files: split -> ((path, class index), ...), in split order."""
 
 
 DATASETS: dict[str, DatasetSpec] = {
@@ -79,13 +57,6 @@ DATASETS: dict[str, DatasetSpec] = {
         DatasetSpec("digits", "sklearn", 10, {"train": 1_297, "test": 500}),
     )
 }
-
-
-FOLDER = "folder:"
-"""Prefix of a folder source: ``folder:PATH``."""
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
-FOLDER_TEST_SHARE = 0.2
-"""A folder without ``train/`` and ``test/`` is split by a seeded draw: this share tests."""
 
 
 def get_spec(dataset: str) -> DatasetSpec:
@@ -123,194 +94,6 @@ def tfds_spec(name: str) -> DatasetSpec:
     return DatasetSpec(name, "tfds", label.num_classes, splits, tfds_name=name)
 
 
-def _split_dirs(root: Path, what: str) -> dict[str, Path]:
-    """An image folder's split folders: ``train/`` and ``test/`` when it has both, else
-    the whole folder as ``all`` (to be split by a seeded draw)."""
-    if not root.is_dir():
-        raise UserError(f"no folder {root} {what}; give a folder with one subfolder of "
-                        "PNG/JPEG images per class")
-    if (root / "train").is_dir() and (root / "test").is_dir():
-        return {"train": root / "train", "test": root / "test"}
-    return {"all": root}
-
-
-def _seeded_split(count: int) -> tuple[np.ndarray, np.ndarray]:
-    """The rows of a folder without ``train/`` and ``test/``: a seeded draw, the same on
-    every machine, :data:`FOLDER_TEST_SHARE` of them for testing (train rows, test rows)."""
-    order = np.random.default_rng(0).permutation(count)
-    cut = count - int(round(FOLDER_TEST_SHARE * count))
-    return order[:cut], order[cut:]
-
-
-@functools.lru_cache(maxsize=16)
-def folder_spec(path: str) -> DatasetSpec:
-    """A folder of images with one subfolder per class (PNG/JPEG), as a dataset.
-
-    With ``train/`` and ``test/`` subfolders (each holding the class subfolders) those are
-    the splits; otherwise every image is split by a seeded draw into ``train`` and
-    ``test`` (:data:`FOLDER_TEST_SHARE`). Images directly in a split folder, outside any
-    class subfolder, count as unlabeled (class -1): fine for pre-training, refused as
-    client data. Only names are read here, no image.
-    """
-    root = Path(path).expanduser()
-    split_dirs = _split_dirs(root, f"for {FOLDER}{path}")
-    classes = sorted({d.name for folder in split_dirs.values() for d in folder.iterdir()
-                      if d.is_dir()})
-    listed = {}
-    for split, folder in split_dirs.items():
-        files = [(str(f), -1) for f in sorted(folder.iterdir()) if f.suffix.lower() in
-                 IMAGE_SUFFIXES]
-        for k, name in enumerate(classes):
-            sub = folder / name
-            if sub.is_dir():
-                files += [(str(f), k) for f in sorted(sub.iterdir())
-                          if f.suffix.lower() in IMAGE_SUFFIXES]
-        listed[split] = files
-    if "all" in listed:
-        files = listed.pop("all")
-        train, test = _seeded_split(len(files))
-        listed = {"train": [files[i] for i in train], "test": [files[i] for i in test]}
-    if not any(listed.values()):
-        raise UserError(f"{root} holds no PNG or JPEG images")
-    return DatasetSpec(f"{FOLDER}{path}", "folder", len(classes),
-                       {split: len(files) for split, files in listed.items()},
-                       files={split: tuple(files) for split, files in listed.items()})
-
-
-def class_folder_names(num_classes: int) -> tuple[str, ...]:
-    """A node folder's class subfolder names unless the run names its classes: the class
-    indices, ``0`` .. ``num_classes - 1``."""
-    return tuple(str(k) for k in range(num_classes))
-
-
-def list_node_folder(path: str | os.PathLike, class_names: tuple[str, ...]
-                     ) -> dict[str, list[tuple[str, int]]]:
-    """One client's own images (a Flower node's ``data-path``): ``train``/``test`` ->
-    ``[(file, class index), ...]``, checked without reading an image.
-
-    The folder has the image-folder layout of :func:`folder_spec` (one subfolder per
-    class, optional ``train/`` and ``test/``), but the class indices are the run's:
-    a subfolder's name is looked up in ``class_names``, so a node holding 2 of 10 classes
-    labels them as the other nodes do. Within a split, images are ordered by file name
-    across classes (``tools/export_partition.py`` names them by row: the partition's order).
-    Without ``train/`` and ``test/`` the images are split by a seeded draw
-    (:data:`FOLDER_TEST_SHARE` test). Refuses in one line a missing folder, an image
-    outside any class subfolder, a class the run does not know, and a split without
-    images. (Fewer training images than a batch are one smaller batch, as the simulator
-    trains an epoch's remainder.)
-    """
-    root = Path(path).expanduser()
-    split_dirs = _split_dirs(root, "(node config data-path)")
-    index = {name: k for k, name in enumerate(class_names)}
-    listed: dict[str, list[tuple[str, int]]] = {}
-    for split, folder in split_dirs.items():
-        stray = [f for f in sorted(folder.iterdir()) if f.suffix.lower() in IMAGE_SUFFIXES]
-        if stray:
-            raise UserError(f"{stray[0]} is in no class subfolder; a node's images go in one "
-                            "subfolder per class")
-        files = []
-        for sub in sorted(d for d in folder.iterdir() if d.is_dir()
-                          and d.name != UNLABELED_FOLDER):
-            if sub.name not in index:
-                raise UserError(f"{sub} is a class the run does not know; its classes are "
-                                f"{', '.join(class_names)} (run config class-names)")
-            files += [(f, index[sub.name]) for f in sub.iterdir()
-                      if f.suffix.lower() in IMAGE_SUFFIXES]
-        files.sort(key=lambda item: (item[0].name, item[1]))
-        listed[split] = [(str(f), k) for f, k in files]
-    if "all" in listed:
-        files = listed.pop("all")
-        train, test = _seeded_split(len(files))  # kept in file order
-        listed = {"train": [files[i] for i in sorted(train)],
-                  "test": [files[i] for i in sorted(test)]}
-    if not listed["train"] or not listed["test"]:
-        raise UserError(f"{root} has {len(listed['train'])} training and "
-                        f"{len(listed['test'])} test images; a node needs at least one of "
-                        "each")
-    return listed
-
-
-UNLABELED_FOLDER = "unlabeled"
-"""The subfolder of a node's ``data-path`` with its unlabeled images (no class
-subfolders): what a federated pre-training trains on."""
-
-
-def list_node_unlabeled(path: str | os.PathLike) -> list[str]:
-    """The files of a node's unlabeled images (``data-path``/``unlabeled/``), checked
-    without reading one: a missing or empty folder is refused in one line."""
-    folder = Path(path).expanduser() / UNLABELED_FOLDER
-    files = (sorted(str(f) for f in folder.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES)
-             if folder.is_dir() else [])
-    if not files:
-        raise UserError(f"no unlabeled images in {folder}; a federated pre-training needs the "
-                        f"node's PNG/JPEG images there (node config data-path)")
-    return files
-
-
-def read_node_unlabeled(files: list[str], image_size: int | None = None) -> np.ndarray:
-    """The images of :func:`list_node_unlabeled`'s files, prepared as every source's
-    (``uint8 (n, h, w, 3)``)."""
-    spec = DatasetSpec("node", "folder", 0, {"unlabeled": len(files)},
-                       files={"unlabeled": tuple((f, -1) for f in files)})
-    images, _ = _read_folder(spec, Split("unlabeled", None, None), False, None, None)
-    return _finish(images, spec, image_size)
-
-
-def read_node_folder(listed: dict[str, list[tuple[str, int]]], num_classes: int,
-                     image_size: int | None = None) -> dict[str, LabeledImages]:
-    """The images of :func:`list_node_folder`'s listing, prepared as every source's."""
-    spec = DatasetSpec("node", "folder", num_classes, {k: len(v) for k, v in listed.items()},
-                       files={k: tuple(v) for k, v in listed.items()})
-    out = {}
-    for split in ("train", "test"):
-        images, labels = _read_folder(spec, Split(split, None, None), True, None, None)
-        out[split] = LabeledImages(_finish(images, spec, image_size), labels.astype(np.int64),
-                                   num_classes, f"node:{split}")
-    return out
-
-
-_SPLIT = re.compile(r"^(?P<base>[a-z_]+)(\[(?P<start>-?\d*):(?P<stop>-?\d*)\])?$")
-
-
-@dataclasses.dataclass(frozen=True)
-class Split:
-    """A parsed split such as ``train[50000:]``: a base split and a Python slice of it."""
-
-    base: str
-    start: int | None
-    stop: int | None
-
-    def indices(self, size: int) -> range:
-        return range(size)[slice(self.start, self.stop)]
-
-    def overlaps(self, other: "Split", size: int | None) -> bool:
-        """Whether the two select a common image (``size``: the base split's, if known;
-        unknown sizes are judged on non-negative bounds alone, else assumed apart)."""
-        if self.base != other.base:
-            return False
-        if size is not None:  # two step-1 ranges: they meet where the later start is first
-            mine, theirs = self.indices(size), other.indices(size)
-            return max(mine.start, theirs.start) < min(mine.stop, theirs.stop)
-        bounds = (self.start, self.stop, other.start, other.stop)
-        if any(b is not None and b < 0 for b in bounds):
-            return False
-        end = lambda stop: float("inf") if stop is None else stop  # noqa: E731
-        return max(self.start or 0, other.start or 0) < min(end(self.stop), end(other.stop))
-
-    def __str__(self) -> str:
-        if self.start is None and self.stop is None:
-            return self.base
-        return f"{self.base}[{'' if self.start is None else self.start}:{'' if self.stop is None else self.stop}]"
-
-
-def check_split_text(split: str) -> re.Match:
-    """``split`` read as a split's text (no dataset is looked at)."""
-    match = _SPLIT.match(split.strip()) if isinstance(split, str) else None
-    if not match:
-        raise UserError(f"cannot read split {split!r}; write it like 'train' or 'train[50000:]'")
-    return match
-
-
 def parse_split(dataset: str, split: str) -> Split:
     """Parse and validate ``split`` for ``dataset``; an empty selection is an error."""
     spec = get_spec(dataset)
@@ -336,22 +119,6 @@ def split_size(dataset: str, split: str) -> int:
         raise UserError(f"the size of {dataset}:{split} is known once tfds has prepared it; "
                         "prepare it first (or pass --data-dir with a prepared copy)")
     return len(parsed.indices(sizes[parsed.base]))
-
-
-@dataclasses.dataclass(frozen=True)
-class LabeledImages:
-    """Images with their labels, as the clients and linear evaluation see them."""
-
-    images: np.ndarray
-    """``uint8`` array ``(n, h, w, c)``."""
-    labels: np.ndarray
-    """``int64`` array ``(n,)`` with values in ``[0, num_classes)``."""
-    num_classes: int
-    source: str
-    """``dataset:split``, for logs and result files."""
-
-    def __len__(self) -> int:
-        return len(self.labels)
 
 
 def load_labeled(dataset: str, split: str, *, image_size: int | None = None,
@@ -382,7 +149,7 @@ def load_labeled(dataset: str, split: str, *, image_size: int | None = None,
     if labels.size and (labels.min() < 0 or labels.max() >= spec.num_classes):
         raise UserError(f"{dataset}:{split} has labels outside [0, {spec.num_classes}); "
                         "the data files look corrupt, fetch them again")
-    return LabeledImages(_finish(images, spec, image_size), labels, spec.num_classes,
+    return LabeledImages(finish(images, spec, image_size), labels, spec.num_classes,
                          f"{dataset}:{parsed}")
 
 
@@ -395,20 +162,7 @@ def load_unlabeled(dataset: str, split: str, *, image_size: int | None = None,
     spec = get_spec(dataset)
     images, _ = _READERS[spec.backend](spec, parse_split(dataset, split), False, data_dir,
                                        manual_dir)
-    return _finish(images, spec, image_size)
-
-
-def _finish(images: np.ndarray, spec: DatasetSpec, image_size: int | None) -> np.ndarray:
-    if images.ndim == 3:
-        images = images[..., None]
-    if spec.transpose:
-        images = images.transpose(0, 2, 1, 3)
-    images = np.ascontiguousarray(images, dtype=np.uint8)
-    if image_size is None:
-        return images
-    from cpcfl_tf.data.images import prepare_images  # TF import only when resizing
-
-    return prepare_images(images, image_size)
+    return finish(images, spec, image_size)
 
 
 # --- readers: (spec, split, want_labels, data_dir, manual_dir) -> (images, labels | None)
@@ -529,32 +283,5 @@ def _check_can_fetch(spec: DatasetSpec, data_dir: str | None, manual_dir: str | 
                         "Fashion-MNIST") from None
 
 
-def _read_folder(spec: DatasetSpec, split: Split, want_labels: bool, data_dir: str | None,
-                 manual_dir: str | None) -> tuple[np.ndarray, np.ndarray | None]:
-    del data_dir, manual_dir
-    from PIL import Image
-
-    rows = split.indices(spec.splits[split.base])
-    chosen = [spec.files[split.base][i] for i in rows]
-    if want_labels and any(label < 0 for _, label in chosen):
-        path = next(p for p, label in chosen if label < 0)
-        raise UserError(f"{path} is in no class subfolder; labeled data needs one subfolder "
-                        "per class")
-    images = []
-    for path, _ in chosen:
-        try:
-            with Image.open(path) as image:
-                images.append(np.asarray(image.convert("RGB"), np.uint8))
-        except OSError as err:
-            raise UserError(f"cannot read image {path} ({err}); remove or replace it") from None
-    shapes = {im.shape for im in images}
-    if len(shapes) > 1:  # resized one by one to the largest, then as every source is
-        h, w = max(s[0] for s in shapes), max(s[1] for s in shapes)
-        images = [np.asarray(Image.fromarray(im).resize((w, h), Image.BILINEAR))
-                  for im in images]
-    labels = np.array([label for _, label in chosen], np.int64) if want_labels else None
-    return np.stack(images), labels
-
-
 _READERS = {"idx": _read_idx, "sklearn": _read_sklearn, "tfds": _read_tfds,
-            "folder": _read_folder}
+            "folder": read_folder}

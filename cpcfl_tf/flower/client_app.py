@@ -5,7 +5,7 @@ A node holds its client's data in one of two ways, set by its node config:
 - ``partition-id=K`` (simulations and rehearsals): the node draws the run's seeded
   partition, as the simulator does, and keeps client K's rows;
 - ``data-path=DIR`` (a deployment): the node reads its own image folder (one subfolder
-  per class, optional ``train/`` and ``test/``; :func:`cpcfl_tf.data.sources.list_node_folder`),
+  per class, optional ``train/`` and ``test/``; :func:`cpcfl_tf.data.folders.list_node_folder`),
   and no global dataset exists anywhere.
 
 It answers three messages: ``query`` (who am I: the partition id, or the folder's name
@@ -29,8 +29,8 @@ from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, Record
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
-from cpcfl_tf.data.sources import (list_node_folder, list_node_unlabeled, read_node_folder,
-                                   read_node_unlabeled)
+from cpcfl_tf.data.folders import (
+    list_node_folder, list_node_unlabeled, read_node_folder, read_node_unlabeled)
 from cpcfl_tf.data.unlabeled import SMALLER_BATCH, check_batch
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.flower import checks

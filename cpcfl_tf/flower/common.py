@@ -83,7 +83,8 @@ def class_names(values: Mapping[str, Any]) -> tuple[str, ...]:
         if len(set(given)) != len(given):
             raise UserError(f"run config class-names repeats a name: {','.join(given)}")
         return tuple(given)
-    from cpcfl_tf.data.sources import class_folder_names, get_spec
+    from cpcfl_tf.data.sources import get_spec
+    from cpcfl_tf.data.folders import class_folder_names
 
     return class_folder_names(get_spec(run_config(values).data.client_dataset).num_classes)
 

@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from cpcfl_tf.pretraining.linear_eval import encode, linear_eval
-from cpcfl_tf.data.sources import LabeledImages
+from cpcfl_tf.data.specs import LabeledImages
 from cpcfl_tf.errors import UserError
 
 K = 200
