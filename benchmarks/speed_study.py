@@ -143,7 +143,7 @@ def _as_matmul_logits(layers, params, x, every: bool):
     output: a reshape). The same arithmetic in another order (last bits differ)."""
     import tensorflow as tf
 
-    from cpcfl_tf.clustered.backends import stacked_logits
+    from cpcfl_tf.clustered.stacked import stacked_logits
 
     k, h, i = x.shape[0], x, 0
     for n, layer in enumerate(layers):
@@ -182,7 +182,7 @@ def step_layouts(classifier, clients: int, batches: Sequence[int], repeats: int 
 
     from cpcfl_tf.pretraining.timing import compare_seconds
     from cpcfl_tf.data.images import to_float
-    from cpcfl_tf.clustered.backends import StackedBackend, stacked_logits
+    from cpcfl_tf.clustered.stacked import StackedBackend, stacked_logits
 
     backend = StackedBackend(classifier)
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cpcfl_tf.clustered import rules
+from cpcfl_tf.clustered import clustering, rules
 from cpcfl_tf.presets import get_preset
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.clustered import algorithm
@@ -32,8 +32,8 @@ def run(clients, method, checkpoint=None, on_round=None, **federated):
 def one_round_by_hand(clients, fl, ids):
     """Round 1 from the initial pool: every client trains model ``ids[u]`` with the
     round's batches; returns the trained weights stacked over clients."""
-    from cpcfl_tf.clustered.backends import (LocalTraining, backend_of, batch_orders,
-                                             stack_models)
+    from cpcfl_tf.clustered.backends import backend_of
+    from cpcfl_tf.clustered.local import LocalTraining, batch_orders, stack_models
     from cpcfl_tf.clustered.pool import build_template, initial_pool
 
     template = build_template(fl, clients.train.images.shape[2:], clients.num_classes)
@@ -102,7 +102,7 @@ def test_nearest_centres_recovers_three_groups():
     truth = np.repeat([2, 0, 1], 4)
     clients = [np.stack([centres[g][i] + 0.01 * rng.normal(size=centres[g][i].shape)
                          for g in truth]).astype(np.float32) for i in range(2)]
-    found = rules.nearest_centres(centres, clients)
+    found = clustering.nearest_centres(centres, clients)
     assert np.array_equal(found, truth) and cluster_ari(truth, found) == 1.0
 
 
@@ -263,17 +263,17 @@ def test_hierarchical_clusters_recover_three_groups():
     rng = np.random.default_rng(2)
     truth = np.repeat([1, 2, 0], 5)
     centres = rng.normal(size=(3, 40)) * 3
-    found = rules.hierarchical_clusters(centres[truth] + rng.normal(size=(15, 40)), 3)
+    found = clustering.hierarchical_clusters(centres[truth] + rng.normal(size=(15, 40)), 3)
     assert cluster_ari(truth, found) == 1.0
 
 
 def test_principal_angles_of_known_subspaces():
     e = np.eye(4)
-    np.testing.assert_allclose(rules.principal_angles(e[:, :2], e[:, :2]), [0, 0], atol=1e-7)
-    np.testing.assert_allclose(rules.principal_angles(e[:, :2], e[:, 2:]),
+    np.testing.assert_allclose(clustering.principal_angles(e[:, :2], e[:, :2]), [0, 0], atol=1e-7)
+    np.testing.assert_allclose(clustering.principal_angles(e[:, :2], e[:, 2:]),
                                [np.pi / 2, np.pi / 2])
     tilted = np.stack([e[0], (e[1] + e[2]) / np.sqrt(2)], 1)
-    np.testing.assert_allclose(rules.principal_angles(e[:, :2], tilted), [0, np.pi / 4],
+    np.testing.assert_allclose(clustering.principal_angles(e[:, :2], tilted), [0, np.pi / 4],
                                atol=1e-7)
 
 
@@ -287,10 +287,10 @@ def test_subspace_clusters_recover_groups_with_different_data_subspaces():
     for g in truth:
         mix = rng.random(size=(30, 4)) @ patterns[g]
         images = np.clip(mix / mix.max() * 255, 0, 255).astype(np.uint8).reshape(30, 8, 8, 3)
-        u = rules.data_subspace(images, 3)
+        u = clustering.data_subspace(images, 3)
         assert u.shape == (8 * 8 * 3, 3) and u.dtype == np.float32
         subspaces.append(u)
-    assert cluster_ari(truth, rules.subspace_clusters(subspaces, 3)) == 1.0
+    assert cluster_ari(truth, clustering.subspace_clusters(subspaces, 3)) == 1.0
 
 
 def test_pacfl_clusters_before_training_and_counts_its_subspaces(clients):
@@ -312,11 +312,11 @@ def test_farthest_first_picks_one_client_of_each_far_apart_group():
     truth = np.repeat([0, 1, 2], 4)
     centres = rng.normal(size=(3, 30)) * 5
     stacked = [(centres[truth] + 0.1 * rng.normal(size=(12, 30))).astype(np.float32)]
-    chosen = rules.farthest_first(stacked, 3)
+    chosen = clustering.farthest_first(stacked, 3)
     assert len(chosen) == 3
     picked = [int(np.argmin(np.square(stacked[0] - c[0]).sum(1))) for c in chosen]
     assert sorted(truth[picked]) == [0, 1, 2]
-    assert cluster_ari(truth, rules.nearest_centres(chosen, stacked)) == 1.0
+    assert cluster_ari(truth, clustering.nearest_centres(chosen, stacked)) == 1.0
 
 
 @pytest.fixture(scope="module")
@@ -405,7 +405,7 @@ def test_fedgroup_groups_by_decomposed_cosines_at_the_cold_start_and_keeps_them(
     u = updates.astype(np.float32).astype(np.float64)
     _, _, vt = np.linalg.svd(u, full_matrices=False)
     cosines = (u / np.linalg.norm(u, axis=1, keepdims=True)) @ vt[:3].T
-    np.testing.assert_allclose(np.abs(rules.decomposed_cosines(u, state.memory["directions"])),
+    np.testing.assert_allclose(np.abs(clustering.decomposed_cosines(u, state.memory["directions"])),
                                np.abs(cosines), atol=1e-9)
     assert state.memory["grouped"].all()
     state.assignment = ids
@@ -440,7 +440,7 @@ def test_the_features_rule_puts_clear_groups_apart_where_near_alike_heads_merge_
     rng = np.random.default_rng(0)
     truth = np.repeat([0, 1, 2], 3)
     centres = rng.normal(size=(3, 16))
-    answers = [rules.mean_embedding(centres[g] + 0.05 * rng.normal(size=(20, 16)))
+    answers = [clustering.mean_embedding(centres[g] + 0.05 * rng.normal(size=(20, 16)))
                for g in truth]
     fl = resolve(SMOKE.with_overrides(federated={"method": "cp-cfl-features", "pretraining": "simclr",
                                          "num_clusters": 3, "head_rounds": 2}
@@ -458,7 +458,7 @@ def test_the_features_rule_puts_clear_groups_apart_where_near_alike_heads_merge_
     assert rule.assignment(fl, fl.head_rounds - 1, state) is None
     assert rule.assignment(fl, fl.head_rounds + 1, state) is None
     # Each embedding is scaled to unit length, then averaged: (0.6, 0.8) and (0, 1).
-    assert np.allclose(rules.mean_embedding(np.array([[3.0, 4.0], [0.0, 2.0]])), [0.3, 0.9])
+    assert np.allclose(clustering.mean_embedding(np.array([[3.0, 4.0], [0.0, 2.0]])), [0.3, 0.9])
 
 
 def test_cp_cfl_features_takes_its_first_choice_from_the_encoders_features(clients, tmp_path):

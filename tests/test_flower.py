@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("flwr")
 pytestmark = pytest.mark.flower
 
-from cpcfl_tf.clustered import rules
+from cpcfl_tf.clustered import clustering
 from cpcfl_tf.flower.loopback import Federation, wait_for_file  # noqa: E402
 from cpcfl_tf.run_plan import resolve  # noqa: E402
 from helpers import run_in_process, script, simulated  # noqa: E402
@@ -321,7 +321,7 @@ def test_a_node_answers_what_its_method_asks_first():
     oracle = {**pacfl, "method": "oracle"}
     assert ask(oracle, "group").tolist() == [int(clients.groups[1])]
     np.testing.assert_array_equal(ask(pacfl, "subspace", basis=3),
-                                  rules.data_subspace(clients.train.images[1], 3))
+                                  clustering.data_subspace(clients.train.images[1], 3))
 
 
 def test_a_scored_round_scores_each_node_with_its_model_or_the_one_it_would_choose(

@@ -10,7 +10,7 @@ from helpers import ROOT
 
 LAYERS = {
     "errors": 0, "results": 0, "scalars": 0, "environment": 0, "compat": 0, "plugins": 0,
-    "data": 1, "pretraining.methods": 1, "clustered.rules": 1, "clustered.starts": 1,
+    "data": 1, "pretraining.methods": 1, "clustered.rules": 1, "clustered.clustering": 1, "clustered.starts": 1,
     "clustered.methods": 1,
     "config": 2, "presets": 2, "overrides": 2, "dataset_pairs": 2, "run_plan": 2,
     "models": 3, "flops": 3,
@@ -38,8 +38,9 @@ def _inside():
     ssl = _method_modules(SSL_METHODS.values())
     federated = tuple(m for m in _method_modules(FEDERATED_SSL.values()) if m != "fedavg_ssl")
     return {
-        "clustered": ("rules", "starts", "methods", "diagnostics", "clients", "metrics",
-                      "backends", "algorithm", "pool", "centralized", "simulator", "starting"),
+        "clustered": ("clustering", "rules", "starts", "methods", "diagnostics", "clients",
+                      "metrics", "local", "stacked", "backends", "algorithm", "pool",
+                      "centralized", "simulator", "starting"),
         # Each self-supervised method's file (its registry entry names it) sits on the
         # model and the losses; each federated pre-training's on fedavg_ssl: a new one
         # takes its place here without an edit.

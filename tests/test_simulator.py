@@ -15,8 +15,9 @@ from cpcfl_tf.presets import get_preset
 from cpcfl_tf.pretraining.pretrain import pretrain
 from cpcfl_tf.data import load_unlabeled
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.clustered.backends import (KerasBackend, LocalTraining, StackedBackend,
-                                         batch_orders, client_losses, stack_models)
+from cpcfl_tf.clustered.backends import KerasBackend, client_losses
+from cpcfl_tf.clustered.stacked import StackedBackend
+from cpcfl_tf.clustered.local import LocalTraining, batch_orders, stack_models
 from cpcfl_tf.clustered.clients import ClientArrays
 from cpcfl_tf.clustered.clients import clients_for
 from cpcfl_tf.clustered.simulator import run_federated
@@ -89,7 +90,8 @@ def _bn_classifier():
 def test_a_frozen_encoder_runs_in_inference_mode_and_keeps_its_batchnorm_statistics(clients):
     from cpcfl_tf.data.images import to_float
     from cpcfl_tf.clustered import algorithm
-    from cpcfl_tf.clustered.backends import make_backend, unstack
+    from cpcfl_tf.clustered.backends import make_backend
+    from cpcfl_tf.clustered.local import unstack
 
     keras.utils.set_random_seed(0)
     model = _bn_classifier()
@@ -154,7 +156,7 @@ def test_clients_can_keep_their_adam_state_between_rounds(clients, encoder, tmp_
 
 
 def test_kept_adam_state_with_different_step_counts_trains_each_client_as_alone(clients):
-    from cpcfl_tf.clustered.backends import ClientMoments
+    from cpcfl_tf.clustered.local import ClientMoments
 
     keras.utils.set_random_seed(2)
     model = build_classifier(build_encoder("cnn", (32, 32, 3)), build_classifier_head("c", 256, 10))
@@ -182,7 +184,7 @@ def test_kept_adam_state_trains_as_adam_written_in_numpy(clients):
     """A client resuming Adam from kept moments and step count 7: the stacked backend's
     weights against Kingma and Ba's update in NumPy (Keras' defaults: beta 0.9 / 0.999,
     epsilon 1e-7 outside the root), gradients of the plain Keras model."""
-    from cpcfl_tf.clustered.backends import ClientMoments
+    from cpcfl_tf.clustered.local import ClientMoments
 
     keras.utils.set_random_seed(4)
     model = build_classifier(build_encoder("cnn", (32, 32, 3)), build_classifier_head("c", 256, 10))
@@ -585,7 +587,8 @@ def test_a_run_traces_the_forward_pass_once_and_a_second_run_traces_nothing(
     first run). Its number of images is now left open in one trace, and the logits are
     those of a trace of the exact shape, to the bit."""
     from cpcfl_tf.data.images import to_float
-    from cpcfl_tf.clustered.backends import backend_of, stacked_logits
+    from cpcfl_tf.clustered.backends import backend_of
+    from cpcfl_tf.clustered.stacked import stacked_logits
     from cpcfl_tf.clustered.pool import build_template
 
     c = config(rounds=6, head_rounds=4)

@@ -21,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-from cpcfl_tf.clustered import rules
+from cpcfl_tf.clustered import clustering
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.clustered.methods import METHODS, STARTS
 from cpcfl_tf.running.report import markdown_table
@@ -90,8 +90,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     for seed in HELD_OUT:
         clients = session.runner.data.clients(config.with_overrides(seed=seed))
         # the leading p singular vectors are the first p of the leading max(BASES)
-        widest = [rules.data_subspace(x, max(BASES)) for x in clients.train.images]
-        aris[seed] = [cluster_ari(clients.groups, rules.subspace_clusters(
+        widest = [clustering.data_subspace(x, max(BASES)) for x in clients.train.images]
+        aris[seed] = [cluster_ari(clients.groups, clustering.subspace_clusters(
             [u[:, :p] for u in widest], config.federated.num_clusters)) for p in BASES]
     mean_ari = np.mean([aris[s] for s in HELD_OUT], axis=0)
     best = BASES[int(np.argmax(mean_ari))]  # the smallest p of the best mean ARI

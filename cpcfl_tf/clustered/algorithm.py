@@ -37,7 +37,7 @@ class Stream(enum.IntEnum):
     SELECTION = 0
     """Who takes part, the random picks during Tc, and tie-breaks between equal losses."""
     BATCHES = 1
-    """Each client's batch order (:func:`cpcfl_tf.clustered.backends.batch_orders`)."""
+    """Each client's batch order (:func:`cpcfl_tf.clustered.local.batch_orders`)."""
 
 
 def stream_seed(seed: int, attempt: int, round_: int, stream: Stream) -> list[int]:

@@ -20,8 +20,8 @@ import numpy as np
 from cpcfl_tf.run_plan import ResolvedFederated
 from cpcfl_tf.data.specs import LabeledImages
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.clustered.backends import (LocalTraining, backend_of, batch_orders,
-                                         client_probabilities, stack_models, unstack)
+from cpcfl_tf.clustered.backends import backend_of, client_probabilities
+from cpcfl_tf.clustered.local import LocalTraining, batch_orders, stack_models, unstack
 from cpcfl_tf.clustered.metrics import client_accuracy, pooled_scores
 from cpcfl_tf.clustered.clients import ClientArrays, Clients
 from cpcfl_tf.clustered.pool import build_template, initial_pool

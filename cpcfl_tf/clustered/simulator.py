@@ -24,9 +24,8 @@ from cpcfl_tf.compat import without_added
 from cpcfl_tf.config import FederatedConfig
 from cpcfl_tf.errors import DivergedError, UserError
 from cpcfl_tf.clustered import algorithm
-from cpcfl_tf.clustered.backends import (ClientMoments, LocalTraining, backend_of,
-                                         batch_orders, client_losses, client_probabilities,
-                                         stack_models)
+from cpcfl_tf.clustered.backends import backend_of, client_losses, client_probabilities
+from cpcfl_tf.clustered.local import ClientMoments, LocalTraining, batch_orders, stack_models
 from cpcfl_tf.clustered.clients import Clients
 from cpcfl_tf.clustered.metrics import client_accuracy, cluster_ari, pooled_scores
 from cpcfl_tf.clustered.pool import build_template, federated_record, initial_state

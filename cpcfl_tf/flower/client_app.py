@@ -274,8 +274,8 @@ def train(msg: Message, context: Context) -> Message:
     """Select a cluster (the drawn one in the Tc phase), train it locally, send it back;
     in the federated pre-training stage, train the self-supervised model instead."""
     from cpcfl_tf.clustered import algorithm
-    from cpcfl_tf.clustered.backends import (LocalTraining, batch_orders, client_losses,
-                                             stack_models, unstack)
+    from cpcfl_tf.clustered.backends import client_losses
+    from cpcfl_tf.clustered.local import LocalTraining, batch_orders, stack_models, unstack
 
     settings = msg.content["config"]
     if settings.get("stage") == "pretrain":

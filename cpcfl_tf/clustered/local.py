@@ -1,0 +1,95 @@
+"""How one client trains locally, whichever backend runs it.
+
+:class:`LocalTraining` says how a client trains (optimizer, learning rate, batch size);
+:class:`ClientMoments` is the Adam state clients keep between rounds when
+``optimizer_state="client"`` (the zig-zag study, ``experiments/local_optimizer.py``).
+Also the stacked weights of many models (:data:`Stacked`) and the seeded batch orders
+that make a resumed run replay an uninterrupted one's batches.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+Stacked = list[np.ndarray]
+"""Weights of many models, array by array, each with a leading model/client axis."""
+
+B1, B2, EPS = 0.9, 0.999, 1e-7
+"""Keras' Adam defaults (beta_1, beta_2, epsilon)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalTraining:
+    """How a client trains its model: the paper's is Adam 1e-3, batch 32."""
+
+    batch_size: int = 32
+    learning_rate: float = 1e-3
+    optimizer: str = "adam"
+    """adam | sgd."""
+
+    @classmethod
+    def of(cls, fl) -> "LocalTraining":
+        """The local training a :class:`~cpcfl_tf.config.FederatedConfig` names."""
+        return cls(fl.batch_size, fl.learning_rate, fl.local_optimizer)
+
+
+@dataclasses.dataclass
+class ClientMoments:
+    """Adam's first and second moments of every client, array by array (leading client
+    axis), and each client's step count: the optimizer state a client keeps between
+    rounds when ``optimizer_state="client"``."""
+
+    m: Stacked
+    v: Stacked
+    steps: np.ndarray
+
+    @classmethod
+    def zeros(cls, model: Sequence[np.ndarray], num_clients: int) -> "ClientMoments":
+        m = [np.zeros((num_clients, *a.shape), np.float32) for a in model]
+        return cls(m, [a.copy() for a in m], np.zeros(num_clients, np.int64))
+
+    def subset(self, clients: np.ndarray) -> "ClientMoments":
+        return ClientMoments([a[clients] for a in self.m], [a[clients] for a in self.v],
+                             self.steps[clients])
+
+    def put(self, clients: np.ndarray, part: "ClientMoments") -> None:
+        """Write back the state of ``clients`` after they trained."""
+        for full, new in zip(self.m + self.v, part.m + part.v):
+            full[clients] = new
+        self.steps[clients] = part.steps
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Named arrays, for a checkpoint."""
+        return {"steps": self.steps, **{f"m{i}": a for i, a in enumerate(self.m)},
+                **{f"v{i}": a for i, a in enumerate(self.v)}}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> "ClientMoments":
+        count = sum(1 for k in arrays if k.startswith("m"))
+        return cls([arrays[f"m{i}"] for i in range(count)],
+                   [arrays[f"v{i}"] for i in range(count)], arrays["steps"])
+
+
+def batch_orders(num_clients: int, size: int, epochs: int, seed_words: Sequence[int]) -> np.ndarray:
+    """``(epochs, clients, size)`` shuffles of each client's examples, one per epoch.
+
+    Drawn from a generator seeded by ``seed_words`` (run seed, round, ...) so a resumed
+    run replays exactly the batches of an uninterrupted one.
+    """
+    rng = np.random.default_rng(list(seed_words))
+    return np.stack([np.stack([rng.permutation(size) for _ in range(num_clients)])
+                     for _ in range(epochs)]).astype(np.int32)
+
+
+def stack_models(models: Sequence[list[np.ndarray]]) -> Stacked:
+    return [np.stack(arrays) for arrays in zip(*models)]
+
+
+def unstack(stacked: Stacked, index: int) -> list[np.ndarray]:
+    return [a[index] for a in stacked]
+
+
+def adam_alpha(learning_rate: float, step: int) -> float:
+    return learning_rate * np.sqrt(1 - B2 ** step) / (1 - B1 ** step)
