@@ -283,15 +283,15 @@ def test_the_server_refuses_nodes_started_for_another_number_of_partitions(monke
     from types import SimpleNamespace
 
     from cpcfl_tf.errors import UserError
-    from cpcfl_tf.flower import server_app
+    from cpcfl_tf.flower import remote
 
     said = [SimpleNamespace(content={"identity": {"partition-id": 0, "num-partitions": 4}})]
-    monkeypatch.setattr(server_app, "_send", lambda *args: (said, []))
+    monkeypatch.setattr(remote, "send", lambda *args: (said, []))
     with pytest.raises(UserError, match="the nodes were started for 4 partitions \\(node config "
                        "num-partitions; under the Simulation Engine num-supernodes\\) but the "
                        "run has num-clients=3"):
-        server_app._check_partitions(None, [1], 3, 1.0)
-    server_app._check_partitions(None, [1], 4, 1.0)  # the same number: no complaint
+        remote.check_partitions(None, [1], 3, 1.0)
+    remote.check_partitions(None, [1], 4, 1.0)  # the same number: no complaint
 
 
 def test_a_node_answers_what_its_method_asks_first():
@@ -339,7 +339,7 @@ def test_a_scored_round_scores_each_node_with_its_model_or_the_one_it_would_choo
     from cpcfl_tf.clustered import algorithm
     from cpcfl_tf.clustered.backends import client_losses
     from cpcfl_tf.clustered.pool import build_template, initial_pool
-    from cpcfl_tf.flower import client_app, server_app
+    from cpcfl_tf.flower import client_app, remote
     from cpcfl_tf.flower.common import from_record, run_config
 
     run = {"num-clients": 3, "method": "ifca", "pretraining": "none", "num-clusters": 3,
@@ -364,9 +364,9 @@ def test_a_scored_round_scores_each_node_with_its_model_or_the_one_it_would_choo
         return [evaluate(node, content) for node, content in contents.items()
                 if node != 12], []
 
-    monkeypatch.setattr(server_app, "_send", send)
+    monkeypatch.setattr(remote, "send", send)
     grid = SimpleNamespace(get_node_ids=lambda: [10, 11, 12])
-    nodes = server_app._Nodes(grid, {10: 0, 11: 1, 12: 2}, 3, 1.0, fl)
+    nodes = remote.Nodes(grid, {10: 0, 11: 1, 12: 2}, 3, 1.0, fl)
     trained = algorithm.Replies(np.array([0]), np.array([2]), np.array([1.0]), [], [])
     assigned = np.array([2, -1, -1])  # client 0 took part; 1 and 2 have not yet
     assert [r for r in range(1, 9) if fl.scored(r)] == [2, 3, 4, 6, 8]  # quarters, 3s, last
@@ -400,7 +400,7 @@ def test_a_message_for_another_client_is_refused_by_the_node_it_reached():
     from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
     from flwr.common import Metadata
 
-    from cpcfl_tf.flower import client_app, server_app
+    from cpcfl_tf.flower import client_app, remote
 
     def reply(handler, kind, node_config, settings):
         meta = Metadata(run_id=1, message_id="m", src_node_id=1, dst_node_id=5,
@@ -429,9 +429,9 @@ def test_a_message_for_another_client_is_refused_by_the_node_it_reached():
                                  context({"data-path": "/data/site-a"})) is None
     names = {0: "site-a", 1: "site-b"}
     own = {"data-path": "/data/site-a"}
-    assert server_app._addressee(1, names) == {"client-id": 1, "name": "site-b"}
-    assert server_app._addressee(1, None) == {"client-id": 1}
-    reason = reply(client_app.evaluate, MessageType.EVALUATE, own, server_app._addressee(1, names))
+    assert remote.addressee(1, names) == {"client-id": 1, "name": "site-b"}
+    assert remote.addressee(1, None) == {"client-id": 1}
+    reason = reply(client_app.evaluate, MessageType.EVALUATE, own, remote.addressee(1, names))
     assert "a message for client 1 (site-b) reached the node of site-a" in reason
 
 
@@ -571,7 +571,7 @@ def test_the_server_averages_each_cluster_by_the_nodes_example_counts(monkeypatc
     import numpy as np
 
     from cpcfl_tf.clustered import algorithm
-    from cpcfl_tf.flower import server_app
+    from cpcfl_tf.flower import remote
     from cpcfl_tf.flower.common import run_config, to_record
 
     fl = resolve(run_config({"num-clients": 3, "method": "ifca", "pretraining": "none",
@@ -587,9 +587,9 @@ def test_the_server_averages_each_cluster_by_the_nodes_example_counts(monkeypatc
             "metrics": {"client-id": k, "cluster-id": clusters[k], "num-examples": counts[k]},
             "model": to_record(trained[k])}) for k in (node - 10 for node in contents)], []
 
-    monkeypatch.setattr(server_app, "_send", send)
+    monkeypatch.setattr(remote, "send", send)
     grid = SimpleNamespace(get_node_ids=lambda: [10, 11, 12])
-    nodes = server_app._Nodes(grid, {10: 0, 11: 1, 12: 2}, 3, 1.0, fl)
+    nodes = remote.Nodes(grid, {10: 0, 11: 1, 12: 2}, 3, 1.0, fl)
     plan = algorithm.plan_round(fl, 0, 0, 0, 3)
     replies = nodes.train(pool, plan)
     assert replies.sizes.tolist() == [10, 30, 7]

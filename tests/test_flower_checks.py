@@ -149,7 +149,7 @@ def test_a_pretraining_reply_is_checked_like_a_training_reply(monkeypatch, capsy
     good one is the round's only upload."""
     from types import SimpleNamespace
 
-    from cpcfl_tf.flower import server_app
+    from cpcfl_tf.flower import remote
     from cpcfl_tf.flower.common import to_record
 
     global_weights = [np.zeros((3, 2), np.float32), np.zeros(2, np.float32)]
@@ -164,10 +164,10 @@ def test_a_pretraining_reply_is_checked_like_a_training_reply(monkeypatch, capsy
             "metrics": {"client-id": k, "num-examples": counts[k]},
             "model": to_record(sent[k])}) for k in (node - 10 for node in contents)], []
 
-    monkeypatch.setattr(server_app, "_send", send)
+    monkeypatch.setattr(remote, "send", send)
     grid = SimpleNamespace(get_node_ids=lambda: [10, 11, 12, 13])
-    nodes = server_app._PretrainNodes(grid, {10 + k: k for k in range(4)}, 1.0, None,
-                                      dict.fromkeys(range(4), 40))
+    nodes = remote.PretrainNodes(grid, {10 + k: k for k in range(4)}, 1.0, None,
+                                 dict.fromkeys(range(4), 40))
     replies = nodes.train(global_weights, 0, np.arange(4))
     assert replies.counts == [40] and replies.failed == [1, 2, 3] and replies.reached == 4
     np.testing.assert_array_equal(replies.uploads[0][0], sent[0][0])
