@@ -25,8 +25,8 @@ from cpcfl_tf.evidence.judge import RULE
 from cpcfl_tf.record_store import config_key
 from cpcfl_tf.clustered.methods import PRETRAIN_METHODS
 from cpcfl_tf.running.report import markdown_table, replace_block
-from cpcfl_tf.running.runner import Runner, RunSpec
-from cpcfl_tf.running.script import Script
+from cpcfl_tf.running.runner import RunSpec
+from cpcfl_tf.running.script import Script, check_runner_options
 
 SCRIPT = Script(__file__, __doc__)
 ROOT = Path(__file__).resolve().parents[1]
@@ -170,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     # Everything is checked before any folder is touched; the output folder (where --run
     # makes runs) is prepared only when runs are made: judging a tree writes only into it.
-    Runner.check_options(args)  # the options --run's runner takes, checked either way
+    check_runner_options(args)  # the options --run's runner takes, checked either way
     config = resolve_config(args)
     wanted = [c.strip() for c in args.claims.split(",") if c.strip()]
     unknown = [c for c in wanted if c not in CLAIM_IDS]

@@ -160,28 +160,6 @@ class Runner:
         self._plans: dict[str, RunPlan] = {}
         """Each spec's plan (:meth:`plan_of`), by the spec."""
 
-    @staticmethod
-    def check_options(args) -> None:
-        """Refuse, in one line, a bad value of the options :meth:`for_script` reads
-        (``--knn-proxy``, ``--encoders-from``) before a script does any work: the runner
-        itself is built when a script first needs it."""
-        proxy_splits(getattr(args, "knn_proxy", None))
-        if getattr(args, "encoders_from", None):
-            read_selection(args.encoders_from)
-
-    @classmethod
-    def for_script(cls, experiment: str, base: Config, out: Path, args) -> "Runner":
-        """The runner of a script, set by its :func:`experiment_parser` options."""
-        return cls(experiment, base, out, resume=args.resume, force=args.force,
-                   distribute=getattr(args, "distribute", "default"),
-                   dry_run=getattr(args, "dry_run", False),
-                   tensorboard=getattr(args, "tensorboard", None),
-                   max_clients=getattr(args, "max_clients_per_step", None),
-                   diagnose=getattr(args, "diagnose", 0),
-                   knn_every=getattr(args, "knn_every", 0),
-                   knn_proxy=getattr(args, "knn_proxy", None),
-                   selection=getattr(args, "encoders_from", None))
-
     def config_of(self, spec: RunSpec) -> Config:
         """``spec``'s config on this runner's base, its starting encoder the one
         ``--encoders-from`` selected for its method and pre-training seed (the settings go
@@ -242,11 +220,11 @@ class Runner:
         (:meth:`~cpcfl_tf.clustered.starting.StartingEncoders.status`), None where it
         needs none. Reads, never writes."""
         try:
-            plan = self.decide(spec)
+            decision = self.decide(spec)
         except UserError as err:
             return RunDecision(Decision.STOPS, why=str(err)).describe(), None
-        needs = plan.decision in (Decision.RUN, Decision.RESUME, Decision.BASE_FIRST)
-        return (plan.describe(),
+        needs = decision.decision in (Decision.RUN, Decision.RESUME, Decision.BASE_FIRST)
+        return (decision.describe(),
                 self.encoders.status(self.plan_of(spec).requested) if needs else None)
 
     def status(self, spec: RunSpec) -> str:
@@ -259,20 +237,20 @@ class Runner:
         encoder needs no training), so that a report reads the same runs on any machine;
         None where there is none. Reads, never writes."""
         config = self.plan_of(spec).requested
-        plan = self.decide(spec)
-        if plan.found is not None:
-            return self._took(spec, config, plan).record
-        if plan.candidates and self.encoders.ready(config):
-            found = self.store.take(spec.name, list(plan.candidates),
+        decision = self.decide(spec)
+        if decision.found is not None:
+            return self._took(spec, config, decision).record
+        if decision.candidates and self.encoders.ready(config):
+            found = self.store.take(spec.name, list(decision.candidates),
                                     weights_fingerprint(self.encoders(config)))
             return found and found.record
         return None
 
-    def _took(self, spec: RunSpec, config: Config, plan: RunDecision) -> Found:
-        """``plan``'s record, a stand-in noted as one."""
-        if plan.decision is Decision.STAND_IN:
-            self.store.stand_in(spec.name, config.federated.method, plan.found)
-        return plan.found
+    def _took(self, spec: RunSpec, config: Config, decision: RunDecision) -> Found:
+        """``decision``'s record, a stand-in noted as one."""
+        if decision.decision is Decision.STAND_IN:
+            self.store.stand_in(spec.name, config.federated.method, decision.found)
+        return decision.found
 
     # -- running ------------------------------------------------------------
     def run(self, spec: RunSpec, on_round: Callable[[dict, Any], None] | None = None
@@ -283,15 +261,15 @@ class Runner:
         (not for rounds of a finished run, nor those before a resumed checkpoint)."""
         run = self.plan_of(spec)
         config = run.requested
-        plan = self.decide(spec)
-        if plan.decision is not Decision.RESUME:
+        decision = self.decide(spec)
+        if decision.decision is not Decision.RESUME:
             # left by a kill right after the record was written; with --force, an old
             # checkpoint starts over
             self.checkpoint(spec).unlink(missing_ok=True)
-        if plan.found is not None:
-            found = self._took(spec, config, plan)
+        if decision.found is not None:
+            found = self._took(spec, config, decision)
             if self.verbose:
-                print(_taken_line(spec, plan, self.store.paired))
+                print(_taken_line(spec, decision, self.store.paired))
             self.records.append(found.record)
             return found.record
         if self.verbose:
@@ -301,7 +279,7 @@ class Runner:
             print(f"{spec.name}: {fl.method} ({fl.pretraining}), "
                   f"{config.partition.num_clients} clients, {length}")
         encoder = self.encoders(config)
-        found = self.store.take(spec.name, list(plan.candidates), weights_fingerprint(encoder))
+        found = self.store.take(spec.name, list(decision.candidates), weights_fingerprint(encoder))
         if found is not None:
             if self.verbose:
                 print(f"{spec.name}: the same run as {found.path} (same config, machine kind "
@@ -362,12 +340,12 @@ def _with_scalars(tensorboard, experiment: str, spec: RunSpec, clients, on_round
     return logged
 
 
-def _taken_line(spec: RunSpec, plan: RunDecision, paired: set[str]) -> str:
+def _taken_line(spec: RunSpec, decision: RunDecision, paired: set[str]) -> str:
     """The line of a run taken, not made."""
-    record, path = plan.found.record, plan.found.path
-    if plan.decision is Decision.DONE:
+    record, path = decision.found.record, decision.found.path
+    if decision.decision is Decision.DONE:
         return f"{spec.name}: done before, final accuracy {record.final.accuracy:.4f} ({path})"
-    if plan.decision is Decision.STAND_IN:
+    if decision.decision is Decision.STAND_IN:
         return (f"{spec.name}: its restart rule never fires in {path}, so it is that run, "
                 f"final accuracy {record.final.accuracy:.4f}")
     why = ("it starts from its base method's run's encoder" if spec.name in paired

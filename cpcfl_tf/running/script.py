@@ -18,11 +18,35 @@ import functools
 from pathlib import Path
 from typing import Callable, Sequence
 
-from cpcfl_tf.running.cli import changed_fields, experiment_parser, name_list, settings_changed, setup
+from cpcfl_tf.running.cli import (changed_fields, experiment_parser, name_list, proxy_splits,
+                                  read_selection, settings_changed, setup)
 from cpcfl_tf.config import Config
 from cpcfl_tf.errors import ArgumentParser, UserError
 from cpcfl_tf.record import RunRecord
 from cpcfl_tf.running.runner import Runner, RunSpec
+
+
+def check_runner_options(args: argparse.Namespace) -> None:
+    """Refuse, in one line, a bad value of the options :func:`script_runner` reads
+    (``--knn-proxy``, ``--encoders-from``) before a script does any work: the runner
+    itself is built when a script first needs it."""
+    proxy_splits(getattr(args, "knn_proxy", None))
+    if getattr(args, "encoders_from", None):
+        read_selection(args.encoders_from)
+
+
+def script_runner(experiment: str, base: Config, out: Path, args: argparse.Namespace) -> Runner:
+    """The runner of a script, set by its :func:`~cpcfl_tf.running.cli.experiment_parser`
+    options."""
+    return Runner(experiment, base, out, resume=args.resume, force=args.force,
+                  distribute=getattr(args, "distribute", "default"),
+                  dry_run=getattr(args, "dry_run", False),
+                  tensorboard=getattr(args, "tensorboard", None),
+                  max_clients=getattr(args, "max_clients_per_step", None),
+                  diagnose=getattr(args, "diagnose", 0),
+                  knn_every=getattr(args, "knn_every", 0),
+                  knn_proxy=getattr(args, "knn_proxy", None),
+                  selection=getattr(args, "encoders_from", None))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +95,7 @@ class Script:
     def session(self, args: argparse.Namespace) -> "Session":
         """The session of already parsed ``args``: every option checked (the runner's
         too) before any folder is made or data read."""
-        Runner.check_options(args)
+        check_runner_options(args)
         config, out = setup(args, self.name)
         return Session(self.name, args, config, out)
 
@@ -88,7 +112,7 @@ class Session:
 
     @functools.cached_property
     def runner(self) -> Runner:
-        return Runner.for_script(self.name, self.config, self.out, self.args)
+        return script_runner(self.name, self.config, self.out, self.args)
 
     def reuse_committed(self, tree: Path | None = None) -> None:
         """Take a run from a results tree where this machine would make it bit for bit
