@@ -89,8 +89,8 @@ def found(record: RunRecord) -> bool:
 
 def rounds_trained(record: RunRecord) -> int:
     """Rounds a run trained, its restarted attempts' too: each restart threw away the
-    rounds up to its check (:func:`~cpcfl_tf.clustered.algorithm.restart_check_round`)."""
-    from cpcfl_tf.clustered.algorithm import restart_check_round
+    rounds up to its check (:func:`~cpcfl_tf.clustered.restarts.restart_check_round`)."""
+    from cpcfl_tf.clustered.restarts import restart_check_round
 
     fl = record.config.federated
     return fl.rounds + record.final.restarts * restart_check_round(fl)

@@ -4,7 +4,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from cpcfl_tf.clustered import algorithm
+from cpcfl_tf.clustered import algorithm, restarts
 from cpcfl_tf.run_plan import resolve
 
 RNG = np.random.default_rng(0)
@@ -69,15 +69,15 @@ def test_ties_are_broken_at_random_and_exploration_is_uniform():
     ([0] * 6 + [1] * 5 + [2] * 1, True),
 ])
 def test_clustering_failure(ids, failed):
-    assert algorithm.clustering_failed(np.array(ids), 3, 0.5) is failed
+    assert restarts.clustering_failed(np.array(ids), 3, 0.5) is failed
 
 
 def test_clustering_failure_is_judged_on_the_clients_that_took_part():
     """With partial participation, clients not drawn yet hold -1 (this crashed
     np.bincount before)."""
-    assert algorithm.clustering_failed(np.array([-1, 0, 1, 2, -1, 0, 1, 2]), 3, 0.5) is False
-    assert algorithm.clustering_failed(np.array([-1, 0, 0, -1, 0]), 3, 0.5) is True
-    assert algorithm.clustering_failed(np.array([-1, -1]), 3, 0.5) is False
+    assert restarts.clustering_failed(np.array([-1, 0, 1, 2, -1, 0, 1, 2]), 3, 0.5) is False
+    assert restarts.clustering_failed(np.array([-1, 0, 0, -1, 0]), 3, 0.5) is True
+    assert restarts.clustering_failed(np.array([-1, -1]), 3, 0.5) is False
 
 
 def test_ari_leaves_out_clients_that_never_took_part():
@@ -126,7 +126,8 @@ def test_a_node_alone_selects_what_the_simulator_selects_for_it(participation):
 
 def test_streams_and_restart_rule():
     from cpcfl_tf.run_plan import ResolvedFederated
-    from cpcfl_tf.clustered.algorithm import Stream, should_restart, stream_seed
+    from cpcfl_tf.clustered.algorithm import Stream, stream_seed
+    from cpcfl_tf.clustered.restarts import should_restart
 
     assert stream_seed(3, 1, 7, Stream.BATCHES) == [3, 1, 7, 1]
     failed, fine = np.zeros(9, np.int64), np.repeat([0, 1, 2], 3)
@@ -170,7 +171,7 @@ def test_the_restart_check_reads_the_round_it_is_applied_after():
     restarts (so the runner makes it rather than take CP-CFL's run); one merged only in
     round 2, or one that never reaches round 3, does not."""
     from cpcfl_tf.config import FederatedConfig
-    from cpcfl_tf.clustered.algorithm import restart_check_round, would_restart
+    from cpcfl_tf.clustered.restarts import restart_check_round, would_restart
 
     fl = FederatedConfig(method="cp-cfl-restart", rounds=3, head_rounds=1, restart_round=2,
                          num_clusters=3)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from cpcfl_tf.run_plan import ResolvedFederated
-from cpcfl_tf.clustered import algorithm, diagnostics
+from cpcfl_tf.clustered import algorithm, diagnostics, restarts
 from cpcfl_tf.run_plan import resolve
 
 TARGETS = np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, -1.0]])
@@ -111,7 +111,7 @@ def test_cp_cfl_restart_starts_over_with_the_tc_phase_and_counts_the_failed_atte
         return algorithm.ServerState(0, [list(m) for m in state.models], 0)
 
     federation, progress, history = run(fl, start)
-    check = algorithm.restart_check_round(fl)
+    check = restarts.restart_check_round(fl)
     assert check == 4  # Tc + restart_round
     assert progress.attempt == 1
     # the curve is the kept attempt's: rounds 1..7 once
@@ -133,8 +133,8 @@ def test_the_failure_test_comes_restart_round_rounds_after_the_clients_choose(
 
     fl = resolve(get_preset("quick").with_overrides(federated={
         "method": method, "pretraining": pretraining})).federated
-    assert algorithm.restart_check_round(fl) == check
+    assert restarts.restart_check_round(fl) == check
     failed = np.zeros(9, np.int64)
-    assert algorithm.should_restart(fl, check, 0, failed)
-    assert not any(algorithm.should_restart(fl, r, 0, failed) for r in range(1, 41)
+    assert restarts.should_restart(fl, check, 0, failed)
+    assert not any(restarts.should_restart(fl, r, 0, failed) for r in range(1, 41)
                    if r != check)

@@ -38,9 +38,9 @@ def _inside():
     ssl = _method_modules(SSL_METHODS.values())
     federated = tuple(m for m in _method_modules(FEDERATED_SSL.values()) if m != "fedavg_ssl")
     return {
-        "clustered": ("clustering", "rules", "starts", "methods", "diagnostics", "clients",
-                      "metrics", "local", "stacked", "backends", "algorithm", "pool",
-                      "centralized", "simulator", "starting"),
+        "clustered": ("clustering", "rules", "starts", "methods", "restarts", "diagnostics",
+                      "clients", "metrics", "local", "stacked", "backends", "algorithm",
+                      "pool", "centralized", "simulator", "starting"),
         # Each self-supervised method's file (its registry entry names it) sits on the
         # model and the losses; each federated pre-training's on fedavg_ssl: a new one
         # takes its place here without an edit.

@@ -9,7 +9,7 @@ from helpers import ROOT
 
 from cpcfl_tf.presets import get_preset
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.clustered.algorithm import should_restart
+from cpcfl_tf.clustered.restarts import should_restart
 from cpcfl_tf.clustered.methods import ASSIGNMENTS, METHODS, STARTS, get_method, run_label
 from cpcfl_tf.run_plan import resolve
 

@@ -226,7 +226,7 @@ def test_a_restart_variant_run_whose_rule_never_fires_is_taken_from_its_base_run
     # where CP-CFL's run of the same config shows the test passing, that run is taken
     # for it (no record written, nothing trained); where the test fires, it runs.
     from cpcfl_tf.presets import get_preset
-    from cpcfl_tf.clustered.algorithm import clustering_failed
+    from cpcfl_tf.clustered.restarts import clustering_failed
     from cpcfl_tf.running.runner import RunSpec, Runner
 
     runner = Runner("reliability", get_preset("smoke"), tmp_path, verbose=0)

@@ -25,6 +25,7 @@ import numpy as np
 from cpcfl_tf.run_plan import resolved_only
 from cpcfl_tf.clustered.diagnostics import diagnosed, selection_record
 from cpcfl_tf.clustered.methods import METHODS
+from cpcfl_tf.clustered.restarts import cluster_sizes, should_restart
 
 Weights = list[np.ndarray]
 
@@ -227,51 +228,6 @@ def server_ids(fl, state: ServerState, replies: "Replies"
     """The cluster of each reply the server aggregates by, the pool it aggregates into,
     and what the rule adds to the round's record (:meth:`cpcfl_tf.clustered.rules.Rule.step`)."""
     return METHODS[fl.method].rule.step(fl, state, replies)
-
-
-def restart_check_round(fl) -> int:
-    """The round after which IFCA's failure test is applied: ``fl.restart_round`` rounds
-    after the clients began to choose by loss, i.e. after the Tc phase (IFCA has none, so
-    it is ``restart_round`` itself; CP-CFL+restart's clusters are its clients' choices
-    only from round Tc + 1 on: docs/choices.md)."""
-    return fl.head_rounds + fl.restart_round
-
-
-def should_restart(fl, finished_round: int, attempt: int, cluster_ids: np.ndarray) -> bool:
-    """IFCA's restart rule: after :func:`restart_check_round`, a run of a method with
-    restarts (:mod:`cpcfl_tf.clustered.methods`) whose clustering failed starts over with new random
-    models (new heads on the same pre-trained encoder), at most ``fl.max_restarts`` times.
-    CP-CFL and FedAvg never restart (the paper gives CP-CFL no restart rule)."""
-    return (METHODS[fl.method].restarts and finished_round == restart_check_round(fl)
-            and attempt < fl.max_restarts
-            and clustering_failed(cluster_ids, fl.num_clusters, fl.min_cluster_share))
-
-
-def would_restart(fl, cluster_ids_by_round: Sequence) -> bool:
-    """Whether a run of ``fl`` whose first attempt went as ``cluster_ids_by_round`` (each
-    finished round's cluster ids) restarts: :func:`should_restart` at
-    :func:`restart_check_round`, if the run gets that far."""
-    check = restart_check_round(fl)
-    return (check <= len(cluster_ids_by_round)
-            and should_restart(fl, check, 0, np.asarray(cluster_ids_by_round[check - 1])))
-
-
-def cluster_sizes(cluster_ids: np.ndarray, num_models: int) -> np.ndarray:
-    """``(N,)`` clients per cluster, over the clients that have taken part (id >= 0: with
-    partial participation some may not have been drawn yet)."""
-    ids = np.asarray(cluster_ids)
-    return np.bincount(ids[ids >= 0], minlength=num_models)
-
-
-def clustering_failed(cluster_ids: np.ndarray, num_models: int, min_share: float) -> bool:
-    """IFCA's failure: one model taken by every client, or a cluster whose share of
-    clients is below ``min_share`` of the fair share ``1/N`` (docs/choices.md), judged on
-    the clients that have taken part."""
-    counts = cluster_sizes(cluster_ids, num_models)
-    taken = int(counts.sum())
-    if num_models == 1 or taken == 0:
-        return False
-    return bool(counts.max() == taken or counts.min() < min_share * taken / num_models)
 
 
 @dataclasses.dataclass

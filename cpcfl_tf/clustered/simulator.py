@@ -23,7 +23,7 @@ import numpy as np
 from cpcfl_tf.compat import without_added
 from cpcfl_tf.config import FederatedConfig
 from cpcfl_tf.errors import DivergedError, UserError
-from cpcfl_tf.clustered import algorithm
+from cpcfl_tf.clustered import algorithm, restarts
 from cpcfl_tf.clustered.backends import backend_of, client_losses, client_probabilities
 from cpcfl_tf.clustered.local import ClientMoments, LocalTraining, batch_orders, stack_models
 from cpcfl_tf.clustered.clients import Clients
@@ -271,7 +271,7 @@ def _evaluate(backend, models, assigned, clients: Clients, round_: int, fl: Fede
 def _report(record: dict, fl: FederatedConfig, progress: algorithm.Progress) -> None:
     """The run's progress line: on a terminal rewritten in place, in a log one per round."""
     done = progress.round
-    counts = algorithm.cluster_sizes(record["cluster_ids"], fl.num_clusters)
+    counts = restarts.cluster_sizes(record["cluster_ids"], fl.num_clusters)
     # Time of this process's rounds: a resumed run counts from its checkpoint's total. After
     # a restart (progress back at round 0) the line is the failed attempt's last round.
     eta = progress.seconds / max(1, done or record["round"]) * (fl.rounds - done)

@@ -17,7 +17,7 @@ from cpcfl_tf.evidence.catalogue import COMPARISON_LABELS, client_settings
 from cpcfl_tf.config import Config
 from cpcfl_tf.environment import machine
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.clustered.algorithm import cluster_sizes, clustering_failed
+from cpcfl_tf.clustered.restarts import cluster_sizes, clustering_failed
 from cpcfl_tf.clustered.metrics import cluster_ari
 from cpcfl_tf.evidence.judge import (CANNOT, RULE, Summary, combined, final_accuracy,
                             linear_eval_config, linear_eval_settings, paired, verdict)

@@ -155,7 +155,7 @@ def plot_selection(record: RunRecord, path: str | os.PathLike, *, title: str) ->
     """The selection diagnostic of one run (``--diagnose``): left, each client's margin
     (second-lowest minus lowest pool loss) in the diagnosed rounds, by true group; right,
     the clients per cluster in every round (the final attempt's)."""
-    from cpcfl_tf.clustered.algorithm import cluster_sizes
+    from cpcfl_tf.clustered.restarts import cluster_sizes
 
     plt = _pyplot()
     groups = np.array([c["group"] for c in record.clients])

@@ -355,7 +355,7 @@ def _taken_line(spec: RunSpec, decision: RunDecision, paired: set[str]) -> str:
 
 def _round_scalars(record: dict, groups: np.ndarray, num_clusters: int) -> dict[str, float]:
     """What TensorBoard shows of a round: accuracy, ARI, and each cluster's size."""
-    from cpcfl_tf.clustered.algorithm import cluster_sizes
+    from cpcfl_tf.clustered.restarts import cluster_sizes
     from cpcfl_tf.clustered.metrics import cluster_ari
 
     ids = np.asarray(record["cluster_ids"])
@@ -376,7 +376,7 @@ def stands_in(record: RunRecord, run: RunPlan, base: RunPlan | None) -> bool:
     plan (:func:`base_plan`, made once by the caller), in which ``run``'s restart rule
     never fires (attempt 0 draws what
     the base draws). A property of the record, whatever machine made it."""
-    from cpcfl_tf.clustered.algorithm import would_restart
+    from cpcfl_tf.clustered.restarts import would_restart
 
     return (base is not None and same_config(record, base)
             and not would_restart(run.federated, [r.cluster_ids for r in record.rounds]))
