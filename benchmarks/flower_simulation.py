@@ -92,8 +92,8 @@ write_record(sys.argv[3], record)
 
 def one(settings: dict, driver: str, work: Path) -> dict:
     """One run of ``settings`` under ``driver`` (simulator | engine), measured."""
-    from cpcfl_tf.flower.loopback import (check_own_superlink, simulation_command,
-                                          stop_local_superlink)
+    from cpcfl_tf.flower.simulation import (check_own_superlink, simulation_command,
+                                            stop_local_superlink)
 
     out = work / driver / "result.json"
     out.parent.mkdir(parents=True, exist_ok=True)

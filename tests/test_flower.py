@@ -212,7 +212,7 @@ def test_the_simulation_engine_runs_the_simulators_rounds(tmp_path, env):
     # Engine: only the transport differs; the suite's Deployment-Engine run of this
     # stage, at 3123e7d, gave the simulator's encoder too.)
     pytest.importorskip("ray", reason='the Simulation Engine needs pip install -e ".[flower-sim]"')
-    from cpcfl_tf.flower.loopback import simulate
+    from cpcfl_tf.flower.simulation import simulate
     from cpcfl_tf.clustered.methods import METHODS
     from cpcfl_tf.results import weights_fingerprint
 
@@ -249,7 +249,7 @@ def test_a_simulation_starts_its_own_superlink_and_refuses_a_run_another_one_too
     from types import SimpleNamespace
 
     from cpcfl_tf.errors import UserError
-    from cpcfl_tf.flower import loopback
+    from cpcfl_tf.flower import loopback, simulation
 
     seen = []
 
@@ -265,15 +265,15 @@ def test_a_simulation_starts_its_own_superlink_and_refuses_a_run_another_one_too
             log.write_text("INFO flwr | Created run 42 in federation @none/default\n")
         return SimpleNamespace(stdout="", stderr="")
 
-    monkeypatch.setattr(loopback.subprocess, "run", flwr_run)
+    monkeypatch.setattr(simulation.subprocess, "run", flwr_run)
     out = tmp_path / "out" / "result.json"
     started = True
-    assert loopback.simulate({**RUN, "out": str(out)}, 3, tmp_path / "a") == {"final": {}}
+    assert simulation.simulate({**RUN, "out": str(out)}, 3, tmp_path / "a") == {"final": {}}
     started = False
     out.unlink()
     with pytest.raises(UserError, match="the run went to a SuperLink this call did not "
                                         "start .*; run it again"):
-        loopback.simulate({**RUN, "out": str(out)}, 3, tmp_path / "b")
+        simulation.simulate({**RUN, "out": str(out)}, 3, tmp_path / "b")
     assert len(seen) == 2
 
 
