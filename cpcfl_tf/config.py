@@ -297,7 +297,7 @@ class Config:
                 f"seed must be a non-negative integer, got {self.seed!r}")
         require(self.pretrain.encoder == self.federated.encoder,
                 f"pretrain.encoder ({self.pretrain.encoder}) and federated.encoder "
-                f"({self.federated.encoder}) differ; change both, e.g. Config.with_encoder()")
+                f"({self.federated.encoder}) differ; change both, e.g. presets.with_encoder()")
         START[self.federated.pretraining].check(self)  # where its images are, its settings
 
     @property
@@ -326,12 +326,6 @@ class Config:
         return cls(preset=data["preset"], seed=data["seed"],
                    **{name: SECTIONS[name](**with_defaults(name, _read(name, data[name])))
                       for name in SECTIONS})
-
-    def with_encoder(self, encoder: str) -> "Config":
-        """Copy using ``encoder`` for pre-training (see :func:`pretrain_config_for`) and FL."""
-        return dataclasses.replace(
-            self, pretrain=pretrain_config_for(self.pretrain, encoder),
-            federated=dataclasses.replace(self.federated, encoder=encoder))
 
     def with_overrides(self, **sections: dict[str, Any]) -> "Config":
         """Copy with fields replaced per section, e.g. ``partition={"num_clients": 30}``."""
@@ -398,13 +392,3 @@ def config_record(config: Config) -> dict[str, Any]:
     record = config.to_dict()
     record["data"] = {k: v for k, v in record["data"].items() if k not in ("data_dir", "manual_dir")}
     return json.loads(json.dumps(record))
-
-
-def pretrain_config_for(pretrain: PretrainConfig, encoder: str) -> PretrainConfig:
-    """``pretrain`` for ``encoder``: ResNets use half the CNN's batch and 5/3 of its epochs
-    (Sec. "ResNet-18 encoder": batch 250 and 500 epochs where the CNN has 500 and 300)."""
-    if encoder == "cnn":
-        return dataclasses.replace(pretrain, encoder=encoder)
-    return dataclasses.replace(pretrain, encoder=encoder,
-                               batch_size=max(1, pretrain.batch_size // 2),
-                               epochs=max(1, round(pretrain.epochs * 5 / 3)))

@@ -19,6 +19,23 @@ from cpcfl_tf.config import Config, DataConfig, FederatedConfig, PartitionConfig
 from cpcfl_tf.errors import UserError
 
 
+def pretrain_config_for(pretrain: PretrainConfig, encoder: str) -> PretrainConfig:
+    """``pretrain`` for ``encoder``: ResNets use half the CNN's batch and 5/3 of its epochs
+    (Sec. "ResNet-18 encoder": batch 250 and 500 epochs where the CNN has 500 and 300)."""
+    if encoder == "cnn":
+        return dataclasses.replace(pretrain, encoder=encoder)
+    return dataclasses.replace(pretrain, encoder=encoder,
+                               batch_size=max(1, pretrain.batch_size // 2),
+                               epochs=max(1, round(pretrain.epochs * 5 / 3)))
+
+
+def with_encoder(config: Config, encoder: str) -> Config:
+    """``config`` with ``encoder`` for pre-training (:func:`pretrain_config_for`) and FL."""
+    return dataclasses.replace(
+        config, pretrain=pretrain_config_for(config.pretrain, encoder),
+        federated=dataclasses.replace(config.federated, encoder=encoder))
+
+
 def _smoke() -> Config:
     return Config(
         preset="smoke",

@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from cpcfl_tf.running.cli import name_list
-from cpcfl_tf.config import ENCODERS, pretrain_config_for
+from cpcfl_tf.config import ENCODERS
+from cpcfl_tf.presets import pretrain_config_for
 from cpcfl_tf.environment import environment
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.running.report import markdown_table

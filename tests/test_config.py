@@ -5,7 +5,7 @@ import pytest
 
 from cpcfl_tf.config import (
     Config, DataConfig, FederatedConfig, PartitionConfig, PretrainConfig)
-from cpcfl_tf.presets import PRESETS, get_preset
+from cpcfl_tf.presets import PRESETS, get_preset, with_encoder
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.pretraining.methods import SSL_METHODS
 from cpcfl_tf.run_plan import resolve
@@ -173,7 +173,7 @@ def test_fields_added_to_a_section_later_count_at_their_defaults():
 
 
 def test_with_encoder_changes_both_and_follows_the_papers_resnet_settings():
-    c = get_preset("paper").with_encoder("resnet18")
+    c = with_encoder(get_preset("paper"), "resnet18")
     assert (c.pretrain.encoder, c.federated.encoder) == ("resnet18", "resnet18")
     assert (c.pretrain.batch_size, c.pretrain.epochs) == (250, 500)
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from cpcfl_tf.running.cli import proxy_splits, read_selection, selected
 from cpcfl_tf.config import Config
+from cpcfl_tf.presets import with_encoder
 from cpcfl_tf.environment import run_environment
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.clustered.starting import StartingEncoders
@@ -63,7 +64,7 @@ class RunSpec:
         return self.row or self.name
 
     def config(self, base: Config) -> Config:
-        config = base.with_encoder(self.encoder) if self.encoder else base
+        config = with_encoder(base, self.encoder) if self.encoder else base
         return config.with_overrides(
             seed=base.seed if self.seed is None else self.seed,
             federated={"method": self.method, "pretraining": self.pretraining, **self.federated},
@@ -226,10 +227,6 @@ class Runner:
         needs = decision.decision in (Decision.RUN, Decision.RESUME, Decision.BASE_FIRST)
         return (decision.describe(),
                 self.encoders.status(self.plan_of(spec).requested) if needs else None)
-
-    def status(self, spec: RunSpec) -> str:
-        """What :meth:`run` would do with ``spec`` now (:meth:`planned`)."""
-        return self.planned(spec)[0]
 
     def finished(self, spec: RunSpec) -> RunRecord | None:
         """``spec``'s finished record: in the output folder, or taken (a stand-in, a twin,
