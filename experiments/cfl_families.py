@@ -35,7 +35,7 @@ PAIRS["IFCA (CP-CFL)"] = ("cp-cfl-simclr", "ifca-none")
 """Family -> (from SimCLR, from random). IFCA's family from SimCLR is CP-CFL."""
 EFFECT = {HOLDS: "helps", OPPOSITE: "hurts", NOT_SHOWN: "no difference shown"}
 
-SCRIPT = Script(__file__, __doc__, default_preset="quick", methods=tuple(ROWS))
+SCRIPT = Script(__file__, __doc__, default_preset="quick", rows=tuple(ROWS))
 
 
 def specs(seeds: Sequence[int]) -> list[RunSpec]:

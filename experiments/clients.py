@@ -13,7 +13,7 @@ from cpcfl_tf.running.report import markdown_table
 from cpcfl_tf.evidence.catalogue import COMPARISON_LABELS, client_settings, clients_partition, comparison_specs
 from cpcfl_tf.running.script import Script
 
-SCRIPT = Script(__file__, __doc__, methods=tuple(COMPARISON_LABELS))
+SCRIPT = Script(__file__, __doc__, rows=tuple(COMPARISON_LABELS))
 
 PAPER = {"fedavg-none": ((34.27, 36.13), (36.93, 37.07), (44.13, 50.73), (46.58, 46.78)),
          "fedavg-simclr": ((47.47, 47.47), (54.00, 54.20), (59.33, 59.83), (57.71, 59.04)),

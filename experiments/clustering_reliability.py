@@ -64,7 +64,7 @@ standard at least 20 runs)."""
 DIAGNOSE = 5
 """Rounds of the selection diagnostic each run made here records."""
 
-SCRIPT = Script(__file__, __doc__, default_preset="quick", methods=tuple(ROWS))
+SCRIPT = Script(__file__, __doc__, default_preset="quick", rows=tuple(ROWS))
 
 
 def specs(seed: int, runs: int, encoders: int, rows: dict = ROWS) -> list[RunSpec]:
@@ -156,8 +156,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     config = session.config
     session.reuse_committed()
     # The preset's rows, or exactly those --methods names (CP-CFL+features on any preset).
-    rows = (study_rows(config.preset) if args.methods == list(ROWS)
-            else {name: ROWS[name] for name in args.methods})
+    rows = (study_rows(config.preset) if args.rows == list(ROWS)
+            else {name: ROWS[name] for name in args.rows})
     by_run: dict[str, dict[int, RunRecord]] = {name: {} for name in rows if session.wanted(name)}
     done, missing_specs = session.run_or_read(specs(args.seed, runs, encoders, rows),
                                               args.report)

@@ -38,7 +38,7 @@ PAPER = {
 """The paper's accuracy (%) at T = 100 and relevance score, per paper pair."""
 LABELS = {**COMPARISON_LABELS,
           **{k: label for k, (label, _) in CENTRALIZED.items()}}
-SCRIPT = Script(__file__, __doc__, methods=tuple(LABELS))
+SCRIPT = Script(__file__, __doc__, rows=tuple(LABELS))
 
 
 def specs(config) -> dict[str, list[RunSpec]]:

@@ -25,7 +25,7 @@ SETTINGS = {"rotated-4": ("rotated, 4 groups", {"kind": "rotated", "num_groups":
             "dirichlet-0.1": ("Dir(0.1), 3 groups", {"kind": "dirichlet", "alpha": 0.1}),
             "dirichlet-1.0": ("Dir(1.0), 3 groups", {"kind": "dirichlet", "alpha": 1.0})}
 """Setting key: (label, partition overrides)."""
-SCRIPT = Script(__file__, __doc__, methods=tuple(METHODS))
+SCRIPT = Script(__file__, __doc__, rows=tuple(METHODS))
 
 
 def specs(config: Config) -> list[RunSpec]:

@@ -18,7 +18,7 @@ from cpcfl_tf.running.report import mean_sd, trial_table
 from cpcfl_tf.evidence.catalogue import COMPARISON, COMPARISON_LABELS, comparison_specs
 from cpcfl_tf.running.script import Script
 
-SCRIPT = Script(__file__, __doc__, methods=tuple(COMPARISON))
+SCRIPT = Script(__file__, __doc__, rows=tuple(COMPARISON))
 
 HEADS = {"resnet18": "c-1", "resnet50": "c-2"}
 PAPER_TRIALS = {"resnet18": 5, "resnet50": 1}

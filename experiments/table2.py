@@ -25,7 +25,7 @@ SPECS = [RunSpec("fedavg-none", "fedavg", "none"), RunSpec("fedavg-simclr", "fed
          # where the rule never fires it is the CP-CFL (SimCLR) run above
          RunSpec("cp-cfl-restart-simclr", "cp-cfl-restart", "simclr")]
 LABELS = {spec.name: run_label(spec.method, spec.pretraining) for spec in SPECS}
-SCRIPT = Script(__file__, __doc__, methods=tuple(LABELS))
+SCRIPT = Script(__file__, __doc__, rows=tuple(LABELS))
 # The paper's STL-10 numbers (GPU): accuracy (%) at T = 25/50/75/100 (tab:different_methods)
 # and F1 macro/weighted, AUROC OvR/OvO macro/weighted at T = 100 (tab:addition_scores).
 PAPER_ACCURACY = {

@@ -22,7 +22,7 @@ FIXED = "cp-cfl-restart-simclr"
 """Beyond the paper: CP-CFL with IFCA's restart rule, which fixes CP-CFL's merged groups
 (a trial where the rule never fires is its CP-CFL run: docs/choices.md)."""
 ROWS = (*COMPARISON, FIXED)
-SCRIPT = Script(__file__, __doc__, methods=ROWS)
+SCRIPT = Script(__file__, __doc__, rows=ROWS)
 
 PAPER = {
     "accuracy": {"fedavg-none": (42.73, 41.53, 43.67, 43.03, 42.67),

@@ -63,9 +63,9 @@ class Script:
     """Whether it takes ``--distribute`` (benchmarks time one device and leave it out)."""
     runs: bool = True
     """Whether it is made of runs (then it takes ``--dry-run``); measurements are not."""
-    methods: tuple[str, ...] = ()
-    """The rows (run keys) of its table: given, the script takes ``--methods`` to run a
-    subset of them."""
+    rows: tuple[str, ...] = ()
+    """The rows (run keys) of its table: given, the script takes ``--methods`` (the
+    option's name since the first table script; ``args.rows``) to run a subset of them."""
 
     @property
     def name(self) -> str:
@@ -76,11 +76,11 @@ class Script:
                                    folder=Path(self.file).parent.name,
                                    default_preset=self.default_preset,
                                    distribute=self.distribute, runs=self.runs)
-        if self.methods:
-            parser.add_argument("--methods", type=name_list(self.methods),
-                                default=list(self.methods), metavar="NAME[,NAME...]",
+        if self.rows:
+            parser.add_argument("--methods", dest="rows", type=name_list(self.rows),
+                                default=list(self.rows), metavar="NAME[,NAME...]",
                                 help="run a subset of the table's rows: "
-                                     + ",".join(self.methods) + " (default: all)")
+                                     + ",".join(self.rows) + " (default: all)")
         return parser
 
     def start(self, argv: Sequence[str] | None = None,
@@ -142,7 +142,7 @@ class Session:
 
     def wanted(self, key: str) -> bool:
         """Whether the row ``key`` is among ``--methods`` (always, without the option)."""
-        return key in getattr(self.args, "methods", [key])
+        return key in getattr(self.args, "rows", [key])
 
     def kept(self, specs: Sequence[RunSpec], also: Sequence[str] = ()) -> list[RunSpec]:
         """The runs of ``specs`` that ``--methods`` keeps. With ``--dry-run``: print the
@@ -180,7 +180,7 @@ class Session:
                 used = getattr(getattr(config, section), field)
                 if used != given:
                     rows = ("choose its rows with --methods instead (--help lists them)"
-                            if hasattr(self.args, "methods")
+                            if hasattr(self.args, "rows")
                             else "leave it out: this script's runs set it")
                     raise UserError(f"--set {section}.{field}={given} would not be used: run "
                                     f"{spec.name} of {self.name}.py sets {section}.{field}="
