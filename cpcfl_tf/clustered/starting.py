@@ -37,7 +37,6 @@ from cpcfl_tf.record import RunRecord
 from cpcfl_tf.results import cache_root, read_weights, write_weights
 from cpcfl_tf.run_plan import resolve
 from cpcfl_tf.scalars import ScalarLog
-from cpcfl_tf.pretraining.methods import FEDERATED_STARTS
 from cpcfl_tf.clustered.starts import START
 
 Weights = list[np.ndarray]
@@ -102,7 +101,7 @@ class StartingEncoders:
         monitor = None if self._knn is None else (lambda: self._knn(config))
         return federated_encoder(config, lambda: self._client_unlabeled(config),
                                  verbose=self.verbose, monitor=monitor,
-                                 on_round=self._epoch_log(config, config.federated.pretraining))
+                                 on_round=self._epoch_log(self.federated_folder(config)))
 
     @staticmethod
     def federated_rounds(config: Config) -> int:
@@ -152,29 +151,22 @@ class StartingEncoders:
     def contrastive(self, config: Config, method: str):
         """The server's cached self-supervised pre-training (``method`` in
         :data:`~cpcfl_tf.clustered.methods.PRETRAIN_METHODS`), with its history."""
-        from cpcfl_tf.pretraining.pretrain import pretrained_encoder
+        from cpcfl_tf.pretraining.pretrain import pretrain_folder, pretrained_encoder
 
         assert method in PRETRAIN_METHODS, method
         images = None if self._unlabeled is None else (lambda: self._unlabeled(config))
         monitor = None if self._knn is None else (lambda: self._knn(config))
+        folder = pretrain_folder(config.pretrain, config.data, method, config.pretrain_seed)
         return pretrained_encoder(config.pretrain, config.data, method=method,
                                   seed=config.pretrain_seed, verbose=self.verbose,
                                   distribute=self.distribute, images=images,
-                                  on_epoch=self._epoch_log(config, method), monitor=monitor)
+                                  on_epoch=self._epoch_log(folder), monitor=monitor)
 
-    def _epoch_log(self, config: Config, method: str):
-        """The TensorBoard logger of a pre-training's epochs (a federated one's rounds),
-        None without a folder."""
-        from cpcfl_tf.pretraining.pretrain import pretrain_folder
-
+    def _epoch_log(self, folder: Path):
+        """The TensorBoard logger of the epochs (a federated one's rounds) of the
+        pre-training cached in ``folder``, under its name; None without a folder."""
         if not self.tensorboard:
             return None
-        if method in FEDERATED_STARTS:
-            from cpcfl_tf.pretraining.federated_pretrain import federated_folder
-
-            folder = federated_folder(config)
-        else:
-            folder = pretrain_folder(config.pretrain, config.data, method, config.pretrain_seed)
         log = ScalarLog(Path(self.tensorboard) / "pretrain" / folder.name)
         names = ("loss", "embedding_std", "knn_accuracy")
         return lambda epoch, logs: log.write(epoch, {k: logs[k] for k in names if k in logs})
