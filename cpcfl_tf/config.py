@@ -359,19 +359,14 @@ def _read(section: str, stored: dict[str, Any]) -> dict[str, Any]:
 def _stored_pretrain(config: Config) -> dict[str, Any]:
     """``config.pretrain`` as records write it: the stored layout with the values of the
     run's self-supervised method, all of its settings named (none for other starts)."""
-    from cpcfl_tf.pretraining.methods import FEDERATED_STARTS, SSL_METHODS
-
-    method = config.federated.pretraining
-    federated = FEDERATED_STARTS.get(method)
-    if federated:  # the method's settings and the federated pre-training's, all named
-        algorithm, method = federated
-    own = method in SSL_METHODS
-    stored = stored_pretrain(dataclasses.asdict(config.pretrain), method if own else None,
-                             config.pretrain.settings(method) if own else None)
-    if federated:
-        given = (config.pretrain.options or {}).get(algorithm.name)
+    start = START[config.federated.pretraining]
+    method = start.ssl_method or None  # a federated start: its method's settings too
+    stored = stored_pretrain(dataclasses.asdict(config.pretrain), method,
+                             config.pretrain.settings(method) if method else None)
+    if start.federated:  # and the federated pre-training's, all named
+        given = (config.pretrain.options or {}).get(start.federated.name)
         stored["options"] = {**(stored["options"] or {}),
-                             algorithm.name: algorithm.resolve(given)}
+                             start.federated.name: start.federated.resolve(given)}
     return stored
 
 

@@ -19,7 +19,6 @@ from cpcfl_tf.config import Config, config_record
 from cpcfl_tf.run_plan import as_resolved
 from cpcfl_tf.clustered.methods import METHODS
 from cpcfl_tf.results import read_file, write_json
-from cpcfl_tf.pretraining.methods import FEDERATED_STARTS
 from cpcfl_tf.clustered.starts import START
 
 SCORES = ("f1_macro", "f1_weighted", "auroc_ovr_macro", "auroc_ovr_weighted",
@@ -183,7 +182,7 @@ class RunRecord:
         settings = dataclasses.replace(self.config.pretrain, seed=None)
         key = (self.pretraining, repr(settings), data.pretrain_dataset,
                data.pretrain_split, data.image_size, self.config.pretrain_seed)
-        if self.pretraining in FEDERATED_STARTS:  # also the clients it was dealt to
+        if start is not None and start.federated:  # also the clients it was dealt to
             key += (repr(self.config.partition), self.config.seed, data.client_dataset,
                     data.client_train_split)
         return key

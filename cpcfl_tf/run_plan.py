@@ -23,10 +23,9 @@ from typing import Any
 
 from cpcfl_tf.clustered.methods import METHODS, Method
 from cpcfl_tf.clustered.rules import Rule
-from cpcfl_tf.clustered.starts import START, Start
+from cpcfl_tf.clustered.starts import START, Pretraining, Start
 from cpcfl_tf.config import Config, FederatedConfig
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.pretraining.methods import FEDERATED_STARTS, SSL_METHODS, FederatedSSL
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -67,27 +66,8 @@ def federated_settings(config: Config) -> dict[str, Any] | None:
     """The settings of the federated pre-training ``config`` starts from (its entry's in
     ``pretrain.options``, defaults filled in; ``rounds`` may still be None, the server's
     passes); None for a start that is not federated."""
-    federated = FEDERATED_STARTS.get(config.federated.pretraining)
-    if federated is None:
-        return None
-    return federated[0].resolve((config.pretrain.options or {}).get(federated[0].name))
-
-
-@dataclasses.dataclass(frozen=True)
-class Pretraining:
-    """The pre-training a run's start needs: the server's self-supervised one (``method``
-    with its ``settings``), the supervised one (``method`` "supervised", no settings), or
-    a federated one (``federated`` with its own settings, of ``method``)."""
-
-    method: str
-    settings: dict[str, Any]
-    """Every setting of ``method`` with the value it runs with (empty: supervised)."""
-    seed: int
-    """The pre-training's seed (:attr:`~cpcfl_tf.config.Config.pretrain_seed`)."""
-    federated: FederatedSSL | None = None
-    federated_settings: dict[str, Any] | None = None
-    """The federated pre-training's settings, defaults filled in (``rounds`` may still be
-    None: the server's passes)."""
+    pretraining = START[config.federated.pretraining].pretraining(config)
+    return None if pretraining is None else pretraining.federated_settings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,20 +121,8 @@ def resolve(config: Config) -> RunPlan:
             fl, num_clusters=method.num_models(fl.num_clusters, p.num_clients, p.num_groups),
             head_rounds=method.head_rounds(fl.pretraining, fl.head_rounds),
             options=method.resolve_options(fl.options))))
-    return RunPlan(resolved, config, method, START[fl.pretraining], _pretraining(config))
-
-
-def _pretraining(config: Config) -> Pretraining | None:
-    start, seed = config.federated.pretraining, config.pretrain_seed
-    if start in FEDERATED_STARTS:
-        federated, method = FEDERATED_STARTS[start]
-        return Pretraining(method, config.pretrain.settings(method), seed, federated,
-                           federated_settings(config))
-    if start in SSL_METHODS:
-        return Pretraining(start, config.pretrain.settings(start), seed)
-    if start == "supervised":
-        return Pretraining(start, {}, seed)
-    return None
+    start = START[fl.pretraining]
+    return RunPlan(resolved, config, method, start, start.pretraining(config))
 
 
 def check_data(config: Config) -> None:
@@ -203,7 +171,7 @@ def _check_deal(config: Config) -> None:
     from cpcfl_tf.data.sources import get_spec, parse_split, split_size
     from cpcfl_tf.data.unlabeled import check_deal
 
-    if config.federated.pretraining not in FEDERATED_STARTS:
+    if federated_settings(config) is None:  # not a federated start
         return
     d, where = config.data, config.partition.unlabeled
     base = parse_split(d.pretrain_dataset, d.pretrain_split).base

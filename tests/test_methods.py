@@ -132,6 +132,44 @@ def test_no_module_but_the_rules_compares_a_rules_name_or_what_it_asks():
     assert not found, found
 
 
+START_SUBJECTS = {"pretraining", "start"}
+"""What a comparison with a start's name is about."""
+START_NAME_SETS = {"FEDERATED_STARTS", "SSL_METHODS", "PRETRAIN_METHODS", "PRETRAINED",
+                   "PRETRAININGS", "FEDERATED_PRETRAININGS"}
+"""Sets of start names a membership test would compare a start against."""
+
+
+def test_no_module_but_the_starts_compares_a_starts_name():
+    """``pretraining != "none"``, ``start in FEDERATED_STARTS`` or
+    ``FEDERATED_STARTS.get(pretraining)`` outside :mod:`cpcfl_tf.clustered.starts` would be
+    a second home for what a start is (checked against the code before the starts' own
+    ``check`` and ``pretraining``, at 3ea45ab: it found 13 places in config.py,
+    run_plan.py, record.py, clustered/methods.py and flower/server_app.py)."""
+    from cpcfl_tf.clustered.starts import START
+
+    names = set(START)
+    found = []
+    for path in sorted((ROOT / "cpcfl_tf").rglob("*.py")):
+        if path.name == "starts.py" or path.parent.name == "pretraining":
+            continue  # the starts, and the self-supervised registry that names them
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr == "get" and isinstance(node.func.value, ast.Name) \
+                    and node.func.value.id in START_NAME_SETS:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+            if not isinstance(node, ast.Compare):
+                continue
+            parts = [node.left, *node.comparators]
+            about = any(isinstance(p, ast.Attribute) and p.attr in START_SUBJECTS
+                        or isinstance(p, ast.Name) and p.id in START_SUBJECTS for p in parts)
+            named = names & {p.value for p in parts if isinstance(p, ast.Constant)}
+            member = any(isinstance(o, (ast.In, ast.NotIn)) for o in node.ops) and any(
+                isinstance(p, ast.Name) and p.id in START_NAME_SETS for p in node.comparators)
+            if about and (named or member):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not found, found
+
+
 def test_every_start_is_one_object_that_says_what_it_is_and_how_it_is_got():
     from types import SimpleNamespace
 

@@ -80,7 +80,7 @@ class Method:
 
     def head_rounds(self, pretraining: str, tc: int) -> int:
         """Tc as this method runs it from ``pretraining``."""
-        return tc if self.head_phase and pretraining != "none" else 0
+        return tc if self.head_phase and START[pretraining].gives_encoder else 0
 
     @property
     def rule(self) -> Rule:
@@ -217,10 +217,10 @@ def plugins_used(method: str, pretraining: str) -> dict[str, str]:
     """The entries of installed plugins (:mod:`cpcfl_tf.plugins`) a run of ``method``
     from ``pretraining`` uses, with their package and version: what its record's
     ``environment.plugins`` says (empty for the kit's own)."""
-    fed = FEDERATED_STARTS.get(pretraining)
+    start = START[pretraining]
     return used(method=method, rule=get_method(method).assign,
-                ssl_method=fed[1] if fed else pretraining if pretraining in SSL_METHODS
-                else None, federated_ssl=fed[0].name if fed else None)
+                ssl_method=start.ssl_method or None,
+                federated_ssl=start.federated.name if start.federated else None)
 
 
 def run_label(method: str, pretraining: str) -> str:

@@ -16,9 +16,27 @@ so every layer may read it.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.pretraining.methods import FEDERATED_STARTS, SSL_METHODS, FederatedSSL
+
+
+@dataclasses.dataclass(frozen=True)
+class Pretraining:
+    """The pre-training a run's start needs: the server's self-supervised one (``method``
+    with its ``settings``), the supervised one (``method`` "supervised", no settings), or
+    a federated one (``federated`` with its own settings, of ``method``)."""
+
+    method: str
+    settings: dict[str, Any]
+    """Every setting of ``method`` with the value it runs with (empty: supervised)."""
+    seed: int
+    """The pre-training's seed (:attr:`~cpcfl_tf.config.Config.pretrain_seed`)."""
+    federated: FederatedSSL | None = None
+    federated_settings: dict[str, Any] | None = None
+    """The federated pre-training's settings, defaults filled in (``rounds`` may still be
+    None: the server's passes)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,10 +52,23 @@ class Start:
     ``pretraining_key``); False: random weights, or each run's own FedAvg encoder."""
     on_flower: bool = True
     """The Flower ServerApp can begin from it."""
+    ssl_method: str = ""
+    """The self-supervised method it pre-trains with ("": none)."""
+    federated: FederatedSSL | None = None
+    """The federated pre-training that runs it on the clients' images (None: not one)."""
+
+    @property
+    def gives_encoder(self) -> bool:
+        """It starts the run from an encoder (not from random weights)."""
+        return type(self) is not Start
 
     def check(self, config) -> None:
         """Refuse, in one line naming the fix, a ``config`` this start cannot begin from
         (names only: what the data can hold is :func:`cpcfl_tf.run_plan.check_data`'s)."""
+
+    def pretraining(self, config) -> Pretraining | None:
+        """The pre-training this start needs for ``config`` (None: none)."""
+        return None
 
     def encoder(self, source, config):
         """The starting encoder's weights (None: random), got from ``source``."""
@@ -58,7 +89,6 @@ class ServerPretraining(Start):
 
     pretrained: bool = True
     shared: bool = True
-    ssl_method: str = ""
 
     def check(self, config) -> None:
         where = config.partition.unlabeled
@@ -67,6 +97,10 @@ class ServerPretraining(Start):
                             f"images to pre-train {self.name} on; start from "
                             f"fed-{self.ssl_method or 'simclr'}, or set "
                             "partition.unlabeled=server")
+
+    def pretraining(self, config) -> Pretraining | None:
+        return Pretraining(self.ssl_method, config.pretrain.settings(self.ssl_method),
+                           config.pretrain_seed)
 
     def encoder(self, source, config):
         return source.contrastive(config, self.ssl_method).encoder.get_weights()
@@ -90,6 +124,9 @@ class ServerPretraining(Start):
 class Supervised(ServerPretraining):
     """The server's supervised pre-training on the labeled version of the same split."""
 
+    def pretraining(self, config) -> Pretraining | None:
+        return Pretraining(self.name, {}, config.pretrain_seed)
+
     def encoder(self, source, config):
         return source.supervised(config)
 
@@ -102,8 +139,6 @@ class FederatedPretraining(ServerPretraining):
     """A federated self-supervised pre-training (``federated``) of ``ssl_method`` on the
     clients' unlabeled images."""
 
-    federated: FederatedSSL | None = None
-
     def check(self, config) -> None:
         if config.partition.unlabeled == "server":
             raise UserError(f"{self.name} pre-trains on the clients' unlabeled images; set "
@@ -115,6 +150,11 @@ class FederatedPretraining(ServerPretraining):
                                                          "constant") != "constant":
             raise UserError(f"{self.name} keeps BYOL's target on the client with a constant "
                             f"rate; drop {self.ssl_method}.target_schedule from pretrain.options")
+
+    def pretraining(self, config) -> Pretraining | None:
+        given = (config.pretrain.options or {}).get(self.federated.name)
+        return Pretraining(self.ssl_method, config.pretrain.settings(self.ssl_method),
+                           config.pretrain_seed, self.federated, self.federated.resolve(given))
 
     def encoder(self, source, config):
         return source.federated(config).encoder.get_weights()
