@@ -30,7 +30,7 @@ from cpcfl_tf.clustered.methods import STARTS, run_label
 from cpcfl_tf.running.report import markdown_table
 from cpcfl_tf.running.runner import RunSpec
 from cpcfl_tf.running.script import Script
-from cpcfl_tf.pretraining.methods import FEDERATED_STARTS
+from cpcfl_tf.clustered.starts import START
 from cpcfl_tf.run_plan import check_data
 
 SEEDS = {"smoke": 2, "quick": 5, "standard": 5, "paper": 1}
@@ -224,7 +224,7 @@ def summarize(specs, records, encoders) -> dict:
             "pretrain_seconds": _mean(m["pretrain_seconds"] if m else None for m in made),
             "linear_accuracy": _mean(m["linear_accuracy"] if m else None for m in made),
             "knn_accuracy": _mean(m["knn_accuracy"] if m else None for m in made)})
-    pairs = [(row, other) for row, _, start, _ in ROWS if start in FEDERATED_STARTS
+    pairs = [(row, other) for row, _, start, _ in ROWS if START[start].federated
              for other in (BASELINE, SERVER)] + [(SERVER, BASELINE), NON_IID]
     differences = {}
     for a, b in pairs:
@@ -307,7 +307,7 @@ def findings(summary: dict) -> list[str]:
                      f"{compared(differences[f'{SERVER} - {BASELINE}'], 'IFCA (None)')} by "
                      "the claims' rule (the reference the federated encoders are held to).")
     for row, _, start, deal in ROWS:
-        if start not in FEDERATED_STARTS or row not in rows:
+        if not START[start].federated or row not in rows:
             continue
         r = rows[row]
         line = (f"CP-CFL from {STARTS[start]} ({deal} deal) is "

@@ -513,7 +513,8 @@ def test_the_run_config_takes_any_setting_as_the_scripts_set_does():
     # refused before any node is waited for: no federation runs these
     with pytest.raises(UserError, match="centralized baseline, not a federation"):
         run_config({**RUN, "method": "centralized"})
-    with pytest.raises(UserError, match="pre-training 'fedavg' is not available on Flower"):
+    with pytest.raises(UserError, match="pre-training 'fedavg' is not available on Flower; "
+                                        "use one of none, simclr, .*supervised, fed-simclr"):
         run_config({**RUN, "method": "ifca", "pretraining": "fedavg"})
 
 

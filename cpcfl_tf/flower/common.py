@@ -16,7 +16,7 @@ from cpcfl_tf.config import Config
 from cpcfl_tf.overrides import parse_settings
 from cpcfl_tf.presets import get_preset
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.clustered.methods import METHODS, PRETRAIN_METHODS
+from cpcfl_tf.clustered.methods import METHODS
 from cpcfl_tf.clustered.starts import START
 
 DEFAULTS: dict[str, Any] = {
@@ -63,9 +63,9 @@ def run_config(values: Mapping[str, Any]) -> Config:
                         "it in the simulator")
     if not START[fl.pretraining].on_flower:
         # IFCA (FedAvg) starts from a FedAvg (None) run's encoder: a federation of its own.
+        usable = ", ".join(name for name, start in START.items() if start.on_flower)
         raise UserError(f"pre-training {fl.pretraining!r} is not available on Flower; use one "
-                        f"of {', '.join(('none', *PRETRAIN_METHODS, 'supervised'))}, or the "
-                        "simulator")
+                        f"of {usable}, or the simulator")
     if fl.optimizer_state != "fresh":
         # A ClientApp starts afresh for every message: no Adam state survives a round, so
         # a node would silently train unlike the simulator.
