@@ -364,9 +364,8 @@ def _stored_pretrain(config: Config) -> dict[str, Any]:
     stored = stored_pretrain(dataclasses.asdict(config.pretrain), method,
                              config.pretrain.settings(method) if method else None)
     if start.federated:  # and the federated pre-training's, all named
-        given = (config.pretrain.options or {}).get(start.federated.name)
         stored["options"] = {**(stored["options"] or {}),
-                             start.federated.name: start.federated.resolve(given)}
+                             start.federated.name: start.federated_settings(config)}
     return stored
 
 

@@ -66,8 +66,7 @@ def federated_settings(config: Config) -> dict[str, Any] | None:
     """The settings of the federated pre-training ``config`` starts from (its entry's in
     ``pretrain.options``, defaults filled in; ``rounds`` may still be None, the server's
     passes); None for a start that is not federated."""
-    pretraining = START[config.federated.pretraining].pretraining(config)
-    return None if pretraining is None else pretraining.federated_settings
+    return START[config.federated.pretraining].federated_settings(config)
 
 
 @dataclasses.dataclass(frozen=True)

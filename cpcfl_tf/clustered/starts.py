@@ -70,6 +70,14 @@ class Start:
         """The pre-training this start needs for ``config`` (None: none)."""
         return None
 
+    def federated_settings(self, config) -> dict[str, Any] | None:
+        """Its federated pre-training's settings in ``config`` (its entry's in
+        ``pretrain.options``, defaults filled in; ``rounds`` may still be None, the
+        server's passes); None for a start that is not federated."""
+        if self.federated is None:
+            return None
+        return self.federated.resolve((config.pretrain.options or {}).get(self.federated.name))
+
     def encoder(self, source, config):
         """The starting encoder's weights (None: random), got from ``source``."""
         return None
@@ -152,9 +160,8 @@ class FederatedPretraining(ServerPretraining):
                             f"rate; drop {self.ssl_method}.target_schedule from pretrain.options")
 
     def pretraining(self, config) -> Pretraining | None:
-        given = (config.pretrain.options or {}).get(self.federated.name)
         return Pretraining(self.ssl_method, config.pretrain.settings(self.ssl_method),
-                           config.pretrain_seed, self.federated, self.federated.resolve(given))
+                           config.pretrain_seed, self.federated, self.federated_settings(config))
 
     def encoder(self, source, config):
         return source.federated(config).encoder.get_weights()
