@@ -84,22 +84,33 @@ def test_every_start_has_a_label_and_every_method_a_known_start():
     assert run_label("ifca", "fedavg") == "IFCA (FedAvg)"
 
 
+def kit_nodes(skip):
+    """Every syntax node of the kit's modules but those ``skip(path)`` names, with where it
+    is (``path:line``)."""
+    for path in sorted((ROOT / "cpcfl_tf").rglob("*.py")):
+        if not skip(path):
+            for node in ast.walk(ast.parse(path.read_text())):
+                yield f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}", node
+
+
+def compared(node, subjects: set[str]) -> set | None:
+    """The constants a comparison about one of ``subjects`` (a name or an attribute) holds;
+    None where ``node`` is no such comparison."""
+    if not isinstance(node, ast.Compare):
+        return None
+    parts = [node.left, *node.comparators]
+    if not any(isinstance(p, ast.Attribute) and p.attr in subjects
+               or isinstance(p, ast.Name) and p.id in subjects for p in parts):
+        return None
+    return {p.value for p in parts if isinstance(p, ast.Constant)}
+
+
 def test_no_module_but_methods_compares_a_method_name():
     """``fl.method == "ifca"`` anywhere else would be a second home for what IFCA is
     (checked against the old code: it found runner.py, algorithm.py and config.py)."""
     names = set(METHODS)
-    found = []
-    for path in sorted((ROOT / "cpcfl_tf").rglob("*.py")):
-        if path.name == "methods.py":
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Compare):
-                parts = [node.left, *node.comparators]
-                method = any(isinstance(p, ast.Attribute) and p.attr == "method"
-                             or isinstance(p, ast.Name) and p.id == "method" for p in parts)
-                consts = {p.value for p in parts if isinstance(p, ast.Constant)}
-                if method and names & consts:
-                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    found = [where for where, node in kit_nodes(lambda path: path.name == "methods.py")
+             if names & (compared(node, {"method"}) or set())]
     assert not found, found
 
 
@@ -115,20 +126,12 @@ def test_no_module_but_the_rules_compares_a_rules_name_or_what_it_asks():
 
     words = set(RULES) | {r.asks for r in RULES.values() if r.asks} | set(METHODS)
     found = []
-    for path in sorted((ROOT / "cpcfl_tf").rglob("*.py")):
-        if path.name in ("methods.py", "rules.py"):
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) \
-                    and node.value.id == "RULES" and isinstance(node.slice, ast.Constant):
-                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-            if not isinstance(node, ast.Compare):
-                continue
-            parts = [node.left, *node.comparators]
-            about = any(isinstance(p, ast.Attribute) and p.attr in SUBJECTS
-                        or isinstance(p, ast.Name) and p.id in SUBJECTS for p in parts)
-            if about and words & {p.value for p in parts if isinstance(p, ast.Constant)}:
-                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    for where, node in kit_nodes(lambda path: path.name in ("methods.py", "rules.py")):
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) \
+                and node.value.id == "RULES" and isinstance(node.slice, ast.Constant):
+            found.append(where)
+        if words & (compared(node, SUBJECTS) or set()):
+            found.append(where)
     assert not found, found
 
 
@@ -149,24 +152,20 @@ def test_no_module_but_the_starts_compares_a_starts_name():
 
     names = set(START)
     found = []
-    for path in sorted((ROOT / "cpcfl_tf").rglob("*.py")):
-        if path.name == "starts.py" or path.parent.name == "pretraining":
-            continue  # the starts, and the self-supervised registry that names them
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                    and node.func.attr == "get" and isinstance(node.func.value, ast.Name) \
-                    and node.func.value.id in START_NAME_SETS:
-                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-            if not isinstance(node, ast.Compare):
-                continue
-            parts = [node.left, *node.comparators]
-            about = any(isinstance(p, ast.Attribute) and p.attr in START_SUBJECTS
-                        or isinstance(p, ast.Name) and p.id in START_SUBJECTS for p in parts)
-            named = names & {p.value for p in parts if isinstance(p, ast.Constant)}
-            member = any(isinstance(o, (ast.In, ast.NotIn)) for o in node.ops) and any(
-                isinstance(p, ast.Name) and p.id in START_NAME_SETS for p in node.comparators)
-            if about and (named or member):
-                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    # The starts, and the self-supervised registry that names them, are left out.
+    for where, node in kit_nodes(lambda path: path.name == "starts.py"
+                                 or path.parent.name == "pretraining"):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr == "get" and isinstance(node.func.value, ast.Name) \
+                and node.func.value.id in START_NAME_SETS:
+            found.append(where)
+        consts = compared(node, START_SUBJECTS)
+        if consts is None:
+            continue
+        member = any(isinstance(o, (ast.In, ast.NotIn)) for o in node.ops) and any(
+            isinstance(p, ast.Name) and p.id in START_NAME_SETS for p in node.comparators)
+        if names & consts or member:
+            found.append(where)
     assert not found, found
 
 
