@@ -70,3 +70,26 @@ def test_ari_matches_its_definition_over_the_clients_that_took_part():
     assert cluster_ari(groups, ids) == pytest.approx(_ari(groups[took_part], ids[took_part]))
     assert cluster_ari(groups, (groups + 1) % 3) == pytest.approx(1.0)
     assert np.isnan(cluster_ari(groups, np.full(15, -1)))
+
+
+def test_one_vs_one_auroc_has_scikit_learns_bits():
+    """Records hold scikit-learn's roc_auc_score(multi_class="ovo") to the last bit; the
+    kit makes its pairs' scores once for both averages, which must change no bit (ties,
+    an absent class, few and many classes)."""
+    from sklearn.metrics import roc_auc_score
+
+    rng = np.random.default_rng(11)
+    for trial in range(12):
+        classes = int(rng.integers(4, 11))
+        y = rng.integers(0, classes, size=(3, int(rng.integers(20, 200))))
+        y[y == 1] = 0  # class 1 never occurs
+        p = rng.random((*y.shape, classes)) ** 3
+        p = np.round(p, 2) + 1e-3 if trial % 2 else p  # many ties
+        got = pooled_scores(y, p.astype(np.float32))
+        flat = y.reshape(-1)
+        present = np.unique(flat)
+        q = p.reshape(-1, classes).astype(np.float32).astype(np.float64)[:, present]
+        q /= q.sum(axis=1, keepdims=True)
+        for average in ("macro", "weighted"):
+            want = roc_auc_score(flat, q, multi_class="ovo", average=average, labels=present)
+            assert got[f"auroc_ovo_{average}"] == float(want), (trial, average)

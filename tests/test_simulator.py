@@ -412,6 +412,39 @@ def test_an_ifca_restart_starts_a_new_pool_and_a_resume_after_it_gives_the_same_
     assert resumed.rounds == whole.rounds and resumed.final == whole.final
 
 
+def test_the_initial_pool_is_what_a_seeded_keras_build_draws_whatever_ran_before():
+    """Each pool model is the classifier Keras builds after set_random_seed(init_seed),
+    the same whatever was drawn before in the process (the draws are kept in memory:
+    drawn_classifier), and each call gets arrays of its own."""
+    from cpcfl_tf.clustered import algorithm
+    from cpcfl_tf.clustered.pool import build_template, initial_pool
+
+    def built(fl, init):  # what the pool must hold, built here
+        keras.utils.set_random_seed(init)
+        encoder = build_encoder(fl.encoder, (32, 32, 3))
+        return build_classifier(encoder, build_classifier_head(fl.head, 256, 10)).get_weights()
+
+    for head in ("c", "c-1"):
+        fl = resolve(config(method="ifca", pretraining="none", head=head)).federated
+        template = build_template(fl, (32, 32, 3), 10)
+        for seed, attempt in ((0, 0), (0, 1), (4, 0), (0, 0)):
+            np.random.default_rng().random(3), tf.random.uniform((3,)), keras.random.normal((2,))
+            pool = initial_pool(fl, template, None, seed=seed, attempt=attempt)
+            for n, weights in enumerate(pool):
+                want = built(fl, algorithm.init_seed(seed, attempt, n))
+                assert [w.shape for w in weights] == [w.shape for w in want]
+                assert all(np.array_equal(a, b) for a, b in zip(weights, want)), (head, seed, n)
+            assert not np.array_equal(pool[0][0], pool[1][0])
+            pool[0][0][...] = 7  # a caller changing its arrays changes no later pool
+        k = len(template.get_layer("encoder").weights)
+        encoder = [np.full_like(w, 0.5) for w in pool[0][:k]]
+        with_encoder = initial_pool(fl, template, encoder, seed=0, attempt=0)
+        for n, weights in enumerate(with_encoder):
+            assert all(np.array_equal(a, b) for a, b in zip(weights[:k], encoder))
+            assert all(np.array_equal(a, b) for a, b in zip(
+                weights[k:], built(fl, algorithm.init_seed(0, 0, n))[k:]))
+
+
 def test_client_test_labels_reach_neither_selection_nor_training(clients):
     """Selection uses the clients' training data and evaluation their test data: with the
     test labels shuffled, cluster ids and weights stay bit for bit, only scores move."""

@@ -51,10 +51,10 @@ class KerasBackend:
         for optimizer in self.optimizers.values():
             optimizer.build(classifier.trainable_variables)
         self._steps = {(name, whole): tf.function(self._make_step(optimizer, whole),
-                                                  jit_compile=jit_compile)
+                                                  jit_compile=jit_compile, autograph=False)
                        for name, optimizer in self.optimizers.items() for whole in (True, False)}
         self._forward = tf.function(lambda x: classifier(to_float(x), training=False),
-                                    reduce_retracing=True)
+                                    reduce_retracing=True, autograph=False)
 
     def _make_step(self, optimizer: keras.optimizers.Optimizer, train_encoder: bool):
         encoder, head = self.model.get_layer("encoder"), self.model.get_layer("head")

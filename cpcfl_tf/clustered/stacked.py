@@ -104,12 +104,13 @@ class StackedBackend:
         self.num_encoder = len(classifier.get_layer("encoder").weights)
         self.eval_batch = eval_batch
         # No reduce_retracing: the client axis K must stay static (one trace per K and
-        # batch size, a handful per run). jit_compile: federated.jit_compile.
-        self._grads = tf.function(self._gradients, jit_compile=jit_compile)
+        # batch size, a handful per run). jit_compile: federated.jit_compile. No AutoGraph
+        # (here and in every step of the kit): no Python control flow over tensors.
+        self._grads = tf.function(self._gradients, jit_compile=jit_compile, autograph=False)
         # Adam over K stacked copies is pure elementwise work: XLA fuses it into one pass
         # (2.4x faster than the op-by-op update on a CPU).
-        self._adam = tf.function(_adam_update, jit_compile=True)
-        self._sgd = tf.function(_sgd_update, jit_compile=True)
+        self._adam = tf.function(_adam_update, jit_compile=True, autograph=False)
+        self._sgd = tf.function(_sgd_update, jit_compile=True, autograph=False)
         # The forward pass (selection, evaluation) stays op by op: XLA was no faster there
         # (0.76 against 0.74 s for 3 models on 3,000 images, 2-core EPYC). Its number of
         # images is left open in one trace: a cluster's test images change in number
@@ -120,7 +121,7 @@ class StackedBackend:
                      tf.TensorSpec((1, None, *classifier.input_shape[1:]), tf.uint8)]
         self._logits = tf.function(
             lambda params, x: stacked_logits(self.layers, params, to_float(x)),
-            input_signature=signature)
+            input_signature=signature, autograph=False)
 
     def _gradients(self, params, images, labels, first: int):
         with tf.GradientTape() as tape:
