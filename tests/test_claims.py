@@ -280,7 +280,8 @@ def test_the_note_names_the_claims_and_seeds_of_another_machine_and_mixed_pairs(
             f"f{seed}")
     judged(tmp_path, "C1", "C2")
     text = (tmp_path / "claims.md").read_text()
-    assert "by claim and seed: B: C1 seed 4, C2 seeds 3, 4." in text
+    # Neither names its CPU's identity: each is a kind, which may be several machines.
+    assert "by claim and seed: B, CPU identity not recorded: C1 seed 4, C2 seeds 3, 4." in text
     assert "(what differs): C1 seed 4 (CPUs), C2 seed 4 (encoders and CPUs)." in text
     assert "Each paired difference compares runs of one kind of CPU" not in text
 
@@ -507,6 +508,8 @@ def test_two_cpus_of_one_kind_are_told_apart_by_their_cpu_id(tmp_path):
     assert str(tmp_path / "a" / "s0-cp-cfl-simclr.json") in used["seed 0: cp-cfl-simclr"]
     text = (tmp_path / "claims.md").read_text()
     assert "ran on EPYC (avx512f) [family 26 model 2]; the other 10" in text
+    # A's records name the kind only, which is said, not left to look like B's.
+    assert "by claim and seed: EPYC (avx512f), CPU identity not recorded: C2 seeds" in text
     # FedAvg (SimCLR) (B) against FedAvg (None) (A only) mixes the two machines: said so.
     assert "C2 seed 0 (CPUs)" in text
 

@@ -317,8 +317,10 @@ def machine_notes(ev: Evidence) -> list[str]:
     """Which claims and seeds ran on another kind of CPU than most runs, and every paired
     difference whose runs do not share one kind of CPU and, per pre-training, one encoder
     (there its last bits are round-off, not chance)."""
-    def cpu(record: RunRecord) -> str:
-        return machine(record.environment) or "CPU not recorded"
+    def cpu(record: RunRecord) -> str:  # a kind without an identity is not one machine
+        name = machine(record.environment)
+        return ("CPU not recorded" if name is None else name if record.environment.get("cpu_id")
+                else f"{name}, CPU identity not recorded")
 
     count = Counter(map(cpu, ev.linked.values()))
     kinds: dict[str, dict[str, set[int]]] = {}
