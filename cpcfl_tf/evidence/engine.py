@@ -317,10 +317,12 @@ def machine_notes(ev: Evidence) -> list[str]:
     """Which claims and seeds ran on another kind of CPU than most runs, and every paired
     difference whose runs do not share one kind of CPU and, per pre-training, one encoder
     (there its last bits are round-off, not chance)."""
-    def cpu(record: RunRecord) -> str:  # a kind without an identity is not one machine
-        name = machine(record.environment)
-        return ("CPU not recorded" if name is None else name if record.environment.get("cpu_id")
-                else f"{name}, CPU identity not recorded")
+    def cpu(record: RunRecord) -> str:
+        return machine(record.environment) or "CPU not recorded"
+
+    def named(kind: str) -> str:  # a kind without an identity is not one machine
+        return kind if "[" in kind or kind == "CPU not recorded" else (
+            f"{kind}, CPU identity not recorded")
 
     count = Counter(map(cpu, ev.linked.values()))
     kinds: dict[str, dict[str, set[int]]] = {}
@@ -336,11 +338,11 @@ def machine_notes(ev: Evidence) -> list[str]:
     if len(count) > 1:
         most = max(count, key=lambda kind: (count[kind], kind))
         others = "; ".join(
-            f"{kind}: " + ", ".join(f"{claim_id} {seed_list(sorted(seeds))}"
+            f"{named(kind)}: " + ", ".join(f"{claim_id} {seed_list(sorted(seeds))}"
                                     for claim_id, seeds in kinds[kind].items())
             for kind in sorted(count) if kind != most)
         notes.append(f"Note: {count[most]} of the {len(ev.linked)} runs judged here ran on "
-                     f"{most}; the other {len(ev.linked) - count[most]}, by claim and seed: "
+                     f"{named(most)}; the other {len(ev.linked) - count[most]}, by claim and seed: "
                      f"{others}.")
     if mixed:
         notes.append("Note: these paired differences compare runs that do not share one "
