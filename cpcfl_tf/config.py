@@ -198,12 +198,15 @@ class FederatedConfig:
     participation: float = 1.0
     """Fraction of clients drawn (seeded) to take part in each round."""
     max_restarts: int = 5
-    """IFCA: restarts allowed when clustering fails."""
+    """Restarts a method with IFCA's restart rule (IFCA, CP-CFL+restart) may make. This
+    and the next two are every method's fields, not IFCA's ``options``: the failure test
+    is judged on every clustered run (docs/choices.md, "IFCA restarts")."""
     restart_round: int = 10
     """IFCA (and CP-CFL+restart): clustering failure is checked this many rounds after
     the clients began to choose by loss (after Tc, if any)."""
     min_cluster_share: float = 0.5
-    """IFCA: a cluster with fewer than this share of N-th of the clients has failed."""
+    """The failure test: a cluster with fewer than this share of N-th of the clients
+    has failed (IFCA's restart rule acts on it; the evidence reads it for every run)."""
     report_every: int = 25
     """F1/AUROC are computed every this many rounds and at the end (paper: 25/50/75/100)."""
     eval_every: int = 1
