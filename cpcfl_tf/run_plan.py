@@ -170,7 +170,8 @@ def _check_deal(config: Config) -> None:
     from cpcfl_tf.data.sources import get_spec, parse_split, split_size
     from cpcfl_tf.data.unlabeled import check_deal
 
-    if federated_settings(config) is None:  # not a federated start
+    settings = federated_settings(config)
+    if settings is None:  # not a federated start
         return
     d, where = config.data, config.partition.unlabeled
     base = parse_split(d.pretrain_dataset, d.pretrain_split).base
@@ -181,5 +182,5 @@ def _check_deal(config: Config) -> None:
                         "partition.unlabeled=iid")
     if config.partition.kind != "own" and base in spec.splits:
         check_deal(split_size(d.pretrain_dataset, d.pretrain_split),
-                   config.partition.num_clients, federated_settings(config)["batch_size"],
+                   config.partition.num_clients, settings["batch_size"],
                    f"{d.pretrain_dataset}:{d.pretrain_split}")

@@ -7,6 +7,8 @@ compares the clients' cluster identities with their true groups.
 """
 from __future__ import annotations
 
+from itertools import combinations
+
 import numpy as np
 from sklearn.metrics import adjusted_rand_score, f1_score, roc_auc_score
 
@@ -48,7 +50,7 @@ def ovo_auroc(y: np.ndarray, q: np.ndarray) -> tuple[float, float]:
     ``y`` in ``0..C-1`` (every class occurs) and scores ``q (n, C)``: scikit-learn's
     ``roc_auc_score(multi_class="ovo")`` computation, its pairs' scores made once for
     both averages instead of once per average (they were most of a report's time)."""
-    pairs = [(a, b) for a in range(q.shape[1]) for b in range(a + 1, q.shape[1])]
+    pairs = list(combinations(range(q.shape[1]), 2))
     pair_scores, prevalence = np.empty(len(pairs)), np.empty(len(pairs))
     for ix, (a, b) in enumerate(pairs):
         a_mask, b_mask = y == a, y == b

@@ -40,10 +40,9 @@ def initial_pool(fl: FederatedConfig, template: keras.Model, encoder_weights, *,
     k = len(template.get_layer("encoder").weights)
     pool = []
     for n in range(fl.num_clusters):
-        weights = drawn_classifier(fl, shapes, num_classes, algorithm.init_seed(seed, attempt, n))
-        if encoder_weights is not None:
-            weights = [np.array(w) for w in encoder_weights] + weights[k:]
-        pool.append(weights)
+        drawn = drawn_classifier(fl, shapes, num_classes, algorithm.init_seed(seed, attempt, n))
+        encoder = drawn[:k] if encoder_weights is None else encoder_weights
+        pool.append([np.array(w) for w in encoder] + [np.array(w) for w in drawn[k:]])
     return pool
 
 
@@ -56,21 +55,23 @@ def drawn_classifier(fl: FederatedConfig, input_shape, num_classes: int,
                      init_seed: int) -> list[np.ndarray]:
     """The weights of the classifier :func:`build_template` builds after
     ``keras.utils.set_random_seed(init_seed)``: Keras draws every initial weight from that
-    seed, so the same key gives the same arrays. They are kept in memory (a copy is
-    returned), so the runs of one process that start from the same draws (every seed-0 run
-    of an architecture: a script's rows, the suite) build each classifier once instead of
-    once per run. Nothing after the draw reads the global generators (Python's, NumPy's, TensorFlow's)
-    without seeding them again: each run's random draws come from its own seeded streams,
-    and every other build seeds first."""
+    seed, so the same key gives the same arrays. They are kept in memory, read-only (a
+    caller copies what it keeps), so the runs of one process that start from the same
+    draws (every seed-0 run of an architecture: a script's rows, the suite) build each
+    classifier once instead of once per run. Nothing after the draw reads the global
+    generators (Python's, NumPy's, TensorFlow's) without seeding them again: each run's
+    random draws come from its own seeded streams, and every other build seeds first."""
     key = (fl.encoder, fl.head, tuple(input_shape), int(num_classes), int(init_seed),
            keras.config.dtype_policy().name, keras.config.floatx())
     if key not in _DRAWN:
         keras.utils.set_random_seed(init_seed)
         _DRAWN[key] = build_template(fl, input_shape, num_classes).get_weights()
+        for w in _DRAWN[key]:
+            w.flags.writeable = False
         while len(_DRAWN) > 1 and sum(w.nbytes for ws in _DRAWN.values()
                                       for w in ws) > _DRAWN_BYTES:
             _DRAWN.popitem(last=False)
-    return [np.array(w) for w in _DRAWN[key]]
+    return _DRAWN[key]
 
 
 def initial_state(fl: FederatedConfig, template: keras.Model, encoder_weights, *, seed: int,

@@ -320,11 +320,12 @@ def machine_notes(ev: Evidence) -> list[str]:
     def cpu(record: RunRecord) -> str:
         return machine(record.environment) or "CPU not recorded"
 
-    def named(kind: str) -> str:  # a kind without an identity is not one machine
-        return kind if "[" in kind or kind == "CPU not recorded" else (
-            f"{kind}, CPU identity not recorded")
-
     count = Counter(map(cpu, ev.linked.values()))
+    identified = {cpu(r) for r in ev.linked.values() if r.environment.get("cpu_id")}
+
+    def named(kind: str) -> str:  # a kind without an identity is not one machine
+        return kind if kind in identified or kind == "CPU not recorded" else (
+            f"{kind}, CPU identity not recorded")
     kinds: dict[str, dict[str, set[int]]] = {}
     mixed = []
     for claim_id, seed, records in ev.pairs:
