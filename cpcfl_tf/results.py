@@ -9,6 +9,7 @@ JSON, not an archive) into :class:`DamagedFile`: one line that names the file an
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -161,6 +162,21 @@ def cache_root() -> Path:
     """Where built encoders are kept for reuse by any script: ``$CPCFL_CACHE`` or
     ``./cache``."""
     return Path(os.environ.get("CPCFL_CACHE", "cache")).expanduser()
+
+
+@contextlib.contextmanager
+def cache_at(folder: str | os.PathLike):
+    """:func:`cache_root` is ``folder`` inside the block; ``$CPCFL_CACHE`` is what it
+    was afterwards (a script run in a notebook or a test leaves the caller's cache)."""
+    before = os.environ.get("CPCFL_CACHE")
+    os.environ["CPCFL_CACHE"] = str(folder)
+    try:
+        yield Path(folder)
+    finally:
+        if before is None:
+            os.environ.pop("CPCFL_CACHE", None)
+        else:
+            os.environ["CPCFL_CACHE"] = before
 
 
 def write_weights(path: str | os.PathLike, weights: list, *, key: str | None = None) -> Path:

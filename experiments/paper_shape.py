@@ -19,7 +19,6 @@ alone on the machine.
 from __future__ import annotations
 
 import contextlib
-import os
 import resource
 import sys
 import threading
@@ -29,7 +28,7 @@ from typing import Iterator, Sequence
 from cpcfl_tf.environment import environment
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.running.report import markdown_table
-from cpcfl_tf.results import write_json
+from cpcfl_tf.results import cache_at, write_json
 from cpcfl_tf.running.runner import RunSpec
 from cpcfl_tf.running.script import Script
 
@@ -147,10 +146,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     spec = RunSpec("cp-cfl-simclr", "cp-cfl", "simclr")
     # The stand-in's encoder must never be taken for a real STL-10 one: its own cache.
-    os.environ["CPCFL_CACHE"] = str(out / "cache")
     sizes = stand_in_sizes(args.scale)
     stages = Stages()
-    with stl10_stand_in(args.scale):
+    with cache_at(out / "cache"), stl10_stand_in(args.scale):
         runner = Runner("paper_shape", config, out / "runs", resume=args.resume,
                         force=args.force)
         run_config = spec.config(config)

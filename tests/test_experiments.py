@@ -192,6 +192,7 @@ def test_speed_study_times_the_local_steps_kernels_against_the_peak(tmp_path, ca
 
 
 def test_paper_shape_runs_the_paper_preset_on_a_stand_in_and_times_each_stage(tmp_path):
+    before = os.environ["CPCFL_CACHE"]  # the suite's
     script("paper_shape").main([
         "--out", str(tmp_path), "--scale", "0.02",  # 100 / 160 / 2,000 images
         "--set", "data.image_size=32", "partition.num_clients=3",
@@ -207,6 +208,9 @@ def test_paper_shape_runs_the_paper_preset_on_a_stand_in_and_times_each_stage(tm
     assert record["config"]["pretrain"]["epochs"] == 1 and len(record["rounds"]) == 2
     assert "| federated CP-CFL (SimCLR), 2 rounds |" in (tmp_path / "paper_shape.md").read_text()
     assert list((tmp_path / "cache" / "pretrained").iterdir())  # not in the shared cache
+    # ... and the caller's cache is its own again (it once stayed the stand-in's, and every
+    # later run of the process, the Flower apps it starts included, cached there).
+    assert os.environ["CPCFL_CACHE"] == before
 
 
 def test_suite_times_sums_each_files_durations_by_hand(tmp_path, capsys):

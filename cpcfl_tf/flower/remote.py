@@ -304,6 +304,10 @@ class PretrainNodes:
         by_client = sorted(((int(m.content["metrics"]["client-id"]), m) for m in checked),
                            key=lambda pair: pair[0])  # the simulator's order
         metrics = [dict(m.content["metrics"]) for _, m in by_client]
+        # Each client's loss in full, so a run can be checked client by client against
+        # the simulator's rounds (the round's line gives their mean only).
+        print(f"[cpcfl] pretrain round {round_ + 1}: client losses " + ", ".join(
+            f"{k} {float(m['loss'])!r}" for (k, _), m in zip(by_client, metrics)), flush=True)
         return Uploads([from_record(m.content["model"]) for _, m in by_client],
                        [int(m["num-examples"]) for m in metrics], metrics, len(contents),
                        sorted(wanted - {k for k, _ in by_client}))
