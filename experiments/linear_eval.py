@@ -53,16 +53,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"kept the earlier evaluation ({out / 'linear_eval.json'})")
         session.finish(_report(config, earlier["rows"], **earlier["proxy"]))
         return
-    import keras
-
     from cpcfl_tf.pretraining.linear_eval import linear_eval
     from cpcfl_tf.clustered.clients import load_client_splits
     from cpcfl_tf.models import build_encoder
+    from cpcfl_tf.models.seeding import seeded
     from cpcfl_tf.results import weights_fingerprint, write_json
 
     proxy_train, proxy_test = load_client_splits(config.data)
-    keras.utils.set_random_seed(config.seed)  # the initialisation pre-training starts from
-    random_encoder = build_encoder(config.pretrain.encoder, proxy_train.images.shape[1:])
+    with seeded(config.seed):  # the initialisation pre-training starts from
+        random_encoder = build_encoder(config.pretrain.encoder, proxy_train.images.shape[1:])
     rows = [{"pretraining": "none", "epochs": 0,
              "accuracy": linear_eval(random_encoder, proxy_train, proxy_test, seed=config.seed)}]
     print(f"random encoder: linear evaluation accuracy {rows[0]['accuracy']:.4f}")

@@ -198,7 +198,9 @@ def test_flower_federation_runs_the_simulators_rounds_and_survives_a_killed_supe
     # Every round is scored (T = 2: each is a quarter), on the nodes' own test data, as
     # the simulator scores it; the dead node answers no evaluation in round 2.
     # (Seen once in a CI run, not since, alone or under load: round 2's accuracy off by
-    # three test images. The message carries what tells the readings apart.)
+    # three test images; most likely the server's pool drawn while Flower's heartbeat
+    # thread drew from Python's random, which cpcfl_tf/models/seeding.py now rules out.
+    # The message carries what tells the readings apart.)
     assert [r["accuracy"] for r in record["rounds"]] == pytest.approx(
         [accuracy[0].mean(), accuracy[1][:2].mean()], abs=1e-6), "\n".join([
             f"nodes' final accuracies {record['final']['client_accuracy']}; the simulator's "

@@ -14,6 +14,7 @@ from cpcfl_tf.run_plan import resolved_only
 from cpcfl_tf.clustered import algorithm
 from cpcfl_tf.clustered.methods import METHODS
 from cpcfl_tf.models import ENCODER_DIMS, build_classifier, build_classifier_head, build_encoder
+from cpcfl_tf.models.seeding import seeded
 from cpcfl_tf.record import Final, Round, RunRecord
 from cpcfl_tf.run_plan import RunPlan
 
@@ -64,8 +65,8 @@ def drawn_classifier(fl: FederatedConfig, input_shape, num_classes: int,
     key = (fl.encoder, fl.head, tuple(input_shape), int(num_classes), int(init_seed),
            keras.config.dtype_policy().name, keras.config.floatx())
     if key not in _DRAWN:
-        keras.utils.set_random_seed(init_seed)
-        _DRAWN[key] = build_template(fl, input_shape, num_classes).get_weights()
+        with seeded(init_seed):
+            _DRAWN[key] = build_template(fl, input_shape, num_classes).get_weights()
         for w in _DRAWN[key]:
             w.flags.writeable = False
         while len(_DRAWN) > 1 and sum(w.nbytes for ws in _DRAWN.values()

@@ -16,6 +16,7 @@ from cpcfl_tf.config import PretrainConfig
 from cpcfl_tf.data.images import to_float
 from cpcfl_tf.data.specs import LabeledImages
 from cpcfl_tf.models import build_classifier_head
+from cpcfl_tf.models.seeding import seeded
 
 
 def encode(encoder: keras.Model, images: np.ndarray, batch_size: int = 512) -> np.ndarray:
@@ -36,8 +37,8 @@ def linear_eval(encoder: keras.Model, train: LabeledImages, test: LabeledImages,
     evaluation, which is cheap next to the pre-training it scores).
     """
     features = encode(encoder, train.images), encode(encoder, test.images)
-    keras.utils.set_random_seed(seed)
-    head = build_classifier_head("c", features[0].shape[1], train.num_classes)
+    with seeded(seed):
+        head = build_classifier_head("c", features[0].shape[1], train.num_classes)
     head.compile(optimizer=keras.optimizers.Adam(learning_rate),
                  loss="sparse_categorical_crossentropy", jit_compile=False)
     head.fit(features[0], train.labels, epochs=epochs, batch_size=batch_size, verbose=0,

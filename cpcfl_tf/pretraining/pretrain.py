@@ -30,6 +30,7 @@ from cpcfl_tf.pretraining.model import ContrastiveModel, Parts
 from cpcfl_tf.data.augment import build_augmenter
 from cpcfl_tf.errors import DivergedError, UserError
 from cpcfl_tf.models import ENCODER_DIMS, build_encoder
+from cpcfl_tf.models.seeding import seeded
 from cpcfl_tf.results import (CACHE_FIX, cache_root, prepare_out_dir, read_cache_entry,
                               write_atomic, write_json)
 from cpcfl_tf.pretraining.methods import SSL_METHODS, get_ssl_method
@@ -57,19 +58,19 @@ def build_contrastive_model(config: PretrainConfig, input_shape: tuple[int, int,
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy(config.precision)
     try:
-        keras.utils.set_random_seed(seed)
-        encoder = build_encoder(config.encoder, input_shape)
-        parts = Parts(encoder, build_augmenter(config.augment, seed=seed), config.encoder,
-                      ENCODER_DIMS[config.encoder],
-                      lambda name: build_encoder(config.encoder, input_shape, model_name=name),
-                      total_steps=config.epochs * steps_per_epoch)
-        model = spec.build(parts, settings)
-        optimizer = keras.optimizers.Adam(learning_rate(config, steps_per_epoch))
-        if config.precision == "mixed_float16":
-            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-        model.compile(optimizer=optimizer)
-        model.optimizer.build(model.online_variables)
-        return model
+        with seeded(seed):
+            encoder = build_encoder(config.encoder, input_shape)
+            parts = Parts(encoder, build_augmenter(config.augment, seed=seed), config.encoder,
+                          ENCODER_DIMS[config.encoder],
+                          lambda name: build_encoder(config.encoder, input_shape, model_name=name),
+                          total_steps=config.epochs * steps_per_epoch)
+            model = spec.build(parts, settings)
+            optimizer = keras.optimizers.Adam(learning_rate(config, steps_per_epoch))
+            if config.precision == "mixed_float16":
+                optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+            model.compile(optimizer=optimizer)
+            model.optimizer.build(model.online_variables)
+            return model
     finally:
         keras.config.set_dtype_policy(previous)
 

@@ -64,9 +64,10 @@ def bare_encoder_step(config: PretrainConfig, image_size: int, seed: int = 0):
     """Encoder forward + backward + Adam update on the 2B images a contrastive step sees,
     with no augmentation, projector or contrastive loss: the floor a step cannot beat."""
     from cpcfl_tf.models import build_encoder
+    from cpcfl_tf.models.seeding import seeded
 
-    keras.utils.set_random_seed(seed)
-    encoder = build_encoder(config.encoder, (image_size, image_size, 3))
+    with seeded(seed):
+        encoder = build_encoder(config.encoder, (image_size, image_size, 3))
     optimizer = keras.optimizers.Adam(config.learning_rate)
     optimizer.build(encoder.trainable_variables)
 
