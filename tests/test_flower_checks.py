@@ -156,25 +156,31 @@ def test_a_pretraining_reply_is_checked_like_a_training_reply(monkeypatch, capsy
     sent = {0: [w + 1 for w in global_weights],
             1: [np.full((3, 2), np.nan, np.float32), np.zeros(2, np.float32)],
             2: [np.zeros((2, 2), np.float32), np.zeros(2, np.float32)],
-            3: [w + 1 for w in global_weights]}
-    counts = {0: 40, 1: 40, 2: 40, 3: 41}
+            3: [w + 1 for w in global_weights], 4: [w + 1 for w in global_weights],
+            5: [w + 1 for w in global_weights]}
+    counts = {0: 40, 1: 40, 2: 40, 3: 41, 4: 40, 5: 40}
+    losses = {0: 3.5, 1: 3.5, 2: 3.5, 3: 3.5, 4: float("nan")}  # 5 sends none
 
     def send(grid, contents, kind, group, timeout):  # node 10 + k holds client k
         return [SimpleNamespace(metadata=SimpleNamespace(src_node_id=10 + k), content={
-            "metrics": {"client-id": k, "num-examples": counts[k]},
+            "metrics": {"client-id": k, "num-examples": counts[k],
+                        **({"loss": losses[k]} if k in losses else {})},
             "model": to_record(sent[k])}) for k in (node - 10 for node in contents)], []
 
     monkeypatch.setattr(remote, "send", send)
-    grid = SimpleNamespace(get_node_ids=lambda: [10, 11, 12, 13])
-    nodes = remote.PretrainNodes(grid, {10 + k: k for k in range(4)}, 1.0, None,
-                                 dict.fromkeys(range(4), 40))
-    replies = nodes.train(global_weights, 0, np.arange(4))
-    assert replies.counts == [40] and replies.failed == [1, 2, 3] and replies.reached == 4
+    grid = SimpleNamespace(get_node_ids=lambda: [10, 11, 12, 13, 14, 15])
+    nodes = remote.PretrainNodes(grid, {10 + k: k for k in range(6)}, 1.0, None,
+                                 dict.fromkeys(range(6), 40))
+    replies = nodes.train(global_weights, 0, np.arange(6))
+    assert replies.counts == [40] and replies.failed == [1, 2, 3, 4, 5] and replies.reached == 6
     np.testing.assert_array_equal(replies.uploads[0][0], sent[0][0])
     said = capsys.readouterr().out
     assert "node 11 failed pretrain 1: its reply was left out: weight array 0 holds" in said
     assert "node 12 failed pretrain 1: its reply was left out: weight array 0 has shape" in said
     assert "node 13 failed pretrain 1: its reply was left out: example count 41 is more" in said
+    assert "node 14 failed pretrain 1: its reply was left out: loss nan is not a finite" in said
+    assert "node 15 failed pretrain 1: its reply was left out: loss None is not a finite" in said
+    assert "[cpcfl] pretrain round 1: client losses 0 3.5" in said  # the one counted
 
 
 def test_every_tamper_a_node_can_rehearse_is_caught_by_the_servers_checks():

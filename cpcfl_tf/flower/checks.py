@@ -69,6 +69,17 @@ def accuracy_problem(value: Any) -> str | None:
     return None
 
 
+def loss_problem(value: Any) -> str | None:
+    """A pre-training reply's loss (the round's history averages it): a finite number."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not math.isfinite(number):
+        return f"loss {value!r} is not a finite number"
+    return None
+
+
 def client_problem(value: Any, client: int) -> str | None:
     """The client id a reply names against the client the server asked that node for."""
     try:

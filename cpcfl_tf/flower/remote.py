@@ -298,6 +298,7 @@ class PretrainNodes:
             return checks.first(
                 checks.client_problem(metrics["client-id"], client),
                 checks.count_problem(metrics["num-examples"], self.examples.get(client)),
+                checks.loss_problem(metrics.get("loss")),
                 checks.weights_problem(from_record(reply.content["model"]), global_weights))
 
         checked, _ = check_replies(replies, "pretrain", round_ + 1, problem)  # left out as failed
