@@ -79,8 +79,9 @@ def round_flops(config, clients: int, train: int = TRAIN_IMAGES, test: int = 50)
     image) and evaluation (each client's cluster model on its test images)."""
     from cpcfl_tf.clustered.pool import build_template
     from cpcfl_tf.flops import count_flops
+    from cpcfl_tf.run_plan import resolve
 
-    fl = config.federated
+    fl = resolve(config).federated
     size = config.data.image_size
     forward = count_flops(build_template(fl, (size, size, 3), 10))
     parts = {"training": 3 * forward * clients * train * fl.local_epochs,
@@ -301,8 +302,9 @@ def time_kernels(config, clients: int) -> dict:
     """The ``kernels`` part: the local step's convolutions and layouts."""
     from cpcfl_tf.environment import onednn_enabled
     from cpcfl_tf.clustered.pool import build_template
+    from cpcfl_tf.run_plan import resolve
 
-    fl = config.federated
+    fl = resolve(config).federated
     size = config.data.image_size
     classifier = build_template(fl, (size, size, 3), 10)
     batches = batch_sizes(fl.batch_size)

@@ -135,6 +135,31 @@ def stored_pretrain(section: dict[str, Any], method: str | None = None,
     return out
 
 
+_FEDERATED_ENCODER_AFTER = "learning_rate"
+"""The encoder is one setting, ``pretrain.encoder`` (both stages build it); the federated
+section had a copy of its own, after this field. Records, cache keys and checkpoint
+fingerprints still name it there: :func:`stored_federated` writes it,
+:func:`read_federated` takes it out."""
+
+
+def stored_federated(section: dict[str, Any], encoder: str) -> dict[str, Any]:
+    """A federated section as records and keys have always spelled it: ``encoder`` (the
+    run's ``pretrain.encoder``) after ``learning_rate``."""
+    out: dict[str, Any] = {}
+    for key, value in section.items():
+        if key != "encoder":
+            out[key] = value
+        if key == _FEDERATED_ENCODER_AFTER:
+            out["encoder"] = encoder
+    return out
+
+
+def read_federated(stored: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """A stored federated section as ``FederatedConfig`` fields, and the encoder it names
+    (None: it names none)."""
+    return {k: v for k, v in stored.items() if k != "encoder"}, stored.get("encoder")
+
+
 def read_pretrain(stored: dict[str, Any]) -> dict[str, Any]:
     """A stored pre-training section (:func:`stored_pretrain`'s layout, or an older one
     without ``options``) as ``PretrainConfig`` fields: each flat legacy field's value

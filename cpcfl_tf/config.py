@@ -18,7 +18,8 @@ import json
 import math
 from typing import Any
 
-from cpcfl_tf.compat import UNSET_FIELDS, read_pretrain, stored_pretrain
+from cpcfl_tf.compat import (UNSET_FIELDS, read_federated, read_pretrain, stored_federated,
+                             stored_pretrain)
 from cpcfl_tf.errors import require
 from cpcfl_tf.clustered.methods import METHODS, PRETRAININGS
 from cpcfl_tf.clustered.starts import START
@@ -120,6 +121,9 @@ class PretrainConfig:
     (:mod:`cpcfl_tf.pretraining.methods`), overridden in :attr:`options`."""
 
     encoder: str = "cnn"
+    """The encoder network (:data:`ENCODERS`): the one the server pre-trains and the one
+    every client model of the federated stage builds (its single setting; records also
+    name it as ``federated.encoder``, :func:`cpcfl_tf.compat.stored_federated`)."""
     epochs: int = 300
     batch_size: int = 500
     learning_rate: float = 1e-3
@@ -189,7 +193,6 @@ class FederatedConfig:
     local_epochs: int = 3
     batch_size: int = 32
     learning_rate: float = 1e-3
-    encoder: str = "cnn"
     head: str = "c"
     encoder_epochs: int | None = None
     """E_l,f: local epochs (the first ones) in which the encoder trains; None = all."""
@@ -238,7 +241,6 @@ class FederatedConfig:
 
         federated_start(self.pretraining)  # e.g. fedema-simclr: why not, and what instead
         _choice("federated", "pretraining", self.pretraining, PRETRAININGS)
-        _choice("federated", "encoder", self.encoder, ENCODERS)
         _choice("federated", "head", self.head, HEADS)
         _choice("federated", "backend", self.backend, ("auto", "stacked", "keras"))
         _choice("federated", "local_optimizer", self.local_optimizer, LOCAL_OPTIMIZERS)
@@ -298,9 +300,10 @@ class Config:
     def __post_init__(self) -> None:
         require(isinstance(self.seed, int) and self.seed >= 0,
                 f"seed must be a non-negative integer, got {self.seed!r}")
-        require(self.pretrain.encoder == self.federated.encoder,
-                f"pretrain.encoder ({self.pretrain.encoder}) and federated.encoder "
-                f"({self.federated.encoder}) differ; change both, e.g. presets.with_encoder()")
+        planned = getattr(self.federated, "encoder", self.pretrain.encoder)  # a plan's
+        require(planned == self.pretrain.encoder,
+                f"the resolved federated section builds {planned}, but pretrain.encoder is "
+                f"{self.pretrain.encoder}; resolve the config again")
         START[self.federated.pretraining].check(self)  # where its images are, its settings
 
     @property
@@ -315,6 +318,7 @@ class Config:
         in its stored layout (:func:`cpcfl_tf.compat.stored_pretrain`)."""
         record = dataclasses.asdict(self)
         record["pretrain"] = _stored_pretrain(self)
+        record["federated"] = stored_federated(record["federated"], self.pretrain.encoder)
         for section, unset in UNSET_FIELDS.items():
             record[section] = {k: v for k, v in record[section].items()
                                if k not in unset or v != unset[k]}
@@ -326,9 +330,15 @@ class Config:
         defaults), validated like any other."""
         extra = set(data) - set(SECTIONS) - {"preset", "seed"}
         require(not extra, f"unknown config section(s) {', '.join(sorted(extra))}")
-        return cls(preset=data["preset"], seed=data["seed"],
-                   **{name: SECTIONS[name](**with_defaults(name, _read(name, data[name])))
-                      for name in SECTIONS})
+        config = cls(preset=data["preset"], seed=data["seed"],
+                     **{name: SECTIONS[name](**with_defaults(name, _read(name, data[name])))
+                        for name in SECTIONS})
+        named = read_federated(data["federated"])[1]
+        require(named is None or named == config.pretrain.encoder,
+                f"the config names two encoders, federated.encoder {named} and "
+                f"pretrain.encoder {config.pretrain.encoder}; the encoder is one setting, "
+                "pretrain.encoder: remove federated.encoder")
+        return config
 
     def with_overrides(self, **sections: dict[str, Any]) -> "Config":
         """Copy with fields replaced per section, e.g. ``partition={"num_clients": 30}``."""
@@ -339,15 +349,18 @@ class Config:
                 continue
             require(name in ("data", "partition", "pretrain", "federated"),
                     f"unknown config section {name!r}")
-            section = getattr(self, name)
-            if type(section) is not SECTIONS[name]:  # the resolved form, changed: requested again
-                section = SECTIONS[name](**{f.name: getattr(section, f.name)
-                                            for f in dataclasses.fields(section)})
+            require(not (name == "federated" and "encoder" in fields),
+                    "the encoder is one setting of both stages, pretrain.encoder: set "
+                    f"pretrain.encoder={fields.get('encoder')} instead of federated.encoder")
+            section = _requested(getattr(self, name))
             known = {f.name for f in dataclasses.fields(section)}
             unknown = set(fields) - known
             require(not unknown, f"unknown field(s) {', '.join(sorted(unknown))} in {name}; "
                                  f"known: {', '.join(sorted(known))}")
             changes[name] = dataclasses.replace(section, **fields)
+        if "pretrain" in changes and changes["pretrain"].encoder != self.pretrain.encoder:
+            # a plan's federated section builds the old encoder: requested again
+            changes["federated"] = _requested(changes.get("federated", self.federated))
         return dataclasses.replace(self, **changes)
 
 
@@ -355,8 +368,18 @@ SECTIONS = {"data": DataConfig, "partition": PartitionConfig, "pretrain": Pretra
             "federated": FederatedConfig}
 
 
+def _requested(section):
+    """A section in its requested form (a plan's resolved one as the values it holds)."""
+    kind = SECTIONS[next(n for n, k in SECTIONS.items() if isinstance(section, k))]
+    if type(section) is kind:
+        return section
+    return kind(**{f.name: getattr(section, f.name) for f in dataclasses.fields(kind)})
+
+
 def _read(section: str, stored: dict[str, Any]) -> dict[str, Any]:
-    return read_pretrain(stored) if section == "pretrain" else stored
+    if section == "pretrain":
+        return read_pretrain(stored)
+    return read_federated(stored)[0] if section == "federated" else stored
 
 
 def _stored_pretrain(config: Config) -> dict[str, Any]:

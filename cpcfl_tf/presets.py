@@ -30,10 +30,10 @@ def pretrain_config_for(pretrain: PretrainConfig, encoder: str) -> PretrainConfi
 
 
 def with_encoder(config: Config, encoder: str) -> Config:
-    """``config`` with ``encoder`` for pre-training (:func:`pretrain_config_for`) and FL."""
-    return dataclasses.replace(
-        config, pretrain=pretrain_config_for(config.pretrain, encoder),
-        federated=dataclasses.replace(config.federated, encoder=encoder))
+    """``config`` with ``encoder`` (both stages build it) and the pre-training budget
+    :func:`pretrain_config_for` gives it."""
+    return config.with_overrides(pretrain=dataclasses.asdict(
+        pretrain_config_for(config.pretrain, encoder)))
 
 
 def _smoke() -> Config:

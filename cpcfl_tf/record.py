@@ -225,7 +225,8 @@ class RunRecord:
         requested = Config.from_dict(stored.pop("requested"))
         config = Config.from_dict(stored)
         if METHODS[config.federated.method].federated:  # stored as the run resolved it
-            config = dataclasses.replace(config, federated=as_resolved(config.federated))
+            config = dataclasses.replace(config, federated=as_resolved(config.federated,
+                                                                       config.pretrain.encoder))
         record = cls(config, requested, data["seeds"], data["clients"],
                      [Round.from_json(r) for r in data["rounds"]],
                      Final.from_json(data["final"]), data["timing"], data["experiment"],

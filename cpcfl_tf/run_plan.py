@@ -37,20 +37,27 @@ class ResolvedFederated(FederatedConfig):
     :class:`FederatedConfig` of the same values (a run record's config reads back as
     this type)."""
 
+    encoder: str = "cnn"
+    """The encoder every client model builds: the request's ``pretrain.encoder``."""
+
     def __eq__(self, other):
+        if isinstance(other, ResolvedFederated):
+            return dataclasses.astuple(self) == dataclasses.astuple(other)
         if not isinstance(other, FederatedConfig):
             return NotImplemented
-        return dataclasses.astuple(self) == dataclasses.astuple(other)
+        return all(getattr(self, f.name) == getattr(other, f.name)
+                   for f in dataclasses.fields(FederatedConfig))
 
     def __hash__(self):
         return hash(json.dumps(dataclasses.asdict(self), sort_keys=True))
 
 
-def as_resolved(fl: FederatedConfig) -> ResolvedFederated:
-    """``fl`` as the resolved type, for a config already resolved when it was stored (a
-    run record's ``config``); a requested one is resolved by :func:`resolve`."""
+def as_resolved(fl: FederatedConfig, encoder: str) -> ResolvedFederated:
+    """``fl`` as the resolved type building ``encoder`` (the config's
+    ``pretrain.encoder``), for a config already resolved when it was stored (a run
+    record's ``config``); a requested one is resolved by :func:`resolve`."""
     return fl if isinstance(fl, ResolvedFederated) else ResolvedFederated(
-        **{f.name: getattr(fl, f.name) for f in dataclasses.fields(fl)})
+        **{f.name: getattr(fl, f.name) for f in dataclasses.fields(fl)}, encoder=encoder)
 
 
 def resolved_only(fl: FederatedConfig, where: str) -> ResolvedFederated:
@@ -119,7 +126,7 @@ def resolve(config: Config) -> RunPlan:
         resolved = dataclasses.replace(config, federated=as_resolved(dataclasses.replace(
             fl, num_clusters=method.num_models(fl.num_clusters, p.num_clients, p.num_groups),
             head_rounds=method.head_rounds(fl.pretraining, fl.head_rounds),
-            options=method.resolve_options(fl.options))))
+            options=method.resolve_options(fl.options)), config.pretrain.encoder))
     start = START[fl.pretraining]
     return RunPlan(resolved, config, method, start, start.pretraining(config))
 

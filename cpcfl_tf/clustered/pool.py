@@ -20,9 +20,12 @@ from cpcfl_tf.run_plan import RunPlan
 
 
 def build_template(fl: FederatedConfig, input_shape, num_classes: int) -> keras.Model:
-    """The classifier theta = (theta_f, theta_c) every client trains; built once per run."""
-    encoder = build_encoder(fl.encoder, input_shape)
-    return build_classifier(encoder, build_classifier_head(fl.head, ENCODER_DIMS[fl.encoder],
+    """The classifier theta = (theta_f, theta_c) every client trains, with the plan's
+    encoder (``fl``: the resolved section, ``resolve(config).federated``); built once per
+    run."""
+    name = resolved_only(fl, "build_template").encoder
+    encoder = build_encoder(name, input_shape)
+    return build_classifier(encoder, build_classifier_head(fl.head, ENCODER_DIMS[name],
                                                            num_classes))
 
 
