@@ -18,8 +18,7 @@ import json
 import math
 from typing import Any
 
-from cpcfl_tf.compat import (UNSET_FIELDS, read_federated, read_pretrain, stored_federated,
-                             stored_pretrain)
+from cpcfl_tf.compat import UNSET_FIELDS, read_federated, read_pretrain, stored_federated
 from cpcfl_tf.errors import require
 from cpcfl_tf.clustered.methods import METHODS, PRETRAININGS
 from cpcfl_tf.clustered.starts import START
@@ -300,10 +299,7 @@ class Config:
     def __post_init__(self) -> None:
         require(isinstance(self.seed, int) and self.seed >= 0,
                 f"seed must be a non-negative integer, got {self.seed!r}")
-        planned = getattr(self.federated, "encoder", self.pretrain.encoder)  # a plan's
-        require(planned == self.pretrain.encoder,
-                f"the resolved federated section builds {planned}, but pretrain.encoder is "
-                f"{self.pretrain.encoder}; resolve the config again")
+        _repeated_encoder(getattr(self.federated, "encoder", None), self.pretrain.encoder)
         START[self.federated.pretraining].check(self)  # where its images are, its settings
 
     @property
@@ -315,9 +311,9 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         """The config as records store it (what :meth:`from_dict` reads): every field but
         :data:`cpcfl_tf.compat.UNSET_FIELDS` at their defaults, the pre-training section
-        in its stored layout (:func:`cpcfl_tf.compat.stored_pretrain`)."""
+        in its stored layout (:meth:`~cpcfl_tf.clustered.starts.Start.recorded_pretrain`)."""
         record = dataclasses.asdict(self)
-        record["pretrain"] = _stored_pretrain(self)
+        record["pretrain"] = START[self.federated.pretraining].recorded_pretrain(self)
         record["federated"] = stored_federated(record["federated"], self.pretrain.encoder)
         for section, unset in UNSET_FIELDS.items():
             record[section] = {k: v for k, v in record[section].items()
@@ -333,11 +329,7 @@ class Config:
         config = cls(preset=data["preset"], seed=data["seed"],
                      **{name: SECTIONS[name](**with_defaults(name, _read(name, data[name])))
                         for name in SECTIONS})
-        named = read_federated(data["federated"])[1]
-        require(named is None or named == config.pretrain.encoder,
-                f"the config names two encoders, federated.encoder {named} and "
-                f"pretrain.encoder {config.pretrain.encoder}; the encoder is one setting, "
-                "pretrain.encoder: remove federated.encoder")
+        _repeated_encoder(read_federated(data["federated"])[1], config.pretrain.encoder)
         return config
 
     def with_overrides(self, **sections: dict[str, Any]) -> "Config":
@@ -349,9 +341,10 @@ class Config:
                 continue
             require(name in ("data", "partition", "pretrain", "federated"),
                     f"unknown config section {name!r}")
-            require(not (name == "federated" and "encoder" in fields),
-                    "the encoder is one setting of both stages, pretrain.encoder: set "
-                    f"pretrain.encoder={fields.get('encoder')} instead of federated.encoder")
+            if name == "federated" and "encoder" in fields:  # may repeat pretrain's only
+                _repeated_encoder(fields["encoder"], sections.get("pretrain", {}).get(
+                    "encoder", self.pretrain.encoder))
+                fields = {k: v for k, v in fields.items() if k != "encoder"}
             section = _requested(getattr(self, name))
             known = {f.name for f in dataclasses.fields(section)}
             unknown = set(fields) - known
@@ -368,6 +361,14 @@ SECTIONS = {"data": DataConfig, "partition": PartitionConfig, "pretrain": Pretra
             "federated": FederatedConfig}
 
 
+def _repeated_encoder(named: str | None, encoder: str) -> None:
+    """``federated.encoder`` (a plan's, a record's, an old command line's) may only repeat
+    ``pretrain.encoder``, the one setting."""
+    require(named is None or named == encoder,
+            f"federated.encoder {named} is not pretrain.encoder {encoder}: the encoder is one "
+            f"setting of both stages, set pretrain.encoder={named}")
+
+
 def _requested(section):
     """A section in its requested form (a plan's resolved one as the values it holds)."""
     kind = SECTIONS[next(n for n, k in SECTIONS.items() if isinstance(section, k))]
@@ -380,19 +381,6 @@ def _read(section: str, stored: dict[str, Any]) -> dict[str, Any]:
     if section == "pretrain":
         return read_pretrain(stored)
     return read_federated(stored)[0] if section == "federated" else stored
-
-
-def _stored_pretrain(config: Config) -> dict[str, Any]:
-    """``config.pretrain`` as records write it: the stored layout with the values of the
-    run's self-supervised method, all of its settings named (none for other starts)."""
-    start = START[config.federated.pretraining]
-    method = start.ssl_method or None  # a federated start: its method's settings too
-    stored = stored_pretrain(dataclasses.asdict(config.pretrain), method,
-                             config.pretrain.settings(method) if method else None)
-    if start.federated:  # and the federated pre-training's, all named
-        stored["options"] = {**(stored["options"] or {}),
-                             start.federated.name: start.federated_settings(config)}
-    return stored
 
 
 def with_defaults(section: str, stored: dict[str, Any]) -> dict[str, Any]:

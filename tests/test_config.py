@@ -92,7 +92,8 @@ def test_cpu_presets_follow_design():
     (lambda: FederatedConfig(optimizer_state="server"), "unknown federated.optimizer_state"),
     (lambda: FederatedConfig(local_optimizer="sgd", optimizer_state="client"), "has none"),
     (lambda: get_preset("quick").with_overrides(federated={"encoder": "resnet18"}),
-     "set pretrain.encoder=resnet18 instead of federated.encoder"),
+     "federated.encoder resnet18 is not pretrain.encoder cnn: the encoder is one setting of "
+     "both stages, set pretrain.encoder=resnet18"),
     (lambda: dataclasses.replace(get_preset("quick"), seed=-1), "seed"),
 ])
 def test_bad_values_raise_one_line_user_errors(build, message):
@@ -195,9 +196,13 @@ def test_the_encoder_is_one_setting_that_records_name_where_they_always_have():
     # A plan's section follows a changed encoder: requested again, then resolved anew.
     again = plan.config.with_overrides(pretrain={"encoder": "cnn"})
     assert resolve(again).federated.encoder == "cnn"
-    with pytest.raises(UserError, match="names two encoders, federated.encoder cnn and "
-                                        "pretrain.encoder resnet18"):
+    with pytest.raises(UserError, match="federated.encoder cnn is not pretrain.encoder "
+                                        "resnet18: .* set pretrain.encoder=cnn"):
         Config.from_dict({**config.to_dict(), "federated": {**stored, "encoder": "cnn"}})
+    # A command line that set both, as it once had to, still means the same config.
+    both = get_preset("smoke").with_overrides(pretrain={"encoder": "resnet18"},
+                                              federated={"encoder": "resnet18"})
+    assert both == config
 
 
 def test_keys_and_fingerprints_leave_out_added_fields_at_their_defaults():

@@ -10,14 +10,15 @@ that start needs: a random initialisation needs none, the server's pre-trainings
 the supervised one their cached folder, IFCA (FedAvg)'s encoder a FedAvg run, a
 federated pre-training the clients' images. Nothing else compares a start's name.
 
-This module imports nothing of the kit but its errors and the self-supervised registry,
-so every layer may read it.
+This module imports nothing of the kit but its errors, the record layouts
+(:mod:`cpcfl_tf.compat`) and the self-supervised registry, so every layer may read it.
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
+from cpcfl_tf.compat import stored_pretrain
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.pretraining.methods import FEDERATED_STARTS, SSL_METHODS, FederatedSSL
 
@@ -77,6 +78,18 @@ class Start:
         if self.federated is None:
             return None
         return self.federated.resolve((config.pretrain.options or {}).get(self.federated.name))
+
+    def recorded_pretrain(self, config) -> dict[str, Any]:
+        """``config.pretrain`` as a run record writes it (:func:`cpcfl_tf.compat.stored_pretrain`'s
+        layout): every setting of its self-supervised method named, and of its federated
+        pre-training (none for a start without them)."""
+        method = self.ssl_method or None
+        stored = stored_pretrain(dataclasses.asdict(config.pretrain), method,
+                                 config.pretrain.settings(method) if method else None)
+        if self.federated is not None:
+            stored["options"] = {**(stored["options"] or {}),
+                                 self.federated.name: self.federated_settings(config)}
+        return stored
 
     def encoder(self, source, config):
         """The starting encoder's weights (None: random), got from ``source``."""
