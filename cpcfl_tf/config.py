@@ -371,7 +371,7 @@ def _repeated_encoder(named: str | None, encoder: str) -> None:
 
 def _requested(section):
     """A section in its requested form (a plan's resolved one as the values it holds)."""
-    kind = SECTIONS[next(n for n, k in SECTIONS.items() if isinstance(section, k))]
+    kind = next(k for k in SECTIONS.values() if isinstance(section, k))
     if type(section) is kind:
         return section
     return kind(**{f.name: getattr(section, f.name) for f in dataclasses.fields(kind)})
