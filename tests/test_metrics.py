@@ -72,14 +72,17 @@ def test_ari_matches_its_definition_over_the_clients_that_took_part():
     assert np.isnan(cluster_ari(groups, np.full(15, -1)))
 
 
-def test_one_vs_one_auroc_has_scikit_learns_bits():
-    """Records hold scikit-learn's roc_auc_score(multi_class="ovo") to the last bit; the
-    kit makes its pairs' scores once for both averages, which must change no bit (ties,
-    an absent class, few and many classes)."""
+def test_auroc_has_scikit_learns_bits():
+    """Records hold scikit-learn's roc_auc_score (one-vs-rest and one-vs-one, both
+    averages, and the binary score each is made of) to the last bit; the kit computes
+    them by its arithmetic without its input checks, which must change no bit (ties, an
+    absent class, few and many classes, two classes)."""
     from sklearn.metrics import roc_auc_score
 
+    from cpcfl_tf.clustered.metrics import binary_auroc
+
     rng = np.random.default_rng(11)
-    for trial in range(12):
+    for trial in range(16):
         classes = int(rng.integers(4, 11))
         y = rng.integers(0, classes, size=(3, int(rng.integers(20, 200))))
         y[y == 1] = 0  # class 1 never occurs
@@ -90,6 +93,12 @@ def test_one_vs_one_auroc_has_scikit_learns_bits():
         present = np.unique(flat)
         q = p.reshape(-1, classes).astype(np.float32).astype(np.float64)[:, present]
         q /= q.sum(axis=1, keepdims=True)
-        for average in ("macro", "weighted"):
-            want = roc_auc_score(flat, q, multi_class="ovo", average=average, labels=present)
-            assert got[f"auroc_ovo_{average}"] == float(want), (trial, average)
+        for kind, average in itertools.product(("ovr", "ovo"), ("macro", "weighted")):
+            want = roc_auc_score(flat, q, multi_class=kind, average=average, labels=present)
+            assert got[f"auroc_{kind}_{average}"] == float(want), (trial, kind, average)
+        positive = flat == present[trial % len(present)]
+        assert binary_auroc(positive, q[:, 0]) == float(roc_auc_score(positive, q[:, 0]))
+    # Hand-worked: scores 0.9 0.8 0.8 0.1 for labels 1 0 1 0: of the four pairs the
+    # positive wins three and ties one (0.8 against 0.8): (3 + 0.5) / 4.
+    assert binary_auroc(np.array([True, False, True, False]),
+                        np.array([0.9, 0.8, 0.8, 0.1])) == 0.875
