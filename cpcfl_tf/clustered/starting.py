@@ -101,7 +101,7 @@ class StartingEncoders:
         monitor = None if self._knn is None else (lambda: self._knn(config))
         return federated_encoder(config, lambda: self._client_unlabeled(config),
                                  verbose=self.verbose, monitor=monitor,
-                                 on_round=self._epoch_log(self.federated_folder(config)))
+                                 on_round=self._epoch_log(lambda: self.federated_folder(config)))
 
     @staticmethod
     def federated_rounds(config: Config) -> int:
@@ -156,18 +156,20 @@ class StartingEncoders:
         assert method in PRETRAIN_METHODS, method
         images = None if self._unlabeled is None else (lambda: self._unlabeled(config))
         monitor = None if self._knn is None else (lambda: self._knn(config))
-        folder = pretrain_folder(config.pretrain, config.data, method, config.pretrain_seed)
+        folder = lambda: pretrain_folder(  # noqa: E731
+            config.pretrain, config.data, method, config.pretrain_seed)
         return pretrained_encoder(config.pretrain, config.data, method=method,
                                   seed=config.pretrain_seed, verbose=self.verbose,
                                   distribute=self.distribute, images=images,
                                   on_epoch=self._epoch_log(folder), monitor=monitor)
 
-    def _epoch_log(self, folder: Path):
+    def _epoch_log(self, folder: Callable[[], Path]):
         """The TensorBoard logger of the epochs (a federated one's rounds) of the
-        pre-training cached in ``folder``, under its name; None without a folder."""
+        pre-training cached in ``folder()`` (asked only with ``--tensorboard``), under its
+        name; None without a TensorBoard folder."""
         if not self.tensorboard:
             return None
-        log = ScalarLog(Path(self.tensorboard) / "pretrain" / folder.name)
+        log = ScalarLog(Path(self.tensorboard) / "pretrain" / folder().name)
         names = ("loss", "embedding_std", "knn_accuracy")
         return lambda epoch, logs: log.write(epoch, {k: logs[k] for k in names if k in logs})
 
