@@ -41,6 +41,34 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FILES)))  # stable
 
 
+SUITE_CPU = os.environ.get("CPCFL_SUITE_CPU")
+"""A file to which each test appends its CPU seconds (``tools/suite_times.py --cpu``)."""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With ``$CPCFL_SUITE_CPU``: the CPU seconds (user + system) of each test's setup,
+    call and teardown, in its worker and in the processes the worker waited for (the
+    scripts it ran, a federation's processes), one JSON line per test."""
+    if not SUITE_CPU:
+        yield
+        return
+    import json
+    import resource
+
+    def cpu(who):
+        usage = resource.getrusage(who)
+        return usage.ru_utime + usage.ru_stime
+
+    before = cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN)
+    yield
+    line = json.dumps({"test": item.nodeid,
+                       "worker": round(cpu(resource.RUSAGE_SELF) - before[0], 3),
+                       "processes": round(cpu(resource.RUSAGE_CHILDREN) - before[1], 3)})
+    with open(SUITE_CPU, "a") as log:  # one short line per write: workers do not interleave
+        log.write(line + "\n")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def encoder_cache(tmp_path_factory):
     """One encoder cache for the whole suite, so the smoke SimCLR encoder and FedAvg

@@ -225,3 +225,38 @@ def test_suite_times_sums_each_files_durations_by_hand(tmp_path, capsys):
     assert capsys.readouterr().out.splitlines() == [
         "| file | now |", "|---|---|", "| `test_a.py` | 15 s |", "| `test_b.py` | 4 s |",
         "| the other files | 0 s |", "| all files | 20 s |"]
+
+
+def test_suite_times_sums_each_files_cpu_by_hand(tmp_path, capsys):
+    log = tmp_path / "cpu.jsonl"
+    log.write_text('{"test": "tests/test_a.py::one", "worker": 1.25, "processes": 10.0}\n'
+                   '{"test": "tests/test_b.py::two[x]", "worker": 3.0, "processes": 0.0}\n'
+                   '{"test": "tests/test_a.py::three", "worker": 0.75, "processes": 2.0}\n')
+    script("suite_times").main(["--cpu", str(log)])
+    assert capsys.readouterr().out.splitlines() == [
+        "| file | CPU-s in the worker | in its processes | both |", "|---|---|---|---|",
+        "| `test_a.py` | 2 | 12 | 14 |", "| `test_b.py` | 3 | 0 | 3 |",
+        "| the other files | 0 | 0 | 0 |", "| all files | 5 | 12 | 17 |"]
+
+
+def test_each_test_writes_its_cpu_seconds_where_the_suite_is_told(tmp_path):
+    """tests/conftest.py, with $CPCFL_SUITE_CPU: a test that burns CPU in a process it
+    runs is charged for it there, not in its worker."""
+    import subprocess
+
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
+    (tests / "test_burn.py").write_text(
+        "import subprocess, sys\n"
+        "def test_burn():\n"
+        "    subprocess.run([sys.executable, '-c', 'sum(range(30_000_000))'], check=True)\n")
+    log = tmp_path / "cpu.jsonl"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "--rootdir", str(tmp_path), str(tests)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, CPCFL_SUITE_CPU=str(log)))
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    (entry,) = [json.loads(line) for line in log.read_text().splitlines()]
+    assert entry["test"] == "tests/test_burn.py::test_burn"
+    assert entry["processes"] > 0.2 and entry["worker"] < entry["processes"]

@@ -1,12 +1,17 @@
 """The suite's test time per file, from pytest's ``--durations=0`` output, as a markdown
 table (docs/performance.md, "The suite, file by file"): one column per log given, the
-seconds of every test's setup, call and teardown summed per file, longest first.
+seconds of every test's setup, call and teardown summed per file, longest first. With
+``--cpu``, the CPU seconds per file instead, in the test workers and in the processes
+they ran, from the lines ``tests/conftest.py`` writes where ``$CPCFL_SUITE_CPU`` says.
 
     python -m pytest -q -n auto --dist loadfile --durations=0 > suite.log
     python tools/suite_times.py suite.log [another.log ...] [--names before,after]
+    CPCFL_SUITE_CPU=cpu.jsonl python -m pytest -q -n auto --dist loadfile
+    python tools/suite_times.py --cpu cpu.jsonl
 """
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from pathlib import Path
@@ -42,14 +47,47 @@ def table(columns: dict[str, Counter], top: int = 12) -> list[str]:
     return rows
 
 
+def cpu_table(text: str, top: int = 12) -> list[str]:
+    """Markdown rows of CPU seconds per file (most first), from ``$CPCFL_SUITE_CPU``'s
+    lines: in the test worker, in the processes it waited for, both; the rest summed,
+    and the total."""
+    worker: Counter = Counter()
+    processes: Counter = Counter()
+    for line in text.splitlines():
+        entry = json.loads(line)
+        name = entry["test"].split("::")[0]
+        worker[name] += entry["worker"]
+        processes[name] += entry["processes"]
+    both = worker + processes
+    files = [f for f, _ in both.most_common(top)]
+    rest = [f for f in both if f not in files]
+
+    def row(label, names):
+        w, p = sum(worker[f] for f in names), sum(processes[f] for f in names)
+        return f"| {label} | {w:,.0f} | {p:,.0f} | {w + p:,.0f} |"
+
+    return (["| file | CPU-s in the worker | in its processes | both |", "|---|---|---|---|"]
+            + [row(f"`{Path(f).name}`", [f]) for f in files]
+            + [row("the other files", rest), row("all files", list(both))])
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     from cpcfl_tf.errors import ArgumentParser
 
     parser = ArgumentParser(prog="python tools/suite_times.py",
                             description=__doc__.split("\n\n")[0])
-    parser.add_argument("logs", nargs="+", type=Path, help="pytest --durations=0 output")
+    parser.add_argument("logs", nargs="+", type=Path, help="pytest --durations=0 output "
+                                                           "(with --cpu: one CPU log)")
     parser.add_argument("--names", help="comma-separated column names (default: the files)")
+    parser.add_argument("--cpu", action="store_true",
+                        help="the log is $CPCFL_SUITE_CPU's: CPU seconds per file")
     args = parser.parse_args(argv)
+    if args.cpu:
+        if len(args.logs) != 1 or not args.logs[0].is_file():
+            parser.error("--cpu takes one CPU log; write one with CPCFL_SUITE_CPU=FILE "
+                         "python -m pytest ...")
+        print("\n".join(cpu_table(args.logs[0].read_text())))
+        return
     names = args.names.split(",") if args.names else [str(p) for p in args.logs]
     if len(names) != len(args.logs):
         parser.error(f"--names gives {len(names)} names for {len(args.logs)} logs")
