@@ -447,6 +447,20 @@ def test_clustering_reliability_refuses_impossible_counts_before_writing(tmp_pat
     assert not (tmp_path / "out").exists()
 
 
+def test_a_partial_reliability_report_counts_every_named_method_and_how_to_resume(tmp_path):
+    """--methods naming all four rows on quick (whose default leaves CP-CFL+features out)
+    gives all four, and the partial report's command makes the same study."""
+    study = script("clustering_reliability")
+    out, rows = tmp_path / "out", ",".join(study.ROWS)
+    study.main(["--preset", "quick", "--runs", "2", "--encoders", "1", "--out", str(out),
+                "--report", "--methods", rows])
+    report = (out / "clustering_reliability.md").read_text()
+    assert "**Partial: 0 of 8 runs.**" in report  # 2 runs of each of the 4 named
+    assert (f"clustering_reliability.py --preset quick --runs 2 --encoders 1 --out {out} "
+            f"--methods {rows} --resume` makes the rest") in report
+    assert not list(out.glob("*.json"))[1:]  # no run made: the summary alone
+
+
 def test_cfl_families_report_of_a_partial_folder_says_so_and_names_the_missing_runs(
         tmp_path):
     families = script("cfl_families")
