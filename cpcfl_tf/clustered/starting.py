@@ -156,12 +156,12 @@ class StartingEncoders:
         assert method in PRETRAIN_METHODS, method
         images = None if self._unlabeled is None else (lambda: self._unlabeled(config))
         monitor = None if self._knn is None else (lambda: self._knn(config))
-        folder = lambda: pretrain_folder(  # noqa: E731
-            config.pretrain, config.data, method, config.pretrain_seed)
+        on_epoch = self._epoch_log(lambda: pretrain_folder(
+            config.pretrain, config.data, method, config.pretrain_seed))
         return pretrained_encoder(config.pretrain, config.data, method=method,
                                   seed=config.pretrain_seed, verbose=self.verbose,
                                   distribute=self.distribute, images=images,
-                                  on_epoch=self._epoch_log(folder), monitor=monitor)
+                                  on_epoch=on_epoch, monitor=monitor)
 
     def _epoch_log(self, folder: Callable[[], Path]):
         """The TensorBoard logger of the epochs (a federated one's rounds) of the
