@@ -35,10 +35,25 @@ def fail(message: str) -> NoReturn:
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """``argparse`` with a one-line error (argparse prints the usage block too)."""
+    """``argparse`` with a one-line error (argparse prints the usage block too). The
+    parsed namespace keeps the command line as given, each abbreviated option written in
+    full, as ``argv`` (a partial report's resume command repeats it)."""
 
     def error(self, message: str) -> NoReturn:  # noqa: D401 - argparse API
         fail(f"{message} (see --help)")
+
+    def parse_known_args(self, args=None, namespace=None):
+        given = list(sys.argv[1:] if args is None else args)
+        parsed, rest = super().parse_known_args(given, namespace)
+        parsed.argv = [self._in_full(token) for token in given]
+        return parsed, rest
+
+    def _in_full(self, token: str) -> str:
+        option, sep, value = token.partition("=")
+        if not option.startswith("--") or option in self._option_string_actions:
+            return token
+        matches = [o for o in self._option_string_actions if o.startswith(option)]
+        return matches[0] + sep + value if len(matches) == 1 else token
 
 
 def run_cli(main: Callable[[Sequence[str] | None], object], argv: Sequence[str] | None = None) -> None:

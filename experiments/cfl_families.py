@@ -123,8 +123,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         lines += [f"**Partial.** This folder holds {planned - len(missing)} of the {planned} "
                   f"runs of the table; every mean, verdict and figure below is over those alone. "
                   f"Missing ({len(missing)}): {_missing(missing, len(ROWS))}. "
-                  f"`python experiments/cfl_families.py --preset {config.preset} --resume` "
-                  "makes them.", ""]
+                  f"`{session.resume_command()}` makes them.", ""]
     lines += [
              "Mean ± SD over the seeds (ddof = 0). ARI of the final cluster ids against the "
              "true groups (one-model runs have none); *settled*: the round after which no "

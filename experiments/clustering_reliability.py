@@ -173,8 +173,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         title, rest = report.split("\n", 1)
         report = (f"{title}\n\n**Partial: {held} of {held + len(missing)} runs.** Every rate, "
                   f"mean and verdict below is over the finished runs alone; the first missing: "
-                  f"`{missing[0]}`. `python experiments/clustering_reliability.py "
-                  f"{_same_study(args, parser)} --resume` makes the rest.\n" + rest)
+                  f"`{missing[0]}`. `{session.resume_command()}` makes the rest.\n" + rest)
         summary["missing"] = missing
     _figures(by_run, session.out, config.preset, args.all_figures)
     from cpcfl_tf.results import write_json
@@ -186,19 +185,6 @@ def main(argv: Sequence[str] | None = None) -> None:
                               "reliability line of the verdicts", front=True)
         if remedy_lines(summary):
             session.update_readme("remedy", remedy_lines(summary), "remedy for the merges")
-
-
-def _same_study(args, parser) -> str:
-    """The options that name this study's runs, as given on its command line."""
-    named = [f"--preset {args.preset}"]
-    named += [f"--{option} {value}" for option, value in
-              (("runs", args.runs), ("encoders", args.encoders), ("out", args.out))
-              if value is not None]
-    if args.seed != parser.get_default("seed"):
-        named.append(f"--seed {args.seed}")
-    if args.rows is not parser.get_default("rows"):
-        named.append("--methods " + ",".join(args.rows))
-    return " ".join(named)
 
 
 def _report(config, by_run: dict[str, dict[int, RunRecord]], runs: int, encoders: int,

@@ -98,8 +98,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         title, rest = text.split("\n", 1)
         text = (f"{title}\n\n**Partial: seeds {', '.join(map(str, complete)) or 'none'} of "
                 f"{seeds[0]}-{seeds[-1]}.** Every mean and verdict below is over these seeds "
-                f"alone. `python experiments/federated_pretraining.py --preset {config.preset} "
-                "--resume` makes the rest.\n" + rest)
+                f"alone. `{session.resume_command()}` makes the rest.\n" + rest)
     session.finish(text, rows=run_rows(specs, records, encoders))
     if len(complete) == len(seeds) and len(summary["rows"]) == len(ROWS):
         session.update_readme("fedpretrain", _tables(text), "federated pre-training tables")

@@ -350,3 +350,27 @@ def test_all_gives_each_script_only_options_it_takes(tmp_path, monkeypatch):
         assert parsed.nondeterministic and parsed.set == ["federated.rounds=3"], name
         assert getattr(parsed, "distribute", None) == (
             "mirrored" if script(name).SCRIPT.distribute else None), name
+
+
+def test_a_resume_command_repeats_the_command_line_as_given(tmp_path):
+    """A partial report's command: every option given, abbreviated ones in full, quoted as
+    a shell needs, with --resume in place of --report, --force and --dry-run."""
+    import argparse
+
+    from cpcfl_tf.presets import get_preset
+    from cpcfl_tf.running.script import Session
+
+    study = script("clustering_reliability")
+    parser = study.SCRIPT.parser()
+    study._options(parser)
+    out = tmp_path / "my runs"
+    args = parser.parse_args(["--preset", "smoke", "--rep", "--out", str(out), "--ru", "4",
+                              "--force", "--set", "federated.rounds=2", "pretrain.epochs=1"])
+    assert args.report and args.runs == 4  # argparse took the abbreviations
+    session = Session("clustering_reliability", args, get_preset("smoke"), out,
+                      "experiments/clustering_reliability.py")
+    assert session.resume_command() == (
+        f"python experiments/clustering_reliability.py --preset smoke --out '{out}' --runs 4 "
+        "--set federated.rounds=2 pretrain.epochs=1 --resume")
+    assert Session("x", argparse.Namespace(), get_preset("smoke"), out).resume_command() \
+        == "python x.py --resume"

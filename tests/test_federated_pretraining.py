@@ -3,6 +3,7 @@ model, FedEMA, their starts and their refusals."""
 from __future__ import annotations
 
 import json
+import shlex
 
 import numpy as np
 import pytest
@@ -315,7 +316,10 @@ def test_the_study_judges_each_federated_encoder_against_both_references(tmp_pat
     partial = json.loads((out / "federated_pretraining.json").read_text())
     assert all(d["n"] == 1 for d in partial["differences"].values())
     assert not (out / "seed1-ifca-none.json").exists()
-    assert "**Partial: seeds 0 of 0-1.**" in (out / "federated_pretraining.md").read_text()
+    text = (out / "federated_pretraining.md").read_text()
+    assert "**Partial: seeds 0 of 0-1.**" in text
+    # the command that makes the rest repeats this one's options, --resume for --report
+    assert f"`python experiments/federated_pretraining.py {shlex.join(argv)} --resume`" in text
 
 
 def test_the_study_refuses_a_deal_the_data_cannot_host_and_writes_nothing(tmp_path):

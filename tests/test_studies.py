@@ -456,8 +456,8 @@ def test_a_partial_reliability_report_counts_every_named_method_and_how_to_resum
                 "--report", "--methods", rows])
     report = (out / "clustering_reliability.md").read_text()
     assert "**Partial: 0 of 8 runs.**" in report  # 2 runs of each of the 4 named
-    assert (f"clustering_reliability.py --preset quick --runs 2 --encoders 1 --out {out} "
-            f"--methods {rows} --resume` makes the rest") in report
+    assert (f"`python experiments/clustering_reliability.py --preset quick --runs 2 --encoders 1 "
+            f"--out {out} --methods {rows} --resume` makes the rest") in report
     assert not list(out.glob("*.json"))[1:]  # no run made: the summary alone
 
 
@@ -475,7 +475,9 @@ def test_cfl_families_report_of_a_partial_folder_says_so_and_names_the_missing_r
     assert "(partial: 2 of 4 runs)" in report
     assert ("Missing (2): seeds 0, 1: every run" not in report
             and "seed 0: ifca-none; seed 1: ifca-none" in report)
-    assert "--preset smoke --resume` makes them" in report
+    assert (f"`python experiments/cfl_families.py --preset smoke --out {out} --trials 2 "
+            "--methods fedavg-none,ifca-none --set federated.rounds=2 --resume` makes them"
+            ) in report
     assert "| FedAvg (None) | 2 |" in report and "IFCA (None)" not in report
 
 

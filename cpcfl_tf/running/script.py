@@ -97,7 +97,8 @@ class Script:
         too) before any folder is made or data read."""
         check_runner_options(args)
         config, out = setup(args, self.name)
-        return Session(self.name, args, config, out)
+        return Session(self.name, args, config, out, f"{Path(self.file).parent.name}/"
+                                                     f"{self.name}.py")
 
 
 @dataclasses.dataclass
@@ -109,6 +110,8 @@ class Session:
     config: Config
     """The preset with ``--seed`` and the data folders."""
     out: Path
+    script: str = ""
+    """The script's path in the kit, e.g. ``experiments/table2.py``."""
 
     @functools.cached_property
     def runner(self) -> Runner:
@@ -139,6 +142,16 @@ class Session:
         if (self.out.resolve() == (Path("results") / self.config.preset / self.name).resolve()
                 and replace_block(readme, tag, self.config.preset, lines)):
             print(f"updated the {self.config.preset} {what} in {readme}")
+
+    def resume_command(self) -> str:
+        """The command that makes the runs a partial folder lacks: this command line as
+        given, with ``--resume`` in place of ``--report``, ``--force`` and
+        ``--dry-run``."""
+        import shlex
+
+        skip = {"--report", "--force", "--dry-run", "--resume"}
+        kept = [token for token in getattr(self.args, "argv", []) if token not in skip]
+        return shlex.join(["python", self.script or f"{self.name}.py", *kept, "--resume"])
 
     def wanted(self, key: str) -> bool:
         """Whether the row ``key`` is among ``--methods`` (always, without the option)."""
