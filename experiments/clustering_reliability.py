@@ -7,6 +7,7 @@ Run r (0-based) draws its partition, initial weights and batch order with seed
 ``--seed + r``; its SimCLR encoder is pre-trained with seed ``--seed + r`` for the first
 ``--encoders`` runs and shared after that (run r uses run ``r mod --encoders``'s
 encoder, ``pretrain.seed`` in its record), so the runs span that many distinct encoders.
+They are made encoder by encoder (runs r, r + ``--encoders``, ...) and reported by run.
 Runs 0-4 are then the trials' configs: in the kit's own tree a committed run this machine
 would make bit for bit is taken from there. Every run made here records the selection
 diagnostic for ``--diagnose`` rounds (the clients' pool losses and margins at their first
@@ -76,6 +77,13 @@ def specs(seed: int, runs: int, encoders: int, rows: dict = ROWS) -> list[RunSpe
             out.append(RunSpec(f"run{r}-{name}", method, pre, seed=seed + r, row=name,
                                pretrain=shared if pre != "none" else {}))
     return out
+
+
+def by_encoder(planned: list[RunSpec], seed: int, encoders: int) -> list[RunSpec]:
+    """``planned`` in the order they are made: encoder by encoder (runs r, r + encoders,
+    ...), so an encoder's runs are done together and a study resumed with an empty cache
+    (a later session, another machine of the same kind) pre-trains no encoder twice."""
+    return sorted(planned, key=lambda spec: ((spec.seed - seed) % encoders, spec.seed))
 
 
 def encoder_seed(record: RunRecord) -> int | None:
@@ -160,8 +168,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     rows = (study_rows(config.preset) if args.rows is parser.get_default("rows")
             else {name: ROWS[name] for name in args.rows})
     by_run: dict[str, dict[int, RunRecord]] = {name: {} for name in rows if session.wanted(name)}
-    done, missing_specs = session.run_or_read(specs(args.seed, runs, encoders, rows),
+    planned = specs(args.seed, runs, encoders, rows)
+    done, missing_specs = session.run_or_read(by_encoder(planned, args.seed, encoders),
                                               args.report)
+    rank = {spec.name: k for k, spec in enumerate(planned)}  # the report's order
+    done.sort(key=lambda pair: rank[pair[0].name])
+    missing_specs.sort(key=lambda spec: rank[spec.name])
     for spec, record in done:
         by_run[spec.key][spec.seed - args.seed] = record
     missing = [spec.name for spec in missing_specs]

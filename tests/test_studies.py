@@ -461,12 +461,29 @@ def test_a_partial_reliability_report_counts_every_named_method_and_how_to_resum
     assert not list(out.glob("*.json"))[1:]  # no run made: the summary alone
 
 
+def test_reliability_runs_are_made_encoder_by_encoder(tmp_path, capsys):
+    """Runs sharing an encoder are made one after another (0, 2, then 1, 3 with two
+    encoders), each method of a run in the table's order; nothing is made by a dry run."""
+    study = script("clustering_reliability")
+    with pytest.raises(SystemExit):
+        study.main(["--preset", "quick", "--runs", "4", "--encoders", "2", "--out",
+                    str(tmp_path / "out"), "--methods", "cp-cfl-simclr,ifca-none",
+                    "--dry-run"])
+    made = [line.split(":")[0].strip() for line in capsys.readouterr().out.splitlines()
+            if line.startswith("  run")]
+    assert made == [f"run{r}-{m}" for r in (0, 2, 1, 3) for m in ("cp-cfl-simclr", "ifca-none")]
+    assert not (tmp_path / "out").exists()
+
+
 def test_cfl_families_report_of_a_partial_folder_says_so_and_names_the_missing_runs(
         tmp_path):
     families = script("cfl_families")
     out = tmp_path / "out"
     families.main(["--preset", "smoke", "--out", str(out), "--trials", "2", "--methods",
                    "fedavg-none", "--set", "federated.rounds=2"])
+    planted = json.loads((out / "seed1-fedavg-none.json").read_text())  # from elsewhere
+    planted["environment"]["cpu_id"] = "family 1 model 2; flags 00000000"
+    (out / "seed1-fedavg-none.json").write_text(json.dumps(planted))
     before = {p.name: p.read_bytes() for p in out.glob("*.json")}
     families.main(["--preset", "smoke", "--out", str(out), "--trials", "2", "--methods",
                    "fedavg-none,ifca-none", "--set", "federated.rounds=2", "--report"])
@@ -479,6 +496,7 @@ def test_cfl_families_report_of_a_partial_folder_says_so_and_names_the_missing_r
             "--methods fedavg-none,ifca-none --set federated.rounds=2 --resume` makes them"
             ) in report
     assert "| FedAvg (None) | 2 |" in report and "IFCA (None)" not in report
+    assert "these 2 runs come from 2 kinds of CPU" in report  # as a pass making them says
 
 
 def test_a_study_updates_the_results_readme_only_from_the_kits_own_folder(tmp_path,

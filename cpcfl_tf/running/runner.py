@@ -232,16 +232,21 @@ class Runner:
         """``spec``'s finished record: in the output folder, or taken (a stand-in, a twin,
         the one ``taken.json`` names, or one this machine would make when its starting
         encoder needs no training), so that a report reads the same runs on any machine;
-        None where there is none. Reads, never writes."""
+        None where there is none. Reads, never writes; a record found joins
+        :attr:`records`, as :meth:`run`'s do (the report's notes on where runs were made
+        read them)."""
         config = self.plan_of(spec).requested
         decision = self.decide(spec)
+        found = None
         if decision.found is not None:
-            return self._took(spec, config, decision).record
-        if decision.candidates and self.encoders.ready(config):
+            found = self._took(spec, config, decision)
+        elif decision.candidates and self.encoders.ready(config):
             found = self.store.take(spec.name, list(decision.candidates),
                                     weights_fingerprint(self.encoders(config)))
-            return found and found.record
-        return None
+        if found is None:
+            return None
+        self.records.append(found.record)
+        return found.record
 
     def _took(self, spec: RunSpec, config: Config, decision: RunDecision) -> Found:
         """``decision``'s record, a stand-in noted as one."""
