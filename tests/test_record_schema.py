@@ -120,10 +120,11 @@ def test_every_committed_record_reports_what_its_rounds_and_clients_say(path):
                                 ["num_clients"]))
     rounds = _attempted_rounds(fl, final["restarts"])
     size = final["model_bytes"]
-    method = METHODS[fl["method"]]
-    # N down when the client chooses, its own model when the server assigns, none alone
-    sent = (0 if method.assign == "own" else fl["num_clusters"] if method.assign == "loss"
-            else 1)
+    rule = METHODS[fl["method"]].rule
+    # N down when the client chooses (CP-CFL+features too: only its first choice after Tc
+    # is the server's), its own model when the server assigns, none alone
+    sent = (0 if not rule.communicates else 1 if rule.server_assigns
+            else fl["num_clusters"])
     assert final["bytes_down"] == rounds * participants * sent * size
     # what was sent besides weights (PACFL's subspaces) is in bytes_up too
     assert final["bytes_up"] == rounds * participants * size * min(1, sent) + final.get(
