@@ -81,6 +81,19 @@ def test_bad_script_input_is_one_line_and_exit_2(tmp_path, name, args, message):
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("name,args,message", [
+    ("shape", ["--package", "nowhere"], "--package nowhere: no package there"),
+    ("shape", ["--top", "0"], "--top must be >= 1"),
+    ("suite_times", ["--cpu", "nowhere.jsonl"], "no such CPU log: nowhere.jsonl"),
+    ("suite_times", ["--cpu", "a.jsonl", "b.jsonl"], "--cpu takes one CPU log, got 2"),
+])
+def test_bad_tool_input_is_one_line_and_exit_2(name, args, message):
+    proc = run(name, *args)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in proc.stderr
+
+
 def test_every_script_has_help():
     paths = sorted(p for folder in SCRIPT_FOLDERS for p in (ROOT / folder).glob("*.py"))
     assert {p.parent.name for p in paths} == set(SCRIPT_FOLDERS)

@@ -60,6 +60,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="the cpcfl_tf folder to measure, e.g. of another checkout "
                              "(default: this one's)")
     args = parser.parse_args(argv)
+    if not (args.package / "__init__.py").is_file():
+        parser.error(f"--package {args.package}: no package there; give a checkout's "
+                     "cpcfl_tf folder")
+    if args.top < 1:
+        parser.error(f"--top must be >= 1, got {args.top}")
     print(report(args.top, args.package))
 
 

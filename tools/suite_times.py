@@ -83,9 +83,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="the log is $CPCFL_SUITE_CPU's: CPU seconds per file")
     args = parser.parse_args(argv)
     if args.cpu:
-        if len(args.logs) != 1 or not args.logs[0].is_file():
-            parser.error("--cpu takes one CPU log; write one with CPCFL_SUITE_CPU=FILE "
-                         "python -m pytest ...")
+        if len(args.logs) != 1:
+            parser.error(f"--cpu takes one CPU log, got {len(args.logs)}")
+        if not args.logs[0].is_file():
+            parser.error(f"no such CPU log: {args.logs[0]}; write one with "
+                         "CPCFL_SUITE_CPU=FILE python -m pytest ...")
         print("\n".join(cpu_table(args.logs[0].read_text())))
         return
     names = args.names.split(",") if args.names else [str(p) for p in args.logs]
