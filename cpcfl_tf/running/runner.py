@@ -232,21 +232,20 @@ class Runner:
         """``spec``'s finished record: in the output folder, or taken (a stand-in, a twin,
         the one ``taken.json`` names, or one this machine would make when its starting
         encoder needs no training), so that a report reads the same runs on any machine;
-        None where there is none. Reads, never writes; a record found joins
-        :attr:`records`, as :meth:`run`'s do (the report's notes on where runs were made
-        read them)."""
+        None where there is none. Reads, never writes; what it finds joins
+        :attr:`records`, as :meth:`run`'s records do (the report's notes read them)."""
         config = self.plan_of(spec).requested
         decision = self.decide(spec)
-        found = None
         if decision.found is not None:
             found = self._took(spec, config, decision)
         elif decision.candidates and self.encoders.ready(config):
             found = self.store.take(spec.name, list(decision.candidates),
                                     weights_fingerprint(self.encoders(config)))
-        if found is None:
+        else:
             return None
-        self.records.append(found.record)
-        return found.record
+        if found is not None:
+            self.records.append(found.record)
+        return found and found.record
 
     def _took(self, spec: RunSpec, config: Config, decision: RunDecision) -> Found:
         """``decision``'s record, a stand-in noted as one."""
