@@ -78,9 +78,9 @@ KEYED_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 """Each self-supervised method's settings as the cache keys and checkpoint fingerprints
 of its pre-trainings assume them: a key names only the settings whose value differs from
-these (:func:`cpcfl_tf.pretraining.pretrain.keyed`). So a registry default changed later
-is named in every key made after it, and an encoder cached under the old default is
-never taken for the new one. A setting added later to a method listed here goes in
+these (:func:`cpcfl_tf.pretraining.pretrain.keyed_settings`). So a registry default
+changed later is named in every key made after it, and an encoder cached under the old
+default is never taken for the new one. A setting added later to a method listed here goes in
 :data:`ADDED_SETTINGS` with the value that runs as before (records and keys then leave it
 out at that value; a test checks every setting of these methods is in one of the two). A
 method not listed (added later, or a plugin's) has every setting named in its keys."""

@@ -136,7 +136,7 @@ class RunRecord:
 
     config: Config
     """The settings as the run used them (a federated run's ``federated`` resolved for its
-    method, :meth:`~cpcfl_tf.config.FederatedConfig.resolved`)."""
+    method, :func:`~cpcfl_tf.run_plan.resolve`)."""
     requested: Config
     """The settings as the script asked for them (what "same config?" compares)."""
     seeds: dict[str, int]

@@ -29,6 +29,49 @@ def test_every_local_link_resolves():
     assert not broken, broken
 
 
+def _exists(dotted: str) -> bool:
+    """Whether ``dotted`` (``cpcfl_tf.a.b``) names a module, an attribute of one, or an
+    attribute a class sets on its instances (``self.name =``, ``self.name: T =``, a
+    dataclass field)."""
+    import inspect
+
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            if hasattr(obj, name):
+                obj = getattr(obj, name)
+            elif inspect.isclass(obj) and (
+                    re.search(rf"self\.{name}\s*[:=]", inspect.getsource(obj))
+                    or name in getattr(obj, "__dataclass_fields__", {})):
+                return True
+            else:
+                return False
+        return True
+    return False
+
+
+def test_every_cpcfl_tf_name_the_pages_and_docstrings_use_exists():
+    """A module, function or attribute named in full (``cpcfl_tf.x.y``) in docs/, the
+    READMEs, the package or the scripts exists today (a rename leaves none behind); an
+    entry-point group is one the kit reads."""
+    from cpcfl_tf.plugins import GROUPS
+
+    files = [*pages(), *sorted((ROOT / "cpcfl_tf").rglob("*.py")),
+             *(p for folder in ("experiments", "benchmarks", "tools")
+               for p in sorted((ROOT / folder).glob("*.py")))]
+    named = {}
+    for path in files:
+        for found in re.findall(r"cpcfl_tf(?:\.[A-Za-z_]\w*)+", path.read_text()):
+            named.setdefault(found, path.relative_to(ROOT))
+    missing = {name: str(where) for name, where in named.items()
+               if name not in GROUPS and not _exists(name)}
+    assert not missing, missing
+
+
 def test_the_layout_map_names_every_part_of_the_package():
     readme = (ROOT / "README.md").read_text()
     layout = readme[readme.index("## Layout"):]

@@ -163,3 +163,20 @@ def test_a_plugin_entry_that_cannot_join_is_refused_in_one_line(monkeypatch):
             plugins.entries("cpcfl_tf.rules", Rule, RULES)
     offered("mine", "cpcfl_tf.clustered.rules:Rule")
     assert plugins.used(rule="loss", method="cp-cfl") == {}  # the kit's own: nothing said
+
+
+def test_the_groups_the_registries_read_are_the_ones_the_docs_name():
+    """Each registry reads one group of :data:`~cpcfl_tf.plugins.GROUPS`, and the module's
+    docstring and docs/extending.md name exactly those groups (a researcher declares
+    entry points under the names they read)."""
+    import re
+
+    from cpcfl_tf import plugins
+
+    read = set()
+    for source in ("clustered/rules.py", "clustered/methods.py", "pretraining/methods.py"):
+        read |= set(re.findall(r'entries\("([\w.]+)"', (ROOT / "cpcfl_tf" / source).read_text()))
+    assert read == set(plugins.GROUPS)
+    assert re.findall(r"^- ``([\w.]+)``:", plugins.__doc__, re.M) == list(plugins.GROUPS)
+    extending = (ROOT / "docs" / "extending.md").read_text()
+    assert set(re.findall(r"^\| `(cpcfl_tf\.[\w.]+)` \|", extending, re.M)) == read

@@ -1,7 +1,8 @@
 """A reproducer's runs against the committed ones (``experiments/compare.py``, and the
-comparison a script prints after its runs: :meth:`~cpcfl_tf.running.script.Session.compare`):
-the same outcome bit for bit, or where a final accuracy lies against the spread of the
-reference's seeds of the same settings."""
+comparison a script prints after its runs:
+:meth:`~cpcfl_tf.running.script.Session.compare_with_reference`): the same outcome bit for
+bit, or where a final accuracy lies against the spread of the reference's seeds of the
+same settings."""
 from __future__ import annotations
 
 import dataclasses
