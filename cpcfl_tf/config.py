@@ -398,5 +398,6 @@ def config_record(config: Config) -> dict[str, Any]:
     """The part of ``config`` that decides a run's result (not where data is read from),
     as JSON-ready data: what a run record keeps as ``requested``."""
     record = config.to_dict()
-    record["data"] = {k: v for k, v in record["data"].items() if k not in ("data_dir", "manual_dir")}
+    record["data"] = {k: v for k, v in record["data"].items()
+                      if k not in ("data_dir", "manual_dir")}
     return json.loads(json.dumps(record))

@@ -135,7 +135,8 @@ def cpu_id() -> str | None:
             level, kind, size = ((index / f).read_text().strip() for f in ("level", "type", "size"))
         except OSError:
             continue
-        caches.append(f"L{level}{'d' if kind == 'Data' else 'i' if kind == 'Instruction' else ''} {size}")
+        letter = {"Data": "d", "Instruction": "i"}.get(kind, "")
+        caches.append(f"L{level}{letter} {size}")
     flags = hashlib.sha256(" ".join(sorted(fields.get("flags", "").split())).encode())
     return (f"family {fields.get('cpu family', '?')} model {fields.get('model', '?')} "
             f"stepping {fields.get('stepping', '?')}; {', '.join(caches) or 'caches unknown'}; "

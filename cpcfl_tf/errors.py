@@ -56,7 +56,8 @@ class ArgumentParser(argparse.ArgumentParser):
         return matches[0] + sep + value if len(matches) == 1 else token
 
 
-def run_cli(main: Callable[[Sequence[str] | None], object], argv: Sequence[str] | None = None) -> None:
+def run_cli(main: Callable[[Sequence[str] | None], object],
+            argv: Sequence[str] | None = None) -> None:
     """Run ``main(argv)``; turn :class:`UserError` into one stderr line and exit 2."""
     try:
         main(argv)

@@ -69,8 +69,9 @@ class ServerState:
     num_encoder: int
     """How many leading arrays of each weight list belong to the encoder."""
     assignment: np.ndarray | None = None
-    """Methods whose server assigns the clients (not ``loss``, :data:`~cpcfl_tf.clustered.methods.ASSIGNMENTS`):
-    each client's model in the next round."""
+    """Methods whose server assigns the clients (not ``loss``,
+    :data:`~cpcfl_tf.clustered.methods.ASSIGNMENTS`): each client's model in the next
+    round."""
     memory: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
     """What the method's rule keeps between rounds besides the pool (its own arrays, by
     name; checkpointed with the pool): e.g. the directions a one-off clustering measured."""

@@ -57,7 +57,8 @@ def centralized_baseline(plan: RunPlan, clients: Clients, encoder_weights=None, 
     if len({len(r) for r in rows}) != 1:
         raise ValueError("the by-group baseline needs groups of equal size")
     pooled = ClientArrays(
-        np.stack([clients.train.images[r].reshape(-1, *clients.train.images.shape[2:]) for r in rows]),
+        np.stack([clients.train.images[r].reshape(-1, *clients.train.images.shape[2:])
+                  for r in rows]),
         np.stack([clients.train.labels[r].reshape(-1) for r in rows]))
     backend, models = _train_pooled(fl, pooled, encoder_weights, clients.num_classes,
                                     epochs, seed)

@@ -10,7 +10,8 @@ from typing import Sequence
 import numpy as np
 
 
-def nearest_centres(centres: list[list[np.ndarray]], client_weights: Sequence[np.ndarray]) -> np.ndarray:
+def nearest_centres(centres: list[list[np.ndarray]],
+                    client_weights: Sequence[np.ndarray]) -> np.ndarray:
     """FeSEM's E-step: for each client (``client_weights[i][u]``: array i of client u) the
     centre at the least squared L2 distance over all arrays, in float64 (ties: the lower id)."""
     count = len(client_weights[0])

@@ -71,7 +71,8 @@ class Method:
     other draws), so the :class:`~cpcfl_tf.running.runner.Runner` takes it from that run instead
     of making it again."""
     federated: bool = True
-    """False: a centralized baseline (no rounds, no clusters; :mod:`cpcfl_tf.clustered.centralized`)."""
+    """False: a centralized baseline (no rounds, no clusters;
+    :mod:`cpcfl_tf.clustered.centralized`)."""
     instead: str = ""
     """What to use instead, said when a start is refused."""
     options: dict[str, float] = dataclasses.field(default_factory=dict)

@@ -51,7 +51,8 @@ def stackable_layers(classifier: keras.Model) -> list[_Layer] | None:
     return steps if steps and steps[-1].kind == "dense" else None
 
 
-def stacked_logits(layers: Sequence[_Layer], params: Sequence[tf.Tensor], x: tf.Tensor) -> tf.Tensor:
+def stacked_logits(layers: Sequence[_Layer], params: Sequence[tf.Tensor],
+                   x: tf.Tensor) -> tf.Tensor:
     """Logits of K models on their own inputs: ``x (K, B, h, w, c)`` -> ``(K, B, classes)``.
 
     K must be static. Convolutions run per client in the one graph (on a CPU that is as

@@ -47,7 +47,8 @@ class Start:
     name: str
     label: str
     pretrained: bool = False
-    """It gives a pre-trained encoder (what CP-CFL needs: :data:`~cpcfl_tf.clustered.methods.PRETRAINED`)."""
+    """It gives a pre-trained encoder (what CP-CFL needs:
+    :data:`~cpcfl_tf.clustered.methods.PRETRAINED`)."""
     shared: bool = False
     """Runs of one pre-training key start from one encoder (a run record's
     ``pretraining_key``); False: random weights, or each run's own FedAvg encoder."""

@@ -95,8 +95,8 @@ def check_partition(num_clients: int, num_groups: int, classes_per_group: int,
                                ("classes_per_group", classes_per_group, True),
                                ("test_fraction", test_fraction, False), ("alpha", alpha, False)):
         if not number(value, whole):
-            raise UserError(f"partition.{name} must be a positive {'integer' if whole else 'number'}"
-                            f", got {value!r}")
+            raise UserError(f"partition.{name} must be a positive "
+                            f"{'integer' if whole else 'number'}, got {value!r}")
     if kind not in KINDS:
         raise UserError(f"unknown partition.kind {kind!r}; choose one of {', '.join(KINDS)}")
     if kind == "own" and num_groups != 1:

@@ -64,7 +64,8 @@ class Split:
     def __str__(self) -> str:
         if self.start is None and self.stop is None:
             return self.base
-        return f"{self.base}[{'' if self.start is None else self.start}:{'' if self.stop is None else self.stop}]"
+        start, stop = ("" if end is None else end for end in (self.start, self.stop))
+        return f"{self.base}[{start}:{stop}]"
 
 
 def check_split_text(split: str) -> re.Match:

@@ -144,25 +144,32 @@ def claims(config: Config) -> list[Claim]:
     grid = client_settings(config)
     pairs = {pair.related: pair for pair in dataset_pairs(config)}
     unrelated = pairs.get(False)
-    hosted = unrelated.partition.get("num_clients", config.partition.num_clients) if unrelated else 0
+    hosted = (unrelated.partition.get("num_clients", config.partition.num_clients)
+              if unrelated else 0)
+    source = unrelated.label.split(" -> ")[1] if unrelated else "none"
     c6_cannot = (None if unrelated and hosted == config.partition.num_clients else
-                 f"the unrelated client data ({unrelated.label.split(' -> ')[1] if unrelated else 'none'}) "
+                 f"the unrelated client data ({source}) "
                  f"hosts {hosted} clients of 50 images, the preset has "
                  f"{config.partition.num_clients}; no unrelated dataset offline can host them")
     return [
         Claim("C1", "CP-CFL (SimCLR) > IFCA (FedAvg) > IFCA (None) > FedAvg (None)",
               "tab:different_methods (T = 100), tab:different_client_partitions (five trials)", (
-                  Link("CP-CFL (SimCLR) − IFCA (FedAvg)", "76.80 vs 70.90; trials 76.69 ± 0.47 vs 68.61 ± 1.14",
+                  Link("CP-CFL (SimCLR) − IFCA (FedAvg)",
+                       "76.80 vs 70.90; trials 76.69 ± 0.47 vs 68.61 ± 1.14",
                        "cp-cfl-simclr", "ifca-fedavg"),
-                  Link("IFCA (FedAvg) − IFCA (None)", "70.90 vs 67.80; trials 68.61 ± 1.14 vs 65.79 ± 0.74",
+                  Link("IFCA (FedAvg) − IFCA (None)",
+                       "70.90 vs 67.80; trials 68.61 ± 1.14 vs 65.79 ± 0.74",
                        "ifca-fedavg", "ifca-none"),
-                  Link("IFCA (None) − FedAvg (None)", "67.80 vs 44.13; trials 65.79 ± 0.74 vs 42.73 ± 0.69",
+                  Link("IFCA (None) − FedAvg (None)",
+                       "67.80 vs 44.13; trials 65.79 ± 0.74 vs 42.73 ± 0.69",
                        "ifca-none", "fedavg-none"))),
         Claim("C2", "CP-CFL (SimCLR) > FedAvg (SimCLR) > FedAvg (None)",
               "tab:different_methods (T = 100), tab:different_client_partitions (five trials)", (
-                  Link("CP-CFL (SimCLR) − FedAvg (SimCLR)", "76.80 vs 59.33; trials 76.69 ± 0.47 vs 55.98 ± 1.97",
+                  Link("CP-CFL (SimCLR) − FedAvg (SimCLR)",
+                       "76.80 vs 59.33; trials 76.69 ± 0.47 vs 55.98 ± 1.97",
                        "cp-cfl-simclr", "fedavg-simclr"),
-                  Link("FedAvg (SimCLR) − FedAvg (None)", "59.33 vs 44.13; trials 55.98 ± 1.97 vs 42.73 ± 0.69",
+                  Link("FedAvg (SimCLR) − FedAvg (None)",
+                       "59.33 vs 44.13; trials 55.98 ± 1.97 vs 42.73 ± 0.69",
                        "fedavg-simclr", "fedavg-none"))),
         Claim("C3", "every client is in its true group right after Tc",
               "fig:cluster_identity: \"correct client clusters are identified almost "
@@ -211,7 +218,8 @@ def claims(config: Config) -> list[Claim]:
         Claim("C10", "training the encoder in one local epoch is worse than freezing it, for "
                      "bigger heads", "tab:encoder_training (T = 100)", (
                   Link("head c-3: frozen − E_l,f = 1", "76.77 vs 73.97", "c-3-e0", "c-3-e1"),
-                  Link(f"head c: E_l,f = {local} − frozen", "76.80 vs 73.67", f"c-e{local}", "c-e0"))),
+                  Link(f"head c: E_l,f = {local} − frozen", "76.80 vs 73.67", f"c-e{local}",
+                       "c-e0"))),
         Claim("C11", "CP-CFL comes close to the centralized by-group bound",
               "tab:different_datasets (STL-10 -> STL-10, T = 100)", (
                   Link(f"CP-CFL (SimCLR) − centralized by group (within ± {CLOSE_MARGIN:g})",

@@ -73,9 +73,9 @@ class Evidence:
 
     def every(self, name: str, seed: int) -> list[Found]:
         """Every record of run ``name`` for ``seed``, the preferred first. A fixed run
-        (:func:`~cpcfl_tf.evidence.claims.fixed_name`) with no record of its own is its base run's
-        record wherever its restart rule never fires there (:func:`~cpcfl_tf.running.runner.stands_in`):
-        that run is it, bit for bit."""
+        (:func:`~cpcfl_tf.evidence.claims.fixed_name`) with no record of its own is its base
+        run's record wherever its restart rule never fires there
+        (:func:`~cpcfl_tf.running.runner.stands_in`): that run is it, bit for bit."""
         config = self.config_of(name, seed)
         found = self.index.every(config)
         base = base_name(name)
@@ -125,7 +125,8 @@ class Evidence:
             except (KeyError, TypeError, UserError):
                 continue
             for seed, want in wanted.items():
-                row = next((r for r in stored.get("rows", []) if r.get("pretraining") == method), None)
+                row = next((r for r in stored.get("rows", [])
+                            if r.get("pretraining") == method), None)
                 if settings == want and row is not None and seed not in out:
                     out[seed] = 100 * row["accuracy"]
                     self.scored[seed, method] = row.get("encoder_fingerprint")
@@ -210,7 +211,8 @@ def report(config: Config, results: Path, seeds: list[int], judged: list[Judged]
                 zip(j.links, f.links)):
             same = flink == link
             rows.append([f"{j.claim.id} {j.claim.text}" if k == 0 else "", link.label,
-                         link.paper, " / ".join(_number(v) for v in summary.per_seed.values()) or "-",
+                         link.paper,
+                         " / ".join(_number(v) for v in summary.per_seed.values()) or "-",
                          _ours(summary), _why(j, link, summary, missing, command),
                          "same runs" if same else _ours(fsummary, long=False),
                          "same runs" if same else _why(f, flink, fsummary, fmissing, command)])
@@ -391,7 +393,8 @@ def verdict_table(judged: list[Judged], fixed: list[Judged]) -> list[str]:
         for k, ((link, summary, _), (flink, fsummary, _)) in enumerate(zip(j.links, f.links)):
             verdict_ = CANNOT if j.claim.cannot else summary.verdict
             again = ("same runs" if flink == link else
-                     f"{CANNOT if f.claim.cannot else fsummary.verdict}: {_ours(fsummary, long=False)}")
+                     f"{CANNOT if f.claim.cannot else fsummary.verdict}: "
+                     f"{_ours(fsummary, long=False)}")
             rows.append([j.claim.id if k == 0 else "", link.label, link.paper,
                          _ours(summary, long=False), verdict_, again])
     return markdown_table(["claim", "link", "paper (STL-10)", "ours: mean [95 % interval]",

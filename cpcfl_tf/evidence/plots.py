@@ -92,7 +92,8 @@ def plot_cluster_identity(record: RunRecord, path: str | os.PathLike, *, title: 
     ids = np.array([r.cluster_ids for r in record.rounds]).T  # clients x rounds
     fig, ax = plt.subplots(figsize=(6.4, max(2.5, 0.06 * ids.shape[0] + 1.5)))
     image = ax.imshow(ids, aspect="auto", interpolation="nearest", cmap="tab10",
-                      vmin=-0.5, vmax=9.5, extent=(0.5, ids.shape[1] + 0.5, ids.shape[0] - 0.5, -0.5))
+                      vmin=-0.5, vmax=9.5,
+                      extent=(0.5, ids.shape[1] + 0.5, ids.shape[0] - 0.5, -0.5))
     head_rounds = record.config.federated.head_rounds
     if head_rounds:
         ax.axvline(head_rounds + 0.5, color="black", lw=1, ls="--", label=f"Tc = {head_rounds}")

@@ -285,8 +285,8 @@ def train(msg: Message, context: Context) -> Message:
     run, data, _, backend, _ = _node(context)
     fl = run.federated
     # The round's plan, drawn from the seeds exactly as the server and the simulator draw it.
-    plan = algorithm.plan_round(fl, run.config.seed, int(settings["attempt"]), int(settings["round"]),
-                                num_clients)
+    plan = algorithm.plan_round(fl, run.config.seed, int(settings["attempt"]),
+                                int(settings["round"]), num_clients)
     row = int(np.searchsorted(plan.participants, client))
     models = _models(msg, tuple(sorted(context.run_config.items())))
     if "cluster" in settings:  # the server assigned this node its model

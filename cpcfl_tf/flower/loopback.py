@@ -175,8 +175,9 @@ class Federation:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                proc = subprocess.run([command_path("flwr"), "log", str(run_id), "loopback", "--show"],
-                                      capture_output=True, text=True, env=self.env, timeout=120)
+                proc = subprocess.run([command_path("flwr"), "log", str(run_id), "loopback",
+                                       "--show"], capture_output=True, text=True,
+                                      env=self.env, timeout=120)
             except subprocess.TimeoutExpired:  # a diagnostic: never the reason a check fails
                 return [f"(flwr log {run_id} gave nothing in 120 s)"]
             lines = [line[line.index("[cpcfl]"):]

@@ -1,15 +1,17 @@
 """Federated self-supervised pre-training: the encoder learned on the clients' unlabeled
 images (``partition.unlabeled`` ``iid`` or ``groups``) when no server holds any.
 
-One start (``fed-simclr``, ``fedema-byol``, ...: :data:`cpcfl_tf.pretraining.methods.FEDERATED_STARTS`)
-names a federated pre-training (its stages: :mod:`~cpcfl_tf.pretraining.fedavg_ssl`,
+One start (``fed-simclr``, ``fedema-byol``, ...:
+:data:`cpcfl_tf.pretraining.methods.FEDERATED_STARTS`) names a federated pre-training
+(its stages: :mod:`~cpcfl_tf.pretraining.fedavg_ssl`,
 :mod:`~cpcfl_tf.pretraining.fedema`) and the self-supervised method whose own compiled
 training step the clients run. The method's model is built once; each sampled client's
 round swaps weights into it, resets the optimizer to its freshly built state (a fresh
-Adam per client and round, as EasyFL's clients make one) and runs E_p local epochs of full
-batches over its images in a seeded order (the last partial batch of an epoch is left out,
-a different one every epoch). The server sees the uploaded online parts and image counts
-only. Every round is checkpointed, so an interrupted pre-training resumes bit for bit.
+Adam per client and round, as EasyFL's clients make one) and runs E_p local epochs of
+full batches over its images in a seeded order (the last partial batch of an epoch is
+left out, a different one every epoch). The server sees the uploaded online parts and
+image counts only. Every round is checkpointed, so an interrupted pre-training resumes
+bit for bit.
 
 The cache folder (``pretrained/<start>-<encoder>-<hash>/``) is laid out like the server's
 (:mod:`cpcfl_tf.pretraining.pretrain`): ``encoder.keras`` (the global online encoder) and

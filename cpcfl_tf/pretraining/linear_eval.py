@@ -66,7 +66,8 @@ def select_best(candidates: Sequence[tuple[str, PretrainConfig]], images: np.nda
         result = pretrain(config, images, Path(out_root) / key, method=method, seed=seed,
                           verbose=verbose)
         accuracy = linear_eval(result.encoder, proxy_train, proxy_test, seed=seed)
-        scores.append({"key": key, "method": method, "config": pretrain_settings(dataclasses.asdict(config), method),
+        scores.append({"key": key, "method": method,
+                       "config": pretrain_settings(dataclasses.asdict(config), method),
                        "accuracy": accuracy})
         if verbose:
             print(f"{key}: linear evaluation accuracy {accuracy:.4f}")

@@ -131,7 +131,8 @@ def changed_fields(config: Config) -> list[tuple[str, str]]:
     preset = get_preset(config.preset)
     return [(section, f.name) for section in ("data", "partition", "pretrain", "federated")
             for f in dataclasses.fields(getattr(config, section))
-            if getattr(getattr(config, section), f.name) != getattr(getattr(preset, section), f.name)]
+            if getattr(getattr(config, section), f.name)
+            != getattr(getattr(preset, section), f.name)]
 
 
 def resolve_config(args: argparse.Namespace) -> Config:

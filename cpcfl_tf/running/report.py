@@ -16,8 +16,8 @@ from cpcfl_tf.environment import machine
 def provenance(records: Sequence) -> list[str]:
     """A note for a report whose runs come from more than one kind of CPU, or whose runs
     of one pre-training started from different encoders: their last bits differ, and on
-    the quick preset that can move a result by about 1.5 points (docs/experiments.md, "Bit for bit").
-    Empty when every run shares both."""
+    the quick preset that can move a result by about 1.5 points (docs/experiments.md,
+    "Bit for bit"). Empty when every run shares both."""
     cpus: dict[str, int] = {}
     encoders: dict[str, set] = {}
     for record in records:
