@@ -55,7 +55,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     from cpcfl_tf.results import write_json
 
     batch = random_images(pretrain.batch_size, size, args.seed)
-    seconds = compare_seconds({"contrastive": contrastive_step(pretrain, size, args.seed, args.method),
+    seconds = compare_seconds({"contrastive": contrastive_step(pretrain, size, args.seed,
+                                                               args.method),
                                "encoder": bare_encoder_step(pretrain, size, args.seed)},
                               batch, repeats=args.repeats)
     record = {"experiment": "benchmark_pretraining", "preset": config.preset,
@@ -68,7 +69,8 @@ def main(argv: Sequence[str] | None = None) -> None:
               "environment": environment()}
     if args.epoch_images:
         record["epoch_images"] = args.epoch_images
-        record["seconds_per_epoch"] = seconds["contrastive"] * (args.epoch_images // pretrain.batch_size)
+        steps = args.epoch_images // pretrain.batch_size
+        record["seconds_per_epoch"] = seconds["contrastive"] * steps
     print_metrics(record, ("contrastive_step_seconds", "encoder_step_seconds", "overhead",
                            "seconds_per_epoch"))
     path = write_json(out / f"{args.method}-{args.encoder}-{size}px-b{pretrain.batch_size}.json",

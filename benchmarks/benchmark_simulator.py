@@ -92,7 +92,8 @@ def report(folder: Path) -> str:
         "a report reads are scored too: the quarters of the run, every 25th, the last); "
         "*rounds*: the run's length.", "",
         *markdown_table(["file", "CPU", "clients", "participation", "clients per step",
-                         "scored every", "rounds", "XLA", "s / round", "against a round of (same run)",
+                         "scored every", "rounds", "XLA", "s / round",
+                         "against a round of (same run)",
                          "plain Keras s / round", "speed-up", "peak memory (MB)"], rows), ""])
 
 

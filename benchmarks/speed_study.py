@@ -289,7 +289,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     config, out = session.config, session.out
     path = out / f"{machine_slug(cpu_model())}.json"
     peak = {"theoretical": theoretical_peak(), "matmul_gflops": matmul_peak()}
-    study = {"experiment": "speed_study", "clients": session.args.clients, "image_size": config.data.image_size,
+    study = {"experiment": "speed_study", "clients": session.args.clients,
+             "image_size": config.data.image_size,
              "round_flops": round_flops(config, session.args.clients), "peak": peak,
              "kernels": {**time_kernels(config, session.args.clients), "peak": peak},
              "environment": environment()}

@@ -2,10 +2,10 @@
 
 Runs table2, clusters, encoder_training, datasets, heads, supervised, clients, trials,
 resnet, linear_eval, pretraining_cost and heterogeneity (finished runs are skipped,
-interrupted ones resumed) and writes ``results/<preset>/report.md``: every table with the paper's numbers
-beside ours (each script's own report), every figure, the generated claims table
-(``results/<preset>/claims.md``, ``experiments/claims.py``), and the compute time each script's runs recorded (the time each
-script takes now is printed).
+interrupted ones resumed) and writes ``results/<preset>/report.md``: every table with the
+paper's numbers beside ours (each script's own report), every figure, the generated
+claims table (``results/<preset>/claims.md``, ``experiments/claims.py``), and the compute
+time each script's runs recorded (the time each script takes now is printed).
 """
 from __future__ import annotations
 

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Sequence
 
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.evidence.judge import HOLDS, NOT_SHOWN, OPPOSITE, RULE, final_accuracy, paired, verdict
+from cpcfl_tf.evidence.judge import (HOLDS, NOT_SHOWN, OPPOSITE, RULE, final_accuracy, paired,
+                                     verdict)
 from cpcfl_tf.clustered.methods import run_label
 from cpcfl_tf.running.report import markdown_table, mean_sd
 from cpcfl_tf.running.runner import RunSpec

@@ -194,9 +194,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     from cpcfl_tf.results import write_json, write_text
 
     note = machine_notes(ev) + encoder_notes(ev)
-    command = f"python experiments/claims.py --preset {config.preset} --seeds {args.seeds[0]}-{args.seeds[-1]}" \
-        if args.seeds == list(range(args.seeds[0], args.seeds[-1] + 1)) else \
-        f"python experiments/claims.py --preset {config.preset} --seeds {','.join(map(str, args.seeds))}"
+    seeds = (f"{args.seeds[0]}-{args.seeds[-1]}"
+             if args.seeds == list(range(args.seeds[0], args.seeds[-1] + 1))
+             else ",".join(map(str, args.seeds)))
+    command = f"python experiments/claims.py --preset {config.preset} --seeds {seeds}"
     text = report(config, results, args.seeds, judged, headroom(ev), groups_found(ev), command,
                   fixed)
     if note:

@@ -10,7 +10,8 @@ from typing import Sequence
 
 from cpcfl_tf.errors import run_cli
 from cpcfl_tf.running.report import markdown_table
-from cpcfl_tf.evidence.catalogue import COMPARISON_LABELS, client_settings, clients_partition, comparison_specs
+from cpcfl_tf.evidence.catalogue import (COMPARISON_LABELS, client_settings, clients_partition,
+                                         comparison_specs)
 from cpcfl_tf.running.script import Script
 
 SCRIPT = Script(__file__, __doc__, rows=tuple(COMPARISON_LABELS))
@@ -31,7 +32,8 @@ def main(argv: Sequence[str] | None = None) -> None:
              for spec in comparison_specs(f"c{n}-", partition=clients_partition(config, n),
                                           federated={"rounds": t})}
     session.kept(list(specs.values()))
-    records = {key: session.runner.run(spec) for key, spec in specs.items() if session.wanted(key[1])}
+    records = {key: session.runner.run(spec) for key, spec in specs.items()
+               if session.wanted(key[1])}
     labels = {name: label for name, label in LABELS.items() if session.wanted(name)}
 
     from cpcfl_tf.evidence.plots import plot_accuracy_curves

@@ -313,8 +313,9 @@ def _report(config, by_run: dict[str, dict[int, RunRecord]], runs: int, encoders
                "rescued": rescued(by_run)}
     if "cp-cfl-features-simclr" in by_run:  # the remedies side by side
         summary["rescued_by_features"] = rescued(by_run, "cp-cfl-features-simclr")
-        summary["rounds"] = {name: float(np.mean([rounds_trained(r) for r in by_run[name].values()]))
-                             for name in REMEDIES if by_run.get(name)}
+        summary["rounds"] = {
+            name: float(np.mean([rounds_trained(r) for r in by_run[name].values()]))
+            for name in REMEDIES if by_run.get(name)}
     shows = [f"- {line}" for line in findings(summary)]
     if shows:
         lines += ["", SHOWS_TITLE, "", *shows]

@@ -23,7 +23,8 @@ PAPER = {1: 59.33, 2: 65.10, 3: 76.80, 4: 72.80, 5: 72.97}
 def main(argv: Sequence[str] | None = None) -> None:
     session = SCRIPT.start(argv)
     config = session.config
-    records = {spec.federated["num_clusters"]: session.runner.run(spec) for spec in session.kept(SPECS)}
+    records = {spec.federated["num_clusters"]: session.runner.run(spec)
+               for spec in session.kept(SPECS)}
 
     from cpcfl_tf.evidence.plots import plot_accuracy_curves
 

@@ -1,14 +1,14 @@
 """Reliability: a run killed at any moment and resumed ends exactly as an uninterrupted one.
 
-Runs one CP-CFL (SimCLR) run of the preset from an empty encoder cache, uninterrupted,
-in a child process. Then runs it again in a fresh folder and cache, killing the child
-with SIGKILL ``--kills`` times: the first kills land while a cache entry, a run
-checkpoint and the result are being written (the child kills itself between writing a
-file's temporary copy and renaming it), the others at random moments (at the latest while
-the result is written, should the run get there first on a machine that got faster). After every kill it
-resumes (``--resume``). At the end the record must equal the uninterrupted one (timing
-and environment aside), every file the kit wrote must read back, and no partial file
-may be left. Writes ``kill_resume.json`` and ``kill_resume.md``.
+Runs one CP-CFL (SimCLR) run of the preset from an empty encoder cache, uninterrupted, in
+a child process. Then runs it again in a fresh folder and cache, killing the child with
+SIGKILL ``--kills`` times: the first kills land while a cache entry, a run checkpoint and
+the result are being written (the child kills itself between writing a file's temporary
+copy and renaming it), the others at random moments (at the latest while the result is
+written, should the run get there first on a machine that got faster). After every kill
+it resumes (``--resume``). At the end the record must equal the uninterrupted one (timing
+and environment aside), every file the kit wrote must read back, and no partial file may
+be left. Writes ``kill_resume.json`` and ``kill_resume.md``.
 """
 from __future__ import annotations
 

@@ -4,7 +4,8 @@ diagnosed rounds by true group, and the clients per cluster in every round
 (:func:`cpcfl_tf.evidence.plots.plot_selection`; how to read it: docs/experiments.md, "Reading the
 selection diagnostic"). ``experiments/clustering_reliability.py`` draws its own runs'.
 
-    python tools/plot_selection.py results/quick/clustering_reliability/run5-cp-cfl-simclr.json --out figures
+    python tools/plot_selection.py \
+        results/quick/clustering_reliability/run5-cp-cfl-simclr.json --out figures
 
 Writes ``<out>/<record's name>.png`` per record; every record is read and checked before
 anything is drawn.

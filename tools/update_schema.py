@@ -1,10 +1,11 @@
 """Write the kit's method and starting-encoder names into the run record's schema.
 
-``docs/run-record.schema.json`` is the contract outside tools read, so it lists the
-kit's values of ``method`` and ``pretraining`` literally (and accepts any other name, an
-installed plugin's: ``cpcfl_tf.plugins``). They come from the kit's two
-registries (:data:`cpcfl_tf.clustered.methods.METHODS`, :data:`cpcfl_tf.clustered.methods.STARTS`, which
-reads :data:`cpcfl_tf.pretraining.methods.SSL_METHODS`); after adding a method, run::
+``docs/run-record.schema.json`` is the contract outside tools read, so it lists the kit's
+values of ``method`` and ``pretraining`` literally (and accepts any other name, an
+installed plugin's: ``cpcfl_tf.plugins``). They come from the kit's two registries
+(:data:`cpcfl_tf.clustered.methods.METHODS`, :data:`cpcfl_tf.clustered.methods.STARTS`,
+which reads :data:`cpcfl_tf.pretraining.methods.SSL_METHODS`); after adding a method,
+run::
 
     python tools/update_schema.py           # rewrite the two lists
     python tools/update_schema.py --check   # exit 1 if they are out of date
