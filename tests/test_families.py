@@ -476,8 +476,8 @@ def test_cp_cfl_features_takes_its_first_choice_from_the_encoders_features(clien
                                              "rounds": 3, "head_rounds": 1})
     encoder = Runner("features", config, tmp_path, verbose=0).encoders(config)
     record, _ = run_federated(resolve(config), clients, encoder_weights=encoder, verbose=0)
-    plain, _ = run_federated(resolve(config.with_overrides(federated={"method": "cp-cfl"})), clients,
-                             encoder_weights=encoder, verbose=0)
+    plain, _ = run_federated(resolve(config.with_overrides(federated={"method": "cp-cfl"})),
+                             clients, encoder_weights=encoder, verbose=0)
     assert record.rounds[0].cluster_ids == plain.rounds[0].cluster_ids
     fl = resolve(config).federated
     model = build_template(fl, clients.train.images.shape[2:], clients.num_classes)

@@ -60,8 +60,8 @@ def test_stacked_backend_trains_like_one_keras_model_per_client(clients):
         b = keras_.train(pool_stacked, ids, data, orders, encoder_epochs, local)
         for x, y in zip(a, b):
             np.testing.assert_allclose(x, y, atol=2e-5)
-    np.testing.assert_allclose(client_losses(stacked, pool, data), client_losses(keras_, pool, data),
-                               rtol=1e-5)
+    np.testing.assert_allclose(client_losses(stacked, pool, data),
+                               client_losses(keras_, pool, data), rtol=1e-5)
 
 
 def test_sgd_trains_alike_on_both_backends(clients):
@@ -134,8 +134,8 @@ def test_a_frozen_encoder_runs_in_inference_mode_and_keeps_its_batchnorm_statist
 def test_clients_can_keep_their_adam_state_between_rounds(clients, encoder, tmp_path):
     kept = config(rounds=3, head_rounds=1, optimizer_state="client")
     whole, _ = run_federated(resolve(kept), clients, encoder_weights=encoder, verbose=0)
-    fresh, _ = run_federated(resolve(config(rounds=3, head_rounds=1)), clients, encoder_weights=encoder,
-                             verbose=0)
+    fresh, _ = run_federated(resolve(config(rounds=3, head_rounds=1)), clients,
+                             encoder_weights=encoder, verbose=0)
     # Round 1 starts from a zero state either way; from round 2 the kept moments differ.
     assert whole.rounds[0] == fresh.rounds[0]
     assert whole.rounds[1:] != fresh.rounds[1:]
@@ -272,8 +272,8 @@ def test_encoder_epochs_1_trains_the_encoder_in_the_first_local_epoch_only(clien
 
 
 def test_cp_cfl_and_ifca_recover_the_true_groups(clients, encoder):
-    cp, _ = run_federated(resolve(config(rounds=4, head_rounds=1)), clients, encoder_weights=encoder,
-                          verbose=0)
+    cp, _ = run_federated(resolve(config(rounds=4, head_rounds=1)), clients,
+                          encoder_weights=encoder, verbose=0)
     ifca, _ = run_federated(resolve(config(method="ifca", pretraining="none", rounds=4)), clients,
                             verbose=0)
     assert cp.final.ari == 1.0 and ifca.final.ari == 1.0
@@ -304,11 +304,11 @@ def test_a_run_records_the_contract(clients, encoder):
 
 
 def test_the_same_seeds_give_the_same_run(clients, encoder):
-    runs = [run_federated(resolve(config(rounds=3, head_rounds=1)), clients, encoder_weights=encoder,
-                          verbose=0)[0].rounds for _ in range(2)]
+    runs = [run_federated(resolve(config(rounds=3, head_rounds=1)), clients,
+                          encoder_weights=encoder, verbose=0)[0].rounds for _ in range(2)]
     assert runs[0] == runs[1]
-    other = run_federated(resolve(config(rounds=3, head_rounds=1)), clients, encoder_weights=encoder,
-                          verbose=0, train_seed=1)[0].rounds
+    other = run_federated(resolve(config(rounds=3, head_rounds=1)), clients,
+                          encoder_weights=encoder, verbose=0, train_seed=1)[0].rounds
     assert other != runs[0]
 
 
@@ -507,15 +507,15 @@ def test_a_run_killed_mid_way_resumes_to_the_uninterrupted_result(clients, tmp_p
 
 def test_a_checkpoint_of_another_run_is_refused(clients, tmp_path):
     checkpoint = tmp_path / "run.npz"
-    run_federated(resolve(config(method="fedavg", pretraining="none", rounds=1, head_rounds=0)), clients,
-                  checkpoint=checkpoint, verbose=0)
+    run_federated(resolve(config(method="fedavg", pretraining="none", rounds=1, head_rounds=0)),
+                  clients, checkpoint=checkpoint, verbose=0)
     with pytest.raises(UserError, match="different run"):
         run_federated(resolve(config(method="fedavg", pretraining="none", rounds=2)), clients,
                       checkpoint=checkpoint, verbose=0)
     checkpoint.write_bytes(b"garbage")
     with pytest.raises(UserError, match="run.npz is damaged .*delete it to start the run over"):
-        run_federated(resolve(config(method="fedavg", pretraining="none", rounds=1, head_rounds=0)), clients,
-                      checkpoint=checkpoint, verbose=0)
+        run_federated(resolve(config(method="fedavg", pretraining="none", rounds=1, head_rounds=0)),
+                      clients, checkpoint=checkpoint, verbose=0)
 
 
 def test_a_checkpoint_from_another_starting_encoder_is_refused(clients, encoder, tmp_path):
@@ -532,8 +532,8 @@ def test_ifca_fedavg_starts_from_the_fedavg_models_encoder(clients):
     encoder, fedavg = fedavg_encoder(config(rounds=2, head_rounds=0), clients, verbose=0)
     assert len(encoder) == 10 and fedavg.config.federated.num_clusters == 1
     seen = []
-    run_federated(resolve(config(method="ifca", pretraining="fedavg", rounds=2, head_rounds=0)), clients,
-                  encoder_weights=encoder, verbose=0,
+    run_federated(resolve(config(method="ifca", pretraining="fedavg", rounds=2, head_rounds=0)),
+                  clients, encoder_weights=encoder, verbose=0,
                   on_round=lambda record, state: seen.append(state))
     assert len(seen[0].models) == 3
 
@@ -541,8 +541,8 @@ def test_ifca_fedavg_starts_from_the_fedavg_models_encoder(clients):
 def test_a_run_shows_one_progress_line_per_round_in_a_log(clients, capsys):
     import re
 
-    run_federated(resolve(config(method="fedavg", pretraining="none", rounds=3, head_rounds=0)), clients,
-                  verbose=1)
+    run_federated(resolve(config(method="fedavg", pretraining="none", rounds=3, head_rounds=0)),
+                  clients, verbose=1)
     lines = [l for l in capsys.readouterr().out.splitlines() if "round" in l]
     assert len(lines) == 3  # not a terminal: a line per round, no carriage returns
     for t, line in enumerate(lines, 1):
@@ -589,8 +589,8 @@ def test_cp_cfl_restart_that_never_restarts_is_cp_cfl_and_the_diagnostic_changes
     from cpcfl_tf.clustered.backends import backend_of
     from cpcfl_tf.clustered.pool import build_template
 
-    plain, _ = run_federated(resolve(config(rounds=4, head_rounds=1)), clients, encoder_weights=encoder,
-                             verbose=0)
+    plain, _ = run_federated(resolve(config(rounds=4, head_rounds=1)), clients,
+                             encoder_weights=encoder, verbose=0)
     variant, _ = run_federated(resolve(config(method="cp-cfl-restart", rounds=4, head_rounds=1,
                                       restart_round=1)), clients, encoder_weights=encoder,
                                verbose=0, diagnose=2)
