@@ -242,10 +242,11 @@ class Runner:
             found = self.store.take(spec.name, list(decision.candidates),
                                     weights_fingerprint(self.encoders(config)))
         else:
+            found = None
+        if found is None:
             return None
-        if found is not None:
-            self.records.append(found.record)
-        return found and found.record
+        self.records.append(found.record)
+        return found.record
 
     def _took(self, spec: RunSpec, config: Config, decision: RunDecision) -> Found:
         """``decision``'s record, a stand-in noted as one."""
