@@ -171,6 +171,23 @@ def check_data(config: Config) -> None:
                           tuple(f"{d.client_dataset}:{s}" for s in splits))
 
 
+def check_client_sources(config: Config) -> None:
+    """Refuse, in one line, client data this machine can neither read nor fetch
+    (:func:`~cpcfl_tf.data.sources.check_readable`: files and names only). A script
+    checks it before its first run, where the loader would otherwise fail after the
+    first run's header and TensorFlow's import. Not part of :func:`check_data`: a
+    federation's server holds no client data, and the pre-training's images are not
+    needed when its encoder is cached."""
+    from cpcfl_tf.data.sources import check_readable, parse_split
+
+    d = config.data
+    if config.partition.kind == "own":  # each node reads its own
+        return
+    bases = list(dict.fromkeys(parse_split(d.client_dataset, s).base
+                               for s in (d.client_train_split, d.client_test_split)))
+    check_readable(d.client_dataset, bases, d.data_dir, d.manual_dir)
+
+
 def _check_deal(config: Config) -> None:
     """A federated start's unlabeled deal: labels to deal by group where it needs them,
     a batch for every client."""

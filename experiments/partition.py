@@ -28,7 +28,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         config = config.with_overrides(partition={"num_clients": args.clients})
 
     from cpcfl_tf.results import prepare_out_dir, write_json
+    from cpcfl_tf.run_plan import check_client_sources, check_data
 
+    check_data(config)
+    check_client_sources(config)
     out = prepare_out_dir(args.out or f"results/{config.preset}/partition")
     from cpcfl_tf.clustered.clients import load_client_splits, partition_for
     from cpcfl_tf.evidence.plots import plot_client_data_amounts

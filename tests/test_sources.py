@@ -1,14 +1,15 @@
 import gzip
 import socket
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
 from cpcfl_tf.data.images import prepare_images, to_float
-from cpcfl_tf.data.sources import (DATASETS, load_labeled, load_unlabeled, parse_split,
-                                   read_idx, split_size)
+from cpcfl_tf.data.sources import (DATASETS, check_readable, load_labeled, load_unlabeled,
+                                   parse_split, read_idx, split_size)
 from cpcfl_tf.errors import UserError
 
 
@@ -139,6 +140,33 @@ def test_unprepared_tfds_data_fails_at_once_when_offline(tmp_path, monkeypatch):
         load_labeled("stl10", "train", data_dir=str(tmp_path))
     assert time.monotonic() - start < 30
     assert "--preset quick" in str(err.value) and "--data-dir" in str(err.value)
+
+
+def test_what_cannot_be_read_or_fetched_is_refused_before_any_image(tmp_path, monkeypatch):
+    """check_readable looks where the loaders would: the IDX files of the splits used,
+    and the folder tfds itself names for a prepared dataset (its builder's data_dir)."""
+    monkeypatch.setenv("CPCFL_OFFLINE", "1")
+    with pytest.raises(UserError, match="t10k-images.*apt-get install"):
+        check_readable("fashion_mnist_idx", ["test"], str(tmp_path), None)
+    (tmp_path / "t10k-images-idx3-ubyte.gz").write_bytes(b"")
+    check_readable("fashion_mnist_idx", ["test"], str(tmp_path), None)
+    with pytest.raises(UserError, match="train-images"):
+        check_readable("fashion_mnist_idx", ["test", "train"], str(tmp_path), None)
+    check_readable("digits", ["train", "test"], str(tmp_path), None)  # in scikit-learn
+
+    for name in ("stl10", "emnist"):  # emnist: a tfds config, one folder deeper
+        data_dir = tmp_path / name
+        with pytest.raises(UserError, match="cannot be reached.*--data-dir"):
+            check_readable(name, ["train"], str(data_dir), None)
+        prepared = Path(tfds.builder(DATASETS[name].tfds_name, data_dir=str(data_dir)).data_dir)
+        prepared.mkdir(parents=True)
+        (prepared / "dataset_info.json").write_text("{}")
+        check_readable(name, ["train"], str(data_dir), None)
+    monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "stl10"))  # tfds's own default
+    check_readable("stl10", ["train"], None, None)
+    manual = tmp_path / "manual"
+    manual.mkdir()
+    check_readable("cifar10", ["train"], str(tmp_path), str(manual))  # tfds prepares it
 
 
 def test_parse_split_round_trips():

@@ -174,7 +174,12 @@ def test_no_arguments_means_the_paper_preset_and_offline_it_stops_at_once(tmp_pa
                           r"following instructions)")
     lines = [l for l in proc.stderr.strip().splitlines() if not tf_noise.match(l)]
     assert len(lines) == 1 and "stl10" in lines[0] and "--preset quick" in lines[0]
+    assert not proc.stdout  # refused before the first run began (no run's header)
     assert not list((tmp_path / "out").glob("*.json"))
+    dry = subprocess.run([sys.executable, str(ROOT / "experiments" / "table2.py"),
+                          "--data-dir", str(tmp_path / "tfds"), "--out", str(tmp_path / "out"),
+                          "--dry-run"], capture_output=True, text=True, env=env, timeout=300)
+    assert dry.returncode == 0 and "fedavg-none" in dry.stdout  # a dry run reads no data
 
 
 def test_clusters_script_runs_n_1_to_5(tmp_path):

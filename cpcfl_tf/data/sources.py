@@ -20,6 +20,7 @@ import logging
 import os
 import socket
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -170,7 +171,7 @@ def load_unlabeled(dataset: str, split: str, *, image_size: int | None = None,
 def _read_idx(spec: DatasetSpec, split: Split, want_labels: bool, data_dir: str | None,
               manual_dir: str | None) -> tuple[np.ndarray, np.ndarray | None]:
     del manual_dir
-    prefix = {"train": "train", "test": "t10k"}[split.base]
+    prefix = _IDX_PREFIX[split.base]
     folder = _find_idx_dir(data_dir, f"{prefix}-images-idx3-ubyte.gz")
     images = read_idx(folder / f"{prefix}-images-idx3-ubyte.gz")
     rows = split.indices(len(images))
@@ -182,6 +183,9 @@ def _read_idx(spec: DatasetSpec, split: Split, want_labels: bool, data_dir: str 
         raise UserError(f"{folder}: {len(labels)} labels, expected {spec.splits[split.base]}; "
                         "reinstall with `apt-get install --reinstall dataset-fashion-mnist`")
     return images, labels[rows.start:rows.stop:rows.step]
+
+
+_IDX_PREFIX = {"train": "train", "test": "t10k"}
 
 
 def _find_idx_dir(data_dir: str | None, filename: str) -> Path:
@@ -281,6 +285,29 @@ def _check_can_fetch(spec: DatasetSpec, data_dir: str | None, manual_dir: str | 
                         "(no internet?); pass --data-dir with a prepared copy or --manual-dir "
                         "with the downloaded archive, or use --preset quick for offline "
                         "Fashion-MNIST") from None
+
+
+def check_readable(dataset: str, bases: Sequence[str], data_dir: str | None,
+                   manual_dir: str | None) -> None:
+    """Refuse at once a dataset this machine can neither read nor fetch: Fashion-MNIST's
+    IDX files of the ``bases`` (``train``, ``test``) missing, a tfds dataset neither
+    prepared in the data dir nor reachable. It looks at files and names only (no image
+    read, TensorFlow not imported), so a script stops before its first run; a folder the
+    loader then cannot read still fails there, with its own error."""
+    spec = get_spec(dataset)
+    if spec.backend == "idx":
+        for base in bases:
+            _find_idx_dir(data_dir, f"{_IDX_PREFIX[base]}-images-idx3-ubyte.gz")
+    elif spec.backend == "tfds" and not _prepared(spec.tfds_name, data_dir):
+        _check_can_fetch(spec, data_dir, manual_dir)
+
+
+def _prepared(tfds_name: str, data_dir: str | None) -> bool:
+    """Whether tfds has prepared ``tfds_name`` in the data dir it would read (``data_dir``,
+    else ``$TFDS_DATA_DIR``, else ``~/tensorflow_datasets``): its ``dataset_info.json``."""
+    root = Path(data_dir or os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets")
+    folder = root.expanduser() / tfds_name.split(":")[0]
+    return folder.is_dir() and next(folder.rglob("dataset_info.json"), None) is not None
 
 
 _READERS = {"idx": _read_idx, "sklearn": _read_sklearn, "tfds": _read_tfds,

@@ -148,12 +148,17 @@ def resolve_config(args: argparse.Namespace) -> Config:
 
 def setup(args: argparse.Namespace, name: str) -> tuple[Config, Path]:
     """The validated config (:func:`resolve_config`), checked against its data
-    (:func:`~cpcfl_tf.run_plan.check_data`) before the output folder is checked (made)."""
+    (:func:`~cpcfl_tf.run_plan.check_data`; unless the script only lists or reports,
+    that the clients' data can be read or fetched here:
+    :func:`~cpcfl_tf.run_plan.check_client_sources`) before the output folder is
+    checked (made)."""
     from cpcfl_tf.results import prepare_out_dir
-    from cpcfl_tf.run_plan import check_data
+    from cpcfl_tf.run_plan import check_client_sources, check_data
 
     config = resolve_config(args)
     check_data(config)
+    if not (getattr(args, "dry_run", False) or getattr(args, "report", False)):
+        check_client_sources(config)
     out = Path(args.out or Path("results") / config.preset / name)
     if not getattr(args, "dry_run", False):  # a dry run creates nothing
         out = prepare_out_dir(out)
