@@ -291,6 +291,8 @@ FITS_SMOKE = {"federated_pretraining": ["--set", "partition.num_clients=3"]}
 @pytest.mark.parametrize("name", _scripts_with_runner_options())
 @pytest.mark.parametrize("option,value,message", [
     ("--knn-proxy", "bad", "--knn-proxy takes TRAIN,TEST"),
+    ("--knn-proxy", "digits:train,digits:valid", "digits has no split 'valid'"),
+    ("--knn-proxy", "stl10:unlabelled,stl10:test", "stl10:unlabelled has no labels"),
     ("--encoders-from", "/nowhere/encoder_selection.json", "--encoders-from /nowhere"),
 ])
 def test_a_bad_runner_option_is_refused_before_any_data_is_read(tmp_path, capsys, monkeypatch,
@@ -309,6 +311,25 @@ def test_a_bad_runner_option_is_refused_before_any_data_is_read(tmp_path, capsys
                                     *FITS_SMOKE.get(name, [])])
     err = capsys.readouterr().err.strip().splitlines()
     assert stop.value.code == 2 and len(err) == 1 and message in err[0], (name, err)
+    assert not out.exists()
+
+
+def test_a_knn_proxy_that_cannot_be_read_is_refused_when_the_monitor_would_read_it(
+        tmp_path, capsys, monkeypatch):
+    from cpcfl_tf.errors import run_cli
+
+    monkeypatch.setenv("CPCFL_OFFLINE", "1")
+    monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "tfds"))
+    out = tmp_path / "out"
+    argv = ["--preset", "smoke", "--out", str(out), "--knn-proxy", "stl10:train,stl10:test"]
+    with pytest.raises(SystemExit) as stop:
+        run_cli(script("table2").main, [*argv, "--knn-every", "2"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1 and "stl10 is not prepared" in err[0]
+    assert not out.exists()
+    with pytest.raises(SystemExit) as stop:  # a dry run reads no data
+        script("table2").main([*argv, "--knn-every", "2", "--dry-run"])
+    assert stop.value.code == 0 and "fedavg-none" in capsys.readouterr().out
     assert not out.exists()
 
 

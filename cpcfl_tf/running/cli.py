@@ -149,9 +149,9 @@ def resolve_config(args: argparse.Namespace) -> Config:
 def setup(args: argparse.Namespace, name: str) -> tuple[Config, Path]:
     """The validated config (:func:`resolve_config`), checked against its data
     (:func:`~cpcfl_tf.run_plan.check_data`; unless the script only lists or reports,
-    that the clients' data can be read or fetched here:
-    :func:`~cpcfl_tf.run_plan.check_client_sources`) before the output folder is
-    checked (made)."""
+    that the clients' data, and ``--knn-proxy``'s if the monitor runs, can be read or
+    fetched here: :func:`~cpcfl_tf.run_plan.check_client_sources`) before the output
+    folder is checked (made)."""
     from cpcfl_tf.results import prepare_out_dir
     from cpcfl_tf.run_plan import check_client_sources, check_data
 
@@ -159,6 +159,13 @@ def setup(args: argparse.Namespace, name: str) -> tuple[Config, Path]:
     check_data(config)
     if not (getattr(args, "dry_run", False) or getattr(args, "report", False)):
         check_client_sources(config)
+        proxy = proxy_splits(getattr(args, "knn_proxy", None))
+        if proxy and getattr(args, "knn_every", 0):  # the monitor will read them
+            from cpcfl_tf.data.sources import check_readable, parse_split
+
+            for name, split in proxy:
+                check_readable(name, [parse_split(name, split).base], config.data.data_dir,
+                               config.data.manual_dir)
     out = Path(args.out or Path("results") / config.preset / name)
     if not getattr(args, "dry_run", False):  # a dry run creates nothing
         out = prepare_out_dir(out)
@@ -177,10 +184,16 @@ def proxy_splits(text: str | None) -> tuple[tuple[str, str], tuple[str, str]] | 
     """``--knn-proxy DATASET:SPLIT,DATASET:SPLIT`` as two (dataset, split) pairs."""
     if text is None:
         return None
+    from cpcfl_tf.data.sources import get_spec, parse_split
+
     parts = [p.strip().partition(":") for p in text.split(",")]
     if len(parts) != 2 or not all(sep and name and split for name, sep, split in parts):
         raise UserError(f"--knn-proxy takes TRAIN,TEST as DATASET:SPLIT,DATASET:SPLIT, e.g. "
                         f"fashion_mnist_idx:train[50000:],fashion_mnist_idx:test; got {text!r}")
+    for name, _, split in parts:  # the names and splits exist and hold labels
+        if parse_split(name, split).base in get_spec(name).unlabeled_splits:
+            raise UserError(f"--knn-proxy {name}:{split} has no labels; name labeled splits "
+                            "(the kNN monitor scores with labels)")
     return tuple((name, split) for name, _, split in parts)
 
 
