@@ -32,7 +32,8 @@ from cpcfl_tf.results import cache_at, write_json
 from cpcfl_tf.running.runner import RunSpec
 from cpcfl_tf.running.script import Script
 
-SCRIPT = Script(__file__, __doc__, default_preset="paper", distribute=False, runs=False)
+SCRIPT = Script(__file__, __doc__, default_preset="paper", distribute=False, runs=False,
+                stand_in=True)
 SHORT = ["pretrain.epochs=1", "federated.rounds=2", "federated.head_rounds=1"]
 STL10_SPLITS = {"train": 5_000, "test": 8_000, "unlabelled": 100_000}
 """STL-10's split sizes (tfds ``stl10``)."""

@@ -146,18 +146,20 @@ def resolve_config(args: argparse.Namespace) -> Config:
                  "manual_dir": args.manual_dir or data.get("manual_dir")}})
 
 
-def setup(args: argparse.Namespace, name: str) -> tuple[Config, Path]:
+def setup(args: argparse.Namespace, name: str, *, check_sources: bool = True
+          ) -> tuple[Config, Path]:
     """The validated config (:func:`resolve_config`), checked against its data
-    (:func:`~cpcfl_tf.run_plan.check_data`; unless the script only lists or reports,
-    that the clients' data, and ``--knn-proxy``'s if the monitor runs, can be read or
-    fetched here: :func:`~cpcfl_tf.run_plan.check_client_sources`) before the output
-    folder is checked (made)."""
+    (:func:`~cpcfl_tf.run_plan.check_data`) before the output folder is checked (made).
+    Unless the script only lists or reports, or serves a stand-in (``check_sources``
+    False), it also checks that the clients' data, and ``--knn-proxy``'s if the monitor
+    runs, can be read or fetched here (:func:`~cpcfl_tf.run_plan.check_client_sources`)."""
     from cpcfl_tf.results import prepare_out_dir
     from cpcfl_tf.run_plan import check_client_sources, check_data
 
     config = resolve_config(args)
     check_data(config)
-    if not (getattr(args, "dry_run", False) or getattr(args, "report", False)):
+    if check_sources and not (getattr(args, "dry_run", False)
+                              or getattr(args, "report", False)):
         check_client_sources(config)
         proxy = proxy_splits(getattr(args, "knn_proxy", None))
         if proxy and getattr(args, "knn_every", 0):  # the monitor will read them

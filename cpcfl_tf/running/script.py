@@ -63,6 +63,9 @@ class Script:
     """Whether it takes ``--distribute`` (benchmarks time one device and leave it out)."""
     runs: bool = True
     """Whether it is made of runs (then it takes ``--dry-run``); measurements are not."""
+    stand_in: bool = False
+    """Whether it serves its own stand-in for the preset's data (then the session does
+    not check that the real data can be read or fetched here)."""
     rows: tuple[str, ...] = ()
     """The rows (run keys) of its table: given, the script takes ``--methods`` (the
     option's name since the first table script; ``args.rows``) to run a subset of them."""
@@ -96,7 +99,7 @@ class Script:
         """The session of already parsed ``args``: every option checked (the runner's
         too) before any folder is made or data read."""
         check_runner_options(args)
-        config, out = setup(args, self.name)
+        config, out = setup(args, self.name, check_sources=not self.stand_in)
         return Session(self.name, args, config, out, f"{Path(self.file).parent.name}/"
                                                      f"{self.name}.py")
 
