@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
+from typing import Any, Sequence
 
 from cpcfl_tf.clustered.methods import METHODS, Method
 from cpcfl_tf.clustered.rules import Rule
@@ -171,21 +171,28 @@ def check_data(config: Config) -> None:
                           tuple(f"{d.client_dataset}:{s}" for s in splits))
 
 
-def check_client_sources(config: Config) -> None:
-    """Refuse, in one line, client data this machine can neither read nor fetch
-    (:func:`~cpcfl_tf.data.sources.check_readable`: files and names only). A script
-    checks it before its first run, where the loader would otherwise fail after the
-    first run's header and TensorFlow's import. Not part of :func:`check_data`: a
-    federation's server holds no client data, and the pre-training's images are not
-    needed when its encoder is cached."""
+def check_client_sources(config: Config, also: Sequence[tuple[str, str]] = ()) -> None:
+    """Refuse, in one line, client data this machine can neither read nor fetch, and the
+    same for the ``also`` (dataset, split) pairs (``--knn-proxy``'s)
+    (:func:`~cpcfl_tf.data.sources.check_readable`: files and names only, each dataset
+    once). A script checks it before its first run, where the loader would otherwise
+    fail after the first run's header and TensorFlow's import. Not part of
+    :func:`check_data`: a federation's server holds no client data, and the
+    pre-training's images are not needed when its encoder is cached."""
     from cpcfl_tf.data.sources import check_readable, parse_split
 
     d = config.data
-    if config.partition.kind == "own":  # each node reads its own
-        return
-    bases = list(dict.fromkeys(parse_split(d.client_dataset, s).base
-                               for s in (d.client_train_split, d.client_test_split)))
-    check_readable(d.client_dataset, bases, d.data_dir, d.manual_dir)
+    wanted = list(also)
+    if config.partition.kind != "own":  # else each node reads its own
+        wanted = [(d.client_dataset, d.client_train_split),
+                  (d.client_dataset, d.client_test_split), *wanted]
+    bases: dict[str, list[str]] = {}
+    for dataset, split in wanted:
+        base = parse_split(dataset, split).base
+        if base not in bases.setdefault(dataset, []):
+            bases[dataset].append(base)
+    for dataset, named in bases.items():
+        check_readable(dataset, named, d.data_dir, d.manual_dir)
 
 
 def _check_deal(config: Config) -> None:

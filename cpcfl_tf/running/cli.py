@@ -160,14 +160,10 @@ def setup(args: argparse.Namespace, name: str, *, check_sources: bool = True
     check_data(config)
     if check_sources and not (getattr(args, "dry_run", False)
                               or getattr(args, "report", False)):
-        check_client_sources(config)
-        proxy = proxy_splits(getattr(args, "knn_proxy", None))
-        if proxy and getattr(args, "knn_every", 0):  # the monitor will read them
-            from cpcfl_tf.data.sources import check_readable, parse_split
-
-            for name, split in proxy:
-                check_readable(name, [parse_split(name, split).base], config.data.data_dir,
-                               config.data.manual_dir)
+        # --knn-proxy's data only where the kNN monitor runs (--knn-every) and reads it
+        proxy = (proxy_splits(getattr(args, "knn_proxy", None))
+                 if getattr(args, "knn_every", 0) else None)
+        check_client_sources(config, also=proxy or ())
     out = Path(args.out or Path("results") / config.preset / name)
     if not getattr(args, "dry_run", False):  # a dry run creates nothing
         out = prepare_out_dir(out)
