@@ -45,14 +45,16 @@ class RecordIndex:
     Where several records have one config (the same run asked for by two scripts, or made
     on two machines), :meth:`get` prefers one from the machine most of the tree's records
     name (:func:`~cpcfl_tf.environment.machine`: so a run remade on another machine for
-    one pairing does not replace the record the rest of its seed is judged with), then
+    one pairing does not replace the record the rest of its seed is judged with; only
+    the records of ``electing`` configs count where it is given), then
     one under ``prefer`` (a folder), then one that names its CPU (newer records), then
     the first path in sorted order.
     ``linear_evals`` holds every ``linear_eval.json`` of the tree
     (``experiments/linear_eval.py``), read once.
     """
 
-    def __init__(self, root: str | Path, prefer: str | Path | None = None):
+    def __init__(self, root: str | Path, prefer: str | Path | None = None,
+                 electing: Iterable[Config] | None = None):
         self.root = Path(root)
         self.prefer = Path(prefer) if prefer else None
         self._by_key: dict[str, list[Found]] = {}
@@ -68,8 +70,9 @@ class RecordIndex:
             if record is not None:
                 self._by_key.setdefault(config_key(record.requested), []).append(
                     Found(path, record))
-        cpus = Counter(machine(f.record.environment) for found in self._by_key.values()
-                       for f in found)
+        voters = (self._by_key.values() if electing is None else
+                  [self._by_key.get(key, []) for key in {config_key(c) for c in electing}])
+        cpus = Counter(machine(f.record.environment) for found in voters for f in found)
         cpus.pop(None, None)
         self._most = cpus.most_common(1)[0][0] if cpus else None
         for found in self._by_key.values():

@@ -481,6 +481,24 @@ def test_a_run_remade_on_another_machine_does_not_replace_the_seeds_record(tmp_p
     assert "runs judged here" not in (tmp_path / "claims.md").read_text()
 
 
+def test_a_large_study_of_other_runs_does_not_choose_the_claims_machine(tmp_path):
+    # The claims' CP-CFL runs came from machine A (folder z); a study (folder a) made many
+    # runs of configs the claims never ask for (seeds 50-57) on B, and seed 3's CP-CFL
+    # again from B's encoder. B has most of the tree's records (9 of 14), A most of the
+    # claims' (5 of 6): C3 judges seed 3 with A's record, as before the study landed.
+    specs = evidence(SMOKE)
+    for folder, cpu, seeds in (("z", "A", SEEDS), ("a", "B", (3, *range(50, 58)))):
+        (tmp_path / folder).mkdir()
+        for seed in seeds:
+            write_record(tmp_path / folder / f"s{seed}-cp-cfl-simclr.json", dataclasses.replace(
+                fake(specs["cp-cfl-simclr"], seed, 0.9),
+                environment={"cpu": cpu, "starting_encoder": f"{cpu}{seed}"}))
+    judged(tmp_path, "C3")
+    used = json.loads((tmp_path / "claims.json").read_text())["records"]
+    assert used["seed 3: cp-cfl-simclr"] == [str(tmp_path / "z" / "s3-cp-cfl-simclr.json")]
+    assert not any("s5" in path for paths in used.values() for path in paths)
+
+
 def test_two_cpus_of_one_kind_are_told_apart_by_their_cpu_id(tmp_path):
     # Two VMs both say "EPYC (avx512f)" and pre-train the same encoder, but train other
     # bits from it. A made CP-CFL, IFCA (None) and FedAvg (None) (no cpu_id: older

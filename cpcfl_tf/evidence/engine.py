@@ -49,8 +49,12 @@ class Evidence:
 
     def __init__(self, config: Config, results: Path, seeds: Sequence[int], own: Path):
         self.config, self.results, self.seeds = config, results, list(seeds)
-        self.index = RecordIndex(results, prefer=own)
         self.specs = evidence(config)
+        # The machine the runs are preferred from is the one most of the claims' own runs
+        # came from: a large study of other runs in the tree (the reliability study) must
+        # not sway which records the claims judge.
+        self.index = RecordIndex(results, prefer=own, electing=[
+            self.config_of(name, seed) for name in self.specs for seed in self.seeds])
         self.used: dict[str, list[str]] = {}
         """Run (``seed K: name``) -> the paths of the records used, for claims.json (one
         unless links paired the run with runs from different encoders or machines)."""
