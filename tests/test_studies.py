@@ -286,6 +286,11 @@ def test_clustering_reliability_counts_rates_shares_encoders_and_explains_merges
         found = sum(records[f"run{r}-{name}"].final.ari == 1.0 for r in range(2))
         assert (method["found"], method["runs"]) == (found, 2)
         assert method["ci95"] == pytest.approx(list(clopper_pearson(found, 2)))
+    # the remedies paired by run in ending with the true groups: 1 or 0 per run, each
+    groups = summary["links"][reliability.GROUPS_LINK]
+    assert groups["per_seed"] == {str(r): float(
+        records[f"run{r}-cp-cfl-features-simclr"].final.ari == 1.0) - float(
+        records[f"run{r}-cp-cfl-restart-simclr"].final.ari == 1.0) for r in range(2)}
     # the first choice (round Tc + 1 = 2): how many clients chose their round-1 pick
     first, plain = summary["first_choices"], [records[f"run{r}-cp-cfl-simclr"] for r in range(2)]
     assert first["chose_last_pick"] == sum(
@@ -402,23 +407,41 @@ def test_what_the_reliability_study_shows_is_written_from_its_summary():
         "bytes than CP-CFL (SimCLR) (its clients' mean embeddings, once); in accuracy it is "
         "ahead of CP-CFL (SimCLR) and not told apart from CP-CFL+restart (SimCLR) by the "
         "claims' rule.")
-    facts = ("CP-CFL+features ends with the true groups in 4 of 4 runs and CP-CFL+restart in "
-             "4 of 4; in accuracy, paired by run, CP-CFL+features is {} by the claims' rule; "
-             "CP-CFL+restart trained 45.0 rounds on average and sent 110 MB, CP-CFL+features "
-             "40.0 rounds and 100 MB.")
+    groups = "found: cp-cfl-features-simclr - cp-cfl-restart-simclr"
+    summary["links"][groups] = {"verdict": "not shown"}
+    facts = ("CP-CFL+features ends with the true groups in {} of 4 runs and CP-CFL+restart in "
+             "4 of 4; paired by run, CP-CFL+features is {} in ending with them and {} in "
+             "accuracy by the claims' rule; CP-CFL+restart trained 45.0 rounds on average and "
+             "sent 110 MB, CP-CFL+features 40.0 rounds and 100 MB.")
+    head = "Which remedy to use (beyond the paper, preset quick, 4 runs): "
+    level = "not told apart from CP-CFL+restart"
     assert reliability.remedy_lines(summary) == [
-        "Which remedy to use (beyond the paper, preset quick, 4 runs): CP-CFL+features, "
-        "because the two are not told apart in groups or accuracy, and it costs no more rounds "
-        "or bytes. " + facts.format("not told apart from CP-CFL+restart")]
+        head + "CP-CFL+features, because the two are not told apart in accuracy or in how "
+        "often they end with the true groups by the claims' rule, and it costs no more rounds "
+        "or bytes. " + facts.format(4, level, "not told apart from it")]
     summary["links"]["cp-cfl-features-simclr - cp-cfl-restart-simclr"] = {"verdict": "opposite"}
-    assert reliability.remedy_lines(summary)[0].startswith(
-        "Which remedy to use (beyond the paper, preset quick, 4 runs): CP-CFL+restart, because "
-        "it is ahead in accuracy by the claims' rule. ")
+    assert reliability.remedy_lines(summary) == [
+        head + "CP-CFL+restart, because it is ahead in accuracy by the claims' rule. "
+        + facts.format(4, level, "behind it")]
+    # One merge more in CP-CFL+features, not told apart by the rule: the cheaper still, and
+    # the other named as the safer; told apart, the one that ends with the groups.
     summary["links"]["cp-cfl-features-simclr - cp-cfl-restart-simclr"] = {"verdict": "not shown"}
     summary["methods"]["cp-cfl-features-simclr"]["found"] = 3
-    assert ": CP-CFL+restart, because the two are not told apart in accuracy by the claims' " \
-           "rule and it ends with the true groups in more runs. " in reliability.remedy_lines(
-               summary)[0]
+    assert reliability.remedy_lines(summary)[0].endswith(
+        "100 MB. Where a run that ends with two groups on one model would be costly, "
+        "CP-CFL+restart is the safer of the two: it ended with the true groups in 4 of 4 runs "
+        "here, CP-CFL+features in 3, a difference the claims' rule does not tell apart.")
+    summary["links"][groups] = {"verdict": "opposite"}
+    assert reliability.remedy_lines(summary) == [
+        head + "CP-CFL+restart, because the two are not told apart in accuracy by the claims' "
+        "rule, and it ends with the true groups more often by the same rule. "
+        + facts.format(3, "behind CP-CFL+restart", "not told apart from it")]
+    summary["rounds"]["cp-cfl-features-simclr"] = 46.0  # dearer and level: CP-CFL+restart
+    summary["methods"]["cp-cfl-features-simclr"]["found"] = 4
+    summary["links"][groups] = {"verdict": "not shown"}
+    assert reliability.remedy_lines(summary)[0].startswith(
+        head + "CP-CFL+restart, because the two are not told apart in accuracy or in how often "
+        "they end with the true groups by the claims' rule, and it costs fewer rounds or bytes.")
     del summary["methods"]["cp-cfl-features-simclr"]
     summary["first_choices"]["last_pick_ci95"] = [0.2, 0.45]
     assert reliability.findings(summary)[4].endswith(
