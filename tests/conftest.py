@@ -49,12 +49,15 @@ SUITE_CPU = os.environ.get("CPCFL_SUITE_CPU")
 def pytest_runtest_protocol(item, nextitem):
     """With ``$CPCFL_SUITE_CPU``: the CPU seconds (user + system) of each test's setup,
     call and teardown, in its worker and in the processes the worker waited for (the
-    scripts it ran, a federation's processes), one JSON line per test."""
+    scripts it ran, a federation's processes), one JSON line per test, with its worker's
+    process id and when it ended (each worker's timeline: ``tools/suite_times.py
+    --workers``)."""
     if not SUITE_CPU:
         yield
         return
     import json
     import resource
+    import time
 
     def cpu(who):
         usage = resource.getrusage(who)
@@ -64,7 +67,8 @@ def pytest_runtest_protocol(item, nextitem):
     yield
     line = json.dumps({"test": item.nodeid,
                        "worker": round(cpu(resource.RUSAGE_SELF) - before[0], 3),
-                       "processes": round(cpu(resource.RUSAGE_CHILDREN) - before[1], 3)})
+                       "processes": round(cpu(resource.RUSAGE_CHILDREN) - before[1], 3),
+                       "pid": os.getpid(), "end": round(time.time(), 1)})
     with open(SUITE_CPU, "a") as log:  # one short line per write: workers do not interleave
         log.write(line + "\n")
 

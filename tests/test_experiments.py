@@ -86,6 +86,8 @@ def test_bad_script_input_is_one_line_and_exit_2(tmp_path, name, args, message):
     ("shape", ["--top", "0"], "--top must be >= 1"),
     ("suite_times", ["--cpu", "nowhere.jsonl"], "no such CPU log: nowhere.jsonl"),
     ("suite_times", ["--cpu", "a.jsonl", "b.jsonl"], "--cpu takes one CPU log, got 2"),
+    ("suite_times", ["--workers", "a.jsonl", "b.jsonl"], "--workers takes one CPU log, got 2"),
+    ("suite_times", ["--cpu", "--workers", "a.jsonl"], "give one of them"),
 ])
 def test_bad_tool_input_is_one_line_and_exit_2(name, args, message):
     proc = run(name, *args)
@@ -250,6 +252,29 @@ def test_suite_times_sums_each_files_cpu_by_hand(tmp_path, capsys):
         "| file | CPU-s in the worker | in its processes | both |", "|---|---|---|---|",
         "| `test_a.py` | 2 | 12 | 14 |", "| `test_b.py` | 3 | 0 | 3 |",
         "| the other files | 0 | 0 | 0 |", "| all files | 5 | 12 | 17 |"]
+
+
+def test_suite_times_draws_each_workers_timeline_by_hand(tmp_path, capsys):
+    # Two workers: 7 ran test_a.py then test_c.py, ending 30 s after the first test ended;
+    # 9 ran test_b.py, ending at 10 s, then its core waited 20 s for worker 7.
+    log = tmp_path / "cpu.jsonl"
+    log.write_text(
+        '{"test": "tests/test_a.py::one", "worker": 1.0, "processes": 2.0, "pid": 7, "end": 100.0}\n'
+        '{"test": "tests/test_b.py::two", "worker": 4.0, "processes": 0.0, "pid": 9, "end": 104.0}\n'
+        '{"test": "tests/test_a.py::three", "worker": 1.0, "processes": 0.0, "pid": 7, "end": 108.0}\n'
+        '{"test": "tests/test_b.py::four", "worker": 5.0, "processes": 0.5, "pid": 9, "end": 110.0}\n'
+        '{"test": "tests/test_c.py::five", "worker": 20.0, "processes": 0.0, "pid": 7, "end": 130.0}\n')
+    script("suite_times").main(["--workers", str(log)])
+    assert capsys.readouterr().out.splitlines() == [
+        "| worker | files, in order (second each ended) | last test ended | then waited | CPU-s |",
+        "|---|---|---|---|---|",
+        "| 1 | `test_a.py` (8 s), `test_c.py` (30 s) | 30 s | 0 s | 24 |",
+        "| 2 | `test_b.py` (10 s) | 10 s | 20 s | 10 |"]
+    old = tmp_path / "old.jsonl"  # written before the lines carried pid and end
+    old.write_text('{"test": "tests/test_a.py::one", "worker": 1.0, "processes": 2.0}\n')
+    with pytest.raises(SystemExit) as stopped:
+        script("suite_times").main(["--workers", str(old)])
+    assert stopped.value.code == 2 and "has no worker timeline" in capsys.readouterr().err
 
 
 def test_each_test_writes_its_cpu_seconds_where_the_suite_is_told(tmp_path):

@@ -2,12 +2,15 @@
 table (docs/performance.md, "The suite, file by file"): one column per log given, the
 seconds of every test's setup, call and teardown summed per file, longest first. With
 ``--cpu``, the CPU seconds per file instead, in the test workers and in the processes
-they ran, from the lines ``tests/conftest.py`` writes where ``$CPCFL_SUITE_CPU`` says.
+they ran, from the lines ``tests/conftest.py`` writes where ``$CPCFL_SUITE_CPU`` says;
+with ``--workers``, from the same lines, each test worker's timeline: the files it ran
+in order and when it finished, so an idle core at the suite's end shows.
 
     python -m pytest -q -n auto --dist loadfile --durations=0 > suite.log
     python tools/suite_times.py suite.log [another.log ...] [--names before,after]
     CPCFL_SUITE_CPU=cpu.jsonl python -m pytest -q -n auto --dist loadfile
     python tools/suite_times.py --cpu cpu.jsonl
+    python tools/suite_times.py --workers cpu.jsonl
 """
 from __future__ import annotations
 
@@ -71,6 +74,31 @@ def cpu_table(text: str, top: int = 12) -> list[str]:
             + [row("the other files", rest), row("all files", list(both))])
 
 
+def worker_table(text: str) -> list[str]:
+    """Markdown rows, one per test worker (process id) of ``$CPCFL_SUITE_CPU``'s lines:
+    the files it ran, in order, each with the second its last test ended (counted from
+    the end of the suite's first test); when the worker's last test ended; how long its
+    core then waited for the last worker; its CPU seconds (worker and processes)."""
+    entries = sorted((json.loads(line) for line in text.splitlines() if line.strip()),
+                     key=lambda e: e.get("end", 0))
+    timed = [e for e in entries if "pid" in e and "end" in e]
+    if not timed:
+        return []
+    start, stop = timed[0]["end"], timed[-1]["end"]
+    rows = ["| worker | files, in order (second each ended) | last test ended | then waited "
+            "| CPU-s |", "|---|---|---|---|---|"]
+    for k, pid in enumerate(dict.fromkeys(e["pid"] for e in timed)):
+        mine = [e for e in timed if e["pid"] == pid]
+        ended: dict[str, float] = {}
+        for e in mine:
+            ended[Path(e["test"].split("::")[0]).name] = e["end"] - start
+        last = mine[-1]["end"] - start
+        rows.append(f"| {k + 1} | " + ", ".join(f"`{f}` ({t:.0f} s)" for f, t in ended.items())
+                    + f" | {last:.0f} s | {stop - start - last:.0f} s | "
+                    f"{sum(e['worker'] + e['processes'] for e in mine):,.0f} |")
+    return rows
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     from cpcfl_tf.errors import ArgumentParser
 
@@ -81,14 +109,25 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--names", help="comma-separated column names (default: the files)")
     parser.add_argument("--cpu", action="store_true",
                         help="the log is $CPCFL_SUITE_CPU's: CPU seconds per file")
+    parser.add_argument("--workers", action="store_true",
+                        help="the log is $CPCFL_SUITE_CPU's: each test worker's timeline")
     args = parser.parse_args(argv)
-    if args.cpu:
+    if args.cpu or args.workers:
+        flag = "--cpu" if args.cpu else "--workers"
+        if args.cpu and args.workers:
+            parser.error("--cpu and --workers read one CPU log each: give one of them")
         if len(args.logs) != 1:
-            parser.error(f"--cpu takes one CPU log, got {len(args.logs)}")
+            parser.error(f"{flag} takes one CPU log, got {len(args.logs)}")
         if not args.logs[0].is_file():
             parser.error(f"no such CPU log: {args.logs[0]}; write one with "
                          "CPCFL_SUITE_CPU=FILE python -m pytest ...")
-        print("\n".join(cpu_table(args.logs[0].read_text())))
+        text = args.logs[0].read_text()
+        rows = cpu_table(text) if args.cpu else worker_table(text)
+        if not rows:
+            parser.error(f"{args.logs[0]} has no worker timeline (lines without pid and "
+                         "end, written before tests/conftest.py recorded them): write a new "
+                         "one with CPCFL_SUITE_CPU=FILE python -m pytest ...")
+        print("\n".join(rows))
         return
     names = args.names.split(",") if args.names else [str(p) for p in args.logs]
     if len(names) != len(args.logs):
