@@ -58,9 +58,9 @@ PAIRS = (("cp-cfl-simclr", "ifca-none"), ("cp-cfl-restart-simclr", "cp-cfl-simcl
          ("cp-cfl-features-simclr", "cp-cfl-restart-simclr"))
 """(a, b): the paired difference a − b of final accuracy, per run."""
 C4 = ("ifca-none", "cp-cfl-simclr")
+"""Claim C4's link: clustering failures of IFCA (None) minus CP-CFL (SimCLR)'s."""
 GROUPS_LINK = "found: cp-cfl-features-simclr - cp-cfl-restart-simclr"
 """The remedies' paired difference in ending with the true groups (1 or 0 per run)."""
-"""Claim C4's link: clustering failures of IFCA (None) minus CP-CFL (SimCLR)'s."""
 DEFAULTS = {"smoke": (3, 2), "quick": (50, 25), "standard": (20, 5), "paper": (20, 5)}
 """Per preset: runs, distinct encoders (issue: quick at least 50 runs and 20 encoders;
 standard at least 20 runs)."""
@@ -234,15 +234,18 @@ def _report(config, by_run: dict[str, dict[int, RunRecord]], runs: int, encoders
     lines += rate_table
 
     links, summary_links = [], {}
+
+    def link(text: str, a: str, b: str, stat, key: str) -> None:
+        """a − b of ``stat`` paired by run, over the runs of one starting encoder."""
+        kept, left = comparable(by_run[a], by_run[b])
+        result = verdict(paired(kept, by_run[b], stat))
+        links.append(_link_row(text + (f" ({_count(left, 'run')} left out: another starting "
+                                       "encoder)" if left else ""), result))
+        summary_links[key] = {**result.to_json(), **({"left_out": left} if left else {})}
+
     for a, b in PAIRS:
         if a in by_run and b in by_run:
-            kept, left = comparable(by_run[a], by_run[b])
-            result = verdict(paired(kept, by_run[b], final_accuracy))
-            links.append(_link_row(f"accuracy: {LABELS[a]} − {LABELS[b]}"
-                                   + (f" ({_count(left, 'run')} left out: another starting "
-                                      "encoder)" if left else ""), result))
-            summary_links[f"{a} - {b}"] = {**result.to_json(),
-                                           **({"left_out": left} if left else {})}
+            link(f"accuracy: {LABELS[a]} − {LABELS[b]}", a, b, final_accuracy, f"{a} - {b}")
     if all(name in by_run for name in C4):
         result = verdict(paired(by_run[C4[0]], by_run[C4[1]], clustering_failures))
         links.append(_link_row(f"C4, clustering failures (restarts, +1 if the final clusters "
@@ -250,14 +253,9 @@ def _report(config, by_run: dict[str, dict[int, RunRecord]], runs: int, encoders
                                result))
         summary_links["C4"] = result.to_json()
     if all(name in by_run for name in REMEDIES):  # the remedies' groups, paired by run
-        features, restart = REMEDIES[1], REMEDIES[0]
-        kept, left = comparable(by_run[features], by_run[restart])
-        result = verdict(paired(kept, by_run[restart], lambda r: float(found(r))))
-        links.append(_link_row(f"true groups (1 where found, else 0): {LABELS[features]} − "
-                               f"{LABELS[restart]}" + (f" ({_count(left, 'run')} left out: "
-                                                       "another starting encoder)" if left
-                                                       else ""), result))
-        summary_links[GROUPS_LINK] = result.to_json()
+        restart, features = REMEDIES
+        link(f"true groups (1 where found, else 0): {LABELS[features]} − {LABELS[restart]}",
+             features, restart, lambda r: float(found(r)), GROUPS_LINK)
     lines += ["", "## Paired by run", "",
               "Per run (same partition and, for the SimCLR runs, the same encoder): the "
               "difference, its mean, min .. max and 95 % interval, and the claims' verdict "
@@ -543,8 +541,8 @@ def remedy_lines(summary: dict) -> list[str]:
         choice, why = ("CP-CFL+restart", "the two are not told apart in accuracy or in how "
                        "often they end with the true groups by the claims' rule, and it costs "
                        "fewer rounds or bytes")
-    other = "CP-CFL+restart" if choice == "CP-CFL+features" else "CP-CFL+features"
-    mine, theirs = ((features, restart) if choice == "CP-CFL+features" else (restart, features))
+    mine, theirs, other = ((features, restart, "CP-CFL+restart") if choice == "CP-CFL+features"
+                           else (restart, features, "CP-CFL+features"))
     caveat = (f" Where a run that ends with two groups on one model would be costly, {other} "
               f"is the safer of the two: it ended with the true groups in {theirs['found']} of "
               f"{theirs['runs']} runs here, {choice} in {mine['found']}, a difference the "
