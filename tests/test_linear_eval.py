@@ -52,3 +52,39 @@ def test_select_best_keeps_the_highest_linear_accuracy(tmp_path):
             and method == "simclr")
     assert encoder.output_shape == (None, 256)
     assert all((tmp_path / s["key"] / "encoder.keras").exists() for s in scores)
+
+
+@pytest.mark.parametrize("second_pass", ["repeats the first", "differs"])
+def test_the_heads_training_is_keras_fit_bit_for_bit(monkeypatch, second_pass):
+    # fit_head replays one pass of fit's shuffled batches instead of fit's iterator per
+    # epoch; its weights must be those Keras's own fit gives, with a partial last batch
+    # (70 = 2 x 32 + 6). Should a second pass differ (another Keras), fit itself trains.
+    from cpcfl_tf.models import build_classifier_head
+    from cpcfl_tf.models.seeding import seeded
+    from cpcfl_tf.pretraining import linear_eval as module
+
+    rng = np.random.default_rng(1)
+    features = rng.normal(size=(70, 12)).astype(np.float32)
+    labels = rng.integers(0, 3, 70)
+
+    def compiled():
+        with seeded(5):
+            head = build_classifier_head("c", 12, 3)
+        head.compile(optimizer=keras.optimizers.Adam(1e-2),
+                     loss="sparse_categorical_crossentropy", jit_compile=False)
+        return head
+
+    keras_fit = compiled()
+    keras_fit.fit(features, labels, epochs=7, batch_size=32, verbose=0, shuffle=True)
+    fitted = []
+    if second_pass == "differs":
+        monkeypatch.setattr(module, "_same_batches", lambda first, second: False)
+    else:  # the replay, not fit, trains
+        monkeypatch.setattr(keras.Model, "fit", lambda *a, **k: fitted.append(1))
+    mine = compiled()
+    module.fit_head(mine, features, labels, epochs=7, batch_size=32)
+    assert not fitted
+    moved = [not np.array_equal(a, b) for a, b in zip(mine.get_weights(), compiled().get_weights())]
+    assert all(moved)
+    for a, b in zip(mine.get_weights(), keras_fit.get_weights()):
+        np.testing.assert_array_equal(a, b)
