@@ -76,10 +76,13 @@ def pytest_runtest_protocol(item, nextitem):
 @pytest.fixture(scope="session", autouse=True)
 def encoder_cache(tmp_path_factory):
     """One encoder cache for the whole suite, so the smoke SimCLR encoder and FedAvg
-    encoders are built once (never ./cache). Tests about building or damaging cache
-    entries point CPCFL_CACHE at a folder of their own."""
+    encoders are built once (never ./cache): under pytest-xdist one for all its workers
+    (beside their own temporary folders), as several processes of a study share one
+    cache, each entry written atomically. Tests about building or damaging cache entries
+    point CPCFL_CACHE at a folder of their own."""
     with pytest.MonkeyPatch.context() as patch:
-        folder = tmp_path_factory.getbasetemp() / "encoder-cache"
+        base = tmp_path_factory.getbasetemp()
+        folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "encoder-cache"
         patch.setenv("CPCFL_CACHE", str(folder))
         yield folder
 
