@@ -14,6 +14,7 @@ The four presets are :mod:`cpcfl_tf.presets`'s.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from typing import Any
@@ -308,6 +309,20 @@ class Config:
         default the run's own seed."""
         return self.seed if self.pretrain.seed is None else self.pretrain.seed
 
+    @functools.cached_property
+    def _recorded(self) -> str:
+        """:func:`config_record` as JSON text, made once per config (it is frozen): a
+        results tree's records are found by it, thousands of times in one report."""
+        record = self.to_dict()
+        record["data"] = {k: v for k, v in record["data"].items()
+                          if k not in ("data_dir", "manual_dir")}
+        return json.dumps(record)
+
+    @functools.cached_property
+    def _key(self) -> str:
+        """:func:`~cpcfl_tf.record_store.config_key`, made once per config."""
+        return json.dumps(json.loads(self._recorded), sort_keys=True)
+
     def to_dict(self) -> dict[str, Any]:
         """The config as records store it (what :meth:`from_dict` reads): every field but
         :data:`cpcfl_tf.compat.UNSET_FIELDS` at their defaults, the pre-training section
@@ -397,7 +412,4 @@ def with_defaults(section: str, stored: dict[str, Any]) -> dict[str, Any]:
 def config_record(config: Config) -> dict[str, Any]:
     """The part of ``config`` that decides a run's result (not where data is read from),
     as JSON-ready data: what a run record keeps as ``requested``."""
-    record = config.to_dict()
-    record["data"] = {k: v for k, v in record["data"].items()
-                      if k not in ("data_dir", "manual_dir")}
-    return json.loads(json.dumps(record))
+    return json.loads(config._recorded)

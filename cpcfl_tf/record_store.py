@@ -28,7 +28,7 @@ from cpcfl_tf.run_plan import RunPlan
 
 def config_key(config: Config) -> str:
     """What identifies a run: its requested config, without where data is read from."""
-    return json.dumps(config_record(config), sort_keys=True)
+    return config._key
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from cpcfl_tf.config import (
-    Config, DataConfig, FederatedConfig, PartitionConfig, PretrainConfig)
+    Config, DataConfig, FederatedConfig, PartitionConfig, PretrainConfig, config_record)
 from cpcfl_tf.presets import PRESETS, get_preset, with_encoder
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.pretraining.methods import SSL_METHODS
@@ -278,3 +278,22 @@ def test_a_mapping_is_set_key_by_key_without_json():
         "federated": {"options": {"eps1": 0.3}}}
     with pytest.raises(UserError, match="federated.rounds is not a mapping"):
         parse_settings(["federated.rounds.x=2"])
+
+
+def test_a_runs_key_is_its_record_without_data_folders_and_follows_every_copy():
+    # The key is kept on the (frozen) config once made: a copy with one setting changed
+    # must get its own, and where the data is read from never counts.
+    from cpcfl_tf.record_store import config_key
+
+    config = get_preset("smoke")
+    by_hand = config.to_dict()
+    del by_hand["data"]["data_dir"], by_hand["data"]["manual_dir"]
+    assert config_key(config) == json.dumps(by_hand, sort_keys=True)
+    assert config_key(config) == config_key(config)  # kept, and the same
+    moved = config.with_overrides(data={"data_dir": "/elsewhere", "manual_dir": "/m"})
+    assert config_key(moved) == config_key(config)
+    for changed in (config.with_overrides(federated={"rounds": 5}), config.with_overrides(seed=3),
+                    dataclasses.replace(config, partition=dataclasses.replace(
+                        config.partition, num_clients=9))):
+        assert config_key(changed) != config_key(config)
+        assert json.loads(config_key(changed)) == config_record(changed)
