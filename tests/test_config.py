@@ -294,6 +294,6 @@ def test_a_runs_key_is_its_record_without_data_folders_and_follows_every_copy():
     assert config_key(moved) == config_key(config)
     for changed in (config.with_overrides(federated={"rounds": 5}), config.with_overrides(seed=3),
                     dataclasses.replace(config, partition=dataclasses.replace(
-                        config.partition, num_clients=9))):
+                        config.partition, num_clients=config.partition.num_clients + 3))):
         assert config_key(changed) != config_key(config)
         assert json.loads(config_key(changed)) == config_record(changed)
