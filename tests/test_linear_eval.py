@@ -88,3 +88,29 @@ def test_the_heads_training_is_keras_fit_bit_for_bit(monkeypatch, second_pass):
     assert all(moved)
     for a, b in zip(mine.get_weights(), keras_fit.get_weights()):
         np.testing.assert_array_equal(a, b)
+
+
+def test_features_of_traces_once_per_image_shape_and_gives_the_encoders_features():
+    # A linear evaluation's two splits, or every client's images, through one trace;
+    # Python runs the encoder's call only while tracing, so the calls count the traces.
+    from cpcfl_tf.data.images import to_float
+    from cpcfl_tf.pretraining.linear_eval import features_of
+
+    model = keras.Sequential([keras.Input((None, None, 3)), keras.layers.Conv2D(4, 3),
+                              keras.layers.GlobalAveragePooling2D()])  # any image size
+    traces = []
+
+    def counted(x, training):
+        traces.append(x.shape)
+        return model(x, training=training)
+
+    rng = np.random.default_rng(0)
+    sets = [rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8) for n in (5, 3)]
+    features = features_of(counted, batch_size=2)
+    got = [features(images) for images in sets]
+    assert len(traces) == 1  # two calls, five batches: one trace
+    for images, f in zip(sets, got):
+        np.testing.assert_allclose(f, model(to_float(images), training=False).numpy(),
+                                   rtol=1e-5, atol=1e-6)
+    features(rng.integers(0, 256, (2, 16, 16, 3), dtype=np.uint8))
+    assert len(traces) == 2  # another image shape: its own trace

@@ -14,7 +14,7 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
-from cpcfl_tf.pretraining.linear_eval import encode, linear_eval
+from cpcfl_tf.pretraining.linear_eval import features_of, linear_eval
 from cpcfl_tf.data.specs import LabeledImages
 from cpcfl_tf.errors import UserError
 
@@ -66,7 +66,7 @@ class KnnMonitor:
         return epoch % self.every == 0 or epoch == epochs
 
     def accuracy(self, encoder) -> float:
-        bank, queries = encode(encoder, self.train.images), encode(encoder, self.test.images)
+        bank, queries = map(features_of(encoder), (self.train.images, self.test.images))
         predicted = knn_predict(bank, self.train.labels, queries, self.train.num_classes,
                                 k=self.k, temperature=self.temperature)
         return float(np.mean(predicted == self.test.labels))

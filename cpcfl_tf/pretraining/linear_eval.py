@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import keras
 import numpy as np
@@ -19,13 +19,28 @@ from cpcfl_tf.models import build_classifier_head
 from cpcfl_tf.models.seeding import seeded
 
 
+def features_of(encoder: keras.Model, batch_size: int = 512
+                ) -> Callable[[np.ndarray], np.ndarray]:
+    """``uint8`` images -> their features from the frozen ``encoder`` (inference mode), in
+    batches of ``batch_size``: one trace for every call and batch of one image shape
+    (a linear evaluation's two splits, each client's images)."""
+    traced = {}
+
+    def features(images: np.ndarray) -> np.ndarray:
+        shape = tuple(images.shape[1:])
+        if shape not in traced:
+            spec = tf.TensorSpec((None, *shape), tf.uint8)
+            traced[shape] = tf.function(lambda x: encoder(to_float(x), training=False),
+                                        jit_compile=False, input_signature=[spec])
+        return np.concatenate([traced[shape](tf.constant(images[i:i + batch_size])).numpy()
+                               for i in range(0, len(images), batch_size)])
+    return features
+
+
 def encode(encoder: keras.Model, images: np.ndarray, batch_size: int = 512) -> np.ndarray:
-    """Features of ``uint8`` ``images`` from the frozen ``encoder`` (inference mode)."""
-    spec = tf.TensorSpec((None, *images.shape[1:]), tf.uint8)  # one trace for all batches
-    forward = tf.function(lambda x: encoder(to_float(x), training=False), jit_compile=False,
-                          input_signature=[spec])
-    return np.concatenate([forward(tf.constant(images[i:i + batch_size])).numpy()
-                           for i in range(0, len(images), batch_size)])
+    """Features of ``uint8`` ``images`` from the frozen ``encoder`` (inference mode);
+    :func:`features_of` for several sets of images."""
+    return features_of(encoder, batch_size)(images)
 
 
 def linear_eval(encoder: keras.Model, train: LabeledImages, test: LabeledImages, *,
@@ -36,7 +51,7 @@ def linear_eval(encoder: keras.Model, train: LabeledImages, test: LabeledImages,
     Features are computed once; the head trains with Adam on them, as ``head.fit(...,
     shuffle=True)`` trains it (:func:`fit_head`).
     """
-    features = encode(encoder, train.images), encode(encoder, test.images)
+    features = tuple(map(features_of(encoder), (train.images, test.images)))
     with seeded(seed):
         head = build_classifier_head("c", features[0].shape[1], train.num_classes)
     head.compile(optimizer=keras.optimizers.Adam(learning_rate),
@@ -115,5 +130,5 @@ def relevance_score(encoder: keras.Model, images_a: np.ndarray, images_b: np.nda
     rng = np.random.default_rng(seed)
     pick = [x[rng.choice(len(x), min(count, len(x)), replace=False)] for x in (images_a, images_b)]
     a, b = (f / np.linalg.norm(f, axis=1, keepdims=True).clip(1e-12) for f in
-            (encode(encoder, p) for p in pick))
+            map(features_of(encoder), pick))
     return float((a @ b.T).mean())
