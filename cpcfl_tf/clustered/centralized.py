@@ -24,7 +24,7 @@ from cpcfl_tf.clustered.backends import backend_of, client_probabilities
 from cpcfl_tf.clustered.local import LocalTraining, batch_orders, stack_models, unstack
 from cpcfl_tf.clustered.metrics import client_accuracy, pooled_scores
 from cpcfl_tf.clustered.clients import ClientArrays, Clients
-from cpcfl_tf.clustered.pool import build_template, initial_pool
+from cpcfl_tf.clustered.pool import initial_pool, template_for
 from cpcfl_tf.record import SCORES, Final, RunRecord
 from cpcfl_tf.run_plan import RunPlan
 
@@ -33,7 +33,7 @@ def _train_pooled(fl: ResolvedFederated, data: ClientArrays, encoder_weights,
                   num_classes: int, epochs: int, seed: int):
     """Train one model per row of ``data`` (each row a pooled dataset), all at once."""
     fl = dataclasses.replace(fl, num_clusters=data.num_clients)
-    template = build_template(fl, data.images.shape[2:], num_classes)
+    template = template_for(fl, data.images.shape[2:], num_classes)
     backend = backend_of(template, fl)
     start = stack_models(initial_pool(fl, template, encoder_weights, seed=seed, attempt=0))
     orders = batch_orders(data.num_clients, data.size, epochs, [seed, 7])

@@ -29,6 +29,23 @@ def build_template(fl: FederatedConfig, input_shape, num_classes: int) -> keras.
                                                            num_classes))
 
 
+_TEMPLATES: dict[tuple, keras.Model] = {}
+
+
+def template_for(fl: FederatedConfig, input_shape, num_classes: int) -> keras.Model:
+    """:func:`build_template`'s classifier, built once per process for each architecture,
+    input shape and class count: the simulator's runs use it for its shapes and swap
+    their weights into it (its own weights are whatever the last use left), and a build
+    costs more than a smoke run's round. Nothing reads the global random streams between
+    a run's seeded draws (:func:`drawn_classifier`), so a run that builds none draws what
+    one that built it draws."""
+    key = (resolved_only(fl, "template_for").encoder, fl.head, tuple(input_shape),
+           int(num_classes), keras.config.dtype_policy().name, keras.config.floatx())
+    if key not in _TEMPLATES:
+        _TEMPLATES[key] = build_template(fl, input_shape, num_classes)
+    return _TEMPLATES[key]
+
+
 def initial_pool(fl: FederatedConfig, template: keras.Model, encoder_weights, *, seed: int,
                  attempt: int) -> list[list[np.ndarray]]:
     """The N models the run starts from.

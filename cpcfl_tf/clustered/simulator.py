@@ -28,7 +28,7 @@ from cpcfl_tf.clustered.backends import backend_of, client_losses, client_probab
 from cpcfl_tf.clustered.local import ClientMoments, LocalTraining, batch_orders, stack_models
 from cpcfl_tf.clustered.clients import Clients
 from cpcfl_tf.clustered.metrics import client_accuracy, cluster_ari, pooled_scores
-from cpcfl_tf.clustered.pool import build_template, federated_record, initial_state
+from cpcfl_tf.clustered.pool import federated_record, initial_state, template_for
 from cpcfl_tf.clustered.methods import get_method
 from cpcfl_tf.record import Round, RunRecord
 from cpcfl_tf.results import read_file, weights_fingerprint, write_atomic
@@ -127,7 +127,7 @@ def run_federated(plan: RunPlan, clients: Clients, *, encoder_weights=None,
     config, fl = plan.requested, plan.federated
     seed = config.seed if train_seed is None else train_seed
     shape = clients.train.images.shape[2:]
-    template = build_template(fl, shape, clients.num_classes)
+    template = template_for(fl, shape, clients.num_classes)
     backend = backend_of(template, fl)
     # Fields added since a checkpoint was written leave its fingerprint as it was.
     fingerprint = json.dumps({"config": without_added(config.to_dict()),
