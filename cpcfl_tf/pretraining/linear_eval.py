@@ -70,14 +70,18 @@ def fit_head(head: keras.Model, features: np.ndarray, labels: np.ndarray, *, epo
     With TensorFlow's global seed set (``seeded`` sets it), each of those iterators
     shuffles into the same batches: they are taken once from Keras's own input pipeline
     and replayed through the compiled ``train_step`` fit runs. Should a second pass give
-    other batches (another Keras), ``fit`` itself trains.
+    other batches, or the pipeline not be where this Keras keeps it (another Keras),
+    ``fit`` itself trains.
     """
-    from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
-
-    dataset = ArrayDataAdapter(features, labels, batch_size=batch_size,
-                               shuffle=True).get_tf_dataset()
-    batches = list(dataset)
-    if not _same_batches(batches, list(dataset)):
+    try:
+        from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
+    except ImportError:
+        batches = None
+    else:
+        dataset = ArrayDataAdapter(features, labels, batch_size=batch_size,
+                                   shuffle=True).get_tf_dataset()
+        batches = list(dataset)
+    if batches is None or not _same_batches(batches, list(dataset)):
         head.fit(features, labels, epochs=epochs, batch_size=batch_size, verbose=0,
                  shuffle=True)
         return
