@@ -320,7 +320,7 @@ class Config:
 
     @functools.cached_property
     def _key(self) -> str:
-        """:func:`~cpcfl_tf.record_store.config_key`, made once per config."""
+        """:func:`config_key`, made once per config."""
         return json.dumps(json.loads(self._recorded), sort_keys=True)
 
     def to_dict(self) -> dict[str, Any]:
@@ -413,3 +413,8 @@ def config_record(config: Config) -> dict[str, Any]:
     """The part of ``config`` that decides a run's result (not where data is read from),
     as JSON-ready data: what a run record keeps as ``requested``."""
     return json.loads(config._recorded)
+
+
+def config_key(config: Config) -> str:
+    """What identifies a run: its requested config, without where data is read from."""
+    return config._key

@@ -18,17 +18,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-from cpcfl_tf.config import Config, config_record
+from cpcfl_tf.config import Config, config_key, config_record
 from cpcfl_tf.environment import environment, machine, reproduces
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.clustered.methods import METHODS
 from cpcfl_tf.record import RunRecord, read_record
 from cpcfl_tf.run_plan import RunPlan
-
-
-def config_key(config: Config) -> str:
-    """What identifies a run: its requested config, without where data is read from."""
-    return config._key
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,6 +3,7 @@ import sys
 
 import keras
 import numpy as np
+import tensorflow as tf
 import pytest
 
 from cpcfl_tf.config import PretrainConfig
@@ -81,7 +82,14 @@ def test_the_heads_training_is_keras_fit_bit_for_bit(monkeypatch, second_pass):
     keras_fit.fit(features, labels, epochs=7, batch_size=32, verbose=0, shuffle=True)
     fitted = []
     if second_pass == "differs":
-        monkeypatch.setattr(module, "_same_batches", lambda first, second: False)
+        from keras.src.trainers.data_adapters import array_data_adapter as arrays
+
+        class Reshuffling(arrays.ArrayDataAdapter):  # each pass its own order (fit's own
+            def get_tf_dataset(self):                # adapter is bound elsewhere)
+                return tf.data.Dataset.from_tensor_slices((features, labels)).shuffle(
+                    70, reshuffle_each_iteration=True).batch(32)
+
+        monkeypatch.setattr(arrays, "ArrayDataAdapter", Reshuffling)
     elif second_pass == "cannot be made":
         monkeypatch.setitem(sys.modules, "keras.src.trainers.data_adapters.array_data_adapter",
                             None)  # its import fails

@@ -29,6 +29,12 @@ def build_template(fl: FederatedConfig, input_shape, num_classes: int) -> keras.
                                                            num_classes))
 
 
+def _architecture(fl: FederatedConfig, input_shape, num_classes: int) -> tuple:
+    """What decides the classifier :func:`build_template` builds (not its weights)."""
+    return (resolved_only(fl, "build_template").encoder, fl.head, tuple(input_shape),
+            int(num_classes), keras.config.dtype_policy().name, keras.config.floatx())
+
+
 _TEMPLATES: dict[tuple, keras.Model] = {}
 
 
@@ -39,8 +45,7 @@ def template_for(fl: FederatedConfig, input_shape, num_classes: int) -> keras.Mo
     costs more than a smoke run's round. Nothing reads the global random streams between
     a run's seeded draws (:func:`drawn_classifier`), so a run that builds none draws what
     one that built it draws."""
-    key = (resolved_only(fl, "template_for").encoder, fl.head, tuple(input_shape),
-           int(num_classes), keras.config.dtype_policy().name, keras.config.floatx())
+    key = _architecture(fl, input_shape, num_classes)
     if key not in _TEMPLATES:
         _TEMPLATES[key] = build_template(fl, input_shape, num_classes)
     return _TEMPLATES[key]
@@ -82,8 +87,7 @@ def drawn_classifier(fl: FederatedConfig, input_shape, num_classes: int,
     classifier once instead of once per run. Nothing after the draw reads the global
     generators (Python's, NumPy's, TensorFlow's) without seeding them again: each run's
     random draws come from its own seeded streams, and every other build seeds first."""
-    key = (fl.encoder, fl.head, tuple(input_shape), int(num_classes), int(init_seed),
-           keras.config.dtype_policy().name, keras.config.floatx())
+    key = (*_architecture(fl, input_shape, num_classes), int(init_seed))
     if key not in _DRAWN:
         with seeded(init_seed):
             _DRAWN[key] = build_template(fl, input_shape, num_classes).get_weights()

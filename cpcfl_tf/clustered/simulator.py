@@ -193,17 +193,15 @@ def first_answers(fl: FederatedConfig, clients: Clients,
 def embedder(template, encoder_weights) -> Callable[[np.ndarray], np.ndarray]:
     """Images -> their embeddings by the starting encoder (frozen, inference mode), on the
     template's encoder, whose weights are put back after (one trace for all clients)."""
-    features = None
+    from cpcfl_tf.pretraining.linear_eval import features_of
+
+    encoder = template.get_layer("encoder")
+    features = features_of(encoder)  # traced at its first call
 
     def embed(images: np.ndarray) -> np.ndarray:
-        from cpcfl_tf.pretraining.linear_eval import features_of
-
-        nonlocal features
         if encoder_weights is None:
             raise UserError("this method's clients answer from a pre-trained encoder's "
                             "features: give it one (federated.pretraining)")
-        encoder = template.get_layer("encoder")
-        features = features or features_of(encoder)
         kept = encoder.get_weights()
         encoder.set_weights(encoder_weights)
         try:

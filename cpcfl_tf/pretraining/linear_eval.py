@@ -73,15 +73,8 @@ def fit_head(head: keras.Model, features: np.ndarray, labels: np.ndarray, *, epo
     other batches, or the pipeline not be where this Keras keeps it (another Keras),
     ``fit`` itself trains.
     """
-    try:
-        from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
-    except ImportError:
-        batches = None
-    else:
-        dataset = ArrayDataAdapter(features, labels, batch_size=batch_size,
-                                   shuffle=True).get_tf_dataset()
-        batches = list(dataset)
-    if batches is None or not _same_batches(batches, list(dataset)):
+    batches = _epoch_batches(features, labels, batch_size)
+    if batches is None:
         head.fit(features, labels, epochs=epochs, batch_size=batch_size, verbose=0,
                  shuffle=True)
         return
@@ -93,9 +86,19 @@ def fit_head(head: keras.Model, features: np.ndarray, labels: np.ndarray, *, epo
             step(x, y)
 
 
-def _same_batches(first: list, second: list) -> bool:
-    return len(first) == len(second) and all(
+def _epoch_batches(features: np.ndarray, labels: np.ndarray, batch_size: int) -> list | None:
+    """The shuffled batches every epoch of ``fit`` gets from Keras's array pipeline, or
+    None where two passes of it differ or this Keras keeps it elsewhere."""
+    try:
+        from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
+    except ImportError:
+        return None
+    dataset = ArrayDataAdapter(features, labels, batch_size=batch_size,
+                               shuffle=True).get_tf_dataset()
+    first, second = list(dataset), list(dataset)
+    same = len(first) == len(second) and all(
         np.array_equal(a, b) for one, two in zip(first, second) for a, b in zip(one, two))
+    return first if same else None
 
 
 def select_best(candidates: Sequence[tuple[str, PretrainConfig]], images: np.ndarray,
