@@ -8,8 +8,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest  # noqa: E402
 
-from cpcfl_tf.data.sources import load_labeled  # noqa: E402
-
 
 SLOW_FILES = ("test_flower.py", "test_scripts.py", "test_table2.py", "test_studies.py",
               "test_simulator.py",
@@ -90,5 +88,9 @@ def encoder_cache(tmp_path_factory):
 @pytest.fixture(scope="session")
 def fmnist_clients():
     """The quick preset's client splits: Fashion-MNIST train[50000:] and test."""
+    # Imported here, not at the top: a pytest run with this file and tests that need no
+    # TensorFlow (tests/test_experiments.py starts one) does not import it (about 7 CPU-s).
+    from cpcfl_tf.data.sources import load_labeled
+
     return (load_labeled("fashion_mnist_idx", "train[50000:]"),
             load_labeled("fashion_mnist_idx", "test"))
