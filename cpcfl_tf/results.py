@@ -165,6 +165,37 @@ def cache_root() -> Path:
 
 
 @contextlib.contextmanager
+def building(entry: str | os.PathLike, *, say: Callable[[str], None] | None = None):
+    """Build the cache entry ``entry`` (a folder or a file) in one process at a time: a
+    process that needs an entry another one is building waits here until that one is
+    done, then reads what it built (or resumes what it left, had it been killed), instead
+    of building it again beside it. Several processes of a study share one cache, and
+    each starts by asking for the same encoders. The lock is an exclusive ``flock`` on
+    ``.<name>.lock`` beside the entry, which the kernel releases when its holder ends,
+    killed or not; ``say`` hears one line when the wait begins. Where the cache cannot be
+    written the lock is skipped: the entry's own writes then say why, in one line."""
+    entry = Path(entry)
+    try:
+        import fcntl
+
+        handle = open(entry.parent / f".{entry.name}.lock", "a")
+    except (ImportError, OSError):  # no flock (Windows), or a read-only cache
+        yield
+        return
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if say:
+                say(f"waiting for another process to finish building {entry}")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
 def cache_at(folder: str | os.PathLike):
     """:func:`cache_root` is ``folder`` inside the block; ``$CPCFL_CACHE`` is what it
     was afterwards (a script run in a notebook or a test leaves the caller's cache)."""

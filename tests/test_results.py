@@ -125,6 +125,65 @@ def test_each_seed_pre_trains_its_own_encoder(cache):
         np.testing.assert_array_equal(a, b)
 
 
+def test_one_process_at_a_time_builds_a_cache_entry(cache, capsys, monkeypatch):
+    """Two scripts that start together and need the same missing encoder: the second
+    waits for the first's pre-training and loads it (two threads here: each opens the
+    lock itself, as two processes would); a lock whose holder was killed is free."""
+    import subprocess
+    import sys
+    import threading
+
+    from cpcfl_tf.config import PretrainConfig
+    from cpcfl_tf.pretraining import pretrain as pt
+    from cpcfl_tf.results import building
+
+    trained, real = [], pt.pretrain
+
+    def slow(*args, **kwargs):  # long enough for the other thread to reach the lock
+        trained.append(threading.current_thread().name)
+        threading.Event().wait(1.0)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pt, "pretrain", slow)
+    images = np.random.default_rng(0).integers(0, 256, (16, 32, 32, 3), np.uint8)
+    got = {}
+
+    def build(name):
+        got[name] = pt.pretrained_encoder(PretrainConfig(epochs=1, batch_size=8), SMOKE.data,
+                                          method="simclr", images=images)
+
+    threads = [threading.Thread(target=build, args=(n,), name=n) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(trained) == 1, trained  # without the lock both would pre-train
+    said = capsys.readouterr().out
+    assert said.count("waiting for another process to finish building") == 1, said
+    for x, y in zip(got["a"].encoder.get_weights(), got["b"].encoder.get_weights()):
+        np.testing.assert_array_equal(x, y)
+
+    entry = cache / "other"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a'); "
+         "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)",
+         str(cache / ".other.lock")], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    waited, inside = [], threading.Event()
+
+    def enter():
+        with building(entry, say=waited.append):
+            inside.set()
+
+    waiter = threading.Thread(target=enter)
+    waiter.start()
+    assert not inside.wait(0.5) and waited  # the live holder keeps it
+    holder.kill()
+    holder.wait()
+    assert inside.wait(10)  # the kernel let go of the killed holder's lock
+    waiter.join()
+
+
 def test_fedavg_encoders_cached_before_a_field_existed_keep_their_key():
     """Fields added later stay out of the FedAvg cache key at their defaults (entries
     cached before them are found again) and enter it otherwise (their runs differ)."""
@@ -157,7 +216,8 @@ def test_the_starting_encoders_of_a_tree_move_to_another_machines_cache(cache, t
     ifca = SMOKE.with_overrides(federated={"method": "ifca", "pretraining": "fedavg"})
     StartingEncoders(verbose=0).keep_fedavg(ifca, [np.arange(6.0).reshape(2, 3)])
     (fedavg_file,) = (cache / "fedavg").iterdir()
-    (folder,) = (cache / "pretrained").iterdir()
+    (folder,) = (p for p in (cache / "pretrained").iterdir()
+                 if not p.name.startswith("."))  # (not the hidden lock beside it)
     (folder / "checkpoint.npz").write_bytes(b"a resumable pre-training's")
     (cache / "pretrained" / "byol-cnn-unfinished").mkdir()
     fingerprints = {"simclr": weights_fingerprint(simclr),

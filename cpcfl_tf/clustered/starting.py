@@ -34,7 +34,8 @@ from cpcfl_tf.clustered import algorithm
 from cpcfl_tf.clustered.clients import Clients
 from cpcfl_tf.clustered.methods import FEDAVG_ENCODER_RUN, PRETRAIN_METHODS
 from cpcfl_tf.record import RunRecord
-from cpcfl_tf.results import cache_root, read_weights, write_weights
+from cpcfl_tf.results import (CACHE_FIX, building, cache_root, prepare_out_dir, read_weights,
+                              write_weights)
 from cpcfl_tf.run_plan import resolve
 from cpcfl_tf.scalars import ScalarLog
 from cpcfl_tf.clustered.starts import START
@@ -186,21 +187,26 @@ class StartingEncoders:
         cached = read_weights(out / "encoder.npz", rebuild="pre-training it again")
         if cached is not None:
             return cached
-        if self.verbose:
-            print(f"supervised pre-training ({pre.encoder}) on {data.pretrain_dataset}:"
-                  f"{data.pretrain_split} with its labels -> {out}", flush=True)
-        labeled = load_labeled(data.pretrain_dataset, data.pretrain_split,
-                               image_size=data.image_size, data_dir=data.data_dir,
-                               manual_dir=data.manual_dir)
-        budget = config.with_overrides(federated={"batch_size": pre.batch_size,
-                                                  "learning_rate": pre.learning_rate})
-        weights = supervised_encoder(resolve(budget), labeled, epochs=pre.epochs,
-                                     seed=config.pretrain_seed)
-        write_weights(out / "encoder.npz", weights)
-        (out / "source.json").write_text(json.dumps(
-            {"config": pretrain_settings(dataclasses.asdict(pre)), **image_source(data),
-             "seed": config.pretrain_seed},
-            indent=2))
+        prepare_out_dir(out, fix=CACHE_FIX)
+        with building(out, say=print if self.verbose else None):
+            cached = read_weights(out / "encoder.npz", rebuild="pre-training it again")
+            if cached is not None:  # built by another process while this one waited
+                return cached
+            if self.verbose:
+                print(f"supervised pre-training ({pre.encoder}) on {data.pretrain_dataset}:"
+                      f"{data.pretrain_split} with its labels -> {out}", flush=True)
+            labeled = load_labeled(data.pretrain_dataset, data.pretrain_split,
+                                   image_size=data.image_size, data_dir=data.data_dir,
+                                   manual_dir=data.manual_dir)
+            budget = config.with_overrides(federated={"batch_size": pre.batch_size,
+                                                      "learning_rate": pre.learning_rate})
+            weights = supervised_encoder(resolve(budget), labeled, epochs=pre.epochs,
+                                         seed=config.pretrain_seed)
+            write_weights(out / "encoder.npz", weights)
+            (out / "source.json").write_text(json.dumps(
+                {"config": pretrain_settings(dataclasses.asdict(pre)), **image_source(data),
+                 "seed": config.pretrain_seed},
+                indent=2))
         return weights
 
     def fedavg(self, config: Config) -> Weights:
@@ -208,12 +214,18 @@ class StartingEncoders:
         clients and rounds; trained only if neither this script nor the cache has it."""
         key = _fedavg_key(config)
         if key not in self._fedavg:
-            cached = read_weights(_fedavg_path(key), key=key, rebuild="training FedAvg again")
+            path = _fedavg_path(key)
+            cached = read_weights(path, key=key, rebuild="training FedAvg again")
             if cached is None:
                 if self._clients is None:
                     raise ValueError("a FedAvg starting encoder needs the clients' data")
-                cached, _ = fedavg_encoder(config, self._clients(config), verbose=self.verbose)
-                write_weights(_fedavg_path(key), cached, key=key)
+                prepare_out_dir(path.parent, fix=CACHE_FIX)
+                with building(path, say=print if self.verbose else None):
+                    cached = read_weights(path, key=key, rebuild="training FedAvg again")
+                    if cached is None:  # nor did another process while this one waited
+                        cached, _ = fedavg_encoder(config, self._clients(config),
+                                                   verbose=self.verbose)
+                        write_weights(path, cached, key=key)
             self._fedavg[key] = cached
         return self._fedavg[key]
 

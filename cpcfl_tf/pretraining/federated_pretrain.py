@@ -35,12 +35,11 @@ import tensorflow as tf
 from cpcfl_tf.compat import without_added
 from cpcfl_tf.config import Config
 from cpcfl_tf.pretraining.fedavg_ssl import ClientState, get_parts, set_parts
-from cpcfl_tf.pretraining.pretrain import (PretrainResult, _check_checkpoint, _finished,
-                                           build_contrastive_model, image_source,
-                                           keyed_settings)
+from cpcfl_tf.pretraining.pretrain import (PretrainResult, _finished, build_contrastive_model,
+                                           building_entry, image_source, keyed_settings)
 from cpcfl_tf.data.unlabeled import check_batch
 from cpcfl_tf.errors import DivergedError, UserError
-from cpcfl_tf.results import CACHE_FIX, cache_root, prepare_out_dir, write_atomic, write_json
+from cpcfl_tf.results import cache_root, prepare_out_dir, write_atomic, write_json
 from cpcfl_tf.pretraining.methods import FEDERATED_STARTS
 from cpcfl_tf.run_plan import federated_settings
 
@@ -95,17 +94,17 @@ def federated_encoder(config: Config, client_images: Callable[[], list[np.ndarra
         return cached
     if callable(monitor):
         monitor = monitor()
-    prepare_out_dir(out, fix=CACHE_FIX)
-    if (out / "checkpoint.npz").exists():
-        _check_checkpoint(out / "checkpoint.npz", meta)
-    p = federated_plan(config)
-    if verbose:
-        print(f"federated pre-training {p['start']} ({config.pretrain.encoder}) on "
-              f"{config.partition.num_clients} clients' unlabeled images "
-              f"({p['deal']} deal of {config.data.pretrain_dataset}:"
-              f"{config.data.pretrain_split}) -> {out}", flush=True)
-    return federated_pretrain(config, client_images(), out, verbose=verbose, monitor=monitor,
-                              on_round=on_round)
+    with building_entry(out, meta, verbose) as cached:
+        if cached is not None:  # made by another process while this one waited
+            return cached
+        p = federated_plan(config)
+        if verbose:
+            print(f"federated pre-training {p['start']} ({config.pretrain.encoder}) on "
+                  f"{config.partition.num_clients} clients' unlabeled images "
+                  f"({p['deal']} deal of {config.data.pretrain_dataset}:"
+                  f"{config.data.pretrain_split}) -> {out}", flush=True)
+        return federated_pretrain(config, client_images(), out, verbose=verbose,
+                                  monitor=monitor, on_round=on_round)
 
 
 def _nbytes(weights) -> int:

@@ -31,8 +31,8 @@ from cpcfl_tf.data.augment import build_augmenter
 from cpcfl_tf.errors import DivergedError, UserError
 from cpcfl_tf.models import ENCODER_DIMS, build_encoder
 from cpcfl_tf.models.seeding import seeded
-from cpcfl_tf.results import (CACHE_FIX, cache_root, prepare_out_dir, read_cache_entry,
-                              write_atomic, write_json)
+from cpcfl_tf.results import (CACHE_FIX, building, cache_root, prepare_out_dir,
+                              read_cache_entry, write_atomic, write_json)
 from cpcfl_tf.pretraining.methods import SSL_METHODS, get_ssl_method
 
 
@@ -373,18 +373,33 @@ def pretrained_encoder(config: PretrainConfig, data: DataConfig, *, method: str,
         return cached
     if callable(monitor):  # a proxy without labels is refused before the cache is touched
         monitor = monitor()
-    prepare_out_dir(out, fix=CACHE_FIX)  # before the images: the cache may be at fault
-    if (out / "checkpoint.npz").exists():
-        _check_checkpoint(out / "checkpoint.npz", meta)
-    if verbose:
-        print(f"pre-training {method} ({config.encoder}) on {data.pretrain_dataset}:"
-              f"{data.pretrain_split} -> {out}")
-    if images is None:
-        images = load_pretrain_images(data)
-    elif callable(images):
-        images = images()
-    return pretrain(config, images, out, method=method, seed=seed, verbose=verbose,
-                    distribute=distribute, on_epoch=on_epoch, monitor=monitor)
+    # The cache is checked before the images are read: it may be at fault.
+    with building_entry(out, meta, verbose) as cached:
+        if cached is not None:  # made by another process while this one waited
+            return cached
+        if verbose:
+            print(f"pre-training {method} ({config.encoder}) on {data.pretrain_dataset}:"
+                  f"{data.pretrain_split} -> {out}")
+        if images is None:
+            images = load_pretrain_images(data)
+        elif callable(images):
+            images = images()
+        return pretrain(config, images, out, method=method, seed=seed, verbose=verbose,
+                        distribute=distribute, on_epoch=on_epoch, monitor=monitor)
+
+
+@contextlib.contextmanager
+def building_entry(out: Path, meta: dict, verbose: int):
+    """Hold the cache entry ``out`` of the pre-training ``meta`` describes for building
+    (:func:`~cpcfl_tf.results.building`, after checking that the cache can be written);
+    the block gets the finished pre-training another process made there while this one
+    waited, or None: then the block builds it, resuming its checkpoint if it has one."""
+    prepare_out_dir(out, fix=CACHE_FIX)
+    with building(out, say=print if verbose else None):
+        cached = _finished(out, meta)
+        if cached is None and (out / "checkpoint.npz").exists():
+            _check_checkpoint(out / "checkpoint.npz", meta)
+        yield cached
 
 
 def load_pretrain_images(data: DataConfig) -> np.ndarray:
