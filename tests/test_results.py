@@ -56,24 +56,30 @@ def cache(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("damage", ["truncated encoder", "summary not json"])
-def test_a_damaged_cached_encoder_is_pre_trained_again(cache, capsys, damage):
-    from cpcfl_tf.pretraining.pretrain import pretrained_encoder
+def test_a_damaged_cached_encoder_is_pre_trained_again(cache, capsys, damage, encoder_cache):
+    import shutil
 
-    first = pretrained_encoder(SMOKE.pretrain, SMOKE.data, method="simclr", verbose=0)
+    from cpcfl_tf.pretraining.pretrain import pretrained_encoder
+    from cpcfl_tf.results import cache_at
+
+    with cache_at(encoder_cache):  # the suite's smoke encoder, copied into this cache
+        first = pretrained_encoder(SMOKE.pretrain, SMOKE.data, method="simclr", verbose=0)
+    entry = shutil.copytree(first.out_dir, cache / "pretrained" / first.out_dir.name)
     if damage == "truncated encoder":
-        target = first.out_dir / "encoder.keras"
+        target = entry / "encoder.keras"
         target.write_bytes(target.read_bytes()[:1000])
     else:
-        target = first.out_dir / "pretrain.json"
+        target = entry / "pretrain.json"
         target.write_text("not json")
     capsys.readouterr()
     again = pretrained_encoder(SMOKE.pretrain, SMOKE.data, method="simclr", verbose=0)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"{target.name} is damaged" in err[0]
     assert "pre-training it again" in err[0]
+    assert again.out_dir == entry
     for a, b in zip(first.encoder.get_weights(), again.encoder.get_weights()):
         np.testing.assert_array_equal(a, b)  # the same seeded pre-training, rebuilt
-    assert json.loads((first.out_dir / "pretrain.json").read_text())["meta"]
+    assert json.loads((entry / "pretrain.json").read_text())["meta"]
 
 
 def test_a_damaged_supervised_encoder_is_pre_trained_again(cache, capsys):

@@ -131,9 +131,20 @@ def test_a_frozen_encoder_runs_in_inference_mode_and_keeps_its_batchnorm_statist
             np.testing.assert_allclose(a, b, atol=1e-6)
 
 
-def test_clients_can_keep_their_adam_state_between_rounds(clients, encoder, tmp_path):
-    kept = config(rounds=3, head_rounds=1, optimizer_state="client")
-    whole, _ = run_federated(resolve(kept), clients, encoder_weights=encoder, verbose=0)
+KEPT = dict(rounds=3, head_rounds=1, optimizer_state="client")
+"""A run whose clients keep their Adam state between rounds (two tests read its record)."""
+
+
+@pytest.fixture(scope="module")
+def kept_run(clients, encoder):
+    record, _ = run_federated(resolve(config(**KEPT)), clients, encoder_weights=encoder,
+                              verbose=0)
+    return record
+
+
+def test_clients_can_keep_their_adam_state_between_rounds(clients, encoder, tmp_path,
+                                                          kept_run):
+    kept, whole = config(**KEPT), kept_run
     fresh, _ = run_federated(resolve(config(rounds=3, head_rounds=1)), clients,
                              encoder_weights=encoder, verbose=0)
     # Round 1 starts from a zero state either way; from round 2 the kept moments differ.
@@ -563,11 +574,10 @@ def test_a_run_shows_one_progress_line_per_round_in_a_log(clients, capsys):
                             r"\d+:\d\d:\d\d elapsed, ETA \d+:\d\d:\d\d", line), line
 
 
-def test_training_in_chunks_of_clients_gives_the_unchunked_run(clients, encoder):
-    kept = config(rounds=3, head_rounds=1, optimizer_state="client")
-    whole, _ = run_federated(resolve(kept), clients, encoder_weights=encoder, verbose=0)
-    chunked, _ = run_federated(resolve(kept), clients, encoder_weights=encoder, verbose=0,
-                               max_clients=4)  # 9 clients: steps of 4, 4 and 1
+def test_training_in_chunks_of_clients_gives_the_unchunked_run(clients, encoder, kept_run):
+    whole = kept_run
+    chunked, _ = run_federated(resolve(config(**KEPT)), clients, encoder_weights=encoder,
+                               verbose=0, max_clients=4)  # 9 clients: steps of 4, 4 and 1
     assert chunked.rounds == whole.rounds and chunked.final == whole.final
 
 
