@@ -184,14 +184,16 @@ class StartingEncoders:
 
         data, pre = config.data, config.pretrain
         out = pretrain_folder(pre, data, "supervised", config.pretrain_seed)
+        seen = _stamp(out / "encoder.npz")
         cached = read_weights(out / "encoder.npz", rebuild="pre-training it again")
         if cached is not None:
             return cached
         prepare_out_dir(out, fix=CACHE_FIX)
         with building(out, say=print if self.verbose else None):
-            cached = read_weights(out / "encoder.npz", rebuild="pre-training it again")
-            if cached is not None:  # built by another process while this one waited
-                return cached
+            if _stamp(out / "encoder.npz") != seen:  # written while this process waited
+                cached = read_weights(out / "encoder.npz", rebuild="pre-training it again")
+                if cached is not None:
+                    return cached
             if self.verbose:
                 print(f"supervised pre-training ({pre.encoder}) on {data.pretrain_dataset}:"
                       f"{data.pretrain_split} with its labels -> {out}", flush=True)
@@ -215,14 +217,16 @@ class StartingEncoders:
         key = _fedavg_key(config)
         if key not in self._fedavg:
             path = _fedavg_path(key)
+            seen = _stamp(path)
             cached = read_weights(path, key=key, rebuild="training FedAvg again")
             if cached is None:
                 if self._clients is None:
                     raise ValueError("a FedAvg starting encoder needs the clients' data")
                 prepare_out_dir(path.parent, fix=CACHE_FIX)
                 with building(path, say=print if self.verbose else None):
-                    cached = read_weights(path, key=key, rebuild="training FedAvg again")
-                    if cached is None:  # nor did another process while this one waited
+                    if _stamp(path) != seen:  # written while this process waited
+                        cached = read_weights(path, key=key, rebuild="training FedAvg again")
+                    if cached is None:
                         cached, _ = fedavg_encoder(config, self._clients(config),
                                                    verbose=self.verbose)
                         write_weights(path, cached, key=key)
@@ -252,6 +256,17 @@ def fedavg_encoder(config: Config, clients: Clients, *, checkpoint: str | Path |
 def pool_encoder(state: algorithm.ServerState) -> Weights:
     """The encoder part of a one-model (FedAvg) pool."""
     return state.models[0][:state.num_encoder]
+
+
+def _stamp(path: Path) -> tuple | None:
+    """When and how large ``path`` was written (None: it is not there): a cache file read
+    once outside its lock is read again inside only if another process wrote it since,
+    so a damaged one is said once."""
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    return stat.st_mtime_ns, stat.st_size
 
 
 def _fedavg_key(config: Config) -> str:
