@@ -190,6 +190,53 @@ def test_one_process_at_a_time_builds_a_cache_entry(cache, capsys, monkeypatch):
     waiter.join()
 
 
+@pytest.mark.parametrize("kind", ["fedavg", "supervised"])
+def test_an_encoder_another_process_is_building_is_waited_for_not_built_again(
+        cache, monkeypatch, kind):
+    """IFCA's FedAvg encoder and the supervised one: a script that finds the entry being
+    built (its lock held, here by this test) waits, then reads what the holder wrote."""
+    import threading
+
+    import cpcfl_tf.clustered.centralized as centralized
+    import cpcfl_tf.clustered.starting as starting
+    from cpcfl_tf.results import building, write_weights
+
+    def never(*args, **kwargs):
+        raise AssertionError("built again although another process built it")
+
+    monkeypatch.setattr(starting, "fedavg_encoder", never)
+    monkeypatch.setattr(centralized, "supervised_encoder", never)
+    asked, real = threading.Event(), starting.building
+
+    def watched(*args, **kwargs):  # the script has read the cache and now takes the lock
+        asked.set()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(starting, "building", watched)
+    if kind == "fedavg":
+        config = SMOKE.with_overrides(federated={"method": "ifca", "pretraining": "fedavg"})
+        key = starting._fedavg_key(config)
+        entry, file = starting._fedavg_path(key), starting._fedavg_path(key)
+    else:
+        config = SMOKE
+        entry = starting.StartingEncoders.pretrain_folder(
+            SMOKE.with_overrides(federated={"pretraining": "supervised"}))
+        key, file = None, entry / "encoder.npz"
+    entry.parent.mkdir(parents=True)
+    encoders = starting.StartingEncoders(clients=lambda config: None, verbose=0)
+    ask = encoders.fedavg if kind == "fedavg" else encoders.supervised
+    got = []
+    weights = [np.arange(6.0, dtype=np.float32).reshape(2, 3)]
+    with building(entry):
+        script = threading.Thread(target=lambda: got.append(ask(config)))
+        script.start()
+        assert asked.wait(30)
+        write_weights(file, weights, key=key)
+    script.join(60)
+    assert len(got) == 1
+    np.testing.assert_array_equal(got[0][0], weights[0])
+
+
 def test_fedavg_encoders_cached_before_a_field_existed_keep_their_key():
     """Fields added later stay out of the FedAvg cache key at their defaults (entries
     cached before them are found again) and enter it otherwise (their runs differ)."""
