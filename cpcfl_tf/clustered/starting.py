@@ -184,16 +184,8 @@ class StartingEncoders:
 
         data, pre = config.data, config.pretrain
         out = pretrain_folder(pre, data, "supervised", config.pretrain_seed)
-        seen = _stamp(out / "encoder.npz")
-        cached = read_weights(out / "encoder.npz", rebuild="pre-training it again")
-        if cached is not None:
-            return cached
-        prepare_out_dir(out, fix=CACHE_FIX)
-        with building(out, say=print if self.verbose else None):
-            if _stamp(out / "encoder.npz") != seen:  # written while this process waited
-                cached = read_weights(out / "encoder.npz", rebuild="pre-training it again")
-                if cached is not None:
-                    return cached
+
+        def train() -> Weights:
             if self.verbose:
                 print(f"supervised pre-training ({pre.encoder}) on {data.pretrain_dataset}:"
                       f"{data.pretrain_split} with its labels -> {out}", flush=True)
@@ -209,7 +201,10 @@ class StartingEncoders:
                 {"config": pretrain_settings(dataclasses.asdict(pre)), **image_source(data),
                  "seed": config.pretrain_seed},
                 indent=2))
-        return weights
+            return weights
+
+        return _cached_or_built(out, out / "encoder.npz", train, rebuild="pre-training it again",
+                                verbose=self.verbose)
 
     def fedavg(self, config: Config) -> Weights:
         """The encoder of the global model after the FedAvg (None) run on ``config``'s
@@ -217,20 +212,17 @@ class StartingEncoders:
         key = _fedavg_key(config)
         if key not in self._fedavg:
             path = _fedavg_path(key)
-            seen = _stamp(path)
-            cached = read_weights(path, key=key, rebuild="training FedAvg again")
-            if cached is None:
+
+            def train() -> Weights:
                 if self._clients is None:
                     raise ValueError("a FedAvg starting encoder needs the clients' data")
-                prepare_out_dir(path.parent, fix=CACHE_FIX)
-                with building(path, say=print if self.verbose else None):
-                    if _stamp(path) != seen:  # written while this process waited
-                        cached = read_weights(path, key=key, rebuild="training FedAvg again")
-                    if cached is None:
-                        cached, _ = fedavg_encoder(config, self._clients(config),
-                                                   verbose=self.verbose)
-                        write_weights(path, cached, key=key)
-            self._fedavg[key] = cached
+                weights, _ = fedavg_encoder(config, self._clients(config), verbose=self.verbose)
+                write_weights(path, weights, key=key)
+                return weights
+
+            self._fedavg[key] = _cached_or_built(path, path, train, key=key,
+                                                 rebuild="training FedAvg again",
+                                                 verbose=self.verbose)
         return self._fedavg[key]
 
     def keep_fedavg(self, config: Config, weights: Weights) -> None:
@@ -258,10 +250,26 @@ def pool_encoder(state: algorithm.ServerState) -> Weights:
     return state.models[0][:state.num_encoder]
 
 
+def _cached_or_built(entry: Path, file: Path, build: Callable[[], Weights], *,
+                     key: str | None = None, rebuild: str, verbose: int) -> Weights:
+    """The weights cache entry ``entry`` (a folder, or ``file`` itself) keeps in ``file``,
+    or, when it has none, ``build()``'s, built in one process at a time
+    (:func:`~cpcfl_tf.results.building`). A process that waited reads the file again only
+    if another one wrote it meanwhile (its time or size changed), so a damaged one is
+    said once."""
+    seen = _stamp(file)
+    cached = read_weights(file, key=key, rebuild=rebuild)
+    if cached is not None:
+        return cached
+    prepare_out_dir(file.parent, fix=CACHE_FIX)
+    with building(entry, say=print if verbose else None):
+        if _stamp(file) != seen:
+            cached = read_weights(file, key=key, rebuild=rebuild)
+        return build() if cached is None else cached
+
+
 def _stamp(path: Path) -> tuple | None:
-    """When and how large ``path`` was written (None: it is not there): a cache file read
-    once outside its lock is read again inside only if another process wrote it since,
-    so a damaged one is said once."""
+    """When and how large ``path`` was written (None: it is not there)."""
     try:
         stat = path.stat()
     except FileNotFoundError:
