@@ -5,7 +5,8 @@ import json
 import pytest
 
 from cpcfl_tf.config import (
-    Config, DataConfig, FederatedConfig, PartitionConfig, PretrainConfig, config_record)
+    Config, DataConfig, FederatedConfig, PartitionConfig, PretrainConfig, config_key,
+    config_record)
 from cpcfl_tf.presets import PRESETS, get_preset, with_encoder
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.pretraining.methods import SSL_METHODS
@@ -283,8 +284,6 @@ def test_a_mapping_is_set_key_by_key_without_json():
 def test_a_runs_key_is_its_record_without_data_folders_and_follows_every_copy():
     # The key is kept on the (frozen) config once made: a copy with one setting changed
     # must get its own, and where the data is read from never counts.
-    from cpcfl_tf.record_store import config_key
-
     config = get_preset("smoke")
     by_hand = config.to_dict()
     del by_hand["data"]["data_dir"], by_hand["data"]["manual_dir"]
