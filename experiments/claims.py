@@ -22,7 +22,7 @@ from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.evidence.engine import (Evidence, Judged, encoder_notes, groups_found, headroom,
                                machine_notes, report, seed_list, verdict_table)
 from cpcfl_tf.evidence.judge import RULE
-from cpcfl_tf.record_store import config_key
+from cpcfl_tf.config import config_key
 from cpcfl_tf.clustered.methods import PRETRAIN_METHODS
 from cpcfl_tf.running.report import markdown_table, replace_block
 from cpcfl_tf.running.runner import RunSpec
