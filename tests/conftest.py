@@ -5,6 +5,14 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# numpy's OpenBLAS single-threaded, in this process and every one the suite starts (the
+# test workers, scripts, a federation's processes): the kit's BLAS calls are small, and
+# an OpenBLAS thread spins after each one, taking a core the other workers' TensorFlow
+# needs when three workers share two cores (docs/performance.md has the measurement).
+# The server's weighted average is the same bits with one thread or two; other products
+# (the clustering families' similarities and SVDs) may differ in their last bits, as
+# they do between machines with other numbers of cores.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 
