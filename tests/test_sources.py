@@ -1,4 +1,5 @@
 import gzip
+import os
 import socket
 import time
 from pathlib import Path
@@ -98,6 +99,43 @@ def test_data_dir_with_idx_files_is_honoured(tmp_path):
     (tmp_path / "junk.gz").write_bytes(b"not gzip")
     with pytest.raises(UserError, match="fetch the file again"):
         read_idx(tmp_path / "junk.gz")
+
+
+def _idx(images: np.ndarray) -> bytes:
+    header = bytes([0, 0, 8, images.ndim]) + b"".join(n.to_bytes(4, "big") for n in images.shape)
+    return gzip.compress(header + images.tobytes())
+
+
+def test_an_idx_file_changed_on_disk_is_read_again(tmp_path):
+    # A process reads an unchanged file once; a file written again (new time or size)
+    # must give its new contents, never the ones read before.
+    path = tmp_path / "t10k-images-idx3-ubyte.gz"
+    first = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)
+    path.write_bytes(_idx(first))
+    assert np.array_equal(read_idx(path), first)
+    assert read_idx(path) is read_idx(path)  # read once
+    second = first[:1] + 7  # another size
+    path.write_bytes(_idx(second))
+    assert np.array_equal(read_idx(path), second)
+    third = second + 1  # the same size, written again (mtime moved on)
+    path.write_bytes(_idx(third))
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    assert np.array_equal(read_idx(path), third)
+    with pytest.raises(ValueError):  # read-only: a caller cannot change what others get
+        read_idx(path)[0, 0, 0] = 1
+
+
+def test_digits_are_scikit_learns_pixels_stretched_to_0_255_and_read_only():
+    from sklearn.datasets import load_digits
+
+    raw = load_digits()
+    train, test = load_labeled("digits", "train[:100]"), load_labeled("digits", "test")
+    assert np.array_equal(train.images[..., 0], np.rint(raw.images[:100] * 255 / 16))
+    assert np.array_equal(test.labels, raw.target[1_297:])
+    again = load_labeled("digits", "train[:100]")
+    assert np.array_equal(again.images, train.images)
+    with pytest.raises(ValueError):
+        again.images[0, 0, 0, 0] = 1
 
 
 TFDS_CASES = [(n, s) for n, spec in DATASETS.items() if spec.backend == "tfds"
