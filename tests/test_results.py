@@ -216,7 +216,7 @@ def test_an_encoder_another_process_is_building_is_waited_for_not_built_again(
     if kind == "fedavg":
         config = SMOKE.with_overrides(federated={"method": "ifca", "pretraining": "fedavg"})
         key = starting._fedavg_key(config)
-        entry, file = starting._fedavg_path(key), starting._fedavg_path(key)
+        entry = file = starting._fedavg_path(key)  # the entry is the file itself
     else:
         config = SMOKE
         entry = starting.StartingEncoders.pretrain_folder(

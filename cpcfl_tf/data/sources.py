@@ -205,8 +205,9 @@ _IDX_DTYPES = {0x08: np.uint8}
 def read_idx(path: str | os.PathLike) -> np.ndarray:
     """Read one IDX file (optionally gzipped) into a read-only numpy array, checking its
     header. A process reads a file once while it stays unchanged (same time and size):
-    each client split, test split and pre-training split of Fashion-MNIST is a slice of
-    one file, and decompressing it took a quarter of a second per slice."""
+    Fashion-MNIST's pre-training and client splits are slices of one file, and scripts
+    and tests read the same splits again; decompressing took a quarter of a second each
+    time."""
     path = Path(path)
     try:
         stat = path.stat()
