@@ -92,10 +92,10 @@ def test_ci_installs_and_tests_the_way_readme_says():
     tests = re.findall(r"```bash\n(.*?)```", readme[readme.index("## Tests"):], re.S)[0]
     shown = [c.strip() for line in setup.splitlines() + tests.splitlines()[:1]
              for c in line.split(" #")[0].split("&&")
-             if re.match(r"\s*(apt-get install|pip install|uv pip|python -m pytest)", c)]
+             if re.match(r"\s*(apt-get install|pip install|(python -m )?uv pip|python -m pytest)", c)]
     ci = [line.strip().removeprefix("python -m ") for line in
           (ROOT / ".ci" / "run").read_text().splitlines()
-          if re.match(r"\s*(apt-get install|(python -m )?pip install|uv pip|python -m pytest)",
+          if re.match(r"\s*(apt-get install|(python -m )?(pip install|uv pip)|python -m pytest)",
                       line)]
     assert sorted(ci) == sorted(c.removeprefix("python -m ") for c in shown), (ci, shown)
 
