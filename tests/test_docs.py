@@ -83,6 +83,10 @@ def test_the_layout_map_names_every_part_of_the_package():
     assert not missing, f"README's layout map lacks {missing}"
 
 
+# An install or test command, as README shows it and .ci/run runs it.
+_SETUP_COMMAND = re.compile(r"\s*(apt-get install|(python -m )?(pip install|uv pip)|python -m pytest)")
+
+
 def test_ci_installs_and_tests_the_way_readme_says():
     """CI (.ci/run) is README's set-up and test commands, nothing else: each install
     command of README's first code block, and the first test command, is one of
@@ -90,14 +94,12 @@ def test_ci_installs_and_tests_the_way_readme_says():
     readme = (ROOT / "README.md").read_text()
     setup = re.findall(r"```bash\n(.*?)```", readme[readme.index("## Set-up"):], re.S)[0]
     tests = re.findall(r"```bash\n(.*?)```", readme[readme.index("## Tests"):], re.S)[0]
-    shown = [c.strip() for line in setup.splitlines() + tests.splitlines()[:1]
-             for c in line.split(" #")[0].split("&&")
-             if re.match(r"\s*(apt-get install|pip install|(python -m )?uv pip|python -m pytest)", c)]
-    ci = [line.strip().removeprefix("python -m ") for line in
-          (ROOT / ".ci" / "run").read_text().splitlines()
-          if re.match(r"\s*(apt-get install|(python -m )?(pip install|uv pip)|python -m pytest)",
-                      line)]
-    assert sorted(ci) == sorted(c.removeprefix("python -m ") for c in shown), (ci, shown)
+    shown = [c for line in setup.splitlines() + tests.splitlines()[:1]
+             for c in line.split(" #")[0].split("&&")]
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    commands = [sorted(c.strip().removeprefix("python -m ") for c in lines
+                       if _SETUP_COMMAND.match(c)) for lines in (ci, shown)]
+    assert commands[0] == commands[1], commands
 
 
 _COMMAND = re.compile(r"python (?:(?:experiments|tools|benchmarks)/\w+\.py|-m cpcfl_tf\.[\w.]+)")
