@@ -35,6 +35,7 @@ PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 LR_SCHEDULES = ("constant", "cosine")
 LOCAL_OPTIMIZERS = ("adam", "sgd")
 OPTIMIZER_STATES = ("fresh", "client")
+AGGREGATIONS = ("mean", "median", "trimmed-mean")
 MIN_IMAGE_SIZE = 32
 """The CNN encoder's four valid stride-2 convolutions need at least 31 pixels."""
 
@@ -234,6 +235,19 @@ class FederatedConfig:
     """XLA-compile the local training step (both backends): one compile per client count
     and batch shape, other kernels, so other last bits than the default (docs/performance.md,
     "Settings that were timed and gave no gain")."""
+    aggregation: str = "mean"
+    """How each cluster's members are combined (:func:`cpcfl_tf.clustered.algorithm.combine`):
+    mean, the paper's |D_u|-weighted mean (Eq. weighted_avg) | median, the coordinate-wise
+    median | trimmed-mean, the coordinate-wise mean without the ``trim_fraction`` largest
+    and smallest values (Yin et al., "Byzantine-Robust Distributed Learning", ICML 2018;
+    Flower's FedMedian and FedTrimmedAvg); both unweighted, as there."""
+    trim_fraction: float = 0.2
+    """The share cut from each end by ``trimmed-mean`` (Flower's FedTrimmedAvg's beta
+    and its default); of n members int(trim_fraction * n) go each way."""
+    update_norm: float | None = None
+    """Bound each reply's update (its weights minus the model it was sent) to this L2
+    norm over all its arrays before it counts (Sun et al., "Can You Really Backdoor
+    Federated Learning?", 2019); None: no bound (the paper's)."""
 
     def __post_init__(self) -> None:
         _choice("federated", "method", self.method, tuple(METHODS))
@@ -247,6 +261,12 @@ class FederatedConfig:
         _choice("federated", "optimizer_state", self.optimizer_state, OPTIMIZER_STATES)
         require(isinstance(self.jit_compile, bool),
                 f"federated.jit_compile must be true or false, got {self.jit_compile!r}")
+        _choice("federated", "aggregation", self.aggregation, AGGREGATIONS)
+        require(isinstance(self.trim_fraction, (int, float)) and not isinstance(
+                    self.trim_fraction, bool) and 0 <= self.trim_fraction < 0.5,
+                f"federated.trim_fraction must be in [0, 0.5), got {self.trim_fraction!r}")
+        if self.update_norm is not None:
+            _positive("federated", update_norm=self.update_norm)
         _positive("federated", num_clusters=self.num_clusters, rounds=self.rounds,
                   local_epochs=self.local_epochs, batch_size=self.batch_size,
                   learning_rate=self.learning_rate, participation=self.participation,

@@ -6,6 +6,16 @@ import numpy as np
 
 from cpcfl_tf.run_plan import resolve
 
+
+def __getattr__(name):
+    """``InProcessGrid`` and ``run_in_process``: the federation in one process
+    (:mod:`cpcfl_tf.flower.in_process`), imported when a test asks (they need flwr)."""
+    if name in ("InProcessGrid", "run_in_process"):
+        from cpcfl_tf.flower import in_process
+
+        return getattr(in_process, name)
+    raise AttributeError(name)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -165,72 +175,3 @@ def kill_after(rounds):
         if record["round"] == rounds:
             raise Killed
     return on_round
-
-
-class InProcessGrid:
-    """A Flower ``Grid`` whose SuperNodes are the ClientApp's handlers called in this
-    process, one ``Context`` per node, as the Simulation Engine calls them but without
-    its transport (that is tested by the loopback federation and the Simulation Engine
-    runs). For what the ServerApp and ClientApp compute, at the cost of one process."""
-
-    def __init__(self, run, node_configs, refuse=()):
-        from flwr.app import Context, RecordDict
-
-        self.refuse = set(refuse)
-        """(group id, node index) pairs whose message gets an error reply, as from a node
-        that failed it."""
-        self.contexts = {100 + k: Context(run_id=1, node_id=100 + k, node_config=dict(c),
-                                          state=RecordDict(), run_config=dict(run))
-                         for k, c in enumerate(node_configs)}
-        self.sent = 0
-
-    def get_node_ids(self):
-        return list(self.contexts)
-
-    def send_and_receive(self, messages, timeout=None):
-        import time
-
-        from flwr.app import Error, MessageType
-        from flwr.common import Message, Metadata
-
-        from cpcfl_tf.flower import client_app
-
-        handlers = {MessageType.TRAIN: client_app.train, MessageType.EVALUATE:
-                    client_app.evaluate, MessageType.QUERY: client_app.query}
-        replies = []
-        for message in messages:
-            self.sent += 1
-            meta = message.metadata
-            node = meta.dst_node_id
-            delivered = Message(message.content, metadata=Metadata(
-                run_id=1, message_id=f"m{self.sent}", src_node_id=1, dst_node_id=node,
-                reply_to_message_id="", group_id=meta.group_id, created_at=time.time(),
-                ttl=60.0, message_type=meta.message_type))
-            if (meta.group_id, node - 100) in self.refuse:
-                replies.append(Message(Error(0, "refused by the test"), reply_to=delivered))
-            else:
-                replies.append(handlers[meta.message_type](delivered, self.contexts[node]))
-        return replies
-
-
-def run_in_process(run, node_configs, refuse=()):
-    """The ServerApp's ``main`` over an :class:`InProcessGrid` of ``node_configs``
-    (``refuse``: its failing messages); returns the run record (``run["out"]``)."""
-    import json
-
-    from flwr.app import Context, RecordDict
-
-    from flwr.supercore.task_identity import TaskIdentity
-
-    from cpcfl_tf.flower import server_app
-
-    before = TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id
-    # The ServerApp's identity, as Flower sets it in the ServerApp's process.
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
-    try:
-        server_app.main(InProcessGrid(run, node_configs, refuse),
-                        Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
-                                run_config=dict(run)))
-    finally:
-        TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = before
-    return json.loads(Path(run["out"]).read_text())

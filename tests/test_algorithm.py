@@ -181,3 +181,106 @@ def test_the_restart_check_reads_the_round_it_is_applied_after():
     assert not would_restart(fl, [groups, merged, groups])
     assert not would_restart(fl, [groups, merged])
     assert not would_restart(dataclasses.replace(fl, method="cp-cfl"), [groups, groups, merged])
+
+
+def _by_hand_median(a):
+    """The coordinate-wise median by sorting: the middle member, or the mean of the two."""
+    s, n = np.sort(a.astype(np.float64), axis=0), len(a)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+def _by_hand_trimmed(a, beta):
+    """Sort each coordinate, drop int(beta * n) members from each end, average the rest."""
+    k, s = int(beta * len(a)), np.sort(a.astype(np.float64), axis=0)
+    return s[k:len(a) - k].mean(0)
+
+
+@pytest.mark.parametrize("members", [1, 2, 3, 4, 7])
+def test_the_robust_combinations_are_the_coordinate_wise_median_and_trimmed_mean(members):
+    """Against the sorted values by hand and against Flower 1.42's own FedMedian and
+    FedTrimmedAvg computations where it is installed; both ignore the example counts."""
+    stacked = [RNG.normal(size=(members, *s)).astype(np.float32) for s in ((4, 3), (3,))]
+    sizes = RNG.integers(1, 100, size=members)
+    median = algorithm.combine(stacked, sizes, "median")
+    trimmed = algorithm.combine(stacked, sizes, "trimmed-mean", 0.25)
+    for a, m, t in zip(stacked, median, trimmed):
+        assert m.dtype == t.dtype == np.float32 and m.shape == t.shape == a.shape[1:]
+        np.testing.assert_allclose(m, _by_hand_median(a), rtol=1e-6)
+        np.testing.assert_allclose(t, _by_hand_trimmed(a, 0.25), rtol=1e-6)
+        assert np.array_equal(m, algorithm.combine([a], np.ones(members), "median")[0])
+    try:
+        from flwr.serverapp.strategy.fedtrimmedavg import trim_mean as flower_trim_mean
+    except ImportError:
+        return
+    for a, m, t in zip(stacked, median, trimmed):
+        np.testing.assert_allclose(t, flower_trim_mean(a, 0.25), rtol=1e-6)
+        np.testing.assert_allclose(m, np.median(a, axis=0), rtol=1e-6)  # FedMedian's call
+
+
+def test_one_huge_member_moves_the_mean_but_not_the_median_or_trimmed_mean():
+    """The attack of issue 78 by hand: three members, one sends every weight as 1e30. The
+    mean becomes a third of it; the median is the larger honest value; the trimmed mean
+    with beta >= 1/3 drops it, with the default 0.2 of three nothing is cut."""
+    honest = np.array([[1.0, -2.0], [3.0, 4.0]], np.float32)
+    stacked = [np.stack([honest, honest + 1, np.full_like(honest, 1e30)])]
+    mean = algorithm.combine(stacked, [1, 1, 1], "mean")[0]
+    assert np.allclose(mean, 1e30 / 3, rtol=1e-6)
+    np.testing.assert_array_equal(algorithm.combine(stacked, [1, 1, 1], "median")[0],
+                                  honest + 1)
+    np.testing.assert_array_equal(algorithm.combine(stacked, [1, 1, 1], "trimmed-mean",
+                                                    0.34)[0], honest + 1)
+    assert np.allclose(algorithm.combine(stacked, [1, 1, 1], "trimmed-mean", 0.2)[0],
+                       1e30 / 3, rtol=1e-6)
+
+
+def test_an_update_longer_than_the_bound_is_scaled_to_it():
+    """Hand-worked: from a model of zeros and ones, client 0's update has norm 10 over
+    both arrays (6 and 8) and is halved to norm 5; client 1's (norm 2) is kept as sent,
+    bits and all; the update is measured from the model of each reply's cluster id."""
+    pool = [[np.zeros(2, np.float32), np.zeros(1, np.float32)],
+            [np.ones(2, np.float32), np.ones(1, np.float32)]]
+    weights = [np.array([[6.0, 0.0], [1.0, 1.0]], np.float32),
+               np.array([[8.0], [1.0 + 2.0]], np.float32)]
+    replies = algorithm.Replies(np.array([0, 1]), np.array([0, 1]), np.array([5.0, 5.0]),
+                                weights)
+    bounded = algorithm.bounded(replies, pool, 5.0)
+    np.testing.assert_allclose(bounded.weights[0][0], [3.0, 0.0])
+    np.testing.assert_allclose(bounded.weights[1][0], [4.0])
+    assert np.array_equal(bounded.weights[0][1], weights[0][1])
+    assert np.array_equal(bounded.weights[1][1], weights[1][1])
+    assert bounded.weights[0].dtype == np.float32
+    delta = np.concatenate([bounded.weights[0][0] - pool[0][0], bounded.weights[1][0] - pool[0][1]])
+    assert np.linalg.norm(delta) == pytest.approx(5.0)
+    assert algorithm.bounded(replies, pool, 100.0).weights[0] is weights[0]  # none longer
+
+
+def test_a_run_aggregates_as_its_config_says():
+    """run_rounds applies federated.update_norm to the replies and federated.aggregation
+    within each cluster: a federation whose three clients all pick model 0, one of them
+    sending 1e30, ends with the median's (or the bound's) model, not the mean's."""
+    from cpcfl_tf.presets import get_preset
+
+    base = get_preset("smoke").with_overrides(federated={
+        "method": "fedavg", "pretraining": "none", "rounds": 1, "head_rounds": 0})
+    start = [np.zeros(3, np.float32)]
+
+    class Three:
+        num_clients = 3
+
+        def train(self, models, plan):
+            sent = np.stack([models[0][0] + 1, models[0][0] + 2, np.full(3, 1e30, np.float32)])
+            return algorithm.Replies(np.arange(3), np.zeros(3, np.int64), np.ones(3), [sent])
+
+        def observe(self, models, assigned, replies, round_, *, planned=None):
+            return {"cluster_ids": assigned.tolist()}
+
+    def final(**federated):
+        fl = resolve(base.with_overrides(federated=federated)).federated
+        state, _ = algorithm.run_rounds(fl, 0, Three(), lambda attempt: algorithm.ServerState(
+            0, [list(start)], num_encoder=0))
+        return state.models[0][0]
+
+    assert np.allclose(final(), 1e30 / 3, rtol=1e-6)
+    np.testing.assert_array_equal(final(aggregation="median"), np.full(3, 2.0))
+    bound = final(update_norm=np.sqrt(3.0))  # each update at most norm sqrt(3): 1 per weight
+    np.testing.assert_allclose(bound, (1 + 1 + 1) / 3 * np.ones(3), rtol=1e-6)

@@ -296,3 +296,33 @@ def test_a_runs_key_is_its_record_without_data_folders_and_follows_every_copy():
                         config.partition, num_clients=config.partition.num_clients + 3))):
         assert config_key(changed) != config_key(config)
         assert json.loads(config_key(changed)) == config_record(changed)
+
+
+def test_robust_aggregation_is_three_checked_settings_absent_from_records_at_their_defaults():
+    """federated.aggregation, trim_fraction and update_norm: at their defaults (the
+    paper's weighted mean, no bound) a record, a run's key and a checkpoint fingerprint
+    name none of them, so every committed record stays as it was; set, the record names
+    it and the run is another. Bad values are refused in one line."""
+    from cpcfl_tf.compat import without_added
+    from cpcfl_tf.config import config_key
+
+    names = {"aggregation", "trim_fraction", "update_norm"}
+    config = get_preset("quick")
+    assert not names & set(config.to_dict()["federated"])
+    assert not names & set(without_added(dataclasses.asdict(config))["federated"])
+    for change in ({"aggregation": "median"}, {"aggregation": "trimmed-mean"},
+                   {"trim_fraction": 0.3}, {"update_norm": 2.5}):
+        other = config.with_overrides(federated=change)
+        (name, value), = change.items()
+        assert other.to_dict()["federated"][name] == value
+        assert without_added(dataclasses.asdict(other))["federated"][name] == value
+        assert config_key(other) != config_key(config)
+        assert Config.from_dict(json.loads(json.dumps(other.to_dict()))) == other
+    for bad, said in (({"aggregation": "krum"}, "unknown federated.aggregation 'krum'; "
+                                                "choose one of mean, median, trimmed-mean"),
+                      ({"trim_fraction": 0.5}, r"trim_fraction must be in \[0, 0.5\)"),
+                      ({"trim_fraction": -0.1}, r"trim_fraction must be in \[0, 0.5\)"),
+                      ({"update_norm": 0.0}, "update_norm must be a positive finite"),
+                      ({"update_norm": float("inf")}, "update_norm must be a positive finite")):
+        with pytest.raises(UserError, match=said):
+            config.with_overrides(federated=bad)

@@ -96,6 +96,33 @@ def test_credentials_are_never_overwritten(creds, tmp_path):
     assert not (tmp_path / "none").exists()
 
 
+@pytest.mark.parametrize("host,good", [
+    ("127.0.0.1", True), ("::1", True), ("fe80::1", True), ("server.example.org", True),
+    ("localhost", True), ("a-b.c1.example.", True), ("xn--bcher-kva.example", True),
+    ("not a host!", False), ("", False), ("-lead.example", False), ("trail-.example", False),
+    ("a..b", False), ("b\u00fccher.example", False), ("x" * 64 + ".example", False),
+    (".".join(["a" * 63] * 4) + ".ab", False)])
+def test_a_host_is_an_ip_address_or_a_dns_name(host, good, tmp_path):
+    """RFC 1123 names and IP addresses only; anything else is refused in one line before
+    any file is written."""
+    from cpcfl_tf.flower.credentials import host_problem
+
+    assert (host_problem(host) is None) == good, host
+    if not good:
+        with pytest.raises(UserError, match="neither an IP address nor a DNS name"):
+            make(tmp_path / "c", nodes=1, hosts=[host])
+        assert not (tmp_path / "c").exists()
+
+
+def test_the_credentials_command_refuses_a_bad_host_in_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "cpcfl_tf.flower.credentials", "--out",
+                           str(tmp_path / "c"), "--nodes", "2", "--host", "not a host!"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "--host 'not a host!' is neither an IP address nor a DNS name" in proc.stderr
+    assert not (tmp_path / "c").exists()
+
+
 def test_the_launcher_refuses_credentials_it_lacks_before_starting_anything(creds, tmp_path):
     pytest.importorskip("flwr")
     proc = subprocess.run([sys.executable, "-m", "cpcfl_tf.flower.loopback", "--nodes", "3",
@@ -107,3 +134,21 @@ def test_the_launcher_refuses_credentials_it_lacks_before_starting_anything(cred
     assert len(errors) == 1 and "lacks node-2.key, node-2.pub" in errors[0], proc.stderr
     assert "python -m cpcfl_tf.flower.credentials --out NEW_DIR --nodes 3" in errors[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_flower_cannot_bind_or_authenticate_the_control_api_apart():
+    """What docs/flower.md tells an operator about Flower 1.42 (so a Flower that can is
+    noticed): the Control API's own address is deprecated (one --host/--port serves it),
+    and account authentication is not in this distribution."""
+    pytest.importorskip("flwr")
+    from flwr.superlink.cli.flower_superlink import _parse_args_run_superlink
+    from flwr.superlink.config_loader import load_control_authn_plugin
+
+    help_text = " ".join(_parse_args_run_superlink().format_help().split())
+    assert ("--control-api-address CONTROL_API_ADDRESS Deprecated. The Control API now "
+            "operates over HTTP. Use `--host` and `--port` instead." in help_text)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FLWR_OIDC_ENABLED", "1")
+        with pytest.raises(SystemExit, match="OIDC account authentication is unavailable in "
+                                             "this Flower distribution"):
+            load_control_authn_plugin()

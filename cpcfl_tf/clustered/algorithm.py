@@ -3,12 +3,13 @@
 Algorithm "CP-CFL" of the paper, written the way FedJAX writes HypCluster: the server
 state is a pool of N models (weight lists); a round (:func:`run_rounds`) is a *plan*
 (:func:`plan_round`: who takes part, the random picks of the Tc phase, all drawn from
-named seeded streams), *selection* (:func:`select`: each client picks a cluster),
-*local training* (done by a backend, elsewhere) and *aggregation* (:func:`aggregate`:
-each cluster's model becomes the |D_u|-weighted average of its members, Eq.
-weighted_avg), then IFCA's restart rule (:func:`should_restart`). Nothing here knows how
-models are trained or how clients are reached: the simulator and a real federation
-(Flower) are two :class:`Federation` drivers of the same round.
+named seeded streams), *selection* (:func:`select`: each client picks a cluster), *local
+training* (done by a backend, elsewhere) and *aggregation* (:func:`aggregate`: each
+cluster's model becomes the |D_u|-weighted average of its members, Eq. weighted_avg, or
+a robust combination of them: :func:`combine`, :func:`bounded`), then IFCA's restart
+rule (:func:`should_restart`). Nothing here knows how models are trained or how clients
+are reached: the simulator and a real federation (Flower) are two :class:`Federation`
+drivers of the same round.
 
 Weights are lists of numpy arrays in the order of ``classifier.get_weights()``:
 first the encoder's ``num_encoder`` arrays, then the head's.
@@ -182,9 +183,47 @@ def weighted_average(stacked: Sequence[np.ndarray], sizes: Sequence[float]) -> W
     return [np.tensordot(share, a.astype(np.float64), axes=1).astype(a.dtype) for a in stacked]
 
 
+def combine(stacked: Sequence[np.ndarray], sizes: Sequence[float], how: str = "mean",
+            trim: float = 0.2) -> Weights:
+    """One model from its members' weights (``stacked[i][u]``: array i of member u) as
+    ``federated.aggregation`` says: ``mean``, the paper's |D_u|-weighted mean
+    (:func:`weighted_average`); ``median``, the coordinate-wise median (Flower's
+    FedMedian: ``np.median`` over members); ``trimmed-mean``, the coordinate-wise mean
+    without the ``int(trim * n)`` largest and smallest of n members (Flower's
+    FedTrimmedAvg: SciPy's ``trim_mean``). The last two ignore ``sizes``, as there."""
+    if how == "mean":
+        return weighted_average(stacked, sizes)
+    if how == "median":
+        return [np.median(a, axis=0).astype(a.dtype) for a in stacked]
+    if how == "trimmed-mean":
+        from scipy.stats import trim_mean
+
+        return [np.asarray(trim_mean(a, trim, axis=0)).astype(a.dtype) for a in stacked]
+    raise ValueError(f"unknown aggregation {how!r}")
+
+
+def bounded(replies: "Replies", models: Sequence[Weights], bound: float) -> "Replies":
+    """``replies`` with each update (its weights minus the pool model of its cluster id,
+    the one it was sent) scaled down to L2 norm ``bound`` over all its arrays where it is
+    longer: ``phi + min(1, bound / ||delta||) * delta`` (norm bounding, Sun et al. 2019)."""
+    if not len(replies.clients):
+        return replies
+    sent = [np.stack([models[c][i] for c in replies.cluster_ids])
+            for i in range(len(replies.weights))]
+    deltas = [w.astype(np.float64) - s.astype(np.float64) for w, s in zip(replies.weights, sent)]
+    norms = np.sqrt(sum(np.square(d).reshape(len(d), -1).sum(1) for d in deltas))
+    scale = np.minimum(1.0, bound / np.where(norms > 0, norms, 1.0))
+    weights = [(s.astype(np.float64) + d * scale.reshape(-1, *[1] * (d.ndim - 1))).astype(w.dtype)
+               if (scale < 1).any() else w
+               for w, s, d in zip(replies.weights, sent, deltas)]
+    return dataclasses.replace(replies, weights=weights)
+
+
 def aggregate(state: ServerState, client_weights: Sequence[np.ndarray], cluster_ids: np.ndarray,
-              sizes: Sequence[float], *, global_encoder: bool = False) -> ServerState:
-    """New pool: each cluster's model is the weighted average of its members.
+              sizes: Sequence[float], *, global_encoder: bool = False, how: str = "mean",
+              trim: float = 0.2) -> ServerState:
+    """New pool: each cluster's model is its members' combination (:func:`combine`; by
+    default the weighted average).
 
     Parameters
     ----------
@@ -196,8 +235,10 @@ def aggregate(state: ServerState, client_weights: Sequence[np.ndarray], cluster_
     cluster_ids, sizes
         Each client's cluster identity and number of training examples.
     global_encoder
-        Average the encoder part over *all* clients and share it between every cluster
+        Combine the encoder part over *all* clients and share it between every cluster
         model (the paper's "global encoder" variant); heads stay per cluster.
+    how, trim
+        ``federated.aggregation`` and ``federated.trim_fraction``.
 
     A cluster nobody chose keeps its weights.
     """
@@ -208,20 +249,28 @@ def aggregate(state: ServerState, client_weights: Sequence[np.ndarray], cluster_
     for n, old in enumerate(state.models):
         members = np.flatnonzero(cluster_ids == n)
         models.append(old if len(members) == 0 else
-                      weighted_average([a[members] for a in client_weights], sizes[members]))
+                      combine([a[members] for a in client_weights], sizes[members], how, trim))
     if global_encoder:
         k = state.num_encoder
-        encoder = weighted_average(client_weights[:k], sizes)
+        encoder = combine(client_weights[:k], sizes, how, trim)
         models = [encoder + m[k:] for m in models]
     return dataclasses.replace(state, round=state.round + 1, models=models)
 
 
-def initial_assignment(fl, num_clients: int, answers: Sequence[np.ndarray] | None = None
+def initial_assignment(fl, num_clients: int, answers: Sequence[np.ndarray | None] | None = None
                        ) -> np.ndarray | None:
     """Each client's first model when the server assigns, from the clients' ``answers``
     to what the rule asks first (:meth:`cpcfl_tf.clustered.rules.Rule.first`); ``None`` when each
-    client chooses by its loss."""
-    return METHODS[fl.method].rule.first(fl, num_clients, answers)
+    client chooses by its loss. A client whose answer is None (a federation's node that
+    gave none the server could use) takes no part in the run: the rule assigns the others
+    from their answers alone, and it gets model 0, which it is never sent."""
+    rule = METHODS[fl.method].rule
+    if answers is None or all(a is not None for a in answers):
+        return rule.first(fl, num_clients, answers)
+    present = [k for k, a in enumerate(answers) if a is not None]
+    assignment = np.zeros(num_clients, np.int64)
+    assignment[present] = rule.first(fl, len(present), [answers[k] for k in present])
+    return assignment
 
 
 def server_ids(fl, state: ServerState, replies: "Replies"
@@ -333,11 +382,14 @@ def run_rounds(fl, seed: int, federation: Federation, start: Callable[[int], Ser
         plan = plan_round(fl, seed, progress.attempt, t, n,
                           METHODS[fl.method].rule.assignment(fl, t, state))
         replies = federation.train(state.models, plan)
+        if fl.update_norm is not None:
+            replies = bounded(replies, state.models, fl.update_norm)
         ids, state, notes = server_ids(fl, state, replies)
         if replies.losses is not None and diagnosed(t, fl.head_rounds, diagnose):
             notes = {**notes, "selection": selection_record(replies.clients, replies.losses)}
         state = aggregate(state, replies.weights, ids, replies.sizes,
-                          global_encoder=fl.global_encoder)
+                          global_encoder=fl.global_encoder, how=fl.aggregation,
+                          trim=fl.trim_fraction)
         assigned[replies.clients] = ids
         if state.assignment is not None:
             state.assignment = state.assignment.copy()

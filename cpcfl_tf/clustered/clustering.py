@@ -143,8 +143,9 @@ def data_subspace(images: np.ndarray, basis: int) -> np.ndarray:
 
 
 def sent_bytes(answers: Sequence[np.ndarray] | None) -> int:
-    """The bytes of the arrays the clients sent as answers (0: none asked)."""
-    return 0 if answers is None else int(sum(a.nbytes for a in answers))
+    """The bytes of the arrays the clients sent as answers (0: none asked; a client
+    without one sent nothing the server kept)."""
+    return 0 if answers is None else int(sum(a.nbytes for a in answers if a is not None))
 
 
 def mean_embedding(embeddings: np.ndarray) -> np.ndarray:

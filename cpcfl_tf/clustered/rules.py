@@ -6,7 +6,9 @@ A :class:`Rule` says, in one place, everything a rule does besides the round its
 - ``num_models``: how many models the pool holds (N);
 - ``asks``, ``question``, ``answer``: what the server asks each client once before
   training, with which settings, and how the client answers from its own training data
-  (PACFL's data subspace, the oracle's true group);
+  (PACFL's data subspace, the oracle's true group); ``answer_like``, ``answer_problem``:
+  what a usable answer is (its shape and dtype; its values), which a federation's server
+  checks every node's answer against;
 - ``answer_bytes``: what those answers add to the bytes sent up (``bytes_other``);
 - ``first``: each client's first model when the server assigns, from the answers;
 - ``step``: the server's step after a round's replies, before aggregation: the cluster of
@@ -72,6 +74,17 @@ class Rule:
         it knows it, its true ``group``."""
         raise ValueError(f"rule {self.name!r} asks the clients nothing")
 
+    def answer_like(self, question: dict, image_shape: tuple[int, ...]) -> np.ndarray:
+        """An answer of the shape and dtype every client's answer to :attr:`asks` has, for
+        training images of ``image_shape``: what a federation's server checks each
+        node's answer against (:func:`cpcfl_tf.flower.checks.answered`)."""
+        raise ValueError(f"rule {self.name!r} asks the clients nothing")
+
+    def answer_problem(self, fl, answer: np.ndarray, num_groups: int) -> str | None:
+        """What is wrong with a client's (finite, well-shaped) answer beyond its shape and
+        dtype, in a few words (None: nothing)."""
+        return None
+
     def answer_bytes(self, answers: Sequence[np.ndarray] | None) -> int:
         """Bytes the answers add to what the clients send up (``bytes_other``)."""
         return 0
@@ -123,6 +136,14 @@ class TrueGroups(Rule):
             raise UserError("the method needs this client's true group: add group=G to the "
                             "node config")
         return np.array([group], np.int64)
+
+    def answer_like(self, question, image_shape):
+        return np.zeros(1, np.int64)
+
+    def answer_problem(self, fl, answer, num_groups):
+        group = int(answer[0])
+        return (None if 0 <= group < num_groups else
+                f"group {group} is outside the run's 0..{num_groups - 1}")
 
     def first(self, fl, num_clients, answers):
         if answers is None:
@@ -183,6 +204,9 @@ class Subspaces(Rule):
 
     def answer(self, question, images, group):
         return data_subspace(images, int(question["basis"]))
+
+    def answer_like(self, question, image_shape):
+        return np.zeros((int(np.prod(image_shape)), int(question["basis"])), np.float32)
 
     def answer_bytes(self, answers):
         return sent_bytes(answers)

@@ -320,11 +320,14 @@ TAMPERS = {
     "negative-count": lambda w, m, n: (w, {**m, "num-examples": -5}),
     "huge-count": lambda w, m, n: (w, {**m, "num-examples": 10 ** 9}),
     "foreign-cluster": lambda w, m, n: (w, {**m, "cluster-id": n}),
+    "huge-weights": lambda w, m, n: ([np.full_like(a, 1e30) for a in w], m),
 }
 """What a node started with node config ``tamper="NAME"`` does to its training replies
 (every round, or round ``tamper-round`` only): an untrusted node, to rehearse the
-server's checks (docs/flower.md, "What is and is not secured"). Each gets its reply
-left out of the round by the server."""
+server's checks (docs/flower.md, "What is and is not secured"). Each but
+``huge-weights`` gets its reply left out of the round by the server; ``huge-weights``
+(every weight 1e30: finite, of the right shapes) counts, and only a robust
+``federated.aggregation`` or ``federated.update_norm`` limits what it does."""
 
 
 def _tampered(context: Context, round_: int, weights: list, metrics: dict, num_models: int):

@@ -22,13 +22,15 @@ from cpcfl_tf.clustered.starts import START
 DEFAULTS: dict[str, Any] = {
     "preset": "smoke", "method": "cp-cfl", "pretraining": "simclr", "num-clusters": 2,
     "rounds": 3, "head-rounds": 1, "num-clients": 3, "seed": 0, "out": "",
-    "round-timeout": 300.0, "min-nodes": 0, "set": "", "class-names": "",
+    "round-timeout": 300.0, "min-nodes": 0, "max-examples": 0, "set": "", "class-names": "",
 }
 """Run config keys and their defaults (``min-nodes`` 0: wait for ``num-clients``; ``set``:
 any other setting, as the scripts' ``--set``, e.g. ``"federated.local_epochs=1
 federated.jit_compile=true"``; split as a shell would, so a value with spaces is quoted;
 ``class-names``: comma-separated names of the class subfolders of nodes that bring their
-own data, default the class indices ``0,1,...`` of the run's client dataset)."""
+own data, default the class indices ``0,1,...`` of the run's client dataset;
+``max-examples``: the most examples of any kind a node may report in the roster, 0: no
+bound beyond its own report)."""
 
 
 def run_config(values: Mapping[str, Any]) -> Config:

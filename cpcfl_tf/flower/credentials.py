@@ -25,6 +25,7 @@ import dataclasses
 import datetime
 import ipaddress
 import os
+import re
 from pathlib import Path
 from typing import Sequence
 
@@ -105,6 +106,26 @@ def _name(common_name: str):
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
 
+_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
+def host_problem(host: str) -> str | None:
+    """What keeps ``host`` from being a name a client can check the SuperLink's
+    certificate against: an IP address (v4 or v6) or a DNS name (RFC 1123: dot-separated
+    labels of 1-63 letters, digits and inner hyphens, 253 characters at most; ASCII, so
+    an international name in its xn-- form). None: it is one."""
+    try:
+        ipaddress.ip_address(host)
+        return None
+    except ValueError:
+        pass
+    name = host[:-1] if host.endswith(".") else host
+    if not name or len(name) > 253 or not all(_LABEL.fullmatch(label) for label in name.split(".")):
+        return (f"--host {host!r} is neither an IP address nor a DNS name (letters, digits, "
+                "inner hyphens and dots; an international name in its xn-- form)")
+    return None
+
+
 def _alternative_names(hosts: Sequence[str]):
     from cryptography import x509
 
@@ -153,7 +174,8 @@ def _write(path: Path, data: bytes, private: bool) -> None:
 def make(folder: str | Path, nodes: int, hosts: Sequence[str] = ("127.0.0.1",)) -> Credentials:
     """Write a CA, the SuperLink's certificate for ``hosts`` and ``nodes`` SuperNode key
     pairs into ``folder`` (made if missing). Refuses, before writing anything, a folder
-    that already holds any of these files, a node count below 1 and no host."""
+    that already holds any of these files, a node count below 1, no host and a host that
+    is neither an IP address nor a DNS name (:func:`host_problem`)."""
     from cryptography.hazmat.primitives import serialization as s
 
     creds = Credentials(Path(folder))
@@ -161,6 +183,11 @@ def make(folder: str | Path, nodes: int, hosts: Sequence[str] = ("127.0.0.1",)) 
         raise UserError(f"--nodes {nodes}: give at least 1 SuperNode")
     if not hosts:
         raise UserError("give the SuperLink's address with --host (a name or an IP address)")
+    for host in hosts:
+        problem = host_problem(host)
+        if problem is not None:
+            raise UserError(f"{problem}: give the name or address the nodes reach the "
+                            "SuperLink at")
     present = [p.name for p in creds.files(nodes, signing=True) if p.exists()]
     if present:
         raise UserError(f"{creds.folder} already holds {', '.join(present)}: give --out a "

@@ -19,7 +19,7 @@ from cpcfl_tf.clustered.methods import METHODS
 from cpcfl_tf.config import FederatedConfig
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.flower import checks
-from cpcfl_tf.flower.common import from_record, models_to_records, to_record
+from cpcfl_tf.flower.common import models_to_records, to_record
 
 
 def wait_for_nodes(grid: Grid, count: int, timeout: float) -> list[int]:
@@ -42,7 +42,8 @@ def send(grid: Grid, contents: dict[int, RecordDict], kind: str, group: str,
     # An error reply the SuperLink writes (an unavailable node) comes from the SuperLink:
     # name the node the message was for.
     for node, reply in zip(_meant(messages, errors), errors):
-        print(f"[cpcfl] node {node} failed {kind} {group}: {reply.error.reason}", flush=True)
+        print(f"[cpcfl] node {node} failed {kind} {group}: {checks.shown(reply.error.reason)}",
+              flush=True)
     good = [r for r in replies if not r.has_error()]
     answered = {r.metadata.src_node_id for r in good}
     # A node that sent nothing before the timeout (a killed node the SuperLink has not
@@ -53,24 +54,24 @@ def send(grid: Grid, contents: dict[int, RecordDict], kind: str, group: str,
     return good, sorted(set(contents) - answered)
 
 
-def check_replies(replies: list[Message], kind: str, round_, problem_of
-             ) -> tuple[list[Message], list[int]]:
-    """The replies for which ``problem_of(reply, node)`` finds nothing wrong (one that
-    lacks a record, or holds no arrays, is malformed), and the nodes of the others, each
-    named in one line with what was wrong: they are left out as failed nodes."""
-    kept, left = [], []
+def parsed(replies: list[Message], kind: str, round_, parse) -> tuple[dict, list[int]]:
+    """Each reply as ``parse(reply.content, node)`` reads it (a parser of
+    :mod:`cpcfl_tf.flower.checks`), by node, and the nodes whose reply it refused or
+    whose content made it fail in any other way: each is named in one line with the
+    field and what was wrong, and left out as a failed node, never stopping the run."""
+    kept, left = {}, []
     for reply in replies:
         node = reply.metadata.src_node_id
         try:
-            problem = problem_of(reply, node)
-        except (KeyError, TypeError, ValueError) as err:
-            problem = f"a malformed reply ({type(err).__name__}: {err})"
-        if problem is None:
-            kept.append(reply)
-        else:
-            print(f"[cpcfl] node {node} failed {kind} {round_}: its reply was left out: "
-                  f"{problem}", flush=True)
-            left.append(node)
+            kept[node] = parse(reply.content, node)
+            continue
+        except checks.Refused as err:
+            problem = checks.shown(err)
+        except Exception as err:  # noqa: BLE001 - a node's content may raise anything
+            problem = f"a malformed reply ({type(err).__name__}: {checks.shown(err)})"
+        print(f"[cpcfl] node {node} failed {kind} {round_}: its reply was left out: "
+              f"{problem}", flush=True)
+        left.append(node)
     return kept, left
 
 
@@ -83,9 +84,12 @@ def _meant(messages: list[Message], errors: list[Message]) -> list[int]:
 def check_partitions(grid: Grid, nodes: list[int], num_clients: int, timeout: float) -> None:
     replies, _ = send(grid, {n: RecordDict() for n in nodes}, MessageType.QUERY, "0-probe",
                       timeout)
-    declared = {int(r.content["identity"]["num-partitions"]) for r in replies
-                if "num-partitions" in r.content["identity"]}
-    if declared - {num_clients}:
+    said, _ = parsed(replies, "query", "0-probe", lambda content, node: checks.identity(content))
+    declared = {i.declared for i in said.values() if i.declared is not None}
+    # Stop only where no node was started for this run's partitions (an operator's
+    # mistake, every node alike); a node that alone says otherwise is left out of the
+    # roster, so that it cannot stop the run.
+    if declared and num_clients not in declared:
         raise UserError(f"the nodes were started for {', '.join(map(str, sorted(declared)))} "
                         f"partitions (node config num-partitions; under the Simulation Engine "
                         f"num-supernodes) but the run has num-clients={num_clients}: make "
@@ -93,10 +97,14 @@ def check_partitions(grid: Grid, nodes: list[int], num_clients: int, timeout: fl
 
 
 def ask_first(grid: Grid, client_of: dict[int, int], fl, num_clients: int, timeout: float,
-              names: dict[int, str] | None = None) -> list[np.ndarray] | None:
+              names: dict[int, str] | None = None, *, image_shape: tuple[int, ...],
+              num_groups: int) -> list[np.ndarray] | None:
     """Every client's answer, by client id, to what the method's rule asks once before
-    training (:mod:`cpcfl_tf.clustered.rules`: the oracle's true groups, PACFL's data subspaces);
-    every client must answer. None when the rule asks nothing."""
+    training (:mod:`cpcfl_tf.clustered.rules`: the oracle's true groups, PACFL's data
+    subspaces), each checked (:func:`cpcfl_tf.flower.checks.answered`: the node's own
+    client, the shape and dtype of the answer a client of ``image_shape`` images gives,
+    finite, the rule's own check); None for a client that gave no answer the server can
+    use (it takes no part in the run). None when the rule asks nothing."""
     rule = METHODS[fl.method].rule
     if rule.asks is None:
         return None
@@ -105,14 +113,20 @@ def ask_first(grid: Grid, client_of: dict[int, int], fl, num_clients: int, timeo
                                                           **addressee(client, names)})})
                 for node, client in client_of.items()}
     answers, _ = send(grid, contents, MessageType.QUERY, f"0-{rule.asks}", timeout)
-    by_client = {int(r.content["metrics"]["client-id"]): r for r in answers}
+    like = rule.answer_like(rule.question(fl), image_shape)
+    good, _ = parsed(answers, "query", f"0-{rule.asks}", lambda content, node: checks.answered(
+        content, client=client_of[node], like=like,
+        problem=lambda answer: rule.answer_problem(fl, answer, num_groups)))
+    by_client = {client_of[node]: answer for node, answer in good.items()}
+    if not by_client:
+        raise UserError(f"no client sent its {rule.asks} before training (the reasons are "
+                        f"above); the method needs them: start a SuperNode for each of the "
+                        f"{num_clients} clients (min-nodes = num-clients)" + rule.node_needs)
     missing = sorted(set(range(num_clients)) - set(by_client))
     if missing:
-        raise UserError(f"clients {missing} did not send their {rule.asks} before training; "
-                        f"the method needs every client's: start a SuperNode for each of "
-                        f"the {num_clients} clients (min-nodes = num-clients)"
-                        + rule.node_needs)
-    return [from_record(by_client[c].content["answer"])[0] for c in range(num_clients)]
+        print(f"[cpcfl] left out of the run: clients {missing} (no {rule.asks} before "
+              "training; the method assigns the others from theirs)", flush=True)
+    return [by_client.get(c) for c in range(num_clients)]
 
 
 def addressee(client: int, names: dict[int, str] | None) -> dict:
@@ -121,37 +135,50 @@ def addressee(client: int, names: dict[int, str] | None) -> dict:
     return {"client-id": client, **({} if names is None else {"name": names[client]})}
 
 
-def roster(grid: Grid, nodes: list[int], timeout: float
-            ) -> tuple[dict[int, int], dict[str, dict] | None, dict[int, int]]:
+def roster(grid: Grid, nodes: list[int], timeout: float, num_clients: int, *,
+           most: int | None = None, unlabeled: bool = False
+           ) -> tuple[dict[int, int], dict[str, dict] | None, dict[int, int]]:
     """Who the clients are: node id -> client id, and, when the nodes brought their own
     data, client id -> the folder name and example counts they reported (``None`` for
-    partition ids) and client id -> its unlabeled images, where a federated pre-training
-    asked for them. A node that cannot serve (its data is bad) is left out, its reason
-    printed."""
+    partition ids) and client id -> its unlabeled images (``unlabeled``: the run
+    pre-trains on the nodes, and each must report them). Every reply is checked
+    (:func:`cpcfl_tf.flower.checks.identity`; counts at most ``most``): a partition id
+    must be in 0..``num_clients`` - 1, and a partition id or a folder name is the first
+    claimant's; a node that claims a taken one, answers unlike the first node (a
+    partition id where it had a folder, or the reverse), sends a malformed reply, or
+    cannot serve (its data is bad) is left out, its reason printed."""
     replies, failed = send(grid, {n: RecordDict() for n in nodes}, MessageType.QUERY, "0",
                            timeout)
     if failed:
         print(f"[cpcfl] left out: nodes {failed} (no roster reply)", flush=True)
-    said = {r.metadata.src_node_id: r.content["identity"] for r in replies}
+    said, _ = parsed(replies, "query", 0, lambda content, node: checks.identity(
+        content, num_clients=num_clients, most=most, unlabeled=unlabeled))
     if not said:
         raise UserError("no node answered the roster query (their reasons are above)")
-    own = {n for n, m in said.items() if "name" in m}
-    if own and own != set(said):
-        raise UserError("some nodes have a partition-id and some a data-path: start every "
-                        "SuperNode the same way")
+    own = next(iter(said.values())).name is not None  # as the first node to answer
+    client_of, claimed = {}, {}  # node -> client; its partition id or name -> node
+    for node, i in said.items():  # in the order the replies came: the first claim holds
+        claim = i.name if own else i.partition
+        said_as = f"data folder {checks.shown(claim, 40)}" if own else f"partition-id {claim}"
+        if (i.name is not None) != own:
+            problem = ("a partition-id, where the first node to answer has a data-path" if own
+                       else "a data-path, where the first node to answer has a partition-id")
+        elif claim in claimed:
+            problem = f"{said_as} is node {claimed[claim]}'s already"
+        else:
+            claimed[claim], client_of[node] = node, i.partition
+            continue
+        print(f"[cpcfl] node {node} failed query 0: its reply was left out: {problem} "
+              "(start every SuperNode the same way, each with its own data)", flush=True)
     if not own:
-        return {n: int(m["partition-id"]) for n, m in said.items()}, None, {}
-    names = sorted((str(m["name"]), n) for n, m in said.items())
-    repeated = sorted({a for (a, _), (b, _) in zip(names, names[1:]) if a == b})
-    if repeated:
-        raise UserError(f"several nodes have data folders named {', '.join(repeated)}: the "
-                        "clients are numbered by folder name, give each node its own")
+        return client_of, None, {}
+    names = sorted(claimed.items())  # the clients are numbered by folder name
     return ({node: k for k, (_, node) in enumerate(names)},
-            {str(k): {"name": name, "num_train": int(said[node]["num-train"]),
-                      "num_test": int(said[node]["num-test"])}
+            {str(k): {"name": name, "num_train": said[node].num_train,
+                      "num_test": said[node].num_test}
              for k, (name, node) in enumerate(names)},
-            {k: int(said[node]["num-unlabeled"]) for k, (_, node) in enumerate(names)
-             if "num-unlabeled" in said[node]})
+            {k: said[node].num_unlabeled for k, (_, node) in enumerate(names)
+             if said[node].num_unlabeled is not None})
 
 
 class Nodes:
@@ -160,13 +187,15 @@ class Nodes:
 
     def __init__(self, grid: Grid, client_of: dict[int, int], num_clients: int,
                  timeout: float, fl: FederatedConfig, names: dict[int, str] | None = None,
-                 examples: dict[int, int] | None = None):
+                 examples: dict[int, int] | None = None, tests: dict[int, int] | None = None):
         self.grid, self.client_of, self.timeout, self.fl = grid, client_of, timeout, fl
         self.names = names
         """Client id -> data folder name, for nodes with their own data."""
         self.examples = examples or {}
         """Client id -> its training examples (the roster's count, or its partition's
         size): the most a reply's ``num-examples`` may say."""
+        self.tests = tests or {}
+        """Client id -> its test examples: the most a scoring reply's count may say."""
         self.num_clients, self.assigns = num_clients, METHODS[fl.method].server_assigns
         self.scores: dict[int, float] = {}
         """The last scored round's accuracy per client that answered (the last round is
@@ -194,40 +223,33 @@ class Nodes:
                 **models_to_records({n: models[n] for n in range(plan.num_models)})})
         replies, failed = send(self.grid, contents, MessageType.TRAIN, str(plan.round + 1),
                                self.timeout)
-        checked, left = check_replies(replies, "train", plan.round + 1,
-                                      lambda reply, node: self._problem(reply, node, plan, row,
-                                                                   models))
+        checked, left = parsed(replies, "train", plan.round + 1, lambda content, node:
+                               self._trained(content, node, plan, row, models))
         failed = sorted({*failed, *left})  # their cluster ids kept, as a failed node's
         # In client order, as the simulator's replies come, not in order of arrival: a rule
         # that clusters the replies (FedGroup's k-means++) would otherwise name its
         # clusters by who answered first, and sums would add in another order.
-        replies = sorted(checked, key=lambda r: int(r.content["metrics"]["client-id"]))
-        metrics = [r.content["metrics"] for r in replies]
-        trained = [from_record(r.content["model"]) for r in replies]
+        replies = sorted(checked.values(), key=lambda r: r.client)
         asked = {self.client_of[n] for n in contents}
         return algorithm.Replies(
-            np.array([int(m["client-id"]) for m in metrics], np.int64),
-            np.array([int(m["cluster-id"]) for m in metrics], np.int64),
-            np.array([float(m["num-examples"]) for m in metrics]),
-            [np.stack([w[i] for w in trained]) for i in range(len(trained[0]))] if trained
-            else [],
+            np.array([r.client for r in replies], np.int64),
+            np.array([r.cluster for r in replies], np.int64),
+            np.array([float(r.count) for r in replies]),
+            [np.stack([r.weights[i] for r in replies]) for i in range(len(replies[0].weights))]
+            if replies else [],
             sorted({self.client_of[n] for n in failed} | (set(row) - asked)))
 
-    def _problem(self, reply: Message, node: int, plan: algorithm.RoundPlan, row: dict,
-                 models) -> str | None:
-        """What is wrong with a node's training reply (None: it may count): the client it
-        names, the cluster id (inside the pool; the model the node was given where the
-        server assigned it or drew it for the Tc phase), the example count and the
-        weights against the model of that cluster."""
+    def _trained(self, content, node: int, plan: algorithm.RoundPlan, row: dict,
+                 models) -> checks.Trained:
+        """A node's training reply as the server counts it (:func:`checks.trained`): the
+        client it names, the cluster id (inside the pool; the model the node was given
+        where the server assigned it or drew it for the Tc phase), the example count and
+        the weights against the model of that cluster."""
         client = self.client_of[node]
-        metrics, arrays = reply.content["metrics"], from_record(reply.content["model"])
         drawn = plan.drawn[row[client]] if plan.drawn is not None and client in row else None
-        return checks.first(
-            checks.client_problem(metrics["client-id"], client),
-            checks.cluster_problem(metrics["cluster-id"], plan.num_models,
-                                   None if drawn is None else int(drawn)),
-            checks.count_problem(metrics["num-examples"], self.examples.get(client))
-        ) or checks.weights_problem(arrays, models[int(metrics["cluster-id"])])
+        return checks.trained(content, client=client, num_models=plan.num_models,
+                              expected=None if drawn is None else int(drawn),
+                              most=self.examples.get(client), models=models)
 
     def observe(self, models, assigned, replies, round_: int, *, planned=None) -> dict:
         """The round's record. In the rounds the simulator scores (``fl.scored``) each node
@@ -261,11 +283,9 @@ class Nodes:
                                          **models_to_records(sent)})
         scores, _ = send(self.grid, contents, MessageType.EVALUATE, f"{round_}-evaluate",
                          self.timeout)
-        scores, _ = check_replies(scores, "evaluate", round_, lambda reply, node: checks.first(
-            checks.client_problem(reply.content["metrics"]["client-id"], self.client_of[node]),
-            checks.accuracy_problem(reply.content["metrics"]["accuracy"])))
-        accuracy = {self.client_of[r.metadata.src_node_id]:
-                    float(r.content["metrics"]["accuracy"]) for r in scores}
+        scores, _ = parsed(scores, "evaluate", round_, lambda content, node: checks.scored(
+            content, client=self.client_of[node], most=self.tests.get(self.client_of[node])))
+        accuracy = {s.client: s.accuracy for s in scores.values()}
         return accuracy, sorted(set(self.client_of.values()) - set(accuracy))
 
 
@@ -277,8 +297,11 @@ class PretrainNodes:
     image count. A node that fails the round is left out of it."""
 
     def __init__(self, grid: Grid, client_of: dict[int, int], timeout: float,
-                 names: dict[int, str] | None, examples: dict[int, int]):
+                 names: dict[int, str] | None, examples: dict[int, int], trainer):
         self.grid, self.client_of, self.timeout, self.names = grid, client_of, timeout, names
+        self.trainer = trainer
+        """The server's :class:`~cpcfl_tf.pretraining.federated_pretrain.LocalTrainer`:
+        the settings and the method a reply is checked against."""
         self.examples = examples
         """Client id -> its unlabeled images: the most a reply's ``num-examples`` may say."""
 
@@ -293,22 +316,20 @@ class PretrainNodes:
             for node, client in self.client_of.items() if client in wanted and node in online}
         replies, _ = send(self.grid, contents, MessageType.TRAIN, f"pretrain-{round_ + 1}",
                           self.timeout)
-        def problem(reply: Message, node: int) -> str | None:
-            client, metrics = self.client_of[node], reply.content["metrics"]
-            return checks.first(
-                checks.client_problem(metrics["client-id"], client),
-                checks.count_problem(metrics["num-examples"], self.examples.get(client)),
-                checks.loss_problem(metrics.get("loss")),
-                checks.weights_problem(from_record(reply.content["model"]), global_weights))
-
-        checked, _ = check_replies(replies, "pretrain", round_ + 1, problem)  # left out as failed
-        by_client = sorted(((int(m.content["metrics"]["client-id"]), m) for m in checked),
-                           key=lambda pair: pair[0])  # the simulator's order
-        metrics = [dict(m.content["metrics"]) for _, m in by_client]
+        settings = self.trainer.settings
+        checked, _ = parsed(replies, "pretrain", round_ + 1, lambda content, node:
+                            checks.pretrained(
+                                content, client=self.client_of[node],
+                                most=self.examples.get(self.client_of[node]),
+                                like=global_weights, batch_size=settings["batch_size"],
+                                local_epochs=settings["local_epochs"],
+                                reported=self.trainer.algorithm.reported,
+                                timeout=self.timeout))  # left out as failed
+        by_client = sorted(checked.values(), key=lambda r: r.client)  # the simulator's order
         # Each client's loss in full, so a run can be checked client by client against
         # the simulator's rounds (the round's line gives their mean only).
         print(f"[cpcfl] pretrain round {round_ + 1}: client losses " + ", ".join(
-            f"{k} {float(m['loss'])!r}" for (k, _), m in zip(by_client, metrics)), flush=True)
-        return Uploads([from_record(m.content["model"]) for _, m in by_client],
-                       [int(m["num-examples"]) for m in metrics], metrics, len(contents),
-                       sorted(wanted - {k for k, _ in by_client}))
+            f"{r.client} {r.results['loss']!r}" for r in by_client), flush=True)
+        return Uploads([r.weights for r in by_client], [r.count for r in by_client],
+                       [r.results for r in by_client], len(contents),
+                       sorted(wanted - {r.client for r in by_client}))

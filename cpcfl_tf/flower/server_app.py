@@ -38,12 +38,12 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from cpcfl_tf.clustered import algorithm
-from cpcfl_tf.flower import remote
+from cpcfl_tf.flower import checks, remote
 from cpcfl_tf.flower.common import class_names, run_config
 from cpcfl_tf.clustered.methods import plugins_used
 from cpcfl_tf.record import write_record
 from cpcfl_tf.results import prepare_out_dir
-from cpcfl_tf.run_plan import check_data, resolve
+from cpcfl_tf.run_plan import check_data, federated_settings, resolve
 
 app = ServerApp()
 
@@ -72,7 +72,7 @@ def _pretrain_stage(grid: Grid, client_of: dict[int, int], config, timeout: floa
         examples = {k: len(images) for k, images in enumerate(unlabeled_for(config))}
     else:  # own data: what each node reported in the roster
         examples = {k: int(unlabeled[k]) for k in names if k in unlabeled}
-    clients = remote.PretrainNodes(grid, client_of, timeout, names, examples)
+    clients = remote.PretrainNodes(grid, client_of, timeout, names, examples, server)
     weights = pretrain_rounds(server, clients, config.partition.num_clients, server.initial(),
                               totals, after=after)
     print(f"[cpcfl] {start}: {totals['bytes_down'] / 1e6:.1f} MB of online parts down, "
@@ -81,16 +81,18 @@ def _pretrain_stage(grid: Grid, client_of: dict[int, int], config, timeout: floa
     return server.model.encoder.get_weights()
 
 
-def _examples(config, node_data: dict[str, dict] | None) -> dict[int, int]:
-    """Each client's training examples, the bound of its replies' counts: what a node with
-    its own data reported in the roster, or the size of the client's partition (every
-    client of a drawn partition has as many)."""
+def _examples(config, node_data: dict[str, dict] | None) -> tuple[dict[int, int], dict[int, int]]:
+    """Each client's training and test examples, the bounds of its replies' counts: what a
+    node with its own data reported in the roster, or the sizes of the client's partition
+    (every client of a drawn partition has as many)."""
     if node_data is not None:
-        return {int(k): int(d["num_train"]) for k, d in node_data.items()}
+        return ({int(k): int(d["num_train"]) for k, d in node_data.items()},
+                {int(k): int(d["num_test"]) for k, d in node_data.items()})
     from cpcfl_tf.clustered.clients import clients_for
 
-    size = clients_for(config).train.size
-    return dict.fromkeys(range(config.partition.num_clients), size)
+    clients = clients_for(config)
+    return tuple(dict.fromkeys(range(config.partition.num_clients), split.size)
+                 for split in (clients.train, clients.test))
 
 
 @app.main()
@@ -105,6 +107,7 @@ def main(grid: Grid, context: Context) -> None:
     classes = class_names(settings)
     timeout = float(settings.get("round-timeout", 300.0))
     wanted = int(settings.get("min-nodes", 0)) or config.partition.num_clients
+    most = int(settings.get("max-examples", 0)) or None
     if settings.get("out"):  # refuse an unwritable output before any work
         prepare_out_dir(Path(str(settings["out"])).parent,
                         fix="set the run config's out to a writable path")
@@ -114,14 +117,17 @@ def main(grid: Grid, context: Context) -> None:
     remote.check_partitions(grid, remote.wait_for_nodes(grid, 1, timeout),
                             config.partition.num_clients, timeout)
     client_of, node_data, unlabeled = remote.roster(
-        grid, remote.wait_for_nodes(grid, wanted, timeout), timeout)
+        grid, remote.wait_for_nodes(grid, wanted, timeout), timeout,
+        config.partition.num_clients, most=most,
+        unlabeled=federated_settings(config) is not None)
     if node_data is not None:
         # The nodes' own data: the clients are the nodes that answered, nothing is drawn
         # (partition.kind own: one group, the server knows none; no split sizes apply).
         config = config.with_overrides(partition={"num_clients": len(client_of),
                                                   "num_groups": 1, "kind": "own"})
         print(f"[cpcfl] {len(client_of)} nodes with their own data: "
-              + ", ".join(f"{k} {d['name']} ({d['num_train']} + {d['num_test']} images)"
+              + ", ".join(f"{k} {checks.shown(d['name'], 40)} ({d['num_train']} + "
+                          f"{d['num_test']} images)"
                           for k, d in node_data.items()), flush=True)
     else:
         print(f"[cpcfl] {len(client_of)} nodes: partitions {sorted(client_of.values())}",
@@ -132,14 +138,18 @@ def main(grid: Grid, context: Context) -> None:
 
     names = (None if node_data is None else
              {int(k): str(d["name"]) for k, d in node_data.items()})
-    answers = remote.ask_first(grid, client_of, fl, num_clients, timeout, names)
+    size = config.data.image_size
+    answers = remote.ask_first(grid, client_of, fl, num_clients, timeout, names,
+                               image_shape=(size, size, 3),
+                               num_groups=config.partition.num_groups)
+    if answers is not None:  # a client without an answer takes no part
+        client_of = {n: c for n, c in client_of.items() if answers[c] is not None}
 
     if run.pretraining is not None and run.pretraining.federated is not None:
         # The first stage: the nodes pre-train the encoder on their unlabeled images.
         encoder_weights = _pretrain_stage(grid, client_of, config, timeout, names, unlabeled)
     else:  # the server's own pre-training (its data, never the nodes')
         encoder_weights = StartingEncoders(verbose=0)(config)
-    size = config.data.image_size
     template = build_template(fl, (size, size, 3), len(classes))
 
     def start(attempt: int) -> algorithm.ServerState:
@@ -153,7 +163,7 @@ def main(grid: Grid, context: Context) -> None:
               f"{len(record['failed_partitions'])} failed{scored}", flush=True)
 
     federation = remote.Nodes(grid, client_of, num_clients, timeout, fl, names,
-                              _examples(config, node_data))
+                              *_examples(config, node_data))
     state, progress = algorithm.run_rounds(
         fl, config.seed, federation, start, on_round=after,
         progress=algorithm.sent_before_training(fl, answers),
