@@ -21,7 +21,7 @@ from cpcfl_tf.running.cli import resolve_config
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.evidence.engine import (Evidence, Judged, encoder_notes, groups_found, headroom,
                                machine_notes, report, seed_list, verdict_table)
-from cpcfl_tf.evidence.judge import RULE
+from cpcfl_tf.evidence.judge import CLAIMS_RULE
 from cpcfl_tf.config import config_key
 from cpcfl_tf.clustered.methods import PRETRAIN_METHODS
 from cpcfl_tf.running.report import markdown_table, replace_block
@@ -204,14 +204,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         text = text.rstrip("\n") + "\n\n" + "\n\n".join(note) + "\n"
     write_json(results / "claims.json", {
         "preset": config.preset, "results": str(results), "seeds": args.seeds,
-        "rule": RULE, "claims": [
+        "rule": CLAIMS_RULE, "claims": [
             {"id": j.claim.id, "claim": j.claim.text, "source": j.claim.source,
              "verdict": j.verdict, "cannot": j.claim.cannot,
              "with_restart_rule": f.verdict,
-             "links": [{"link": link.label, "paper": link.paper, **summary.to_json(),
+             "links": [{"link": link.label, "paper": link.paper, **summary.claim_json(),
                         "missing": missing,
                         "with_restart_rule": None if flink == link else
-                        {**fsummary.to_json(), "missing": fmissing}}
+                        {**fsummary.claim_json(), "missing": fmissing}}
                        for (link, summary, missing), (flink, fsummary, fmissing)
                        in zip(j.links, f.links)]}
             for j, f in zip(judged, fixed)],

@@ -322,6 +322,8 @@ def _report(config, by_run: dict[str, dict[int, RunRecord]], runs: int, encoders
                "rescued": rescued(by_run)}
     if "cp-cfl-features-simclr" in by_run:  # the remedies side by side
         summary["rescued_by_features"] = rescued(by_run, "cp-cfl-features-simclr")
+        summary["worst"] = {name: worst_against_plain(by_run, name) for name in REMEDIES
+                            if by_run.get(name)}
         summary["rounds"] = {
             name: float(np.mean([rounds_trained(r) for r in by_run[name].values()]))
             for name in REMEDIES if by_run.get(name)}
@@ -390,6 +392,25 @@ def rescued(by_run: dict[str, dict[int, RunRecord]], remedy: str = "cp-cfl-resta
     plain = comparable(plain, fixed)[0]
     missed = [i for i, r in plain.items() if not found(r) and i in fixed]
     return {"missed": len(missed), "found_by_restart": sum(found(fixed[i]) for i in missed)}
+
+
+def worst_against_plain(by_run: dict[str, dict[int, RunRecord]], remedy: str) -> dict | None:
+    """Paired by run against CP-CFL (SimCLR) (same partition and encoder): the ``remedy``'s
+    worst run (its lowest accuracy difference, in points, and which run), and the runs in
+    which it did not end with the true groups while CP-CFL (SimCLR) did (its merges that
+    CP-CFL did not make), each with its difference. None without both."""
+    plain, fixed = by_run.get("cp-cfl-simclr"), by_run.get(remedy)
+    if not plain or not fixed:
+        return None
+    kept = comparable(fixed, plain)[0]
+    diffs = paired(kept, plain, final_accuracy)
+    if not diffs:
+        return None
+    run = min(diffs, key=lambda i: (diffs[i], i))
+    return {"run": run, "difference": diffs[run],
+            "merged_where_plain_found": [
+                {"run": i, "difference": diffs[i]} for i in sorted(diffs)
+                if not found(kept[i]) and found(plain[i])]}
 
 
 SHOWS_TITLE = "What it shows (written from the tables above):"
@@ -492,6 +513,8 @@ def findings(summary: dict) -> list[str]:
                               "CP-CFL+restart (SimCLR)")
         lines.append(f"{line}; in accuracy it is {to_plain} and {to_restart} by the claims' "
                      "rule.")
+        if worst_facts(summary):
+            lines.append(worst_facts(summary))
     if "cp-cfl-simclr - ifca-none" in links:
         to_ifca = compared(links["cp-cfl-simclr - ifca-none"], "IFCA (None)")
         line = f"CP-CFL (SimCLR) is {to_ifca} in accuracy by the claims' rule over these runs"
@@ -550,7 +573,52 @@ def remedy_lines(summary: dict) -> list[str]:
               if groups_ not in ("holds", "opposite") and theirs["found"] > mine["found"]
               else "")
     return [f"Which remedy to use (beyond the paper, preset {summary['preset']}, "
-            f"{summary['runs']} runs): {choice}, because {why}. {facts}{caveat}"]
+            f"{summary['runs']} runs): {choice}, because {why}. {facts}{caveat}"
+            + _worst_runs(summary, choice, other)]
+
+
+def _worst_runs(summary: dict, choice: str, other: str) -> str:
+    """The remedies' worst runs against CP-CFL (SimCLR), paired by run, and the runs in
+    which each merged groups CP-CFL found; and how they weigh beside the choice: a mean
+    that does not tell two remedies apart says nothing of their worst run, which a user
+    choosing a default pays in full."""
+    facts = worst_facts(summary)
+    if not facts:
+        return ""
+    worst = summary["worst"]
+    by_label = {REMEDY_LABELS[name]: w for name, w in worst.items()}
+    mine, theirs = by_label[choice], by_label[other]
+    weigh = ""
+    if mine["merged_where_plain_found"] and not theirs["merged_where_plain_found"]:
+        weigh = (f" So {choice} costs nothing on average but once lost what CP-CFL (SimCLR) "
+                 f"had, which {other} never did: a user who weighs the worst run above the "
+                 f"mean, or runs only a few times, should take {other}.")
+    elif theirs["merged_where_plain_found"] and not mine["merged_where_plain_found"]:
+        weigh = (f" {choice} is also the one that never lost groups CP-CFL (SimCLR) found.")
+    return f" {facts}{weigh}"
+
+
+REMEDY_LABELS = {"cp-cfl-restart-simclr": "CP-CFL+restart",
+                 "cp-cfl-features-simclr": "CP-CFL+features"}
+
+
+def worst_facts(summary: dict) -> str:
+    """Each remedy's worst run against CP-CFL (SimCLR), paired by run, and the runs in
+    which it merged groups CP-CFL found (:func:`worst_against_plain`), in one sentence;
+    empty without both remedies."""
+    worst = summary.get("worst") or {}
+    if any(worst.get(name) is None for name in REMEDIES):
+        return ""
+    said = []
+    for name in REMEDIES:
+        w = worst[name]
+        merged = w["merged_where_plain_found"]
+        said.append(f"{REMEDY_LABELS[name]}'s worst run against CP-CFL (SimCLR) is run "
+                    f"{w['run']} ({w['difference']:+.2f} points), and it merged groups "
+                    "CP-CFL (SimCLR) found in "
+                    + (", ".join(f"run {m['run']} ({m['difference']:+.2f} points)"
+                                 for m in merged) if merged else "no run"))
+    return "Worst runs, paired by run: " + "; ".join(said) + "."
 
 
 def _rescued_phrase(saved: dict | None) -> str:

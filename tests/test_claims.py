@@ -12,7 +12,8 @@ from cpcfl_tf.evidence.claims import claims as claim_list
 from cpcfl_tf.evidence.claims import evidence
 from cpcfl_tf.presets import get_preset
 from cpcfl_tf.evidence.engine import found_at
-from cpcfl_tf.evidence.judge import CANNOT, HOLDS, NOT_SHOWN, OPPOSITE, t_interval, verdict
+from cpcfl_tf.evidence.judge import (CANNOT, HOLDS, NOT_SHOWN, OPPOSITE, SMALLER, t_interval,
+                                     verdict)
 from cpcfl_tf.record import Final, Round, RunRecord, write_record
 from cpcfl_tf.run_plan import resolve
 from helpers import script
@@ -66,7 +67,11 @@ def judged(tree, *claims_):
 def test_each_verdict_kind_is_the_known_answer(tree):
     out = judged(tree, "C1", "C11", "C5", "C4")
     c1 = [link["verdict"] for link in out["C1"]["links"]]
-    assert c1 == [HOLDS, NOT_SHOWN, OPPOSITE]
+    # The second: differences -1, 1, -2, 2, 0 (interval +-1.96 by hand) against the paper's
+    # 3.10 points: smaller than the paper's.
+    assert c1 == [HOLDS, SMALLER, OPPOSITE]
+    assert out["C1"]["links"][1]["paper_difference"] == 3.10
+    assert out["C1"]["links"][1]["paper_inside"] is False
     first = out["C1"]["links"][0]
     assert first["n"] == 5 and first["per_seed"]["4"] == pytest.approx(100 * 0.054)
     assert first["min"] == pytest.approx(5.0) and first["max"] == pytest.approx(5.4)
@@ -308,7 +313,18 @@ def test_only_a_repositorys_results_tree_writes_the_front_doors_verdicts(tmp_pat
 def test_a_claim_the_data_cannot_host_says_why():
     standard = {c.id: c for c in claim_list(get_preset("standard"))}
     assert "hosts 15 clients" in standard["C6"].cannot
-    assert {c.id: c for c in claim_list(get_preset("quick"))}["C6"].cannot is None
+    quick = {c.id: c for c in claim_list(get_preset("quick"))}
+    assert quick["C6"].cannot is None
+    # C6's "no gain" and C11's "close to" are claims of no difference: equivalence within
+    # the margins fixed in claims.py; every other link is a difference the paper says is
+    # positive, with its printed difference where it prints numbers.
+    related, unrelated = quick["C6"].links
+    assert (related.equivalence, related.effect) == (False, 6.40)
+    assert (unrelated.equivalence, unrelated.margin, unrelated.effect) == (True, 2.0, -0.50)
+    assert quick["C11"].links[0].equivalence and quick["C11"].links[0].effect == -0.67
+    assert quick["C5"].links[2].effect == 4.00 and quick["C9"].links[0].effect == 1.93
+    assert all(not link.equivalence for c in quick.values() if c.id not in ("C6", "C11")
+               for link in c.links)
 
 
 def test_the_interval_is_students_t():
@@ -571,3 +587,76 @@ def test_a_fired_restart_run_is_taken_where_it_starts_from_its_base_runs_encoder
         found = runner.finished(spec)
         assert (found and found.final.accuracy) == taken
         assert (spec.name in runner.store.reused) == (taken is not None)
+
+
+SPREAD = {0: -1.0, 1: 1.0, 2: -2.0, 3: 2.0, 4: 0.0}
+"""Mean 0, SD sqrt(2.5): the 95 % interval is +-2.7764 * 1.5811 / sqrt(5) = +-1.9632."""
+
+
+def test_smaller_than_the_papers_by_hand_in_every_branch():
+    shifted = {k: v + 3.0 for k, v in SPREAD.items()}  # [1.04, 4.96]: above zero
+    assert verdict(shifted, paper=10.0).verdict == HOLDS  # the sign decides first
+    assert verdict(SPREAD, paper=3.10).verdict == SMALLER  # 1.9632 < 3.10
+    assert verdict(SPREAD, paper=1.90).verdict == NOT_SHOWN  # 1.90 inside the interval
+    assert verdict(SPREAD).verdict == NOT_SHOWN  # the paper gives no number
+    assert verdict(SPREAD, paper=-0.5).verdict == NOT_SHOWN  # no positive difference
+    below = {k: v - 3.0 for k, v in SPREAD.items()}
+    assert verdict(below, paper=3.10).verdict == OPPOSITE
+    waiting = verdict(SPREAD, paper=3.10, missing=2)
+    assert (waiting.verdict, waiting.so_far) == (CANNOT, SMALLER)
+    from cpcfl_tf.evidence.judge import bounds
+
+    assert bounds(verdict(SPREAD, paper=3.10)) == "at most +1.96, at least -1.96"
+    assert verdict(SPREAD, paper=3.10).paper_inside is False
+    assert verdict(SPREAD, paper=1.5).paper_inside is True
+    assert verdict(SPREAD).paper_inside is None
+
+
+@pytest.mark.parametrize("effect,gpower", [(0.5, 34), (0.8, 15), (0.2, 199)])
+def test_the_seeds_needed_are_the_t_tests_power_computation(effect, gpower):
+    """Against the textbook sample sizes of a two-sided one-sample t-test at 5 % with
+    80 % power (Cohen's d 0.5: 34, 0.8: 15, 0.2: 199, as G*Power gives them), and a
+    simulation of the test itself at the n found and one fewer."""
+    from scipy import stats
+
+    from cpcfl_tf.evidence.judge import seeds_needed
+
+    values = np.array([effect - 1.0, effect + 1.0])  # mean = effect, SD = sqrt(2)
+    values = effect + (values - effect) / np.sqrt(2)  # SD 1: Cohen's d = effect
+    n = seeds_needed(values)
+    assert n == gpower
+    rng = np.random.default_rng(0)
+
+    def rejected(size):
+        draws = rng.normal(effect, 1.0, size=(20_000, size))
+        t = draws.mean(1) / (draws.std(1, ddof=1) / np.sqrt(size))
+        return np.mean(np.abs(t) > stats.t.ppf(0.975, size - 1))
+
+    assert rejected(n) >= 0.79 and rejected(n - 1) < 0.81
+    assert seeds_needed(np.array([1.0, 1.0])) is None  # no spread: no test to plan
+    assert seeds_needed(np.array([-1.0, 1.0])) is None  # mean zero: no effect to find
+
+
+def test_equivalence_is_two_one_sided_tests():
+    """TOST by its definition: the larger p-value of the t-tests of mean <= -margin and of
+    mean >= margin; below 5 % exactly when the 90 % interval lies inside the margin."""
+    from scipy import stats
+
+    from cpcfl_tf.evidence.judge import equivalent
+
+    values = np.array([0.3, -0.2, 0.5, 0.1, 0.4])
+    n, mean, error = 5, values.mean(), values.std(ddof=1) / np.sqrt(5)
+    for margin in (0.3, 0.6, 1.0):
+        expected = max(1 - stats.t.cdf((mean + margin) / error, n - 1),
+                       stats.t.cdf((mean - margin) / error, n - 1))
+        assert equivalent(values, margin) == pytest.approx(expected)
+        low, high = t_interval(values, 0.90)
+        assert (equivalent(values, margin) < 0.05) == (-margin < low and high < margin)
+    per_seed = dict(enumerate(values))
+    assert verdict(per_seed, 1.0, equivalence=True).verdict == HOLDS  # 90 %: [-0.04, 0.48]
+    assert verdict(per_seed, 0.3, equivalence=True).verdict == NOT_SHOWN
+    far = dict(enumerate(values + 5))
+    assert verdict(far, 1.0, equivalence=True).verdict == OPPOSITE
+    # The 95 % rule of the studies is kept where equivalence is not asked for.
+    assert verdict(per_seed, 0.5).verdict == NOT_SHOWN  # 95 %: [-0.12, 0.56]
+    assert verdict(per_seed, 0.5, equivalence=True).verdict == HOLDS  # 90 %: within

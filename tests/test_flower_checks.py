@@ -208,7 +208,7 @@ CASES = st.sampled_from(sorted(KINDS)).flatmap(lambda kind: st.tuples(
     st.sampled_from(range(len(NODES)))))
 
 
-@settings(max_examples=30, deadline=None, derandomize=True, database=None,
+@settings(max_examples=25, deadline=None, derandomize=True, database=None,
           suppress_health_check=list(HealthCheck))
 @given(case=CASES)
 def test_one_bad_value_in_any_field_leaves_out_that_reply_and_nothing_else(federation, case):
@@ -440,6 +440,62 @@ def test_the_field_checks_by_hand():
     for bad in (1.01, -0.1, math.nan, math.inf, -math.inf, "0.5", False, [0.5]):
         with pytest.raises(checks.Refused):
             checks.real(bad, "x", 0, 1)
+    # A folder name of 1 to 255 characters; FedEMA's mu, optional, in [0, 1].
+    from flwr.app import ConfigRecord, MetricRecord, RecordDict
+
+    from cpcfl_tf.flower.common import to_record
+
+    def folder(name):
+        return RecordDict({"identity": ConfigRecord({"name": name, "num-train": 3,
+                                                     "num-test": 1})})
+    assert checks.identity(folder("x" * 255)).name == "x" * 255
+    for bad in ("", "x" * 256):
+        with pytest.raises(checks.Refused, match="is not a folder name"):
+            checks.identity(folder(bad))
+    parts = [np.zeros(2, np.float32)]
+
+    def pretrained(**extra):
+        return checks.pretrained(RecordDict({"metrics": MetricRecord({
+            "client-id": 0, "num-examples": 64, "steps": 1, "loss": 1.0, "embedding_std": 0.1,
+            "seconds": 2.0, **extra}), "model": to_record(parts)}), client=0, most=64,
+            like=parts, batch_size=64, local_epochs=1, reported=("mu",), timeout=60.0)
+    assert pretrained(mu=0.5).results["mu"] == 0.5 and "mu" not in pretrained().results
+    for bad in (1.5, -0.1, math.nan):
+        with pytest.raises(checks.Refused, match="mu"):
+            pretrained(mu=bad)
+
+
+def test_a_run_whose_rule_asks_first_stops_only_when_no_client_answered(capsys):
+    """PACFL needs the clients' subspaces: without any usable one the run stops in one
+    line (UserError); one usable answer is enough for the others to be left out."""
+    from types import SimpleNamespace
+
+    from flwr.app import MetricRecord, RecordDict
+
+    from cpcfl_tf.errors import UserError
+    from cpcfl_tf.flower import remote
+    from cpcfl_tf.flower.common import run_config, to_record
+    from cpcfl_tf.run_plan import resolve
+
+    fl = resolve(run_config(PACFL)).federated
+    good = np.zeros((8 * 8 * 3, fl.options["basis"]), np.float32)
+
+    def answers(*arrays):
+        return lambda *args: ([SimpleNamespace(metadata=SimpleNamespace(src_node_id=10 + k),
+                                               content=RecordDict({
+                                                   "metrics": MetricRecord({"client-id": k}),
+                                                   "answer": to_record([a])}))
+                               for k, a in enumerate(arrays)], [])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(remote, "send", answers(good[:-1], good * np.nan, good[:, :1]))
+        with pytest.raises(UserError, match="no client sent its subspace before training"):
+            remote.ask_first(None, {10: 0, 11: 1, 12: 2}, fl, 3, 1.0, image_shape=(8, 8, 3),
+                             num_groups=3)
+        patch.setattr(remote, "send", answers(good[:-1], good + 1, good[:, :1]))
+        got = remote.ask_first(None, {10: 0, 11: 1, 12: 2}, fl, 3, 1.0,
+                               image_shape=(8, 8, 3), num_groups=3)
+        assert got[0] is None and got[2] is None and np.array_equal(got[1], good + 1)
+    assert "[cpcfl] left out of the run: clients [0, 2]" in capsys.readouterr().out
 
 
 def test_every_tamper_a_node_can_rehearse_is_caught_by_the_servers_checks():

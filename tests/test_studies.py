@@ -442,6 +442,27 @@ def test_what_the_reliability_study_shows_is_written_from_its_summary():
     assert reliability.remedy_lines(summary)[0].startswith(
         head + "CP-CFL+restart, because the two are not told apart in accuracy or in how often "
         "they end with the true groups by the claims' rule, and it costs fewer rounds or bytes.")
+    # Each remedy's worst run against CP-CFL and the runs where it merged groups CP-CFL
+    # found (the quick study's case: features lost them once, restart never): shown, and
+    # weighed beside the choice.
+    summary["worst"] = {
+        "cp-cfl-restart-simclr": {"run": 7, "difference": 0.0, "merged_where_plain_found": []},
+        "cp-cfl-features-simclr": {"run": 49, "difference": -12.0,
+                                   "merged_where_plain_found": [{"run": 49,
+                                                                 "difference": -12.0}]}}
+    worst = ("Worst runs, paired by run: CP-CFL+restart's worst run against CP-CFL (SimCLR) "
+             "is run 7 (+0.00 points), and it merged groups CP-CFL (SimCLR) found in no run; "
+             "CP-CFL+features's worst run against CP-CFL (SimCLR) is run 49 (-12.00 points), "
+             "and it merged groups CP-CFL (SimCLR) found in run 49 (-12.00 points).")
+    assert worst in reliability.findings(summary)
+    summary["rounds"]["cp-cfl-features-simclr"] = 40.0  # cheaper and level: features chosen
+    advice = reliability.remedy_lines(summary)[0]
+    assert advice.startswith(head + "CP-CFL+features, because")
+    assert advice.endswith(
+        worst + " So CP-CFL+features costs nothing on average but once lost what CP-CFL "
+        "(SimCLR) had, which CP-CFL+restart never did: a user who weighs the worst run above "
+        "the mean, or runs only a few times, should take CP-CFL+restart.")
+    del summary["worst"]
     del summary["methods"]["cp-cfl-features-simclr"]
     summary["first_choices"]["last_pick_ci95"] = [0.2, 0.45]
     assert reliability.findings(summary)[4].endswith(
@@ -558,3 +579,27 @@ def test_the_reliability_study_pairs_only_runs_from_the_same_encoder_bits():
     b = {0: run("simclr", "aa"), 1: run("simclr", "xx"), 2: run("none", "random")}
     kept, left = reliability.comparable(a, b)
     assert sorted(kept) == [0, 2, 3] and left == 1  # run 3 has no partner: not counted
+
+
+def test_a_remedys_worst_run_and_its_merges_are_paired_by_run():
+    """worst_against_plain by hand: three runs of CP-CFL and of a remedy, same encoder;
+    the remedy's differences +1, -12, 0 points; in run 1 the remedy lost the groups CP-CFL
+    found, in run 2 both found them; a run of another encoder is left out."""
+    from types import SimpleNamespace
+
+    reliability = script("clustering_reliability")
+
+    def run(accuracy, ari, encoder="e"):
+        return SimpleNamespace(final=SimpleNamespace(accuracy=accuracy, ari=ari),
+                               pretraining="simclr", environment={"starting_encoder": encoder})
+
+    plain = {0: run(0.80, 0.5), 1: run(0.92, 1.0), 2: run(0.90, 1.0), 3: run(0.5, 1.0)}
+    remedy = {0: run(0.81, 1.0), 1: run(0.80, 0.6), 2: run(0.90, 1.0), 3: run(0.1, 0.2, "x")}
+    worst = reliability.worst_against_plain({"cp-cfl-simclr": plain,
+                                             "cp-cfl-features-simclr": remedy},
+                                            "cp-cfl-features-simclr")
+    assert worst["run"] == 1 and worst["difference"] == pytest.approx(-12.0)
+    assert [(m["run"], round(m["difference"], 6)) for m in worst["merged_where_plain_found"]] \
+        == [(1, -12.0)]
+    assert reliability.worst_against_plain({"cp-cfl-simclr": plain}, "cp-cfl-features-simclr") \
+        is None

@@ -19,8 +19,9 @@ from cpcfl_tf.environment import machine
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.clustered.restarts import cluster_sizes, clustering_failed
 from cpcfl_tf.clustered.metrics import cluster_ari
-from cpcfl_tf.evidence.judge import (CANNOT, RULE, Summary, combined, final_accuracy,
-                            linear_eval_config, linear_eval_settings, paired, verdict)
+from cpcfl_tf.evidence.judge import (CANNOT, CLAIMS_RULE, Summary, bounds, combined,
+                                     final_accuracy, linear_eval_config,
+                                     linear_eval_settings, paired, verdict)
 from cpcfl_tf.clustered.methods import run_label
 from cpcfl_tf.record import RunRecord
 from cpcfl_tf.record_store import Found, RecordIndex, mismatch, together
@@ -158,7 +159,9 @@ class Evidence:
                     diffs = {s: diffs[s] - other[s] for s in diffs if s in other}
                 missing = [f"seed {s}: {name}" for s in self.seeds for name in names
                            if not self.every(name, s)]
-            judged.append((link, verdict(diffs, link.margin, missing=len(missing)), missing))
+            judged.append((link, verdict(diffs, link.margin, missing=len(missing),
+                                         paper=link.effect, equivalence=link.equivalence),
+                           missing))
         return Judged(claim, judged)
 
 
@@ -177,6 +180,14 @@ def _ours(summary: Summary, long: bool = True) -> str:
     return (f"{_number(summary.mean)} [{_number(interval[0]) if interval else '-'}, "
             f"{_number(interval[1]) if interval else '-'}]; min {_number(min(summary.values))}, "
             f"max {_number(max(summary.values))} (n = {summary.n})")
+
+
+def _allows(summary: Summary) -> list[str]:
+    """What a link's interval allows (:func:`~cpcfl_tf.evidence.judge.bounds`), whether the
+    paper's difference is inside it, and the seeds that would decide the link."""
+    inside, needed = summary.paper_inside, summary.seeds_needed
+    return [bounds(summary), "-" if inside is None else "yes" if inside else "no",
+            "-" if needed is None else str(needed)]
 
 
 FIXED_NOTE = ("*With the restart rule* (beyond the paper): the same link judged by the same "
@@ -208,7 +219,7 @@ def report(config: Config, results: Path, seeds: list[int], judged: list[Judged]
              f"Judged by `python experiments/claims.py --preset {config.preset}` from the run "
              f"records under `{results}`, seeds {', '.join(map(str, seeds))}. The paper's "
              "numbers are STL-10 on a GPU, copied from its tables; ours are points of "
-             "accuracy (%) unless the link says otherwise.", "", RULE, "", FIXED_NOTE]
+             "accuracy (%) unless the link says otherwise.", "", CLAIMS_RULE, "", FIXED_NOTE]
     rows = []
     for j, f in zip(judged, fixed):
         for k, ((link, summary, missing), (flink, fsummary, fmissing)) in enumerate(
@@ -223,6 +234,20 @@ def report(config: Config, results: Path, seeds: list[int], judged: list[Judged]
     lines += markdown_table(["claim", "link (ours: per seed, mean [95 % interval])", "paper",
                              "ours per seed", "ours", "verdict",
                              "with the restart rule: ours", "verdict"], rows)
+    lines += ["", "## What the intervals allow", "",
+              "Per link: the paper's difference, the largest effect the interval allows on "
+              "the paper's side and on the other (a claim of no difference: its 90 % "
+              "interval), whether the paper's difference lies inside the interval, and for "
+              "a link not decided the seeds that would decide it at the mean and spread seen "
+              "here (the rule above); then the same with the restart rule.", ""]
+    lines += markdown_table(
+        ["claim", "link", "paper's difference", "ours allows", "paper's inside",
+         "seeds to decide", "with the restart rule: ours allows", "paper's inside",
+         "seeds to decide"],
+        [[j.claim.id if k == 0 else "", link.label, _number(link.effect),
+          *_allows(summary), *(("same runs", "", "") if flink == link else _allows(fsummary))]
+         for j, f in zip(judged, fixed)
+         for k, ((link, summary, _), (flink, fsummary, _)) in enumerate(zip(j.links, f.links))])
     lines += ["", "## Verdict per claim", ""]
     lines += markdown_table(["claim", "source in the paper", "verdict",
                              "with the restart rule (beyond the paper)"],

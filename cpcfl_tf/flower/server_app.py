@@ -98,7 +98,7 @@ def _examples(config, node_data: dict[str, dict] | None) -> tuple[dict[int, int]
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     from cpcfl_tf.environment import run_environment
-    from cpcfl_tf.clustered.pool import build_template, federated_record, initial_state
+    from cpcfl_tf.clustered.pool import federated_record, initial_state, template_for
     from cpcfl_tf.clustered.starting import StartingEncoders
 
     settings = dict(context.run_config)
@@ -150,7 +150,7 @@ def main(grid: Grid, context: Context) -> None:
         encoder_weights = _pretrain_stage(grid, client_of, config, timeout, names, unlabeled)
     else:  # the server's own pre-training (its data, never the nodes')
         encoder_weights = StartingEncoders(verbose=0)(config)
-    template = build_template(fl, (size, size, 3), len(classes))
+    template = template_for(fl, (size, size, 3), len(classes))  # the simulator's
 
     def start(attempt: int) -> algorithm.ServerState:
         return initial_state(fl, template, encoder_weights, seed=config.seed, attempt=attempt,
