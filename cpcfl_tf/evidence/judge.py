@@ -30,21 +30,26 @@ ALPHA, POWER = 0.05, 0.8
 """The level of every test (a 95 % interval; the equivalence rule's two one-sided tests
 each at 5 %, a 90 % interval) and the power the seeds a link needs are counted for."""
 
-RULE = f"""\
+_LINKS = """\
 Every claim is judged link by link. A link is a difference that the paper says is
 positive (an ordering, an effect, or a statistic above a threshold), computed per seed
 from two runs of the *same seed* (same partition, initial weights, batch order and
 pre-trained encoder). Over the n seeds we give its mean, min, max and the 95 % interval
 of the mean (Student's t, n - 1 degrees of freedom). The verdict:
-
-- **{HOLDS}**: the interval lies above zero (on the paper's side);
-- **{OPPOSITE}**: the interval lies below zero;
-- **{NOT_SHOWN}**: the interval contains zero;
+"""
+_CANNOT = f"""\
 - **{CANNOT}**: a chosen seed lacks a run, or fewer than {MIN_SEEDS} seeds have both runs
   (the missing runs and the command that makes them are named; what the rule makes of
   the seeds there so far is shown beside it), or the data cannot host the claim (the
   reason is named).
+"""
 
+RULE = f"""\
+{_LINKS}
+- **{HOLDS}**: the interval lies above zero (on the paper's side);
+- **{OPPOSITE}**: the interval lies below zero;
+- **{NOT_SHOWN}**: the interval contains zero;
+{_CANNOT}
 A "close to" link (C11) holds when the interval lies within ± its margin, is
 {OPPOSITE} when it lies wholly outside, and is {NOT_SHOWN} otherwise.
 """
@@ -52,12 +57,7 @@ A "close to" link (C11) holds when the interval lies within ± its margin, is
 :data:`CLAIMS_RULE`, this rule with what a link of the paper's claims adds."""
 
 CLAIMS_RULE = f"""\
-Every claim is judged link by link. A link is a difference that the paper says is
-positive (an ordering, an effect, or a statistic above a threshold), computed per seed
-from two runs of the *same seed* (same partition, initial weights, batch order and
-pre-trained encoder). Over the n seeds we give its mean, min, max and the 95 % interval
-of the mean (Student's t, n - 1 degrees of freedom). The verdict:
-
+{_LINKS}
 - **{HOLDS}**: the interval lies above zero (on the paper's side);
 - **{SMALLER}**: the interval contains zero but lies below the paper's own difference:
   whatever the effect is here, it is at most the interval's upper end, less than the
@@ -66,11 +66,7 @@ of the mean (Student's t, n - 1 degrees of freedom). The verdict:
 - **{OPPOSITE}**: the interval lies below zero;
 - **{NOT_SHOWN}**: the interval contains zero and the paper's difference (or the paper
   gives none): the seeds cannot tell;
-- **{CANNOT}**: a chosen seed lacks a run, or fewer than {MIN_SEEDS} seeds have both runs
-  (the missing runs and the command that makes them are named; what the rule makes of
-  the seeds there so far is shown beside it), or the data cannot host the claim (the
-  reason is named).
-
+{_CANNOT}
 Beside each verdict: the largest effect the interval allows on the paper's side and on
 the other ("at most +0.79, at least -0.41"), whether the paper's own difference lies
 inside the interval, and, for a link {NOT_SHOWN} or {SMALLER}, the seeds that would decide
