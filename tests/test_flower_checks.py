@@ -103,8 +103,22 @@ def federation(tmp_path_factory):
     from cpcfl_tf.clustered import algorithm
     from cpcfl_tf.flower import client_app
 
+    from cpcfl_tf.clustered import starting
+    from cpcfl_tf.config import config_key
+
     out = tmp_path_factory.mktemp("checks") / "record.json"
     replay = Replayed()
+    encoders, load = {}, starting.StartingEncoders
+
+    class Loaded:  # the server's encoder, read from the cache once per config
+        def __init__(self, **kwargs):
+            self.kwargs = kwargs
+
+        def __call__(self, config):
+            key = config_key(config)
+            if key not in encoders:
+                encoders[key] = load(**self.kwargs)(config)
+            return encoders[key]
     handlers = {name: replay.wrap(getattr(client_app, name))
                 for name in ("train", "evaluate", "query")}
     references = {}
@@ -122,6 +136,7 @@ def federation(tmp_path_factory):
             for name, handler in handlers.items():
                 patch.setattr(client_app, name, handler)
             patch.setattr(algorithm, "run_rounds", kept)
+            patch.setattr(starting, "StartingEncoders", Loaded)
             record = run_in_process({**config, "out": str(out)}, NODES, refuse=refuse)
         return record, ended["state"].models
 
