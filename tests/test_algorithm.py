@@ -252,6 +252,12 @@ def test_an_update_longer_than_the_bound_is_scaled_to_it():
     delta = np.concatenate([bounded.weights[0][0] - pool[0][0], bounded.weights[1][0] - pool[0][1]])
     assert np.linalg.norm(delta) == pytest.approx(5.0)
     assert algorithm.bounded(replies, pool, 100.0).weights[0] is weights[0]  # none longer
+    # A reply within the bound keeps its arrays as sent beside one scaled down.
+    far = algorithm.Replies(np.array([0, 1]), np.array([0, 0]), np.ones(2), [
+        np.array([[1e30, 0.0], [0.1, 0.3]], np.float32), np.array([[0.0], [0.2]], np.float32)])
+    kept = algorithm.bounded(far, pool, 1.0)
+    assert np.array_equal(kept.weights[0][1], far.weights[0][1])
+    assert np.linalg.norm(kept.weights[0][0]) == pytest.approx(1.0)
 
 
 def test_a_run_aggregates_as_its_config_says():

@@ -212,10 +212,16 @@ def bounded(replies: "Replies", models: Sequence[Weights], bound: float) -> "Rep
             for i in range(len(replies.weights))]
     deltas = [w.astype(np.float64) - s.astype(np.float64) for w, s in zip(replies.weights, sent)]
     norms = np.sqrt(sum(np.square(d).reshape(len(d), -1).sum(1) for d in deltas))
-    scale = np.minimum(1.0, bound / np.where(norms > 0, norms, 1.0))
-    weights = [(s.astype(np.float64) + d * scale.reshape(-1, *[1] * (d.ndim - 1))).astype(w.dtype)
-               if (scale < 1).any() else w
-               for w, s, d in zip(replies.weights, sent, deltas)]
+    longer = norms > bound
+    if not longer.any():
+        return replies
+    scale = (bound / norms[longer]).reshape(-1, 1)
+    weights = []
+    for w, s, d in zip(replies.weights, sent, deltas):
+        out = w.copy()  # a reply within the bound keeps its bits
+        out[longer] = (s[longer].astype(np.float64) + (d[longer].reshape(len(scale), -1) * scale
+                                                       ).reshape(d[longer].shape)).astype(w.dtype)
+        weights.append(out)
     return dataclasses.replace(replies, weights=weights)
 
 
