@@ -43,18 +43,21 @@ class RecordIndex:
     one pairing does not replace the record the rest of its seed is judged with; only
     the records of ``electing`` configs count where it is given), then
     one under ``prefer`` (a folder), then one that names its CPU (newer records), then
-    the first path in sorted order.
+    the first path in sorted order. Records under ``exclude`` (a folder) are left out.
     ``linear_evals`` holds every ``linear_eval.json`` of the tree
     (``experiments/linear_eval.py``), read once.
     """
 
     def __init__(self, root: str | Path, prefer: str | Path | None = None,
-                 electing: Iterable[Config] | None = None):
+                 electing: Iterable[Config] | None = None, exclude: str | Path | None = None):
         self.root = Path(root)
         self.prefer = Path(prefer) if prefer else None
         self._by_key: dict[str, list[Found]] = {}
         self.linear_evals: list[tuple[Path, dict]] = []
+        left_out = Path(exclude).resolve() if exclude is not None else None
         for path in sorted(self.root.rglob("*.json")):
+            if left_out is not None and left_out in path.resolve().parents:
+                continue  # a folder compared with the rest of the tree
             if path.name == "linear_eval.json":
                 try:
                     self.linear_evals.append((path, json.loads(path.read_text())))

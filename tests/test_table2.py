@@ -276,3 +276,44 @@ def test_a_restart_variant_run_whose_rule_never_fires_is_taken_from_its_base_run
     # --force makes every run again
     forced = Runner("reliability", get_preset("smoke"), tmp_path, verbose=0, force=True)
     assert forced.run(variant).rounds == plain.rounds and (tmp_path / "restart.json").exists()
+
+
+def test_one_run_of_any_method_is_the_tables_run_of_its_config(smoke_run, tmp_path,
+                                                                 monkeypatch, capsys):
+    # experiments/run.py makes one run of a method from a start. Here the kit's tree is
+    # this table2 folder (results/smoke/table2 under a working folder of the test's own):
+    # run.py's IFCA (None) has table2's ifca-none config, so this machine takes it (same
+    # config, machine kind and starting encoder) and makes nothing; its report is that
+    # record's, and --dry-run of any method says what it would do without doing it.
+    import shutil
+
+    from cpcfl_tf.errors import run_cli
+
+    tree = tmp_path / "results" / "smoke" / "table2"
+    shutil.copytree(smoke_run, tree)
+    monkeypatch.chdir(tmp_path)
+    run = script("run")
+    record = read_record(tree / "ifca-none.json")
+    run.main(["--preset", "smoke", "--method", "ifca", "--pretraining", "none"])
+    out = capsys.readouterr().out
+    assert "ifca-none-seed0: the same run as results/smoke/table2/ifca-none.json" in out
+    report = (tmp_path / "results" / "smoke" / "run" / "run.md").read_text()
+    marks = record.config.federated.quarters
+    assert "| " + " | ".join(f"{100 * record.accuracy_at(t):.2f}" for t in marks) in report
+    assert not list((tmp_path / "results" / "smoke" / "run").glob("*-seed0.json"))
+    # The method from --set where --method is left out (the start is the preset's);
+    # --dry-run says what it would do and writes nothing.
+    with pytest.raises(SystemExit) as stop:
+        run.main(["--preset", "smoke", "--set", "federated.method=fedavg", "--dry-run"])
+    assert stop.value.code == 0
+    from cpcfl_tf.presets import get_preset
+
+    start = get_preset("smoke").federated.pretraining
+    assert f"  fedavg-{start}-seed0: " in capsys.readouterr().out
+    # An unknown method: one line naming the choices, exit status 2, nothing written.
+    with pytest.raises(SystemExit) as stop:
+        run_cli(run.main, ["--preset", "smoke", "--method", "fedprox", "--out",
+                           str(tmp_path / "new")])
+    assert stop.value.code == 2
+    assert "unknown federated.method 'fedprox'; choose one of" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()

@@ -51,9 +51,12 @@ def compare_runs(ours: str | Path, reference: str | Path) -> list[Comparison]:
     """Each run record under ``ours`` against ``reference``'s record of the same config:
     the same outcome bit for bit (every round's accuracy and cluster ids, the final
     metrics); otherwise whether its final accuracy lies within the range of the
-    reference's seeds of the same settings (the seed-to-seed spread), or outside it."""
+    reference's seeds of the same settings (the seed-to-seed spread), or outside it.
+    Where ``ours`` lies inside ``reference`` (``experiments/run.py``'s folder in the
+    kit's tree), the rest of the tree is the reference."""
     ours, reference = Path(ours), Path(reference)
-    theirs = RecordIndex(reference)
+    inside = reference.resolve() in ours.resolve().parents
+    theirs = RecordIndex(reference, exclude=ours if inside else None)
     by_settings: dict[str, list[float]] = {}
     for found in theirs.preferred():
         record = found.record
@@ -61,7 +64,8 @@ def compare_runs(ours: str | Path, reference: str | Path) -> list[Comparison]:
             100 * record.final.accuracy)
     out = []
     for path in sorted(ours.rglob("*.json")):
-        if reference.resolve() in path.resolve().parents or path.resolve() == reference.resolve():
+        if not inside and (reference.resolve() in path.resolve().parents
+                           or path.resolve() == reference.resolve()):
             continue
         record = run_record_in(path)
         if record is None:

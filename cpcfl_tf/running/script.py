@@ -69,6 +69,10 @@ class Script:
     rows: tuple[str, ...] = ()
     """The rows (run keys) of its table: given, the script takes ``--methods`` (the
     option's name since the first table script; ``args.rows``) to run a subset of them."""
+    compares_in_tree: bool = False
+    """Whether its runs are compared with the committed tree's runs of their configs also
+    when written into that tree (``experiments/run.py``: one run, which a table of the
+    tree may hold); a table script's own folder is compared only when elsewhere."""
 
     @property
     def name(self) -> str:
@@ -101,7 +105,7 @@ class Script:
         check_runner_options(args)
         config, out = setup(args, self.name, check_sources=not self.stand_in)
         return Session(self.name, args, config, out, f"{Path(self.file).parent.name}/"
-                                                     f"{self.name}.py")
+                                                     f"{self.name}.py", self.compares_in_tree)
 
 
 @dataclasses.dataclass
@@ -115,6 +119,8 @@ class Session:
     out: Path
     script: str = ""
     """The script's path in the kit, e.g. ``experiments/table2.py``."""
+    compares_in_tree: bool = False
+    """:attr:`Script.compares_in_tree`."""
 
     @functools.cached_property
     def runner(self) -> Runner:
@@ -253,8 +259,9 @@ class Session:
         from cpcfl_tf.running.compare import compare_runs, comparison_lines
 
         reference = Path("results") / self.config.preset
-        if not reference.is_dir() or reference.resolve() in [self.out.resolve(),
-                                                            *self.out.resolve().parents]:
+        if not reference.is_dir() or reference.resolve() == self.out.resolve() or (
+                reference.resolve() in self.out.resolve().parents
+                and not self.compares_in_tree):
             return
         lines = comparison_lines(compare_runs(self.out, reference))
         if lines:
