@@ -89,6 +89,9 @@ class RunPlan:
     start: Start
     pretraining: Pretraining | None
     """None: the start pre-trains nothing (random weights, IFCA (FedAvg)'s encoder)."""
+    gives: Start | None = None
+    """The start whose encoder this run's final encoder is (FedAvg (None)'s run gives IFCA
+    (FedAvg)'s start: :meth:`~cpcfl_tf.clustered.starts.Start.made_by`); None: none."""
 
     @property
     def federated(self) -> ResolvedFederated:
@@ -128,7 +131,8 @@ def resolve(config: Config) -> RunPlan:
             head_rounds=method.head_rounds(fl.pretraining, fl.head_rounds),
             options=method.resolve_options(fl.options)), config.pretrain.encoder))
     start = START[fl.pretraining]
-    return RunPlan(resolved, config, method, start, start.pretraining(config))
+    gives = next((s for s in START.values() if s.made_by(fl.method, fl.pretraining)), None)
+    return RunPlan(resolved, config, method, start, start.pretraining(config), gives)
 
 
 def check_data(config: Config) -> None:

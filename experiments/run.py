@@ -10,7 +10,6 @@ bit, and compared with the committed run of its config where one exists.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Sequence
 
 from cpcfl_tf.errors import ArgumentParser, run_cli

@@ -202,3 +202,69 @@ def test_every_start_is_one_object_that_says_what_it_is_and_how_it_is_got():
     assert START["none"].encoder(source, config) is None and source.asked == []
     assert START["none"].ready(source, config) and START["none"].status(source, config) == (
         "random initialisation")
+
+
+REGISTRY_HOMES = {"methods.py", "rules.py", "starts.py", "plugins.py"}
+"""The modules that say what a registry's entries are (and ``pretraining/``, the
+self-supervised registry's package): the only ones that may compare their names."""
+
+
+def _registry_values():
+    """Every registry's names, and the kit's registries and name sets by their module
+    names (what a membership test against a registry would name)."""
+    from cpcfl_tf.clustered import methods, rules, starts
+    from cpcfl_tf.pretraining import methods as ssl
+
+    names = set(METHODS) | set(rules.RULES) | set(starts.START) | set(ssl.SSL_METHODS) \
+        | set(ssl.FEDERATED_STARTS)
+    registries = {name for module in (methods, rules, starts, ssl)
+                  for name, value in vars(module).items()
+                  if name.isupper() and isinstance(value, (dict, tuple, frozenset, set))
+                  and value and set(value) <= names}
+    return names, registries
+
+
+def _bound(node: ast.Assign, names: set[str], constants: dict) -> None:
+    """Note in ``constants`` a module-level name ``node`` binds to a registry name or a
+    tuple of them."""
+    try:
+        value = ast.literal_eval(node.value)
+    except ValueError:
+        return
+    values = value if isinstance(value, tuple) else (value,)
+    if values and all(isinstance(v, str) and v in names for v in values):
+        constants.update((t.id, value) for t in node.targets if isinstance(t, ast.Name))
+
+
+def test_no_module_compares_a_registry_name_through_a_variable_either():
+    """``(method, start) == FEDAVG_ENCODER_RUN`` or ``method not in SSL_METHODS`` outside
+    the registries is a name test a literal-only check misses (checked against 1baca48:
+    it found runner.py's FedAvg encoder test, cli.py's and starting.py's membership
+    tests): a run's plan carries the decision (``RunPlan.gives``), a start object says
+    what it is (``Start.ssl_method``)."""
+    names, registries = _registry_values()
+    constants = {}  # module-level names bound to a registry name or a tuple of them
+    for path in sorted((ROOT / "cpcfl_tf").rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Assign):
+                _bound(node, names, constants)
+    from cpcfl_tf.clustered.methods import FEDAVG_ENCODER_RUN
+
+    constants["FEDAVG_ENCODER_RUN"] = FEDAVG_ENCODER_RUN  # bound to a field, not a literal
+
+    def ident(part):
+        return (part.id if isinstance(part, ast.Name) else
+                part.attr if isinstance(part, ast.Attribute) else None)
+
+    found = []
+    for where, node in kit_nodes(lambda path: path.name in REGISTRY_HOMES
+                                 or path.parent.name == "pretraining"):
+        if not isinstance(node, ast.Compare):
+            continue
+        parts = {ident(p) for p in (node.left, *node.comparators)}
+        member = any(isinstance(o, (ast.In, ast.NotIn)) for o in node.ops) and any(
+            ident(p) in registries for p in node.comparators)
+        if parts & set(constants) or member:
+            found.append(f"{where}: {ast.unparse(node)}")
+    assert not found, found
+    assert {"SSL_METHODS", "PRETRAIN_METHODS", "METHODS", "START"} <= registries

@@ -39,7 +39,7 @@ PRETRAINED = tuple(name for name, start in START.items() if start.pretrained)
 ASSIGNMENTS = {name: rule.description for name, rule in RULES.items()}
 """The assignment rules (:mod:`cpcfl_tf.clustered.rules`) and what each does."""
 
-FEDAVG_ENCODER_RUN = ("fedavg", "none")
+FEDAVG_ENCODER_RUN = START["fedavg"].run
 """(method, starting encoder) of the run whose final global encoder is the ``fedavg``
 starting encoder (IFCA (FedAvg), tab:different_methods)."""
 

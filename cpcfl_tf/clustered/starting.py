@@ -32,7 +32,7 @@ from cpcfl_tf.compat import pretrain_settings, without_added
 from cpcfl_tf.config import Config, config_record
 from cpcfl_tf.clustered import algorithm
 from cpcfl_tf.clustered.clients import Clients
-from cpcfl_tf.clustered.methods import FEDAVG_ENCODER_RUN, PRETRAIN_METHODS
+from cpcfl_tf.clustered.methods import FEDAVG_ENCODER_RUN
 from cpcfl_tf.record import RunRecord
 from cpcfl_tf.results import (CACHE_FIX, building, cache_root, prepare_out_dir, read_weights,
                               write_weights)
@@ -154,7 +154,6 @@ class StartingEncoders:
         :data:`~cpcfl_tf.clustered.methods.PRETRAIN_METHODS`), with its history."""
         from cpcfl_tf.pretraining.pretrain import pretrain_folder, pretrained_encoder
 
-        assert method in PRETRAIN_METHODS, method
         images = None if self._unlabeled is None else (lambda: self._unlabeled(config))
         monitor = None if self._knn is None else (lambda: self._knn(config))
         on_epoch = self._epoch_log(lambda: pretrain_folder(

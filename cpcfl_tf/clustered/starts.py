@@ -92,6 +92,11 @@ class Start:
                                  self.federated.name: self.federated_settings(config)}
         return stored
 
+    def made_by(self, method: str, start: str) -> bool:
+        """Whether a run of ``method`` from ``start`` ends with this start's encoder (then
+        its final encoder is kept for the runs that begin from it)."""
+        return False
+
     def encoder(self, source, config):
         """The starting encoder's weights (None: random), got from ``source``."""
         return None
@@ -193,6 +198,12 @@ class FedAvgEncoder(Start):
     clients (a federation of its own: not on Flower)."""
 
     on_flower: bool = False
+    run: tuple[str, str] = ("fedavg", "none")
+    """(method, start) of the run whose final global encoder this start is (FedAvg
+    (None): tab:different_methods)."""
+
+    def made_by(self, method: str, start: str) -> bool:
+        return (method, start) == self.run
 
     def encoder(self, source, config):
         return source.fedavg(config)

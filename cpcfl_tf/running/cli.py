@@ -17,7 +17,6 @@ from cpcfl_tf.overrides import parse_settings
 from cpcfl_tf.presets import PRESETS, get_preset
 from cpcfl_tf.environment import set_determinism
 from cpcfl_tf.errors import ArgumentParser, UserError
-from cpcfl_tf.pretraining.methods import SSL_METHODS
 
 
 def experiment_parser(name: str, description: str, *, folder: str = "experiments",
@@ -215,9 +214,11 @@ def read_selection(path: str | Path) -> dict[int, dict[str, dict]]:
 def selected(config: Config, selection: dict[int, dict[str, dict]] | None) -> Config:
     """``config`` starting from the encoder ``selection`` (:func:`read_selection`) chose
     for its method and pre-training seed (the settings go into ``pretrain.options``)."""
-    method = config.federated.pretraining
-    if selection is None or method not in SSL_METHODS:
-        return config
+    from cpcfl_tf.clustered.starts import START
+
+    method, start = config.federated.pretraining, START[config.federated.pretraining]
+    if selection is None or not start.ssl_method or start.federated is not None:
+        return config  # the selection chooses the server's self-supervised encoders only
     chosen = selection.get(config.pretrain_seed, {})
     if method not in chosen:
         raise UserError(f"--encoders-from selected no {method} encoder for seed "

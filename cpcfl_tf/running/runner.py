@@ -30,7 +30,7 @@ from cpcfl_tf.presets import with_encoder
 from cpcfl_tf.environment import run_environment
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.clustered.starting import StartingEncoders
-from cpcfl_tf.clustered.methods import FEDAVG_ENCODER_RUN, plugins_used
+from cpcfl_tf.clustered.methods import plugins_used
 from cpcfl_tf.record import RunRecord, read_record, write_record
 from cpcfl_tf.record_store import Found, RecordStore, same_config
 from cpcfl_tf.results import weights_fingerprint
@@ -311,7 +311,7 @@ class Runner:
                                           checkpoint=checkpoint, verbose=self.verbose,
                                           on_round=logged, max_clients=self.max_clients,
                                           diagnose=self.diagnose)
-            if (config.federated.method, config.federated.pretraining) == FEDAVG_ENCODER_RUN:
+            if run.gives is not None:
                 # IFCA (FedAvg) starts from this model's encoder: kept, also for later runs.
                 self.encoders.keep_fedavg(config, pool_encoder(state))
         record = dataclasses.replace(record, experiment=self.experiment,
