@@ -275,7 +275,19 @@ def test_a_restart_variant_run_whose_rule_never_fires_is_taken_from_its_base_run
     assert "restart-strict" not in runner.store.stood_in
     # --force makes every run again
     forced = Runner("reliability", get_preset("smoke"), tmp_path, verbose=0, force=True)
-    assert forced.run(variant).rounds == plain.rounds and (tmp_path / "restart.json").exists()
+    again = forced.run(variant)
+    assert again.rounds == plain.rounds and (tmp_path / "restart.json").exists()
+    # The report's note counts the stand-ins, and the runs made in full whose rule never
+    # fired either: here `again` (0 restarts) of `made` and `again`; a record passed
+    # twice counts once; CP-CFL's own run is not the variant's.
+    from cpcfl_tf.running.script import stood_in_note
+
+    assert again.final.restarts == 0
+    assert stood_in_note(runner.store.stood_in, [made, again, again, plain]) == (
+        "1 run of CP-CFL+restart is CP-CFL's run of the same config: its restart rule never "
+        "fired in it, and until it fires CP-CFL+restart is CP-CFL bit for bit; it never "
+        "fired either in 1 of the 2 runs of CP-CFL+restart made in full (2 of 3 in all).")
+    assert stood_in_note(runner.store.stood_in, [made]).endswith("CP-CFL bit for bit.")
 
 
 def test_one_run_of_any_method_is_the_tables_run_of_its_config(smoke_run, tmp_path,

@@ -4,8 +4,8 @@ A run is a method (``federated.method``) started from a starting encoder
 (``federated.pretraining``). Everything the kit does differently per method is a field of
 its :class:`Method` here; the config, the algorithm, the simulator, the Flower apps and
 the runner read these fields and never test a method's name. Adding a method is an entry
-in :data:`METHODS` plus, if it needs one, a new rule in
-:mod:`cpcfl_tf.clustered.algorithm` (docs/extending.md lists the files).
+in :data:`METHODS` plus, if it needs one, a new rule: a ``Rule`` subclass and its entry in
+:mod:`cpcfl_tf.clustered.rules` (docs/extending.md lists the files).
 
 This module imports nothing of the kit but its errors, the rules (:mod:`cpcfl_tf.clustered.rules`)
 and the self-supervised registry (:mod:`cpcfl_tf.pretraining.methods`, the pre-training stage's

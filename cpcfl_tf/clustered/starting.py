@@ -10,7 +10,7 @@
                               same clients (IFCA (FedAvg))
 ``fed-simclr``, ...,          a federated self-supervised pre-training on the clients'
 ``fedema-byol``               unlabeled images (``partition.unlabeled``; :mod:`cpcfl_tf.
-                              contrastive.federated_pretrain`)
+                              pretraining.federated_pretrain`)
 ============================  ===========================================================
 
 Each is built once and kept in one cache (:func:`cpcfl_tf.results.cache_root`):

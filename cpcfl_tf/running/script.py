@@ -242,7 +242,7 @@ class Session:
             note += reused_note(store.reused, store.named, store.paired)
             store.keep_taken()
         if store and store.stood_in:
-            note.append(stood_in_note(store.stood_in))
+            note.append(stood_in_note(store.stood_in, self.runner.records))
         if note:
             report = report.rstrip("\n") + "\n\n" + "\n".join(note) + "\n"
         if rows:
@@ -298,19 +298,30 @@ def reused_note(reused: dict[str, Path], named: set[str], paired: set[str] = fro
     return lines
 
 
-def stood_in_note(stood_in: dict[str, tuple[str, Path]]) -> str:
+def stood_in_note(stood_in: dict[str, tuple[str, Path]],
+                  records: Sequence[RunRecord] = ()) -> str:
     """The report's note on runs taken from the method their method is until its restart
-    rule fires (:attr:`~cpcfl_tf.record_store.RecordStore.stood_in`)."""
+    rule fires (:attr:`~cpcfl_tf.record_store.RecordStore.stood_in`), and how many of
+    that method's own ``records`` (made in full, e.g. before runs were taken so) show the
+    rule never firing either."""
     from collections import Counter
 
     from cpcfl_tf.clustered.methods import METHODS
 
+    made = {id(r): r for r in records}.values()
     parts = []
     for method, n in sorted(Counter(m for m, _ in stood_in.values()).items()):
         base = METHODS[METHODS[method].restarts_of].label
         one = n == 1
-        parts.append(f"{n} {'run' if one else 'runs'} of {METHODS[method].label} "
-                     f"{'is' if one else 'are'} {base}'s {'run' if one else 'runs'} of the same "
-                     f"config: its restart rule never fired in {'it' if one else 'them'}, and "
-                     f"until it fires {METHODS[method].label} is {base} bit for bit")
+        part = (f"{n} {'run' if one else 'runs'} of {METHODS[method].label} "
+                f"{'is' if one else 'are'} {base}'s {'run' if one else 'runs'} of the same "
+                f"config: its restart rule never fired in {'it' if one else 'them'}, and "
+                f"until it fires {METHODS[method].label} is {base} bit for bit")
+        own = [r for r in made if r.method == method]
+        quiet = sum(r.final.restarts == 0 for r in own)
+        if quiet:
+            part += (f"; it never fired either in {quiet} of the {len(own)} "
+                     f"{'run' if len(own) == 1 else 'runs'} of {METHODS[method].label} made "
+                     f"in full ({n + quiet} of {n + len(own)} in all)")
+        parts.append(part)
     return "; ".join(parts) + "."
