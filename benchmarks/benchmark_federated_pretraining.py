@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Sequence
 
 from cpcfl_tf.running.cli import print_metrics
-from cpcfl_tf.environment import environment
+from cpcfl_tf.records.environment import environment
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.clustered.methods import FEDERATED_PRETRAININGS
+from cpcfl_tf.methods.federated import FEDERATED_PRETRAININGS
 from cpcfl_tf.running.script import Script
 
 SCRIPT = Script(__file__, __doc__, distribute=False, runs=False)
@@ -53,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from cpcfl_tf.pretraining.federated_pretrain import federated_pretrain, federated_plan
     from cpcfl_tf.pretraining.pretrain import load_pretrain_images, pretrain
     from cpcfl_tf.data.unlabeled import deal_unlabeled
-    from cpcfl_tf.results import write_json
+    from cpcfl_tf.records.files import write_json
 
     images = load_pretrain_images(config.data)
     if args.images:

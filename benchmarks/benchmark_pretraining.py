@@ -13,10 +13,10 @@ import sys
 from typing import Sequence
 
 from cpcfl_tf.running.cli import print_metrics
-from cpcfl_tf.config import ENCODERS
-from cpcfl_tf.environment import environment
+from cpcfl_tf.plan.config import ENCODERS
+from cpcfl_tf.records.environment import environment
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.clustered.methods import PRETRAIN_METHODS
+from cpcfl_tf.methods.federated import PRETRAIN_METHODS
 from cpcfl_tf.running.script import Script
 
 
@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     from cpcfl_tf.pretraining.timing import (bare_encoder_step, compare_seconds,
                                              contrastive_step, random_images)
-    from cpcfl_tf.results import write_json
+    from cpcfl_tf.records.files import write_json
 
     batch = random_images(pretrain.batch_size, size, args.seed)
     seconds = compare_seconds({"contrastive": contrastive_step(pretrain, size, args.seed,

@@ -22,7 +22,7 @@ from typing import Sequence
 import numpy as np
 
 from cpcfl_tf.running.cli import positive_int, print_metrics
-from cpcfl_tf.environment import environment
+from cpcfl_tf.records.environment import environment
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.running.report import markdown_table
 from cpcfl_tf.running.script import Script
@@ -143,8 +143,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     from cpcfl_tf.clustered.clients import ClientArrays, Clients
     from cpcfl_tf.clustered.pool import build_template, initial_pool
     from cpcfl_tf.clustered.simulator import run_federated
-    from cpcfl_tf.results import write_json
-    from cpcfl_tf.run_plan import resolve
+    from cpcfl_tf.records.files import write_json
+    from cpcfl_tf.plan.resolve import resolve
 
     def timed(clients_count: int, participation: float, eval_every: int, rounds: int):
         """Seconds of each simulator round of ``clients_count`` random clients, and the

@@ -23,10 +23,10 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from cpcfl_tf.environment import cpu_model, environment
+from cpcfl_tf.records.environment import cpu_model, environment
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.running.report import markdown_table
-from cpcfl_tf.results import write_json
+from cpcfl_tf.records.files import write_json
 from cpcfl_tf.running.script import Script
 
 SCRIPT = Script(__file__, __doc__, default_preset="quick", distribute=False, runs=False)
@@ -82,8 +82,8 @@ settings = json.loads(sys.argv[1])
 config = run_config(settings)
 runner = Runner("flower_simulation", config, sys.argv[2], verbose=0)
 from cpcfl_tf.clustered.simulator import run_federated
-from cpcfl_tf.record import write_record
-from cpcfl_tf.run_plan import resolve
+from cpcfl_tf.records.record import write_record
+from cpcfl_tf.plan.resolve import resolve
 record, _ = run_federated(resolve(config), runner.data.clients(config),
                           encoder_weights=runner.encoders(config), verbose=0)
 write_record(sys.argv[3], record)

@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Sequence
 
 from cpcfl_tf.running.cli import positive_int
-from cpcfl_tf.environment import cpu_model, environment
+from cpcfl_tf.records.environment import cpu_model, environment
 from cpcfl_tf.errors import run_cli
 from cpcfl_tf.running.report import markdown_table
-from cpcfl_tf.results import write_json
+from cpcfl_tf.records.files import write_json
 from cpcfl_tf.running.script import Script
 
 SCRIPT = Script(__file__, __doc__, default_preset="standard", distribute=False, runs=False)
@@ -79,7 +79,7 @@ def round_flops(config, clients: int, train: int = TRAIN_IMAGES, test: int = 50)
     image) and evaluation (each client's cluster model on its test images)."""
     from cpcfl_tf.clustered.pool import build_template
     from cpcfl_tf.flops import count_flops
-    from cpcfl_tf.run_plan import resolve
+    from cpcfl_tf.plan.resolve import resolve
 
     fl = resolve(config).federated
     size = config.data.image_size
@@ -301,9 +301,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def time_kernels(config, clients: int) -> dict:
     """The ``kernels`` part: the local step's convolutions and layouts."""
-    from cpcfl_tf.environment import onednn_enabled
+    from cpcfl_tf.records.environment import onednn_enabled
     from cpcfl_tf.clustered.pool import build_template
-    from cpcfl_tf.run_plan import resolve
+    from cpcfl_tf.plan.resolve import resolve
 
     fl = resolve(config).federated
     size = config.data.image_size

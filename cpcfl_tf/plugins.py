@@ -4,14 +4,14 @@ A package adds to the kit's registries without editing it by declaring entry poi
 (in its ``pyproject.toml``, ``[project.entry-points."cpcfl_tf.ssl_methods"]`` etc.), one
 per entry, named as the entry's ``name``:
 
-- ``cpcfl_tf.ssl_methods``: a :class:`~cpcfl_tf.pretraining.methods.SSLMethod` (a
+- ``cpcfl_tf.ssl_methods``: a :class:`~cpcfl_tf.methods.ssl.SSLMethod` (a
   self-supervised method of the server's pre-training; its ``module`` has
   ``build(parts, settings)``);
-- ``cpcfl_tf.federated_ssl``: a :class:`~cpcfl_tf.pretraining.methods.FederatedSSL` (a
+- ``cpcfl_tf.federated_ssl``: a :class:`~cpcfl_tf.methods.ssl.FederatedSSL` (a
   federated pre-training; its ``module`` has the hooks ``pretraining/fedavg_ssl.py`` has);
-- ``cpcfl_tf.rules``: a :class:`~cpcfl_tf.clustered.rules.Rule` instance or class (how a
+- ``cpcfl_tf.rules``: a :class:`~cpcfl_tf.methods.rules.Rule` instance or class (how a
   clustered-FL method puts its clients in clusters);
-- ``cpcfl_tf.methods``: a :class:`~cpcfl_tf.clustered.methods.Method` (a clustered-FL
+- ``cpcfl_tf.methods``: a :class:`~cpcfl_tf.methods.federated.Method` (a clustered-FL
   method; its ``assign`` names a rule, the kit's or a plugin's).
 
 Each registry takes its group's entries at import, like its own, after them: a name the

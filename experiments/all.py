@@ -90,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     _options(parser)
     args = parser.parse_args(argv)
     from cpcfl_tf.running.cli import resolve_config
-    from cpcfl_tf.results import prepare_out_dir, write_text
+    from cpcfl_tf.records.files import prepare_out_dir, write_text
 
     from cpcfl_tf.running.script import check_runner_options
 

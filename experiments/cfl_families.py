@@ -20,7 +20,7 @@ from typing import Sequence
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.evidence.judge import (HOLDS, NOT_SHOWN, OPPOSITE, RULE, final_accuracy, paired,
                                      verdict)
-from cpcfl_tf.clustered.methods import run_label
+from cpcfl_tf.methods.federated import run_label
 from cpcfl_tf.running.report import markdown_table, mean_sd
 from cpcfl_tf.running.runner import RunSpec
 from cpcfl_tf.running.script import Script

@@ -22,8 +22,8 @@ from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.evidence.engine import (Evidence, Judged, encoder_notes, groups_found, headroom,
                                machine_notes, report, seed_list, verdict_table)
 from cpcfl_tf.evidence.judge import CLAIMS_RULE
-from cpcfl_tf.config import config_key
-from cpcfl_tf.clustered.methods import PRETRAIN_METHODS
+from cpcfl_tf.plan.config import config_key
+from cpcfl_tf.methods.federated import PRETRAIN_METHODS
 from cpcfl_tf.running.report import markdown_table, replace_block
 from cpcfl_tf.running.runner import RunSpec
 from cpcfl_tf.running.script import Script, check_runner_options
@@ -54,7 +54,7 @@ class LinearEval:
 def make_missing(session, evidence_: Evidence, chosen: list[Claim]) -> None:
     """Make every run of ``chosen`` (claim by claim, seed by seed) that the tree lacks into
     the script's folder. A record elsewhere in the tree is used where this machine would
-    make it bit for bit (:attr:`~cpcfl_tf.record_store.RecordStore.reuse`), so one seed's
+    make it bit for bit (:attr:`~cpcfl_tf.records.store.RecordStore.reuse`), so one seed's
     evidence comes from one kind of machine. The second verdict's claims (CP-CFL's merges fixed,
     :func:`fixed_claims`) make only the fixed runs the tree lacks: where the rule never
     fires, the base run is the fixed run, so only runs in which it fires are made, and
@@ -191,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         ev = Evidence(config, results, args.seeds, session.out)
     judged = [ev.judge(c) for c in chosen]
     fixed = [ev.judge(with_fix(c, ev.specs)) for c in chosen]
-    from cpcfl_tf.results import write_json, write_text
+    from cpcfl_tf.records.files import write_json, write_text
 
     note = machine_notes(ev) + encoder_notes(ev)
     seeds = (f"{args.seeds[0]}-{args.seeds[-1]}"

@@ -29,8 +29,8 @@ from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.clustered.diagnostics import merges
 from cpcfl_tf.evidence.judge import (RULE, clopper_pearson, clustering_failures, compared,
                             final_accuracy, paired, t_interval, verdict)
-from cpcfl_tf.clustered.methods import run_label
-from cpcfl_tf.record import RunRecord
+from cpcfl_tf.methods.federated import run_label
+from cpcfl_tf.records.record import RunRecord
 from cpcfl_tf.running.report import markdown_table, mean_sd
 from cpcfl_tf.running.runner import RunSpec
 from cpcfl_tf.running.script import Script
@@ -190,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                   f"`{missing[0]}`. `{session.resume_command()}` makes the rest.\n" + rest)
         summary["missing"] = missing
     _figures(by_run, session.out, config.preset, args.all_figures)
-    from cpcfl_tf.results import write_json
+    from cpcfl_tf.records.files import write_json
     write_json(session.out / f"{SCRIPT.name}.json", summary)
     session.finish(report, rows)
     if set(by_run) == set(study_rows(config.preset)) and not missing:

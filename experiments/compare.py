@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from cpcfl_tf.presets import PRESETS
+from cpcfl_tf.plan.presets import PRESETS
 from cpcfl_tf.errors import ArgumentParser, UserError, run_cli
 from cpcfl_tf.running.compare import comparison_lines, compare_runs
 

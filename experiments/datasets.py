@@ -69,8 +69,8 @@ def relevance_scores(session, pairs, runs) -> dict[str, float]:
     another kind of CPU (whose pre-training gives other bits), reads the same score; an
     encoder of other settings, or ``--force``, computes it again."""
     from cpcfl_tf.pretraining.pretrain import pretrain_folder
-    from cpcfl_tf.environment import environment
-    from cpcfl_tf.results import read_json, write_json
+    from cpcfl_tf.records.environment import environment
+    from cpcfl_tf.records.files import read_json, write_json
 
     path = session.out / "relevance.json"
     stored = ({} if session.args.force or not path.exists()

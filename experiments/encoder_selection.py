@@ -5,7 +5,7 @@ proxy, keep the best.
 The paper tunes the projection head's width (256 or 512) per method and keeps the
 encoder with the best proxy accuracy (STL-10 train -> test; here the clients' training
 split -> test split, as experiments/linear_eval.py). The grid is each method's own
-(:mod:`cpcfl_tf.pretraining.methods`); ``--grid SETTING=V1,V2`` takes others. Each seed
+(:mod:`cpcfl_tf.methods.ssl`); ``--grid SETTING=V1,V2`` takes others. Each seed
 (``--seed`` .. ``--seed + --seeds - 1``) pre-trains its own candidates; a candidate at the
 paper's value is the encoder every other script starts from (same cache entry).
 
@@ -21,14 +21,14 @@ import json
 from typing import Any, Sequence
 
 from cpcfl_tf.running.cli import name_list
-from cpcfl_tf.config import Config
+from cpcfl_tf.plan.config import Config
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.evidence.judge import compared, final_accuracy, verdict
-from cpcfl_tf.clustered.methods import run_label
+from cpcfl_tf.methods.federated import run_label
 from cpcfl_tf.running.report import markdown_table
 from cpcfl_tf.running.runner import RunSpec
 from cpcfl_tf.running.script import Script
-from cpcfl_tf.pretraining.methods import SSL_METHODS
+from cpcfl_tf.methods.ssl import SSL_METHODS
 
 SEEDS = {"smoke": 2, "quick": 5, "standard": 5, "paper": 1}
 """Seeds per preset (the claims' five on the CPU presets)."""
@@ -94,7 +94,7 @@ def candidates(config: Config, method: str, grid: dict[str, list]) -> list[dict[
     if not grid:
         return [{}]
     names = list(grid)  # checked by check_grid before the session began
-    from cpcfl_tf.config import ENCODER_DIMS
+    from cpcfl_tf.plan.config import ENCODER_DIMS
 
     encoder, dim = config.pretrain.encoder, ENCODER_DIMS[config.pretrain.encoder]
     out = []
@@ -115,8 +115,8 @@ def label(settings: dict) -> str:
 
 def shown(config: Config, method: str, settings: dict) -> dict:
     """``settings`` with each default of None replaced by what it stands for on the
-    config's encoder (:attr:`~cpcfl_tf.pretraining.methods.Setting.means`)."""
-    from cpcfl_tf.config import ENCODER_DIMS
+    config's encoder (:attr:`~cpcfl_tf.methods.ssl.Setting.means`)."""
+    from cpcfl_tf.plan.config import ENCODER_DIMS
 
     spec, encoder = SSL_METHODS[method], config.pretrain.encoder
     return {k: (spec.settings[k].means(encoder, ENCODER_DIMS[encoder])
@@ -143,8 +143,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     rows = score_candidates(session, plan, seeds)
     selected = choose(rows)
     runs = {} if args.no_runs else run_selected(session, specs, selected)
-    from cpcfl_tf.environment import environment
-    from cpcfl_tf.results import write_json
+    from cpcfl_tf.records.environment import environment
+    from cpcfl_tf.records.files import write_json
 
     write_json(out / "encoder_selection.json", {
         "experiment": "encoder_selection", "preset": config.preset,
@@ -167,7 +167,7 @@ def score_candidates(session, plan: dict[str, list[dict]], seeds: list[int]) -> 
     kept, as its cache entry names the same encoder."""
     from cpcfl_tf.pretraining.knn import proxy_scores
     from cpcfl_tf.pretraining.pretrain import pretrain_folder
-    from cpcfl_tf.results import read_json, write_json
+    from cpcfl_tf.records.files import read_json, write_json
 
     config, runner = session.config, session.runner
     kept_path = session.out / "candidates.json"

@@ -26,12 +26,12 @@ from typing import Sequence
 from cpcfl_tf.running.cli import resolve_config
 from cpcfl_tf.errors import run_cli
 from cpcfl_tf.evidence.judge import compared, final_accuracy, verdict
-from cpcfl_tf.clustered.methods import STARTS, run_label
+from cpcfl_tf.methods.federated import STARTS, run_label
 from cpcfl_tf.running.report import markdown_table
 from cpcfl_tf.running.runner import RunSpec
 from cpcfl_tf.running.script import Script
-from cpcfl_tf.clustered.starts import START
-from cpcfl_tf.run_plan import check_data
+from cpcfl_tf.methods.starts import START
+from cpcfl_tf.plan.resolve import check_data
 
 SEEDS = {"smoke": 2, "quick": 5, "standard": 5, "paper": 1}
 """Seeds per preset (the claims' five on the CPU presets)."""
@@ -86,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     complete = [s for s in seeds if all(f"seed{s}-{row}" in records for row, *_ in ROWS)]
     specs = [spec for spec in specs if spec.seed in complete]
     summary = summarize(specs, records, encoders)
-    from cpcfl_tf.results import write_json
+    from cpcfl_tf.records.files import write_json
 
     write_json(session.out / "federated_pretraining.json", {
         "experiment": "federated_pretraining", "preset": config.preset,
@@ -106,12 +106,12 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def runs_environment(records) -> dict:
     """The machine that made the summarized runs: the fields of
-    :func:`~cpcfl_tf.environment.environment` as their records give them (those of most of
+    :func:`~cpcfl_tf.records.environment.environment` as their records give them (those of most of
     them, with ``"machines"``: how many there were, when they differ), so that the summary
     rebuilt elsewhere says the same."""
     from collections import Counter
 
-    from cpcfl_tf.environment import environment
+    from cpcfl_tf.records.environment import environment
 
     fields = list(environment())
     seen = Counter(json.dumps({k: r.environment.get(k) for k in fields}) for r in records)
@@ -128,7 +128,7 @@ def score_encoders(session, specs: Sequence[RunSpec], only_kept: bool = False
     kept in ``encoders.json`` so an interrupted study does not score again.
     ``only_kept``: score nothing, return the scores kept."""
     from cpcfl_tf.pretraining.knn import proxy_scores
-    from cpcfl_tf.results import prepare_out_dir, read_json, write_json
+    from cpcfl_tf.records.files import prepare_out_dir, read_json, write_json
 
     runner, epochs = session.runner, session.args.linear_epochs
     kept_path = session.out / "encoders.json"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from cpcfl_tf.config import Config
+from cpcfl_tf.plan.config import Config
 from cpcfl_tf.errors import run_cli
 from cpcfl_tf.running.report import markdown_table
 from cpcfl_tf.running.runner import RunSpec

@@ -11,11 +11,11 @@ from __future__ import annotations
 from typing import Sequence
 
 from cpcfl_tf.running.cli import name_list
-from cpcfl_tf.config import Config
-from cpcfl_tf.environment import environment
+from cpcfl_tf.plan.config import Config
+from cpcfl_tf.records.environment import environment
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.evidence.judge import linear_eval_config, linear_eval_settings
-from cpcfl_tf.clustered.methods import PRETRAIN_METHODS
+from cpcfl_tf.methods.federated import PRETRAIN_METHODS
 from cpcfl_tf.running.report import markdown_table
 from cpcfl_tf.running.script import Script
 
@@ -30,7 +30,7 @@ def _options(parser) -> None:
 
 def _earlier(path, config: Config, methods: list[str]) -> dict | None:
     """The record of an earlier run of the same settings and methods, if there is one."""
-    from cpcfl_tf.results import read_json
+    from cpcfl_tf.records.files import read_json
 
     if not path.exists():
         return None
@@ -57,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from cpcfl_tf.clustered.clients import load_client_splits
     from cpcfl_tf.models import build_encoder
     from cpcfl_tf.models.seeding import seeded
-    from cpcfl_tf.results import weights_fingerprint, write_json
+    from cpcfl_tf.records.files import weights_fingerprint, write_json
 
     proxy_train, proxy_test = load_client_splits(config.data)
     with seeded(config.seed):  # the initialisation pre-training starts from

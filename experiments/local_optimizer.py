@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 
 from cpcfl_tf.errors import run_cli
-from cpcfl_tf.record import RunRecord
+from cpcfl_tf.records.record import RunRecord
 from cpcfl_tf.running.report import markdown_table
 from cpcfl_tf.running.runner import RunSpec, Runner
 from cpcfl_tf.running.script import Script
@@ -55,7 +55,7 @@ class RoundProbe:
         """``record``: the round's record as the round loop made it (JSON)."""
         from cpcfl_tf.clustered.backends import client_probabilities
         from cpcfl_tf.clustered.metrics import class_accuracy, client_accuracy
-        from cpcfl_tf.results import write_json
+        from cpcfl_tf.records.files import write_json
 
         ids = np.asarray(record["cluster_ids"])
         probs = client_probabilities(self.backend, state.models, ids, self.clients.test)
@@ -81,7 +81,7 @@ class RoundProbe:
 
 def read_probe(path: Path) -> list[dict]:
     """The rounds a :class:`RoundProbe` recorded in ``path`` (none if it does not exist)."""
-    from cpcfl_tf.results import read_file
+    from cpcfl_tf.records.files import read_file
 
     if not path.exists():
         return []

@@ -25,10 +25,10 @@ import threading
 import time
 from typing import Iterator, Sequence
 
-from cpcfl_tf.environment import environment
+from cpcfl_tf.records.environment import environment
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.running.report import markdown_table
-from cpcfl_tf.results import cache_at, write_json
+from cpcfl_tf.records.files import cache_at, write_json
 from cpcfl_tf.running.runner import RunSpec
 from cpcfl_tf.running.script import Script
 

@@ -27,8 +27,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.clients is not None:
         config = config.with_overrides(partition={"num_clients": args.clients})
 
-    from cpcfl_tf.results import prepare_out_dir, write_json
-    from cpcfl_tf.run_plan import check_client_sources, check_data
+    from cpcfl_tf.records.files import prepare_out_dir, write_json
+    from cpcfl_tf.plan.resolve import check_client_sources, check_data
 
     check_data(config)
     check_client_sources(config)

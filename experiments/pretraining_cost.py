@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Sequence
 
 from cpcfl_tf.running.cli import name_list
-from cpcfl_tf.config import ENCODERS
-from cpcfl_tf.presets import pretrain_config_for
-from cpcfl_tf.environment import environment
+from cpcfl_tf.plan.config import ENCODERS
+from cpcfl_tf.plan.presets import pretrain_config_for
+from cpcfl_tf.records.environment import environment
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.running.report import markdown_table
 from cpcfl_tf.running.script import Script
@@ -41,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from cpcfl_tf.data.sources import split_size
     from cpcfl_tf.flops import count_flops
     from cpcfl_tf.models import build_encoder
-    from cpcfl_tf.results import read_json, write_json
+    from cpcfl_tf.records.files import read_json, write_json
 
     size = config.data.image_size
     images = split_size(config.data.pretrain_dataset, config.data.pretrain_split)

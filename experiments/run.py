@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from cpcfl_tf.errors import ArgumentParser, run_cli
-from cpcfl_tf.record import RunRecord
+from cpcfl_tf.records.record import RunRecord
 from cpcfl_tf.running.runner import RunSpec
 from cpcfl_tf.running.script import Script
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from cpcfl_tf.errors import run_cli
-from cpcfl_tf.record import SCORES, RunRecord
-from cpcfl_tf.clustered.methods import run_label
+from cpcfl_tf.records.record import SCORES, RunRecord
+from cpcfl_tf.methods.federated import run_label
 from cpcfl_tf.running.report import markdown_table
 from cpcfl_tf.running.runner import RunSpec
 from cpcfl_tf.running.script import Script

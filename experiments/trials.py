@@ -14,7 +14,7 @@ from typing import Sequence
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.running.report import markdown_table, trial_table
 from cpcfl_tf.evidence.catalogue import COMPARISON, COMPARISON_LABELS, comparison_specs
-from cpcfl_tf.clustered.methods import run_label
+from cpcfl_tf.methods.federated import run_label
 from cpcfl_tf.running.runner import RunSpec
 from cpcfl_tf.running.script import Script
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cpcfl_tf.run_plan import resolve
+from cpcfl_tf.plan.resolve import resolve
 
 
 def __getattr__(name):

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from cpcfl_tf.clustered import algorithm, restarts
-from cpcfl_tf.run_plan import resolve
+from cpcfl_tf.plan.resolve import resolve
 
 RNG = np.random.default_rng(0)
 
@@ -100,7 +100,7 @@ def test_communication_cost_is_n_plus_one_s_per_client_and_round():
 
 @pytest.mark.parametrize("participation", [1.0, 0.5])
 def test_a_node_alone_selects_what_the_simulator_selects_for_it(participation):
-    from cpcfl_tf.run_plan import ResolvedFederated
+    from cpcfl_tf.plan.resolve import ResolvedFederated
 
     fl = ResolvedFederated(num_clusters=3, head_rounds=2, participation=participation)
     losses = np.array([[0.5, 0.5, 0.9], [0.2, 0.1, 0.1], [0.3, 0.3, 0.3], [0.7, 0.2, 0.4],
@@ -125,7 +125,7 @@ def test_a_node_alone_selects_what_the_simulator_selects_for_it(participation):
 
 
 def test_streams_and_restart_rule():
-    from cpcfl_tf.run_plan import ResolvedFederated
+    from cpcfl_tf.plan.resolve import ResolvedFederated
     from cpcfl_tf.clustered.algorithm import Stream, stream_seed
     from cpcfl_tf.clustered.restarts import should_restart
 
@@ -141,7 +141,7 @@ def test_streams_and_restart_rule():
 def test_the_algorithm_takes_only_a_resolved_config():
     """A requested config would run FedAvg with three models and give IFCA a Tc phase:
     the algorithm and the pool refuse it at once, saying what to pass."""
-    from cpcfl_tf.presets import get_preset
+    from cpcfl_tf.plan.presets import get_preset
     from cpcfl_tf.clustered.pool import initial_pool
 
     requested = get_preset("smoke").with_overrides(federated={"method": "fedavg",
@@ -170,7 +170,7 @@ def test_the_restart_check_reads_the_round_it_is_applied_after():
     3 (hand-worked: Tc + restart_round). A first attempt merged only in round 3, its last,
     restarts (so the runner makes it rather than take CP-CFL's run); one merged only in
     round 2, or one that never reaches round 3, does not."""
-    from cpcfl_tf.config import FederatedConfig
+    from cpcfl_tf.plan.config import FederatedConfig
     from cpcfl_tf.clustered.restarts import restart_check_round, would_restart
 
     fl = FederatedConfig(method="cp-cfl-restart", rounds=3, head_rounds=1, restart_round=2,
@@ -264,7 +264,7 @@ def test_a_run_aggregates_as_its_config_says():
     """run_rounds applies federated.update_norm to the replies and federated.aggregation
     within each cluster: a federation whose three clients all pick model 0, one of them
     sending 1e30, ends with the median's (or the bound's) model, not the mean's."""
-    from cpcfl_tf.presets import get_preset
+    from cpcfl_tf.plan.presets import get_preset
 
     base = get_preset("smoke").with_overrides(federated={
         "method": "fedavg", "pretraining": "none", "rounds": 1, "head_rounds": 0})

@@ -2,13 +2,13 @@ import keras
 import numpy as np
 import pytest
 
-from cpcfl_tf.presets import get_preset
+from cpcfl_tf.plan.presets import get_preset
 from cpcfl_tf.pretraining.linear_eval import encode, relevance_score
 from cpcfl_tf.data import load_labeled
 from cpcfl_tf.clustered.clients import clients_for
 from cpcfl_tf.clustered.centralized import centralized_baseline, supervised_encoder
 from cpcfl_tf.models import build_encoder
-from cpcfl_tf.run_plan import resolve
+from cpcfl_tf.plan.resolve import resolve
 
 SMOKE = get_preset("smoke").with_overrides(federated={"centralized_epochs": 3})
 

@@ -10,12 +10,12 @@ import pytest
 
 from cpcfl_tf.evidence.claims import claims as claim_list
 from cpcfl_tf.evidence.claims import evidence
-from cpcfl_tf.presets import get_preset
+from cpcfl_tf.plan.presets import get_preset
 from cpcfl_tf.evidence.engine import found_at
 from cpcfl_tf.evidence.judge import (CANNOT, HOLDS, NOT_SHOWN, OPPOSITE, SMALLER, t_interval,
                                      verdict)
-from cpcfl_tf.record import Final, Round, RunRecord, write_record
-from cpcfl_tf.run_plan import resolve
+from cpcfl_tf.records.record import Final, Round, RunRecord, write_record
+from cpcfl_tf.plan.resolve import resolve
 from helpers import script
 
 SMOKE = get_preset("smoke")
@@ -151,7 +151,7 @@ def test_the_second_verdict_puts_cp_cfl_restart_in_cp_cfls_place(tmp_path):
 def test_a_linear_evaluation_missing_is_counted_once_per_seed(tmp_path):
     # One linear_eval.json per seed scores the three encoders: with seeds 0 and 1
     # evaluated, three evaluations are missing, not six encoders' worth of runs.
-    from cpcfl_tf.results import write_json
+    from cpcfl_tf.records.files import write_json
 
     for seed, (simclr, byol) in enumerate(((0.80, 0.75), (0.82, 0.76))):
         (tmp_path / f"seed{seed}").mkdir()
@@ -171,7 +171,7 @@ def test_a_linear_evaluation_missing_is_counted_once_per_seed(tmp_path):
 def test_a_linear_evaluation_of_another_encoder_than_the_seeds_run_is_noted(tmp_path):
     # Seed 0 evaluated the SimCLR encoder its CP-CFL run started from; seed 1's
     # evaluation scored other bits (e.g. pre-trained again on another machine).
-    from cpcfl_tf.results import write_json
+    from cpcfl_tf.records.files import write_json
 
     spec = evidence(SMOKE)["cp-cfl-simclr"]
     for seed in (0, 1):
@@ -538,7 +538,7 @@ def test_judging_a_tree_writes_only_into_it_and_a_refusal_writes_nothing(tree, t
                                                                           monkeypatch):
     """Without --run no output folder is prepared (it used to create and remove a file in
     the kit's own results/<preset>/claims); refused arguments leave no folder behind."""
-    import cpcfl_tf.results as results
+    import cpcfl_tf.records.files as results
     from cpcfl_tf.errors import UserError
 
     monkeypatch.chdir(tmp_path)  # the default output folder is results/smoke/claims here
@@ -565,7 +565,7 @@ def test_a_fired_restart_run_is_taken_where_it_starts_from_its_base_runs_encoder
     config elsewhere in the tree that starts from the folder's CP-CFL run's encoder is
     that run's restart (another script made it): the runner takes it; one from another
     encoder is not taken (the run would be made)."""
-    from cpcfl_tf.record_store import RecordIndex
+    from cpcfl_tf.records.store import RecordIndex
     from cpcfl_tf.running.runner import Runner, RunSpec
 
     base = SMOKE.with_overrides(federated={"restart_round": 2})

@@ -118,7 +118,7 @@ def test_dry_run_says_what_would_run_and_touches_nothing(tmp_path, monkeypatch, 
 
 
 def test_tensorboard_gets_every_round_and_every_pretraining_epoch(tmp_path, monkeypatch):
-    from cpcfl_tf.scalars import read_scalars
+    from cpcfl_tf.records.scalars import read_scalars
     from helpers import script
 
     monkeypatch.setenv("CPCFL_CACHE", str(tmp_path / "cache"))
@@ -171,7 +171,7 @@ def test_bad_folders_are_refused_by_name_before_any_data_is_read(tmp_path, monke
     import cpcfl_tf.pretraining.pretrain as pretrain
     import cpcfl_tf.data as data
     import cpcfl_tf.clustered.clients as clients
-    from cpcfl_tf.presets import get_preset
+    from cpcfl_tf.plan.presets import get_preset
     from cpcfl_tf.errors import UserError
     from helpers import script
 
@@ -378,7 +378,7 @@ def test_a_resume_command_repeats_the_command_line_as_given(tmp_path):
     a shell needs, with --resume in place of --report, --force and --dry-run."""
     import argparse
 
-    from cpcfl_tf.presets import get_preset
+    from cpcfl_tf.plan.presets import get_preset
     from cpcfl_tf.running.script import Session
 
     study = script("clustering_reliability")

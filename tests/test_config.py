@@ -4,13 +4,13 @@ import json
 
 import pytest
 
-from cpcfl_tf.config import (
+from cpcfl_tf.plan.config import (
     Config, DataConfig, FederatedConfig, PartitionConfig, PretrainConfig, config_key,
     config_record)
-from cpcfl_tf.presets import PRESETS, get_preset, with_encoder
+from cpcfl_tf.plan.presets import PRESETS, get_preset, with_encoder
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.pretraining.methods import SSL_METHODS
-from cpcfl_tf.run_plan import resolve
+from cpcfl_tf.methods.ssl import SSL_METHODS
+from cpcfl_tf.plan.resolve import resolve
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
@@ -166,7 +166,7 @@ def test_methods_resolve_to_what_they_imply():
 
 
 def test_fields_added_to_a_section_later_count_at_their_defaults():
-    from cpcfl_tf.config import with_defaults
+    from cpcfl_tf.plan.config import with_defaults
 
     stored = dataclasses.asdict(FederatedConfig())
     del stored["local_optimizer"], stored["optimizer_state"]
@@ -209,7 +209,7 @@ def test_the_encoder_is_one_setting_that_records_name_where_they_always_have():
 def test_keys_and_fingerprints_leave_out_added_fields_at_their_defaults():
     """A checkpoint or cache entry written before a field existed is found again."""
     from cpcfl_tf.compat import ADDED_FIELDS, without_added
-    from cpcfl_tf.config import SECTIONS
+    from cpcfl_tf.plan.config import SECTIONS
 
     now = dataclasses.asdict(get_preset("smoke"))
     before = {k: ({f: x for f, x in v.items() if f not in ADDED_FIELDS.get(k, {})}
@@ -271,7 +271,7 @@ def test_pretraining_cache_keys_survive_added_settings(preset, method):
 
 
 def test_a_mapping_is_set_key_by_key_without_json():
-    from cpcfl_tf.overrides import parse_settings
+    from cpcfl_tf.plan.overrides import parse_settings
 
     assert parse_settings(["pretrain.options.fedema.rounds=2", "pretrain.options.byol."
                            "target_decay=0.99", "federated.options.eps1=0.3"]) == {
@@ -304,7 +304,7 @@ def test_robust_aggregation_is_three_checked_settings_absent_from_records_at_the
     name none of them, so every committed record stays as it was; set, the record names
     it and the run is another. Bad values are refused in one line."""
     from cpcfl_tf.compat import without_added
-    from cpcfl_tf.config import config_key
+    from cpcfl_tf.plan.config import config_key
 
     names = {"aggregation", "trim_fraction", "update_norm"}
     config = get_preset("quick")

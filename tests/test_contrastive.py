@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from cpcfl_tf.config import PretrainConfig
+from cpcfl_tf.plan.config import PretrainConfig
 from cpcfl_tf.pretraining.byol import symmetric_byol
 from cpcfl_tf.pretraining.losses import byol_loss, embedding_std, nt_xent, simsiam_loss
 from cpcfl_tf.pretraining.model import predicted
@@ -11,7 +11,7 @@ from cpcfl_tf.pretraining.pretrain import DivergedError, build_contrastive_model
 from cpcfl_tf.data import load_unlabeled
 from cpcfl_tf.data.augment import build_augmenter
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.pretraining.methods import SSL_METHODS
+from cpcfl_tf.methods.ssl import SSL_METHODS
 
 RNG = np.random.default_rng(0)
 
@@ -163,7 +163,7 @@ def test_pretrain_saves_the_encoder_alone_and_reuses_it(digits, tmp_path):
 
 
 def test_pretrained_encoder_pretrains_the_method_a_run_names(tmp_path, monkeypatch):
-    from cpcfl_tf.presets import get_preset
+    from cpcfl_tf.plan.presets import get_preset
     from cpcfl_tf.pretraining import pretrain as module
 
     calls = []

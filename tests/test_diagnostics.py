@@ -5,9 +5,9 @@ twentieth of the way in the Tc phase, where only the head trains)."""
 import numpy as np
 import pytest
 
-from cpcfl_tf.run_plan import ResolvedFederated
+from cpcfl_tf.plan.resolve import ResolvedFederated
 from cpcfl_tf.clustered import algorithm, diagnostics, restarts
-from cpcfl_tf.run_plan import resolve
+from cpcfl_tf.plan.resolve import resolve
 
 TARGETS = np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, -1.0]])
 """Each true group's target point."""
@@ -129,7 +129,7 @@ def test_cp_cfl_restart_starts_over_with_the_tc_phase_and_counts_the_failed_atte
                                                       ("cp-cfl-restart", "simclr", 20)])
 def test_the_failure_test_comes_restart_round_rounds_after_the_clients_choose(
         method, pretraining, check):
-    from cpcfl_tf.presets import get_preset
+    from cpcfl_tf.plan.presets import get_preset
 
     fl = resolve(get_preset("quick").with_overrides(federated={
         "method": method, "pretraining": pretraining})).federated

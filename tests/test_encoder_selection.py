@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from cpcfl_tf.presets import get_preset
+from cpcfl_tf.plan.presets import get_preset
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.running.runner import Runner, RunSpec
 from helpers import ROOT, script
@@ -28,7 +28,7 @@ def selection(tmp_path_factory):
 
 def test_every_candidate_is_scored_and_the_best_by_linear_accuracy_is_selected(selection):
     from cpcfl_tf.clustered.starting import StartingEncoders
-    from cpcfl_tf.results import weights_fingerprint
+    from cpcfl_tf.records.files import weights_fingerprint
 
     out, stored = selection
     rows = stored["candidates"]
@@ -126,7 +126,7 @@ def test_a_committed_selection_is_its_kept_scores_and_records(preset):
     import csv
 
     from cpcfl_tf.evidence.judge import final_accuracy
-    from cpcfl_tf.record import read_record
+    from cpcfl_tf.records.record import read_record
 
     folder = ROOT / "results" / preset / "encoder_selection"
     kept = json.loads((folder / "candidates.json").read_text())

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cpcfl_tf.presets import get_preset
+from cpcfl_tf.plan.presets import get_preset
 from cpcfl_tf.errors import UserError
 from helpers import ROOT, SCRIPT_FOLDERS, script, script_path
 
@@ -59,7 +59,7 @@ def test_linear_eval_scores_random_and_pretrained_encoders(tmp_path):
     assert Path(record["rows"][1]["cache"], "encoder.keras").exists()
     # The encoder's bits, named as a run record names the encoder it started from.
     from cpcfl_tf.clustered.starting import StartingEncoders
-    from cpcfl_tf.results import weights_fingerprint
+    from cpcfl_tf.records.files import weights_fingerprint
 
     config = get_preset("smoke").with_overrides(federated={"pretraining": "simclr"})
     assert record["rows"][1]["encoder_fingerprint"] == weights_fingerprint(
@@ -188,7 +188,7 @@ def test_benchmark_xla_is_the_jit_compile_setting(tmp_path, flag):
 def test_the_kit_runs_tensorflow_with_onednn_kernels():
     import platform
 
-    from cpcfl_tf.environment import environment
+    from cpcfl_tf.records.environment import environment
 
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("oneDNN's switch is for x86 CPUs")

@@ -5,14 +5,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cpcfl_tf.clustered import clustering, rules
-from cpcfl_tf.presets import get_preset
+from cpcfl_tf.methods import clustering, rules
+from cpcfl_tf.plan.presets import get_preset
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.clustered import algorithm
 from cpcfl_tf.clustered.clients import clients_for
 from cpcfl_tf.clustered.metrics import cluster_ari
 from cpcfl_tf.clustered.simulator import run_federated
-from cpcfl_tf.run_plan import resolve
+from cpcfl_tf.plan.resolve import resolve
 from helpers import Killed, kill_after
 
 SMOKE = get_preset("smoke")
@@ -108,7 +108,7 @@ def test_nearest_centres_recovers_three_groups():
 
 def test_flower_runs_every_method_that_sends_something_and_refuses_local():
     from cpcfl_tf.flower.common import run_config
-    from cpcfl_tf.clustered.methods import METHODS
+    from cpcfl_tf.methods.federated import METHODS
 
     for name in ("oracle", "fesem", "cfl", "fl-hc", "pacfl"):
         assert METHODS[name].on_flower
@@ -197,7 +197,7 @@ def test_cfl_splits_only_when_the_two_parts_pull_apart_enough():
 def test_cfl_runs_and_records_its_options(clients):
     record, state = run(clients, "cfl", options={"split_after": 1, "eps1": 1e9, "eps2": 0.0,
                                                  "max_cross": 1.0})
-    from cpcfl_tf.clustered.methods import METHODS
+    from cpcfl_tf.methods.federated import METHODS
 
     assert record.config.federated.options == {**METHODS["cfl"].options, "eps1": 1e9,
                                                "eps2": 0.0, "split_after": 1, "max_cross": 1.0}
@@ -367,7 +367,7 @@ def test_the_cfl_and_pacfl_defaults_are_what_the_committed_calibration_derived()
     import csv
     import re
 
-    from cpcfl_tf.clustered.methods import METHODS
+    from cpcfl_tf.methods.federated import METHODS
     from helpers import script
 
     folder = Path(__file__).parents[1] / "results" / "quick" / "calibrate_families"

@@ -8,12 +8,12 @@ import shlex
 import numpy as np
 import pytest
 
-from cpcfl_tf.presets import get_preset
+from cpcfl_tf.plan.presets import get_preset
 from cpcfl_tf.data.unlabeled import check_deal, deal_unlabeled, group_shares
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.clustered.methods import METHODS, STARTS
-from cpcfl_tf.pretraining.methods import FEDERATED_SSL, FEDERATED_STARTS, SSL_METHODS
-from cpcfl_tf.run_plan import resolve
+from cpcfl_tf.methods.federated import METHODS, STARTS
+from cpcfl_tf.methods.ssl import FEDERATED_SSL, FEDERATED_STARTS, SSL_METHODS
+from cpcfl_tf.plan.resolve import resolve
 
 
 def smoke(start: str, deal: str = "iid", **settings):
@@ -71,7 +71,7 @@ def test_the_groups_deal_needs_labels_to_deal_by():
 
 
 def test_records_name_the_federated_settings_and_read_back():
-    from cpcfl_tf.config import Config
+    from cpcfl_tf.plan.config import Config
 
     config = smoke("fedema-byol", "groups")
     stored = config.to_dict()
@@ -259,7 +259,7 @@ def test_an_interrupted_federated_pretraining_resumes_bit_for_bit(tmp_path, monk
 
 
 def test_cp_cfl_starts_from_a_federated_encoder(tmp_path):
-    from cpcfl_tf.results import weights_fingerprint
+    from cpcfl_tf.records.files import weights_fingerprint
     from cpcfl_tf.running.runner import Runner, RunSpec
 
     base = smoke("fed-simclr", "groups").with_overrides(federated={"rounds": 2})

@@ -11,9 +11,9 @@ import pytest
 pytest.importorskip("flwr")
 pytestmark = pytest.mark.flower
 
-from cpcfl_tf.clustered import clustering
+from cpcfl_tf.methods import clustering
 from cpcfl_tf.flower.loopback import Federation, wait_for_file  # noqa: E402
-from cpcfl_tf.run_plan import resolve  # noqa: E402
+from cpcfl_tf.plan.resolve import resolve  # noqa: E402
 from helpers import run_in_process, script, simulated  # noqa: E402
 
 RUN = {"preset": "smoke", "method": "cp-cfl", "pretraining": "simclr", "num-clusters": 2,
@@ -175,7 +175,7 @@ def test_flower_federation_runs_the_simulators_rounds_and_survives_a_killed_supe
         time.sleep(0.2)
     federation.kill_supernode(2)  # in the middle of round 2
     record = wait_for_file(tmp_path / "result.json", federation, timeout=540)
-    from cpcfl_tf.results import weights_fingerprint
+    from cpcfl_tf.records.files import weights_fingerprint
 
     # Secured: the node whose key the SuperLink does not know and the node without the
     # CA were kept out (each process ended, saying why), and the run went on without them.
@@ -244,8 +244,8 @@ def test_the_simulation_engine_runs_the_simulators_rounds(tmp_path, env):
     # stage, at 3123e7d, gave the simulator's encoder too.)
     pytest.importorskip("ray", reason='the Simulation Engine needs pip install -e ".[flower-sim]"')
     from cpcfl_tf.flower.simulation import simulate
-    from cpcfl_tf.clustered.methods import METHODS
-    from cpcfl_tf.results import weights_fingerprint
+    from cpcfl_tf.methods.federated import METHODS
+    from cpcfl_tf.records.files import weights_fingerprint
 
     run = {**PACFL, "pretraining": "fedema-byol", "set": FEDEMA["set"]}
     ids, accuracy, encoder, sim_final = _simulated(1, tmp_path / "sim", run=run)
@@ -692,7 +692,7 @@ def test_the_servers_pretraining_stage_is_the_simulators_and_leaves_a_failed_nod
     from cpcfl_tf.pretraining.fedavg_ssl import ClientState, set_parts
     from cpcfl_tf.clustered.clients import unlabeled_for
     from cpcfl_tf.flower.common import run_config
-    from cpcfl_tf.results import weights_fingerprint
+    from cpcfl_tf.records.files import weights_fingerprint
 
     run = {**RUN, "method": "fedavg", "pretraining": "fed-simclr", "num-clusters": 1,
            "head-rounds": 0, "rounds": 1,

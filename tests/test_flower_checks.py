@@ -104,7 +104,7 @@ def federation(tmp_path_factory):
     from cpcfl_tf.flower import client_app
 
     from cpcfl_tf.clustered import starting
-    from cpcfl_tf.config import config_key
+    from cpcfl_tf.plan.config import config_key
 
     out = tmp_path_factory.mktemp("checks") / "record.json"
     replay = Replayed()
@@ -490,7 +490,7 @@ def test_a_run_whose_rule_asks_first_stops_only_when_no_client_answered(capsys):
     from cpcfl_tf.errors import UserError
     from cpcfl_tf.flower import remote
     from cpcfl_tf.flower.common import run_config, to_record
-    from cpcfl_tf.run_plan import resolve
+    from cpcfl_tf.plan.resolve import resolve
 
     fl = resolve(run_config(PACFL)).federated
     good = np.zeros((8 * 8 * 3, fl.options["basis"]), np.float32)

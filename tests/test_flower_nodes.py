@@ -68,7 +68,7 @@ def test_bad_node_data_is_refused_in_one_line(tmp_path, make, message):
 
 
 def test_the_export_writes_each_clients_images_as_the_simulator_holds_them(tmp_path, capsys):
-    from cpcfl_tf.presets import get_preset
+    from cpcfl_tf.plan.presets import get_preset
     from cpcfl_tf.clustered.clients import clients_for
 
     out = tmp_path / "clients"
@@ -141,7 +141,7 @@ def test_nodes_with_their_own_data_are_not_held_to_the_servers_split_sizes():
     # for; the simulator has nothing to draw from such a config, and says so.
     from cpcfl_tf.data.partition import partition_clients
     from cpcfl_tf.flower.common import run_config
-    from cpcfl_tf.run_plan import resolve
+    from cpcfl_tf.plan.resolve import resolve
 
     for start, extra in (("none", ""), ("fed-simclr", "partition.unlabeled=iid")):
         config = run_config({**RUN, "pretraining": start, "set": extra})

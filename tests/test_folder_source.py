@@ -41,7 +41,7 @@ def test_a_folder_with_train_and_test_is_a_labeled_dataset(tmp_path, fmnist):
 
 
 def test_a_flat_folder_gets_a_seeded_split_and_serves_a_run(tmp_path, fmnist):
-    from cpcfl_tf.presets import get_preset
+    from cpcfl_tf.plan.presets import get_preset
     from cpcfl_tf.clustered.clients import clients_for
 
     write(tmp_path / "images", fmnist.images, fmnist.labels)
@@ -64,9 +64,9 @@ def test_folder_mistakes_are_one_line_errors(tmp_path, fmnist):
     with pytest.raises(UserError, match="no PNG or JPEG"):
         get_spec(f"folder:{tmp_path / 'empty'}")
     write(tmp_path / "few", fmnist.images[:40], fmnist.labels[:40] % 3)
-    from cpcfl_tf.presets import get_preset
+    from cpcfl_tf.plan.presets import get_preset
 
-    from cpcfl_tf.run_plan import resolve
+    from cpcfl_tf.plan.resolve import resolve
 
     with pytest.raises(UserError, match="client data has 3"):  # too few classes for 3 groups
         resolve(get_preset("smoke").with_overrides(data={

@@ -1,7 +1,8 @@
-"""The kit's modules import one way: data and the stages' registries -> config -> models
--> pretraining -> clustered -> Flower -> running (cli, report, the runner, the script
-scaffold) -> the paper's evidence, and inside ``clustered/``, ``pretraining/``,
-``running/`` and ``evidence/`` in the order below. Checked on
+"""The kit's modules import one way, package by package: the foundations (errors, stored
+layouts, data, plugins) -> what each method is (``methods/``, the registries every config
+checks) -> the run asked for and its plan (``plan/``) -> records and models ->
+pretraining -> clustered -> Flower -> running (cli, report, the runner, the script
+scaffold) -> the paper's evidence, and inside each package in the order below. Checked on
 every import statement, module level or inside a function (an import inside a function
 keeps TensorFlow out of a process that does not need it; it never dodges a circle)."""
 import ast
@@ -9,21 +10,19 @@ import ast
 from helpers import ROOT
 
 LAYERS = {
-    "errors": 0, "results": 0, "scalars": 0, "environment": 0, "compat": 0, "plugins": 0,
-    "data": 1, "pretraining.methods": 1, "clustered.rules": 1, "clustered.clustering": 1, "clustered.starts": 1,
-    "clustered.methods": 1,
-    "config": 2, "presets": 2, "overrides": 2, "dataset_pairs": 2, "run_plan": 2,
-    "models": 3, "flops": 3,
-    "pretraining": 4,
-    "clustered": 5,
-    "record": 3, "record_store": 3,
-    "flower": 6,
-    "running": 7,
-    "evidence": 8,
+    "errors": 0, "compat": 0, "flops": 0,
+    "data": 1, "plugins": 1,
+    "methods": 2,
+    "plan": 3,
+    "records": 4, "models": 4,
+    "pretraining": 5,
+    "clustered": 6,
+    "flower": 7,
+    "running": 8,
+    "evidence": 9,
 }
-"""Layer of each part of ``cpcfl_tf`` (a package, or a module of one: the stages'
-registries are names every config checks, below the config); a module may import its
-own layer or lower."""
+"""Layer of each part of ``cpcfl_tf`` (a top-level module or package, never a module of
+one: the top level is the layers); a module may import its own layer or lower."""
 
 
 def _method_modules(entries) -> tuple[str, ...]:
@@ -33,18 +32,21 @@ def _method_modules(entries) -> tuple[str, ...]:
 
 
 def _inside():
-    from cpcfl_tf.pretraining.methods import FEDERATED_SSL, SSL_METHODS
+    from cpcfl_tf.methods.ssl import FEDERATED_SSL, SSL_METHODS
 
     ssl = _method_modules(SSL_METHODS.values())
     federated = tuple(m for m in _method_modules(FEDERATED_SSL.values()) if m != "fedavg_ssl")
     return {
-        "clustered": ("clustering", "rules", "starts", "methods", "restarts", "diagnostics",
-                      "clients", "metrics", "local", "stacked", "backends", "algorithm",
-                      "pool", "centralized", "simulator", "starting"),
+        "methods": ("ssl", "starts", "clustering", "rules", "federated"),
+        "plan": ("config", "presets", "overrides", "resolve"),
+        "records": ("files", "environment", "scalars", "record", "store"),
+        "clustered": ("restarts", "diagnostics", "clients", "metrics", "local", "stacked",
+                      "backends", "algorithm", "pool", "centralized", "simulator",
+                      "starting"),
         # Each self-supervised method's file (its registry entry names it) sits on the
         # model and the losses; each federated pre-training's on fedavg_ssl: a new one
         # takes its place here without an edit.
-        "pretraining": ("methods", "losses", "model", *ssl, "pretrain", "fedavg_ssl",
+        "pretraining": ("losses", "model", *ssl, "pretrain", "fedavg_ssl",
                         *federated, "federated_pretrain", "linear_eval", "knn", "timing"),
         "running": ("cli", "report", "compare", "run_data", "runner", "script"),
         "evidence": ("dataset_pairs", "judge", "plots", "catalogue", "claims", "engine"),
@@ -142,4 +144,15 @@ def test_every_import_points_down_or_sideways():
 
 def test_the_data_layer_knows_nothing_of_configs():
     for path in (ROOT / "cpcfl_tf" / "data").glob("*.py"):
-        assert "cpcfl_tf.config" not in path.read_text(), path.name
+        assert "cpcfl_tf.plan.config" not in path.read_text(), path.name
+
+
+def test_the_top_level_is_the_layers():
+    # Every top-level module or package has its layer, and no module of a package has
+    # one of its own: a package is one layer (the picture of the top level has no arrow
+    # running back up).
+    root = ROOT / "cpcfl_tf"
+    top = {p.stem for p in root.glob("*.py") if p.stem != "__init__"} | {
+        p.name for p in root.iterdir() if (p / "__init__.py").exists()}
+    assert top == set(LAYERS)
+    assert not [key for key in LAYERS if "." in key]

@@ -1,4 +1,4 @@
-"""One home for what a method is: ``cpcfl_tf/clustered/methods.py``."""
+"""One home for what a method is: ``cpcfl_tf/methods/federated.py``."""
 import ast
 import dataclasses
 
@@ -7,11 +7,11 @@ import pytest
 
 from helpers import ROOT
 
-from cpcfl_tf.presets import get_preset
+from cpcfl_tf.plan.presets import get_preset
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.clustered.restarts import should_restart
-from cpcfl_tf.clustered.methods import ASSIGNMENTS, METHODS, STARTS, get_method, run_label
-from cpcfl_tf.run_plan import resolve
+from cpcfl_tf.methods.federated import ASSIGNMENTS, METHODS, STARTS, get_method, run_label
+from cpcfl_tf.plan.resolve import resolve
 
 
 def federated(method: str, pretraining: str, **fields):
@@ -109,7 +109,7 @@ def test_no_module_but_methods_compares_a_method_name():
     """``fl.method == "ifca"`` anywhere else would be a second home for what IFCA is
     (checked against the old code: it found runner.py, algorithm.py and config.py)."""
     names = set(METHODS)
-    found = [where for where, node in kit_nodes(lambda path: path.name == "methods.py")
+    found = [where for where, node in kit_nodes(lambda path: path.relative_to(ROOT).as_posix() == "cpcfl_tf/methods/federated.py")
              if names & (compared(node, {"method"}) or set())]
     assert not found, found
 
@@ -119,14 +119,15 @@ SUBJECTS = {"assign", "asks", "asked", "rule", "method"}
 
 
 def test_no_module_but_the_rules_compares_a_rules_name_or_what_it_asks():
-    """``assign == "subspaces"`` or ``asked == "group"`` outside :mod:`cpcfl_tf.clustered.rules`
+    """``assign == "subspaces"`` or ``asked == "group"`` outside :mod:`cpcfl_tf.methods.rules`
     would be a second home for a rule (checked against the old code: it found
     algorithm.py, simulator.py and both Flower apps)."""
-    from cpcfl_tf.clustered.rules import RULES
+    from cpcfl_tf.methods.rules import RULES
 
     words = set(RULES) | {r.asks for r in RULES.values() if r.asks} | set(METHODS)
     found = []
-    for where, node in kit_nodes(lambda path: path.name in ("methods.py", "rules.py")):
+    for where, node in kit_nodes(lambda path: path.relative_to(ROOT).as_posix() in (
+            "cpcfl_tf/methods/federated.py", "cpcfl_tf/methods/rules.py")):
         if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) \
                 and node.value.id == "RULES" and isinstance(node.slice, ast.Constant):
             found.append(where)
@@ -144,17 +145,18 @@ START_NAME_SETS = {"FEDERATED_STARTS", "SSL_METHODS", "PRETRAIN_METHODS", "PRETR
 
 def test_no_module_but_the_starts_compares_a_starts_name():
     """``pretraining != "none"``, ``start in FEDERATED_STARTS`` or
-    ``FEDERATED_STARTS.get(pretraining)`` outside :mod:`cpcfl_tf.clustered.starts` would be
+    ``FEDERATED_STARTS.get(pretraining)`` outside :mod:`cpcfl_tf.methods.starts` would be
     a second home for what a start is (checked against the code before the starts' own
     ``check`` and ``pretraining``, at 3ea45ab: it found 13 places in config.py,
     run_plan.py, record.py, clustered/methods.py and flower/server_app.py)."""
-    from cpcfl_tf.clustered.starts import START
+    from cpcfl_tf.methods.starts import START
 
     names = set(START)
     found = []
     # The starts, and the self-supervised registry that names them, are left out.
-    for where, node in kit_nodes(lambda path: path.name == "starts.py"
-                                 or path.parent.name == "pretraining"):
+    for where, node in kit_nodes(lambda path: path.relative_to(ROOT).as_posix() in (
+            "cpcfl_tf/methods/starts.py", "cpcfl_tf/methods/ssl.py")
+            or path.parent.name == "pretraining"):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
                 and node.func.attr == "get" and isinstance(node.func.value, ast.Name) \
                 and node.func.value.id in START_NAME_SETS:
@@ -172,9 +174,9 @@ def test_no_module_but_the_starts_compares_a_starts_name():
 def test_every_start_is_one_object_that_says_what_it_is_and_how_it_is_got():
     from types import SimpleNamespace
 
-    from cpcfl_tf.clustered.methods import PRETRAINED
-    from cpcfl_tf.pretraining.methods import FEDERATED_STARTS, SSL_METHODS
-    from cpcfl_tf.clustered.starts import START
+    from cpcfl_tf.methods.federated import PRETRAINED
+    from cpcfl_tf.methods.ssl import FEDERATED_STARTS, SSL_METHODS
+    from cpcfl_tf.methods.starts import START
 
     assert list(START) == ["none", *SSL_METHODS, "fedavg", "supervised", *FEDERATED_STARTS]
     assert PRETRAINED == (*SSL_METHODS, "supervised", *FEDERATED_STARTS)
@@ -204,16 +206,17 @@ def test_every_start_is_one_object_that_says_what_it_is_and_how_it_is_got():
         "random initialisation")
 
 
-REGISTRY_HOMES = {"methods.py", "rules.py", "starts.py", "plugins.py"}
-"""The modules that say what a registry's entries are (and ``pretraining/``, the
-self-supervised registry's package): the only ones that may compare their names."""
+REGISTRY_HOMES = {"methods", "plugins.py"}
+"""The package that says what a registry's entries are, and the plugins that add to them
+(and ``pretraining/``, the self-supervised methods' package): the only ones that may
+compare their names."""
 
 
 def _registry_values():
     """Every registry's names, and the kit's registries and name sets by their module
     names (what a membership test against a registry would name)."""
-    from cpcfl_tf.clustered import methods, rules, starts
-    from cpcfl_tf.pretraining import methods as ssl
+    from cpcfl_tf.methods import federated as methods, rules, starts
+    from cpcfl_tf.methods import ssl
 
     names = set(METHODS) | set(rules.RULES) | set(starts.START) | set(ssl.SSL_METHODS) \
         | set(ssl.FEDERATED_STARTS)
@@ -248,7 +251,7 @@ def test_no_module_compares_a_registry_name_through_a_variable_either():
         for node in ast.parse(path.read_text()).body:
             if isinstance(node, ast.Assign):
                 _bound(node, names, constants)
-    from cpcfl_tf.clustered.methods import FEDAVG_ENCODER_RUN
+    from cpcfl_tf.methods.federated import FEDAVG_ENCODER_RUN
 
     constants["FEDAVG_ENCODER_RUN"] = FEDAVG_ENCODER_RUN  # bound to a field, not a literal
 
@@ -258,7 +261,7 @@ def test_no_module_compares_a_registry_name_through_a_variable_either():
 
     found = []
     for where, node in kit_nodes(lambda path: path.name in REGISTRY_HOMES
-                                 or path.parent.name == "pretraining"):
+                                 or path.parent.name in REGISTRY_HOMES | {"pretraining"}):
         if not isinstance(node, ast.Compare):
             continue
         parts = {ident(p) for p in (node.left, *node.comparators)}

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.pretraining.methods import SSL_METHODS
+from cpcfl_tf.methods.ssl import SSL_METHODS
 
 CHILD = textwrap.dedent("""
     import json, sys
@@ -20,13 +20,13 @@ CHILD = textwrap.dedent("""
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 
-    from cpcfl_tf.config import PretrainConfig
+    from cpcfl_tf.plan.config import PretrainConfig
     from cpcfl_tf.pretraining.pretrain import build_contrastive_model, make_strategy, pretrain
 
     images = tf.constant(np.random.default_rng(0).integers(0, 256, (8, 32, 32, 3), np.uint8))
     strategy = make_strategy("mirrored")
     out = {"replicas": strategy.num_replicas_in_sync}
-    from cpcfl_tf.pretraining.methods import SSL_METHODS
+    from cpcfl_tf.methods.ssl import SSL_METHODS
 
     for method in SSL_METHODS:  # every registered method, one added later too
         config = PretrainConfig(epochs=1, batch_size=8)

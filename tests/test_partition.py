@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from cpcfl_tf.presets import get_preset
+from cpcfl_tf.plan.presets import get_preset
 from cpcfl_tf.data import partition_clients
 from cpcfl_tf.clustered.clients import partition_for
 from cpcfl_tf.data.partition import make_group_classes

@@ -17,7 +17,7 @@ FILES = {
     "toy_cpcfl/__init__.py": "",
     # SimCLR's loss and model at another temperature: any build(parts, settings) will do.
     "toy_cpcfl/ssl.py": '''
-        from cpcfl_tf.pretraining.methods import Setting, SSLMethod
+        from cpcfl_tf.methods.ssl import Setting, SSLMethod
 
         TOY = SSLMethod("toy-simclr", "ToySimCLR", "toy_cpcfl.ssl", "a toy",
                         {"temperature": Setting(0.5, "the toy's own"),
@@ -31,7 +31,7 @@ FILES = {
     "toy_cpcfl/rule.py": '''
         import numpy as np
 
-        from cpcfl_tf.clustered.rules import Rule
+        from cpcfl_tf.methods.rules import Rule
 
 
         class Alternate(Rule):
@@ -44,7 +44,7 @@ FILES = {
                 return np.arange(num_clients) % fl.num_clusters
         ''',
     "toy_cpcfl/method.py": '''
-        from cpcfl_tf.clustered.methods import PRETRAININGS, Method
+        from cpcfl_tf.methods.federated import PRETRAININGS, Method
 
         TOY = Method("toy-cfl", "ToyCFL", PRETRAININGS, assign="toy-alternate", head_phase=True)
         ''',
@@ -67,7 +67,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cpcfl_tf.presets import get_preset
+from cpcfl_tf.plan.presets import get_preset
 from cpcfl_tf.pretraining.linear_eval import linear_eval
 from cpcfl_tf.data.sources import load_labeled
 from cpcfl_tf.clustered.metrics import cluster_ari
@@ -146,22 +146,22 @@ def test_a_plugin_entry_that_cannot_join_is_refused_in_one_line(monkeypatch):
 
     from cpcfl_tf import plugins
     from cpcfl_tf.errors import UserError
-    from cpcfl_tf.clustered.rules import RULES, Rule
+    from cpcfl_tf.methods.rules import RULES, Rule
 
     def offered(name, value):
         point = importlib.metadata.EntryPoint(name, value, "cpcfl_tf.rules")
         monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [point])
 
     for name, value, said in (
-            ("loss", "cpcfl_tf.clustered.rules:Rule", "the kit has a Rule 'loss' already; give the "
+            ("loss", "cpcfl_tf.methods.rules:Rule", "the kit has a Rule 'loss' already; give the "
                                             "plugin's another name"),
-            ("mine", "cpcfl_tf.clustered.rules:Rule", "names a Rule called 'loss': name them alike"),
+            ("mine", "cpcfl_tf.methods.rules:Rule", "names a Rule called 'loss': name them alike"),
             ("mine", "cpcfl_tf.errors:UserError", "is a UserError, not a Rule"),
             ("mine", "nowhere_at_all:Rule", "could not be loaded: ModuleNotFoundError")):
         offered(name, value)
         with pytest.raises(UserError, match=said):
             plugins.entries("cpcfl_tf.rules", Rule, RULES)
-    offered("mine", "cpcfl_tf.clustered.rules:Rule")
+    offered("mine", "cpcfl_tf.methods.rules:Rule")
     assert plugins.used(rule="loss", method="cp-cfl") == {}  # the kit's own: nothing said
 
 
@@ -174,7 +174,7 @@ def test_the_groups_the_registries_read_are_the_ones_the_docs_name():
     from cpcfl_tf import plugins
 
     read = set()
-    for source in ("clustered/rules.py", "clustered/methods.py", "pretraining/methods.py"):
+    for source in ("methods/rules.py", "methods/federated.py", "methods/ssl.py"):
         read |= set(re.findall(r'entries\("([\w.]+)"', (ROOT / "cpcfl_tf" / source).read_text()))
     assert read == set(plugins.GROUPS)
     assert re.findall(r"^- ``([\w.]+)``:", plugins.__doc__, re.M) == list(plugins.GROUPS)

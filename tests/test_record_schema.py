@@ -22,7 +22,7 @@ def test_every_committed_run_record_follows_the_schema(path):
 
 @pytest.mark.parametrize("path", RECORDS, ids=lambda p: str(p.relative_to(ROOT / "results")))
 def test_every_committed_record_reads_as_a_run_record_and_writes_back_the_same_bytes(path):
-    from cpcfl_tf.record import read_record
+    from cpcfl_tf.records.record import read_record
 
     record = read_record(path)
     assert json.dumps(record.to_json(), indent=1) + "\n" == path.read_text()
@@ -32,8 +32,8 @@ def test_an_older_record_is_migrated_once_with_its_rounds_and_metrics_unchanged(
     import subprocess
     import sys
 
-    from cpcfl_tf.record import read_record
-    from cpcfl_tf.results import DamagedFile
+    from cpcfl_tf.records.record import read_record
+    from cpcfl_tf.records.files import DamagedFile
 
     source = ROOT / "results/quick/table2/cp-cfl-byol.json"
     old = json.loads(source.read_text())
@@ -99,7 +99,7 @@ def test_every_committed_record_reports_what_its_rounds_and_clients_say(path):
     import numpy as np
     from sklearn.metrics import adjusted_rand_score
 
-    from cpcfl_tf.clustered.methods import METHODS
+    from cpcfl_tf.methods.federated import METHODS
 
     record = json.loads(path.read_text())
     final, fl = record["final"], record["config"]["federated"]

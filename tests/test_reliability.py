@@ -25,7 +25,7 @@ def test_a_run_killed_at_any_moment_resumes_to_the_uninterrupted_record(tmp_path
 
 
 def test_partial_files_of_dead_writers_are_removed_and_live_ones_kept(tmp_path):
-    from cpcfl_tf.results import PARTIAL, prepare_out_dir, write_json
+    from cpcfl_tf.records.files import PARTIAL, prepare_out_dir, write_json
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()

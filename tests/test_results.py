@@ -8,10 +8,10 @@ import stat
 import numpy as np
 import pytest
 
-from cpcfl_tf.presets import get_preset
+from cpcfl_tf.plan.presets import get_preset
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.results import DamagedFile, read_json, write_json
-from cpcfl_tf.run_plan import resolve
+from cpcfl_tf.records.files import DamagedFile, read_json, write_json
+from cpcfl_tf.plan.resolve import resolve
 
 SMOKE = get_preset("smoke")
 
@@ -60,7 +60,7 @@ def test_a_damaged_cached_encoder_is_pre_trained_again(cache, capsys, damage, en
     import shutil
 
     from cpcfl_tf.pretraining.pretrain import pretrained_encoder
-    from cpcfl_tf.results import cache_at
+    from cpcfl_tf.records.files import cache_at
 
     with cache_at(encoder_cache):  # the suite's smoke encoder, copied into this cache
         first = pretrained_encoder(SMOKE.pretrain, SMOKE.data, method="simclr", verbose=0)
@@ -139,9 +139,9 @@ def test_one_process_at_a_time_builds_a_cache_entry(cache, capsys, monkeypatch):
     import sys
     import threading
 
-    from cpcfl_tf.config import PretrainConfig
+    from cpcfl_tf.plan.config import PretrainConfig
     from cpcfl_tf.pretraining import pretrain as pt
-    from cpcfl_tf.results import building
+    from cpcfl_tf.records.files import building
 
     trained, real = [], pt.pretrain
 
@@ -199,7 +199,7 @@ def test_an_encoder_another_process_is_building_is_waited_for_not_built_again(
 
     import cpcfl_tf.clustered.centralized as centralized
     import cpcfl_tf.clustered.starting as starting
-    from cpcfl_tf.results import building, write_weights
+    from cpcfl_tf.records.files import building, write_weights
 
     def never(*args, **kwargs):
         raise AssertionError("built again although another process built it")
@@ -259,8 +259,8 @@ def test_the_starting_encoders_of_a_tree_move_to_another_machines_cache(cache, t
     import tarfile
 
     from cpcfl_tf.clustered.starting import StartingEncoders, cache_entries
-    from cpcfl_tf.record import Final, RunRecord, write_record
-    from cpcfl_tf.results import weights_fingerprint, write_weights
+    from cpcfl_tf.records.record import Final, RunRecord, write_record
+    from cpcfl_tf.records.files import weights_fingerprint, write_weights
     from helpers import script
 
     tool = script("encoders")
@@ -363,7 +363,7 @@ def test_the_starting_encoders_of_a_tree_move_to_another_machines_cache(cache, t
 
 
 def test_a_csv_has_every_key_of_its_rows_in_the_order_first_seen(tmp_path):
-    from cpcfl_tf.results import write_csv
+    from cpcfl_tf.records.files import write_csv
 
     # e.g. study rows kept across versions of a script, one of them without a later field
     path = write_csv(tmp_path / "t.csv", [{"a": 1, "b": 2}, {"a": 3, "c": 4, "b": 5}])

@@ -1,10 +1,10 @@
-"""The run plan (cpcfl_tf/run_plan.py): a config resolved once into what runs, checked
+"""The run plan (cpcfl_tf/plan/resolve.py): a config resolved once into what runs, checked
 against its data before anything is written."""
 import pytest
 
-from cpcfl_tf.presets import get_preset
+from cpcfl_tf.plan.presets import get_preset
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.run_plan import resolve
+from cpcfl_tf.plan.resolve import resolve
 from cpcfl_tf.running.runner import Runner, RunSpec
 
 

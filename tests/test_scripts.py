@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.run_plan import resolve
+from cpcfl_tf.plan.resolve import resolve
 from helpers import run_record_errors, script
 
 
@@ -133,7 +133,7 @@ def test_trials_redraw_the_clients_and_report_mean_and_sd(tmp_path):
     report = (out / "trials.md").read_text()
     assert f"{np.mean(values):.2f} ± {np.std(values):.2f}" in report
     assert "76.69 ± 0.47" in report  # the paper's CP-CFL row, computed from its trials
-    from cpcfl_tf.record import read_record
+    from cpcfl_tf.records.record import read_record
 
     trial = [read_record(out / f"trial{k}-cp-cfl-simclr.json") for k in (1, 2)]
     cells = [f"{r.final.ari:.3f} / {r.last_cluster_change()} / 0" for r in trial]
@@ -145,7 +145,7 @@ def test_trials_redraw_the_clients_and_report_mean_and_sd(tmp_path):
 def test_last_cluster_change_is_the_round_after_which_ids_stay():
     import dataclasses
 
-    from cpcfl_tf.record import Round, read_record
+    from cpcfl_tf.records.record import Round, read_record
     from helpers import ROOT
 
     record = read_record(ROOT / "results/quick/table2/cp-cfl-simclr.json")
@@ -200,7 +200,7 @@ def test_local_optimizer_summary_sees_rounds_that_undo_each_other():
 
     from types import SimpleNamespace
 
-    from cpcfl_tf.record import Round
+    from cpcfl_tf.records.record import Round
 
     def run(classes):
         rounds = [Round(t + 1, [], float(np.mean(c))) for t, c in enumerate(classes)]
@@ -280,7 +280,7 @@ def test_trial_table_summarises_only_several_trials():
 def test_a_report_says_when_its_runs_come_from_other_machines_or_encoders():
     import dataclasses
 
-    from cpcfl_tf.record import read_record
+    from cpcfl_tf.records.record import read_record
     from cpcfl_tf.running.report import provenance
 
     base = read_record(Path(__file__).parents[1] / "results/quick/table2/cp-cfl-simclr.json")
@@ -306,7 +306,7 @@ def test_a_report_says_when_its_runs_come_from_other_machines_or_encoders():
 
 
 def test_a_centralized_run_needs_one_or_group_many_models():
-    from cpcfl_tf.presets import get_preset
+    from cpcfl_tf.plan.presets import get_preset
     from cpcfl_tf.clustered.centralized import run_centralized
     from cpcfl_tf.clustered.clients import Clients
 
@@ -319,7 +319,7 @@ def test_a_centralized_run_needs_one_or_group_many_models():
 
 def test_distribute_option_reaches_the_runner(tmp_path):
     from cpcfl_tf.running.cli import experiment_parser
-    from cpcfl_tf.presets import get_preset
+    from cpcfl_tf.plan.presets import get_preset
     from cpcfl_tf.running.script import script_runner
 
     args = experiment_parser("x", "x").parse_args(["--distribute", "mirrored"])
@@ -331,7 +331,7 @@ def test_distribute_option_reaches_the_runner(tmp_path):
 def test_op_determinism_is_on_by_default_where_a_gpu_runs(monkeypatch):
     import tensorflow as tf
 
-    from cpcfl_tf import environment
+    from cpcfl_tf.records import environment
     from cpcfl_tf.running.cli import experiment_parser
 
     calls = []
@@ -347,7 +347,7 @@ def test_op_determinism_is_on_by_default_where_a_gpu_runs(monkeypatch):
 
 
 def test_a_record_is_reproducible_here_only_where_every_deciding_field_matches():
-    from cpcfl_tf.environment import REPRODUCING, environment, reproduces
+    from cpcfl_tf.records.environment import REPRODUCING, environment, reproduces
 
     here = environment()
     assert reproduces(dict(here), here) and reproduces({**here, "python": "2.7"}, here)

@@ -8,8 +8,8 @@ import threading
 import keras
 import numpy as np
 
-from cpcfl_tf.presets import get_preset
-from cpcfl_tf.run_plan import resolve
+from cpcfl_tf.plan.presets import get_preset
+from cpcfl_tf.plan.resolve import resolve
 
 
 @contextlib.contextmanager

@@ -6,9 +6,9 @@ import tarfile
 
 import pytest
 
-from cpcfl_tf.presets import get_preset
+from cpcfl_tf.plan.presets import get_preset
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.pretraining.methods import SSL_METHODS
+from cpcfl_tf.methods.ssl import SSL_METHODS
 from helpers import ROOT, script
 
 ARCHIVE = ROOT / "results" / "quick" / "encoders" / "encoders.tar"
@@ -37,7 +37,7 @@ def test_the_shipped_encoders_are_those_the_quick_table2_records_start_from():
 
 def test_unpacked_they_are_found_by_every_script_without_pre_training(tmp_path, monkeypatch):
     from cpcfl_tf.clustered.starting import StartingEncoders
-    from cpcfl_tf.results import weights_fingerprint
+    from cpcfl_tf.records.files import weights_fingerprint
 
     monkeypatch.setenv("CPCFL_CACHE", str(tmp_path / "cache"))
     script("encoders").main(["unpack", str(ARCHIVE)])

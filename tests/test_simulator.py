@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from cpcfl_tf.config import PretrainConfig
-from cpcfl_tf.presets import get_preset
+from cpcfl_tf.plan.config import PretrainConfig
+from cpcfl_tf.plan.presets import get_preset
 from cpcfl_tf.pretraining.pretrain import pretrain
 from cpcfl_tf.data import load_unlabeled
 from cpcfl_tf.errors import UserError
@@ -22,7 +22,7 @@ from cpcfl_tf.clustered.clients import ClientArrays
 from cpcfl_tf.clustered.clients import clients_for
 from cpcfl_tf.clustered.simulator import run_federated
 from cpcfl_tf.models import build_classifier, build_classifier_head, build_encoder
-from cpcfl_tf.run_plan import resolve
+from cpcfl_tf.plan.resolve import resolve
 
 SMOKE = get_preset("smoke")
 
@@ -495,10 +495,10 @@ def test_divergence_is_a_clear_error(clients):
 
 RUNNER = textwrap.dedent("""
     import sys
-    from cpcfl_tf.presets import get_preset
+    from cpcfl_tf.plan.presets import get_preset
     from cpcfl_tf.clustered.clients import clients_for
     from cpcfl_tf.clustered.simulator import run_federated
-    from cpcfl_tf.run_plan import resolve
+    from cpcfl_tf.plan.resolve import resolve
     c = get_preset("smoke").with_overrides(
         federated={"method": "ifca", "pretraining": "none", "rounds": 6})
     run_federated(resolve(c), clients_for(c),

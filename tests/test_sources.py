@@ -213,7 +213,7 @@ def test_parse_split_round_trips():
 
 
 def test_any_tfds_image_classification_dataset_by_name():
-    from cpcfl_tf.presets import get_preset
+    from cpcfl_tf.plan.presets import get_preset
     from cpcfl_tf.data.sources import get_spec
 
     spec = get_spec("svhn_cropped")  # classes from tfds's description, offline
@@ -240,9 +240,9 @@ def test_a_tfds_name_that_cannot_serve_is_one_line(name, message):
 
 
 def test_a_tfds_dataset_with_too_few_classes_for_the_partition_is_refused():
-    from cpcfl_tf.presets import get_preset
+    from cpcfl_tf.plan.presets import get_preset
 
-    from cpcfl_tf.run_plan import resolve
+    from cpcfl_tf.plan.resolve import resolve
 
     with pytest.raises(UserError, match="client data has 2"):  # 3 groups need 10 classes
         resolve(get_preset("quick").with_overrides(data={"client_dataset": "cats_vs_dogs",

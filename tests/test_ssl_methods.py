@@ -1,4 +1,4 @@
-"""The pre-training stage's registry (cpcfl_tf/pretraining/methods.py): VICReg through it alone,
+"""The pre-training stage's registry (cpcfl_tf/methods/ssl.py): VICReg through it alone,
 per-method settings that keep every key and record, the kNN monitor and the schedules."""
 import dataclasses
 import json
@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from cpcfl_tf import compat
-from cpcfl_tf.config import Config, PretrainConfig
-from cpcfl_tf.presets import get_preset
+from cpcfl_tf.plan.config import Config, PretrainConfig
+from cpcfl_tf.plan.presets import get_preset
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.pretraining.methods import SSL_METHODS, Setting, check_options
+from cpcfl_tf.methods.ssl import SSL_METHODS, Setting, check_options
 
 from helpers import ROOT
 

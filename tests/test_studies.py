@@ -219,7 +219,7 @@ def test_a_report_elsewhere_takes_the_runs_its_folders_taken_json_names(
 
 
 def test_the_cpu_id_tells_a_cpu_within_its_kind():
-    from cpcfl_tf.environment import cpu_id, environment, machine
+    from cpcfl_tf.records.environment import cpu_id, environment, machine
 
     here = environment()
     assert here["cpu_id"] == cpu_id()
@@ -235,13 +235,13 @@ def test_the_blas_kernels_numpy_picked_are_recorded_and_an_override_shows():
     import subprocess
     import sys
 
-    from cpcfl_tf.environment import blas_kernels, environment
+    from cpcfl_tf.records.environment import blas_kernels, environment
 
     kernels = blas_kernels()
     assert environment()["blas"] == kernels
     if kernels is None or not kernels.startswith("openblas") or platform.machine() != "x86_64":
         pytest.skip("numpy's BLAS is not OpenBLAS on x86-64 here")
-    ask = "from cpcfl_tf.environment import blas_kernels; print(blas_kernels())"
+    ask = "from cpcfl_tf.records.environment import blas_kernels; print(blas_kernels())"
     other = "Sandybridge" if kernels.split()[-1] != "Sandybridge" else "Haswell"
     forced = subprocess.run([sys.executable, "-c", ask], capture_output=True, text=True,
                             env={**os.environ, "OPENBLAS_CORETYPE": other}, check=True)
@@ -250,7 +250,7 @@ def test_the_blas_kernels_numpy_picked_are_recorded_and_an_override_shows():
 
 def test_clustering_reliability_counts_rates_shares_encoders_and_explains_merges(tmp_path):
     from cpcfl_tf.evidence.judge import clopper_pearson
-    from cpcfl_tf.record import read_record
+    from cpcfl_tf.records.record import read_record
 
     reliability = script("clustering_reliability")
     out = tmp_path / "out"
@@ -471,7 +471,7 @@ def test_what_the_reliability_study_shows_is_written_from_its_summary():
     assert ("margin of 0.0400, against 0.0500 (middle half 0.0300-0.0700) in the runs that "
             "found the groups: not among the smallest, so a merge is not a near tie between "
             "models but one model the best for two groups.") in reliability.findings(summary)[3]
-    from cpcfl_tf.presets import get_preset
+    from cpcfl_tf.plan.presets import get_preset
 
     assert reliability.verdict_line(get_preset("standard"), summary) == (
         "Beyond the paper (60 clients, T = 100, `experiments/clustering_reliability.py`): runs "
@@ -547,7 +547,7 @@ def test_a_study_updates_the_results_readme_only_from_the_kits_own_folder(tmp_pa
                                                                            monkeypatch):
     import argparse
 
-    from cpcfl_tf.presets import get_preset
+    from cpcfl_tf.plan.presets import get_preset
     from cpcfl_tf.running.script import Session
 
     monkeypatch.chdir(tmp_path)

@@ -6,8 +6,8 @@ import re
 import pytest
 
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.record import read_record
-from cpcfl_tf.run_plan import resolve
+from cpcfl_tf.records.record import read_record
+from cpcfl_tf.plan.resolve import resolve
 from helpers import ROOT, run_record_errors, script
 
 CONTRACT = ("experiment", "preset", "method", "pretraining", "config", "seeds", "clients",
@@ -53,7 +53,7 @@ def test_records_name_the_encoder_they_started_from(smoke_run):
     import numpy as np
 
     from cpcfl_tf.pretraining.pretrain import pretrain_folder
-    from cpcfl_tf.results import weights_fingerprint
+    from cpcfl_tf.records.files import weights_fingerprint
 
     start = {name: read_record(smoke_run / f"{name}.json").environment["starting_encoder"]
              for name in ("fedavg-none", "ifca-none", "fedavg-simclr", "cp-cfl-simclr",
@@ -82,7 +82,7 @@ def test_a_folder_of_another_config_is_refused(smoke_run):
 
 
 def test_an_interrupted_run_needs_resume(smoke_run, tmp_path):
-    from cpcfl_tf.presets import get_preset
+    from cpcfl_tf.plan.presets import get_preset
     from cpcfl_tf.running.runner import RunSpec, Runner
 
     spec = RunSpec("fedavg-none", "fedavg", "none")
@@ -110,7 +110,7 @@ def test_an_interrupted_run_needs_resume(smoke_run, tmp_path):
 
 
 def test_fedavg_simclr_is_cp_cfl_simclr_with_one_cluster(smoke_run, tmp_path):
-    from cpcfl_tf.presets import get_preset
+    from cpcfl_tf.plan.presets import get_preset
     from cpcfl_tf.running.runner import RunSpec, Runner
 
     fedavg = json.loads((smoke_run / "fedavg-simclr.json").read_text())
@@ -128,7 +128,7 @@ def test_fedavg_simclr_is_cp_cfl_simclr_with_one_cluster(smoke_run, tmp_path):
 
 
 def test_a_record_that_ran_with_an_older_meaning_of_its_method_is_refused(smoke_run, tmp_path):
-    from cpcfl_tf.presets import get_preset
+    from cpcfl_tf.plan.presets import get_preset
     from cpcfl_tf.running.runner import RunSpec, Runner
 
     record = json.loads((smoke_run / "fedavg-simclr.json").read_text())
@@ -140,7 +140,7 @@ def test_a_record_that_ran_with_an_older_meaning_of_its_method_is_refused(smoke_
 
 
 def test_a_record_written_before_a_config_field_existed_still_counts(smoke_run, tmp_path):
-    from cpcfl_tf.presets import get_preset
+    from cpcfl_tf.plan.presets import get_preset
     from cpcfl_tf.running.runner import RunSpec, Runner
 
     record = json.loads((smoke_run / "fedavg-none.json").read_text())
@@ -207,7 +207,7 @@ def test_encoder_training_script_covers_heads_and_settings(tmp_path):
 
 def test_ifca_fedavg_starts_from_the_cached_fedavg_encoder(tmp_path, monkeypatch, capsys):
     import cpcfl_tf.clustered.starting as starting
-    from cpcfl_tf.presets import get_preset
+    from cpcfl_tf.plan.presets import get_preset
     from cpcfl_tf.running.runner import RunSpec, Runner
 
     monkeypatch.setenv("CPCFL_CACHE", str(tmp_path / "cache"))
@@ -230,7 +230,7 @@ def test_a_restart_variant_run_whose_rule_never_fires_is_taken_from_its_base_run
     # CP-CFL+restart is CP-CFL until its failure test fires (tests/test_simulator.py), so
     # where CP-CFL's run of the same config shows the test passing, that run is taken
     # for it (no record written, nothing trained); where the test fires, it runs.
-    from cpcfl_tf.presets import get_preset
+    from cpcfl_tf.plan.presets import get_preset
     from cpcfl_tf.clustered.restarts import clustering_failed
     from cpcfl_tf.running.runner import RunSpec, Runner
 
@@ -318,7 +318,7 @@ def test_one_run_of_any_method_is_the_tables_run_of_its_config(smoke_run, tmp_pa
     with pytest.raises(SystemExit) as stop:
         run.main(["--preset", "smoke", "--set", "federated.method=fedavg", "--dry-run"])
     assert stop.value.code == 0
-    from cpcfl_tf.presets import get_preset
+    from cpcfl_tf.plan.presets import get_preset
 
     start = get_preset("smoke").federated.pretraining
     assert f"  fedavg-{start}-seed0: " in capsys.readouterr().out

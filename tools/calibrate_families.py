@@ -12,7 +12,7 @@ preset's three groups and once on one group (where nothing should split), and re
 norms every round records. PACFL needs p (``basis``): it is chosen by the ARI its
 clustering gives on the held-out partitions.
 
-The thresholds it derives (rule in the report) are what ``cpcfl_tf/clustered/methods.py`` uses
+The thresholds it derives (rule in the report) are what ``cpcfl_tf/methods/federated.py`` uses
 for CFL and PACFL; ``docs/choices.md`` cites this report.
 """
 from __future__ import annotations
@@ -21,9 +21,9 @@ from typing import Sequence
 
 import numpy as np
 
-from cpcfl_tf.clustered import clustering
+from cpcfl_tf.methods import clustering
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.clustered.methods import METHODS, STARTS
+from cpcfl_tf.methods.federated import METHODS, STARTS
 from cpcfl_tf.running.report import markdown_table
 from cpcfl_tf.running.runner import RunSpec
 from cpcfl_tf.running.script import Script

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Sequence
 
 from cpcfl_tf.errors import ArgumentParser, UserError, run_cli
-from cpcfl_tf.results import PARTIAL, cache_root, prepare_out_dir, write_atomic
+from cpcfl_tf.records.files import PARTIAL, cache_root, prepare_out_dir, write_atomic
 
 MANIFEST = "manifest.json"
 
@@ -36,8 +36,8 @@ MANIFEST = "manifest.json"
 def needed(results: Path) -> dict[str, dict]:
     """The starting encoders the run records under ``results`` name: fingerprint ->
     ``{"records": [paths], "pretraining": [...], "cpu": [the CPUs the runs ran on]}``."""
-    from cpcfl_tf.environment import machine
-    from cpcfl_tf.record_store import RecordIndex
+    from cpcfl_tf.records.environment import machine
+    from cpcfl_tf.records.store import RecordIndex
 
     out: dict[str, dict] = collections.defaultdict(
         lambda: {"records": [], "pretraining": set(), "cpu": set()})
@@ -139,7 +139,7 @@ def pack(args) -> None:
 
 def unpack(args) -> None:
     from cpcfl_tf.clustered.starting import entry_weights
-    from cpcfl_tf.results import weights_fingerprint
+    from cpcfl_tf.records.files import weights_fingerprint
 
     archive = Path(args.archive)
     try:

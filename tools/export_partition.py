@@ -69,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     session = SCRIPT.session(args)
 
     from cpcfl_tf.clustered.clients import clients_for
-    from cpcfl_tf.results import write_json
+    from cpcfl_tf.records.files import write_json
 
     clients = clients_for(session.config)
     folders = export(clients, session.out)

@@ -38,7 +38,7 @@ SPEC = ("cp-cfl-simclr", "cp-cfl", "simclr")
 
 def run_config(preset: str, seed: int, kills: int):
     """The preset with enough rounds that every planned kill finds the run unfinished."""
-    from cpcfl_tf.presets import get_preset
+    from cpcfl_tf.plan.presets import get_preset
 
     config = get_preset(preset).with_overrides(seed=seed)
     rounds = max(config.federated.rounds, kills + 2)
@@ -56,7 +56,7 @@ def child(folder: Path, preset: str, seed: int, kills: int) -> None:
     Prints every file it writes, so the parent knows where each kill landed."""
     import threading
 
-    import cpcfl_tf.results as results
+    import cpcfl_tf.records.files as results
     from cpcfl_tf.running.runner import RunSpec, Runner
 
     plan = os.environ.get(KILL, "").split(":")
@@ -121,7 +121,7 @@ def leftovers(folder: Path) -> list[str]:
     """Partial files, and files the kit wrote that do not read back."""
     import keras
 
-    from cpcfl_tf.results import PARTIAL
+    from cpcfl_tf.records.files import PARTIAL
 
     bad = [str(p.relative_to(folder)) for p in folder.rglob(f"*{PARTIAL}*")]
     for path in folder.rglob("*.json"):
@@ -162,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     finally:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
-    from cpcfl_tf.results import write_json
+    from cpcfl_tf.records.files import write_json
 
     write_json(out / "kill_resume.json", summary)
     kinds = sorted({k["kind"] for k in summary["kills"] if k["kind"]})

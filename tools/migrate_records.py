@@ -1,7 +1,7 @@
 """Rewrite run records written by an older kit in today's layout.
 
 Reads every run record (a JSON file with ``config``, ``rounds`` and ``final``) under the
-given folders, and writes it back as :class:`cpcfl_tf.record.RunRecord` writes it now:
+given folders, and writes it back as :class:`cpcfl_tf.records.record.RunRecord` writes it now:
 config fields added since then at their defaults, ``pretrain.method`` dropped (the
 method is ``federated.pretraining``). Seeds, clients, rounds, cluster ids, metrics and
 timing are checked to come out unchanged to the byte; a record that would change there
@@ -22,7 +22,7 @@ KEPT = ("experiment", "preset", "method", "pretraining", "seeds", "nodes", "clie
 
 def migrate(data: dict) -> dict:
     """``data`` (an older run record) in today's layout."""
-    from cpcfl_tf.record import RunRecord
+    from cpcfl_tf.records.record import RunRecord
 
     data = json.loads(json.dumps(data))
     for section in (data["config"], data["config"].get("requested", {})):
@@ -46,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if missing:
         raise UserError(f"no folder {missing[0]}; pass folders that hold run records")
 
-    from cpcfl_tf.results import read_json, write_json
+    from cpcfl_tf.records.files import read_json, write_json
 
     migrated, current, refused = [], 0, []
     for path in sorted(p for f in args.folders for p in Path(f).rglob("*.json")):

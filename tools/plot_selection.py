@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Sequence
 
 from cpcfl_tf.errors import ArgumentParser, UserError, run_cli
-from cpcfl_tf.clustered.methods import run_label
-from cpcfl_tf.record import RunRecord, read_record
+from cpcfl_tf.methods.federated import run_label
+from cpcfl_tf.records.record import RunRecord, read_record
 
 
 def diagnosed(path: Path) -> RunRecord:
@@ -34,7 +34,7 @@ def diagnosed(path: Path) -> RunRecord:
 
 def main(argv: Sequence[str] | None = None) -> list[Path]:
     from cpcfl_tf.evidence.plots import plot_selection
-    from cpcfl_tf.results import prepare_out_dir
+    from cpcfl_tf.records.files import prepare_out_dir
 
     parser = ArgumentParser(prog="python tools/plot_selection.py",
                             description=__doc__.split("\n\n")[0])

@@ -130,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise UserError(f"--rounds must be >= 1, got {args.rounds}")
     session = SCRIPT.session(args)
     summary = study(session.config.preset, session.config.seed, args.rounds)
-    from cpcfl_tf.results import write_json
+    from cpcfl_tf.records.files import write_json
 
     write_json(session.out / "poisoned_node.json", summary)
     session.finish(report(summary))

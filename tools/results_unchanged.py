@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
-from cpcfl_tf.presets import PRESETS
+from cpcfl_tf.plan.presets import PRESETS
 from cpcfl_tf.errors import ArgumentParser, UserError, run_cli
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"

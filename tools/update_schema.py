@@ -3,8 +3,8 @@
 ``docs/run-record.schema.json`` is the contract outside tools read, so it lists the kit's
 values of ``method`` and ``pretraining`` literally (and accepts any other name, an
 installed plugin's: ``cpcfl_tf.plugins``). They come from the kit's two registries
-(:data:`cpcfl_tf.clustered.methods.METHODS`, :data:`cpcfl_tf.clustered.methods.STARTS`,
-which reads :data:`cpcfl_tf.pretraining.methods.SSL_METHODS`); after adding a method,
+(:data:`cpcfl_tf.methods.federated.METHODS`, :data:`cpcfl_tf.methods.federated.STARTS`,
+which reads :data:`cpcfl_tf.methods.ssl.SSL_METHODS`); after adding a method,
 run::
 
     python tools/update_schema.py           # rewrite the two lists
@@ -28,7 +28,7 @@ SCHEMA = Path(__file__).resolve().parents[1] / "docs" / "run-record.schema.json"
 def updated(text: str) -> str:
     """``text`` (the schema) with the kit's own names the registries give (an installed
     plugin's are left out: a record may name one when its ``environment.plugins`` does)."""
-    from cpcfl_tf.clustered.methods import METHODS, STARTS, plugins_used
+    from cpcfl_tf.methods.federated import METHODS, STARTS, plugins_used
 
     own_methods = [m for m in METHODS if not any(
         k.startswith(("method ", "rule ")) for k in plugins_used(m, "none"))]

@@ -23,9 +23,9 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from cpcfl_tf.run_plan import resolved_only
+from cpcfl_tf.plan.resolve import resolved_only
 from cpcfl_tf.clustered.diagnostics import diagnosed, selection_record
-from cpcfl_tf.clustered.methods import METHODS
+from cpcfl_tf.methods.federated import METHODS
 from cpcfl_tf.clustered.restarts import cluster_sizes, should_restart
 
 Weights = list[np.ndarray]
@@ -71,7 +71,7 @@ class ServerState:
     """How many leading arrays of each weight list belong to the encoder."""
     assignment: np.ndarray | None = None
     """Methods whose server assigns the clients (not ``loss``,
-    :data:`~cpcfl_tf.clustered.methods.ASSIGNMENTS`): each client's model in the next
+    :data:`~cpcfl_tf.methods.federated.ASSIGNMENTS`): each client's model in the next
     round."""
     memory: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
     """What the method's rule keeps between rounds besides the pool (its own arrays, by
@@ -266,7 +266,7 @@ def aggregate(state: ServerState, client_weights: Sequence[np.ndarray], cluster_
 def initial_assignment(fl, num_clients: int, answers: Sequence[np.ndarray | None] | None = None
                        ) -> np.ndarray | None:
     """Each client's first model when the server assigns, from the clients' ``answers``
-    to what the rule asks first (:meth:`cpcfl_tf.clustered.rules.Rule.first`); ``None`` when each
+    to what the rule asks first (:meth:`cpcfl_tf.methods.rules.Rule.first`); ``None`` when each
     client chooses by its loss. A client whose answer is None (a federation's node that
     gave none the server could use) takes no part in the run: the rule assigns the others
     from their answers alone, and it gets model 0, which it is never sent."""
@@ -282,7 +282,7 @@ def initial_assignment(fl, num_clients: int, answers: Sequence[np.ndarray | None
 def server_ids(fl, state: ServerState, replies: "Replies"
                ) -> tuple[np.ndarray, ServerState, dict]:
     """The cluster of each reply the server aggregates by, the pool it aggregates into,
-    and what the rule adds to the round's record (:meth:`cpcfl_tf.clustered.rules.Rule.step`)."""
+    and what the rule adds to the round's record (:meth:`cpcfl_tf.methods.rules.Rule.step`)."""
     return METHODS[fl.method].rule.step(fl, state, replies)
 
 
@@ -343,7 +343,7 @@ class Progress:
 def sent_before_training(fl, answers: Sequence[np.ndarray] | None) -> Progress:
     """Where a fresh run stands before round 1: what the clients' answers to the rule's
     first question added to the bytes sent up (PACFL's data subspaces, counted up and in
-    ``bytes_other``; :meth:`cpcfl_tf.clustered.rules.Rule.answer_bytes`)."""
+    ``bytes_other``; :meth:`cpcfl_tf.methods.rules.Rule.answer_bytes`)."""
     other = METHODS[fl.method].rule.answer_bytes(answers)
     return Progress(bytes_up=other, bytes_other=other)
 
@@ -359,7 +359,7 @@ def run_rounds(fl, seed: int, federation: Federation, start: Callable[[int], Ser
     Parameters
     ----------
     fl
-        The resolved :class:`~cpcfl_tf.config.FederatedConfig`.
+        The resolved :class:`~cpcfl_tf.plan.config.FederatedConfig`.
     seed
         The training seed every draw derives from (:class:`Stream`).
     start

@@ -110,7 +110,7 @@ _STACKED: dict[tuple, StackedBackend] = {}
 
 
 def backend_of(classifier: keras.Model, fl) -> "StackedBackend | KerasBackend":
-    """The backend a :class:`~cpcfl_tf.config.FederatedConfig` names (``backend``,
+    """The backend a :class:`~cpcfl_tf.plan.config.FederatedConfig` names (``backend``,
     ``jit_compile``) for ``classifier``."""
     return make_backend(classifier, fl.backend, jit_compile=fl.jit_compile)
 

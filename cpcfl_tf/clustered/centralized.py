@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from cpcfl_tf.run_plan import ResolvedFederated
+from cpcfl_tf.plan.resolve import ResolvedFederated
 from cpcfl_tf.data.specs import LabeledImages
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.clustered.backends import backend_of, client_probabilities
@@ -25,8 +25,8 @@ from cpcfl_tf.clustered.local import LocalTraining, batch_orders, stack_models, 
 from cpcfl_tf.clustered.metrics import client_accuracy, pooled_scores
 from cpcfl_tf.clustered.clients import ClientArrays, Clients
 from cpcfl_tf.clustered.pool import initial_pool, template_for
-from cpcfl_tf.record import SCORES, Final, RunRecord
-from cpcfl_tf.run_plan import RunPlan
+from cpcfl_tf.records.record import SCORES, Final, RunRecord
+from cpcfl_tf.plan.resolve import RunPlan
 
 
 def _train_pooled(fl: ResolvedFederated, data: ClientArrays, encoder_weights,

@@ -1,7 +1,7 @@
 """The clients of a run: the labeled splits a config names, the paper's partition drawn
 over them, and each client's images stacked for the simulator.
 
-This is where a :class:`~cpcfl_tf.config.Config` meets the data layer (``cpcfl_tf.data``
+This is where a :class:`~cpcfl_tf.plan.config.Config` meets the data layer (``cpcfl_tf.data``
 knows nothing of configs). Every driver builds its clients here: the simulator, the
 runner, and each Flower node (which keeps only its own row).
 """
@@ -11,7 +11,7 @@ import dataclasses
 
 import numpy as np
 
-from cpcfl_tf.config import Config, DataConfig
+from cpcfl_tf.plan.config import Config, DataConfig
 from cpcfl_tf.data import LabeledImages, Partition, load_labeled, partition_clients
 from cpcfl_tf.errors import UserError
 

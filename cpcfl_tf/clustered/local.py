@@ -31,7 +31,7 @@ class LocalTraining:
 
     @classmethod
     def of(cls, fl) -> "LocalTraining":
-        """The local training a :class:`~cpcfl_tf.config.FederatedConfig` names."""
+        """The local training a :class:`~cpcfl_tf.plan.config.FederatedConfig` names."""
         return cls(fl.batch_size, fl.learning_rate, fl.local_optimizer)
 
 

@@ -9,14 +9,14 @@ from collections import OrderedDict
 import keras
 import numpy as np
 
-from cpcfl_tf.config import FederatedConfig
-from cpcfl_tf.run_plan import resolved_only
+from cpcfl_tf.plan.config import FederatedConfig
+from cpcfl_tf.plan.resolve import resolved_only
 from cpcfl_tf.clustered import algorithm
-from cpcfl_tf.clustered.methods import METHODS
+from cpcfl_tf.methods.federated import METHODS
 from cpcfl_tf.models import ENCODER_DIMS, build_classifier, build_classifier_head, build_encoder
 from cpcfl_tf.models.seeding import seeded
-from cpcfl_tf.record import Final, Round, RunRecord
-from cpcfl_tf.run_plan import RunPlan
+from cpcfl_tf.records.record import Final, Round, RunRecord
+from cpcfl_tf.plan.resolve import RunPlan
 
 
 def build_template(fl: FederatedConfig, input_shape, num_classes: int) -> keras.Model:

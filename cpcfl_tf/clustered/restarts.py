@@ -2,7 +2,7 @@
 docs/choices.md): when a run's clustering has failed (one model taken by every client, or
 a cluster far below its fair share) at its check round, the run starts over with new
 random models, a bounded number of times. IFCA and CP-CFL+restart have it
-(:mod:`cpcfl_tf.clustered.methods`); the round
+(:mod:`cpcfl_tf.methods.federated`); the round
 (:func:`cpcfl_tf.clustered.algorithm.run_rounds`) asks :func:`should_restart` after each."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Sequence
 
 import numpy as np
 
-from cpcfl_tf.clustered.methods import METHODS
+from cpcfl_tf.methods.federated import METHODS
 
 
 def restart_check_round(fl) -> int:
@@ -23,7 +23,7 @@ def restart_check_round(fl) -> int:
 
 def should_restart(fl, finished_round: int, attempt: int, cluster_ids: np.ndarray) -> bool:
     """IFCA's restart rule: after :func:`restart_check_round`, a run of a method with
-    restarts (:mod:`cpcfl_tf.clustered.methods`) whose clustering failed starts over with new random
+    restarts (:mod:`cpcfl_tf.methods.federated`) whose clustering failed starts over with new random
     models (new heads on the same pre-trained encoder), at most ``fl.max_restarts`` times.
     CP-CFL and FedAvg never restart (the paper gives CP-CFL no restart rule)."""
     return (METHODS[fl.method].restarts and finished_round == restart_check_round(fl)

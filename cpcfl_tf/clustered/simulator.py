@@ -21,7 +21,7 @@ from typing import Callable
 import numpy as np
 
 from cpcfl_tf.compat import without_added
-from cpcfl_tf.config import FederatedConfig
+from cpcfl_tf.plan.config import FederatedConfig
 from cpcfl_tf.errors import DivergedError, UserError
 from cpcfl_tf.clustered import algorithm, restarts
 from cpcfl_tf.clustered.backends import backend_of, client_losses, client_probabilities
@@ -29,10 +29,10 @@ from cpcfl_tf.clustered.local import ClientMoments, LocalTraining, batch_orders,
 from cpcfl_tf.clustered.clients import Clients
 from cpcfl_tf.clustered.metrics import client_accuracy, cluster_ari, pooled_scores
 from cpcfl_tf.clustered.pool import federated_record, initial_state, template_for
-from cpcfl_tf.clustered.methods import get_method
-from cpcfl_tf.record import Round, RunRecord
-from cpcfl_tf.results import read_file, weights_fingerprint, write_atomic
-from cpcfl_tf.run_plan import RunPlan
+from cpcfl_tf.methods.federated import get_method
+from cpcfl_tf.records.record import Round, RunRecord
+from cpcfl_tf.records.files import read_file, weights_fingerprint, write_atomic
+from cpcfl_tf.plan.resolve import RunPlan
 
 
 def _save(path: Path, fingerprint: str, state: algorithm.ServerState, progress: algorithm.Progress,
@@ -89,7 +89,7 @@ def run_federated(plan: RunPlan, clients: Clients, *, encoder_weights=None,
     Parameters
     ----------
     plan
-        The run's plan (:func:`cpcfl_tf.run_plan.resolve`).
+        The run's plan (:func:`cpcfl_tf.plan.resolve.resolve`).
     clients
         From :func:`cpcfl_tf.clustered.clients.make_clients`.
     encoder_weights
@@ -116,7 +116,7 @@ def run_federated(plan: RunPlan, clients: Clients, *, encoder_weights=None,
     Returns
     -------
     (record, state)
-        ``record`` (:class:`~cpcfl_tf.record.RunRecord`) holds ``rounds`` (per-round
+        ``record`` (:class:`~cpcfl_tf.records.record.RunRecord`) holds ``rounds`` (per-round
         accuracy and cluster ids, F1/AUROC at the reporting rounds) and ``final`` (the
         contract's metrics, ARI, restarts and bytes sent); the runner adds ``experiment``
         and ``environment``. ``state`` is the final server state (the pool of models).

@@ -13,7 +13,7 @@
                               pretraining.federated_pretrain`)
 ============================  ===========================================================
 
-Each is built once and kept in one cache (:func:`cpcfl_tf.results.cache_root`):
+Each is built once and kept in one cache (:func:`cpcfl_tf.records.files.cache_root`):
 ``pretrained/<method>-<encoder>-<hash>/`` for the server's pre-trainings and
 ``fedavg/<hash>.npz`` for FedAvg encoders, so no script, rerun or resumed run builds one
 twice, and a script whose encoders are all cached reads no pre-training image.
@@ -29,16 +29,16 @@ from typing import Callable
 import numpy as np
 
 from cpcfl_tf.compat import pretrain_settings, without_added
-from cpcfl_tf.config import Config, config_record
+from cpcfl_tf.plan.config import Config, config_record
 from cpcfl_tf.clustered import algorithm
 from cpcfl_tf.clustered.clients import Clients
-from cpcfl_tf.clustered.methods import FEDAVG_ENCODER_RUN
-from cpcfl_tf.record import RunRecord
-from cpcfl_tf.results import (CACHE_FIX, building, cache_root, prepare_out_dir, read_weights,
+from cpcfl_tf.methods.federated import FEDAVG_ENCODER_RUN
+from cpcfl_tf.records.record import RunRecord
+from cpcfl_tf.records.files import (CACHE_FIX, building, cache_root, prepare_out_dir, read_weights,
                               write_weights)
-from cpcfl_tf.run_plan import resolve
-from cpcfl_tf.scalars import ScalarLog
-from cpcfl_tf.clustered.starts import START
+from cpcfl_tf.plan.resolve import resolve
+from cpcfl_tf.records.scalars import ScalarLog
+from cpcfl_tf.methods.starts import START
 
 Weights = list[np.ndarray]
 
@@ -53,7 +53,7 @@ class StartingEncoders:
     """The starting encoders of one script's runs, each built at most once.
 
     The server pre-trains with the run's own seed (``config.seed``, unless ``pretrain.seed``
-    names another: :attr:`~cpcfl_tf.config.Config.pretrain_seed`): runs of different seeds
+    names another: :attr:`~cpcfl_tf.plan.config.Config.pretrain_seed`): runs of different seeds
     (trials) sample the encoder as they sample the partition, initial weights and batch
     order; runs of one pre-training seed share one cached encoder.
 
@@ -151,7 +151,7 @@ class StartingEncoders:
 
     def contrastive(self, config: Config, method: str):
         """The server's cached self-supervised pre-training (``method`` in
-        :data:`~cpcfl_tf.clustered.methods.PRETRAIN_METHODS`), with its history."""
+        :data:`~cpcfl_tf.methods.federated.PRETRAIN_METHODS`), with its history."""
         from cpcfl_tf.pretraining.pretrain import pretrain_folder, pretrained_encoder
 
         images = None if self._unlabeled is None else (lambda: self._unlabeled(config))
@@ -253,7 +253,7 @@ def _cached_or_built(entry: Path, file: Path, build: Callable[[], Weights], *,
                      key: str | None = None, rebuild: str, verbose: int) -> Weights:
     """The weights cache entry ``entry`` (a folder, or ``file`` itself) keeps in ``file``,
     or, when it has none, ``build()``'s, built in one process at a time
-    (:func:`~cpcfl_tf.results.building`). A process that waited reads the file again only
+    (:func:`~cpcfl_tf.records.files.building`). A process that waited reads the file again only
     if another one wrote it meanwhile (its time or size changed), so a damaged one is
     said once."""
     seen = _stamp(file)
@@ -286,11 +286,11 @@ def _fedavg_path(key: str):
 
 def cache_entries(root: str | Path | None = None) -> dict[str, Path]:
     """Every finished starting encoder in the cache (``root``, default
-    :func:`~cpcfl_tf.results.cache_root`) by the fingerprint of its weights, the
+    :func:`~cpcfl_tf.records.files.cache_root`) by the fingerprint of its weights, the
     ``environment.starting_encoder`` of the records of runs that started from it: the
     server's pre-trainings (``pretrained/<name>/``) and FedAvg encoders
     (``fedavg/<hash>.npz``). Unfinished and damaged entries are left out."""
-    from cpcfl_tf.results import weights_fingerprint
+    from cpcfl_tf.records.files import weights_fingerprint
 
     root = cache_root() if root is None else Path(root)
     found = {}
@@ -314,7 +314,7 @@ def entry_weights(path: str | Path) -> Weights | None:
     if (path / "pretrain.json").exists() and (path / "encoder.keras").exists():
         import keras
 
-        from cpcfl_tf.results import read_cache_entry
+        from cpcfl_tf.records.files import read_cache_entry
 
         model = read_cache_entry(path / "encoder.keras", keras.models.load_model, rebuild=again)
         return None if model is None else model.get_weights()

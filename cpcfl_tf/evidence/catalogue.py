@@ -1,13 +1,13 @@
 """The paper's run catalogue: the rows its tables compare and the client counts of its
 number-of-clients study, as :class:`~cpcfl_tf.running.runner.RunSpec` s for the scripts
-(``experiments/``). Row labels come from :func:`cpcfl_tf.clustered.methods.run_label`.
+(``experiments/``). Row labels come from :func:`cpcfl_tf.methods.federated.run_label`.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from cpcfl_tf.config import Config
-from cpcfl_tf.clustered.methods import run_label
+from cpcfl_tf.plan.config import Config
+from cpcfl_tf.methods.federated import run_label
 from cpcfl_tf.running.runner import RunSpec
 
 

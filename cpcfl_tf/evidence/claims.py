@@ -10,12 +10,12 @@ import dataclasses
 import numpy as np
 
 from cpcfl_tf.evidence.catalogue import COMPARISON, client_settings, clients_partition
-from cpcfl_tf.config import Config
+from cpcfl_tf.plan.config import Config
 from cpcfl_tf.evidence.dataset_pairs import dataset_pairs
 from cpcfl_tf.clustered.metrics import cluster_ari
 from cpcfl_tf.evidence.judge import Statistic, accuracy_at, clustering_failures, final_accuracy
-from cpcfl_tf.clustered.methods import METHODS
-from cpcfl_tf.record import RunRecord
+from cpcfl_tf.methods.federated import METHODS
+from cpcfl_tf.records.record import RunRecord
 from cpcfl_tf.running.runner import RunSpec
 
 
@@ -71,7 +71,7 @@ def evidence(config: Config) -> dict[str, RunSpec]:
 
 FIXED = {m.restarts_of: m.name for m in METHODS.values() if m.restarts_of}
 """A method -> the method that is it with its merges fixed (IFCA's restart rule:
-``cp-cfl`` -> ``cp-cfl-restart``, :attr:`~cpcfl_tf.clustered.methods.Method.restarts_of`). Beyond
+``cp-cfl`` -> ``cp-cfl-restart``, :attr:`~cpcfl_tf.methods.federated.Method.restarts_of`). Beyond
 the paper, every claim is judged a second time with each such run in its base's place."""
 FIXED_SUFFIX = "+restart"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from cpcfl_tf.config import Config
+from cpcfl_tf.plan.config import Config
 
 
 @dataclasses.dataclass(frozen=True)

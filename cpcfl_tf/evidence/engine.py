@@ -14,19 +14,19 @@ from typing import Sequence
 import numpy as np
 
 from cpcfl_tf.evidence.catalogue import COMPARISON_LABELS, client_settings
-from cpcfl_tf.config import Config
-from cpcfl_tf.environment import machine
+from cpcfl_tf.plan.config import Config
+from cpcfl_tf.records.environment import machine
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.clustered.restarts import cluster_sizes, clustering_failed
 from cpcfl_tf.clustered.metrics import cluster_ari
 from cpcfl_tf.evidence.judge import (CANNOT, CLAIMS_RULE, Summary, bounds, combined,
                                      final_accuracy, linear_eval_config,
                                      linear_eval_settings, paired, verdict)
-from cpcfl_tf.clustered.methods import run_label
-from cpcfl_tf.record import RunRecord
-from cpcfl_tf.record_store import Found, RecordIndex, mismatch, together
+from cpcfl_tf.methods.federated import run_label
+from cpcfl_tf.records.record import RunRecord
+from cpcfl_tf.records.store import Found, RecordIndex, mismatch, together
 from cpcfl_tf.running.report import markdown_table
-from cpcfl_tf.run_plan import resolve
+from cpcfl_tf.plan.resolve import resolve
 from cpcfl_tf.running.runner import RunSpec, base_plan, stands_in
 from cpcfl_tf.evidence.claims import Claim, Link, base_name, evidence
 

@@ -1,7 +1,7 @@
 """Judging a claim from run records, the way a referee would.
 
 Two pieces, used by ``experiments/claims.py`` (which says *which* runs each claim of the
-paper needs, found by :class:`~cpcfl_tf.record_store.RecordIndex`) and the studies
+paper needs, found by :class:`~cpcfl_tf.records.store.RecordIndex`) and the studies
 beyond the paper (a reproducer's runs against the committed ones are
 :mod:`cpcfl_tf.running.compare`'s):
 
@@ -18,8 +18,8 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from cpcfl_tf.config import Config, config_record
-from cpcfl_tf.record import RunRecord
+from cpcfl_tf.plan.config import Config, config_record
+from cpcfl_tf.records.record import RunRecord
 
 HOLDS, OPPOSITE, NOT_SHOWN, CANNOT = "holds", "opposite", "not shown", "cannot be told here"
 SMALLER = "smaller than the paper's"

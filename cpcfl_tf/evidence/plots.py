@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 
 from cpcfl_tf.data.partition import Partition
-from cpcfl_tf.record import RunRecord
-from cpcfl_tf.results import write_atomic
+from cpcfl_tf.records.record import RunRecord
+from cpcfl_tf.records.files import write_atomic
 
 
 def _pyplot():

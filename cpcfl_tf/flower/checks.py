@@ -179,7 +179,7 @@ def answered(content: Any, *, client: int, like: np.ndarray,
              problem=None) -> np.ndarray:
     """A reply to the rule's first question: the node's client and one array of
     ``like``'s shape and dtype, finite, and nothing ``problem(answer)`` (the rule's own
-    check, :meth:`cpcfl_tf.clustered.rules.Rule.answer_problem`) finds wrong."""
+    check, :meth:`cpcfl_tf.methods.rules.Rule.answer_problem`) finds wrong."""
     records(content, "metrics", "answer")
     _client(_metrics(content, ("client-id",)), client)
     (answer,) = arrays(content["answer"], [like], "answer")

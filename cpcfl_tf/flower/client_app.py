@@ -36,7 +36,7 @@ from cpcfl_tf.errors import UserError
 from cpcfl_tf.flower import checks
 from cpcfl_tf.flower.common import (class_names, from_record, models_from_records, run_config,
                                    to_record)
-from cpcfl_tf.run_plan import federated_settings, resolve
+from cpcfl_tf.plan.resolve import federated_settings, resolve
 
 app = ClientApp()
 
@@ -223,7 +223,7 @@ def query(msg: Message, context: Context) -> Message:
     asked = settings.get("ask")
     if asked is None:  # a ConfigRecord: a folder name is a string
         return _reply(msg, identity=ConfigRecord(_identity(context)))
-    # Once before training, what the method's rule asks (cpcfl_tf.clustered.rules): only now data.
+    # Once before training, what the method's rule asks (cpcfl_tf.methods.rules): only now data.
     client = int(settings["client-id"])
     _addressed(settings, context)
     run, data, _, _, group = _node(context)

@@ -2,7 +2,7 @@
 
 Flower passes settings as a flat run config with kebab-case keys (``[tool.flwr.app.config]``
 in ``app/pyproject.toml``, overridden by ``flwr run --run-config``); :func:`run_config`
-turns them into the kit's validated :class:`~cpcfl_tf.config.Config`, so both sides build
+turns them into the kit's validated :class:`~cpcfl_tf.plan.config.Config`, so both sides build
 the same partition, models and batch orders as the simulator would.
 """
 from __future__ import annotations
@@ -12,12 +12,12 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from cpcfl_tf.config import Config
-from cpcfl_tf.overrides import parse_settings
-from cpcfl_tf.presets import get_preset
+from cpcfl_tf.plan.config import Config
+from cpcfl_tf.plan.overrides import parse_settings
+from cpcfl_tf.plan.presets import get_preset
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.clustered.methods import METHODS
-from cpcfl_tf.clustered.starts import START
+from cpcfl_tf.methods.federated import METHODS
+from cpcfl_tf.methods.starts import START
 
 DEFAULTS: dict[str, Any] = {
     "preset": "smoke", "method": "cp-cfl", "pretraining": "simclr", "num-clusters": 2,

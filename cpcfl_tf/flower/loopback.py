@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.flower.credentials import Credentials
-from cpcfl_tf.clustered.methods import METHODS, PRETRAINED
+from cpcfl_tf.methods.federated import METHODS, PRETRAINED
 
 APP_DIR = Path(__file__).resolve().parents[2]
 """The Flower App: the repository root (a clone with the kit installed from it)."""
@@ -262,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from cpcfl_tf.errors import ArgumentParser
     from cpcfl_tf.flower.common import DEFAULTS, run_config
     from cpcfl_tf.flower.credentials import make as make_credentials
-    from cpcfl_tf.results import prepare_out_dir
+    from cpcfl_tf.records.files import prepare_out_dir
 
     parser = ArgumentParser(prog="python -m cpcfl_tf.flower.loopback",
                             description="Run CP-CFL as a Flower federation of real processes "

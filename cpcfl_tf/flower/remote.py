@@ -15,8 +15,8 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from cpcfl_tf.clustered import algorithm
-from cpcfl_tf.clustered.methods import METHODS
-from cpcfl_tf.config import FederatedConfig
+from cpcfl_tf.methods.federated import METHODS
+from cpcfl_tf.plan.config import FederatedConfig
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.flower import checks
 from cpcfl_tf.flower.common import models_to_records, to_record
@@ -100,7 +100,7 @@ def ask_first(grid: Grid, client_of: dict[int, int], fl, num_clients: int, timeo
               names: dict[int, str] | None = None, *, image_shape: tuple[int, ...],
               num_groups: int) -> list[np.ndarray] | None:
     """Every client's answer, by client id, to what the method's rule asks once before
-    training (:mod:`cpcfl_tf.clustered.rules`: the oracle's true groups, PACFL's data
+    training (:mod:`cpcfl_tf.methods.rules`: the oracle's true groups, PACFL's data
     subspaces), each checked (:func:`cpcfl_tf.flower.checks.answered`: the node's own
     client, the shape and dtype of the answer a client of ``image_shape`` images gives,
     finite, the rule's own check); None for a client that gave no answer the server can

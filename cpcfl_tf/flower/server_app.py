@@ -7,7 +7,7 @@ FeSEM, CFL, FL+HC, PACFL). It receives trained weights, the cluster id and the n
 examples, and aggregates with :func:`cpcfl_tf.clustered.algorithm.run_rounds` -- the
 simulator's own round, seeded the same way, so with the same seeds a federation assigns
 the same cluster ids. Before training it asks what a method needs once
-(:attr:`~cpcfl_tf.clustered.methods.Method.asks_first`: the oracle's true groups, PACFL's data
+(:attr:`~cpcfl_tf.methods.federated.Method.asks_first`: the oracle's true groups, PACFL's data
 subspaces); the record's ``bytes_other`` counts the subspaces.
 
 Clients: a node started with ``partition-id`` is that client of the run's seeded
@@ -40,10 +40,10 @@ from flwr.serverapp import Grid, ServerApp
 from cpcfl_tf.clustered import algorithm
 from cpcfl_tf.flower import checks, remote
 from cpcfl_tf.flower.common import class_names, run_config
-from cpcfl_tf.clustered.methods import plugins_used
-from cpcfl_tf.record import write_record
-from cpcfl_tf.results import prepare_out_dir
-from cpcfl_tf.run_plan import check_data, federated_settings, resolve
+from cpcfl_tf.methods.federated import plugins_used
+from cpcfl_tf.records.record import write_record
+from cpcfl_tf.records.files import prepare_out_dir
+from cpcfl_tf.plan.resolve import check_data, federated_settings, resolve
 
 app = ServerApp()
 
@@ -97,7 +97,7 @@ def _examples(config, node_data: dict[str, dict] | None) -> tuple[dict[int, int]
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    from cpcfl_tf.environment import run_environment
+    from cpcfl_tf.records.environment import run_environment
     from cpcfl_tf.clustered.pool import federated_record, initial_state, template_for
     from cpcfl_tf.clustered.starting import StartingEncoders
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import keras
 from keras import layers
 
-from cpcfl_tf.config import ENCODER_DIMS
+from cpcfl_tf.plan.config import ENCODER_DIMS
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.models.layers import batch_norm
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import keras
 from keras import layers
 
-from cpcfl_tf.config import HEAD_WIDTHS
+from cpcfl_tf.plan.config import HEAD_WIDTHS
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.models.layers import batch_norm
 

@@ -2,7 +2,7 @@
 images (``partition.unlabeled`` ``iid`` or ``groups``) when no server holds any.
 
 One start (``fed-simclr``, ``fedema-byol``, ...:
-:data:`cpcfl_tf.pretraining.methods.FEDERATED_STARTS`) names a federated pre-training
+:data:`cpcfl_tf.methods.ssl.FEDERATED_STARTS`) names a federated pre-training
 (its stages: :mod:`~cpcfl_tf.pretraining.fedavg_ssl`,
 :mod:`~cpcfl_tf.pretraining.fedema`) and the self-supervised method whose own compiled
 training step the clients run. The method's model is built once; each sampled client's
@@ -33,15 +33,15 @@ import numpy as np
 import tensorflow as tf
 
 from cpcfl_tf.compat import without_added
-from cpcfl_tf.config import Config
+from cpcfl_tf.plan.config import Config
 from cpcfl_tf.pretraining.fedavg_ssl import ClientState, get_parts, set_parts
 from cpcfl_tf.pretraining.pretrain import (PretrainResult, _finished, build_contrastive_model,
                                            building_entry, image_source, keyed_settings)
 from cpcfl_tf.data.unlabeled import check_batch
 from cpcfl_tf.errors import DivergedError, UserError
-from cpcfl_tf.results import cache_root, prepare_out_dir, write_atomic, write_json
-from cpcfl_tf.pretraining.methods import FEDERATED_STARTS
-from cpcfl_tf.run_plan import federated_settings
+from cpcfl_tf.records.files import cache_root, prepare_out_dir, write_atomic, write_json
+from cpcfl_tf.methods.ssl import FEDERATED_STARTS
+from cpcfl_tf.plan.resolve import federated_settings
 
 
 def federated_plan(config: Config) -> dict:

@@ -77,7 +77,7 @@ def proxy_scores(encoder, train: LabeledImages, test: LabeledImages, *, seed: in
     """An encoder's scores on a labeled proxy, as the studies keep them: linear
     accuracy (:func:`~cpcfl_tf.pretraining.linear_eval.linear_eval`, ``epochs`` of it),
     weighted-kNN accuracy (:class:`KnnMonitor`) and the weights' fingerprint."""
-    from cpcfl_tf.results import weights_fingerprint
+    from cpcfl_tf.records.files import weights_fingerprint
 
     return {"linear_accuracy": linear_eval(encoder, train, test, seed=seed, epochs=epochs),
             "linear_epochs": epochs, "knn_accuracy": KnnMonitor(train, test).accuracy(encoder),

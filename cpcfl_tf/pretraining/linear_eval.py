@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from cpcfl_tf.compat import pretrain_settings
-from cpcfl_tf.config import PretrainConfig
+from cpcfl_tf.plan.config import PretrainConfig
 from cpcfl_tf.data.images import to_float
 from cpcfl_tf.data.specs import LabeledImages
 from cpcfl_tf.models import build_classifier_head

@@ -1,7 +1,7 @@
 """Contrastive losses (Sec. "Contrastive encoder pre-training techniques").
 
 Plain functions of their inputs. The stop-gradient and the symmetric sum over the two
-views belong to the train steps in :mod:`cpcfl_tf.pretraining.methods`.
+views belong to the train steps in :mod:`cpcfl_tf.methods.ssl`.
 
 All of them compute in float32, also when the model runs in mixed precision.
 """

@@ -4,7 +4,7 @@ one optimizer step and its metrics (:class:`ContrastiveModel`), and the parts a 
 
 Each method is one module beside this one (``simclr``, ``byol``, ``simsiam``, ``vicreg``)
 holding its model and a ``build(parts, settings)`` that the registry
-(:mod:`cpcfl_tf.pretraining.methods`) calls. ``train_step`` takes a batch of ``uint8`` images
+(:mod:`cpcfl_tf.methods.ssl`) calls. ``train_step`` takes a batch of ``uint8`` images
 (labels never exist here) and returns ``{metric.name: value}``: the loss and the collapse
 monitor :func:`~cpcfl_tf.pretraining.losses.embedding_std`.
 

@@ -25,15 +25,15 @@ import numpy as np
 import tensorflow as tf
 
 from cpcfl_tf.compat import ADDED_SETTINGS, KEYED_DEFAULTS, pretrain_settings
-from cpcfl_tf.config import DataConfig, PretrainConfig
+from cpcfl_tf.plan.config import DataConfig, PretrainConfig
 from cpcfl_tf.pretraining.model import ContrastiveModel, Parts
 from cpcfl_tf.data.augment import build_augmenter
 from cpcfl_tf.errors import DivergedError, UserError
 from cpcfl_tf.models import ENCODER_DIMS, build_encoder
 from cpcfl_tf.models.seeding import seeded
-from cpcfl_tf.results import (CACHE_FIX, building, cache_root, prepare_out_dir,
+from cpcfl_tf.records.files import (CACHE_FIX, building, cache_root, prepare_out_dir,
                               read_cache_entry, write_atomic, write_json)
-from cpcfl_tf.pretraining.methods import SSL_METHODS, get_ssl_method
+from cpcfl_tf.methods.ssl import SSL_METHODS, get_ssl_method
 
 
 @dataclasses.dataclass
@@ -46,7 +46,7 @@ class PretrainResult:
 def build_contrastive_model(config: PretrainConfig, input_shape: tuple[int, int, int], *,
                             method: str = "simclr", seed: int = 0,
                             steps_per_epoch: int = 1) -> ContrastiveModel:
-    """``method``'s ``keras.Model`` (a name of :data:`~cpcfl_tf.pretraining.methods.SSL_METHODS`)
+    """``method``'s ``keras.Model`` (a name of :data:`~cpcfl_tf.methods.ssl.SSL_METHODS`)
     with its settings from ``config``, compiled with Adam and its optimizer built.
 
     ``steps_per_epoch`` sizes the schedules that run over the whole pre-training (the
@@ -200,7 +200,7 @@ def pretrain(config: PretrainConfig, images: np.ndarray, out_dir: str | Path, *,
     config
         Encoder and optimisation settings.
     method
-        A self-supervised method (:data:`~cpcfl_tf.pretraining.methods.SSL_METHODS`).
+        A self-supervised method (:data:`~cpcfl_tf.methods.ssl.SSL_METHODS`).
     images
         ``uint8 (n, h, w, 3)`` unlabeled images (:func:`cpcfl_tf.data.load_unlabeled`).
     out_dir
@@ -391,7 +391,7 @@ def pretrained_encoder(config: PretrainConfig, data: DataConfig, *, method: str,
 @contextlib.contextmanager
 def building_entry(out: Path, meta: dict, verbose: int):
     """Hold the cache entry ``out`` of the pre-training ``meta`` describes for building
-    (:func:`~cpcfl_tf.results.building`, after checking that the cache can be written);
+    (:func:`~cpcfl_tf.records.files.building`, after checking that the cache can be written);
     the block gets the finished pre-training another process made there while this one
     waited, or None: then the block builds it, resuming its checkpoint if it has one."""
     prepare_out_dir(out, fix=CACHE_FIX)

@@ -11,7 +11,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from cpcfl_tf.config import PretrainConfig
+from cpcfl_tf.plan.config import PretrainConfig
 from cpcfl_tf.pretraining.pretrain import build_contrastive_model
 from cpcfl_tf.data.images import to_float
 

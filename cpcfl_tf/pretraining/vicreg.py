@@ -5,7 +5,7 @@ Both views go through one encoder and one expander; the loss pulls the two embed
 an image together (invariance), keeps every dimension's standard deviation over the batch
 near gamma (variance) and decorrelates the dimensions (covariance). No negatives, no
 predictor, no stop-gradient, no target network. Settings and their sources: the registry
-entry in :mod:`cpcfl_tf.pretraining.methods`.
+entry in :mod:`cpcfl_tf.methods.ssl`.
 """
 from __future__ import annotations
 

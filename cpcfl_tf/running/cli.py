@@ -12,10 +12,10 @@ import dataclasses
 from pathlib import Path
 from typing import Callable, Sequence
 
-from cpcfl_tf.config import Config
-from cpcfl_tf.overrides import parse_settings
-from cpcfl_tf.presets import PRESETS, get_preset
-from cpcfl_tf.environment import set_determinism
+from cpcfl_tf.plan.config import Config
+from cpcfl_tf.plan.overrides import parse_settings
+from cpcfl_tf.plan.presets import PRESETS, get_preset
+from cpcfl_tf.records.environment import set_determinism
 from cpcfl_tf.errors import ArgumentParser, UserError
 
 
@@ -148,12 +148,12 @@ def resolve_config(args: argparse.Namespace) -> Config:
 def setup(args: argparse.Namespace, name: str, *, check_sources: bool = True
           ) -> tuple[Config, Path]:
     """The validated config (:func:`resolve_config`), checked against its data
-    (:func:`~cpcfl_tf.run_plan.check_data`) before the output folder is checked (made).
+    (:func:`~cpcfl_tf.plan.resolve.check_data`) before the output folder is checked (made).
     Unless the script only lists or reports, or serves a stand-in (``check_sources``
     False), it also checks that the clients' data, and ``--knn-proxy``'s if the monitor
-    runs, can be read or fetched here (:func:`~cpcfl_tf.run_plan.check_client_sources`)."""
-    from cpcfl_tf.results import prepare_out_dir
-    from cpcfl_tf.run_plan import check_client_sources, check_data
+    runs, can be read or fetched here (:func:`~cpcfl_tf.plan.resolve.check_client_sources`)."""
+    from cpcfl_tf.records.files import prepare_out_dir
+    from cpcfl_tf.plan.resolve import check_client_sources, check_data
 
     config = resolve_config(args)
     check_data(config)
@@ -197,7 +197,7 @@ def proxy_splits(text: str | None) -> tuple[tuple[str, str], tuple[str, str]] | 
 def read_selection(path: str | Path) -> dict[int, dict[str, dict]]:
     """The choices of an ``encoder_selection.json`` (experiments/encoder_selection.py):
     pre-training seed -> method -> its selected settings."""
-    from cpcfl_tf.results import read_json
+    from cpcfl_tf.records.files import read_json
 
     path = Path(path)
     if not path.is_file():
@@ -214,7 +214,7 @@ def read_selection(path: str | Path) -> dict[int, dict[str, dict]]:
 def selected(config: Config, selection: dict[int, dict[str, dict]] | None) -> Config:
     """``config`` starting from the encoder ``selection`` (:func:`read_selection`) chose
     for its method and pre-training seed (the settings go into ``pretrain.options``)."""
-    from cpcfl_tf.clustered.starts import START
+    from cpcfl_tf.methods.starts import START
 
     method, start = config.federated.pretraining, START[config.federated.pretraining]
     if selection is None or not start.ssl_method or start.federated is not None:

@@ -9,10 +9,10 @@ import dataclasses
 import json
 from pathlib import Path
 
-from cpcfl_tf.config import Config, config_key, config_record
-from cpcfl_tf.environment import machine
-from cpcfl_tf.record import RunRecord
-from cpcfl_tf.record_store import Found, RecordIndex, run_record_in
+from cpcfl_tf.plan.config import Config, config_key, config_record
+from cpcfl_tf.records.environment import machine
+from cpcfl_tf.records.record import RunRecord
+from cpcfl_tf.records.store import Found, RecordIndex, run_record_in
 
 SAME, WITHIN, OUTSIDE, DIFFERS, NO_REFERENCE = (
     "bit for bit", "within the seed-to-seed spread", "outside the seed-to-seed spread",

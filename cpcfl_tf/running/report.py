@@ -1,6 +1,6 @@
 """Reporting: the paper's way of summarising runs, and markdown tables.
 
-Scripts build their reports from :class:`~cpcfl_tf.record.RunRecord`s with these helpers;
+Scripts build their reports from :class:`~cpcfl_tf.records.record.RunRecord`s with these helpers;
 nothing here runs anything.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from cpcfl_tf.environment import machine
+from cpcfl_tf.records.environment import machine
 
 
 def provenance(records: Sequence) -> list[str]:
@@ -89,7 +89,7 @@ def replace_block(path: Path, tag: str, key: str, lines: list[str]) -> bool:
     """Replace the generated block ``<!-- TAG:KEY -->`` ... ``<!-- /TAG -->`` of the
     markdown file ``path`` with ``lines`` (how scripts keep tables in a README current);
     False when the file has no such block."""
-    from cpcfl_tf.results import write_text
+    from cpcfl_tf.records.files import write_text
 
     start, end = f"<!-- {tag}:{key} -->", f"<!-- /{tag} -->"
     text = path.read_text() if path.exists() else ""

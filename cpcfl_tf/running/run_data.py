@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 
-from cpcfl_tf.config import Config
+from cpcfl_tf.plan.config import Config
 
 
 class DataCache:

@@ -11,7 +11,7 @@ script's output folder:
 * starting encoders come from :mod:`cpcfl_tf.clustered.starting` (one cache for all
   scripts); data and partitions are loaded once per (data config, seed)
   (:class:`~cpcfl_tf.running.run_data.DataCache`); records found elsewhere in the tree come from
-  :class:`~cpcfl_tf.record_store.RecordStore`.
+  :class:`~cpcfl_tf.records.store.RecordStore`.
 
 Each run is decided once (:meth:`Runner.decide`, a :class:`Decision`), then done.
 """
@@ -25,17 +25,17 @@ from typing import Any, Callable
 import numpy as np
 
 from cpcfl_tf.running.cli import proxy_splits, read_selection, selected
-from cpcfl_tf.config import Config
-from cpcfl_tf.presets import with_encoder
-from cpcfl_tf.environment import run_environment
+from cpcfl_tf.plan.config import Config
+from cpcfl_tf.plan.presets import with_encoder
+from cpcfl_tf.records.environment import run_environment
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.clustered.starting import StartingEncoders
-from cpcfl_tf.clustered.methods import plugins_used
-from cpcfl_tf.record import RunRecord, read_record, write_record
-from cpcfl_tf.record_store import Found, RecordStore, same_config
-from cpcfl_tf.results import weights_fingerprint
+from cpcfl_tf.methods.federated import plugins_used
+from cpcfl_tf.records.record import RunRecord, read_record, write_record
+from cpcfl_tf.records.store import Found, RecordStore, same_config
+from cpcfl_tf.records.files import weights_fingerprint
 from cpcfl_tf.running.run_data import DataCache
-from cpcfl_tf.run_plan import RunPlan, resolve
+from cpcfl_tf.plan.resolve import RunPlan, resolve
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +126,7 @@ class Runner:
                  dry_run: bool = False, tensorboard: str | Path | None = None,
                  max_clients: int | None = None, diagnose: int = 0, knn_every: int = 0,
                  knn_proxy: str | None = None, selection: str | Path | None = None):
-        from cpcfl_tf.results import CACHE_FIX, cache_root, prepare_out_dir
+        from cpcfl_tf.records.files import CACHE_FIX, cache_root, prepare_out_dir
 
         self.experiment, self.base = experiment, base
         self.out = Path(out) if dry_run else prepare_out_dir(out)
@@ -168,7 +168,7 @@ class Runner:
         return selected(spec.config(self.base), self.selection)
 
     def plan_of(self, spec: RunSpec) -> RunPlan:
-        """``spec``'s plan (:func:`~cpcfl_tf.run_plan.resolve` of :meth:`config_of`), made
+        """``spec``'s plan (:func:`~cpcfl_tf.plan.resolve.resolve` of :meth:`config_of`), made
         once: a config its data cannot hold is refused here, in one line."""
         key = repr(spec)
         if key not in self._plans:
@@ -330,7 +330,7 @@ def _with_scalars(tensorboard, experiment: str, spec: RunSpec, clients, on_round
     """``on_round`` that also logs the round to TensorBoard (when a folder is set)."""
     if not tensorboard:
         return on_round
-    from cpcfl_tf.scalars import ScalarLog
+    from cpcfl_tf.records.scalars import ScalarLog
 
     log = ScalarLog(Path(tensorboard) / experiment / spec.name)
 
@@ -368,7 +368,7 @@ def _round_scalars(record: dict, groups: np.ndarray, num_clusters: int) -> dict[
 
 def base_plan(run: RunPlan) -> RunPlan | None:
     """The plan of the run ``run`` is until its restart rule fires (its method's
-    :attr:`~cpcfl_tf.clustered.methods.Method.restarts_of`); None for other methods."""
+    :attr:`~cpcfl_tf.methods.federated.Method.restarts_of`); None for other methods."""
     base = run.method.restarts_of
     return resolve(run.requested.with_overrides(federated={"method": base})) if base else None
 

@@ -20,9 +20,9 @@ from typing import Callable, Sequence
 
 from cpcfl_tf.running.cli import (changed_fields, experiment_parser, name_list, proxy_splits,
                                   read_selection, settings_changed, setup)
-from cpcfl_tf.config import Config
+from cpcfl_tf.plan.config import Config
 from cpcfl_tf.errors import ArgumentParser, UserError
-from cpcfl_tf.record import RunRecord
+from cpcfl_tf.records.record import RunRecord
 from cpcfl_tf.running.runner import Runner, RunSpec
 
 
@@ -132,7 +132,7 @@ class Session:
         given, else the kit's own ``results/<preset>`` when the output folder is in it. A
         reproducer writing elsewhere (``--out``) gets every run made on their machine, to
         compare with the committed ones."""
-        from cpcfl_tf.record_store import RecordIndex
+        from cpcfl_tf.records.store import RecordIndex
 
         own = Path("results") / self.config.preset
         if tree is not None or (own.is_dir() and self.out.resolve().parent == own.resolve()):
@@ -234,7 +234,7 @@ class Session:
         from elsewhere in the tree, and where some are another method's runs
         (:func:`stood_in_note`)."""
         from cpcfl_tf.running.report import provenance
-        from cpcfl_tf.results import write_csv, write_text
+        from cpcfl_tf.records.files import write_csv, write_text
 
         note = provenance(self.runner.records) if "runner" in self.__dict__ else []
         store = self.runner.store if "runner" in self.__dict__ else None
@@ -301,12 +301,12 @@ def reused_note(reused: dict[str, Path], named: set[str], paired: set[str] = fro
 def stood_in_note(stood_in: dict[str, tuple[str, Path]],
                   records: Sequence[RunRecord] = ()) -> str:
     """The report's note on runs taken from the method their method is until its restart
-    rule fires (:attr:`~cpcfl_tf.record_store.RecordStore.stood_in`), and how many of
+    rule fires (:attr:`~cpcfl_tf.records.store.RecordStore.stood_in`), and how many of
     that method's own ``records`` (made in full, e.g. before runs were taken so) show the
     rule never firing either."""
     from collections import Counter
 
-    from cpcfl_tf.clustered.methods import METHODS
+    from cpcfl_tf.methods.federated import METHODS
 
     made = {id(r): r for r in records}.values()
     parts = []

@@ -1,5 +1,5 @@
 """A run's settings as text: ``--set SECTION.FIELD=VALUE`` (the scripts' option, a Flower
-run config's ``set``) parsed into the overrides :meth:`cpcfl_tf.config.Config.with_overrides`
+run config's ``set``) parsed into the overrides :meth:`cpcfl_tf.plan.config.Config.with_overrides`
 takes, each value by its field's type."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import typing
 from typing import Any, Sequence
 
-from cpcfl_tf.config import SECTIONS
+from cpcfl_tf.plan.config import SECTIONS
 from cpcfl_tf.errors import UserError, require
 
 

@@ -15,11 +15,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from cpcfl_tf.config import Config, config_record
-from cpcfl_tf.run_plan import as_resolved
-from cpcfl_tf.clustered.methods import METHODS
-from cpcfl_tf.results import read_file, write_json
-from cpcfl_tf.clustered.starts import START
+from cpcfl_tf.plan.config import Config, config_record
+from cpcfl_tf.plan.resolve import as_resolved
+from cpcfl_tf.methods.federated import METHODS
+from cpcfl_tf.records.files import read_file, write_json
+from cpcfl_tf.methods.starts import START
 
 SCORES = ("f1_macro", "f1_weighted", "auroc_ovr_macro", "auroc_ovr_weighted",
           "auroc_ovo_macro", "auroc_ovo_weighted")
@@ -136,7 +136,7 @@ class RunRecord:
 
     config: Config
     """The settings as the run used them (a federated run's ``federated`` resolved for its
-    method, :func:`~cpcfl_tf.run_plan.resolve`)."""
+    method, :func:`~cpcfl_tf.plan.resolve.resolve`)."""
     requested: Config
     """The settings as the script asked for them (what "same config?" compares)."""
     seeds: dict[str, int]
@@ -257,5 +257,5 @@ def read_record(path: str | os.PathLike) -> RunRecord:
 
 
 def write_record(path: str | os.PathLike, record: RunRecord) -> Path:
-    """Write ``record`` atomically (:func:`cpcfl_tf.results.write_json`)."""
+    """Write ``record`` atomically (:func:`cpcfl_tf.records.files.write_json`)."""
     return write_json(path, record.to_json())

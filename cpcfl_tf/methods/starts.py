@@ -20,7 +20,7 @@ from typing import Any
 
 from cpcfl_tf.compat import stored_pretrain
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.pretraining.methods import FEDERATED_STARTS, SSL_METHODS, FederatedSSL
+from cpcfl_tf.methods.ssl import FEDERATED_STARTS, SSL_METHODS, FederatedSSL
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,7 +33,7 @@ class Pretraining:
     settings: dict[str, Any]
     """Every setting of ``method`` with the value it runs with (empty: supervised)."""
     seed: int
-    """The pre-training's seed (:attr:`~cpcfl_tf.config.Config.pretrain_seed`)."""
+    """The pre-training's seed (:attr:`~cpcfl_tf.plan.config.Config.pretrain_seed`)."""
     federated: FederatedSSL | None = None
     federated_settings: dict[str, Any] | None = None
     """The federated pre-training's settings, defaults filled in (``rounds`` may still be
@@ -48,7 +48,7 @@ class Start:
     label: str
     pretrained: bool = False
     """It gives a pre-trained encoder (what CP-CFL needs:
-    :data:`~cpcfl_tf.clustered.methods.PRETRAINED`)."""
+    :data:`~cpcfl_tf.methods.federated.PRETRAINED`)."""
     shared: bool = False
     """Runs of one pre-training key start from one encoder (a run record's
     ``pretraining_key``); False: random weights, or each run's own FedAvg encoder."""
@@ -66,7 +66,7 @@ class Start:
 
     def check(self, config) -> None:
         """Refuse, in one line naming the fix, a ``config`` this start cannot begin from
-        (names only: what the data can hold is :func:`cpcfl_tf.run_plan.check_data`'s)."""
+        (names only: what the data can hold is :func:`cpcfl_tf.plan.resolve.check_data`'s)."""
 
     def pretraining(self, config) -> Pretraining | None:
         """The pre-training this start needs for ``config`` (None: none)."""

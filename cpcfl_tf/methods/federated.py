@@ -5,10 +5,10 @@ A run is a method (``federated.method``) started from a starting encoder
 its :class:`Method` here; the config, the algorithm, the simulator, the Flower apps and
 the runner read these fields and never test a method's name. Adding a method is an entry
 in :data:`METHODS` plus, if it needs one, a new rule: a ``Rule`` subclass and its entry in
-:mod:`cpcfl_tf.clustered.rules` (docs/extending.md lists the files).
+:mod:`cpcfl_tf.methods.rules` (docs/extending.md lists the files).
 
-This module imports nothing of the kit but its errors, the rules (:mod:`cpcfl_tf.clustered.rules`)
-and the self-supervised registry (:mod:`cpcfl_tf.pretraining.methods`, the pre-training stage's
+This module imports nothing of the kit but its errors, the rules (:mod:`cpcfl_tf.methods.rules`)
+and the self-supervised registry (:mod:`cpcfl_tf.methods.ssl`, the pre-training stage's
 home), so every layer may read it.
 """
 from __future__ import annotations
@@ -17,27 +17,27 @@ import dataclasses
 
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.plugins import entries, used
-from cpcfl_tf.clustered.rules import RULES, Rule
-from cpcfl_tf.pretraining.methods import FEDERATED_STARTS, SSL_METHODS
-from cpcfl_tf.clustered.starts import START
+from cpcfl_tf.methods.rules import RULES, Rule
+from cpcfl_tf.methods.ssl import FEDERATED_STARTS, SSL_METHODS
+from cpcfl_tf.methods.starts import START
 
 PRETRAIN_METHODS = tuple(SSL_METHODS)
-"""The server's self-supervised pre-trainings (:mod:`cpcfl_tf.pretraining.methods`)."""
+"""The server's self-supervised pre-trainings (:mod:`cpcfl_tf.methods.ssl`)."""
 FEDERATED_PRETRAININGS = tuple(FEDERATED_STARTS)
 """The self-supervised pre-trainings on the clients' unlabeled images (``fed-simclr``,
-..., ``fedema-byol``: :data:`cpcfl_tf.pretraining.methods.FEDERATED_STARTS`)."""
+..., ``fedema-byol``: :data:`cpcfl_tf.methods.ssl.FEDERATED_STARTS`)."""
 STARTS = {name: start.label for name, start in START.items()}
 """Every starting encoder (``federated.pretraining``, a name kept for the records: not
 every start is a pre-training) and how tables name it: random initialisation, the
 server's self-supervised pre-trainings (one per registry entry), the encoder of a FedAvg
 (None) run on the same clients (:data:`FEDAVG_ENCODER_RUN`), supervised pre-training,
-and the federated self-supervised pre-trainings (:data:`cpcfl_tf.clustered.starts.START`)."""
+and the federated self-supervised pre-trainings (:data:`cpcfl_tf.methods.starts.START`)."""
 PRETRAININGS = tuple(START)
 PRETRAINED = tuple(name for name, start in START.items() if start.pretrained)
 """The starts a pre-trained encoder gives: what CP-CFL needs."""
 
 ASSIGNMENTS = {name: rule.description for name, rule in RULES.items()}
-"""The assignment rules (:mod:`cpcfl_tf.clustered.rules`) and what each does."""
+"""The assignment rules (:mod:`cpcfl_tf.methods.rules`) and what each does."""
 
 FEDAVG_ENCODER_RUN = START["fedavg"].run
 """(method, starting encoder) of the run whose final global encoder is the ``fedavg``
@@ -85,7 +85,7 @@ class Method:
 
     @property
     def rule(self) -> Rule:
-        """The rule :attr:`assign` names (:data:`cpcfl_tf.clustered.rules.RULES`)."""
+        """The rule :attr:`assign` names (:data:`cpcfl_tf.methods.rules.RULES`)."""
         return RULES[self.assign]
 
     def num_models(self, num_clusters: int, num_clients: int, num_groups: int) -> int:

@@ -15,7 +15,7 @@ import os
 import platform
 from pathlib import Path
 
-from cpcfl_tf.results import weights_fingerprint
+from cpcfl_tf.records.files import weights_fingerprint
 
 
 _DETERMINISTIC_OPS = False

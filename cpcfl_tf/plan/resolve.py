@@ -1,4 +1,4 @@
-"""A run's plan: its :class:`~cpcfl_tf.config.Config` resolved, once.
+"""A run's plan: its :class:`~cpcfl_tf.plan.config.Config` resolved, once.
 
 A ``Config`` is the request. Building it checks each value on its own and the names
 between sections; it reads no folder and calls no tfds builder. :func:`resolve` turns it
@@ -21,10 +21,10 @@ import dataclasses
 import json
 from typing import Any, Sequence
 
-from cpcfl_tf.clustered.methods import METHODS, Method
-from cpcfl_tf.clustered.rules import Rule
-from cpcfl_tf.clustered.starts import START, Pretraining, Start
-from cpcfl_tf.config import Config, FederatedConfig
+from cpcfl_tf.methods.federated import METHODS, Method
+from cpcfl_tf.methods.rules import Rule
+from cpcfl_tf.methods.starts import START, Pretraining, Start
+from cpcfl_tf.plan.config import Config, FederatedConfig
 from cpcfl_tf.errors import UserError
 
 
@@ -91,7 +91,7 @@ class RunPlan:
     """None: the start pre-trains nothing (random weights, IFCA (FedAvg)'s encoder)."""
     gives: Start | None = None
     """The start whose encoder this run's final encoder is (FedAvg (None)'s run gives IFCA
-    (FedAvg)'s start: :meth:`~cpcfl_tf.clustered.starts.Start.made_by`); None: none."""
+    (FedAvg)'s start: :meth:`~cpcfl_tf.methods.starts.Start.made_by`); None: none."""
 
     @property
     def federated(self) -> ResolvedFederated:

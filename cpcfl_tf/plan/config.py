@@ -7,9 +7,9 @@ bad value stops a script before anything is loaded or written. ``dataclasses.rep
 re-runs the checks, so overrides are validated the same way. Building a config reads no
 data: what needs a dataset's facts (its splits, their sizes, whether they hold labels)
 is checked when the config is resolved into the run's plan,
-:func:`cpcfl_tf.run_plan.resolve`.
+:func:`cpcfl_tf.plan.resolve.resolve`.
 
-The four presets are :mod:`cpcfl_tf.presets`'s.
+The four presets are :mod:`cpcfl_tf.plan.presets`'s.
 """
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from typing import Any
 
 from cpcfl_tf.compat import UNSET_FIELDS, read_federated, read_pretrain, stored_federated
 from cpcfl_tf.errors import require
-from cpcfl_tf.clustered.methods import METHODS, PRETRAININGS
-from cpcfl_tf.clustered.starts import START
+from cpcfl_tf.methods.federated import METHODS, PRETRAININGS
+from cpcfl_tf.methods.starts import START
 
 ENCODER_DIMS = {"cnn": 256, "resnet18": 512, "resnet50": 2048}
 """The encoders and the width of their output (Sec. "Experimental settings", "ResNet-18
@@ -119,7 +119,7 @@ class PretrainConfig:
     (SimCLR, BYOL, SimSiam, VICReg, supervised) is the run's ``federated.pretraining``: one
     name, in one place; each method's own settings (SimCLR's temperature, BYOL's target
     rate, the projector's width, ...) are its registry entry's
-    (:mod:`cpcfl_tf.pretraining.methods`), overridden in :attr:`options`."""
+    (:mod:`cpcfl_tf.methods.ssl`), overridden in :attr:`options`."""
 
     encoder: str = "cnn"
     """The encoder network (:data:`ENCODERS`): the one the server pre-trains and the one
@@ -150,7 +150,7 @@ class PretrainConfig:
     """Epochs of linear warm-up of the cosine schedule (SimCLR used 10 of its 100+)."""
 
     def __post_init__(self) -> None:
-        from cpcfl_tf.pretraining.methods import check_options
+        from cpcfl_tf.methods.ssl import check_options
 
         require(self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)
                                       and self.seed >= 0),
@@ -170,7 +170,7 @@ class PretrainConfig:
 
     def settings(self, method: str) -> dict[str, Any]:
         """Every setting of self-supervised ``method`` with the value it runs with."""
-        from cpcfl_tf.pretraining.methods import get_ssl_method
+        from cpcfl_tf.methods.ssl import get_ssl_method
 
         return get_ssl_method(method).resolve((self.options or {}).get(method))
 
@@ -251,7 +251,7 @@ class FederatedConfig:
 
     def __post_init__(self) -> None:
         _choice("federated", "method", self.method, tuple(METHODS))
-        from cpcfl_tf.pretraining.methods import federated_start
+        from cpcfl_tf.methods.ssl import federated_start
 
         federated_start(self.pretraining)  # e.g. fedema-simclr: why not, and what instead
         _choice("federated", "pretraining", self.pretraining, PRETRAININGS)
@@ -346,7 +346,7 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         """The config as records store it (what :meth:`from_dict` reads): every field but
         :data:`cpcfl_tf.compat.UNSET_FIELDS` at their defaults, the pre-training section
-        in its stored layout (:meth:`~cpcfl_tf.clustered.starts.Start.recorded_pretrain`)."""
+        in its stored layout (:meth:`~cpcfl_tf.methods.starts.Start.recorded_pretrain`)."""
         record = dataclasses.asdict(self)
         record["pretrain"] = START[self.federated.pretraining].recorded_pretrain(self)
         record["federated"] = stored_federated(record["federated"], self.pretrain.encoder)

@@ -1,11 +1,11 @@
 """The self-supervised methods the server pre-trains with: one registry entry each.
 
-The pre-training stage's one home, as :mod:`cpcfl_tf.clustered.methods` is the federated stage's:
+The pre-training stage's one home, as :mod:`cpcfl_tf.methods.federated` is the federated stage's:
 an entry names the method, how tables name it, the file that implements it (one module
 under :mod:`cpcfl_tf.pretraining`, imported only when it trains), its own settings with
 their defaults and the paper each default comes from, and the grid the paper's encoder
 selection tunes. Config validation, pre-training, the starting encoders of
-:mod:`cpcfl_tf.clustered.methods`, the run record's schema, the Flower apps and the docs read it;
+:mod:`cpcfl_tf.methods.federated`, the run record's schema, the Flower apps and the docs read it;
 nothing else names a method. ``pretrain.options`` overrides settings per method, e.g.
 ``{"byol": {"target_decay": 0.99}}``.
 

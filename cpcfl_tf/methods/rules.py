@@ -16,13 +16,13 @@ A :class:`Rule` says, in one place, everything a rule does besides the round its
 - ``server_assigns``, ``communicates``: whether the server tells each client its model
   (then sends it that one model) and whether anything is sent at all.
 
-:data:`RULES` names them; a method (:mod:`cpcfl_tf.clustered.methods`) names its rule in
+:data:`RULES` names them; a method (:mod:`cpcfl_tf.methods.federated`) names its rule in
 ``Method.assign``. The algorithm, the simulator and both Flower apps call the rule and
 never compare its name. Pure NumPy (and scikit-learn's clustering): the server state and
 replies are read by their fields (``round``, ``models``, ``assignment``, ``memory``, the
 rule's own arrays kept between rounds; ``clients``, ``cluster_ids``, ``sizes``,
 ``weights``), so this module imports nothing of the kit but its errors, the plugin
-loader and the computations the rules are made of (:mod:`cpcfl_tf.clustered.clustering`),
+loader and the computations the rules are made of (:mod:`cpcfl_tf.methods.clustering`),
 and sits below the config.
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Sequence
 
 import numpy as np
 
-from cpcfl_tf.clustered.clustering import (cfl_split, data_subspace, decomposed_cosines,
+from cpcfl_tf.methods.clustering import (cfl_split, data_subspace, decomposed_cosines,
                                            fesem_step, fl_hc_split, flat_updates, kmeans_pp,
                                            leading_directions, mean_embedding, sent_bytes,
                                            subspace_clusters)

@@ -1,4 +1,4 @@
-"""The computations the clustering rules (:mod:`cpcfl_tf.clustered.rules`) are made of,
+"""The computations the clustering rules (:mod:`cpcfl_tf.methods.rules`) are made of,
 each a function of arrays: FeSEM's centres, CFL's bipartition, FL+HC's hierarchy, PACFL's
 data subspaces and principal angles, FedGroup's decomposed cosines, k-means++. Pure NumPy
 (and scikit-learn's clustering); it imports nothing of the kit."""

@@ -18,12 +18,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-from cpcfl_tf.config import Config, config_key, config_record
-from cpcfl_tf.environment import environment, machine, reproduces
+from cpcfl_tf.plan.config import Config, config_key, config_record
+from cpcfl_tf.records.environment import environment, machine, reproduces
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.clustered.methods import METHODS
-from cpcfl_tf.record import RunRecord, read_record
-from cpcfl_tf.run_plan import RunPlan
+from cpcfl_tf.methods.federated import METHODS
+from cpcfl_tf.records.record import RunRecord, read_record
+from cpcfl_tf.plan.resolve import RunPlan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +39,7 @@ class RecordIndex:
 
     Where several records have one config (the same run asked for by two scripts, or made
     on two machines), :meth:`get` prefers one from the machine most of the tree's records
-    name (:func:`~cpcfl_tf.environment.machine`: so a run remade on another machine for
+    name (:func:`~cpcfl_tf.records.environment.machine`: so a run remade on another machine for
     one pairing does not replace the record the rest of its seed is judged with; only
     the records of ``electing`` configs count where it is given), then
     one under ``prefer`` (a folder), then one that names its CPU (newer records), then
@@ -124,8 +124,8 @@ def together(options: Sequence[Sequence[Found]]) -> list[Found] | None:
 
 def mismatch(records: Sequence[RunRecord]) -> tuple[bool, bool]:
     """(runs of one pre-training started from different encoders, the runs ran on more
-    than one machine, :func:`~cpcfl_tf.environment.machine`): what keeps runs of one
-    seed from being one sample of chance (:attr:`~cpcfl_tf.record.RunRecord.pretraining_key`
+    than one machine, :func:`~cpcfl_tf.records.environment.machine`): what keeps runs of one
+    seed from being one sample of chance (:attr:`~cpcfl_tf.records.record.RunRecord.pretraining_key`
     says which runs share one)."""
     encoders: dict[tuple, set] = {}
     for r in records:
@@ -173,7 +173,7 @@ class RecordStore:
         self.reuse: RecordIndex | None = None
         """Records made elsewhere (e.g. by other scripts of the results tree): a run this
         machine would make bit for bit the same (same config, starting encoder and
-        :data:`~cpcfl_tf.environment.REPRODUCING` fields) is taken from there instead of
+        :data:`~cpcfl_tf.records.environment.REPRODUCING` fields) is taken from there instead of
         being run again, and not copied."""
         self.reused: dict[str, Path] = {}
         """Run name -> the record taken from :attr:`reuse` for it."""
@@ -203,7 +203,7 @@ class RecordStore:
     def _taken_file(self) -> dict[str, str]:
         """The folder's :attr:`TAKEN` as it was when first read (empty if there is none);
         a one-line error if it is damaged."""
-        from cpcfl_tf.results import read_file
+        from cpcfl_tf.records.files import read_file
 
         def load(path: Path) -> dict[str, str]:
             taken = json.loads(path.read_text())
@@ -218,7 +218,7 @@ class RecordStore:
     def keep_taken(self) -> None:
         """Add the runs taken from :attr:`reuse` to the folder's :attr:`TAKEN`, so that a
         report elsewhere finds them."""
-        from cpcfl_tf.results import write_json
+        from cpcfl_tf.records.files import write_json
 
         merged = {**self._taken_file, **{name: str(p) for name, p in self.reused.items()}}
         if merged != self._taken_file:
@@ -281,7 +281,7 @@ class RecordStore:
 
     @functools.cached_property
     def _here(self) -> dict:
-        """This machine's :func:`~cpcfl_tf.environment.environment`, read once, and only
+        """This machine's :func:`~cpcfl_tf.records.environment.environment`, read once, and only
         where there is a record to compare it with (it imports TensorFlow)."""
         return environment()
 

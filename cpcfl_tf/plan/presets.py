@@ -1,4 +1,4 @@
-"""The four presets: named, complete :class:`~cpcfl_tf.config.Config` s a script starts from.
+"""The four presets: named, complete :class:`~cpcfl_tf.plan.config.Config` s a script starts from.
 
 Presets (docs/presets-and-data.md):
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from cpcfl_tf.config import Config, DataConfig, FederatedConfig, PartitionConfig, PretrainConfig
+from cpcfl_tf.plan.config import Config, DataConfig, FederatedConfig, PartitionConfig, PretrainConfig
 from cpcfl_tf.errors import UserError
 
 
