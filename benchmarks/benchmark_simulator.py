@@ -198,8 +198,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                       peak_memory_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     if args.baseline_rounds:
         fl = run.federated
-        model = build_template(fl, shape[2:], 10)
-        pool = initial_pool(fl, model, None, seed=args.seed, attempt=0)
+        model = build_template(run, shape[2:], 10)
+        pool = initial_pool(run, model, None, seed=args.seed, attempt=0)
         to_float = lambda a: a.astype(np.float32) / 255.0  # noqa: E731
         times = []
         for _ in range(args.baseline_rounds):

@@ -84,8 +84,9 @@ runner = Runner("flower_simulation", config, sys.argv[2], verbose=0)
 from cpcfl_tf.clustered.simulator import run_federated
 from cpcfl_tf.records.record import write_record
 from cpcfl_tf.plan.resolve import resolve
-record, _ = run_federated(resolve(config), runner.data.clients(config),
-                          encoder_weights=runner.encoders(config), verbose=0)
+run = resolve(config)
+record, _ = run_federated(run, runner.data.clients(config),
+                          encoder_weights=runner.encoders(run), verbose=0)
 write_record(sys.argv[3], record)
 """
 

@@ -81,9 +81,10 @@ def round_flops(config, clients: int, train: int = TRAIN_IMAGES, test: int = 50)
     from cpcfl_tf.flops import count_flops
     from cpcfl_tf.plan.resolve import resolve
 
-    fl = resolve(config).federated
+    run = resolve(config)
+    fl = run.federated
     size = config.data.image_size
-    forward = count_flops(build_template(fl, (size, size, 3), 10))
+    forward = count_flops(build_template(run, (size, size, 3), 10))
     parts = {"training": 3 * forward * clients * train * fl.local_epochs,
              "selection": forward * fl.num_clusters * clients * train,
              "evaluation": forward * clients * test}
@@ -305,9 +306,10 @@ def time_kernels(config, clients: int) -> dict:
     from cpcfl_tf.clustered.pool import build_template
     from cpcfl_tf.plan.resolve import resolve
 
-    fl = resolve(config).federated
+    run = resolve(config)
+    fl = run.federated
     size = config.data.image_size
-    classifier = build_template(fl, (size, size, 3), 10)
+    classifier = build_template(run, (size, size, 3), 10)
     batches = batch_sizes(fl.batch_size)
     print(f"kernels: {clients} clients, batches {batches}", file=sys.stderr, flush=True)
     part = {"batches": batches, "onednn": onednn_enabled(),

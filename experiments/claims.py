@@ -26,7 +26,7 @@ from cpcfl_tf.plan.config import config_key
 from cpcfl_tf.methods.federated import PRETRAIN_METHODS
 from cpcfl_tf.running.report import markdown_table, replace_block
 from cpcfl_tf.running.runner import RunSpec
-from cpcfl_tf.running.script import Script, check_runner_options
+from cpcfl_tf.running.script import RunnerOptions, Script
 
 SCRIPT = Script(__file__, __doc__)
 ROOT = Path(__file__).resolve().parents[1]
@@ -170,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     # Everything is checked before any folder is touched; the output folder (where --run
     # makes runs) is prepared only when runs are made: judging a tree writes only into it.
-    check_runner_options(args)  # the options --run's runner takes, checked either way
+    options = RunnerOptions.of(args)  # what --run's runner takes, read and checked once
     config = resolve_config(args)
     wanted = [c.strip() for c in args.claims.split(",") if c.strip()]
     unknown = [c for c in wanted if c not in CLAIM_IDS]
@@ -186,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     out = Path(args.out or Path("results") / config.preset / SCRIPT.name)
     ev = Evidence(config, results, args.seeds, out)
     if args.run:
-        session = SCRIPT.session(args)
+        session = SCRIPT.session(args, options)
         make_missing(session, ev, chosen)
         ev = Evidence(config, results, args.seeds, session.out)
     judged = [ev.judge(c) for c in chosen]

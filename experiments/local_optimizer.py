@@ -96,7 +96,7 @@ def probe_for(runner: Runner, spec: RunSpec) -> RoundProbe:
     run = runner.plan_of(spec)
     clients = runner.data.clients(run.requested)
     fl = run.federated
-    template = build_template(fl, clients.test.images.shape[2:], clients.num_classes)
+    template = build_template(run, clients.test.images.shape[2:], clients.num_classes)
     return RoundProbe(runner.out / f"{spec.name}.rounds.json", clients,
                       backend_of(template, fl))
 

@@ -24,6 +24,14 @@ SCRIPT_FOLDERS = ("experiments", "benchmarks", "tools")
 maintenance tools."""
 
 
+def plan_of(preset: str = "smoke", **federated):
+    """The plan of ``preset`` with ``federated`` settings (the method's resolved N, Tc and
+    options: what the algorithm takes)."""
+    from cpcfl_tf.plan.presets import get_preset
+
+    return resolve(get_preset(preset).with_overrides(federated=federated))
+
+
 def script_path(name):
     """The file of script ``name``, in whichever of :data:`SCRIPT_FOLDERS` holds it."""
     (path,) = [p for folder in SCRIPT_FOLDERS if (p := ROOT / folder / f"{name}.py").exists()]
@@ -125,7 +133,7 @@ def _simulator(rounds, out, run):
 
     config = run_config({**run, "rounds": rounds})
     runner = Runner("flower", config, out, verbose=0)
-    return config, runner, runner.encoders(config)
+    return config, runner, runner.encoders(resolve(config))
 
 
 def simulated(run, rounds, out, dropped=None):

@@ -1,11 +1,11 @@
 """The algorithm's functions, against independent NumPy computations."""
-import dataclasses
 
 import numpy as np
 import pytest
 
 from cpcfl_tf.clustered import algorithm, restarts
 from cpcfl_tf.plan.resolve import resolve
+from helpers import plan_of
 
 RNG = np.random.default_rng(0)
 
@@ -100,17 +100,16 @@ def test_communication_cost_is_n_plus_one_s_per_client_and_round():
 
 @pytest.mark.parametrize("participation", [1.0, 0.5])
 def test_a_node_alone_selects_what_the_simulator_selects_for_it(participation):
-    from cpcfl_tf.plan.resolve import ResolvedFederated
-
-    fl = ResolvedFederated(num_clusters=3, head_rounds=2, participation=participation)
+    run = plan_of(method="cp-cfl", pretraining="simclr", num_clusters=3, head_rounds=2,
+                  participation=participation)
     losses = np.array([[0.5, 0.5, 0.9], [0.2, 0.1, 0.1], [0.3, 0.3, 0.3], [0.7, 0.2, 0.4],
                        [0.1, 0.1, 0.1], [0.4, 0.4, 0.0]])
     draws = []
     for t in range(20):
-        plan = algorithm.plan_round(fl, 0, 0, t, len(losses))
+        plan = algorithm.plan_round(run, 0, 0, t, len(losses))
         assert plan.head_only == (t < 2) == (plan.drawn is not None)
         assert len(plan.participants) == int(6 * participation)
-        again = algorithm.plan_round(fl, 0, 0, t, len(losses))  # recomputable anywhere
+        again = algorithm.plan_round(run, 0, 0, t, len(losses))  # recomputable anywhere
         assert np.array_equal(plan.participants, again.participants)
         assert not plan.head_only or np.array_equal(plan.drawn, again.drawn)
         mine = losses[plan.participants]
@@ -125,41 +124,34 @@ def test_a_node_alone_selects_what_the_simulator_selects_for_it(participation):
 
 
 def test_streams_and_restart_rule():
-    from cpcfl_tf.plan.resolve import ResolvedFederated
     from cpcfl_tf.clustered.algorithm import Stream, stream_seed
     from cpcfl_tf.clustered.restarts import should_restart
 
     assert stream_seed(3, 1, 7, Stream.BATCHES) == [3, 1, 7, 1]
     failed, fine = np.zeros(9, np.int64), np.repeat([0, 1, 2], 3)
-    ifca = ResolvedFederated(method="ifca", pretraining="none", restart_round=10,
-                             max_restarts=2, head_rounds=0)  # IFCA has no Tc phase
+    ifca = plan_of(method="ifca", pretraining="none", restart_round=10,
+                   max_restarts=2)  # IFCA has no Tc phase
+    assert ifca.head_rounds == 0
     assert should_restart(ifca, 10, 0, failed) and not should_restart(ifca, 10, 0, fine)
     assert not should_restart(ifca, 9, 0, failed) and not should_restart(ifca, 10, 2, failed)
-    assert not should_restart(ResolvedFederated(restart_round=10), 10, 0, failed)  # CP-CFL
+    cp_cfl = plan_of(method="cp-cfl", pretraining="simclr", restart_round=10, head_rounds=0)
+    assert not should_restart(cp_cfl, 10, 0, failed)
 
 
-def test_the_algorithm_takes_only_a_resolved_config():
+def test_the_algorithm_takes_the_plan():
     """A requested config would run FedAvg with three models and give IFCA a Tc phase:
-    the algorithm and the pool refuse it at once, saying what to pass."""
+    the algorithm takes the run's plan, which holds the config as the method runs it."""
     from cpcfl_tf.plan.presets import get_preset
-    from cpcfl_tf.clustered.pool import initial_pool
 
     requested = get_preset("smoke").with_overrides(federated={"method": "fedavg",
                                                               "pretraining": "none"})
     assert requested.federated.num_clusters == 3  # what would have run
-    assert resolve(requested).federated.num_clusters == 1
-    message = r"takes the resolved federated config \(resolve\(config\).federated"
-    with pytest.raises(TypeError, match=f"plan_round {message}"):
-        algorithm.plan_round(requested.federated, 0, 0, 0, 9)
-    with pytest.raises(TypeError, match=f"run_rounds {message}"):
-        algorithm.run_rounds(requested.federated, 0, None, None)
-    with pytest.raises(TypeError, match=f"initial_pool {message}"):
-        initial_pool(requested.federated, None, None, seed=0, attempt=0)
     plan = resolve(requested)
     assert (plan.requested, plan.num_models, plan.head_rounds) == (requested, 1, 0)
+    assert algorithm.plan_round(plan, 0, 0, 0, 9).num_models == 1
+    assert algorithm.sent_models(plan) == 1  # FedAvg sends its one model
     resolved = plan.config
     assert resolve(resolved).config is resolved  # a record's config is resolved already
-    assert algorithm.plan_round(resolved.federated, 0, 0, 0, 9).num_models == 1
     # a resolved config changed is a requested one again
     assert type(resolved.with_overrides(federated={"rounds": 2}).federated).__name__ == (
         "FederatedConfig")
@@ -170,17 +162,17 @@ def test_the_restart_check_reads_the_round_it_is_applied_after():
     3 (hand-worked: Tc + restart_round). A first attempt merged only in round 3, its last,
     restarts (so the runner makes it rather than take CP-CFL's run); one merged only in
     round 2, or one that never reaches round 3, does not."""
-    from cpcfl_tf.plan.config import FederatedConfig
     from cpcfl_tf.clustered.restarts import restart_check_round, would_restart
 
-    fl = FederatedConfig(method="cp-cfl-restart", rounds=3, head_rounds=1, restart_round=2,
-                         num_clusters=3)
+    settings = dict(pretraining="simclr", rounds=3, head_rounds=1, restart_round=2,
+                    num_clusters=3)
+    run = plan_of(method="cp-cfl-restart", **settings)
     groups, merged = [0, 0, 1, 1, 2, 2], [0, 0, 0, 0, 2, 2]
-    assert restart_check_round(fl) == 3
-    assert would_restart(fl, [groups, groups, merged])
-    assert not would_restart(fl, [groups, merged, groups])
-    assert not would_restart(fl, [groups, merged])
-    assert not would_restart(dataclasses.replace(fl, method="cp-cfl"), [groups, groups, merged])
+    assert restart_check_round(run.federated) == 3
+    assert would_restart(run, [groups, groups, merged])
+    assert not would_restart(run, [groups, merged, groups])
+    assert not would_restart(run, [groups, merged])
+    assert not would_restart(plan_of(method="cp-cfl", **settings), [groups, groups, merged])
 
 
 def _by_hand_median(a):
@@ -281,8 +273,8 @@ def test_a_run_aggregates_as_its_config_says():
             return {"cluster_ids": assigned.tolist()}
 
     def final(**federated):
-        fl = resolve(base.with_overrides(federated=federated)).federated
-        state, _ = algorithm.run_rounds(fl, 0, Three(), lambda attempt: algorithm.ServerState(
+        run = resolve(base.with_overrides(federated=federated))
+        state, _ = algorithm.run_rounds(run, 0, Three(), lambda attempt: algorithm.ServerState(
             0, [list(start)], num_encoder=0))
         return state.models[0][0]
 

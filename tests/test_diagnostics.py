@@ -5,9 +5,9 @@ twentieth of the way in the Tc phase, where only the head trains)."""
 import numpy as np
 import pytest
 
-from cpcfl_tf.plan.resolve import ResolvedFederated
 from cpcfl_tf.clustered import algorithm, diagnostics, restarts
 from cpcfl_tf.plan.resolve import resolve
+from helpers import plan_of
 
 TARGETS = np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, -1.0]])
 """Each true group's target point."""
@@ -45,22 +45,22 @@ def pool(*points):
     return algorithm.ServerState(0, [[np.array(p, np.float32)] for p in points], 0)
 
 
-def run(fl, start, diagnose=0):
+def rounds(plan, start, diagnose=0):
     federation = Points()
     history = []
     state, progress = algorithm.run_rounds(
-        fl, 0, federation, start, diagnose=diagnose,
+        plan, 0, federation, start, diagnose=diagnose,
         on_round=lambda record, state, progress: history.append(record))
     return federation, progress, history
 
 
 def test_near_equal_models_make_two_groups_pick_one_and_the_diagnostic_shows_it():
-    fl = ResolvedFederated(method="ifca", pretraining="none", rounds=6, head_rounds=0,
-                         num_clusters=3, max_restarts=0)
+    plan = plan_of(method="ifca", pretraining="none", rounds=6, num_clusters=3,
+                   max_restarts=0)
     # Heads left nearly alike (as random picks for Tc rounds leave them): groups 0 and 1
     # are a hair closer to model 0 than to models 2 and 1, group 2 to model 1.
-    _, progress, history = run(fl, lambda a: pool((0.01, 0.01), (-0.01, -0.01), (0.0, -0.02)),
-                               diagnose=2)
+    _, progress, history = rounds(plan, lambda a: pool((0.01, 0.01), (-0.01, -0.01),
+                                                       (0.0, -0.02)), diagnose=2)
     first = history[0]["selection"]
     losses = np.array(first["losses"])
     expected = np.square(TARGETS[GROUPS][:, None] - np.array(
@@ -77,9 +77,10 @@ def test_near_equal_models_make_two_groups_pick_one_and_the_diagnostic_shows_it(
 
 
 def test_distinct_models_keep_the_groups_apart_with_wide_margins():
-    fl = ResolvedFederated(method="ifca", pretraining="none", rounds=4, head_rounds=0,
-                         num_clusters=3, max_restarts=0)
-    _, _, history = run(fl, lambda a: pool((0.9, 0.0), (0.0, 0.9), (-0.9, -0.9)), diagnose=1)
+    plan = plan_of(method="ifca", pretraining="none", rounds=4, num_clusters=3,
+                   max_restarts=0)
+    _, _, history = rounds(plan, lambda a: pool((0.9, 0.0), (0.0, 0.9), (-0.9, -0.9)),
+                           diagnose=1)
     assert min(history[0]["selection"]["margins"]) > 1.0
     assert diagnostics.merges(GROUPS, [r["cluster_ids"] for r in history]) == []
 
@@ -98,8 +99,8 @@ def test_merges_date_the_round_from_which_two_groups_share_a_model_for_good():
 
 
 def test_cp_cfl_restart_starts_over_with_the_tc_phase_and_counts_the_failed_attempt():
-    fl = ResolvedFederated(method="cp-cfl-restart", pretraining="simclr", rounds=7,
-                         head_rounds=2, num_clusters=3, restart_round=2, max_restarts=3)
+    plan = plan_of(method="cp-cfl-restart", pretraining="simclr", rounds=7, head_rounds=2,
+                   num_clusters=3, restart_round=2, max_restarts=3)
     # Attempt 0: heads that merge groups 0 and 1 (and leave model 2 empty); attempt 1:
     # heads apart. The Tc phase's random picks are replaced by the pool's nearest choice
     # only from round 3 on, so what attempt 0 ends with is decided by its heads.
@@ -110,8 +111,8 @@ def test_cp_cfl_restart_starts_over_with_the_tc_phase_and_counts_the_failed_atte
         state = starts[attempt]
         return algorithm.ServerState(0, [list(m) for m in state.models], 0)
 
-    federation, progress, history = run(fl, start)
-    check = restarts.restart_check_round(fl)
+    federation, progress, history = rounds(plan, start)
+    check = restarts.restart_check_round(plan.federated)
     assert check == 4  # Tc + restart_round
     assert progress.attempt == 1
     # the curve is the kept attempt's: rounds 1..7 once
@@ -131,10 +132,11 @@ def test_the_failure_test_comes_restart_round_rounds_after_the_clients_choose(
         method, pretraining, check):
     from cpcfl_tf.plan.presets import get_preset
 
-    fl = resolve(get_preset("quick").with_overrides(federated={
-        "method": method, "pretraining": pretraining})).federated
+    run = resolve(get_preset("quick").with_overrides(federated={
+        "method": method, "pretraining": pretraining}))
+    fl = run.federated
     assert restarts.restart_check_round(fl) == check
     failed = np.zeros(9, np.int64)
-    assert restarts.should_restart(fl, check, 0, failed)
-    assert not any(restarts.should_restart(fl, r, 0, failed) for r in range(1, 41)
+    assert restarts.should_restart(run, check, 0, failed)
+    assert not any(restarts.should_restart(run, r, 0, failed) for r in range(1, 41)
                    if r != check)

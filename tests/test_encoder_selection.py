@@ -59,8 +59,10 @@ def test_every_candidate_is_scored_and_the_best_by_linear_accuracy_is_selected(s
 
 def test_runs_start_from_the_selected_encoders_with_encoders_from(selection, tmp_path):
     out, stored = selection
+    from cpcfl_tf.running.cli import read_selection
+
     runner = Runner("table2", get_preset("smoke"), tmp_path, verbose=0,
-                    selection=out / "encoder_selection.json")
+                    selection=read_selection(out / "encoder_selection.json"))
     for seed in (0, 1):
         config = runner.config_of(RunSpec("cp-cfl-simclr", "cp-cfl", "simclr", seed=seed))
         assert config.pretrain.settings("simclr")["projector_dim"] == \
@@ -70,7 +72,7 @@ def test_runs_start_from_the_selected_encoders_with_encoders_from(selection, tmp
     with pytest.raises(UserError, match="selected no byol encoder for seed 0"):
         runner.config_of(RunSpec("cp-cfl-byol", "cp-cfl", "byol", seed=0))
     with pytest.raises(UserError, match="not an encoder selection"):
-        Runner("x", get_preset("smoke"), tmp_path, selection=out / "seed0-cp-cfl-simclr.json")
+        read_selection(out / "seed0-cp-cfl-simclr.json")
 
 
 @pytest.mark.parametrize("args,message", [

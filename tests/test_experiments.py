@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from cpcfl_tf.plan.presets import get_preset
+from cpcfl_tf.plan.resolve import resolve
 from cpcfl_tf.errors import UserError
 from helpers import ROOT, SCRIPT_FOLDERS, script, script_path
 
@@ -63,7 +64,7 @@ def test_linear_eval_scores_random_and_pretrained_encoders(tmp_path):
 
     config = get_preset("smoke").with_overrides(federated={"pretraining": "simclr"})
     assert record["rows"][1]["encoder_fingerprint"] == weights_fingerprint(
-        StartingEncoders(verbose=0)(config))
+        StartingEncoders(verbose=0)(resolve(config)))
 
 
 @pytest.mark.parametrize("name,args,message", [

@@ -36,11 +36,11 @@ def one_round_by_hand(clients, fl, ids):
     from cpcfl_tf.clustered.local import LocalTraining, batch_orders, stack_models
     from cpcfl_tf.clustered.pool import build_template, initial_pool
 
-    template = build_template(fl, clients.train.images.shape[2:], clients.num_classes)
+    template = build_template(run, clients.train.images.shape[2:], clients.num_classes)
     backend = backend_of(template, fl)
-    pool = initial_pool(fl, template, None, seed=0, attempt=0)
+    pool = initial_pool(run, template, None, seed=0, attempt=0)
     n = clients.train.num_clients
-    plan = algorithm.plan_round(fl, 0, 0, 0, n, ids)
+    plan = algorithm.plan_round(run, 0, 0, 0, n, ids)
     return backend.train(stack_models(pool), ids, clients.train,
                          batch_orders(n, clients.train.size, fl.local_epochs, plan.batch_seed),
                          algorithm.trains_encoder(fl, plan), LocalTraining.of(fl))
@@ -130,12 +130,19 @@ def _replies(start, ids, updates):
                              [trained.astype(np.float32)])
 
 
-def _cfl(**options):
+def _stepping(**fl):
+    """What the round's server step reads of a plan, for the settings ``fl`` (a stand-in
+    naming the method and its options): its method's rule and those settings."""
     from types import SimpleNamespace
 
-    return SimpleNamespace(method="cfl", options={"eps1": 0.4, "eps2": 1.6, "split_after": 20,
-                                                  "min_split_size": 3, "max_cross": 1.0,
-                                                  **options})
+    from cpcfl_tf.methods.federated import METHODS
+
+    return SimpleNamespace(federated=SimpleNamespace(**fl), rule=METHODS[fl["method"]].rule)
+
+
+def _cfl(**options):
+    return _stepping(method="cfl", options={"eps1": 0.4, "eps2": 1.6, "split_after": 20,
+                                            "min_split_size": 3, "max_cross": 1.0, **options})
 
 
 def test_cfl_splits_three_groups_apart_in_two_steps():
@@ -242,9 +249,7 @@ def test_fl_hc_clusters_once_at_its_round_and_resumes(clients, tmp_path):
 def test_fl_hc_round_models_start_from_the_global_model():
     """At the clustering round every cluster's model is the average of its members'
     updates of the one global model (no cluster starts elsewhere)."""
-    from types import SimpleNamespace
-
-    fl = SimpleNamespace(method="fl-hc", num_clusters=3, options={"cluster_round": 4})
+    fl = _stepping(method="fl-hc", num_clusters=3, options={"cluster_round": 4})
     truth = np.repeat([0, 1, 2], 3)
     moves = np.array([[3.0, 0, 0], [0, 3.0, 0], [0, 0, 3.0]])[truth]
     moves += 0.05 * np.random.default_rng(0).normal(size=moves.shape)
@@ -382,9 +387,7 @@ def test_the_cfl_and_pacfl_defaults_are_what_the_committed_calibration_derived()
 
 
 def _fedgroup():
-    from types import SimpleNamespace
-
-    return SimpleNamespace(method="fedgroup", num_clusters=3, options=None)
+    return _stepping(method="fedgroup", num_clusters=3, options=None)
 
 
 def test_fedgroup_groups_by_decomposed_cosines_at_the_cold_start_and_keeps_them():
@@ -442,9 +445,10 @@ def test_the_features_rule_puts_clear_groups_apart_where_near_alike_heads_merge_
     centres = rng.normal(size=(3, 16))
     answers = [clustering.mean_embedding(centres[g] + 0.05 * rng.normal(size=(20, 16)))
                for g in truth]
-    fl = resolve(SMOKE.with_overrides(federated={"method": "cp-cfl-features", "pretraining": "simclr",
+    run = resolve(SMOKE.with_overrides(federated={"method": "cp-cfl-features", "pretraining": "simclr",
                                          "num_clusters": 3, "head_rounds": 2}
-                              )).federated
+                              ))
+    fl = run.federated
     losses = 2.30 + 0.001 * rng.random((9, 3))
     losses[truth < 2, 0] -= 0.01
     losses[truth == 2, 1] -= 0.01
@@ -474,13 +478,14 @@ def test_cp_cfl_features_takes_its_first_choice_from_the_encoders_features(clien
 
     config = SMOKE.with_overrides(federated={"method": "cp-cfl-features", "pretraining": "simclr",
                                              "rounds": 3, "head_rounds": 1})
-    encoder = Runner("features", config, tmp_path, verbose=0).encoders(config)
+    encoder = Runner("features", config, tmp_path, verbose=0).encoders(resolve(config))
     record, _ = run_federated(resolve(config), clients, encoder_weights=encoder, verbose=0)
     plain, _ = run_federated(resolve(config.with_overrides(federated={"method": "cp-cfl"})),
                              clients, encoder_weights=encoder, verbose=0)
     assert record.rounds[0].cluster_ids == plain.rounds[0].cluster_ids
-    fl = resolve(config).federated
-    model = build_template(fl, clients.train.images.shape[2:], clients.num_classes)
+    run = resolve(config)
+    fl = run.federated
+    model = build_template(run, clients.train.images.shape[2:], clients.num_classes)
     net = model.get_layer("encoder")
     net.set_weights(encoder)
     means = []

@@ -380,8 +380,8 @@ def test_a_scored_round_scores_each_node_with_its_model_or_the_one_it_would_choo
 
     run = {"num-clients": 3, "method": "ifca", "pretraining": "none", "num-clusters": 3,
            "rounds": 8, "set": "federated.eval_every=3"}
-    fl = resolve(run_config(run)).federated
-    pool = initial_pool(fl, build_template(fl, (32, 32, 3), 10), None, seed=0, attempt=0)
+    plan = resolve(run_config(run))
+    pool = initial_pool(plan, build_template(plan, (32, 32, 3), 10), None, seed=0, attempt=0)
     # Model k all but always says class (3, 0, 5)[k]: client 1 holds 2, 0 and 8 of those.
     pool = [[*m[:-1], 20 * np.eye(10, dtype=np.float32)[c]] for m, c in zip(pool, (3, 0, 5))]
     contexts = {10 + k: Context(run_id=1, node_id=10 + k, node_config={"partition-id": k},
@@ -402,10 +402,10 @@ def test_a_scored_round_scores_each_node_with_its_model_or_the_one_it_would_choo
 
     monkeypatch.setattr(remote, "send", send)
     grid = SimpleNamespace(get_node_ids=lambda: [10, 11, 12])
-    nodes = remote.Nodes(grid, {10: 0, 11: 1, 12: 2}, 3, 1.0, fl)
+    nodes = remote.Nodes(grid, {10: 0, 11: 1, 12: 2}, 3, 1.0, plan)
     trained = algorithm.Replies(np.array([0]), np.array([2]), np.array([1.0]), [], [])
     assigned = np.array([2, -1, -1])  # client 0 took part; 1 and 2 have not yet
-    assert [r for r in range(1, 9) if fl.scored(r)] == [2, 3, 4, 6, 8]  # quarters, 3s, last
+    assert [r for r in range(1, 9) if plan.federated.scored(r)] == [2, 3, 4, 6, 8]  # quarters, 3s, last
     assert "accuracy" not in nodes.observe(pool, assigned, trained, 1) and not sent
 
     record = nodes.observe(pool, assigned, trained, 3)
@@ -613,8 +613,8 @@ def test_the_server_averages_each_cluster_by_the_nodes_example_counts(monkeypatc
     from cpcfl_tf.flower import remote
     from cpcfl_tf.flower.common import run_config, to_record
 
-    fl = resolve(run_config({"num-clients": 3, "method": "ifca", "pretraining": "none",
-                     "num-clusters": 2, "rounds": 2})).federated
+    run = resolve(run_config({"num-clients": 3, "method": "ifca", "pretraining": "none",
+                              "num-clusters": 2, "rounds": 2}))
     rng = np.random.default_rng(0)
     pool = [[rng.normal(size=(3, 2)).astype(np.float32), rng.normal(size=2).astype(np.float32)]
             for _ in range(2)]
@@ -629,8 +629,8 @@ def test_the_server_averages_each_cluster_by_the_nodes_example_counts(monkeypatc
 
     monkeypatch.setattr(remote, "send", send)
     grid = SimpleNamespace(get_node_ids=lambda: [10, 11, 12])
-    nodes = remote.Nodes(grid, {10: 0, 11: 1, 12: 2}, 3, 1.0, fl)
-    plan = algorithm.plan_round(fl, 0, 0, 0, 3)
+    nodes = remote.Nodes(grid, {10: 0, 11: 1, 12: 2}, 3, 1.0, run)
+    plan = algorithm.plan_round(run, 0, 0, 0, 3)
     replies = nodes.train(pool, plan)
     assert replies.sizes.tolist() == [10, 30, 7]
     state = algorithm.aggregate(algorithm.ServerState(0, pool, 1), replies.weights,

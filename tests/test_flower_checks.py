@@ -114,10 +114,10 @@ def federation(tmp_path_factory):
         def __init__(self, **kwargs):
             self.kwargs = kwargs
 
-        def __call__(self, config):
-            key = config_key(config)
+        def __call__(self, run):
+            key = config_key(run.requested)
             if key not in encoders:
-                encoders[key] = load(**self.kwargs)(config)
+                encoders[key] = load(**self.kwargs)(run)
             return encoders[key]
     handlers = {name: replay.wrap(getattr(client_app, name))
                 for name in ("train", "evaluate", "query")}

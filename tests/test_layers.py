@@ -48,8 +48,9 @@ def _inside():
         # takes its place here without an edit.
         "pretraining": ("losses", "model", *ssl, "pretrain", "fedavg_ssl",
                         *federated, "federated_pretrain", "linear_eval", "knn", "timing"),
-        "running": ("cli", "report", "compare", "run_data", "runner", "script"),
-        "evidence": ("dataset_pairs", "judge", "plots", "catalogue", "claims", "engine"),
+        "running": ("cli", "report", "compare", "run_data", "taking", "runner", "script"),
+        "evidence": ("dataset_pairs", "judge", "plots", "reliability", "catalogue", "claims",
+                     "engine"),
     }
 
 

@@ -16,8 +16,13 @@ from cpcfl_tf.plan.resolve import resolve
 
 def federated(method: str, pretraining: str, **fields):
     """The quick preset's federated section for ``method`` as it runs (15 clients, 3 groups)."""
+    return plan(method, pretraining, **fields).federated
+
+
+def plan(method: str, pretraining: str, **fields):
+    """The quick preset's plan for ``method`` (15 clients, 3 groups)."""
     return resolve(get_preset("quick").with_overrides(
-        federated={"method": method, "pretraining": pretraining, **fields})).federated
+        federated={"method": method, "pretraining": pretraining, **fields}))
 
 
 @pytest.mark.parametrize("method, pretraining, models, tc", [
@@ -52,8 +57,8 @@ def test_a_start_the_method_cannot_use_is_refused_in_one_line():
 def test_only_ifca_restarts():
     failed = np.zeros(15, np.int64)  # every client in cluster 0
     for name in ("fedavg", "ifca", "cp-cfl"):
-        fl = federated(name, "simclr" if name == "cp-cfl" else "none")
-        assert should_restart(fl, fl.restart_round, 0, failed) == (name == "ifca")
+        run = plan(name, "simclr" if name == "cp-cfl" else "none")
+        assert should_restart(run, run.federated.restart_round, 0, failed) == (name == "ifca")
 
 
 def test_a_new_method_is_one_entry(monkeypatch):
@@ -62,9 +67,9 @@ def test_a_new_method_is_one_entry(monkeypatch):
     entry = dataclasses.replace(METHODS["ifca"], name="ifca-tc", label="IFCA-Tc",
                                 restarts=False, head_phase=True)
     monkeypatch.setitem(METHODS, "ifca-tc", entry)
-    fl = federated("ifca-tc", "simclr", head_rounds=10)
-    assert (fl.num_clusters, fl.head_rounds) == (3, 10)
-    assert not should_restart(fl, fl.restart_round, 0, np.zeros(15, np.int64))
+    run = plan("ifca-tc", "simclr", head_rounds=10)
+    assert (run.num_models, run.head_rounds) == (3, 10)
+    assert not should_restart(run, run.federated.restart_round, 0, np.zeros(15, np.int64))
     assert run_label("ifca-tc", "simclr") == "IFCA-Tc (SimCLR)"
 
 

@@ -68,6 +68,7 @@ from pathlib import Path
 import numpy as np
 
 from cpcfl_tf.plan.presets import get_preset
+from cpcfl_tf.plan.resolve import resolve
 from cpcfl_tf.pretraining.linear_eval import linear_eval
 from cpcfl_tf.data.sources import load_labeled
 from cpcfl_tf.clustered.metrics import cluster_ari
@@ -78,7 +79,7 @@ smoke = get_preset("smoke")
 config = smoke.with_overrides(federated={"method": "cp-cfl", "pretraining": "toy-simclr",
                                          "rounds": 2, "head_rounds": 1})
 runner = Runner("plugins", smoke, out, verbose=0)
-encoder = runner.encoders(config)
+encoder = runner.encoders(resolve(config))
 # The toy method's encoder, evaluated as the kit evaluates any: a linear head on frozen
 # features of labeled digits, against the same encoder's random initialisation.
 import keras

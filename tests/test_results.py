@@ -107,9 +107,9 @@ def test_cached_pretrained_encoders_are_loaded_without_reading_any_image(cache):
         return load_pretrain_images(config.data)
 
     config = SMOKE.with_overrides(federated={"pretraining": "byol"})
-    first = StartingEncoders(unlabeled=unlabeled, verbose=0)(config)
+    first = StartingEncoders(unlabeled=unlabeled, verbose=0)(resolve(config))
     assert loads == ["digits"]
-    again = StartingEncoders(unlabeled=unlabeled, verbose=0)(config)  # a new script
+    again = StartingEncoders(unlabeled=unlabeled, verbose=0)(resolve(config))  # a new script
     assert loads == ["digits"]
     for a, b in zip(first, again):
         np.testing.assert_array_equal(a, b)
@@ -122,10 +122,10 @@ def test_each_seed_pre_trains_its_own_encoder(cache):
 
     encoders = StartingEncoders(verbose=0)
     config = SMOKE.with_overrides(federated={"pretraining": "simclr"})
-    seed0, seed1 = encoders(config), encoders(config.with_overrides(seed=1))
+    seed0, seed1 = encoders(resolve(config)), encoders(resolve(config.with_overrides(seed=1)))
     assert len(list(cache.rglob("pretrain.json"))) == 2
     assert any(not np.array_equal(a, b) for a, b in zip(seed0, seed1))
-    again = encoders(config.with_overrides(federated={"num_clusters": 2}))
+    again = encoders(resolve(config.with_overrides(federated={"num_clusters": 2})))
     assert len(list(cache.rglob("pretrain.json"))) == 2
     for a, b in zip(seed0, again):
         np.testing.assert_array_equal(a, b)
@@ -265,7 +265,7 @@ def test_the_starting_encoders_of_a_tree_move_to_another_machines_cache(cache, t
 
     tool = script("encoders")
     config = SMOKE.with_overrides(federated={"pretraining": "simclr"})
-    simclr = StartingEncoders(verbose=0)(config)
+    simclr = StartingEncoders(verbose=0)(resolve(config))
     ifca = SMOKE.with_overrides(federated={"method": "ifca", "pretraining": "fedavg"})
     StartingEncoders(verbose=0).keep_fedavg(ifca, [np.arange(6.0).reshape(2, 3)])
     (fedavg_file,) = (cache / "fedavg").iterdir()

@@ -40,10 +40,10 @@ def test_the_pool_and_the_pretraining_model_are_the_quiet_builds_while_a_thread_
     from cpcfl_tf.pretraining.pretrain import build_contrastive_model
 
     config = get_preset("smoke")
-    fl = resolve(config).federated
+    run = resolve(config)
     # Plain Keras in a quiet process: seed, then build.
     keras.utils.set_random_seed(11)
-    quiet_pool = pool.build_template(fl, (32, 32, 3), 10).get_weights()
+    quiet_pool = pool.build_template(run, (32, 32, 3), 10).get_weights()
     quiet_model = build_contrastive_model(config.pretrain, (32, 32, 3), method="byol",
                                           seed=12).get_weights()
     # The same plain build while the thread draws gets other weights (what the kit did
@@ -51,12 +51,12 @@ def test_the_pool_and_the_pretraining_model_are_the_quiet_builds_while_a_thread_
     with beating():
         for _ in range(5):
             keras.utils.set_random_seed(11)
-            if not _same(pool.build_template(fl, (32, 32, 3), 10).get_weights(), quiet_pool):
+            if not _same(pool.build_template(run, (32, 32, 3), 10).get_weights(), quiet_pool):
                 break
         else:
             raise AssertionError("the drawing thread never moved a plain seeded build")
         pool._DRAWN.clear()  # built now, not taken from an earlier test's draw
-        drawn = pool.drawn_classifier(fl, (32, 32, 3), 10, 11)
+        drawn = pool.drawn_classifier(run, (32, 32, 3), 10, 11)
         model = build_contrastive_model(config.pretrain, (32, 32, 3), method="byol",
                                         seed=12).get_weights()
     assert _same(drawn, quiet_pool)

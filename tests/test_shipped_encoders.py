@@ -7,6 +7,7 @@ import tarfile
 import pytest
 
 from cpcfl_tf.plan.presets import get_preset
+from cpcfl_tf.plan.resolve import resolve
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.methods.ssl import SSL_METHODS
 from helpers import ROOT, script
@@ -50,7 +51,7 @@ def test_unpacked_they_are_found_by_every_script_without_pre_training(tmp_path, 
     encoders = StartingEncoders(unlabeled=no_images, verbose=0)
     for method, fingerprint in fingerprints.items():
         config = get_preset("quick").with_overrides(federated={"pretraining": method})
-        assert weights_fingerprint(encoders(config)) == fingerprint
+        assert weights_fingerprint(encoders(resolve(config))) == fingerprint
 
 
 def test_a_damaged_shipped_encoder_is_refused_in_one_line_and_nothing_is_cached(tmp_path,

@@ -263,14 +263,14 @@ def test_encoder_epochs_1_trains_the_encoder_in_the_first_local_epoch_only(clien
     from cpcfl_tf.clustered.backends import backend_of
     from cpcfl_tf.clustered.pool import build_template, initial_pool
 
-    fl = resolve(config(local_epochs=3, encoder_epochs=1, head_rounds=0,
-                backend=backend)).federated
-    template = build_template(fl, clients.train.images.shape[2:], clients.num_classes)
+    run = resolve(config(local_epochs=3, encoder_epochs=1, head_rounds=0, backend=backend))
+    fl = run.federated
+    template = build_template(run, clients.train.images.shape[2:], clients.num_classes)
     trainer = backend_of(template, fl)
-    pool = stack_models(initial_pool(fl, template, encoder, seed=0, attempt=0))
+    pool = stack_models(initial_pool(run, template, encoder, seed=0, attempt=0))
     ids = np.arange(9) % fl.num_clusters
     orders = batch_orders(9, clients.train.size, 3, [0, 0, 1])
-    plan = algorithm.plan_round(fl, 0, 0, 0, 9)
+    plan = algorithm.plan_round(run, 0, 0, 0, 9)
     assert algorithm.trains_encoder(fl, plan) == [True, False, False]
     local = LocalTraining.of(fl)
     three = trainer.train(pool, ids, clients.train, orders, [True, False, False], local)
@@ -413,13 +413,13 @@ def test_an_ifca_restart_starts_a_new_pool_and_a_resume_after_it_gives_the_same_
     assert [r for r, _ in seen] == [1, 2, 1, 2, 1, 2, 3]  # each attempt counts from 1
     assert [r.round for r in whole.rounds] == [1, 2, 3]  # only the kept attempt
     assert whole.final.bytes_up == (3 + 2 * 2) * 9 * whole.final.model_bytes
-    fl = resolve(c).federated
-    template = build_template(fl, clients.train.images.shape[2:], clients.num_classes)
+    run = resolve(c)
+    template = build_template(run, clients.train.images.shape[2:], clients.num_classes)
     for at, attempt in ((1, 1), (3, 2)):  # the pool right after each restart: the attempt's own
-        fresh = initial_pool(fl, template, None, seed=c.seed, attempt=attempt)
+        fresh = initial_pool(run, template, None, seed=c.seed, attempt=attempt)
         for got, want in zip(seen[at][1], fresh):
             assert all(np.array_equal(a, b) for a, b in zip(got, want))
-    first = initial_pool(fl, template, None, seed=c.seed, attempt=0)
+    first = initial_pool(run, template, None, seed=c.seed, attempt=0)
     assert not np.array_equal(first[0][0], seen[1][1][0][0])
 
     checkpoint, count = tmp_path / "run.npz", []
@@ -449,11 +449,12 @@ def test_the_initial_pool_is_what_a_seeded_keras_build_draws_whatever_ran_before
         return build_classifier(encoder, build_classifier_head(fl.head, 256, 10)).get_weights()
 
     for head in ("c", "c-1"):
-        fl = resolve(config(method="ifca", pretraining="none", head=head)).federated
-        template = build_template(fl, (32, 32, 3), 10)
+        run = resolve(config(method="ifca", pretraining="none", head=head))
+        fl = run.federated
+        template = build_template(run, (32, 32, 3), 10)
         for seed, attempt in ((0, 0), (0, 1), (4, 0), (0, 0)):
             np.random.default_rng().random(3), tf.random.uniform((3,)), keras.random.normal((2,))
-            pool = initial_pool(fl, template, None, seed=seed, attempt=attempt)
+            pool = initial_pool(run, template, None, seed=seed, attempt=attempt)
             for n, weights in enumerate(pool):
                 want = built(fl, algorithm.init_seed(seed, attempt, n))
                 assert [w.shape for w in weights] == [w.shape for w in want]
@@ -462,7 +463,7 @@ def test_the_initial_pool_is_what_a_seeded_keras_build_draws_whatever_ran_before
             pool[0][0][...] = 7  # a caller changing its arrays changes no later pool
         k = len(template.get_layer("encoder").weights)
         encoder = [np.full_like(w, 0.5) for w in pool[0][:k]]
-        with_encoder = initial_pool(fl, template, encoder, seed=0, attempt=0)
+        with_encoder = initial_pool(run, template, encoder, seed=0, attempt=0)
         for n, weights in enumerate(with_encoder):
             assert all(np.array_equal(a, b) for a, b in zip(weights[:k], encoder))
             assert all(np.array_equal(a, b) for a, b in zip(
@@ -623,8 +624,9 @@ def test_cp_cfl_restart_that_never_restarts_is_cp_cfl_and_the_diagnostic_changes
     assert variant.final.accuracy == plain.final.accuracy
     assert [r.selection is not None for r in variant.rounds] == [False, True, True, False]
     # round 2's losses are those of round 1's pool on each client's training data
-    fl = resolve(config(rounds=4, head_rounds=1)).federated
-    template = build_template(fl, clients.train.images.shape[2:], clients.num_classes)
+    run = resolve(config(rounds=4, head_rounds=1))
+    fl = run.federated
+    template = build_template(run, clients.train.images.shape[2:], clients.num_classes)
     rounds = []
     run_federated(resolve(config(rounds=2, head_rounds=1)), clients, encoder_weights=encoder,
                   verbose=0, on_round=lambda record, state: rounds.append(state.models))
@@ -648,8 +650,9 @@ def test_a_run_traces_the_forward_pass_once_and_a_second_run_traces_nothing(
     from cpcfl_tf.clustered.pool import build_template
 
     c = config(rounds=6, head_rounds=4)
-    fl = resolve(c).federated
-    template = build_template(fl, clients.train.images.shape[2:], clients.num_classes)
+    run = resolve(c)
+    fl = run.federated
+    template = build_template(run, clients.train.images.shape[2:], clients.num_classes)
     backend = backend_of(template, fl)
     functions = {"logits": backend._logits, "gradients": backend._grads}
     with caplog.at_level("WARNING", logger="tensorflow"):

@@ -252,6 +252,8 @@ def test_clustering_reliability_counts_rates_shares_encoders_and_explains_merges
     from cpcfl_tf.evidence.judge import clopper_pearson
     from cpcfl_tf.records.record import read_record
 
+    from cpcfl_tf.evidence import reliability as study
+
     reliability = script("clustering_reliability")
     out = tmp_path / "out"
     readme = Path(__file__).parents[1] / "results" / "README.md"
@@ -287,7 +289,7 @@ def test_clustering_reliability_counts_rates_shares_encoders_and_explains_merges
         assert (method["found"], method["runs"]) == (found, 2)
         assert method["ci95"] == pytest.approx(list(clopper_pearson(found, 2)))
     # the remedies paired by run in ending with the true groups: 1 or 0 per run, each
-    groups = summary["links"][reliability.GROUPS_LINK]
+    groups = summary["links"][study.GROUPS_LINK]
     assert groups["per_seed"] == {str(r): float(
         records[f"run{r}-cp-cfl-features-simclr"].final.ari == 1.0) - float(
         records[f"run{r}-cp-cfl-restart-simclr"].final.ari == 1.0) for r in range(2)}
@@ -305,8 +307,8 @@ def test_clustering_reliability_counts_rates_shares_encoders_and_explains_merges
     assert ("2 runs of CP-CFL+restart are CP-CFL's runs of the same config: its restart rule "
             "never fired in them") in report
     assert "\n".join(["What it shows (written from the tables above):", "",
-                      *(f"- {line}" for line in reliability.findings(summary))]) in report
-    assert summary["table"][-1] == f"- {reliability.findings(summary)[-1]}"  # README's block
+                      *(f"- {line}" for line in study.findings(summary))]) in report
+    assert summary["table"][-1] == f"- {study.findings(summary)[-1]}"  # README's block
     merged = [n for n, r in records.items() if r.final.ari < 1]
     for name in merged:  # every run that missed the groups is listed, with its margins
         index = name.split("-")[0][3:]
@@ -344,7 +346,7 @@ def test_clustering_reliability_counts_rates_shares_encoders_and_explains_merges
 
 
 def test_what_the_reliability_study_shows_is_written_from_its_summary():
-    reliability = script("clustering_reliability")
+    from cpcfl_tf.evidence import reliability
 
     def method(found, runs, acc_found, acc_not, merged_from=(), restarts=0, mb=100.0):
         from cpcfl_tf.evidence.judge import clopper_pearson
@@ -568,10 +570,10 @@ def test_the_reliability_study_pairs_only_runs_from_the_same_encoder_bits():
     # same experiment as one from the committed encoder, and is left out of the pairs.
     from types import SimpleNamespace
 
-    reliability = script("clustering_reliability")
+    from cpcfl_tf.evidence import reliability
 
     def run(pretraining, bits):
-        return SimpleNamespace(pretraining=pretraining,
+        return SimpleNamespace(pretraining=pretraining, from_random_weights=pretraining == "none",
                                environment={"starting_encoder": bits})
 
     a = {0: run("simclr", "aa"), 1: run("simclr", "bb"), 2: run("simclr", "cc"),
@@ -587,11 +589,12 @@ def test_a_remedys_worst_run_and_its_merges_are_paired_by_run():
     found, in run 2 both found them; a run of another encoder is left out."""
     from types import SimpleNamespace
 
-    reliability = script("clustering_reliability")
+    from cpcfl_tf.evidence import reliability
 
     def run(accuracy, ari, encoder="e"):
         return SimpleNamespace(final=SimpleNamespace(accuracy=accuracy, ari=ari),
-                               pretraining="simclr", environment={"starting_encoder": encoder})
+                               pretraining="simclr", from_random_weights=False,
+                               environment={"starting_encoder": encoder})
 
     plain = {0: run(0.80, 0.5), 1: run(0.92, 1.0), 2: run(0.90, 1.0), 3: run(0.5, 1.0)}
     remedy = {0: run(0.81, 1.0), 1: run(0.80, 0.6), 2: run(0.90, 1.0), 3: run(0.1, 0.2, "x")}

@@ -23,9 +23,8 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from cpcfl_tf.plan.resolve import resolved_only
+from cpcfl_tf.plan.resolve import RunPlan
 from cpcfl_tf.clustered.diagnostics import diagnosed, selection_record
-from cpcfl_tf.methods.federated import METHODS
 from cpcfl_tf.clustered.restarts import cluster_sizes, should_restart
 
 Weights = list[np.ndarray]
@@ -111,12 +110,12 @@ class RoundPlan:
         return rng
 
 
-def plan_round(fl, seed: int, attempt: int, t: int, num_clients: int,
+def plan_round(run: RunPlan, seed: int, attempt: int, t: int, num_clients: int,
                assignment: np.ndarray | None = None) -> RoundPlan:
-    """Round ``t`` (0-based) of restart ``attempt``: who takes part (a ``fl.participation``
-    share, everyone by default) and the model of each participant: the server's
-    ``assignment`` if it assigns, else for ``t < Tc`` a random draw."""
-    resolved_only(fl, "plan_round")
+    """Round ``t`` (0-based) of restart ``attempt`` of ``run``: who takes part (a
+    ``participation`` share, everyone by default) and the model of each participant: the
+    server's ``assignment`` if it assigns, else for ``t < Tc`` a random draw."""
+    fl = run.federated
     rng = round_rng(seed, attempt, t, Stream.SELECTION)
     take = max(1, int(round(fl.participation * num_clients)))
     part = (np.arange(num_clients) if take == num_clients
@@ -263,14 +262,14 @@ def aggregate(state: ServerState, client_weights: Sequence[np.ndarray], cluster_
     return dataclasses.replace(state, round=state.round + 1, models=models)
 
 
-def initial_assignment(fl, num_clients: int, answers: Sequence[np.ndarray | None] | None = None
-                       ) -> np.ndarray | None:
+def initial_assignment(run: RunPlan, num_clients: int,
+                       answers: Sequence[np.ndarray | None] | None = None) -> np.ndarray | None:
     """Each client's first model when the server assigns, from the clients' ``answers``
     to what the rule asks first (:meth:`cpcfl_tf.methods.rules.Rule.first`); ``None`` when each
     client chooses by its loss. A client whose answer is None (a federation's node that
     gave none the server could use) takes no part in the run: the rule assigns the others
     from their answers alone, and it gets model 0, which it is never sent."""
-    rule = METHODS[fl.method].rule
+    rule, fl = run.rule, run.federated
     if answers is None or all(a is not None for a in answers):
         return rule.first(fl, num_clients, answers)
     present = [k for k, a in enumerate(answers) if a is not None]
@@ -279,11 +278,11 @@ def initial_assignment(fl, num_clients: int, answers: Sequence[np.ndarray | None
     return assignment
 
 
-def server_ids(fl, state: ServerState, replies: "Replies"
+def server_ids(run: RunPlan, state: ServerState, replies: "Replies"
                ) -> tuple[np.ndarray, ServerState, dict]:
     """The cluster of each reply the server aggregates by, the pool it aggregates into,
     and what the rule adds to the round's record (:meth:`cpcfl_tf.methods.rules.Rule.step`)."""
-    return METHODS[fl.method].rule.step(fl, state, replies)
+    return run.rule.step(run.federated, state, replies)
 
 
 @dataclasses.dataclass
@@ -340,26 +339,28 @@ class Progress:
     """Sent up besides weights (PACFL's subspaces); in ``bytes_up`` too."""
 
 
-def sent_before_training(fl, answers: Sequence[np.ndarray] | None) -> Progress:
+def sent_before_training(run: RunPlan, answers: Sequence[np.ndarray] | None) -> Progress:
     """Where a fresh run stands before round 1: what the clients' answers to the rule's
     first question added to the bytes sent up (PACFL's data subspaces, counted up and in
     ``bytes_other``; :meth:`cpcfl_tf.methods.rules.Rule.answer_bytes`)."""
-    other = METHODS[fl.method].rule.answer_bytes(answers)
+    other = run.rule.answer_bytes(answers)
     return Progress(bytes_up=other, bytes_other=other)
 
 
-def run_rounds(fl, seed: int, federation: Federation, start: Callable[[int], ServerState], *,
+def run_rounds(run: RunPlan, seed: int, federation: Federation,
+               start: Callable[[int], ServerState], *,
                state: ServerState | None = None, progress: Progress | None = None,
                on_round: Callable[[dict, ServerState, Progress], None] | None = None,
                say: Callable[[str], None] | None = None,
                diagnose: int = 0) -> tuple[ServerState, Progress]:
-    """Rounds until ``fl.rounds`` are done: plan, train (through ``federation``), aggregate,
+    """Rounds until the run's T are done: plan, train (through ``federation``), aggregate,
     record, and IFCA's restart rule.
 
     Parameters
     ----------
-    fl
-        The resolved :class:`~cpcfl_tf.plan.config.FederatedConfig`.
+    run
+        The run's plan (:func:`~cpcfl_tf.plan.resolve.resolve`): its settings as the
+        method runs them, its rule and its method.
     seed
         The training seed every draw derives from (:class:`Stream`).
     start
@@ -376,7 +377,7 @@ def run_rounds(fl, seed: int, federation: Federation, start: Callable[[int], Ser
         in the first ``diagnose`` rounds in which they choose by loss, where the
         federation reports them (:mod:`cpcfl_tf.clustered.diagnostics`); 0: never.
     """
-    resolved_only(fl, "run_rounds")
+    fl = run.federated
     state = start(0) if state is None else state
     progress = Progress() if progress is None else progress
     size = model_bytes(state.models[0])
@@ -385,12 +386,11 @@ def run_rounds(fl, seed: int, federation: Federation, start: Callable[[int], Ser
                 else np.full(n, -1, np.int64))
     while progress.round < fl.rounds:
         t, started = progress.round, time.perf_counter()
-        plan = plan_round(fl, seed, progress.attempt, t, n,
-                          METHODS[fl.method].rule.assignment(fl, t, state))
+        plan = plan_round(run, seed, progress.attempt, t, n, run.rule.assignment(fl, t, state))
         replies = federation.train(state.models, plan)
         if fl.update_norm is not None:
             replies = bounded(replies, state.models, fl.update_norm)
-        ids, state, notes = server_ids(fl, state, replies)
+        ids, state, notes = server_ids(run, state, replies)
         if replies.losses is not None and diagnosed(t, fl.head_rounds, diagnose):
             notes = {**notes, "selection": selection_record(replies.clients, replies.losses)}
         state = aggregate(state, replies.weights, ids, replies.sizes,
@@ -400,7 +400,7 @@ def run_rounds(fl, seed: int, federation: Federation, start: Callable[[int], Ser
         if state.assignment is not None:
             state.assignment = state.assignment.copy()
             state.assignment[replies.clients] = ids
-        down, up = round_bytes(len(plan.participants), sent_models(fl), size)
+        down, up = round_bytes(len(plan.participants), sent_models(run), size)
         progress.bytes_down += down
         progress.bytes_up += up
         record = {"round": t + 1, **federation.observe(state.models, assigned, replies, t + 1,
@@ -408,7 +408,7 @@ def run_rounds(fl, seed: int, federation: Federation, start: Callable[[int], Ser
         progress.history.append(record)
         progress.round = t + 1
         progress.seconds += time.perf_counter() - started
-        if should_restart(fl, progress.round, progress.attempt, assigned):
+        if should_restart(run, progress.round, progress.attempt, assigned):
             if say:
                 say(f"clustering failed after round {progress.round} "
                     f"({cluster_sizes(assigned, fl.num_clusters).tolist()} clients per "
@@ -427,11 +427,11 @@ def model_bytes(weights: Weights) -> int:
     return int(sum(w.nbytes for w in weights))
 
 
-def sent_models(fl) -> int:
+def sent_models(run: RunPlan) -> int:
     """Models sent down to each participant per round: the pool of N when each client
     chooses by its loss, its own model when the server assigns, none for clients alone."""
-    method = METHODS[fl.method]
-    return 0 if not method.communicates else 1 if method.server_assigns else fl.num_clusters
+    method = run.method
+    return 0 if not method.communicates else 1 if method.server_assigns else run.num_models
 
 
 def round_bytes(num_clients: int, num_models: int, size: int) -> tuple[int, int]:

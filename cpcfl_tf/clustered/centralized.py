@@ -17,7 +17,6 @@ import time
 
 import numpy as np
 
-from cpcfl_tf.plan.resolve import ResolvedFederated
 from cpcfl_tf.data.specs import LabeledImages
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.clustered.backends import backend_of, client_probabilities
@@ -29,13 +28,15 @@ from cpcfl_tf.records.record import SCORES, Final, RunRecord
 from cpcfl_tf.plan.resolve import RunPlan
 
 
-def _train_pooled(fl: ResolvedFederated, data: ClientArrays, encoder_weights,
+def _train_pooled(plan: RunPlan, data: ClientArrays, encoder_weights,
                   num_classes: int, epochs: int, seed: int):
-    """Train one model per row of ``data`` (each row a pooled dataset), all at once."""
-    fl = dataclasses.replace(fl, num_clusters=data.num_clients)
-    template = template_for(fl, data.images.shape[2:], num_classes)
+    """Train one model per row of ``data`` (each row a pooled dataset), all at once: the
+    plan's models, one per row."""
+    fl = dataclasses.replace(plan.federated, num_clusters=data.num_clients)
+    rows = dataclasses.replace(plan, config=dataclasses.replace(plan.config, federated=fl))
+    template = template_for(rows, data.images.shape[2:], num_classes)
     backend = backend_of(template, fl)
-    start = stack_models(initial_pool(fl, template, encoder_weights, seed=seed, attempt=0))
+    start = stack_models(initial_pool(rows, template, encoder_weights, seed=seed, attempt=0))
     orders = batch_orders(data.num_clients, data.size, epochs, [seed, 7])
     trained = backend.train(start, np.arange(data.num_clients), data, orders, [True] * epochs,
                             LocalTraining.of(fl))
@@ -60,7 +61,7 @@ def centralized_baseline(plan: RunPlan, clients: Clients, encoder_weights=None, 
         np.stack([clients.train.images[r].reshape(-1, *clients.train.images.shape[2:])
                   for r in rows]),
         np.stack([clients.train.labels[r].reshape(-1) for r in rows]))
-    backend, models = _train_pooled(fl, pooled, encoder_weights, clients.num_classes,
+    backend, models = _train_pooled(plan, pooled, encoder_weights, clients.num_classes,
                                     epochs, seed)
     probs = client_probabilities(backend, models, np.searchsorted(groups, member), clients.test)
     return {"accuracy": float(client_accuracy(clients.test.labels, probs).mean()),
@@ -95,6 +96,6 @@ def supervised_encoder(plan: RunPlan, labeled: LabeledImages, *, epochs: int,
     settings (batch, learning rate, head) are the training's."""
     seed = plan.config.seed if seed is None else seed
     data = ClientArrays(labeled.images[None], labeled.labels[None])
-    backend, (model,) = _train_pooled(plan.federated, data, None, labeled.num_classes,
+    backend, (model,) = _train_pooled(plan, data, None, labeled.num_classes,
                                       epochs, seed)
     return model[:backend.num_encoder]

@@ -9,49 +9,47 @@ from collections import OrderedDict
 import keras
 import numpy as np
 
-from cpcfl_tf.plan.config import FederatedConfig
-from cpcfl_tf.plan.resolve import resolved_only
 from cpcfl_tf.clustered import algorithm
-from cpcfl_tf.methods.federated import METHODS
 from cpcfl_tf.models import ENCODER_DIMS, build_classifier, build_classifier_head, build_encoder
 from cpcfl_tf.models.seeding import seeded
 from cpcfl_tf.records.record import Final, Round, RunRecord
 from cpcfl_tf.plan.resolve import RunPlan
 
 
-def build_template(fl: FederatedConfig, input_shape, num_classes: int) -> keras.Model:
+def build_template(run: RunPlan, input_shape, num_classes: int) -> keras.Model:
     """The classifier theta = (theta_f, theta_c) every client trains, with the plan's
-    encoder (``fl``: the resolved section, ``resolve(config).federated``); built once per
-    run."""
-    name = resolved_only(fl, "build_template").encoder
+    encoder and head; built once per run."""
+    fl = run.federated
+    name = fl.encoder
     encoder = build_encoder(name, input_shape)
     return build_classifier(encoder, build_classifier_head(fl.head, ENCODER_DIMS[name],
                                                            num_classes))
 
 
-def _architecture(fl: FederatedConfig, input_shape, num_classes: int) -> tuple:
+def _architecture(run: RunPlan, input_shape, num_classes: int) -> tuple:
     """What decides the classifier :func:`build_template` builds (not its weights)."""
-    return (resolved_only(fl, "build_template").encoder, fl.head, tuple(input_shape),
+    fl = run.federated
+    return (fl.encoder, fl.head, tuple(input_shape),
             int(num_classes), keras.config.dtype_policy().name, keras.config.floatx())
 
 
 _TEMPLATES: dict[tuple, keras.Model] = {}
 
 
-def template_for(fl: FederatedConfig, input_shape, num_classes: int) -> keras.Model:
+def template_for(run: RunPlan, input_shape, num_classes: int) -> keras.Model:
     """:func:`build_template`'s classifier, built once per process for each architecture,
     input shape and class count: the simulator's runs use it for its shapes and swap
     their weights into it (its own weights are whatever the last use left), and a build
     costs more than a smoke run's round. Nothing reads the global random streams between
     a run's seeded draws (:func:`drawn_classifier`), so a run that builds none draws what
     one that built it draws."""
-    key = _architecture(fl, input_shape, num_classes)
+    key = _architecture(run, input_shape, num_classes)
     if key not in _TEMPLATES:
-        _TEMPLATES[key] = build_template(fl, input_shape, num_classes)
+        _TEMPLATES[key] = build_template(run, input_shape, num_classes)
     return _TEMPLATES[key]
 
 
-def initial_pool(fl: FederatedConfig, template: keras.Model, encoder_weights, *, seed: int,
+def initial_pool(run: RunPlan, template: keras.Model, encoder_weights, *, seed: int,
                  attempt: int) -> list[list[np.ndarray]]:
     """The N models the run starts from.
 
@@ -60,13 +58,12 @@ def initial_pool(fl: FederatedConfig, template: keras.Model, encoder_weights, *,
     IFCA(FedAvg)). Without, each model is a whole random classifier (FedAvg, IFCA(None));
     ``attempt`` gives IFCA's restarts new seeds.
     """
-    resolved_only(fl, "initial_pool")
     shapes = tuple(template.input_shape[1:])
     num_classes = template.output_shape[-1]
     k = len(template.get_layer("encoder").weights)
     pool = []
-    for n in range(fl.num_clusters):
-        drawn = drawn_classifier(fl, shapes, num_classes, algorithm.init_seed(seed, attempt, n))
+    for n in range(run.num_models):
+        drawn = drawn_classifier(run, shapes, num_classes, algorithm.init_seed(seed, attempt, n))
         encoder = drawn[:k] if encoder_weights is None else encoder_weights
         pool.append([np.array(w) for w in encoder] + [np.array(w) for w in drawn[k:]])
     return pool
@@ -77,7 +74,7 @@ _DRAWN_BYTES = 256 * 2 ** 20
 """At most this many bytes of drawn classifiers are kept (the oldest go first)."""
 
 
-def drawn_classifier(fl: FederatedConfig, input_shape, num_classes: int,
+def drawn_classifier(run: RunPlan, input_shape, num_classes: int,
                      init_seed: int) -> list[np.ndarray]:
     """The weights of the classifier :func:`build_template` builds after
     ``keras.utils.set_random_seed(init_seed)``: Keras draws every initial weight from that
@@ -87,10 +84,10 @@ def drawn_classifier(fl: FederatedConfig, input_shape, num_classes: int,
     classifier once instead of once per run. Nothing after the draw reads the global
     generators (Python's, NumPy's, TensorFlow's) without seeding them again: each run's
     random draws come from its own seeded streams, and every other build seeds first."""
-    key = (*_architecture(fl, input_shape, num_classes), int(init_seed))
+    key = (*_architecture(run, input_shape, num_classes), int(init_seed))
     if key not in _DRAWN:
         with seeded(init_seed):
-            _DRAWN[key] = build_template(fl, input_shape, num_classes).get_weights()
+            _DRAWN[key] = build_template(run, input_shape, num_classes).get_weights()
         for w in _DRAWN[key]:
             w.flags.writeable = False
         while len(_DRAWN) > 1 and sum(w.nbytes for ws in _DRAWN.values()
@@ -99,7 +96,7 @@ def drawn_classifier(fl: FederatedConfig, input_shape, num_classes: int,
     return _DRAWN[key]
 
 
-def initial_state(fl: FederatedConfig, template: keras.Model, encoder_weights, *, seed: int,
+def initial_state(run: RunPlan, template: keras.Model, encoder_weights, *, seed: int,
                   attempt: int, num_clients: int,
                   answers: list[np.ndarray] | None = None) -> algorithm.ServerState:
     """What a (re)started run begins with, in every driver (the simulator and the Flower
@@ -107,10 +104,10 @@ def initial_state(fl: FederatedConfig, template: keras.Model, encoder_weights, *
     client's first model from their ``answers`` to what the rule asks first
     (:func:`~cpcfl_tf.clustered.algorithm.initial_assignment`)."""
     return algorithm.ServerState(
-        0, initial_pool(fl, template, encoder_weights, seed=seed, attempt=attempt),
+        0, initial_pool(run, template, encoder_weights, seed=seed, attempt=attempt),
         len(template.get_layer("encoder").weights),
-        algorithm.initial_assignment(fl, num_clients, answers),
-        METHODS[fl.method].rule.remember(fl, answers))
+        algorithm.initial_assignment(run, num_clients, answers),
+        run.rule.remember(run.federated, answers))
 
 
 def federated_record(plan: RunPlan, train_seed: int, progress: algorithm.Progress,

@@ -10,7 +10,7 @@ from typing import Sequence
 
 import numpy as np
 
-from cpcfl_tf.methods.federated import METHODS
+from cpcfl_tf.plan.resolve import RunPlan
 
 
 def restart_check_round(fl) -> int:
@@ -21,23 +21,25 @@ def restart_check_round(fl) -> int:
     return fl.head_rounds + fl.restart_round
 
 
-def should_restart(fl, finished_round: int, attempt: int, cluster_ids: np.ndarray) -> bool:
+def should_restart(run: RunPlan, finished_round: int, attempt: int,
+                   cluster_ids: np.ndarray) -> bool:
     """IFCA's restart rule: after :func:`restart_check_round`, a run of a method with
     restarts (:mod:`cpcfl_tf.methods.federated`) whose clustering failed starts over with new random
     models (new heads on the same pre-trained encoder), at most ``fl.max_restarts`` times.
     CP-CFL and FedAvg never restart (the paper gives CP-CFL no restart rule)."""
-    return (METHODS[fl.method].restarts and finished_round == restart_check_round(fl)
+    fl = run.federated
+    return (run.method.restarts and finished_round == restart_check_round(fl)
             and attempt < fl.max_restarts
             and clustering_failed(cluster_ids, fl.num_clusters, fl.min_cluster_share))
 
 
-def would_restart(fl, cluster_ids_by_round: Sequence) -> bool:
-    """Whether a run of ``fl`` whose first attempt went as ``cluster_ids_by_round`` (each
+def would_restart(run: RunPlan, cluster_ids_by_round: Sequence) -> bool:
+    """Whether a run of ``run`` whose first attempt went as ``cluster_ids_by_round`` (each
     finished round's cluster ids) restarts: :func:`should_restart` at
     :func:`restart_check_round`, if the run gets that far."""
-    check = restart_check_round(fl)
+    check = restart_check_round(run.federated)
     return (check <= len(cluster_ids_by_round)
-            and should_restart(fl, check, 0, np.asarray(cluster_ids_by_round[check - 1])))
+            and should_restart(run, check, 0, np.asarray(cluster_ids_by_round[check - 1])))
 
 
 def cluster_sizes(cluster_ids: np.ndarray, num_models: int) -> np.ndarray:

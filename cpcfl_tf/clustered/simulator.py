@@ -29,7 +29,6 @@ from cpcfl_tf.clustered.local import ClientMoments, LocalTraining, batch_orders,
 from cpcfl_tf.clustered.clients import Clients
 from cpcfl_tf.clustered.metrics import client_accuracy, cluster_ari, pooled_scores
 from cpcfl_tf.clustered.pool import federated_record, initial_state, template_for
-from cpcfl_tf.methods.federated import get_method
 from cpcfl_tf.records.record import Round, RunRecord
 from cpcfl_tf.records.files import read_file, weights_fingerprint, write_atomic
 from cpcfl_tf.plan.resolve import RunPlan
@@ -127,7 +126,7 @@ def run_federated(plan: RunPlan, clients: Clients, *, encoder_weights=None,
     config, fl = plan.requested, plan.federated
     seed = config.seed if train_seed is None else train_seed
     shape = clients.train.images.shape[2:]
-    template = template_for(fl, shape, clients.num_classes)
+    template = template_for(plan, shape, clients.num_classes)
     backend = backend_of(template, fl)
     # Fields added since a checkpoint was written leave its fingerprint as it was.
     fingerprint = json.dumps({"config": without_added(config.to_dict()),
@@ -139,10 +138,10 @@ def run_federated(plan: RunPlan, clients: Clients, *, encoder_weights=None,
 
     simulation = _Simulation(fl, backend, clients, max_clients)
     # What the rule asks each client once before training (PACFL: its data subspace).
-    answers = first_answers(fl, clients, embedder(template, encoder_weights))
+    answers = first_answers(plan, clients, embedder(template, encoder_weights))
 
     def start(attempt: int) -> algorithm.ServerState:
-        state = initial_state(fl, template, encoder_weights, seed=seed, attempt=attempt,
+        state = initial_state(plan, template, encoder_weights, seed=seed, attempt=attempt,
                               num_clients=clients.train.num_clients, answers=answers)
         # optimizer_state="client": every client keeps its Adam state between rounds.
         simulation.moments = (ClientMoments.zeros(state.models[0], clients.train.num_clients)
@@ -153,7 +152,7 @@ def run_federated(plan: RunPlan, clients: Clients, *, encoder_weights=None,
     if path and path.exists():
         state, progress, simulation.moments = _load(path, fingerprint)
     else:
-        progress = algorithm.sent_before_training(fl, answers)
+        progress = algorithm.sent_before_training(plan, answers)
 
     def after(record: dict, state: algorithm.ServerState, progress: algorithm.Progress):
         if path:
@@ -164,7 +163,7 @@ def run_federated(plan: RunPlan, clients: Clients, *, encoder_weights=None,
             on_round(record, state)
 
     state, progress = algorithm.run_rounds(
-        fl, seed, simulation, start, state=state, progress=progress, on_round=after,
+        plan, seed, simulation, start, state=state, progress=progress, on_round=after,
         say=(lambda line: print("  " + line, flush=True)) if verbose else None,
         diagnose=diagnose)
     last = Round.from_json(progress.history[-1])
@@ -175,16 +174,16 @@ def run_federated(plan: RunPlan, clients: Clients, *, encoder_weights=None,
     return record, state
 
 
-def first_answers(fl: FederatedConfig, clients: Clients,
+def first_answers(run: RunPlan, clients: Clients,
                   embed: Callable[[np.ndarray], np.ndarray] | None = None
                   ) -> list[np.ndarray] | None:
     """Each client's answer to what its method's rule asks before training, from its own
     training images, or their embeddings by ``embed`` where the rule reads those (and its
     true group: the oracle); None when the rule asks nothing."""
-    rule = get_method(fl.method).rule
+    rule = run.rule
     if rule.asks is None:
         return None
-    question = rule.question(fl)
+    question = rule.question(run.federated)
     read = embed if rule.reads == "embeddings" else (lambda images: images)
     return [rule.answer(question, read(images), int(group))
             for images, group in zip(clients.train.images, clients.groups)]

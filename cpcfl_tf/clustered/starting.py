@@ -36,9 +36,8 @@ from cpcfl_tf.methods.federated import FEDAVG_ENCODER_RUN
 from cpcfl_tf.records.record import RunRecord
 from cpcfl_tf.records.files import (CACHE_FIX, building, cache_root, prepare_out_dir, read_weights,
                               write_weights)
-from cpcfl_tf.plan.resolve import resolve
+from cpcfl_tf.plan.resolve import RunPlan, resolve
 from cpcfl_tf.records.scalars import ScalarLog
-from cpcfl_tf.methods.starts import START
 
 Weights = list[np.ndarray]
 
@@ -89,9 +88,10 @@ class StartingEncoders:
         self._client_unlabeled = client_unlabeled
         self._fedavg: dict[str, Weights] = {}
 
-    def __call__(self, config: Config) -> Weights | None:
-        """The encoder ``config``'s run starts from (``None``: random)."""
-        return START[config.federated.pretraining].encoder(self, config)
+    def __call__(self, run: RunPlan) -> Weights | None:
+        """The encoder ``run`` starts from (``None``: random): its start's, got from this
+        cache."""
+        return run.start.encoder(self, run.requested)
 
     def federated(self, config: Config):
         """``config``'s cached federated self-supervised pre-training, with its history."""
@@ -111,9 +111,9 @@ class StartingEncoders:
 
         return federated_plan(config)["settings"]["rounds"]
 
-    def status(self, config: Config) -> str:
-        """Where ``config``'s starting encoder would come from now (nothing is built)."""
-        return START[config.federated.pretraining].status(self, config)
+    def status(self, run: RunPlan) -> str:
+        """Where ``run``'s starting encoder would come from now (nothing is built)."""
+        return run.start.status(self, run.requested)
 
     @staticmethod
     def cache_status(config: Config, done: Path, fresh: str) -> str:
@@ -124,10 +124,10 @@ class StartingEncoders:
                  if (folder / "checkpoint.npz").exists() else fresh)
         return f"{config.federated.pretraining} encoder: {state} ({folder})"
 
-    def ready(self, config: Config) -> bool:
-        """Whether ``config``'s starting encoder is at hand without training: random, or
+    def ready(self, run: RunPlan) -> bool:
+        """Whether ``run``'s starting encoder is at hand without training: random, or
         cached (what :meth:`status` calls "cached")."""
-        return START[config.federated.pretraining].ready(self, config)
+        return run.start.ready(self, run.requested)
 
     def fedavg_ready(self, config: Config) -> bool:
         """Whether ``config``'s FedAvg encoder is kept here or cached."""

@@ -27,7 +27,8 @@ from cpcfl_tf.records.record import RunRecord
 from cpcfl_tf.records.store import Found, RecordIndex, mismatch, together
 from cpcfl_tf.running.report import markdown_table
 from cpcfl_tf.plan.resolve import resolve
-from cpcfl_tf.running.runner import RunSpec, base_plan, stands_in
+from cpcfl_tf.running.runner import RunSpec
+from cpcfl_tf.running.taking import base_plan, stands_in
 from cpcfl_tf.evidence.claims import Claim, Link, base_name, evidence
 
 
@@ -80,7 +81,7 @@ class Evidence:
         """Every record of run ``name`` for ``seed``, the preferred first. A fixed run
         (:func:`~cpcfl_tf.evidence.claims.fixed_name`) with no record of its own is its base
         run's record wherever its restart rule never fires there
-        (:func:`~cpcfl_tf.running.runner.stands_in`): that run is it, bit for bit."""
+        (:func:`~cpcfl_tf.running.taking.stands_in`): that run is it, bit for bit."""
         config = self.config_of(name, seed)
         found = self.index.every(config)
         base = base_name(name)

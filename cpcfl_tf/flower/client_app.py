@@ -60,7 +60,7 @@ def _backend(run_items: tuple):
 
     run = resolve(run_config(dict(run_items)))
     size = run.config.data.image_size
-    template = build_template(run.federated, (size, size, 3),
+    template = build_template(run, (size, size, 3),
                               len(class_names(dict(run_items))))
     _template_weights[run_items] = template.get_weights()
     return run, backend_of(template, run.federated)
@@ -285,7 +285,7 @@ def train(msg: Message, context: Context) -> Message:
     run, data, _, backend, _ = _node(context)
     fl = run.federated
     # The round's plan, drawn from the seeds exactly as the server and the simulator draw it.
-    plan = algorithm.plan_round(fl, run.config.seed, int(settings["attempt"]),
+    plan = algorithm.plan_round(run, run.config.seed, int(settings["attempt"]),
                                 int(settings["round"]), num_clients)
     row = int(np.searchsorted(plan.participants, client))
     models = _models(msg, tuple(sorted(context.run_config.items())))

@@ -15,8 +15,7 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from cpcfl_tf.clustered import algorithm
-from cpcfl_tf.methods.federated import METHODS
-from cpcfl_tf.plan.config import FederatedConfig
+from cpcfl_tf.plan.resolve import RunPlan
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.flower import checks
 from cpcfl_tf.flower.common import models_to_records, to_record
@@ -96,8 +95,9 @@ def check_partitions(grid: Grid, nodes: list[int], num_clients: int, timeout: fl
                         "them equal")
 
 
-def ask_first(grid: Grid, client_of: dict[int, int], fl, num_clients: int, timeout: float,
-              names: dict[int, str] | None = None, *, image_shape: tuple[int, ...],
+def ask_first(grid: Grid, client_of: dict[int, int], run: RunPlan, num_clients: int,
+              timeout: float, names: dict[int, str] | None = None, *,
+              image_shape: tuple[int, ...],
               num_groups: int) -> list[np.ndarray] | None:
     """Every client's answer, by client id, to what the method's rule asks once before
     training (:mod:`cpcfl_tf.methods.rules`: the oracle's true groups, PACFL's data
@@ -105,7 +105,7 @@ def ask_first(grid: Grid, client_of: dict[int, int], fl, num_clients: int, timeo
     client, the shape and dtype of the answer a client of ``image_shape`` images gives,
     finite, the rule's own check); None for a client that gave no answer the server can
     use (it takes no part in the run). None when the rule asks nothing."""
-    rule = METHODS[fl.method].rule
+    rule, fl = run.rule, run.federated
     if rule.asks is None:
         return None
     contents = {node: RecordDict({"config": ConfigRecord({"ask": rule.asks,
@@ -186,9 +186,10 @@ class Nodes:
     client, reached through the Grid. A node that fails a round is left out of it."""
 
     def __init__(self, grid: Grid, client_of: dict[int, int], num_clients: int,
-                 timeout: float, fl: FederatedConfig, names: dict[int, str] | None = None,
+                 timeout: float, run: RunPlan, names: dict[int, str] | None = None,
                  examples: dict[int, int] | None = None, tests: dict[int, int] | None = None):
-        self.grid, self.client_of, self.timeout, self.fl = grid, client_of, timeout, fl
+        self.grid, self.client_of, self.timeout = grid, client_of, timeout
+        self.fl = run.federated
         self.names = names
         """Client id -> data folder name, for nodes with their own data."""
         self.examples = examples or {}
@@ -196,7 +197,7 @@ class Nodes:
         size): the most a reply's ``num-examples`` may say."""
         self.tests = tests or {}
         """Client id -> its test examples: the most a scoring reply's count may say."""
-        self.num_clients, self.assigns = num_clients, METHODS[fl.method].server_assigns
+        self.num_clients, self.assigns = num_clients, run.method.server_assigns
         self.scores: dict[int, float] = {}
         """The last scored round's accuracy per client that answered (the last round is
         always scored: the final)."""

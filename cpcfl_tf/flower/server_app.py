@@ -139,7 +139,7 @@ def main(grid: Grid, context: Context) -> None:
     names = (None if node_data is None else
              {int(k): str(d["name"]) for k, d in node_data.items()})
     size = config.data.image_size
-    answers = remote.ask_first(grid, client_of, fl, num_clients, timeout, names,
+    answers = remote.ask_first(grid, client_of, run, num_clients, timeout, names,
                                image_shape=(size, size, 3),
                                num_groups=config.partition.num_groups)
     if answers is not None:  # a client without an answer takes no part
@@ -149,11 +149,11 @@ def main(grid: Grid, context: Context) -> None:
         # The first stage: the nodes pre-train the encoder on their unlabeled images.
         encoder_weights = _pretrain_stage(grid, client_of, config, timeout, names, unlabeled)
     else:  # the server's own pre-training (its data, never the nodes')
-        encoder_weights = StartingEncoders(verbose=0)(config)
-    template = template_for(fl, (size, size, 3), len(classes))  # the simulator's
+        encoder_weights = StartingEncoders(verbose=0)(run)
+    template = template_for(run, (size, size, 3), len(classes))  # the simulator's
 
     def start(attempt: int) -> algorithm.ServerState:
-        return initial_state(fl, template, encoder_weights, seed=config.seed, attempt=attempt,
+        return initial_state(run, template, encoder_weights, seed=config.seed, attempt=attempt,
                              num_clients=num_clients, answers=answers)
 
     def after(record: dict, state, progress) -> None:
@@ -162,11 +162,11 @@ def main(grid: Grid, context: Context) -> None:
               f"{record['cluster_ids']}, {record['replies']} replies, "
               f"{len(record['failed_partitions'])} failed{scored}", flush=True)
 
-    federation = remote.Nodes(grid, client_of, num_clients, timeout, fl, names,
+    federation = remote.Nodes(grid, client_of, num_clients, timeout, run, names,
                               *_examples(config, node_data))
     state, progress = algorithm.run_rounds(
-        fl, config.seed, federation, start, on_round=after,
-        progress=algorithm.sent_before_training(fl, answers),
+        run, config.seed, federation, start, on_round=after,
+        progress=algorithm.sent_before_training(run, answers),
         say=lambda line: print(f"[cpcfl] {line}", flush=True))
     accuracy = federation.scores  # the last round's
     # The server never sees the clients' data: no class counts, no true groups, no ARI.

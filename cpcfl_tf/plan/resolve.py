@@ -32,8 +32,8 @@ from cpcfl_tf.errors import UserError
 class ResolvedFederated(FederatedConfig):
     """``federated`` as its method runs it (:func:`resolve`): the number of models
     N, Tc and the method's options as the run uses them. The algorithm and its drivers
-    take only this form (:func:`resolved_only`); a requested config given to them would
-    run, say, FedAvg with three models or IFCA with a Tc phase. Equal to a
+    take the run's :class:`RunPlan`, whose config holds only this form (a requested
+    config would run, say, FedAvg with three models or IFCA with a Tc phase). Equal to a
     :class:`FederatedConfig` of the same values (a run record's config reads back as
     this type)."""
 
@@ -60,13 +60,14 @@ def as_resolved(fl: FederatedConfig, encoder: str) -> ResolvedFederated:
         **{f.name: getattr(fl, f.name) for f in dataclasses.fields(fl)}, encoder=encoder)
 
 
-def resolved_only(fl: FederatedConfig, where: str) -> ResolvedFederated:
-    """``fl`` if it is resolved; else a ``TypeError`` saying what to pass instead."""
-    if not isinstance(fl, ResolvedFederated):
-        raise TypeError(f"{where} takes the resolved federated config "
-                        "(resolve(config).federated, what the method runs), got the "
-                        "requested one")
-    return fl
+def as_stored(config: Config) -> Config:
+    """``config`` as a run record stored it: a federated run's as the run resolved it
+    (its ``federated`` the resolved type), a centralized baseline's as requested (it has
+    no N or Tc to resolve)."""
+    if not METHODS[config.federated.method].federated:
+        return config
+    return dataclasses.replace(config, federated=as_resolved(config.federated,
+                                                             config.pretrain.encoder))
 
 
 def federated_settings(config: Config) -> dict[str, Any] | None:

@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cpcfl_tf.plan.config import Config, config_record
-from cpcfl_tf.plan.resolve import as_resolved
-from cpcfl_tf.methods.federated import METHODS
+from cpcfl_tf.plan.resolve import as_stored
 from cpcfl_tf.records.files import read_file, write_json
 from cpcfl_tf.methods.starts import START
 
@@ -171,6 +170,11 @@ class RunRecord:
         return self.config.federated.pretraining
 
     @property
+    def from_random_weights(self) -> bool:
+        """Whether the run started from random weights (its start gives no encoder)."""
+        return not START[self.pretraining].gives_encoder
+
+    @property
     def pretraining_key(self) -> tuple | None:
         """What names one server pre-training (method, its settings, data and seed): runs
         with the same key should start from one encoder. None for a start that is no
@@ -224,9 +228,7 @@ class RunRecord:
         stored = dict(data["config"])
         requested = Config.from_dict(stored.pop("requested"))
         config = Config.from_dict(stored)
-        if METHODS[config.federated.method].federated:  # stored as the run resolved it
-            config = dataclasses.replace(config, federated=as_resolved(config.federated,
-                                                                       config.pretrain.encoder))
+        config = as_stored(config)
         record = cls(config, requested, data["seeds"], data["clients"],
                      [Round.from_json(r) for r in data["rounds"]],
                      Final.from_json(data["final"]), data["timing"], data["experiment"],

@@ -21,7 +21,6 @@ from typing import Iterable, Iterator, Sequence
 from cpcfl_tf.plan.config import Config, config_key, config_record
 from cpcfl_tf.records.environment import environment, machine, reproduces
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.methods.federated import METHODS
 from cpcfl_tf.records.record import RunRecord, read_record
 from cpcfl_tf.plan.resolve import RunPlan
 
@@ -236,7 +235,7 @@ class RecordStore:
         if not same_config(record, plan):
             return None
         self.reused[name] = Path(path)
-        restart_twin = bool(METHODS[record.requested.federated.method].restarts_of)
+        restart_twin = bool(plan.method.restarts_of)  # the record's: same_config
         (self.paired if restart_twin else self.named).add(name)
         return Found(Path(path), record)
 

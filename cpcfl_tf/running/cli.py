@@ -145,7 +145,8 @@ def resolve_config(args: argparse.Namespace) -> Config:
                  "manual_dir": args.manual_dir or data.get("manual_dir")}})
 
 
-def setup(args: argparse.Namespace, name: str, *, check_sources: bool = True
+def setup(args: argparse.Namespace, name: str, *, check_sources: bool = True,
+          proxy: tuple[tuple[str, str], tuple[str, str]] | None = None
           ) -> tuple[Config, Path]:
     """The validated config (:func:`resolve_config`), checked against its data
     (:func:`~cpcfl_tf.plan.resolve.check_data`) before the output folder is checked (made).
@@ -160,9 +161,8 @@ def setup(args: argparse.Namespace, name: str, *, check_sources: bool = True
     if check_sources and not (getattr(args, "dry_run", False)
                               or getattr(args, "report", False)):
         # --knn-proxy's data only where the kNN monitor runs (--knn-every) and reads it
-        proxy = (proxy_splits(getattr(args, "knn_proxy", None))
-                 if getattr(args, "knn_every", 0) else None)
-        check_client_sources(config, also=proxy or ())
+        check_client_sources(config, also=(proxy or ()) if getattr(args, "knn_every", 0)
+                             else ())
     out = Path(args.out or Path("results") / config.preset / name)
     if not getattr(args, "dry_run", False):  # a dry run creates nothing
         out = prepare_out_dir(out)
@@ -209,20 +209,3 @@ def read_selection(path: str | Path) -> dict[int, dict[str, dict]]:
                         "encoder_selection.json that experiments/encoder_selection.py wrote")
     return {int(seed): {m: dict(c["settings"]) for m, c in methods.items()}
             for seed, methods in stored["selected"].items()}
-
-
-def selected(config: Config, selection: dict[int, dict[str, dict]] | None) -> Config:
-    """``config`` starting from the encoder ``selection`` (:func:`read_selection`) chose
-    for its method and pre-training seed (the settings go into ``pretrain.options``)."""
-    from cpcfl_tf.methods.starts import START
-
-    method, start = config.federated.pretraining, START[config.federated.pretraining]
-    if selection is None or not start.ssl_method or start.federated is not None:
-        return config  # the selection chooses the server's self-supervised encoders only
-    chosen = selection.get(config.pretrain_seed, {})
-    if method not in chosen:
-        raise UserError(f"--encoders-from selected no {method} encoder for seed "
-                        f"{config.pretrain_seed}; run experiments/encoder_selection.py "
-                        f"with that seed and method, or leave the option out")
-    return config.with_overrides(pretrain={"options": {
-        **(config.pretrain.options or {}), method: chosen[method]}})

@@ -13,28 +13,27 @@ script's output folder:
   (:class:`~cpcfl_tf.running.run_data.DataCache`); records found elsewhere in the tree come from
   :class:`~cpcfl_tf.records.store.RecordStore`.
 
-Each run is decided once (:meth:`Runner.decide`, a :class:`Decision`), then done.
+Each run is decided once (:meth:`Runner.decide`: :mod:`cpcfl_tf.running.taking`), then done.
 """
 from __future__ import annotations
 
 import dataclasses
-import enum
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-from cpcfl_tf.running.cli import proxy_splits, read_selection, selected
 from cpcfl_tf.plan.config import Config
 from cpcfl_tf.plan.presets import with_encoder
 from cpcfl_tf.records.environment import run_environment
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.clustered.starting import StartingEncoders
 from cpcfl_tf.methods.federated import plugins_used
-from cpcfl_tf.records.record import RunRecord, read_record, write_record
-from cpcfl_tf.records.store import Found, RecordStore, same_config
+from cpcfl_tf.records.record import RunRecord, write_record
+from cpcfl_tf.records.store import Found, RecordStore
 from cpcfl_tf.records.files import weights_fingerprint
 from cpcfl_tf.running.run_data import DataCache
+from cpcfl_tf.running.taking import Decision, RunDecision, Taking
 from cpcfl_tf.plan.resolve import RunPlan, resolve
 
 
@@ -71,53 +70,6 @@ class RunSpec:
             partition=dict(self.partition), data=dict(self.data), pretrain=dict(self.pretrain))
 
 
-class Decision(enum.Enum):
-    """What :meth:`Runner.decide` does with a run."""
-
-    DONE = "done"
-    """Its record is in the output folder."""
-    STAND_IN = "stand-in"
-    """Its base method's run, in which its restart rule never fires: that run, bit for bit."""
-    TAKEN = "taken"
-    """A record made elsewhere: its base run's restart twin, or the one ``taken.json`` names."""
-    BASE_FIRST = "base first"
-    """Its base method's run is made first (a dry run's answer; a run goes ahead)."""
-    RESUME = "to resume"
-    RUN = "to run"
-    """Made here, unless a record this machine would make bit for bit is found for its
-    starting encoder (:attr:`RunDecision.candidates`)."""
-    STOPS = "stops"
-    """Refused (another config in its place, an interruption without ``--resume``)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class RunDecision:
-    """The decision about one run, with what it rests on."""
-
-    decision: Decision
-    found: Found | None = None
-    """The record taken (done, stand-in, taken)."""
-    candidates: tuple[Found, ...] = ()
-    """Records this machine would make bit for bit, if they start from its encoder."""
-    why: str = ""
-
-    def describe(self) -> str:
-        """The dry run's line for it."""
-        d, path = self.decision, self.found and self.found.path
-        if d is Decision.STAND_IN:
-            return f"its restart rule never fires in {path}: that run"
-        if d is Decision.TAKEN:
-            return f"found: {path} ({self.why})"
-        if d is Decision.BASE_FIRST:
-            return ("to run if its restart rule fires in its base method's run (made "
-                    "first; else that run)")
-        if d is Decision.STOPS:
-            return f"stops: {self.why}"
-        if self.candidates:
-            return f"found: {self.candidates[0].path}"
-        return d.value
-
-
 class Runner:
     """Runs :class:`RunSpec`s of one experiment into one folder."""
 
@@ -125,7 +77,8 @@ class Runner:
                  force: bool = False, verbose: int = 1, distribute: str = "default",
                  dry_run: bool = False, tensorboard: str | Path | None = None,
                  max_clients: int | None = None, diagnose: int = 0, knn_every: int = 0,
-                 knn_proxy: str | None = None, selection: str | Path | None = None):
+                 knn_proxy: tuple[tuple[str, str], tuple[str, str]] | None = None,
+                 selection: dict[int, dict[str, dict]] | None = None):
         from cpcfl_tf.records.files import CACHE_FIX, cache_root, prepare_out_dir
 
         self.experiment, self.base = experiment, base
@@ -138,9 +91,11 @@ class Runner:
         self.resume, self.force, self.verbose = resume, force, verbose
         self.distribute = distribute
         """How the server pre-trains (``default`` or ``mirrored``); part of no key."""
-        self.data = DataCache(knn_every, proxy_splits(knn_proxy))
+        self.data = DataCache(knn_every, knn_proxy)
         self.store = RecordStore(self.out, force)
-        self.selection = read_selection(selection) if selection else None
+        self.taking = Taking(self.store, force=force, resume=resume)
+        """Whether each run is taken or made (:mod:`cpcfl_tf.running.taking`)."""
+        self.selection = selection
         """seed -> self-supervised method -> the settings ``--encoders-from`` starts its
         runs' encoders with (None: the config's)."""
         self.encoders = StartingEncoders(
@@ -184,36 +139,9 @@ class Runner:
 
     # -- deciding -----------------------------------------------------------
     def decide(self, spec: RunSpec) -> RunDecision:
-        """The one decision about ``spec``. Reads, never writes: which records it took is
-        noted in :attr:`store`. A one-line :class:`UserError` for a run that must not go
-        ahead."""
-        run = self.plan_of(spec)
-        path, checkpoint = self.path(spec), self.checkpoint(spec)
-        if path.exists() and not self.force:
-            record = read_record(path)
-            if not same_config(record, run):
-                raise UserError(f"{path} holds a run with a different config; pass --force to "
-                                "redo it or --out another folder")
-            return RunDecision(Decision.DONE, Found(path, record))
-        if checkpoint.exists() and not self.force:
-            if not self.resume:
-                raise UserError(f"{spec.name} was interrupted ({checkpoint}); pass --resume to "
-                                "continue it or --force to start it over")
-            return RunDecision(Decision.RESUME)
-        base = None if self.force else base_plan(run)
-        if base is not None:
-            found = self.store.base_run(base)
-            if found is not None and stands_in(found.record, run, base):
-                return RunDecision(Decision.STAND_IN, found)
-            twin = self.store.twin(spec.name, run, base)
-            if twin is not None:
-                return RunDecision(Decision.TAKEN, twin, why="from its base method's run's encoder")
-        named = self.store.named_in_taken(spec.name, run)
-        if named is not None:
-            return RunDecision(Decision.TAKEN, named, why="the folder's taken.json names it")
-        first = base is not None and not self.store.has_base(base)
-        return RunDecision(Decision.BASE_FIRST if first else Decision.RUN,
-                    candidates=tuple(self.store.candidates(run, path)))
+        """The one decision about ``spec`` (:meth:`~cpcfl_tf.running.taking.Taking.decide`)."""
+        return self.taking.decide(spec.name, self.plan_of(spec), self.path(spec),
+                                  self.checkpoint(spec))
 
     def planned(self, spec: RunSpec) -> tuple[str, str | None]:
         """What :meth:`run` would do with ``spec`` now (:meth:`RunDecision.describe`), and where
@@ -226,7 +154,7 @@ class Runner:
             return RunDecision(Decision.STOPS, why=str(err)).describe(), None
         needs = decision.decision in (Decision.RUN, Decision.RESUME, Decision.BASE_FIRST)
         return (decision.describe(),
-                self.encoders.status(self.plan_of(spec).requested) if needs else None)
+                self.encoders.status(self.plan_of(spec)) if needs else None)
 
     def finished(self, spec: RunSpec) -> RunRecord | None:
         """``spec``'s finished record: in the output folder, or taken (a stand-in, a twin,
@@ -234,13 +162,14 @@ class Runner:
         encoder needs no training), so that a report reads the same runs on any machine;
         None where there is none. Reads, never writes; what it finds joins
         :attr:`records`, as :meth:`run`'s records do (the report's notes read them)."""
-        config = self.plan_of(spec).requested
+        run = self.plan_of(spec)
+        config = run.requested
         decision = self.decide(spec)
         if decision.found is not None:
             found = self._took(spec, config, decision)
-        elif decision.candidates and self.encoders.ready(config):
+        elif decision.candidates and self.encoders.ready(run):
             found = self.store.take(spec.name, list(decision.candidates),
-                                    weights_fingerprint(self.encoders(config)))
+                                    weights_fingerprint(self.encoders(run)))
         else:
             found = None
         if found is None:
@@ -280,7 +209,7 @@ class Runner:
                       else f"{fl.centralized_epochs or fl.rounds * fl.local_epochs} epochs")
             print(f"{spec.name}: {fl.method} ({fl.pretraining}), "
                   f"{config.partition.num_clients} clients, {length}")
-        encoder = self.encoders(config)
+        encoder = self.encoders(run)
         found = self.store.take(spec.name, list(decision.candidates), weights_fingerprint(encoder))
         if found is not None:
             if self.verbose:
@@ -326,6 +255,24 @@ class Runner:
         return record
 
 
+def selected(config: Config, selection: dict[int, dict[str, dict]] | None) -> Config:
+    """``config`` starting from the encoder ``selection``
+    (:func:`~cpcfl_tf.running.cli.read_selection`, ``--encoders-from``) chose
+    for its method and pre-training seed (the settings go into ``pretrain.options``)."""
+    from cpcfl_tf.methods.starts import START
+
+    method, start = config.federated.pretraining, START[config.federated.pretraining]
+    if selection is None or not start.ssl_method or start.federated is not None:
+        return config  # the selection chooses the server's self-supervised encoders only
+    chosen = selection.get(config.pretrain_seed, {})
+    if method not in chosen:
+        raise UserError(f"--encoders-from selected no {method} encoder for seed "
+                        f"{config.pretrain_seed}; run experiments/encoder_selection.py "
+                        f"with that seed and method, or leave the option out")
+    return config.with_overrides(pretrain={"options": {
+        **(config.pretrain.options or {}), method: chosen[method]}})
+
+
 def _with_scalars(tensorboard, experiment: str, spec: RunSpec, clients, on_round):
     """``on_round`` that also logs the round to TensorBoard (when a folder is set)."""
     if not tensorboard:
@@ -366,19 +313,3 @@ def _round_scalars(record: dict, groups: np.ndarray, num_clusters: int) -> dict[
             **{f"cluster_size/{n}": int(c) for n, c in enumerate(sizes)}}
 
 
-def base_plan(run: RunPlan) -> RunPlan | None:
-    """The plan of the run ``run`` is until its restart rule fires (its method's
-    :attr:`~cpcfl_tf.methods.federated.Method.restarts_of`); None for other methods."""
-    base = run.method.restarts_of
-    return resolve(run.requested.with_overrides(federated={"method": base})) if base else None
-
-
-def stands_in(record: RunRecord, run: RunPlan, base: RunPlan | None) -> bool:
-    """Whether ``record`` is the run of ``run`` bit for bit: a run of ``base``, its base
-    plan (:func:`base_plan`, made once by the caller), in which ``run``'s restart rule
-    never fires (attempt 0 draws what
-    the base draws). A property of the record, whatever machine made it."""
-    from cpcfl_tf.clustered.restarts import would_restart
-
-    return (base is not None and same_config(record, base)
-            and not would_restart(run.federated, [r.cluster_ids for r in record.rounds]))

@@ -26,18 +26,26 @@ from cpcfl_tf.records.record import RunRecord
 from cpcfl_tf.running.runner import Runner, RunSpec
 
 
-def check_runner_options(args: argparse.Namespace) -> None:
-    """Refuse, in one line, a bad value of the options :func:`script_runner` reads
-    (``--knn-proxy``, ``--encoders-from``) before a script does any work: the runner
-    itself is built when a script first needs it."""
-    proxy_splits(getattr(args, "knn_proxy", None))
-    if getattr(args, "encoders_from", None):
-        read_selection(args.encoders_from)
+@dataclasses.dataclass(frozen=True)
+class RunnerOptions:
+    """The runner's options that need reading (``--knn-proxy``'s splits, the
+    ``--encoders-from`` file), each read and checked once, before a script does any work:
+    a bad value is refused in one line; the runner takes what they say."""
+
+    knn_proxy: tuple[tuple[str, str], tuple[str, str]] | None = None
+    selection: dict[int, dict[str, dict]] | None = None
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> "RunnerOptions":
+        path = getattr(args, "encoders_from", None)
+        return cls(proxy_splits(getattr(args, "knn_proxy", None)),
+                   read_selection(path) if path else None)
 
 
-def script_runner(experiment: str, base: Config, out: Path, args: argparse.Namespace) -> Runner:
+def script_runner(experiment: str, base: Config, out: Path, args: argparse.Namespace,
+                  options: RunnerOptions) -> Runner:
     """The runner of a script, set by its :func:`~cpcfl_tf.running.cli.experiment_parser`
-    options."""
+    options (``options``: those read once, :class:`RunnerOptions`)."""
     return Runner(experiment, base, out, resume=args.resume, force=args.force,
                   distribute=getattr(args, "distribute", "default"),
                   dry_run=getattr(args, "dry_run", False),
@@ -45,8 +53,7 @@ def script_runner(experiment: str, base: Config, out: Path, args: argparse.Names
                   max_clients=getattr(args, "max_clients_per_step", None),
                   diagnose=getattr(args, "diagnose", 0),
                   knn_every=getattr(args, "knn_every", 0),
-                  knn_proxy=getattr(args, "knn_proxy", None),
-                  selection=getattr(args, "encoders_from", None))
+                  knn_proxy=options.knn_proxy, selection=options.selection)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,13 +106,17 @@ class Script:
             options(parser)
         return self.session(parser.parse_args(argv))
 
-    def session(self, args: argparse.Namespace) -> "Session":
+    def session(self, args: argparse.Namespace, options: RunnerOptions | None = None
+                ) -> "Session":
         """The session of already parsed ``args``: every option checked (the runner's
-        too) before any folder is made or data read."""
-        check_runner_options(args)
-        config, out = setup(args, self.name, check_sources=not self.stand_in)
+        too, unless ``options`` holds them read already) before any folder is made or
+        data read."""
+        options = RunnerOptions.of(args) if options is None else options
+        config, out = setup(args, self.name, check_sources=not self.stand_in,
+                            proxy=options.knn_proxy)
         return Session(self.name, args, config, out, f"{Path(self.file).parent.name}/"
-                                                     f"{self.name}.py", self.compares_in_tree)
+                                                     f"{self.name}.py", self.compares_in_tree,
+                       options)
 
 
 @dataclasses.dataclass
@@ -121,10 +132,12 @@ class Session:
     """The script's path in the kit, e.g. ``experiments/table2.py``."""
     compares_in_tree: bool = False
     """:attr:`Script.compares_in_tree`."""
+    options: RunnerOptions = RunnerOptions()
+    """The runner's options, read once."""
 
     @functools.cached_property
     def runner(self) -> Runner:
-        return script_runner(self.name, self.config, self.out, self.args)
+        return script_runner(self.name, self.config, self.out, self.args, self.options)
 
     def reuse_committed(self, tree: Path | None = None) -> None:
         """Take a run from a results tree where this machine would make it bit for bit
