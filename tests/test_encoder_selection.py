@@ -90,7 +90,7 @@ def test_bad_selection_input_is_one_line_exit_2_and_writes_nothing(tmp_path, arg
 
 
 def test_what_the_selection_shows_is_written_from_its_scores_and_verdicts(selection):
-    study = script("encoder_selection")
+    from cpcfl_tf.evidence import selection as study
 
     def row(seed, width, linear, paper):
         settings = {"projector_dim": None if paper else width}
@@ -128,6 +128,7 @@ def test_a_committed_selection_is_its_kept_scores_and_records(preset):
     import csv
 
     from cpcfl_tf.evidence.judge import final_accuracy
+    from cpcfl_tf.evidence.selection import choose
     from cpcfl_tf.records.record import read_record
 
     folder = ROOT / "results" / preset / "encoder_selection"
@@ -142,7 +143,7 @@ def test_a_committed_selection_is_its_kept_scores_and_records(preset):
         assert row["fingerprint"] == kept[row["cache"]]["fingerprint"]
     assert stored["selected"] == {
         str(s): json.loads(json.dumps(per)) for s, per in
-        script("encoder_selection").choose(stored["candidates"]).items()}
+        choose(stored["candidates"]).items()}
     made = sorted(folder.glob("seed*-cp-cfl-*.json"))  # the runs the study made itself
     assert made
     for path in made:

@@ -282,8 +282,12 @@ def test_the_study_judges_each_federated_encoder_against_both_references(tmp_pat
                                                                           monkeypatch):
     from helpers import script
 
+    from cpcfl_tf.evidence import federated_pretraining as evidence
+
     study = script("federated_pretraining")
-    monkeypatch.setattr(study, "ROWS", (study.ROWS[0], study.ROWS[1], study.ROWS[3]))
+    rows = (study.ROWS[0], study.ROWS[1], study.ROWS[3])
+    monkeypatch.setattr(study, "ROWS", rows)  # the runs the script makes
+    monkeypatch.setattr(evidence, "ROWS", rows)  # and the rows its summary reads
     out = tmp_path / "out"
     argv = ["--preset", "smoke", "--out", str(out), "--linear-epochs", "2",
             "--set", "federated.rounds=2",
@@ -381,9 +385,7 @@ def test_a_client_round_depends_on_its_own_inputs_only():
 
 
 def test_the_studys_findings_are_written_from_its_verdicts_and_means():
-    from helpers import script
-
-    study = script("federated_pretraining")
+    from cpcfl_tf.evidence import federated_pretraining as study
 
     def row(name, linear, knn, pre_mb, merged=0):
         return {"row": name, "linear_accuracy": linear, "knn_accuracy": knn, "seeds": 5,

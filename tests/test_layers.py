@@ -49,8 +49,8 @@ def _inside():
         "pretraining": ("losses", "model", *ssl, "pretrain", "fedavg_ssl",
                         *federated, "federated_pretrain", "linear_eval", "knn", "timing"),
         "running": ("cli", "report", "compare", "run_data", "taking", "runner", "script"),
-        "evidence": ("dataset_pairs", "judge", "plots", "reliability", "catalogue", "claims",
-                     "engine"),
+        "evidence": ("dataset_pairs", "judge", "plots", "reliability", "selection",
+                     "federated_pretraining", "catalogue", "claims", "engine"),
     }
 
 
@@ -157,3 +157,30 @@ def test_the_top_level_is_the_layers():
         p.name for p in root.iterdir() if (p / "__init__.py").exists()}
     assert top == set(LAYERS)
     assert not [key for key in LAYERS if "." in key]
+
+
+def test_the_shape_tool_counts_resolutions_builds_and_lookups_below_the_runner(tmp_path):
+    # tools/shape.py's flow figures on a hand-made package: one plan resolved (a
+    # Path.resolve() is no plan), two configs built, and of the registry lookups only
+    # the one below the runner counts (running/ is the runner's own layer).
+    from helpers import script
+
+    package = tmp_path / "cpcfl_tf"
+    (package / "clustered").mkdir(parents=True)
+    (package / "running").mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "clustered" / "a.py").write_text(
+        "from pathlib import Path\n"
+        "def f(config, fl):\n"
+        "    Path('x').resolve()\n"
+        "    rule = METHODS[fl.method].rule\n"
+        "    start = START.get(fl.pretraining)\n"
+        "    return config.with_overrides(seed=1)\n")
+    (package / "running" / "b.py").write_text(
+        "def g(config):\n"
+        "    plan = resolve(config)\n"
+        "    return METHODS[plan.method], Config()\n")
+    places = script("shape").flow(package)
+    assert places["resolve"] == ["cpcfl_tf/running/b.py:2"]
+    assert sorted(places["builds"]) == ["cpcfl_tf/clustered/a.py:6", "cpcfl_tf/running/b.py:3"]
+    assert sorted(places["lookups"]) == ["cpcfl_tf/clustered/a.py:4", "cpcfl_tf/clustered/a.py:5"]
