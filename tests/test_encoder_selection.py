@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from cpcfl_tf.plan.presets import get_preset
+from cpcfl_tf.plan.resolve import resolve
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.running.runner import Runner, RunSpec
 from helpers import ROOT, script
@@ -44,7 +45,8 @@ def test_every_candidate_is_scored_and_the_best_by_linear_accuracy_is_selected(s
     config = get_preset("smoke").with_overrides(seed=1, federated={"pretraining": "simclr",
                                                                    "rounds": 2},
                                                 data={"pretrain_split": "train[:256]"})
-    assert paper["fingerprint"] == weights_fingerprint(StartingEncoders(verbose=0)(config))
+    assert paper["fingerprint"] == weights_fingerprint(
+        StartingEncoders(verbose=0)(resolve(config)))
     # CP-CFL from the selected encoder: the same run where the paper's value won
     for seed in (0, 1):
         pick = stored["selected"][str(seed)]["simclr"]

@@ -29,21 +29,22 @@ def run(clients, method, checkpoint=None, on_round=None, **federated):
     return run_federated(resolve(config), clients, verbose=0, checkpoint=checkpoint, on_round=on_round)
 
 
-def one_round_by_hand(clients, fl, ids):
-    """Round 1 from the initial pool: every client trains model ``ids[u]`` with the
-    round's batches; returns the trained weights stacked over clients."""
+def one_round_by_hand(clients, plan, ids):
+    """Round 1 of ``plan`` from the initial pool: every client trains model ``ids[u]``
+    with the round's batches; returns the trained weights stacked over clients."""
     from cpcfl_tf.clustered.backends import backend_of
     from cpcfl_tf.clustered.local import LocalTraining, batch_orders, stack_models
     from cpcfl_tf.clustered.pool import build_template, initial_pool
 
-    template = build_template(run, clients.train.images.shape[2:], clients.num_classes)
+    fl = plan.federated
+    template = build_template(plan, clients.train.images.shape[2:], clients.num_classes)
     backend = backend_of(template, fl)
-    pool = initial_pool(run, template, None, seed=0, attempt=0)
+    pool = initial_pool(plan, template, None, seed=0, attempt=0)
     n = clients.train.num_clients
-    plan = algorithm.plan_round(run, 0, 0, 0, n, ids)
+    round_ = algorithm.plan_round(plan, 0, 0, 0, n, ids)
     return backend.train(stack_models(pool), ids, clients.train,
-                         batch_orders(n, clients.train.size, fl.local_epochs, plan.batch_seed),
-                         algorithm.trains_encoder(fl, plan), LocalTraining.of(fl))
+                         batch_orders(n, clients.train.size, fl.local_epochs, round_.batch_seed),
+                         algorithm.trains_encoder(fl, round_), LocalTraining.of(fl))
 
 
 def test_local_trains_each_client_alone_and_sends_nothing(clients):
@@ -54,7 +55,7 @@ def test_local_trains_each_client_alone_and_sends_nothing(clients):
     assert (record.final.bytes_down, record.final.bytes_up) == (0, 0)
     # after one round each client holds exactly what it trained alone from its own model
     _, state = run(clients, "local", rounds=1)
-    trained = one_round_by_hand(clients, record.config.federated, np.arange(n))
+    trained = one_round_by_hand(clients, resolve(record.config), np.arange(n))
     for u in range(n):
         for a, b in zip(state.models[u], trained):
             np.testing.assert_array_equal(a, b[u])
@@ -71,7 +72,7 @@ def test_oracle_is_fedavg_within_each_true_group(clients):
     assert (record.final.bytes_down, record.final.bytes_up) == (3 * n * size, 3 * n * size)
     # one round: each group's model is the |D_u|-weighted average of what its members trained
     _, state = run(clients, "oracle", rounds=1)
-    trained = one_round_by_hand(clients, record.config.federated, groups)
+    trained = one_round_by_hand(clients, resolve(record.config), groups)
     for g in range(3):
         members = np.flatnonzero(groups == g)
         expected = algorithm.weighted_average([a[members] for a in trained],

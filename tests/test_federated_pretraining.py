@@ -266,15 +266,15 @@ def test_cp_cfl_starts_from_a_federated_encoder(tmp_path):
     runner = Runner("t", base, tmp_path / "out", verbose=0, knn_every=1,
                     tensorboard=tmp_path / "tb")
     spec = RunSpec("cp-cfl-fed-simclr", "cp-cfl", "fed-simclr")
-    assert "to pre-train federated (2 rounds)" in runner.encoders.status(runner.config_of(spec))
+    assert "to pre-train federated (2 rounds)" in runner.encoders.status(runner.plan_of(spec))
     record = runner.run(spec)
     made = runner.encoders.federated(runner.config_of(spec))
     assert [0 <= h["knn_accuracy"] <= 1 for h in made.history] == [True, True]  # the monitor
     assert list((tmp_path / "tb" / "pretrain" / made.out_dir.name).iterdir())  # TensorBoard
-    encoder = runner.encoders(runner.config_of(spec))
+    encoder = runner.encoders(runner.plan_of(spec))
     assert record.environment["starting_encoder"] == weights_fingerprint(encoder)
     assert record.config.federated.pretraining == "fed-simclr"
-    assert "cached" in runner.encoders.status(runner.config_of(spec))
+    assert "cached" in runner.encoders.status(runner.plan_of(spec))
 
 
 # -- the study -------------------------------------------------------------------------

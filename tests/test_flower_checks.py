@@ -492,8 +492,8 @@ def test_a_run_whose_rule_asks_first_stops_only_when_no_client_answered(capsys):
     from cpcfl_tf.flower.common import run_config, to_record
     from cpcfl_tf.plan.resolve import resolve
 
-    fl = resolve(run_config(PACFL)).federated
-    good = np.zeros((8 * 8 * 3, fl.options["basis"]), np.float32)
+    run = resolve(run_config(PACFL))
+    good = np.zeros((8 * 8 * 3, run.federated.options["basis"]), np.float32)
 
     def answers(*arrays):
         return lambda *args: ([SimpleNamespace(metadata=SimpleNamespace(src_node_id=10 + k),
@@ -504,10 +504,10 @@ def test_a_run_whose_rule_asks_first_stops_only_when_no_client_answered(capsys):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(remote, "send", answers(good[:-1], good * np.nan, good[:, :1]))
         with pytest.raises(UserError, match="no client sent its subspace before training"):
-            remote.ask_first(None, {10: 0, 11: 1, 12: 2}, fl, 3, 1.0, image_shape=(8, 8, 3),
+            remote.ask_first(None, {10: 0, 11: 1, 12: 2}, run, 3, 1.0, image_shape=(8, 8, 3),
                              num_groups=3)
         patch.setattr(remote, "send", answers(good[:-1], good + 1, good[:, :1]))
-        got = remote.ask_first(None, {10: 0, 11: 1, 12: 2}, fl, 3, 1.0,
+        got = remote.ask_first(None, {10: 0, 11: 1, 12: 2}, run, 3, 1.0,
                                image_shape=(8, 8, 3), num_groups=3)
         assert got[0] is None and got[2] is None and np.array_equal(got[1], good + 1)
     assert "[cpcfl] left out of the run: clients [0, 2]" in capsys.readouterr().out

@@ -315,7 +315,7 @@ def test_the_starting_encoders_of_a_tree_move_to_another_machines_cache(cache, t
     def no_images(config):
         raise AssertionError("pre-trained again")
 
-    for a, b in zip(StartingEncoders(unlabeled=no_images, verbose=0)(config), simclr):
+    for a, b in zip(StartingEncoders(unlabeled=no_images, verbose=0)(resolve(config)), simclr):
         np.testing.assert_array_equal(a, b)
 
     capsys.readouterr()

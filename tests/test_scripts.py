@@ -320,10 +320,10 @@ def test_a_centralized_run_needs_one_or_group_many_models():
 def test_distribute_option_reaches_the_runner(tmp_path):
     from cpcfl_tf.running.cli import experiment_parser
     from cpcfl_tf.plan.presets import get_preset
-    from cpcfl_tf.running.script import script_runner
+    from cpcfl_tf.running.script import RunnerOptions, script_runner
 
     args = experiment_parser("x", "x").parse_args(["--distribute", "mirrored"])
-    runner = script_runner("x", get_preset("smoke"), tmp_path, args)
+    runner = script_runner("x", get_preset("smoke"), tmp_path, args, RunnerOptions.of(args))
     assert runner.distribute == "mirrored" and runner.resume is False
     assert "--distribute" not in experiment_parser("x", "x", distribute=False).format_help()
 
