@@ -329,3 +329,20 @@ def test_one_run_of_any_method_is_the_tables_run_of_its_config(smoke_run, tmp_pa
     assert stop.value.code == 2
     assert "unknown federated.method 'fedprox'; choose one of" in capsys.readouterr().err
     assert not (tmp_path / "new").exists()
+
+
+def test_a_scripts_data_is_checked_once_per_piece_of_data(tmp_path, monkeypatch):
+    # The script's set-up checks the base config's data; the runner then checks only what
+    # its runs read beyond it: table2's rows start from none, SimCLR (the smoke preset's,
+    # checked by the set-up), FedAvg, BYOL and SimSiam; CP-CFL+restart's base run and
+    # the other SimCLR rows read the same data and are not checked again.
+    from cpcfl_tf.plan import resolve as plan_resolve
+
+    checked, real = [], plan_resolve.check_data
+    monkeypatch.setattr(plan_resolve, "check_data",
+                        lambda config: (checked.append(config.federated.pretraining),
+                                        real(config))[1])
+    with pytest.raises(SystemExit) as stop:
+        table2().main(["--preset", "smoke", "--out", str(tmp_path / "t"), "--dry-run"])
+    assert stop.value.code == 0
+    assert sorted(checked) == ["byol", "fedavg", "none", "simclr", "simsiam"]

@@ -132,7 +132,7 @@ def main(grid: Grid, context: Context) -> None:
     else:
         print(f"[cpcfl] {len(client_of)} nodes: partitions {sorted(client_of.values())}",
               flush=True)
-    run = resolve(config)
+    run = resolve(config, checked=node_data is None)  # partition nodes: checked above
     fl = run.federated
     num_clients = config.partition.num_clients
 

@@ -118,10 +118,13 @@ class RunPlan:
         return self.config.federated.options
 
 
-def resolve(config: Config) -> RunPlan:
+def resolve(config: Config, *, checked: bool = False) -> RunPlan:
     """``config``'s plan. A config read back from a record is resolved already (its
-    ``federated`` is the resolved type) and is its own request."""
-    check_data(config)
+    ``federated`` is the resolved type) and is its own request. ``checked``: its data was
+    checked already (:func:`check_data` of a config of the same :func:`data_key`), so it
+    is not checked again."""
+    if not checked:
+        check_data(config)
     fl, p = config.federated, config.partition
     method = METHODS[fl.method]
     if isinstance(fl, ResolvedFederated):
@@ -134,6 +137,13 @@ def resolve(config: Config) -> RunPlan:
     start = START[fl.pretraining]
     gives = next((s for s in START.values() if s.made_by(fl.method, fl.pretraining)), None)
     return RunPlan(resolved, config, method, start, start.pretraining(config), gives)
+
+
+def data_key(config: Config) -> str:
+    """What :func:`check_data` reads of ``config``: its data, partition and pre-training
+    sections and its start (the unlabeled deal's check). Two configs of one key hold the
+    same data, or fail the same way."""
+    return repr((config.data, config.partition, config.pretrain, config.federated.pretraining))
 
 
 def check_data(config: Config) -> None:

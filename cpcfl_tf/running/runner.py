@@ -34,7 +34,7 @@ from cpcfl_tf.records.store import Found, RecordStore
 from cpcfl_tf.records.files import weights_fingerprint
 from cpcfl_tf.running.run_data import DataCache
 from cpcfl_tf.running.taking import Decision, RunDecision, Taking
-from cpcfl_tf.plan.resolve import RunPlan, resolve
+from cpcfl_tf.plan.resolve import RunPlan, data_key, resolve
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +78,8 @@ class Runner:
                  dry_run: bool = False, tensorboard: str | Path | None = None,
                  max_clients: int | None = None, diagnose: int = 0, knn_every: int = 0,
                  knn_proxy: tuple[tuple[str, str], tuple[str, str]] | None = None,
-                 selection: dict[int, dict[str, dict]] | None = None):
+                 selection: dict[int, dict[str, dict]] | None = None,
+                 base_checked: bool = False):
         from cpcfl_tf.records.files import CACHE_FIX, cache_root, prepare_out_dir
 
         self.experiment, self.base = experiment, base
@@ -115,6 +116,9 @@ class Runner:
         """Every record :meth:`run` returned, in order: what the script's report shows."""
         self._plans: dict[str, RunPlan] = {}
         """Each spec's plan (:meth:`plan_of`), by the spec."""
+        self._checked: set[str] = {data_key(base)} if base_checked else set()
+        """The data the runs' configs read, checked already (``base_checked``: the
+        script layer checked the base's), by :func:`~cpcfl_tf.plan.resolve.data_key`."""
 
     def config_of(self, spec: RunSpec) -> Config:
         """``spec``'s config on this runner's base, its starting encoder the one
@@ -127,7 +131,10 @@ class Runner:
         once: a config its data cannot hold is refused here, in one line."""
         key = repr(spec)
         if key not in self._plans:
-            self._plans[key] = resolve(self.config_of(spec))
+            config = self.config_of(spec)
+            data = data_key(config)
+            self._plans[key] = resolve(config, checked=data in self._checked)
+            self._checked.add(data)  # each piece of data is checked once
         return self._plans[key]
 
     def path(self, spec: RunSpec) -> Path:

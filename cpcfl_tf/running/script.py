@@ -53,7 +53,8 @@ def script_runner(experiment: str, base: Config, out: Path, args: argparse.Names
                   max_clients=getattr(args, "max_clients_per_step", None),
                   diagnose=getattr(args, "diagnose", 0),
                   knn_every=getattr(args, "knn_every", 0),
-                  knn_proxy=options.knn_proxy, selection=options.selection)
+                  knn_proxy=options.knn_proxy, selection=options.selection,
+                  base_checked=True)  # by the script's setup
 
 
 @dataclasses.dataclass(frozen=True)

@@ -106,7 +106,10 @@ def base_plan(run: RunPlan) -> RunPlan | None:
     """The plan of the run ``run`` is until its restart rule fires (its method's
     :attr:`~cpcfl_tf.methods.federated.Method.restarts_of`); None for other methods."""
     base = run.method.restarts_of
-    return resolve(run.requested.with_overrides(federated={"method": base})) if base else None
+    if not base:
+        return None
+    # the same data as ``run``'s, checked when ``run`` was resolved
+    return resolve(run.requested.with_overrides(federated={"method": base}), checked=True)
 
 
 def stands_in(record: RunRecord, run: RunPlan, base: RunPlan | None) -> bool:
