@@ -1,8 +1,8 @@
 """The kit's modules import one way, package by package: the foundations (errors, stored
 layouts, data, plugins) -> what each method is (``methods/``, the registries every config
 checks) -> the run asked for and its plan (``plan/``) -> records and models ->
-pretraining -> clustered -> Flower -> running (cli, report, the runner, the script
-scaffold) -> the paper's evidence, and inside each package in the order below. Checked on
+pretraining -> clustered -> Flower -> running (reports, the runner, then the command line
+and the script scaffold) -> the paper's evidence, and inside each package in the order below. Checked on
 every import statement, module level or inside a function (an import inside a function
 keeps TensorFlow out of a process that does not need it; it never dodges a circle)."""
 import ast
@@ -48,7 +48,7 @@ def _inside():
         # takes its place here without an edit.
         "pretraining": ("losses", "model", *ssl, "pretrain", "fedavg_ssl",
                         *federated, "federated_pretrain", "linear_eval", "knn", "timing"),
-        "running": ("cli", "report", "compare", "run_data", "taking", "runner", "script"),
+        "running": ("report", "compare", "run_data", "taking", "runner", "cli", "script"),
         "evidence": ("dataset_pairs", "judge", "plots", "reliability", "selection",
                      "federated_pretraining", "catalogue", "claims", "engine"),
     }
