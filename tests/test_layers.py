@@ -2,9 +2,10 @@
 layouts, data, plugins) -> what each method is (``methods/``, the registries every config
 checks) -> the run asked for and its plan (``plan/``) -> records and models ->
 pretraining -> clustered -> Flower -> running (reports, the runner, then the command line
-and the script scaffold) -> the paper's evidence, and inside each package in the order below. Checked on
-every import statement, module level or inside a function (an import inside a function
-keeps TensorFlow out of a process that does not need it; it never dodges a circle)."""
+and the script scaffold) -> the paper's evidence, and inside each package in the order
+below. Checked on every import statement, module level or inside a function (an import
+inside a function keeps TensorFlow out of a process that does not need it; it never
+dodges a circle)."""
 import ast
 
 from helpers import ROOT
