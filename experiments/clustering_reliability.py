@@ -23,8 +23,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.evidence.reliability import (ROWS, figures, remedy_lines, report, study_rows,
-                                           verdict_line)
+from cpcfl_tf.evidence.reliability import ROWS, figures, study_rows
+from cpcfl_tf.evidence.reliability_report import remedy_lines, report, verdict_line
 from cpcfl_tf.records.record import RunRecord
 from cpcfl_tf.running.runner import RunSpec
 from cpcfl_tf.running.script import Script

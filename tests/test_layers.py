@@ -50,8 +50,8 @@ def _inside():
         "pretraining": ("losses", "model", *ssl, "pretrain", "fedavg_ssl",
                         *federated, "federated_pretrain", "linear_eval", "knn", "timing"),
         "running": ("report", "compare", "run_data", "taking", "runner", "cli", "script"),
-        "evidence": ("dataset_pairs", "judge", "plots", "reliability", "selection",
-                     "federated_pretraining", "catalogue", "claims", "engine"),
+        "evidence": ("dataset_pairs", "judge", "plots", "reliability", "reliability_report",
+                     "selection", "federated_pretraining", "catalogue", "claims", "engine"),
     }
 
 

@@ -253,6 +253,7 @@ def test_clustering_reliability_counts_rates_shares_encoders_and_explains_merges
     from cpcfl_tf.records.record import read_record
 
     from cpcfl_tf.evidence import reliability as study
+    from cpcfl_tf.evidence import reliability_report as sentences
 
     reliability = script("clustering_reliability")
     out = tmp_path / "out"
@@ -307,8 +308,8 @@ def test_clustering_reliability_counts_rates_shares_encoders_and_explains_merges
     assert ("2 runs of CP-CFL+restart are CP-CFL's runs of the same config: its restart rule "
             "never fired in them") in report
     assert "\n".join(["What it shows (written from the tables above):", "",
-                      *(f"- {line}" for line in study.findings(summary))]) in report
-    assert summary["table"][-1] == f"- {study.findings(summary)[-1]}"  # README's block
+                      *(f"- {line}" for line in sentences.findings(summary))]) in report
+    assert summary["table"][-1] == f"- {sentences.findings(summary)[-1]}"  # README's block
     merged = [n for n, r in records.items() if r.final.ari < 1]
     for name in merged:  # every run that missed the groups is listed, with its margins
         index = name.split("-")[0][3:]
@@ -346,7 +347,7 @@ def test_clustering_reliability_counts_rates_shares_encoders_and_explains_merges
 
 
 def test_what_the_reliability_study_shows_is_written_from_its_summary():
-    from cpcfl_tf.evidence import reliability
+    from cpcfl_tf.evidence import reliability_report as reliability
 
     def method(found, runs, acc_found, acc_not, merged_from=(), restarts=0, mb=100.0):
         from cpcfl_tf.evidence.judge import clopper_pearson
