@@ -57,9 +57,9 @@ def test_a_script_resolves_each_run_once_and_refuses_bad_data_before_any_run(
 
     calls = []
 
-    def counted(config):
+    def counted(config, **options):
         calls.append(config.federated.method)
-        return resolve(config)
+        return resolve(config, **options)
 
     monkeypatch.setattr(runner_module, "resolve", counted)
     runner = Runner("t", get_preset("smoke"), tmp_path / "out", verbose=0, dry_run=True)
