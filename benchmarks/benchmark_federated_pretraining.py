@@ -50,7 +50,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         pretrain={"epochs": args.epochs,
                   "options": {algorithm: {"rounds": args.epochs, "local_epochs": 1}}})
 
-    from cpcfl_tf.pretraining.federated_pretrain import federated_pretrain, federated_plan
+    from cpcfl_tf.pretraining.federated_pretrain import federated_pretrain
+    from cpcfl_tf.plan.resolve import pretraining_of
     from cpcfl_tf.pretraining.pretrain import load_pretrain_images, pretrain
     from cpcfl_tf.data.unlabeled import deal_unlabeled
     from cpcfl_tf.records.files import write_json
@@ -58,13 +59,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     images = load_pretrain_images(config.data)
     if args.images:
         images = images[:args.images]
-    batch = federated_plan(config)["settings"]["batch_size"]
+    pretraining = pretraining_of(config)
+    batch, method = pretraining.federated_settings["batch_size"], pretraining.ssl.name
     rows = deal_unlabeled("iid", len(images), clients, seed=config.seed, batch_size=batch)
-    method = federated_plan(config)["method"]
     with tempfile.TemporaryDirectory() as tmp:
-        server = pretrain(config.pretrain, images, Path(tmp) / "server", method=method,
+        server = pretrain(config.pretrain, images, Path(tmp) / "server", method=pretraining.ssl,
                           seed=config.seed, verbose=1)
-        federated = federated_pretrain(config, [images[r] for r in rows],
+        federated = federated_pretrain(pretraining, [images[r] for r in rows],
                                        Path(tmp) / "federated", verbose=1)
     server_s = statistics.median(h["seconds"] for h in server.history[1:])
     fed_s = statistics.median(h["seconds"] for h in federated.history[1:])

@@ -17,6 +17,7 @@ from cpcfl_tf.plan.config import ENCODERS
 from cpcfl_tf.records.environment import environment
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.methods.federated import PRETRAIN_METHODS
+from cpcfl_tf.methods.ssl import get_ssl_method
 from cpcfl_tf.running.script import Script
 
 
@@ -56,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     batch = random_images(pretrain.batch_size, size, args.seed)
     seconds = compare_seconds({"contrastive": contrastive_step(pretrain, size, args.seed,
-                                                               args.method),
+                                                               get_ssl_method(args.method)),
                                "encoder": bare_encoder_step(pretrain, size, args.seed)},
                               batch, repeats=args.repeats)
     record = {"experiment": "benchmark_pretraining", "preset": config.preset,

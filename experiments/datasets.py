@@ -56,9 +56,10 @@ def relevance(runner: Runner, spec: RunSpec) -> float:
     """The relevance score of the spec's pre-training data to its client data."""
     from cpcfl_tf.pretraining.linear_eval import relevance_score
 
-    config = spec.config(runner.base)
+    run = runner.plan_of(spec)
+    config = run.requested
     client_images = runner.data.partition(config)[1].images
-    encoder = runner.encoders.contrastive(config, "simclr").encoder
+    encoder = runner.encoders.contrastive(run).encoder
     return relevance_score(encoder, runner.data.unlabeled(config), client_images,
                            seed=config.seed)
 
@@ -68,7 +69,6 @@ def relevance_scores(session, pairs, runs) -> dict[str, float]:
     the SimCLR encoder it was computed from and the machine: a report rebuilt later, or on
     another kind of CPU (whose pre-training gives other bits), reads the same score; an
     encoder of other settings, or ``--force``, computes it again."""
-    from cpcfl_tf.pretraining.pretrain import pretrain_folder
     from cpcfl_tf.records.environment import environment
     from cpcfl_tf.records.files import read_json, write_json
 
@@ -77,13 +77,13 @@ def relevance_scores(session, pairs, runs) -> dict[str, float]:
               else read_json(path, fix="delete it to compute the scores again"))
     scores, changed = {}, False
     for pair in pairs:
-        config = runs[pair.key][0].config(session.runner.base)
-        encoder = pretrain_folder(config.pretrain, config.data, "simclr",
-                                  config.pretrain_seed).name
+        spec = runs[pair.key][-1]  # a centralized baseline: it starts from the server's SimCLR
+        encoder = session.runner.encoders.pretrain_folder(
+            session.runner.plan_of(spec).pretraining).name
         kept = stored.get(pair.key)
         if kept is None or kept.get("encoder") != encoder:
             kept = stored[pair.key] = {
-                "score": relevance(session.runner, runs[pair.key][0]), "encoder": encoder,
+                "score": relevance(session.runner, spec), "encoder": encoder,
                 "environment": environment()}
             changed = True
         scores[pair.key] = kept["score"]

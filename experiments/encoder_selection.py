@@ -103,8 +103,10 @@ def candidates(config: Config, method: str, grid: dict[str, list]) -> list[dict[
 
 
 def _with(config: Config, method: str, settings: dict) -> Config:
+    """``config`` starting from the server's pre-training with ``method`` and ``settings``."""
     return config.with_overrides(pretrain={"options": {**(config.pretrain.options or {}),
-                                                       method: settings}})
+                                                       method: settings}},
+                                 federated={"pretraining": method})
 
 
 def shown(config: Config, method: str, settings: dict) -> dict:
@@ -160,7 +162,7 @@ def score_candidates(session, plan: dict[str, list[dict]], seeds: list[int]) -> 
     scores of a candidate scored before (``candidates.json`` in the output folder) are
     kept, as its cache entry names the same encoder."""
     from cpcfl_tf.pretraining.knn import proxy_scores
-    from cpcfl_tf.pretraining.pretrain import pretrain_folder
+    from cpcfl_tf.plan.resolve import resolve
     from cpcfl_tf.records.files import read_json, write_json
 
     config, runner = session.config, session.runner
@@ -174,15 +176,14 @@ def score_candidates(session, plan: dict[str, list[dict]], seeds: list[int]) -> 
     for seed in seeds:
         for method, cands in plan.items():
             for settings in cands:
-                run_config = _with(config.with_overrides(seed=seed), method, settings)
-                folder = pretrain_folder(run_config.pretrain, run_config.data, method,
-                                         run_config.pretrain_seed).name
+                run = resolve(_with(config.with_overrides(seed=seed), method, settings))
+                folder = runner.encoders.pretrain_folder(run.pretraining).name
                 epochs = session.args.linear_epochs
                 if kept.get(folder, {}).get("linear_epochs", epochs) != epochs:
                     kept.pop(folder, None)  # scored with another --linear-epochs
                 if folder not in kept:
                     proxy = proxy or runner.data.client_splits(config.data)
-                    result = runner.encoders.contrastive(run_config, method)
+                    result = runner.encoders.contrastive(run)
                     kept[folder] = {**proxy_scores(result.encoder, *proxy, seed=seed,
                                                    epochs=epochs),
                                     "final_loss": result.history[-1]["loss"]}

@@ -111,8 +111,8 @@ def score_encoders(session, specs: Sequence[RunSpec], only_kept: bool = False
         config, start, pretraining = run.requested, run.start.name, run.pretraining
         if pretraining is None:  # random weights
             continue
-        result = (runner.encoders.federated(config) if pretraining.federated
-                  else runner.encoders.contrastive(config, pretraining.method))
+        result = (runner.encoders.federated(run) if pretraining.federated
+                  else runner.encoders.contrastive(run))
         folder = result.out_dir.name
         if kept.get(folder, {}).get("linear_epochs") != epochs:
             proxy = proxy or runner.data.client_splits(config.data)

@@ -57,6 +57,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from cpcfl_tf.clustered.clients import load_client_splits
     from cpcfl_tf.models import build_encoder
     from cpcfl_tf.models.seeding import seeded
+    from cpcfl_tf.plan.resolve import resolve
     from cpcfl_tf.records.files import weights_fingerprint, write_json
 
     proxy_train, proxy_test = load_client_splits(config.data)
@@ -66,7 +67,8 @@ def main(argv: Sequence[str] | None = None) -> None:
              "accuracy": linear_eval(random_encoder, proxy_train, proxy_test, seed=config.seed)}]
     print(f"random encoder: linear evaluation accuracy {rows[0]['accuracy']:.4f}")
     for method in methods:
-        result = session.runner.encoders.contrastive(config, method)
+        run = resolve(config.with_overrides(federated={"pretraining": method}))
+        result = session.runner.encoders.contrastive(run)
         last = result.history[-1]
         rows.append({"pretraining": method, "epochs": config.pretrain.epochs,
                      "accuracy": linear_eval(result.encoder, proxy_train, proxy_test,

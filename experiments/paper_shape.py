@@ -157,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                           ) as loaded:
             loaded["array_bytes"] = runner.data.unlabeled(run_config).nbytes
         with stages.stage(f"pre-train SimCLR ({run_config.pretrain.epochs} epoch(s))"):
-            runner.encoders.contrastive(run_config, "simclr")
+            runner.encoders.contrastive(runner.plan_of(spec))
         with stages.stage(f"load the client images and draw the "
                           f"{run_config.partition.num_clients} clients") as loaded:
             _, train, test = runner.data.partition(run_config)

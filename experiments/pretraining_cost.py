@@ -15,6 +15,7 @@ from cpcfl_tf.plan.config import ENCODERS
 from cpcfl_tf.plan.presets import pretrain_config_for
 from cpcfl_tf.records.environment import environment
 from cpcfl_tf.errors import UserError, run_cli
+from cpcfl_tf.methods.ssl import get_ssl_method
 from cpcfl_tf.running.report import markdown_table
 from cpcfl_tf.running.script import Script
 
@@ -61,8 +62,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(f"{name}: kept the earlier measurement ({path})")
             rows.append(row)
             continue
-        seconds = median_seconds(contrastive_step(pretrain, size, args.seed),
-                                 random_images(pretrain.batch_size, size, args.seed),
+        step = contrastive_step(pretrain, size, args.seed, get_ssl_method("simclr"))
+        seconds = median_seconds(step, random_images(pretrain.batch_size, size, args.seed),
                                  repeats=args.repeats)
         flops = count_flops(build_encoder(name, (size, size, 3)))
         flops_96 = flops if size == 96 else count_flops(build_encoder(name, (96, 96, 3)))

@@ -172,6 +172,7 @@ def test_bad_folders_are_refused_by_name_before_any_data_is_read(tmp_path, monke
     import cpcfl_tf.data as data
     import cpcfl_tf.clustered.clients as clients
     from cpcfl_tf.plan.presets import get_preset
+    from cpcfl_tf.methods.ssl import get_ssl_method
     from cpcfl_tf.errors import UserError
     from helpers import script
 
@@ -187,7 +188,8 @@ def test_bad_folders_are_refused_by_name_before_any_data_is_read(tmp_path, monke
         args += ["--tensorboard", str(blocker)]
     if at_fault == "foreign checkpoint":
         config = get_preset("smoke")
-        folder = pretrain.pretrain_folder(config.pretrain, config.data, "simclr", config.seed)
+        folder = pretrain.pretrain_folder(config.pretrain, config.data,
+                                          get_ssl_method("simclr"), config.seed)
         folder.mkdir(parents=True)
         meta = {"config": pretrain.identity(config.pretrain, "simclr"), "seed": 12345,
                 "images": [1, 1, 1, 1]}

@@ -99,7 +99,7 @@ def _weights(model):
 
 @pytest.mark.parametrize("method", list(SSL_METHODS))
 def test_one_step_changes_the_online_weights(method, digits):
-    model = build_contrastive_model(PretrainConfig(batch_size=64), (32, 32, 3), method=method)
+    model = build_contrastive_model(PretrainConfig(batch_size=64), (32, 32, 3), method=SSL_METHODS[method])
     before = _weights(model.encoder)
     logs = model.train_step(tf.constant(digits[:64]))
     assert set(logs) == {"loss", "embedding_std"} and np.isfinite(float(logs["loss"]))
@@ -115,7 +115,7 @@ def test_each_view_predicts_the_other_views_target(method, digits):
     """The symmetrised losses pair p1 with the (stopped) target of view 2 and p2 with that
     of view 1 (BYOL: 2 - 2 cos, summed; SimSiam: -cos, halved), checked in NumPy on the
     model's own branches; the same-view pairing gives another value."""
-    model = build_contrastive_model(PretrainConfig(), (32, 32, 3), method=method)
+    model = build_contrastive_model(PretrainConfig(), (32, 32, 3), method=SSL_METHODS[method])
     view1, view2 = model.views(tf.constant(digits[:32]))
     loss, _ = model.contrastive_loss(view1, view2)
     (p1, z1), (p2, z2) = (tuple(t.numpy().astype(np.float64)
@@ -133,7 +133,7 @@ def test_each_view_predicts_the_other_views_target(method, digits):
 
 def test_byol_target_is_the_moving_average_and_gets_no_gradient(digits):
     model = build_contrastive_model(PretrainConfig(), (32, 32, 3),
-                                    method="byol")
+                                    method=SSL_METHODS["byol"])
     targets = model.target_encoder.trainable_variables + model.target_projector.trainable_variables
     view1, view2 = model.views(tf.constant(digits[:32]))
     with tf.GradientTape() as tape:
@@ -151,15 +151,15 @@ def test_byol_target_is_the_moving_average_and_gets_no_gradient(digits):
 
 def test_pretrain_saves_the_encoder_alone_and_reuses_it(digits, tmp_path):
     config = PretrainConfig(epochs=2, batch_size=64)
-    result = pretrain(config, digits, tmp_path, seed=1, verbose=0)
+    result = pretrain(config, digits, tmp_path, seed=1, verbose=0, method=SSL_METHODS["simclr"])
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == ["encoder.keras", "encoder.weights.h5", "pretrain.json"]
     assert [h["epoch"] for h in result.history] == [1, 2]
-    again = pretrain(config, digits, tmp_path, seed=1, verbose=0)
+    again = pretrain(config, digits, tmp_path, seed=1, verbose=0, method=SSL_METHODS["simclr"])
     assert all(np.array_equal(a, b) for a, b in zip(result.encoder.get_weights(),
                                                     again.encoder.get_weights()))
     with pytest.raises(UserError, match="different finished pre-training"):
-        pretrain(config, digits, tmp_path, seed=2, verbose=0)
+        pretrain(config, digits, tmp_path, seed=2, verbose=0, method=SSL_METHODS["simclr"])
 
 
 def test_pretrained_encoder_pretrains_the_method_a_run_names(tmp_path, monkeypatch):
@@ -173,18 +173,18 @@ def test_pretrained_encoder_pretrains_the_method_a_run_names(tmp_path, monkeypat
     config = get_preset("smoke")
     images = np.zeros((2, 8, 8, 3), np.float32)
     for method in ("byol", "simsiam"):
-        module.pretrained_encoder(config.pretrain, config.data, method=method, images=images,
+        module.pretrained_encoder(config.pretrain, config.data, method=SSL_METHODS[method], images=images,
                                   verbose=0)
     (byol, byol_method, byol_dir), (simsiam, simsiam_method, simsiam_dir) = calls
     assert byol == simsiam == config.pretrain
-    assert (byol_method, simsiam_method) == ("byol", "simsiam")
+    assert (byol_method.name, simsiam_method.name) == ("byol", "simsiam")
     assert byol_dir != simsiam_dir  # each method has its own cache entry
     assert byol_dir.name.startswith("byol-") and simsiam_dir.name.startswith("simsiam-")
 
 
 def test_an_interrupted_pretraining_resumes_to_the_same_encoder(digits, tmp_path, monkeypatch):
     config = PretrainConfig(epochs=3, batch_size=64)
-    whole = pretrain(config, digits, tmp_path / "whole", method="byol", seed=0, verbose=0)
+    whole = pretrain(config, digits, tmp_path / "whole", method=SSL_METHODS["byol"], seed=0, verbose=0)
 
     from cpcfl_tf.pretraining import pretrain as driver
     real_save = driver._save_checkpoint
@@ -196,10 +196,10 @@ def test_an_interrupted_pretraining_resumes_to_the_same_encoder(digits, tmp_path
 
     monkeypatch.setattr(driver, "_save_checkpoint", save_then_die)
     with pytest.raises(KeyboardInterrupt):
-        pretrain(config, digits, tmp_path / "cut", method="byol", seed=0, verbose=0)
+        pretrain(config, digits, tmp_path / "cut", method=SSL_METHODS["byol"], seed=0, verbose=0)
     assert (tmp_path / "cut" / "checkpoint.npz").exists()
     monkeypatch.setattr(driver, "_save_checkpoint", real_save)
-    resumed = pretrain(config, digits, tmp_path / "cut", method="byol", seed=0, verbose=0)
+    resumed = pretrain(config, digits, tmp_path / "cut", method=SSL_METHODS["byol"], seed=0, verbose=0)
     assert [h["loss"] for h in resumed.history] == [h["loss"] for h in whole.history]
     for a, b in zip(whole.encoder.get_weights(), resumed.encoder.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
@@ -207,10 +207,10 @@ def test_an_interrupted_pretraining_resumes_to_the_same_encoder(digits, tmp_path
 
 def test_a_damaged_checkpoint_starts_the_pre_training_over(digits, tmp_path, capsys):
     config = PretrainConfig(epochs=1, batch_size=64)
-    whole = pretrain(config, digits, tmp_path / "whole", seed=0, verbose=0)
+    whole = pretrain(config, digits, tmp_path / "whole", seed=0, verbose=0, method=SSL_METHODS["simclr"])
     (tmp_path / "cut").mkdir()
     (tmp_path / "cut" / "checkpoint.npz").write_bytes(b"not a checkpoint")
-    again = pretrain(config, digits, tmp_path / "cut", seed=0, verbose=0)
+    again = pretrain(config, digits, tmp_path / "cut", seed=0, verbose=0, method=SSL_METHODS["simclr"])
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "checkpoint.npz is damaged" in err[0] and "over" in err[0]
     for a, b in zip(whole.encoder.get_weights(), again.encoder.get_weights()):
@@ -223,13 +223,13 @@ def test_nan_loss_stops_with_a_clear_error(digits, tmp_path, monkeypatch):
     monkeypatch.setattr(simclr, "nt_xent_across_replicas",
                         lambda zi, zj, tau: tf.reduce_sum(zi) * float("nan"))
     with pytest.raises(DivergedError, match=r"loss became nan .*pretrain\.learning_rate"):
-        pretrain(PretrainConfig(epochs=2, batch_size=64), digits, tmp_path, verbose=0)
+        pretrain(PretrainConfig(epochs=2, batch_size=64), digits, tmp_path, verbose=0, method=SSL_METHODS["simclr"])
     assert not (tmp_path / "encoder.keras").exists()
 
 
 def _two_step_losses(config, method, views, jit_compile=False):
     """The losses of two steps on the same views, from the seeded initial weights."""
-    model = build_contrastive_model(config, (32, 32, 3), method=method, seed=3)
+    model = build_contrastive_model(config, (32, 32, 3), method=SSL_METHODS[method], seed=3)
     update = tf.function(model.update, jit_compile=jit_compile)
     losses = []
     for _ in range(2):
@@ -241,7 +241,7 @@ def _two_step_losses(config, method, views, jit_compile=False):
 
 @pytest.fixture(scope="module")
 def views(digits):
-    model = build_contrastive_model(PretrainConfig(), (32, 32, 3), seed=3)
+    model = build_contrastive_model(PretrainConfig(), (32, 32, 3), seed=3, method=SSL_METHODS["simclr"])
     return model.views(tf.constant(digits[:32]))
 
 

@@ -14,6 +14,7 @@ from cpcfl_tf.errors import UserError
 from cpcfl_tf.methods.federated import METHODS, STARTS
 from cpcfl_tf.methods.ssl import FEDERATED_SSL, FEDERATED_STARTS, SSL_METHODS
 from cpcfl_tf.plan.resolve import resolve
+from cpcfl_tf.plan.resolve import pretraining_of
 
 
 def smoke(start: str, deal: str = "iid", **settings):
@@ -150,9 +151,9 @@ def test_fedavg_of_one_client_is_that_clients_own_pretraining(tmp_path):
     config = smoke("fed-simsiam", "iid", rounds=1, local_epochs=2).with_overrides(
         partition={"num_clients": 1, "num_groups": 1})
     images = np.random.default_rng(0).integers(0, 255, (70, 32, 32, 3), dtype=np.uint8)
-    result = federated_pretrain(config, [images], tmp_path / "fed", verbose=0)
+    result = federated_pretrain(pretraining_of(config), [images], tmp_path / "fed", verbose=0)
 
-    model = build_contrastive_model(config.pretrain, (32, 32, 3), method="simsiam",
+    model = build_contrastive_model(config.pretrain, (32, 32, 3), method=SSL_METHODS["simsiam"],
                                     seed=config.pretrain_seed)
     step = model.make_step(False)
     # The augmentation's streams as a client round sets them: from (seed, round, client).
@@ -173,7 +174,7 @@ def test_fedema_mu_matches_numpy():
     from cpcfl_tf.pretraining.pretrain import build_contrastive_model
 
     config = smoke("fedema-byol")
-    model = build_contrastive_model(config.pretrain, (32, 32, 3), method="byol", seed=0)
+    model = build_contrastive_model(config.pretrain, (32, 32, 3), method=SSL_METHODS["byol"], seed=0)
     algorithm = FedEMA(FEDERATED_SSL["fedema"].resolve(None))
     shared = algorithm.shared(model)
     rng = np.random.default_rng(5)
@@ -220,8 +221,8 @@ def test_the_server_receives_online_weights_and_counts_only(tmp_path, monkeypatc
     config = smoke("fed-byol", rounds=1).with_overrides(
         partition={"num_clients": 3, "num_groups": 3})
     images = [np.full((40 + 10 * k, 32, 32, 3), k, np.uint8) for k in range(3)]
-    federated_pretrain(config, images, tmp_path / "fed", verbose=0)
-    model = build_contrastive_model(config.pretrain, (32, 32, 3), method="byol", seed=0)
+    federated_pretrain(pretraining_of(config), images, tmp_path / "fed", verbose=0)
+    model = build_contrastive_model(config.pretrain, (32, 32, 3), method=SSL_METHODS["byol"], seed=0)
     online = [w.shape for p in model.online_parts for w in p.get_weights()]
     (uploads, counts), = seen
     assert counts == [40, 50, 60]
@@ -235,7 +236,7 @@ def test_an_interrupted_federated_pretraining_resumes_bit_for_bit(tmp_path, monk
         partition={"num_clients": 3, "num_groups": 3})
     rng = np.random.default_rng(1)
     images = [rng.integers(0, 255, (40, 32, 32, 3), dtype=np.uint8) for _ in range(3)]
-    whole = fp.federated_pretrain(config, images, tmp_path / "whole", verbose=0)
+    whole = fp.federated_pretrain(pretraining_of(config), images, tmp_path / "whole", verbose=0)
 
     real, saves = fp._save, []
 
@@ -247,9 +248,9 @@ def test_an_interrupted_federated_pretraining_resumes_bit_for_bit(tmp_path, monk
 
     monkeypatch.setattr(fp, "_save", stop_after_two)
     with pytest.raises(KeyboardInterrupt):
-        fp.federated_pretrain(config, images, tmp_path / "cut", verbose=0)
+        fp.federated_pretrain(pretraining_of(config), images, tmp_path / "cut", verbose=0)
     monkeypatch.setattr(fp, "_save", real)
-    resumed = fp.federated_pretrain(config, images, tmp_path / "cut", verbose=0)
+    resumed = fp.federated_pretrain(pretraining_of(config), images, tmp_path / "cut", verbose=0)
     assert [h["round"] for h in resumed.history] == [1, 2, 3]
     for a, b in zip(whole.encoder.get_weights(), resumed.encoder.get_weights()):
         np.testing.assert_array_equal(a, b)
@@ -268,7 +269,7 @@ def test_cp_cfl_starts_from_a_federated_encoder(tmp_path):
     spec = RunSpec("cp-cfl-fed-simclr", "cp-cfl", "fed-simclr")
     assert "to pre-train federated (2 rounds)" in runner.encoders.status(runner.plan_of(spec))
     record = runner.run(spec)
-    made = runner.encoders.federated(runner.config_of(spec))
+    made = runner.encoders.federated(runner.plan_of(spec))
     assert [0 <= h["knn_accuracy"] <= 1 for h in made.history] == [True, True]  # the monitor
     assert list((tmp_path / "tb" / "pretrain" / made.out_dir.name).iterdir())  # TensorBoard
     encoder = runner.encoders(runner.plan_of(spec))
@@ -369,7 +370,7 @@ def test_a_client_round_depends_on_its_own_inputs_only():
     config = smoke("fed-simclr")
     rng = np.random.default_rng(2)
     images = [rng.integers(0, 255, (40, 32, 32, 3), dtype=np.uint8) for _ in range(2)]
-    first, alone = LocalTrainer(config, (32, 32, 3)), LocalTrainer(config, (32, 32, 3))
+    first, alone = LocalTrainer(pretraining_of(config), (32, 32, 3)), LocalTrainer(pretraining_of(config), (32, 32, 3))
     start = first.initial()
     first.round(start, ClientState(), images[0], 0, 0)
     after_another, _ = first.round(start, ClientState(), images[1], 0, 1)
@@ -463,8 +464,8 @@ def test_fedavg_of_two_clients_is_their_rounds_averaged_by_image_count(tmp_path)
         partition={"num_clients": 2, "num_groups": 2})
     rng = np.random.default_rng(4)
     images = [rng.integers(0, 255, (n, 32, 32, 3), dtype=np.uint8) for n in (48, 96)]
-    result = federated_pretrain(config, images, tmp_path / "fed", verbose=0)
-    trainer = LocalTrainer(config, (32, 32, 3))
+    result = federated_pretrain(pretraining_of(config), images, tmp_path / "fed", verbose=0)
+    trainer = LocalTrainer(pretraining_of(config), (32, 32, 3))
     start = trainer.initial()
     sent = [trainer.round(start, ClientState(), images[k], 0, k)[0] for k in (0, 1)]
     encoder = len(result.encoder.get_weights())
@@ -483,7 +484,7 @@ def test_fedema_with_a_fixed_scaler_uses_it():
     from cpcfl_tf.pretraining.pretrain import build_contrastive_model
 
     config = smoke("fedema-byol")
-    model = build_contrastive_model(config.pretrain, (32, 32, 3), method="byol", seed=0)
+    model = build_contrastive_model(config.pretrain, (32, 32, 3), method=SSL_METHODS["byol"], seed=0)
     rng = np.random.default_rng(6)
     base = get_parts(FedEMA.shared(model))
     previous = [w + rng.normal(0, 0.01, w.shape).astype(w.dtype) for w in base]
@@ -505,7 +506,7 @@ def test_fedbyols_target_stays_the_clients_own_from_round_to_round():
     from cpcfl_tf.pretraining.pretrain import build_contrastive_model
 
     config = smoke("fed-byol")
-    model = build_contrastive_model(config.pretrain, (32, 32, 3), method="byol", seed=0)
+    model = build_contrastive_model(config.pretrain, (32, 32, 3), method=SSL_METHODS["byol"], seed=0)
     algorithm = FedAvgSSL({})
     targets = [t for t, _ in model.target_pairs()]
     online = get_parts([o for _, o in model.target_pairs()])
@@ -530,8 +531,37 @@ def test_the_federated_cache_key_names_the_partition_it_deals_over():
     config = smoke("fed-simclr", "groups").with_overrides(pretrain={"seed": 7})
     other = config.with_overrides(seed=1)
     assert config.pretrain_seed == other.pretrain_seed == 7
-    assert federated_folder(config) != federated_folder(other)
-    assert federated_folder(config) == federated_folder(config.with_overrides(seed=0))
+    assert federated_folder(pretraining_of(config)) != federated_folder(pretraining_of(other))
+    assert federated_folder(pretraining_of(config)) == federated_folder(
+        pretraining_of(config.with_overrides(seed=0)))
+
+
+def test_the_committed_studys_encoders_keep_their_cache_folders():
+    """The quick federated pre-training study keeps its encoders' scores by cache folder
+    (``encoders.json``): every run of the study still names one of those folders, from
+    the plan's pre-training, so none is pre-trained or scored again."""
+    import json
+    import sys
+
+    from cpcfl_tf.clustered.starting import StartingEncoders
+    from cpcfl_tf.plan.presets import get_preset
+    from cpcfl_tf.plan.resolve import resolve
+    from helpers import ROOT
+
+    sys.path.insert(0, str(ROOT / "experiments"))
+    try:
+        from federated_pretraining import SEEDS, specs_for
+    finally:
+        sys.path.remove(str(ROOT / "experiments"))
+    kept = json.loads((ROOT / "results/quick/federated_pretraining/encoders.json").read_text())
+    config = get_preset("quick")
+    named = set()
+    for spec in specs_for([config.seed + s for s in range(SEEDS["quick"])]):
+        p = resolve(spec.config(config)).pretraining
+        if p is not None:  # random weights: no encoder to score
+            named.add((StartingEncoders.federated_folder(p) if p.federated
+                       else StartingEncoders.pretrain_folder(p)).name)
+    assert named == set(kept) and len(named) == 20
 
 
 def test_what_a_client_keeps_round_trips_through_a_checkpoints_arrays():

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.flower
 
 from cpcfl_tf.methods import clustering
 from cpcfl_tf.flower.loopback import Federation, wait_for_file  # noqa: E402
-from cpcfl_tf.plan.resolve import resolve  # noqa: E402
+from cpcfl_tf.plan.resolve import pretraining_of, resolve  # noqa: E402
 from helpers import run_in_process, script, simulated  # noqa: E402
 
 RUN = {"preset": "smoke", "method": "cp-cfl", "pretraining": "simclr", "num-clusters": 2,
@@ -99,7 +99,7 @@ def _first_pretrain_round(run):
 
     config = run_config({**run, "rounds": 1})
     images = unlabeled_for(config)
-    trainer = LocalTrainer(config, tuple(images[0].shape[1:]))
+    trainer = LocalTrainer(pretraining_of(config), tuple(images[0].shape[1:]))
     start = trainer.initial()
     return ", ".join(f"{k} {trainer.round(start, ClientState.from_arrays({}), x, 0, k)[1]['loss']!r}"
                      for k, x in enumerate(images))
@@ -712,7 +712,7 @@ def test_the_servers_pretraining_stage_is_the_simulators_and_leaves_a_failed_nod
 
     config = run_config(run)
     images = unlabeled_for(config)
-    trainer = fp.LocalTrainer(config, images[0].shape[1:])
+    trainer = fp.LocalTrainer(pretraining_of(config), images[0].shape[1:])
     states = [ClientState() for _ in images]
     weights = fp.pretrain_rounds(trainer, Dropping(trainer, images, states), 3, trainer.initial(),
                             fp.new_totals())
@@ -720,7 +720,7 @@ def test_the_servers_pretraining_stage_is_the_simulators_and_leaves_a_failed_nod
     assert record["environment"]["starting_encoder"] == weights_fingerprint(
         trainer.model.encoder.get_weights())
     # Without the failure the loop gives another encoder: the check above can fail.
-    full = fp.LocalTrainer(config, images[0].shape[1:])
+    full = fp.LocalTrainer(pretraining_of(config), images[0].shape[1:])
     set_parts(full.shared, fp.pretrain_rounds(full, fp.LocalClients(full, images, [
         ClientState() for _ in images]), 3, full.initial(), fp.new_totals()))
     assert weights_fingerprint(full.model.encoder.get_weights()) != \

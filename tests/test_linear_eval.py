@@ -12,6 +12,7 @@ from cpcfl_tf.pretraining.pretrain import pretrain_key
 from cpcfl_tf.pretraining.pretrain import pretrain
 from cpcfl_tf.data import load_labeled, load_unlabeled
 from cpcfl_tf.models import build_encoder
+from cpcfl_tf.methods.ssl import SSL_METHODS
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +29,7 @@ def test_simclr_beats_a_random_encoder_on_fashion_mnist(proxy, tmp_path):
     # 20 steps lift the linear accuracy from about 0.36 to 0.59 (measured): far above
     # the margin asked, at half the cost of a longer pre-training.
     result = pretrain(PretrainConfig(epochs=2, batch_size=250), unlabeled, tmp_path,
-                      method="simclr", seed=0, verbose=0)
+                      method=SSL_METHODS["simclr"], seed=0, verbose=0)
     trained = linear_eval(result.encoder, *proxy)
     assert trained > baseline + 0.05, (baseline, trained)
 
@@ -44,15 +45,15 @@ def test_select_best_keeps_the_highest_linear_accuracy(tmp_path):
     images = load_unlabeled("digits", "train[:256]", image_size=32)
     train = load_labeled("digits", "train[697:997]", image_size=32)
     test = load_labeled("digits", "test", image_size=32)
-    candidates = [("simclr", PretrainConfig(epochs=1, batch_size=128).with_settings(
+    candidates = [(SSL_METHODS["simclr"], PretrainConfig(epochs=1, batch_size=128).with_settings(
         "simclr", projector_dim=d)) for d in (256, 512)]
     (method, best), encoder, scores = select_best(candidates, images, train, test, tmp_path,
                                                   verbose=0)
-    assert [s["key"] for s in scores] == [pretrain_key(c, m, seed=0, images=list(images.shape))
+    assert [s["key"] for s in scores] == [pretrain_key(c, m.name, seed=0, images=list(images.shape))
                                           for m, c in candidates]
     winner = max(scores, key=lambda s: s["accuracy"])
     assert (best.settings("simclr")["projector_dim"] == winner["config"]["projector_dim"]
-            and method == "simclr")
+            and method is SSL_METHODS["simclr"])
     assert encoder.output_shape == (None, 256)
     assert all((tmp_path / s["key"] / "encoder.keras").exists() for s in scores)
 

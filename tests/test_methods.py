@@ -195,19 +195,21 @@ def test_every_start_is_one_object_that_says_what_it_is_and_how_it_is_got():
 
         def __getattr__(self, name):
             def work(*args):
-                self.asked.append((name, *args[1:]))
+                self.asked.append((name, *args))
                 return SimpleNamespace(encoder=SimpleNamespace(get_weights=lambda: [name]))
             return work
 
-    config = SimpleNamespace()
-    for name, asked in (("simclr", ("contrastive", "simclr")), ("supervised", ("supervised",)),
-                        ("fedavg", ("fedavg",)), ("fed-byol", ("federated",))):
+    # Each start asks the one source for the plan's pre-training (the run's plan), the
+    # FedAvg encoder for the requested config's FedAvg (None) run.
+    run = SimpleNamespace(requested="requested", pretraining="pretraining")
+    for name, asked in (("simclr", ("contrastive", run)), ("supervised", ("supervised", run)),
+                        ("fedavg", ("fedavg", "requested")), ("fed-byol", ("federated", run))):
         source = Source()
-        START[name].encoder(source, config)
+        START[name].encoder(source, run)
         assert source.asked == [asked], name
     source = Source()
-    assert START["none"].encoder(source, config) is None and source.asked == []
-    assert START["none"].ready(source, config) and START["none"].status(source, config) == (
+    assert START["none"].encoder(source, run) is None and source.asked == []
+    assert START["none"].ready(source, run) and START["none"].status(source, run) == (
         "random initialisation")
 
 

@@ -31,11 +31,11 @@ CHILD = textwrap.dedent("""
     for method in SSL_METHODS:  # every registered method, one added later too
         config = PretrainConfig(epochs=1, batch_size=8)
         # Plain SGD: Adam's first step is blind to the gradient's scale, SGD shows it.
-        single = build_contrastive_model(config, (32, 32, 3), method=method, seed=0)
+        single = build_contrastive_model(config, (32, 32, 3), method=SSL_METHODS[method], seed=0)
         single.compile(optimizer=keras.optimizers.SGD(1.0))
         single.optimizer.build(single.online_variables)
         with strategy.scope():
-            mirrored = build_contrastive_model(config, (32, 32, 3), method=method, seed=0)
+            mirrored = build_contrastive_model(config, (32, 32, 3), method=SSL_METHODS[method], seed=0)
             mirrored.compile(optimizer=keras.optimizers.SGD(1.0))
             mirrored.optimizer.build(mirrored.online_variables)
         before = max(float(np.abs(a - b).max()) for a, b in
@@ -46,10 +46,10 @@ CHILD = textwrap.dedent("""
                     zip(single.encoder.get_weights(), mirrored.encoder.get_weights()))
         moved = max(float(np.abs(a - b).max()) for a, b in zip(
             single.encoder.get_weights(),
-            build_contrastive_model(config, (32, 32, 3), method=method, seed=0).encoder.get_weights()))
+            build_contrastive_model(config, (32, 32, 3), method=SSL_METHODS[method], seed=0).encoder.get_weights()))
         out[method] = {"before": before, "losses": losses, "after": after, "moved": moved}
     result = pretrain(PretrainConfig(epochs=1, batch_size=8), images.numpy(), sys.argv[1],
-                      seed=0, verbose=0, distribute="mirrored")
+                      seed=0, verbose=0, distribute="mirrored", method=SSL_METHODS["simclr"])
     out["history"] = result.history
     print("RESULT " + json.dumps(out))
 """)

@@ -12,6 +12,7 @@ from cpcfl_tf.plan.presets import get_preset
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.records.files import DamagedFile, read_json, write_json
 from cpcfl_tf.plan.resolve import resolve
+from cpcfl_tf.methods.ssl import SSL_METHODS
 
 SMOKE = get_preset("smoke")
 
@@ -63,7 +64,7 @@ def test_a_damaged_cached_encoder_is_pre_trained_again(cache, capsys, damage, en
     from cpcfl_tf.records.files import cache_at
 
     with cache_at(encoder_cache):  # the suite's smoke encoder, copied into this cache
-        first = pretrained_encoder(SMOKE.pretrain, SMOKE.data, method="simclr", verbose=0)
+        first = pretrained_encoder(SMOKE.pretrain, SMOKE.data, method=SSL_METHODS["simclr"], verbose=0)
     entry = shutil.copytree(first.out_dir, cache / "pretrained" / first.out_dir.name)
     if damage == "truncated encoder":
         target = entry / "encoder.keras"
@@ -72,7 +73,7 @@ def test_a_damaged_cached_encoder_is_pre_trained_again(cache, capsys, damage, en
         target = entry / "pretrain.json"
         target.write_text("not json")
     capsys.readouterr()
-    again = pretrained_encoder(SMOKE.pretrain, SMOKE.data, method="simclr", verbose=0)
+    again = pretrained_encoder(SMOKE.pretrain, SMOKE.data, method=SSL_METHODS["simclr"], verbose=0)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"{target.name} is damaged" in err[0]
     assert "pre-training it again" in err[0]
@@ -85,7 +86,8 @@ def test_a_damaged_cached_encoder_is_pre_trained_again(cache, capsys, damage, en
 def test_a_damaged_supervised_encoder_is_pre_trained_again(cache, capsys):
     from cpcfl_tf.clustered.starting import StartingEncoders
 
-    config = SMOKE.with_overrides(pretrain={"epochs": 1})
+    config = resolve(SMOKE.with_overrides(pretrain={"epochs": 1},
+                                          federated={"pretraining": "supervised"}))
     first = StartingEncoders(verbose=0).supervised(config)
     (path,) = cache.rglob("encoder.npz")
     path.write_bytes(b"PK\x03\x04 truncated")
@@ -156,7 +158,7 @@ def test_one_process_at_a_time_builds_a_cache_entry(cache, capsys, monkeypatch):
 
     def build(name):
         got[name] = pt.pretrained_encoder(PretrainConfig(epochs=1, batch_size=8), SMOKE.data,
-                                          method="simclr", images=images)
+                                          method=SSL_METHODS["simclr"], images=images)
 
     threads = [threading.Thread(target=build, args=(n,), name=n) for n in ("a", "b")]
     for t in threads:
@@ -218,9 +220,8 @@ def test_an_encoder_another_process_is_building_is_waited_for_not_built_again(
         key = starting._fedavg_key(config)
         entry = file = starting._fedavg_path(key)  # the entry is the file itself
     else:
-        config = SMOKE
-        entry = starting.StartingEncoders.pretrain_folder(
-            SMOKE.with_overrides(federated={"pretraining": "supervised"}))
+        config = resolve(SMOKE.with_overrides(federated={"pretraining": "supervised"}))
+        entry = starting.StartingEncoders.pretrain_folder(config.pretraining)
         key, file = None, entry / "encoder.npz"
     entry.parent.mkdir(parents=True)
     encoders = starting.StartingEncoders(clients=lambda config: None, verbose=0)

@@ -10,6 +10,7 @@ import numpy as np
 
 from cpcfl_tf.plan.presets import get_preset
 from cpcfl_tf.plan.resolve import resolve
+from cpcfl_tf.methods.ssl import SSL_METHODS
 
 
 @contextlib.contextmanager
@@ -44,7 +45,7 @@ def test_the_pool_and_the_pretraining_model_are_the_quiet_builds_while_a_thread_
     # Plain Keras in a quiet process: seed, then build.
     keras.utils.set_random_seed(11)
     quiet_pool = pool.build_template(run, (32, 32, 3), 10).get_weights()
-    quiet_model = build_contrastive_model(config.pretrain, (32, 32, 3), method="byol",
+    quiet_model = build_contrastive_model(config.pretrain, (32, 32, 3), method=SSL_METHODS["byol"],
                                           seed=12).get_weights()
     # The same plain build while the thread draws gets other weights (what the kit did
     # before, and why the Simulation Engine's server once started from another encoder).
@@ -57,7 +58,7 @@ def test_the_pool_and_the_pretraining_model_are_the_quiet_builds_while_a_thread_
             raise AssertionError("the drawing thread never moved a plain seeded build")
         pool._DRAWN.clear()  # built now, not taken from an earlier test's draw
         drawn = pool.drawn_classifier(run, (32, 32, 3), 10, 11)
-        model = build_contrastive_model(config.pretrain, (32, 32, 3), method="byol",
+        model = build_contrastive_model(config.pretrain, (32, 32, 3), method=SSL_METHODS["byol"],
                                         seed=12).get_weights()
     assert _same(drawn, quiet_pool)
     assert _same(model, quiet_model)

@@ -32,7 +32,7 @@ def test_the_shipped_encoders_are_those_the_quick_table2_records_start_from():
     assert {e["fingerprint"] for e in shipped} == started and len(started) == 3
     config = get_preset("quick")
     assert sorted(e["entry"] for e in shipped) == sorted(
-        f"pretrained/{pretrain_folder(config.pretrain, config.data, m, 0).name}"
+        f"pretrained/{pretrain_folder(config.pretrain, config.data, SSL_METHODS[m], 0).name}"
         for m in ("simclr", "byol", "simsiam"))
 
 

@@ -23,6 +23,7 @@ from cpcfl_tf.clustered.clients import clients_for
 from cpcfl_tf.clustered.simulator import run_federated
 from cpcfl_tf.models import build_classifier, build_classifier_head, build_encoder
 from cpcfl_tf.plan.resolve import resolve
+from cpcfl_tf.methods.ssl import SSL_METHODS
 
 SMOKE = get_preset("smoke")
 
@@ -36,7 +37,7 @@ def clients():
 def encoder(tmp_path_factory):
     images = load_unlabeled("digits", "train[:697]", image_size=32)
     result = pretrain(PretrainConfig(epochs=1, batch_size=128), images,
-                      tmp_path_factory.mktemp("enc"), verbose=0)
+                      tmp_path_factory.mktemp("enc"), verbose=0, method=SSL_METHODS["simclr"])
     return result.encoder.get_weights()
 
 

@@ -62,13 +62,32 @@ def test_vicreg_loss_equals_the_numpy_equations(scale):
 def test_vicreg_is_built_from_its_registry_entry_with_an_expander_scaled_to_the_encoder():
     from cpcfl_tf.pretraining.pretrain import build_contrastive_model
 
-    model = build_contrastive_model(PretrainConfig(), (32, 32, 3), method="vicreg")
+    model = build_contrastive_model(PretrainConfig(), (32, 32, 3), method=SSL_METHODS["vicreg"])
     assert [layer.units for layer in model.projector.layers if hasattr(layer, "units")] == \
         [1024, 1024, 1024]  # 4 x the CNN's 256
     narrow = PretrainConfig().with_settings("vicreg", projector_dim=512, cov_weight=0.5)
-    model = build_contrastive_model(narrow, (32, 32, 3), method="vicreg")
+    model = build_contrastive_model(narrow, (32, 32, 3), method=SSL_METHODS["vicreg"])
     assert model.projector.output_shape == (None, 512)
     assert model.loss_settings["cov_weight"] == 0.5 and model.loss_settings["sim_weight"] == 25
+
+
+def test_the_pretraining_stage_builds_the_method_the_plan_hands_it(monkeypatch):
+    """A run's plan carries its self-supervised method's entry: the pre-training stage
+    builds that entry, never the registry's under the same name (the registry changed
+    after the plan was made does not reach the model), and with the plan's settings."""
+    from cpcfl_tf.plan.presets import get_preset
+    from cpcfl_tf.plan.resolve import pretraining_of
+    from cpcfl_tf.pretraining.pretrain import build_contrastive_model
+
+    config = get_preset("smoke").with_overrides(federated={"pretraining": "vicreg"})
+    config = dataclasses.replace(config, pretrain=config.pretrain.with_settings(
+        "vicreg", projector_dim=96))
+    pretraining = pretraining_of(config)
+    assert pretraining.ssl is SSL_METHODS["vicreg"] and pretraining.method == "vicreg"
+    assert pretraining.settings["projector_dim"] == 96 and pretraining.seed == 0
+    monkeypatch.delitem(SSL_METHODS, "vicreg")  # no name can be looked up now
+    model = build_contrastive_model(pretraining.pretrain, (32, 32, 3), method=pretraining.ssl)
+    assert model.projector.output_shape == (None, 96)
 
 
 def test_vicregs_loss_is_the_one_its_settings_say_with_every_weight_passed_through():
@@ -80,7 +99,7 @@ def test_vicregs_loss_is_the_one_its_settings_say_with_every_weight_passed_throu
 
     config = PretrainConfig().with_settings("vicreg", sim_weight=5.0, var_weight=7.0,
                                             cov_weight=0.5, gamma=2.0, epsilon=1e-2)
-    model = build_contrastive_model(config, (32, 32, 3), method="vicreg")
+    model = build_contrastive_model(config, (32, 32, 3), method=SSL_METHODS["vicreg"])
     rng = np.random.default_rng(1)
     z1 = rng.normal(0, 0.5, (16, 12)).astype(np.float32)
     z2 = (z1 + rng.normal(0, 0.3, z1.shape)).astype(np.float32)
@@ -281,7 +300,7 @@ def test_byols_target_rate_follows_its_cosine_schedule(digits_images):
     rates = [float(cosine_target_rate(0.9, k, 100)) for k in (0, 50, 100)]
     assert rates == pytest.approx([0.9, 0.95, 1.0])
     config = PretrainConfig(epochs=4).with_settings("byol", target_schedule="cosine")
-    model = build_contrastive_model(config, (32, 32, 3), method="byol", steps_per_epoch=1)
+    model = build_contrastive_model(config, (32, 32, 3), method=SSL_METHODS["byol"], steps_per_epoch=1)
     assert model.total_steps == 4
     target, online = model.target_encoder.trainable_variables, model.encoder.trainable_variables
     for step in range(2):
@@ -310,7 +329,7 @@ def test_a_pretraining_sizes_its_schedules_by_its_steps(tmp_path, monkeypatch):
     config = PretrainConfig(epochs=2, batch_size=16, lr_schedule="cosine").with_settings(
         "byol", target_schedule="cosine")
     images = np.random.default_rng(0).integers(0, 255, (64, 32, 32, 3), dtype=np.uint8)
-    module.pretrain(config, images, tmp_path / "pre", method="byol", verbose=0)
+    module.pretrain(config, images, tmp_path / "pre", method=SSL_METHODS["byol"], verbose=0)
     (model,) = built
     assert int(model.optimizer.iterations) == 8 and model.total_steps == 8
     schedule = model.optimizer._learning_rate
@@ -348,9 +367,9 @@ def test_the_monitor_records_knn_accuracy_and_leaves_the_encoders_bits(digits_im
     test = load_labeled("digits", "test[:200]", image_size=32)
     config = PretrainConfig(epochs=3, batch_size=64)
     images = digits_images[:128]
-    plain = pretrain(config, images, tmp_path / "plain", verbose=0)
+    plain = pretrain(config, images, tmp_path / "plain", verbose=0, method=SSL_METHODS["simclr"])
     watched = pretrain(config, images, tmp_path / "watched", verbose=0,
-                       monitor=KnnMonitor(train, test, every=2))
+                       monitor=KnnMonitor(train, test, every=2), method=SSL_METHODS["simclr"])
     assert [("knn_accuracy" in h) for h in watched.history] == [False, True, True]
     assert all(0 <= h["knn_accuracy"] <= 1 for h in watched.history[1:])
     for a, b in zip(plain.encoder.get_weights(), watched.encoder.get_weights()):

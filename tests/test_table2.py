@@ -8,6 +8,7 @@ import pytest
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.records.record import read_record
 from cpcfl_tf.plan.resolve import resolve
+from cpcfl_tf.methods.ssl import get_ssl_method
 from helpers import ROOT, run_record_errors, script
 
 CONTRACT = ("experiment", "preset", "method", "pretraining", "config", "seeds", "clients",
@@ -62,7 +63,7 @@ def test_records_name_the_encoder_they_started_from(smoke_run):
     assert start["fedavg-simclr"] == start["cp-cfl-simclr"]  # one pre-training serves both
     assert len({start["cp-cfl-simclr"], start["cp-cfl-byol"], start["ifca-fedavg"]}) == 3
     config = read_record(smoke_run / "cp-cfl-simclr.json").config
-    cached = pretrain_folder(config.pretrain, config.data, "simclr", seed=0) / "encoder.keras"
+    cached = pretrain_folder(config.pretrain, config.data, get_ssl_method("simclr"), seed=0) / "encoder.keras"
     weights = keras.saving.load_model(cached, compile=False).get_weights()
     assert weights_fingerprint(weights) == start["cp-cfl-simclr"]
     weights[0] = np.nextafter(weights[0], np.inf)  # one ulp in every entry of one array

@@ -48,7 +48,7 @@ LOOKUPS = {"get_method", "get_ssl_method", "federated_start"}
 BELOW_THE_RUNNER = ("models", "records", "pretraining", "clustered", "flower")
 """The packages below the runner and the scripts, where a run's plan should arrive whole
 (their own registries, and the plan that resolves names, are below them)."""
-BUILDS = {"with_overrides", "from_dict", "get_preset", "with_encoder"}
+BUILDS = {"with_overrides", "from_dict", "get_preset", "with_encoder", "run_config"}
 """Calls that build or rebuild a ``Config`` (besides ``Config(...)`` itself)."""
 
 

@@ -108,13 +108,13 @@ def client_unlabeled(config: Config, partition: Partition, train: LabeledImages,
     labels for the ``groups`` deal (which they deal, and which go no further); ``train``
     the clients' labeled split, whose class counts per client the ``groups`` deal follows
     (a rotated client's unlabeled images are turned as its labeled ones)."""
-    from cpcfl_tf.pretraining.federated_pretrain import federated_plan
     from cpcfl_tf.data.unlabeled import deal_unlabeled
+    from cpcfl_tf.plan.resolve import federated_settings
 
     kind = config.partition.unlabeled
     images = pretrain.images if isinstance(pretrain, LabeledImages) else pretrain
     source = f"{config.data.pretrain_dataset}:{config.data.pretrain_split}"
-    batch = federated_plan(config)["settings"]["batch_size"]
+    batch = federated_settings(config)["batch_size"]
     if kind == "groups":
         if not isinstance(pretrain, LabeledImages):
             raise ValueError("the groups deal needs the pre-training split's labels")

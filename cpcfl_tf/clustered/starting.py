@@ -38,6 +38,7 @@ from cpcfl_tf.records.files import (CACHE_FIX, building, cache_root, prepare_out
                               write_weights)
 from cpcfl_tf.plan.resolve import RunPlan, resolve
 from cpcfl_tf.records.scalars import ScalarLog
+from cpcfl_tf.methods.starts import Pretraining
 
 Weights = list[np.ndarray]
 
@@ -90,78 +91,65 @@ class StartingEncoders:
 
     def __call__(self, run: RunPlan) -> Weights | None:
         """The encoder ``run`` starts from (``None``: random): its start's, got from this
-        cache."""
-        return run.start.encoder(self, run.requested)
-
-    def federated(self, config: Config):
-        """``config``'s cached federated self-supervised pre-training, with its history."""
-        from cpcfl_tf.pretraining.federated_pretrain import federated_encoder
-
-        if self._client_unlabeled is None:
-            raise ValueError("a federated pre-training needs the clients' unlabeled images")
-        monitor = None if self._knn is None else (lambda: self._knn(config))
-        return federated_encoder(config, lambda: self._client_unlabeled(config),
-                                 verbose=self.verbose, monitor=monitor,
-                                 on_round=self._epoch_log(lambda: self.federated_folder(config)))
-
-    @staticmethod
-    def federated_rounds(config: Config) -> int:
-        """The rounds of ``config``'s federated pre-training."""
-        from cpcfl_tf.pretraining.federated_pretrain import federated_plan
-
-        return federated_plan(config)["settings"]["rounds"]
+        cache for the plan's pretraining."""
+        return run.start.encoder(self, run)
 
     def status(self, run: RunPlan) -> str:
         """Where ``run``'s starting encoder would come from now (nothing is built)."""
-        return run.start.status(self, run.requested)
+        return run.start.status(self, run)
+
+    def ready(self, run: RunPlan) -> bool:
+        """Whether ``run``'s starting encoder is at hand without training: random, or
+        cached (what :meth:`status` calls "cached")."""
+        return run.start.ready(self, run)
 
     @staticmethod
-    def cache_status(config: Config, done: Path, fresh: str) -> str:
+    def cache_status(pretraining: Pretraining, done: Path, fresh: str) -> str:
         """A cached pre-training's state, from the file its finished run leaves
         (``done``): cached, to resume, or ``fresh`` (to make)."""
         folder = done.parent
         state = ("cached" if done.exists() else "to resume"
                  if (folder / "checkpoint.npz").exists() else fresh)
-        return f"{config.federated.pretraining} encoder: {state} ({folder})"
-
-    def ready(self, run: RunPlan) -> bool:
-        """Whether ``run``'s starting encoder is at hand without training: random, or
-        cached (what :meth:`status` calls "cached")."""
-        return run.start.ready(self, run.requested)
-
-    def fedavg_ready(self, config: Config) -> bool:
-        """Whether ``config``'s FedAvg encoder is kept here or cached."""
-        key = _fedavg_key(config)
-        return key in self._fedavg or _fedavg_path(key).exists()
+        return f"{pretraining.name} encoder: {state} ({folder})"
 
     @staticmethod
-    def pretrain_folder(config: Config) -> Path:
-        """The cache folder of ``config``'s server pre-training (contrastive or supervised)."""
+    def pretrain_folder(pretraining: Pretraining) -> Path:
+        """The cache folder of the server's pre-training (self-supervised or supervised)."""
         from cpcfl_tf.pretraining.pretrain import pretrain_folder
 
-        return pretrain_folder(config.pretrain, config.data, config.federated.pretraining,
-                               config.pretrain_seed)
+        return pretrain_folder(pretraining.pretrain, pretraining.data, pretraining.ssl,
+                               pretraining.seed)
 
     @staticmethod
-    def federated_folder(config: Config) -> Path:
-        """The cache folder of ``config``'s federated pre-training."""
+    def federated_folder(pretraining: Pretraining) -> Path:
+        """The cache folder of a federated pre-training."""
         from cpcfl_tf.pretraining.federated_pretrain import federated_folder
 
-        return federated_folder(config)
+        return federated_folder(pretraining)
 
-    def contrastive(self, config: Config, method: str):
-        """The server's cached self-supervised pre-training (``method`` in
-        :data:`~cpcfl_tf.methods.federated.PRETRAIN_METHODS`), with its history."""
-        from cpcfl_tf.pretraining.pretrain import pretrain_folder, pretrained_encoder
+    def contrastive(self, run: RunPlan):
+        """``run``'s server self-supervised pre-training, cached, with its history."""
+        from cpcfl_tf.pretraining.pretrain import pretrained_encoder
 
+        pre, config = run.pretraining, run.requested
         images = None if self._unlabeled is None else (lambda: self._unlabeled(config))
         monitor = None if self._knn is None else (lambda: self._knn(config))
-        on_epoch = self._epoch_log(lambda: pretrain_folder(
-            config.pretrain, config.data, method, config.pretrain_seed))
-        return pretrained_encoder(config.pretrain, config.data, method=method,
-                                  seed=config.pretrain_seed, verbose=self.verbose,
-                                  distribute=self.distribute, images=images,
-                                  on_epoch=on_epoch, monitor=monitor)
+        return pretrained_encoder(pre.pretrain, pre.data, method=pre.ssl, seed=pre.seed,
+                                  verbose=self.verbose, distribute=self.distribute,
+                                  images=images, monitor=monitor,
+                                  on_epoch=self._epoch_log(lambda: self.pretrain_folder(pre)))
+
+    def federated(self, run: RunPlan):
+        """``run``'s federated self-supervised pre-training, cached, with its history."""
+        from cpcfl_tf.pretraining.federated_pretrain import federated_encoder
+
+        if self._client_unlabeled is None:
+            raise ValueError("a federated pre-training needs the clients' unlabeled images")
+        pre, config = run.pretraining, run.requested
+        monitor = None if self._knn is None else (lambda: self._knn(config))
+        return federated_encoder(pre, lambda: self._client_unlabeled(config),
+                                 verbose=self.verbose, monitor=monitor,
+                                 on_round=self._epoch_log(lambda: self.federated_folder(pre)))
 
     def _epoch_log(self, folder: Callable[[], Path]):
         """The TensorBoard logger of the epochs (a federated one's rounds) of the
@@ -173,16 +161,16 @@ class StartingEncoders:
         names = ("loss", "embedding_std", "knn_accuracy")
         return lambda epoch, logs: log.write(epoch, {k: logs[k] for k in names if k in logs})
 
-    def supervised(self, config: Config) -> Weights:
-        """Supervised pre-training on the labeled version of ``config.data``'s pre-training
-        split, with the contrastive pre-training's budget (``config.pretrain``'s epochs,
-        batch size and learning rate: the paper does not give its own)."""
-        from cpcfl_tf.pretraining.pretrain import image_source, pretrain_folder
+    def supervised(self, run: RunPlan) -> Weights:
+        """Supervised pre-training on the labeled version of the run's pre-training split,
+        with the contrastive pre-training's budget (``pretrain``'s epochs, batch size and
+        learning rate: the paper does not give its own)."""
+        from cpcfl_tf.pretraining.pretrain import image_source
         from cpcfl_tf.data import load_labeled
         from cpcfl_tf.clustered.centralized import supervised_encoder
 
-        data, pre = config.data, config.pretrain
-        out = pretrain_folder(pre, data, "supervised", config.pretrain_seed)
+        data, pre, seed = run.pretraining.data, run.pretraining.pretrain, run.pretraining.seed
+        out = self.pretrain_folder(run.pretraining)
 
         def train() -> Weights:
             if self.verbose:
@@ -191,19 +179,24 @@ class StartingEncoders:
             labeled = load_labeled(data.pretrain_dataset, data.pretrain_split,
                                    image_size=data.image_size, data_dir=data.data_dir,
                                    manual_dir=data.manual_dir)
-            budget = config.with_overrides(federated={"batch_size": pre.batch_size,
-                                                      "learning_rate": pre.learning_rate})
-            weights = supervised_encoder(resolve(budget), labeled, epochs=pre.epochs,
-                                         seed=config.pretrain_seed)
+            budget = run.requested.with_overrides(federated={
+                "batch_size": pre.batch_size, "learning_rate": pre.learning_rate})
+            weights = supervised_encoder(resolve(budget, checked=True), labeled,
+                                         epochs=pre.epochs, seed=seed)
             write_weights(out / "encoder.npz", weights)
             (out / "source.json").write_text(json.dumps(
                 {"config": pretrain_settings(dataclasses.asdict(pre)), **image_source(data),
-                 "seed": config.pretrain_seed},
+                 "seed": seed},
                 indent=2))
             return weights
 
         return _cached_or_built(out, out / "encoder.npz", train, rebuild="pre-training it again",
                                 verbose=self.verbose)
+
+    def fedavg_ready(self, config: Config) -> bool:
+        """Whether ``config``'s FedAvg encoder is kept here or cached."""
+        key = _fedavg_key(config)
+        return key in self._fedavg or _fedavg_path(key).exists()
 
     def fedavg(self, config: Config) -> Weights:
         """The encoder of the global model after the FedAvg (None) run on ``config``'s

@@ -36,19 +36,25 @@ from cpcfl_tf.errors import UserError
 from cpcfl_tf.flower import checks
 from cpcfl_tf.flower.common import (class_names, from_record, models_from_records, run_config,
                                    to_record)
-from cpcfl_tf.plan.resolve import federated_settings, resolve
+from cpcfl_tf.plan.resolve import resolve
 
 app = ClientApp()
 
 
 def _checked(run_items: tuple, partition_id: int):
     """The run's config, once this node's partition id is known to be one of its clients."""
-    config = run_config(dict(run_items))
+    config = _plan(run_items).requested
     num_clients = config.partition.num_clients
     if not 0 <= partition_id < num_clients:
         raise UserError(f"partition-id {partition_id} is outside 0..{num_clients - 1} "
                         "(run config num-clients)")
     return config
+
+
+@functools.lru_cache(maxsize=1)
+def _plan(run_items: tuple):
+    """The run's plan, resolved once per process and run."""
+    return resolve(run_config(dict(run_items)))
 
 
 @functools.lru_cache(maxsize=1)
@@ -58,7 +64,7 @@ def _backend(run_items: tuple):
     from cpcfl_tf.clustered.backends import backend_of
     from cpcfl_tf.clustered.pool import build_template
 
-    run = resolve(run_config(dict(run_items)))
+    run = _plan(run_items)
     size = run.config.data.image_size
     template = build_template(run, (size, size, 3),
                               len(class_names(dict(run_items))))
@@ -89,7 +95,7 @@ def _partition(run_items: tuple):
     process and run."""
     from cpcfl_tf.clustered.clients import clients_for
 
-    return clients_for(run_config(dict(run_items)))
+    return clients_for(_plan(run_items).requested)
 
 
 def _listing(run_items: tuple, path: str) -> dict:
@@ -103,13 +109,13 @@ def _dealt(run_items: tuple) -> list:
     once per process and run."""
     from cpcfl_tf.clustered.clients import unlabeled_for
 
-    return unlabeled_for(run_config(dict(run_items)))
+    return unlabeled_for(_plan(run_items).requested)
 
 
 @functools.lru_cache(maxsize=4)
 def _own_unlabeled(run_items: tuple, path: str) -> np.ndarray:
     """This node's own unlabeled images (``data-path``/unlabeled/)."""
-    config = run_config(dict(run_items))
+    config = _plan(run_items).requested
     return read_node_unlabeled(list_node_unlabeled(path), config.data.image_size)
 
 
@@ -118,7 +124,7 @@ def _trainer(run_items: tuple, shape: tuple):
     """The federated pre-training's client side, built once per process and run."""
     from cpcfl_tf.pretraining.federated_pretrain import LocalTrainer
 
-    return LocalTrainer(run_config(dict(run_items)), shape)
+    return LocalTrainer(_plan(run_items).pretraining, shape)
 
 
 @functools.lru_cache(maxsize=4)
@@ -126,7 +132,7 @@ def _own(run_items: tuple, path: str):
     """This node's own images as one client's arrays: (train, test)."""
     from cpcfl_tf.clustered.clients import ClientArrays
 
-    config = run_config(dict(run_items))
+    config = _plan(run_items).requested
     data = read_node_folder(_listing(run_items, path), len(class_names(dict(run_items))),
                             config.data.image_size)
     return tuple(ClientArrays(data[s].images[None], data[s].labels[None])
@@ -195,7 +201,8 @@ def _identity(context: Context) -> dict:
     if path is not None:
         listed = _listing(run_items, str(path))
         unlabeled = {}
-        settings = federated_settings(run_config(dict(run_items)))
+        pretraining = _plan(run_items).pretraining
+        settings = None if pretraining is None else pretraining.federated_settings
         if settings is not None:  # a federated pre-training needs a batch of them: refused
             found = list_node_unlabeled(str(path))  # now, if fewer
             check_batch(len(found), settings["batch_size"], f"{path}/unlabeled holds",

@@ -48,7 +48,7 @@ from cpcfl_tf.plan.resolve import check_data, federated_settings, resolve
 app = ServerApp()
 
 
-def _pretrain_stage(grid: Grid, client_of: dict[int, int], config, timeout: float,
+def _pretrain_stage(grid: Grid, client_of: dict[int, int], run, timeout: float,
                     names: dict[int, str] | None, unlabeled: dict[int, int]
                     ) -> list[np.ndarray]:
     """The federated self-supervised pre-training as the run's first stage: the
@@ -57,9 +57,10 @@ def _pretrain_stage(grid: Grid, client_of: dict[int, int], config, timeout: floa
     from cpcfl_tf.pretraining.fedavg_ssl import set_parts
     from cpcfl_tf.pretraining.federated_pretrain import LocalTrainer, new_totals, pretrain_rounds
 
+    config, pretraining = run.requested, run.pretraining
     size = config.data.image_size
-    server = LocalTrainer(config, (size, size, 3))  # its seeded init and its averaging only
-    start, rounds = server.plan["start"], server.settings["rounds"]
+    server = LocalTrainer(pretraining, (size, size, 3))  # its seeded init and averaging only
+    start, rounds = pretraining.name, server.settings["rounds"]
 
     def after(r: int, entry: dict, _) -> None:
         print(f"[cpcfl] {start} round {r + 1}/{rounds}: {entry['clients']} replies, "
@@ -147,7 +148,7 @@ def main(grid: Grid, context: Context) -> None:
 
     if run.pretraining is not None and run.pretraining.federated is not None:
         # The first stage: the nodes pre-train the encoder on their unlabeled images.
-        encoder_weights = _pretrain_stage(grid, client_of, config, timeout, names, unlabeled)
+        encoder_weights = _pretrain_stage(grid, client_of, run, timeout, names, unlabeled)
     else:  # the server's own pre-training (its data, never the nodes')
         encoder_weights = StartingEncoders(verbose=0)(run)
     template = template_for(run, (size, size, 3), len(classes))  # the simulator's

@@ -2,9 +2,12 @@
 start, in :data:`START`.
 
 A start says what it is (its label in tables, whether it gives a pre-trained encoder,
-whether runs of one key share it, whether the Flower apps can begin from it) and how it
-is got, the way a Flower strategy overrides a stage: :meth:`Start.encoder`,
-:meth:`Start.status` and :meth:`Start.ready` call the one source of encoders
+whether runs of one key share it, whether the Flower apps can begin from it), which
+pre-training it needs (:meth:`Start.pretraining`: the :class:`Pretraining` a run's plan
+carries, with the method's registry entry, its settings and seed, all the pre-training
+stage is given) and how its encoder is got, the way a Flower strategy overrides a stage:
+:meth:`Start.encoder`, :meth:`Start.status` and :meth:`Start.ready` take the run's plan
+and ask the one cache of encoders
 (:class:`cpcfl_tf.clustered.starting.StartingEncoders`, passed in) for the piece of work
 that start needs: a random initialisation needs none, the server's pre-trainings and
 the supervised one their cached folder, IFCA (FedAvg)'s encoder a FedAvg run, a
@@ -20,24 +23,49 @@ from typing import Any
 
 from cpcfl_tf.compat import stored_pretrain
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.methods.ssl import FEDERATED_STARTS, SSL_METHODS, FederatedSSL
+from cpcfl_tf.methods.ssl import FEDERATED_STARTS, SSL_METHODS, FederatedSSL, SSLMethod
 
 
 @dataclasses.dataclass(frozen=True)
 class Pretraining:
-    """The pre-training a run's start needs: the server's self-supervised one (``method``
-    with its ``settings``), the supervised one (``method`` "supervised", no settings), or
-    a federated one (``federated`` with its own settings, of ``method``)."""
+    """The pre-training a run's start needs, all the pre-training stage is given: the
+    server's self-supervised one (``ssl`` with its ``settings``), the supervised one
+    (``ssl`` None, no settings), or a federated one (``federated`` with its own settings,
+    of ``ssl``) on the clients of ``partition``."""
 
-    method: str
+    name: str
+    """The start's name (``federated.pretraining``): its cache folder's prefix."""
+    ssl: SSLMethod | None
+    """The self-supervised method (None: the supervised pre-training)."""
     settings: dict[str, Any]
-    """Every setting of ``method`` with the value it runs with (empty: supervised)."""
+    """Every setting of ``ssl`` with the value it runs with (empty: supervised)."""
     seed: int
     """The pre-training's seed (:attr:`~cpcfl_tf.plan.config.Config.pretrain_seed`)."""
+    pretrain: Any
+    """The run's ``pretrain`` section (:class:`~cpcfl_tf.plan.config.PretrainConfig`)."""
+    data: Any
+    """The run's ``data`` section (:class:`~cpcfl_tf.plan.config.DataConfig`)."""
     federated: FederatedSSL | None = None
     federated_settings: dict[str, Any] | None = None
-    """The federated pre-training's settings, defaults filled in (``rounds`` may still be
-    None: the server's passes)."""
+    """The federated pre-training's settings, defaults filled in and ``rounds`` resolved
+    (given, or the server's passes: :func:`federated_rounds`)."""
+    partition: Any = None
+    """A federated one's: the clients' ``partition`` section (their unlabeled deal)."""
+    partition_seed: int | None = None
+    """A federated one's: the seed of the clients' partition (``config.seed``)."""
+
+    @property
+    def method(self) -> str:
+        """The method's name: the self-supervised one's, or "supervised"."""
+        return self.ssl.name if self.ssl is not None else "supervised"
+
+
+def federated_rounds(settings: dict[str, Any], epochs: int) -> int:
+    """A federated pre-training's rounds: ``settings``' own, or as many as give the
+    server's ``epochs`` passes over the images (``local_epochs`` x ``participation`` per
+    round)."""
+    passes = settings["local_epochs"] * settings["participation"]
+    return settings["rounds"] or max(1, round(epochs / passes))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,15 +125,16 @@ class Start:
         its final encoder is kept for the runs that begin from it)."""
         return False
 
-    def encoder(self, source, config):
-        """The starting encoder's weights (None: random), got from ``source``."""
+    def encoder(self, source, run):
+        """The starting encoder of ``run`` (its :class:`~cpcfl_tf.plan.resolve.RunPlan`)
+        as weights (None: random), got from ``source`` for the plan's pretraining."""
         return None
 
-    def status(self, source, config) -> str:
+    def status(self, source, run) -> str:
         """Where it would come from now (nothing is built)."""
         return "random initialisation"
 
-    def ready(self, source, config) -> bool:
+    def ready(self, source, run) -> bool:
         """Whether it is at hand without training."""
         return True
 
@@ -126,25 +155,26 @@ class ServerPretraining(Start):
                             "partition.unlabeled=server")
 
     def pretraining(self, config) -> Pretraining | None:
-        return Pretraining(self.ssl_method, config.pretrain.settings(self.ssl_method),
-                           config.pretrain_seed)
+        return Pretraining(self.name, SSL_METHODS[self.ssl_method],
+                           config.pretrain.settings(self.ssl_method), config.pretrain_seed,
+                           config.pretrain, config.data)
 
-    def encoder(self, source, config):
-        return source.contrastive(config, self.ssl_method).encoder.get_weights()
+    def encoder(self, source, run):
+        return source.contrastive(run).encoder.get_weights()
 
-    def fresh(self, source, config) -> str:
-        return f"to pre-train ({config.pretrain.epochs} epochs)"
+    def fresh(self, source, run) -> str:
+        return f"to pre-train ({run.pretraining.pretrain.epochs} epochs)"
 
-    def status(self, source, config) -> str:
-        return source.cache_status(config, self.finished_file(source, config),
-                                   self.fresh(source, config))
+    def status(self, source, run) -> str:
+        return source.cache_status(run.pretraining, self.finished_file(source, run),
+                                   self.fresh(source, run))
 
-    def ready(self, source, config) -> bool:
-        return self.finished_file(source, config).exists()
+    def ready(self, source, run) -> bool:
+        return self.finished_file(source, run).exists()
 
-    def finished_file(self, source, config):
+    def finished_file(self, source, run):
         """The file a finished pre-training leaves in its cache folder."""
-        return source.pretrain_folder(config) / "pretrain.json"
+        return source.pretrain_folder(run.pretraining) / "pretrain.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,13 +182,14 @@ class Supervised(ServerPretraining):
     """The server's supervised pre-training on the labeled version of the same split."""
 
     def pretraining(self, config) -> Pretraining | None:
-        return Pretraining(self.name, {}, config.pretrain_seed)
+        return Pretraining(self.name, None, {}, config.pretrain_seed, config.pretrain,
+                           config.data)
 
-    def encoder(self, source, config):
-        return source.supervised(config)
+    def encoder(self, source, run):
+        return source.supervised(run)
 
-    def finished_file(self, source, config):
-        return source.pretrain_folder(config) / "encoder.npz"
+    def finished_file(self, source, run):
+        return source.pretrain_folder(run.pretraining) / "encoder.npz"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,17 +210,21 @@ class FederatedPretraining(ServerPretraining):
                             f"rate; drop {self.ssl_method}.target_schedule from pretrain.options")
 
     def pretraining(self, config) -> Pretraining | None:
-        return Pretraining(self.ssl_method, config.pretrain.settings(self.ssl_method),
-                           config.pretrain_seed, self.federated, self.federated_settings(config))
+        settings = self.federated_settings(config)
+        settings = {**settings, "rounds": federated_rounds(settings, config.pretrain.epochs)}
+        return Pretraining(self.name, SSL_METHODS[self.ssl_method],
+                           config.pretrain.settings(self.ssl_method), config.pretrain_seed,
+                           config.pretrain, config.data, self.federated, settings,
+                           config.partition, config.seed)
 
-    def encoder(self, source, config):
-        return source.federated(config).encoder.get_weights()
+    def encoder(self, source, run):
+        return source.federated(run).encoder.get_weights()
 
-    def fresh(self, source, config) -> str:
-        return f"to pre-train federated ({source.federated_rounds(config)} rounds)"
+    def fresh(self, source, run) -> str:
+        return f"to pre-train federated ({run.pretraining.federated_settings['rounds']} rounds)"
 
-    def finished_file(self, source, config):
-        return source.federated_folder(config) / "pretrain.json"
+    def finished_file(self, source, run):
+        return source.federated_folder(run.pretraining) / "pretrain.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,16 +240,16 @@ class FedAvgEncoder(Start):
     def made_by(self, method: str, start: str) -> bool:
         return (method, start) == self.run
 
-    def encoder(self, source, config):
-        return source.fedavg(config)
+    def encoder(self, source, run):
+        return source.fedavg(run.requested)
 
-    def status(self, source, config) -> str:
-        if self.ready(source, config):
+    def status(self, source, run) -> str:
+        if self.ready(source, run):
             return "FedAvg encoder: cached"
         return "FedAvg encoder: kept from the FedAvg (None) run (trained first if none)"
 
-    def ready(self, source, config) -> bool:
-        return source.fedavg_ready(config)
+    def ready(self, source, run) -> bool:
+        return source.fedavg_ready(run.requested)
 
 
 START: dict[str, Start] = {s.name: s for s in (

@@ -77,6 +77,12 @@ def federated_settings(config: Config) -> dict[str, Any] | None:
     return START[config.federated.pretraining].federated_settings(config)
 
 
+def pretraining_of(config: Config) -> Pretraining | None:
+    """The pre-training ``config``'s start needs (None: none), as :func:`resolve` puts it
+    in the plan (its data unchecked): for a script that runs a pre-training alone."""
+    return START[config.federated.pretraining].pretraining(config)
+
+
 @dataclasses.dataclass(frozen=True)
 class RunPlan:
     """What one run runs (:func:`resolve`)."""
@@ -136,7 +142,7 @@ def resolve(config: Config, *, checked: bool = False) -> RunPlan:
             options=method.resolve_options(fl.options)), config.pretrain.encoder))
     start = START[fl.pretraining]
     gives = next((s for s in START.values() if s.made_by(fl.method, fl.pretraining)), None)
-    return RunPlan(resolved, config, method, start, start.pretraining(config), gives)
+    return RunPlan(resolved, config, method, start, pretraining_of(config), gives)
 
 
 def data_key(config: Config) -> str:

@@ -33,62 +33,48 @@ import numpy as np
 import tensorflow as tf
 
 from cpcfl_tf.compat import without_added
-from cpcfl_tf.plan.config import Config
 from cpcfl_tf.pretraining.fedavg_ssl import ClientState, get_parts, set_parts
 from cpcfl_tf.pretraining.pretrain import (PretrainResult, _finished, build_contrastive_model,
                                            building_entry, image_source, keyed_settings)
 from cpcfl_tf.data.unlabeled import check_batch
 from cpcfl_tf.errors import DivergedError, UserError
 from cpcfl_tf.records.files import cache_root, prepare_out_dir, write_atomic, write_json
-from cpcfl_tf.methods.ssl import FEDERATED_STARTS
-from cpcfl_tf.plan.resolve import federated_settings
+from cpcfl_tf.methods.starts import Pretraining
 
 
-def federated_plan(config: Config) -> dict:
-    """The federated pre-training ``config`` starts from, resolved: its name, method,
-    settings (rounds resolved) and deal."""
-    start = config.federated.pretraining
-    algorithm, method = FEDERATED_STARTS[start]
-    settings = federated_settings(config)
-    passes = settings["local_epochs"] * settings["participation"]
-    rounds = settings["rounds"] or max(1, round(config.pretrain.epochs / passes))
-    return {"start": start, "algorithm": algorithm.name, "method": method,
-            "settings": {**settings, "rounds": rounds}, "deal": config.partition.unlabeled}
-
-
-def identity(config: Config) -> dict:
+def identity(pretraining: Pretraining) -> dict:
     """What a federated pre-training is, as its cache key and summary name it: the start,
     the method's settings in the server's layout, the federated settings, the deal, the
     partition it deals over (the ``groups`` deal follows the clients' labeled classes) and
     the clients' data."""
-    p = federated_plan(config)
-    partition = without_added({"partition": dataclasses.asdict(config.partition)})["partition"]
-    return json.loads(json.dumps({"method": p["start"],
-            **keyed_settings(config.pretrain, p["method"]),
-            "federated": p["settings"], "partition": {**partition, "unlabeled": p["deal"]},
-            "clients": {"dataset": config.data.client_dataset,
-                        "split": config.data.client_train_split,
-                        "partition_seed": config.seed}}))  # as JSON reads it back
+    p, data = pretraining, pretraining.data
+    partition = without_added({"partition": dataclasses.asdict(p.partition)})["partition"]
+    return json.loads(json.dumps({"method": p.name,
+            **keyed_settings(p.pretrain, p.ssl.name),
+            "federated": p.federated_settings,
+            "partition": {**partition, "unlabeled": p.partition.unlabeled},
+            "clients": {"dataset": data.client_dataset, "split": data.client_train_split,
+                        "partition_seed": p.partition_seed}}))  # as JSON reads it back
 
 
-def federated_folder(config: Config) -> Path:
-    """The cache folder of ``config``'s federated pre-training (its pre-training seed)."""
-    text = json.dumps({"config": identity(config), "data": image_source(config.data),
-                       "seed": config.pretrain_seed}, sort_keys=True)
+def federated_folder(pretraining: Pretraining) -> Path:
+    """The cache folder of a federated pre-training (its pre-training seed)."""
+    text = json.dumps({"config": identity(pretraining), "data": image_source(pretraining.data),
+                       "seed": pretraining.seed}, sort_keys=True)
     digest = hashlib.sha1(text.encode()).hexdigest()[:10]
-    return cache_root() / "pretrained" / (f"{config.federated.pretraining}-"
-                                          f"{config.pretrain.encoder}-{digest}")
+    return cache_root() / "pretrained" / (f"{pretraining.name}-"
+                                          f"{pretraining.pretrain.encoder}-{digest}")
 
 
-def federated_encoder(config: Config, client_images: Callable[[], list[np.ndarray]], *,
-                      verbose: int = 1, monitor=None,
+def federated_encoder(pretraining: Pretraining, client_images: Callable[[], list[np.ndarray]],
+                      *, verbose: int = 1, monitor=None,
                       on_round: Callable[[int, dict], None] | None = None) -> PretrainResult:
-    """``config``'s federated pre-training, from the cache or trained now (resumed if it
-    was interrupted). ``client_images()`` gives each client's unlabeled images (called only
+    """A federated pre-training, from the cache or trained now (resumed if it was
+    interrupted). ``client_images()`` gives each client's unlabeled images (called only
     when there is something to train); ``monitor`` as for the server's pre-training, or a
     function that makes it; ``on_round(round, history entry)`` after each round trained."""
-    out = federated_folder(config)
-    meta = {"config": identity(config), "seed": config.pretrain_seed}
+    out = federated_folder(pretraining)
+    meta = {"config": identity(pretraining), "seed": pretraining.seed}
     cached = _finished(out, meta)
     if cached is not None:
         return cached
@@ -97,13 +83,13 @@ def federated_encoder(config: Config, client_images: Callable[[], list[np.ndarra
     with building_entry(out, meta, verbose) as cached:
         if cached is not None:  # made by another process while this one waited
             return cached
-        p = federated_plan(config)
+        p, data = pretraining, pretraining.data
         if verbose:
-            print(f"federated pre-training {p['start']} ({config.pretrain.encoder}) on "
-                  f"{config.partition.num_clients} clients' unlabeled images "
-                  f"({p['deal']} deal of {config.data.pretrain_dataset}:"
-                  f"{config.data.pretrain_split}) -> {out}", flush=True)
-        return federated_pretrain(config, client_images(), out, verbose=verbose,
+            print(f"federated pre-training {p.name} ({p.pretrain.encoder}) on "
+                  f"{p.partition.num_clients} clients' unlabeled images "
+                  f"({p.partition.unlabeled} deal of {data.pretrain_dataset}:"
+                  f"{data.pretrain_split}) -> {out}", flush=True)
+        return federated_pretrain(pretraining, client_images(), out, verbose=verbose,
                                   monitor=monitor, on_round=on_round)
 
 
@@ -119,19 +105,19 @@ class LocalTrainer:
     round, client) at the start of every client round, so a client's round depends on
     nothing but the global weights, its own state and images, and those three numbers."""
 
-    def __init__(self, config: Config, input_shape: tuple[int, int, int]):
-        self.plan = federated_plan(config)
-        self.settings, self.seed = self.plan["settings"], config.pretrain_seed
-        spec = FEDERATED_STARTS[self.plan["start"]][0]
-        self.algorithm = importlib.import_module(spec.module).build(self.settings)
-        self.model = build_contrastive_model(config.pretrain, input_shape,
-                                             method=self.plan["method"], seed=self.seed)
+    def __init__(self, pretraining: Pretraining, input_shape: tuple[int, int, int]):
+        self.pretraining = pretraining
+        self.settings, self.seed = pretraining.federated_settings, pretraining.seed
+        self.algorithm = importlib.import_module(pretraining.federated.module).build(
+            self.settings)
+        self.model = build_contrastive_model(pretraining.pretrain, input_shape,
+                                             method=pretraining.ssl, seed=self.seed)
         self.shared = self.algorithm.shared(self.model)
         self.fresh = [v.numpy() for v in self.model.optimizer.variables]
-        self.step = self.model.make_step(config.pretrain.jit_compile)
+        self.step = self.model.make_step(pretraining.pretrain.jit_compile)
         self.streams = [v for v in self.model.augmenter.non_trainable_variables
                         if "seed_generator" in v.path]
-        self.learning_rate = config.pretrain.learning_rate
+        self.learning_rate = pretraining.pretrain.learning_rate
 
     def initial(self):
         """The global online parts before the first round (the method's seeded init)."""
@@ -161,7 +147,7 @@ class LocalTrainer:
                 logs = self.step(tf.constant(images[order[i * batch:(i + 1) * batch]]))
         logs = {name: float(v) for name, v in logs.items()}
         if not np.isfinite(logs["loss"]):
-            raise DivergedError(f"client {client}'s {self.plan['method']} loss became "
+            raise DivergedError(f"client {client}'s {self.pretraining.method} loss became "
                                 f"{logs['loss']} in round {round_ + 1}; lower "
                                 f"pretrain.learning_rate (now {self.learning_rate})")
         sent = self.algorithm.local_end(self.model, state)
@@ -265,20 +251,20 @@ def round_entry(round_: int, results: list[dict], seconds: float,
     return entry
 
 
-def federated_pretrain(config: Config, client_images: list[np.ndarray], out_dir: str | Path,
-                       *, verbose: int = 1, monitor=None,
+def federated_pretrain(pretraining: Pretraining, client_images: list[np.ndarray],
+                       out_dir: str | Path, *, verbose: int = 1, monitor=None,
                        on_round: Callable[[int, dict], None] | None = None) -> PretrainResult:
-    """Run ``config``'s federated pre-training on ``client_images`` (uint8, one array per
-    client) into ``out_dir``; resumes from its ``checkpoint.npz``. ``monitor``: the kNN
-    monitor (its ``due`` counts rounds); ``on_round(round, entry)`` after each round."""
+    """Run a federated pre-training on ``client_images`` (uint8, one array per client)
+    into ``out_dir``; resumes from its ``checkpoint.npz``. ``monitor``: the kNN monitor
+    (its ``due`` counts rounds); ``on_round(round, entry)`` after each round."""
     out = prepare_out_dir(out_dir)
-    p = federated_plan(config)
-    settings, seed = p["settings"], config.pretrain_seed
+    p = pretraining
+    settings, seed = p.federated_settings, p.seed
     batch, rounds = settings["batch_size"], settings["rounds"]
     counts = [len(x) for x in client_images]
     check_batch(min(counts), batch, f"client {int(np.argmin(counts))} has")
-    meta = {"config": identity(config), "seed": seed}
-    trainer = LocalTrainer(config, client_images[0].shape[1:])
+    meta = {"config": identity(p), "seed": seed}
+    trainer = LocalTrainer(p, client_images[0].shape[1:])
     num_clients = len(client_images)
 
     global_weights = trainer.initial()
@@ -301,7 +287,7 @@ def federated_pretrain(config: Config, client_images: list[np.ndarray], out_dir:
                    else "")
             own = "".join(f", {key} {entry[key]:.3f}" for key in trainer.algorithm.reported
                           if key in entry)
-            print(f"{p['start']} round {r + 1}/{rounds}: loss {entry['loss']:.4f}, "
+            print(f"{p.name} round {r + 1}/{rounds}: loss {entry['loss']:.4f}, "
                   f"embedding_std {entry['embedding_std']:.4f}{own}{knn}, {entry['clients']} "
                   f"clients, {entry['seconds']:.1f} s", flush=True)
         _save(checkpoint, trainer.model, r + 1, meta, weights, states, history, totals)
@@ -317,7 +303,8 @@ def federated_pretrain(config: Config, client_images: list[np.ndarray], out_dir:
     totals["client_seconds"] = round(totals["client_seconds"], 3)
     write_json(out / "pretrain.json", {
         "meta": meta, "history": history,
-        "federated": {**{k: p[k] for k in ("start", "algorithm", "method", "deal")},
+        "federated": {"start": p.name, "algorithm": p.federated.name, "method": p.ssl.name,
+                      "deal": p.partition.unlabeled,
                       **settings, "clients": num_clients,
                       "sampled_per_round": len(sampled_clients(seed, 0, num_clients,
                                                                settings["participation"])),

@@ -12,6 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from cpcfl_tf.compat import pretrain_settings
+from cpcfl_tf.methods.ssl import SSLMethod
 from cpcfl_tf.plan.config import PretrainConfig
 from cpcfl_tf.data.images import to_float
 from cpcfl_tf.data.specs import LabeledImages
@@ -101,12 +102,13 @@ def _epoch_batches(features: np.ndarray, labels: np.ndarray, batch_size: int) ->
     return first if same else None
 
 
-def select_best(candidates: Sequence[tuple[str, PretrainConfig]], images: np.ndarray,
+def select_best(candidates: Sequence[tuple[SSLMethod, PretrainConfig]], images: np.ndarray,
                 proxy_train: LabeledImages, proxy_test: LabeledImages, out_root: str | Path,
                 *, seed: int = 0, verbose: int = 1
                 ) -> tuple[tuple[str, PretrainConfig], keras.Model, list[dict]]:
-    """Pre-train every candidate ``(method, config)``, score each by linear evaluation,
-    return the best.
+    """Pre-train every candidate ``(method, config)`` (``method`` an entry of
+    :data:`~cpcfl_tf.methods.ssl.SSL_METHODS`), score each by linear evaluation, return
+    the best.
 
     Returns the winning candidate, its encoder and one record per candidate
     (``{"key", "method", "config", "accuracy"}``); each pre-training lives in
@@ -116,12 +118,12 @@ def select_best(candidates: Sequence[tuple[str, PretrainConfig]], images: np.nda
 
     scores, best = [], None
     for method, config in candidates:
-        key = pretrain_key(config, method, seed=seed, images=list(images.shape))
+        key = pretrain_key(config, method.name, seed=seed, images=list(images.shape))
         result = pretrain(config, images, Path(out_root) / key, method=method, seed=seed,
                           verbose=verbose)
         accuracy = linear_eval(result.encoder, proxy_train, proxy_test, seed=seed)
-        scores.append({"key": key, "method": method,
-                       "config": pretrain_settings(dataclasses.asdict(config), method),
+        scores.append({"key": key, "method": method.name,
+                       "config": pretrain_settings(dataclasses.asdict(config), method.name),
                        "accuracy": accuracy})
         if verbose:
             print(f"{key}: linear evaluation accuracy {accuracy:.4f}")

@@ -33,7 +33,7 @@ from cpcfl_tf.models import ENCODER_DIMS, build_encoder
 from cpcfl_tf.models.seeding import seeded
 from cpcfl_tf.records.files import (CACHE_FIX, building, cache_root, prepare_out_dir,
                               read_cache_entry, write_atomic, write_json)
-from cpcfl_tf.methods.ssl import SSL_METHODS, get_ssl_method
+from cpcfl_tf.methods.ssl import SSLMethod
 
 
 @dataclasses.dataclass
@@ -44,17 +44,16 @@ class PretrainResult:
 
 
 def build_contrastive_model(config: PretrainConfig, input_shape: tuple[int, int, int], *,
-                            method: str = "simclr", seed: int = 0,
+                            method: SSLMethod, seed: int = 0,
                             steps_per_epoch: int = 1) -> ContrastiveModel:
-    """``method``'s ``keras.Model`` (a name of :data:`~cpcfl_tf.methods.ssl.SSL_METHODS`)
+    """``method``'s ``keras.Model`` (an entry of :data:`~cpcfl_tf.methods.ssl.SSL_METHODS`)
     with its settings from ``config``, compiled with Adam and its optimizer built.
 
     ``steps_per_epoch`` sizes the schedules that run over the whole pre-training (the
     learning rate's, BYOL's target rate's). ``config.precision`` is the dtype policy of
     the layers built here only; the global policy is restored afterwards.
     """
-    spec = get_ssl_method(method)
-    settings = config.settings(method)
+    settings = method.resolve((config.options or {}).get(method.name))
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy(config.precision)
     try:
@@ -64,7 +63,7 @@ def build_contrastive_model(config: PretrainConfig, input_shape: tuple[int, int,
                           ENCODER_DIMS[config.encoder],
                           lambda name: build_encoder(config.encoder, input_shape, model_name=name),
                           total_steps=config.epochs * steps_per_epoch)
-            model = spec.build(parts, settings)
+            model = method.build(parts, settings)
             optimizer = keras.optimizers.Adam(learning_rate(config, steps_per_epoch))
             if config.precision == "mixed_float16":
                 optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
@@ -189,7 +188,7 @@ def make_strategy(name: str = "default") -> tf.distribute.Strategy | None:
 
 
 def pretrain(config: PretrainConfig, images: np.ndarray, out_dir: str | Path, *,
-             method: str = "simclr", seed: int = 0, verbose: int = 1,
+             method: SSLMethod, seed: int = 0, verbose: int = 1,
              distribute: str = "default",
              on_epoch: Callable[[int, dict], None] | None = None,
              monitor=None) -> PretrainResult:
@@ -200,7 +199,7 @@ def pretrain(config: PretrainConfig, images: np.ndarray, out_dir: str | Path, *,
     config
         Encoder and optimisation settings.
     method
-        A self-supervised method (:data:`~cpcfl_tf.methods.ssl.SSL_METHODS`).
+        A self-supervised method (an entry of :data:`~cpcfl_tf.methods.ssl.SSL_METHODS`).
     images
         ``uint8 (n, h, w, 3)`` unlabeled images (:func:`cpcfl_tf.data.load_unlabeled`).
     out_dir
@@ -230,7 +229,7 @@ def pretrain(config: PretrainConfig, images: np.ndarray, out_dir: str | Path, *,
         raise UserError(f"pre-training needs uint8 images (n, h, w, c), got {images.dtype} "
                         f"{images.shape}")
     batch_size = min(config.batch_size, len(images))
-    meta = {"config": identity(config, method), "seed": seed,
+    meta = {"config": identity(config, method.name), "seed": seed,
             "images": [int(n) for n in images.shape]}
     summary_path, encoder_path = out / "pretrain.json", out / "encoder.keras"
     finished = _finished(out, meta)
@@ -267,7 +266,7 @@ def pretrain(config: PretrainConfig, images: np.ndarray, out_dir: str | Path, *,
         bar = keras.utils.Progbar(steps, verbose=1 if live else 0, unit_name="batch",
                                   stateful_metrics=["loss", "embedding_std"])
         if live:
-            print(f"{method} epoch {epoch + 1}/{config.epochs}")
+            print(f"{method.name} epoch {epoch + 1}/{config.epochs}")
         started = time.perf_counter()
         for i, batch in enumerate(batches):
             logs = {k: float(v) for k, v in step(batch).items()}
@@ -275,7 +274,7 @@ def pretrain(config: PretrainConfig, images: np.ndarray, out_dir: str | Path, *,
                 kept = (f"the checkpoint of epoch {epoch} stays in {out}" if epoch
                         else "no epoch had finished")
                 raise DivergedError(
-                    f"{method} loss became {logs['loss']} in epoch {epoch + 1}, batch "
+                    f"{method.name} loss became {logs['loss']} in epoch {epoch + 1}, batch "
                     f"{i + 1}; lower pretrain.learning_rate (now {config.learning_rate}); {kept}")
             bar.update(i + 1, list(logs.items()))
         history.append({"epoch": epoch + 1, **logs,
@@ -285,7 +284,7 @@ def pretrain(config: PretrainConfig, images: np.ndarray, out_dir: str | Path, *,
         knn = (f", kNN accuracy {history[-1]['knn_accuracy']:.4f}"
                if "knn_accuracy" in history[-1] else "")
         if verbose and not live:
-            print(f"{method} epoch {epoch + 1}/{config.epochs}: loss {logs['loss']:.4f}, "
+            print(f"{method.name} epoch {epoch + 1}/{config.epochs}: loss {logs['loss']:.4f}, "
                   f"embedding_std {logs['embedding_std']:.4f}{knn}, "
                   f"{history[-1]['seconds']:.1f} s", flush=True)
         elif verbose and knn:
@@ -329,11 +328,16 @@ def keyed_settings(config: PretrainConfig, method: str) -> dict:
     return pretrain_settings({**dataclasses.asdict(config), "options": options or None}, method)
 
 
+SUPERVISED = "supervised"
+"""The supervised pre-training's name in its cache folder's."""
+
+
 def pretrain_key(config: PretrainConfig, name: str, **identity_) -> str:
-    """Folder name of a pre-training: ``name`` (the method), encoder and a hash of the
-    settings and of ``identity_`` (what else shapes it: the data, the seed)."""
-    settings = (identity(config, name) if name in SSL_METHODS
-                else pretrain_settings(dataclasses.asdict(config)))
+    """Folder name of a pre-training: ``name`` (a self-supervised method's, or
+    :data:`SUPERVISED`), encoder and a hash of the settings and of ``identity_`` (what else
+    shapes it: the data, the seed)."""
+    settings = (pretrain_settings(dataclasses.asdict(config)) if name == SUPERVISED
+                else identity(config, name))
     text = json.dumps({"config": settings, **identity_}, sort_keys=True)
     digest = hashlib.sha1(text.encode()).hexdigest()[:10]
     return f"{name}-{config.encoder}-{digest}"
@@ -345,14 +349,17 @@ def image_source(data: DataConfig) -> dict:
             "image_size": data.image_size}
 
 
-def pretrain_folder(config: PretrainConfig, data: DataConfig, name: str, seed: int) -> Path:
-    """The cache folder of the server's pre-training ``name`` (a contrastive method or
-    ``supervised``) of ``config`` on ``data``'s pre-training images with ``seed``."""
+def pretrain_folder(config: PretrainConfig, data: DataConfig, method: SSLMethod | None,
+                    seed: int) -> Path:
+    """The cache folder of the server's pre-training with ``method`` (a self-supervised
+    method; None: the supervised one) of ``config`` on ``data``'s pre-training images
+    with ``seed``."""
+    name = SUPERVISED if method is None else method.name
     return cache_root() / "pretrained" / pretrain_key(config, name, data=image_source(data),
                                                       seed=seed)
 
 
-def pretrained_encoder(config: PretrainConfig, data: DataConfig, *, method: str,
+def pretrained_encoder(config: PretrainConfig, data: DataConfig, *, method: SSLMethod,
                        seed: int = 0, verbose: int = 1, distribute: str = "default",
                        images: np.ndarray | Callable[[], np.ndarray] | None = None,
                        on_epoch: Callable[[int, dict], None] | None = None,
@@ -367,7 +374,7 @@ def pretrained_encoder(config: PretrainConfig, data: DataConfig, *, method: str,
     a function that makes it (called only when there is something to train).
     """
     out = pretrain_folder(config, data, method, seed)
-    meta = {"config": identity(config, method), "seed": seed}
+    meta = {"config": identity(config, method.name), "seed": seed}
     cached = _finished(out, meta)
     if cached is not None:
         return cached
@@ -378,7 +385,7 @@ def pretrained_encoder(config: PretrainConfig, data: DataConfig, *, method: str,
         if cached is not None:  # made by another process while this one waited
             return cached
         if verbose:
-            print(f"pre-training {method} ({config.encoder}) on {data.pretrain_dataset}:"
+            print(f"pre-training {method.name} ({config.encoder}) on {data.pretrain_dataset}:"
                   f"{data.pretrain_split} -> {out}")
         if images is None:
             images = load_pretrain_images(data)

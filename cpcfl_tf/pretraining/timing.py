@@ -11,6 +11,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from cpcfl_tf.methods.ssl import SSLMethod
 from cpcfl_tf.plan.config import PretrainConfig
 from cpcfl_tf.pretraining.pretrain import build_contrastive_model
 from cpcfl_tf.data.images import to_float
@@ -52,9 +53,9 @@ def random_images(batch_size: int, image_size: int, seed: int = 0) -> tf.Tensor:
     return tf.constant(rng.integers(0, 256, (batch_size, image_size, image_size, 3), np.uint8))
 
 
-def contrastive_step(config: PretrainConfig, image_size: int, seed: int = 0,
-                     method: str = "simclr"):
-    """The compiled ``train_step`` of ``method``, as pre-training runs it."""
+def contrastive_step(config: PretrainConfig, image_size: int, seed: int, method: SSLMethod):
+    """The compiled ``train_step`` of ``method`` (an entry of
+    :data:`~cpcfl_tf.methods.ssl.SSL_METHODS`), as pre-training runs it."""
     model = build_contrastive_model(config, (image_size, image_size, 3), method=method,
                                     seed=seed)
     return model.make_step(config.jit_compile)
