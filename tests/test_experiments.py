@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from cpcfl_tf.plan.presets import get_preset
@@ -130,7 +131,7 @@ def test_every_script_has_help():
         assert stdout.startswith(f"usage: python {path.parent.name}/{path.stem}.py"), path.stem
         if path.stem not in ("migrate_records", "compare", "results_unchanged", "encoders",
                              "update_schema", "plot_selection", "suite_times",
-                             "shape"):  # no runs
+                             "shape", "round_stages"):  # no runs kept
             assert "--preset" in stdout and "--resume" in stdout, path.stem
 
 
@@ -323,3 +324,22 @@ def test_each_test_writes_its_cpu_seconds_where_the_suite_is_told(tmp_path):
     (entry,) = [json.loads(line) for line in log.read_text().splitlines()]
     assert entry["test"] == "tests/test_burn.py::test_burn"
     assert entry["processes"] > 0.2 and entry["worker"] < entry["processes"]
+
+
+def test_round_stages_adds_up_each_stages_time_and_puts_the_functions_back():
+    """benchmarks/round_stages.py times a stage by wrapping its function: the wrapper
+    returns what the function returns, counts each call, and the function is the kit's
+    own again after the block."""
+    from cpcfl_tf.clustered import algorithm
+
+    stages = script("round_stages")
+    real = algorithm.aggregate
+    state = algorithm.ServerState(0, [[np.zeros(2, np.float32)]], 0)
+    seconds, calls = {}, {}
+    with stages.timed_stages(seconds, calls):
+        assert algorithm.aggregate is not real
+        new = algorithm.aggregate(state, [np.array([[1.0, 3.0], [3.0, 5.0]], np.float32)],
+                                  np.array([0, 0]), [1.0, 3.0])
+    assert algorithm.aggregate is real
+    np.testing.assert_allclose(new.models[0][0], [2.5, 4.5])  # (1*[1,3] + 3*[3,5]) / 4
+    assert calls == {"aggregation": 1} and seconds["aggregation"] > 0
