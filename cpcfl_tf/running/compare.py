@@ -71,7 +71,8 @@ def compare_runs(ours: str | Path, reference: str | Path) -> list[Comparison]:
         if record is None:
             continue
         accuracy = 100 * record.final.accuracy
-        match = _same_place(reference, path, record) or theirs.get(record.requested)
+        match = _same_place(reference, path, record) or _closest(
+            theirs.every(record.requested), record)
         seeds = by_settings.get(_without_seed(record.requested), [])
         spread = (min(seeds), max(seeds)) if len(seeds) >= 2 else None
         if match is None:
@@ -95,6 +96,16 @@ def compare_runs(ours: str | Path, reference: str | Path) -> list[Comparison]:
         out.append(Comparison(path, verdict_, accuracy, ref, spread, match.path, note,
                               machines if machines[0] != machines[1] else None))
     return out
+
+
+def _closest(found: list[Found], record: RunRecord) -> Found | None:
+    """Of the reference's records of ``record``'s config (in the tree's preference order),
+    the one that could be its bits: from the same starting encoder on the same kind of
+    machine, else from the same encoder, else on the same machine, else the preferred."""
+    encoder, cpu = record.environment.get("starting_encoder"), machine(record.environment)
+    return min(found, default=None, key=lambda f: (
+        f.record.environment.get("starting_encoder") != encoder,
+        machine(f.record.environment) != cpu))
 
 
 def _same_place(reference: Path, path: Path, record: RunRecord) -> Found | None:
