@@ -13,6 +13,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # (the clustering families' similarities and SVDs) may differ in their last bits, as
 # they do between machines with other numbers of cores.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+# The kit asks TensorFlow for its oneDNN kernels when it is imported (cpcfl_tf/__init__.py),
+# which TensorFlow reads once, at its own import: a test module that imports tensorflow or
+# keras before cpcfl_tf would otherwise run without them on a CPU where TensorFlow leaves
+# them off (the AVX2 EPYC), while the processes it starts have them, and their bits differ.
+import cpcfl_tf  # noqa: E402,F401
 
 import pytest  # noqa: E402
 
