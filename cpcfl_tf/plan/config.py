@@ -168,11 +168,13 @@ class PretrainConfig:
                 "pretrain.warmup_epochs warms up the cosine schedule; set "
                 "pretrain.lr_schedule=cosine too")
 
-    def settings(self, method: str) -> dict[str, Any]:
-        """Every setting of self-supervised ``method`` with the value it runs with."""
+    def settings(self, method) -> dict[str, Any]:
+        """Every setting of self-supervised ``method`` (its name, or its registry entry as
+        a run's plan carries it) with the value it runs with."""
         from cpcfl_tf.methods.ssl import get_ssl_method
 
-        return get_ssl_method(method).resolve((self.options or {}).get(method))
+        entry = get_ssl_method(method) if isinstance(method, str) else method
+        return entry.resolve((self.options or {}).get(entry.name))
 
     def with_settings(self, method: str, **values: Any) -> "PretrainConfig":
         """Copy with ``method``'s settings ``values`` over the ones set (checked)."""

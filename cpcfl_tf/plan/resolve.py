@@ -142,7 +142,7 @@ def resolve(config: Config, *, checked: bool = False) -> RunPlan:
             options=method.resolve_options(fl.options)), config.pretrain.encoder))
     start = START[fl.pretraining]
     gives = next((s for s in START.values() if s.made_by(fl.method, fl.pretraining)), None)
-    return RunPlan(resolved, config, method, start, pretraining_of(config), gives)
+    return RunPlan(resolved, config, method, start, start.pretraining(config), gives)
 
 
 def data_key(config: Config) -> str:

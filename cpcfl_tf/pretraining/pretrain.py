@@ -53,7 +53,7 @@ def build_contrastive_model(config: PretrainConfig, input_shape: tuple[int, int,
     learning rate's, BYOL's target rate's). ``config.precision`` is the dtype policy of
     the layers built here only; the global policy is restored afterwards.
     """
-    settings = method.resolve((config.options or {}).get(method.name))
+    settings = config.settings(method)
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy(config.precision)
     try:
