@@ -26,7 +26,8 @@ from typing import Any
 ADDED_FIELDS: dict[str, dict[str, Any]] = {
     "partition": {"kind": "groups", "alpha": 1.0, "unlabeled": "server"},
     "federated": {"jit_compile": False, "options": None, "eval_every": 1,
-                  "aggregation": "mean", "trim_fraction": 0.2, "update_norm": None},
+                  "aggregation": "mean", "trim_fraction": 0.2, "update_norm": None,
+                  "frozen_features": False},
     "pretrain": {"seed": None, "options": None, "lr_schedule": "constant",
                  "warmup_epochs": 0},
 }
@@ -36,7 +37,7 @@ value that runs as before it existed."""
 UNSET_FIELDS: dict[str, dict[str, Any]] = {
     "partition": {"unlabeled": "server"},
     "federated": {"options": None, "eval_every": 1, "aggregation": "mean",
-                  "trim_fraction": 0.2, "update_norm": None},
+                  "trim_fraction": 0.2, "update_norm": None, "frozen_features": False},
     "pretrain": {"seed": None, "options": None, "lr_schedule": "constant", "warmup_epochs": 0}}
 """Fields a run record leaves out while they are at this value (read back at their
 defaults)."""

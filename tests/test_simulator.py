@@ -65,6 +65,32 @@ def test_stacked_backend_trains_like_one_keras_model_per_client(clients):
                                client_losses(keras_, pool, data), rtol=1e-5)
 
 
+def test_frozen_features_train_the_head_as_one_keras_model_per_client_does(clients):
+    """federated.frozen_features: in an epoch that freezes the encoder the head trains on
+    features computed once (batches of 8 of 20 images: 8, 8, 4), not in each step. The
+    reference is the Keras backend, which runs the frozen encoder in every step: equal
+    to float32 rounding; the encoder is bitwise the default path's."""
+    keras.utils.set_random_seed(2)
+    model = build_classifier(build_encoder("cnn", (32, 32, 3)), build_classifier_head("c-1", 256, 10))
+    data = ClientArrays(clients.train.images[:3], clients.train.labels[:3])
+    pool, ids = stack_models([model.get_weights()]), np.zeros(3, np.int64)
+    orders = batch_orders(3, 20, 3, [5])
+    fast = LocalTraining(batch_size=8, frozen_features=True)
+    stacked = StackedBackend(model)
+    for epochs in ([False] * 3, [True, False, False]):
+        a = stacked.train(pool, ids, data, orders, epochs, fast)
+        b = KerasBackend(model).train(pool, ids, data, orders, epochs, LocalTraining(batch_size=8))
+        default = stacked.train(pool, ids, data, orders, epochs, LocalTraining(batch_size=8))
+        k = stacked.num_encoder
+        for x, y in zip(a, b):
+            np.testing.assert_allclose(x, y, atol=2e-5)
+        assert all(np.array_equal(x, y) for x, y in zip(a[:k], default[:k]))
+        assert not np.array_equal(a[-2], pool[-2])  # the head moved
+    assert stacked._head_grads.experimental_get_tracing_count() >= 2  # batches of 8 and 4
+    with pytest.raises(UserError, match="frozen_features needs the stacked backend"):
+        KerasBackend(model).train(pool, ids, data, orders, [False] * 3, fast)
+
+
 def test_sgd_trains_alike_on_both_backends(clients):
     keras.utils.set_random_seed(1)
     model = build_classifier(build_encoder("cnn", (32, 32, 3)), build_classifier_head("c", 256, 10))

@@ -82,6 +82,9 @@ class KerasBackend:
         if moments is not None:
             raise UserError("federated.optimizer_state 'client' needs the stacked backend "
                             "(the CNN encoder); use optimizer_state fresh")
+        if local.frozen_features:
+            raise UserError("federated.frozen_features needs the stacked backend (the CNN "
+                            "encoder); set it false")
         optimizer = self.optimizers[local.optimizer]
         optimizer.learning_rate.assign(local.learning_rate)
         # The optimizer's state (moments, step count), reset per client; not its rate.

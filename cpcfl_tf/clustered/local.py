@@ -28,11 +28,15 @@ class LocalTraining:
     learning_rate: float = 1e-3
     optimizer: str = "adam"
     """adam | sgd."""
+    frozen_features: bool = False
+    """Train the head of an epoch that freezes the encoder on the encoder's features of
+    the client's images computed once in the round, not in every step
+    (``federated.frozen_features``)."""
 
     @classmethod
     def of(cls, fl) -> "LocalTraining":
         """The local training a :class:`~cpcfl_tf.plan.config.FederatedConfig` names."""
-        return cls(fl.batch_size, fl.learning_rate, fl.local_optimizer)
+        return cls(fl.batch_size, fl.learning_rate, fl.local_optimizer, fl.frozen_features)
 
 
 @dataclasses.dataclass

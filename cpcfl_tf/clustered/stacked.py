@@ -61,7 +61,9 @@ def stacked_logits(layers: Sequence[_Layer], params: Sequence[tf.Tensor],
     left out: losses and predictions apply it.
     """
     k = x.shape[0]
-    h, i = tf.unstack(x, num=k), 0
+    # Images (K, B, h, w, c) go through convolutions per client; features (K, B, d),
+    # e.g. a frozen encoder's into a head, straight into the dense layers.
+    h, i = (tf.unstack(x, num=k) if x.shape.rank == 5 else x), 0
     for n, layer in enumerate(layers):
         last = n == len(layers) - 1
         if layer.kind == "flatten":
@@ -103,11 +105,24 @@ class StackedBackend:
             raise ValueError(f"{classifier.name} has layers the stacked backend cannot run")
         self.layers = layers
         self.num_encoder = len(classifier.get_layer("encoder").weights)
+        # The encoder's steps and the head's: the first layers that hold the encoder's
+        # weights (two each: kernel and bias), and the rest.
+        split, held = 0, 0
+        while held < self.num_encoder:
+            held += 0 if layers[split].kind == "flatten" else 2
+            split += 1
+        self.encoder_layers, self.head_layers = layers[:split], layers[split:]
         self.eval_batch = eval_batch
         # No reduce_retracing: the client axis K must stay static (one trace per K and
         # batch size, a handful per run). jit_compile: federated.jit_compile. No AutoGraph
         # (here and in every step of the kit): no Python control flow over tensors.
         self._grads = tf.function(self._gradients, jit_compile=jit_compile, autograph=False)
+        # federated.frozen_features: a frozen encoder's features, then the head's steps.
+        self._features = tf.function(
+            lambda params, x: stacked_logits(self.encoder_layers, params, to_float(x)),
+            autograph=False)
+        self._head_grads = tf.function(self._head_gradients, jit_compile=jit_compile,
+                                       autograph=False)
         # Adam over K stacked copies is pure elementwise work: XLA fuses it into one pass
         # (2.4x faster than the op-by-op update on a CPU).
         self._adam = tf.function(_adam_update, jit_compile=True, autograph=False)
@@ -131,6 +146,21 @@ class StackedBackend:
             per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
             loss = tf.reduce_sum(tf.reduce_mean(per_example, axis=1))  # each client's own mean
         return tape.gradient(loss, params[first:])
+
+    def _head_gradients(self, head, features, labels):
+        with tf.GradientTape() as tape:
+            tape.watch(head)
+            logits = stacked_logits(self.head_layers, head, features)
+            per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
+            loss = tf.reduce_sum(tf.reduce_mean(per_example, axis=1))
+        return tape.gradient(loss, head)
+
+    def frozen_features(self, encoder: Sequence[tf.Tensor], images: tf.Tensor,
+                        batch_size: int) -> tf.Tensor:
+        """``(K, n, d)``: each client's images ``(K, n, h, w, c)`` through its own
+        (frozen) encoder, in the order given, ``batch_size`` images a client at a time."""
+        return tf.concat([self._features(list(encoder), images[:, lo:lo + batch_size])
+                          for lo in range(0, images.shape[1], batch_size)], axis=1)
 
     def train(self, pool: Stacked, ids: np.ndarray, data: ClientArrays, orders: np.ndarray,
               trains_encoder: Sequence[bool], local: LocalTraining,
@@ -167,12 +197,23 @@ class StackedBackend:
             m, v = [tf.constant(a) for a in moments.m], [tf.constant(a) for a in moments.v]
             steps = moments.steps.copy()
         images, labels = tf.constant(data.images), tf.constant(data.labels)
+        features = None  # federated.frozen_features: of the encoder as it is frozen
         for epoch, order in enumerate(orders):
             first = 0 if trains_encoder[epoch] else self.num_encoder
+            if first == 0:
+                features = None
+            elif local.frozen_features and features is None:
+                features = self.frozen_features(params[:first], images, local.batch_size)
             for lo in range(0, data.size, local.batch_size):
                 idx = tf.constant(order[:, lo:lo + local.batch_size])
-                grads = self._grads(params, tf.gather(images, idx, batch_dims=1),
-                                    tf.gather(labels, idx, batch_dims=1), first)
+                batch_labels = tf.gather(labels, idx, batch_dims=1)
+                if features is not None:
+                    grads = self._head_grads(params[first:],
+                                             tf.gather(features, idx, batch_dims=1),
+                                             batch_labels)
+                else:
+                    grads = self._grads(params, tf.gather(images, idx, batch_dims=1),
+                                        batch_labels, first)
                 if local.optimizer == "sgd":
                     params[first:] = self._sgd(params[first:], list(grads),
                                                tf.constant(local.learning_rate, tf.float32))

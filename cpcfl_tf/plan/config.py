@@ -237,6 +237,13 @@ class FederatedConfig:
     """XLA-compile the local training step (both backends): one compile per client count
     and batch shape, other kernels, so other last bits than the default (docs/performance.md,
     "Settings that were timed and gave no gain")."""
+    frozen_features: bool = False
+    """In a local epoch that freezes the encoder (the Tc phase; the epochs after
+    ``encoder_epochs``), compute each client's features by the frozen encoder once per
+    round, in batches of ``batch_size``, and train the head on them, instead of running
+    the encoder in every step of every such epoch: faster heads-only epochs, other last
+    bits (a feature's bits depend on the batch it was computed in), so off by default
+    (docs/performance.md, "A faster path"). Stacked backend only."""
     aggregation: str = "mean"
     """How each cluster's members are combined (:func:`cpcfl_tf.clustered.algorithm.combine`):
     mean, the paper's |D_u|-weighted mean (Eq. weighted_avg) | median, the coordinate-wise
@@ -263,6 +270,8 @@ class FederatedConfig:
         _choice("federated", "optimizer_state", self.optimizer_state, OPTIMIZER_STATES)
         require(isinstance(self.jit_compile, bool),
                 f"federated.jit_compile must be true or false, got {self.jit_compile!r}")
+        require(isinstance(self.frozen_features, bool), "federated.frozen_features must be "
+                f"true or false, got {self.frozen_features!r}")
         _choice("federated", "aggregation", self.aggregation, AGGREGATIONS)
         require(isinstance(self.trim_fraction, (int, float)) and not isinstance(
                     self.trim_fraction, bool) and 0 <= self.trim_fraction < 0.5,
