@@ -6,11 +6,15 @@ and 50 test images per client, 3 local epochs) is mostly its local training step
 step is its convolutions. This times each convolution's three kernels (forward, gradient
 of the filter, gradient of the input) for all clients at the round's two batch sizes,
 with their GFLOP/s beside the machine's peak (a large matmul, and cores x clock x lanes x
-FMA from ``/proc/cpuinfo``), and the step under two other layouts of the same arithmetic
-to show what a rewrite would gain: the last convolution (1x1 output) as one batched
-matmul, and every convolution as im2col + batched matmul. The kit uses neither: both
-change the last bits of every result. Settings that were timed and gave no gain (thread
-pools, malloc replacements, oneDNN off) are in docs/performance.md.
+FMA from ``/proc/cpuinfo``), and the step under four other layouts to show what a
+rewrite would gain: two of the same arithmetic in float32 (the last convolution, whose
+output is 1x1, as one batched matmul; every convolution as im2col + batched matmul), the
+clients' convolutions of each layer as one grouped convolution (``groups`` = clients,
+one op instead of one per client), and the kit's layout computed in bfloat16 from
+float32 weights (fast only where the CPU has bfloat16 units, AVX512-BF16 or AMX, or on a
+GPU). The kit uses none of them by default: each can change the last bits of every
+result; ``speed_study.md`` has their times on each kind measured. Settings that were timed and gave
+no gain (thread pools, malloc replacements, oneDNN off) are in docs/performance.md.
 
 Writes ``<cpu>.json`` per machine (a run replaces that machine's) and ``speed_study.md``
 over every machine measured. Run it alone on the machine: anything sharing the cores
@@ -172,10 +176,51 @@ def _as_matmul_logits(layers, params, x, every: bool):
     return h
 
 
+def _grouped_logits(layers, params, x):
+    """The stacked classifier's logits with each convolution of the K clients as one
+    grouped convolution (``groups=K``): the clients' images side by side on the channel
+    axis ``(B, h, w, K*c)``, their kernels side by side on the output axis."""
+    import tensorflow as tf
+
+    k, b = x.shape[0], tf.shape(x)[1]
+    h = tf.reshape(tf.transpose(x, [1, 2, 3, 0, 4]),
+                   [b, x.shape[2], x.shape[3], k * x.shape[4]])
+    grouped, i = True, 0
+    for n, layer in enumerate(layers):
+        if layer.kind == "flatten":
+            h = tf.reshape(h, [b, h.shape[1], h.shape[2], k, -1])
+            h = tf.reshape(tf.transpose(h, [3, 0, 1, 2, 4]), [k, b, -1])
+            grouped = False
+            continue
+        kernel, bias = params[i], params[i + 1]
+        i += 2
+        if layer.kind == "conv":
+            kh, kw, c, o = kernel.shape[1:]
+            w = tf.reshape(tf.transpose(kernel, [1, 2, 3, 0, 4]), [kh, kw, c, k * o])
+            h = tf.nn.conv2d(h, w, layer.strides, layer.padding) + tf.reshape(bias, [-1])
+        else:
+            h = tf.einsum("kbi,kio->kbo", h, kernel) + bias[:, None, :]
+        if layer.activation == "relu" and n < len(layers) - 1:
+            h = tf.nn.relu(h)
+    assert not grouped, "a classifier ends in dense layers"
+    return h
+
+
+def _bfloat16_logits(layers, params, x):
+    """The kit's stacked logits computed in bfloat16 from float32 weights (cast at each
+    use, as Keras' mixed_bfloat16 policy does); float32 out."""
+    import tensorflow as tf
+
+    from cpcfl_tf.clustered.stacked import stacked_logits
+
+    low = [tf.cast(p, tf.bfloat16) for p in params]
+    return tf.cast(stacked_logits(layers, low, tf.cast(x, tf.bfloat16)), tf.float32)
+
+
 def step_layouts(classifier, clients: int, batches: Sequence[int], repeats: int = 5
                  ) -> dict[str, dict]:
     """Milliseconds of one stacked training step (all clients, whole model) per batch
-    size, as the kit runs it and under the two matmul layouts, with each layout's
+    size, as the kit runs it and under the other layouts, with each layout's
     largest logit difference from the kit's, relative to the largest logit. (Logits,
     not gradients: a rounding change can flip a ReLU that sits at 0, which moves a
     gradient by a whole unit's share and says nothing about the layout.)"""
@@ -188,9 +233,9 @@ def step_layouts(classifier, clients: int, batches: Sequence[int], repeats: int 
 
     backend = StackedBackend(classifier)
 
-    def matmul_layout(every: bool):
+    def layout(forward):
         def logits(params, images):
-            return _as_matmul_logits(backend.layers, params, to_float(images), every)
+            return forward(backend.layers, params, to_float(images))
 
         @tf.function
         def gradients(params, images, labels):
@@ -204,9 +249,13 @@ def step_layouts(classifier, clients: int, batches: Sequence[int], repeats: int 
 
     layouts = {"kit": (lambda p, x, y: backend._grads(p, x, y, 0),
                        tf.function(lambda p, x: stacked_logits(backend.layers, p, to_float(x)))),
-               "last_conv_as_matmul": matmul_layout(False),
-               "im2col_matmul": matmul_layout(True)}
-    params = [tf.constant(np.stack([a] * clients)) for a in classifier.get_weights()]
+               "last_conv_as_matmul": layout(lambda *a: _as_matmul_logits(*a, every=False)),
+               "im2col_matmul": layout(lambda *a: _as_matmul_logits(*a, every=True)),
+               "grouped_convolution": layout(_grouped_logits),
+               "bfloat16": layout(_bfloat16_logits)}
+    # Each client its own weights (scaled), so a layout that mixed clients up would show.
+    params = [tf.constant(np.stack([a * (1 + 0.1 * c) for c in range(clients)]))
+              for a in classifier.get_weights()]
     rng = np.random.default_rng(0)
     out = {name: {"ms": {}, "max_relative_difference": 0.0} for name in layouts}
     size, classes = classifier.input_shape[1:], classifier.output_shape[-1]
@@ -257,7 +306,7 @@ def kernel_tables(part: dict) -> list[str]:
             "Together, timed one by one as above: " + ", ".join(
                 f"{ms:.0f} ms at batch {b}" for b, ms in summed.items()) + ".", "",
             "One training step of all clients (whole model), ms, under the kit's layout "
-            "and two matmul layouts it does not use (they change the last bits):", "",
+            "and the layouts it does not use (they change the last bits):", "",
             *markdown_table(["layout", *(f"batch {b}" for b in batches),
                              "largest logit difference (relative)"], layouts), ""]
 
