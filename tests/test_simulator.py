@@ -91,6 +91,37 @@ def test_frozen_features_train_the_head_as_one_keras_model_per_client_does(clien
         KerasBackend(model).train(pool, ids, data, orders, [False] * 3, fast)
 
 
+def test_pool_models_with_one_encoder_share_its_pass_and_keep_every_bit(clients):
+    """Selection's losses: models 0, 1 and 3 have equal encoders (3's a copy), 2 its own;
+    the shared encoder runs once, and every model's logits are the bits of a whole-model
+    pass, its losses those of the cross-entropy worked out here."""
+    from cpcfl_tf.clustered.backends import shared_encoders
+
+    keras.utils.set_random_seed(3)
+    model = build_classifier(build_encoder("cnn", (32, 32, 3)), build_classifier_head("c-1", 256, 10))
+    w, k = model.get_weights(), len(model.get_layer("encoder").weights)
+    rng = np.random.default_rng(3)
+
+    def moved(arrays):
+        return [a + 0.05 * rng.standard_normal(a.shape).astype(np.float32) for a in arrays]
+    head, encoder = moved(w[k:]), moved(w[:k])
+    pool = [w, w[:k] + head, encoder + w[k:], [a.copy() for a in w[:k]] + moved(w[k:])]
+    assert shared_encoders(pool, k) == [[0, 1, 3], [2]]
+    backend, data = StackedBackend(model), ClientArrays(clients.train.images[:3], clients.train.labels[:3])
+    passes = []
+    backend.features = lambda enc, x, real=backend.features: passes.append(len(x)) or real(enc, x)
+    got = client_losses(backend, pool, data)
+    assert passes == [60]  # one pass of the shared encoder over the 3 clients' 60 images
+    flat, labels = data.images.reshape(-1, 32, 32, 3), data.labels.reshape(-1)
+    for n, m in enumerate(pool):
+        whole = backend.logits(m, flat)
+        if n != 2:
+            assert np.array_equal(backend.head_logits(m[k:], StackedBackend.features(backend, m[:k], flat)), whole)
+        z = whole.astype(np.float64)
+        nll = np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1) - z[np.arange(60), labels]
+        np.testing.assert_allclose(got[:, n], nll.reshape(3, 20).mean(1), rtol=1e-6)
+
+
 def test_sgd_trains_alike_on_both_backends(clients):
     keras.utils.set_random_seed(1)
     model = build_classifier(build_encoder("cnn", (32, 32, 3)), build_classifier_head("c", 256, 10))

@@ -138,15 +138,41 @@ def make_backend(classifier: keras.Model, kind: str = "auto", *, jit_compile: bo
 # ------------------------------------------------------------- shared by both backends
 
 def client_losses(backend, pool: Sequence[list[np.ndarray]], data: ClientArrays) -> np.ndarray:
-    """``(K, N)``: mean cross-entropy of every pool model on each client's data."""
+    """``(K, N)``: mean cross-entropy of every pool model on each client's data.
+
+    Pool models with the same encoder (all of them at the end of the Tc phase, and in
+    every round of a run whose clients never train it, ``encoder_epochs=0``) share one
+    pass of it over the images on the stacked backend: the same bits as a pass each."""
     flat = data.images.reshape(-1, *data.images.shape[2:])
     labels = data.labels.reshape(-1)
     out = np.empty((data.num_clients, len(pool)))
-    for n, model in enumerate(pool):
-        logits = backend.logits(model, flat)
-        logp = logits - _logsumexp(logits)
-        out[:, n] = -logp[np.arange(len(labels)), labels].reshape(data.labels.shape).mean(axis=1)
+    for group in shared_encoders(pool, backend.num_encoder):
+        if len(group) > 1 and isinstance(backend, StackedBackend):
+            k = backend.num_encoder
+            features = backend.features(pool[group[0]][:k], flat)
+            logits_of = {n: backend.head_logits(pool[n][k:], features) for n in group}
+        else:
+            logits_of = {n: backend.logits(pool[n], flat) for n in group}
+        for n, logits in logits_of.items():
+            logp = logits - _logsumexp(logits)
+            out[:, n] = -logp[np.arange(len(labels)), labels].reshape(data.labels.shape).mean(axis=1)
     return out
+
+
+def shared_encoders(pool: Sequence[list[np.ndarray]], num_encoder: int) -> list[list[int]]:
+    """The pool's models grouped by equal encoder weights (the first ``num_encoder``
+    arrays), each group in pool order."""
+    groups: list[list[int]] = []
+    for n, model in enumerate(pool):
+        for group in groups:
+            first = pool[group[0]]
+            if all(a is b or np.array_equal(a, b)
+                   for a, b in zip(model[:num_encoder], first[:num_encoder])):
+                group.append(n)
+                break
+        else:
+            groups.append([n])
+    return groups
 
 
 def client_probabilities(backend, pool: Sequence[list[np.ndarray]], cluster_ids: np.ndarray,

@@ -138,6 +138,15 @@ class StackedBackend:
         self._logits = tf.function(
             lambda params, x: stacked_logits(self.layers, params, to_float(x)),
             input_signature=signature, autograph=False)
+        weights, k = signature[0], self.num_encoder
+        self._encode = tf.function(
+            lambda params, x: stacked_logits(self.encoder_layers, params, to_float(x)),
+            input_signature=[weights[:k], signature[1]], autograph=False)
+        width = classifier.get_layer("encoder").output_shape[-1]
+        self._head = tf.function(
+            lambda params, f: stacked_logits(self.head_layers, params, f),
+            input_signature=[weights[k:], tf.TensorSpec((1, None, width), tf.float32)],
+            autograph=False)
 
     def _gradients(self, params, images, labels, first: int):
         with tf.GradientTape() as tape:
@@ -235,6 +244,22 @@ class StackedBackend:
         return np.concatenate([
             self._logits(params, tf.constant(images[None, lo:lo + self.eval_batch]))[0].numpy()
             for lo in range(0, len(images), self.eval_batch)])
+
+    def features(self, encoder: list[np.ndarray], images: np.ndarray) -> np.ndarray:
+        """``(n, d)``: an encoder's features of ``images``, in the chunks of :meth:`logits`;
+        ``head_logits(head, features(encoder, x))`` is ``logits(encoder + head, x)`` to
+        the bit (tested), so models that share an encoder share its pass."""
+        params = [tf.constant(a[None]) for a in encoder]
+        return np.concatenate([
+            self._encode(params, tf.constant(images[None, lo:lo + self.eval_batch]))[0].numpy()
+            for lo in range(0, len(images), self.eval_batch)])
+
+    def head_logits(self, head: list[np.ndarray], features: np.ndarray) -> np.ndarray:
+        """Logits of a head on :meth:`features`."""
+        params = [tf.constant(a[None]) for a in head]
+        return np.concatenate([
+            self._head(params, tf.constant(features[None, lo:lo + self.eval_batch]))[0].numpy()
+            for lo in range(0, len(features), self.eval_batch)])
 
 
 def _adam_update(params, m, v, grads, alpha):
