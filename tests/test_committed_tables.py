@@ -10,7 +10,8 @@ from helpers import ROOT, script
 # Scripts whose tables come from their run records alone (datasets' relevance scores
 # are kept in its relevance.json; linear_eval and pretraining_cost keep their own JSON).
 FROM_RECORDS = ("table2", "clusters", "encoder_training", "datasets", "heads", "supervised",
-                "clients", "resnet", "trials", "local_optimizer", "heterogeneity")
+                "clients", "resnet", "trials", "local_optimizer", "heterogeneity",
+                "frozen_features")
 TABLES = sorted(folder for folder in (ROOT / "results").glob("*/*")
                 if folder.name in FROM_RECORDS and (folder / f"{folder.name}.csv").exists())
 

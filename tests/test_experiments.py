@@ -348,3 +348,24 @@ def test_round_stages_adds_up_each_stages_time_and_puts_the_functions_back():
     assert algorithm.aggregate is real
     np.testing.assert_allclose(new.models[0][0], [2.5, 4.5])  # (1*[1,3] + 3*[3,5]) / 4
     assert calls == {"aggregation": 1} and seconds["aggregation"] > 0
+
+
+def test_frozen_features_study_pairs_each_seeds_runs_and_judges_within_the_seeds_spread(tmp_path):
+    """The summary by hand: differences +1, 0, -1 points; the margin is the default
+    runs' standard deviation (2 points); TOST p = P(T_2 > 0.02 / (0.01 / sqrt 3))."""
+    from scipy import stats
+
+    study = script("frozen_features")
+    result = study.summary([0.90, 0.92, 0.88], [0.91, 0.92, 0.87])
+    assert result["margin"] == pytest.approx(0.02)
+    assert result["difference_mean"] == pytest.approx(0.0, abs=1e-12)
+    half = stats.t.ppf(0.975, 2) * 0.01 / 3 ** 0.5
+    assert result["difference_interval"] == pytest.approx([-half, half])
+    assert result["equivalence_p"] == pytest.approx(stats.t.sf(0.02 / (0.01 / 3 ** 0.5), 2))
+    assert result["within_spread"] is True  # p = 0.037
+    assert study.summary([0.90, 0.92, 0.88], [0.80, 0.83, 0.77])["within_spread"] is False
+    names = [s.name for s in study.specs(3, 2)]
+    assert names == ["cp-cfl-simclr-seed3", "cp-cfl-simclr-frozen-seed3",
+                     "cp-cfl-simclr-seed4", "cp-cfl-simclr-frozen-seed4"]
+    assert all(s.pretrain == {"seed": 3} for s in study.specs(3, 2))  # one encoder
+    assert [s.federated for s in study.specs(3, 1)] == [{}, {"frozen_features": True}]

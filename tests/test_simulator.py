@@ -89,6 +89,9 @@ def test_frozen_features_train_the_head_as_one_keras_model_per_client_does(clien
     assert stacked._head_grads.experimental_get_tracing_count() >= 2  # batches of 8 and 4
     with pytest.raises(UserError, match="frozen_features needs the stacked backend"):
         KerasBackend(model).train(pool, ids, data, orders, [False] * 3, fast)
+    # the run's setting reaches the clients' local training (and is off by default)
+    assert LocalTraining.of(config(frozen_features=True).federated).frozen_features is True
+    assert LocalTraining.of(config().federated).frozen_features is False
 
 
 def test_pool_models_with_one_encoder_share_its_pass_and_keep_every_bit(clients):
