@@ -56,8 +56,9 @@ def stacked_logits(layers: Sequence[_Layer], params: Sequence[tf.Tensor],
     """Logits of K models on their own inputs: ``x (K, B, h, w, c)`` -> ``(K, B, classes)``.
 
     K must be static. Convolutions run per client in the one graph (on a CPU that is as
-    fast as one big batch with shared weights, and ~2.5x faster than a grouped
-    convolution); dense layers run as one batched matmul. The last layer's softmax is
+    fast as one big batch with shared weights, and faster than one grouped convolution
+    for all clients: ``benchmarks/speed_study.py``); dense layers run as one batched
+    matmul. Images ``(K, B, h, w, c)`` or features ``(K, B, d)`` (a head's input). The last layer's softmax is
     left out: losses and predictions apply it.
     """
     k = x.shape[0]
