@@ -75,9 +75,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     default = [records[f"cp-cfl-simclr-seed{s}"].final.accuracy for s in seeds]
     frozen = [records[f"cp-cfl-simclr-frozen-seed{s}"].final.accuracy for s in seeds]
     result = summary(default, frozen)
+    pairs = list(zip(seeds, default, frozen))
     rows = [{"seed": s, "frozen_features": flag, "accuracy": accuracy}
-            for s, d, f in zip(seeds, default, frozen) for flag, accuracy in ((False, d), (True, f))]
-    pairs = [(s, d, f) for s, d, f in zip(seeds, default, frozen)]
+            for s, d, f in pairs for flag, accuracy in ((False, d), (True, f))]
     low, high = result["difference_interval"]
     verdict = ("within the seeds' spread" if result["within_spread"] else
                "not shown to be within the seeds' spread")

@@ -58,8 +58,8 @@ def stacked_logits(layers: Sequence[_Layer], params: Sequence[tf.Tensor],
     K must be static. Convolutions run per client in the one graph (on a CPU that is as
     fast as one big batch with shared weights, and faster than one grouped convolution
     for all clients: ``benchmarks/speed_study.py``); dense layers run as one batched
-    matmul. Images ``(K, B, h, w, c)`` or features ``(K, B, d)`` (a head's input). The last layer's softmax is
-    left out: losses and predictions apply it.
+    matmul. Images ``(K, B, h, w, c)`` or features ``(K, B, d)`` (a head's input). The
+    last layer's softmax is left out: losses and predictions apply it.
     """
     k = x.shape[0]
     # Images (K, B, h, w, c) go through convolutions per client; features (K, B, d),
@@ -106,12 +106,9 @@ class StackedBackend:
             raise ValueError(f"{classifier.name} has layers the stacked backend cannot run")
         self.layers = layers
         self.num_encoder = len(classifier.get_layer("encoder").weights)
-        # The encoder's steps and the head's: the first layers that hold the encoder's
-        # weights (two each: kernel and bias), and the rest.
-        split, held = 0, 0
-        while held < self.num_encoder:
-            held += 0 if layers[split].kind == "flatten" else 2
-            split += 1
+        # The encoder's steps and the head's (stackable_layers makes one per layer).
+        split = sum(not isinstance(layer, keras.layers.InputLayer)
+                    for layer in classifier.get_layer("encoder").layers)
         self.encoder_layers, self.head_layers = layers[:split], layers[split:]
         self.eval_batch = eval_batch
         # No reduce_retracing: the client axis K must stay static (one trace per K and
@@ -152,17 +149,13 @@ class StackedBackend:
     def _gradients(self, params, images, labels, first: int):
         with tf.GradientTape() as tape:
             tape.watch(params[first:])
-            logits = stacked_logits(self.layers, params, to_float(images))
-            per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
-            loss = tf.reduce_sum(tf.reduce_mean(per_example, axis=1))  # each client's own mean
+            loss = _clients_loss(stacked_logits(self.layers, params, to_float(images)), labels)
         return tape.gradient(loss, params[first:])
 
     def _head_gradients(self, head, features, labels):
         with tf.GradientTape() as tape:
             tape.watch(head)
-            logits = stacked_logits(self.head_layers, head, features)
-            per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
-            loss = tf.reduce_sum(tf.reduce_mean(per_example, axis=1))
+            loss = _clients_loss(stacked_logits(self.head_layers, head, features), labels)
         return tape.gradient(loss, head)
 
     def frozen_features(self, encoder: Sequence[tf.Tensor], images: tf.Tensor,
@@ -241,26 +234,30 @@ class StackedBackend:
 
     def logits(self, model: list[np.ndarray], images: np.ndarray) -> np.ndarray:
         """Logits of one model on ``images (n, h, w, 3)``, in chunks."""
-        params = [tf.constant(a[None]) for a in model]
-        return np.concatenate([
-            self._logits(params, tf.constant(images[None, lo:lo + self.eval_batch]))[0].numpy()
-            for lo in range(0, len(images), self.eval_batch)])
+        return self._in_chunks(self._logits, model, images)
 
     def features(self, encoder: list[np.ndarray], images: np.ndarray) -> np.ndarray:
         """``(n, d)``: an encoder's features of ``images``, in the chunks of :meth:`logits`;
         ``head_logits(head, features(encoder, x))`` is ``logits(encoder + head, x)`` to
         the bit (tested), so models that share an encoder share its pass."""
-        params = [tf.constant(a[None]) for a in encoder]
-        return np.concatenate([
-            self._encode(params, tf.constant(images[None, lo:lo + self.eval_batch]))[0].numpy()
-            for lo in range(0, len(images), self.eval_batch)])
+        return self._in_chunks(self._encode, encoder, images)
 
     def head_logits(self, head: list[np.ndarray], features: np.ndarray) -> np.ndarray:
         """Logits of a head on :meth:`features`."""
-        params = [tf.constant(a[None]) for a in head]
+        return self._in_chunks(self._head, head, features)
+
+    def _in_chunks(self, step, weights: list[np.ndarray], x: np.ndarray) -> np.ndarray:
+        """``step`` of one model's ``weights`` over ``x``, ``eval_batch`` rows at a time."""
+        params = [tf.constant(a[None]) for a in weights]
         return np.concatenate([
-            self._head(params, tf.constant(features[None, lo:lo + self.eval_batch]))[0].numpy()
-            for lo in range(0, len(features), self.eval_batch)])
+            step(params, tf.constant(x[None, lo:lo + self.eval_batch]))[0].numpy()
+            for lo in range(0, len(x), self.eval_batch)])
+
+
+def _clients_loss(logits, labels):
+    """The sum over clients of each client's own mean cross-entropy."""
+    per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
+    return tf.reduce_sum(tf.reduce_mean(per_example, axis=1))
 
 
 def _adam_update(params, m, v, grads, alpha):
