@@ -298,6 +298,26 @@ def test_a_runs_key_is_its_record_without_data_folders_and_follows_every_copy():
         assert json.loads(config_key(changed)) == config_record(changed)
 
 
+def test_frozen_features_is_a_checked_setting_absent_from_records_at_its_default():
+    """federated.frozen_features: off, a record, a run's key and a checkpoint fingerprint
+    leave it out (committed records stay as they were); on, the record names it and the
+    run is another; anything but true or false is refused in one line."""
+    from cpcfl_tf.compat import without_added
+    from cpcfl_tf.plan.config import config_key
+
+    config = get_preset("quick")
+    assert "frozen_features" not in config.to_dict()["federated"]
+    assert "frozen_features" not in without_added(dataclasses.asdict(config))["federated"]
+    other = config.with_overrides(federated={"frozen_features": True})
+    assert other.to_dict()["federated"]["frozen_features"] is True
+    assert without_added(dataclasses.asdict(other))["federated"]["frozen_features"] is True
+    assert config_key(other) != config_key(config)
+    assert Config.from_dict(json.loads(json.dumps(other.to_dict()))) == other
+    with pytest.raises(UserError, match="federated.frozen_features must be true or false, "
+                                        "got 'yes'"):
+        config.with_overrides(federated={"frozen_features": "yes"})
+
+
 def test_robust_aggregation_is_three_checked_settings_absent_from_records_at_their_defaults():
     """federated.aggregation, trim_fraction and update_norm: at their defaults (the
     paper's weighted mean, no bound) a record, a run's key and a checkpoint fingerprint
