@@ -2,7 +2,9 @@
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
+from cpcfl_tf import aggregation
 from cpcfl_tf.clustered import algorithm, restarts
 from cpcfl_tf.plan.resolve import resolve
 from helpers import plan_of
@@ -37,7 +39,7 @@ def test_global_encoder_is_shared_and_heads_stay_per_cluster():
     stacked = [RNG.normal(size=(4, *a.shape)).astype(np.float32) for a in state.models[0]]
     ids, sizes = np.array([0, 1, 1, 2]), np.array([1.0, 2.0, 3.0, 4.0])
     new = algorithm.aggregate(state, stacked, ids, sizes, global_encoder=True)
-    everyone = algorithm.weighted_average(stacked[:2], sizes)
+    everyone = aggregation.weighted_average(stacked[:2], sizes)
     for model in new.models:
         for got, want in zip(model[:2], everyone):
             np.testing.assert_allclose(got, want, rtol=1e-6)
@@ -181,47 +183,59 @@ def _by_hand_median(a):
     return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
 
+def _cut(n, beta):
+    """The rule by hand: int(beta * n) from each end, but one at least from three members on."""
+    return 0 if n < 3 else max(1, int(beta * n))
+
+
 def _by_hand_trimmed(a, beta):
-    """Sort each coordinate, drop int(beta * n) members from each end, average the rest."""
-    k, s = int(beta * len(a)), np.sort(a.astype(np.float64), axis=0)
+    """Sort each coordinate, drop _cut(n, beta) members from each end, average the rest."""
+    k, s = _cut(len(a), beta), np.sort(a.astype(np.float64), axis=0)
     return s[k:len(a) - k].mean(0)
 
 
-@pytest.mark.parametrize("members", [1, 2, 3, 4, 7])
-def test_the_robust_combinations_are_the_coordinate_wise_median_and_trimmed_mean(members):
-    """Against the sorted values by hand and against Flower 1.42's own FedMedian and
-    FedTrimmedAvg computations where it is installed; both ignore the example counts."""
+@pytest.mark.parametrize("members", [1, 2, 3, 4, 5, 6, 7, 11])
+@pytest.mark.parametrize("beta", [0.2, 0.25, 0.34])
+def test_the_robust_combinations_are_the_coordinate_wise_median_and_trimmed_mean(members, beta):
+    """Against the sorted values by hand, NumPy's median and SciPy's trim_mean (given the
+    share that cuts the same count), at the cluster sizes a run meets; both ignore the
+    example counts. From three members on the trimmed mean cuts one at least: the default
+    0.2 of three or four members cuts one, where int(0.2 * n) would cut none."""
+    from scipy.stats import trim_mean
+
     stacked = [RNG.normal(size=(members, *s)).astype(np.float32) for s in ((4, 3), (3,))]
     sizes = RNG.integers(1, 100, size=members)
-    median = algorithm.combine(stacked, sizes, "median")
-    trimmed = algorithm.combine(stacked, sizes, "trimmed-mean", 0.25)
+    median = aggregation.combine(stacked, sizes, "median")
+    trimmed = aggregation.combine(stacked, sizes, "trimmed-mean", beta)
+    k = _cut(members, beta)
+    assert aggregation.trim_count(members, beta) == k
+    assert aggregation.tolerated("trimmed-mean", members, beta) == k
+    assert aggregation.tolerated("median", members) == (members - 1) // 2
     for a, m, t in zip(stacked, median, trimmed):
         assert m.dtype == t.dtype == np.float32 and m.shape == t.shape == a.shape[1:]
         np.testing.assert_allclose(m, _by_hand_median(a), rtol=1e-6)
-        np.testing.assert_allclose(t, _by_hand_trimmed(a, 0.25), rtol=1e-6)
-        assert np.array_equal(m, algorithm.combine([a], np.ones(members), "median")[0])
-    try:
-        from flwr.serverapp.strategy.fedtrimmedavg import trim_mean as flower_trim_mean
-    except ImportError:
-        return
-    for a, m, t in zip(stacked, median, trimmed):
-        np.testing.assert_allclose(t, flower_trim_mean(a, 0.25), rtol=1e-6)
-        np.testing.assert_allclose(m, np.median(a, axis=0), rtol=1e-6)  # FedMedian's call
+        np.testing.assert_allclose(m, np.median(a, axis=0), rtol=1e-6)
+        np.testing.assert_allclose(t, _by_hand_trimmed(a, beta), rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(t, trim_mean(a, (k + 0.5) / members, axis=0), rtol=1e-6,
+                                   atol=1e-6)
+        assert np.array_equal(m, aggregation.combine([a], np.ones(members), "median")[0])
 
 
 def test_one_huge_member_moves_the_mean_but_not_the_median_or_trimmed_mean():
     """The attack of issue 78 by hand: three members, one sends every weight as 1e30. The
     mean becomes a third of it; the median is the larger honest value; the trimmed mean
-    with beta >= 1/3 drops it, with the default 0.2 of three nothing is cut."""
+    drops it, at the default beta 0.2 as at 0.34 (one of three is cut)."""
     honest = np.array([[1.0, -2.0], [3.0, 4.0]], np.float32)
     stacked = [np.stack([honest, honest + 1, np.full_like(honest, 1e30)])]
-    mean = algorithm.combine(stacked, [1, 1, 1], "mean")[0]
+    mean = aggregation.combine(stacked, [1, 1, 1], "mean")[0]
     assert np.allclose(mean, 1e30 / 3, rtol=1e-6)
-    np.testing.assert_array_equal(algorithm.combine(stacked, [1, 1, 1], "median")[0],
+    np.testing.assert_array_equal(aggregation.combine(stacked, [1, 1, 1], "median")[0],
                                   honest + 1)
-    np.testing.assert_array_equal(algorithm.combine(stacked, [1, 1, 1], "trimmed-mean",
-                                                    0.34)[0], honest + 1)
-    assert np.allclose(algorithm.combine(stacked, [1, 1, 1], "trimmed-mean", 0.2)[0],
+    for beta in (0.2, 0.34):
+        np.testing.assert_array_equal(aggregation.combine(stacked, [1, 1, 1], "trimmed-mean",
+                                                          beta)[0], honest + 1)
+    # beta 0 is the mean, asked for
+    assert np.allclose(aggregation.combine(stacked, [1, 1, 1], "trimmed-mean", 0.0)[0],
                        1e30 / 3, rtol=1e-6)
 
 
@@ -282,3 +296,61 @@ def test_a_run_aggregates_as_its_config_says():
     np.testing.assert_array_equal(final(aggregation="median"), np.full(3, 2.0))
     bound = final(update_norm=np.sqrt(3.0))  # each update at most norm sqrt(3): 1 per weight
     np.testing.assert_allclose(bound, (1 + 1 + 1) / 3 * np.ones(3), rtol=1e-6)
+
+
+_DEFENCES = {"mean": {}, "median": {"aggregation": "median"},
+             "trimmed-mean": {"aggregation": "trimmed-mean"},
+             "update-norm": {"update_norm": 1.0},
+             "median + update-norm": {"aggregation": "median", "update_norm": 1.0},
+             "trimmed-mean + update-norm": {"aggregation": "trimmed-mean", "update_norm": 1.0}}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(members=st.integers(1, 6), defence=st.sampled_from(sorted(_DEFENCES)),
+       seed=st.integers(0, 2 ** 16))
+def test_which_defences_bound_the_pool_at_each_cluster_size(members, defence, seed):
+    """One cluster (FedAvg, N = 1) of 1-6 members, the last of them sending every weight
+    as 1e30 in each of three rounds, the honest ones their model moved by at most 0.5 per
+    weight. The pool stays bounded (|w| <= 3: three rounds of moves of at most 1) exactly
+    where a norm bound (1.0) is set or a robust aggregation has 3 members or more; the mean
+    alone is 1e30 / n away. A robust aggregation without the bound is refused in one line
+    where the cluster has fewer than 3 members, and with the bound the round's record
+    names the cluster as too few to defend."""
+    from cpcfl_tf.errors import UserError
+    from cpcfl_tf.plan.presets import get_preset
+
+    settings_ = _DEFENCES[defence]
+    robust = settings_.get("aggregation") in ("median", "trimmed-mean")
+    config = get_preset("smoke").with_overrides(
+        partition={"num_clients": members, "num_groups": 1},
+        federated={"method": "fedavg", "pretraining": "none", "rounds": 3, "head_rounds": 0,
+                   **settings_})
+    if robust and "update_norm" not in settings_ and members < 3:
+        with pytest.raises(UserError, match="set federated.update_norm too"):
+            resolve(config, checked=True)
+        return
+    rng = np.random.default_rng(seed)
+
+    class Cluster:
+        num_clients = members
+
+        def train(self, models, plan):
+            sent = [models[0][0] + rng.uniform(-0.5, 0.5, 3).astype(np.float32)
+                    for _ in range(members - 1)] + [np.full(3, 1e30, np.float32)]
+            return algorithm.Replies(np.arange(members), np.zeros(members, np.int64),
+                                     np.ones(members), [np.stack(sent)])
+
+        def observe(self, models, assigned, replies, round_, *, planned=None):
+            return {"cluster_ids": assigned.tolist()}
+
+    state, progress = algorithm.run_rounds(
+        resolve(config, checked=True), 0, Cluster(),
+        lambda attempt: algorithm.ServerState(0, [[np.zeros(3, np.float32)]], num_encoder=0))
+    largest = float(np.abs(state.models[0][0]).max())
+    bounded = "update_norm" in settings_ or (robust and members >= 3)
+    if bounded:
+        assert largest <= 3.0 + 1e-5
+    else:
+        assert largest >= 1e30 / members * 0.99
+    named = [r.get("too_few_to_defend") for r in progress.history]
+    assert named == [[0] if robust and members < 3 else None] * 3

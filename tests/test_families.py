@@ -5,6 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cpcfl_tf import aggregation
 from cpcfl_tf.methods import clustering, rules
 from cpcfl_tf.plan.presets import get_preset
 from cpcfl_tf.errors import UserError
@@ -75,7 +76,7 @@ def test_oracle_is_fedavg_within_each_true_group(clients):
     trained = one_round_by_hand(clients, resolve(record.config), groups)
     for g in range(3):
         members = np.flatnonzero(groups == g)
-        expected = algorithm.weighted_average([a[members] for a in trained],
+        expected = aggregation.weighted_average([a[members] for a in trained],
                                               clients.sizes[members])
         for a, b in zip(state.models[g], expected):
             np.testing.assert_array_equal(a, b)

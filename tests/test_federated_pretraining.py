@@ -418,11 +418,13 @@ def test_the_studys_findings_are_written_from_its_verdicts_and_means():
 
 # -- the server's stages against hand-worked values (issue 56) ---------------------------
 
-def _round_of(uploads, counts, reached, failed=()):
+def _round_of(uploads, counts, reached, failed=(), defence=None):
     """One federated pre-training round whose clients sent ``uploads`` with ``counts``
-    (``reached`` clients were sent the global parts), through the one round loop."""
+    (``reached`` clients were sent the global parts), through the one round loop, under
+    ``defence`` (default: the paper's mean)."""
     import types
 
+    from cpcfl_tf.aggregation import Defence
     from cpcfl_tf.pretraining.fedavg_ssl import FedAvgSSL
     from cpcfl_tf.pretraining.federated_pretrain import Uploads, new_totals, pretrain_rounds
 
@@ -432,11 +434,13 @@ def _round_of(uploads, counts, reached, failed=()):
         uploads, list(counts), results, reached, list(failed)))
     trainer = types.SimpleNamespace(settings={"rounds": 1, "participation": 1.0,
                                               "batch_size": 16},
-                                    seed=0, algorithm=FedAvgSSL({}))
+                                    seed=0, algorithm=FedAvgSSL({}),
+                                    defence=defence or Defence())
     start = [np.zeros((4, 5), np.float32), np.zeros(3, np.float32)]  # 80 + 12 bytes
-    totals = new_totals()
-    weights = pretrain_rounds(trainer, clients, reached, start, totals)
-    return weights, totals
+    totals, entries = new_totals(), []
+    weights = pretrain_rounds(trainer, clients, reached, start, totals,
+                              after=lambda r, entry, _: entries.append(entry))
+    return weights, totals, entries
 
 
 def test_the_server_averages_by_image_count_and_counts_bytes_of_replies_only():
@@ -445,12 +449,76 @@ def test_the_server_averages_by_image_count_and_counts_bytes_of_replies_only():
     92 bytes went down to each of the 3 clients reached, 92 + 8 came up from each of the
     2 that replied (the failed one sent nothing)."""
     uploads = [[np.full((4, 5), v, np.float32), np.full(3, v, np.float32)] for v in (1, 5)]
-    weights, totals = _round_of(uploads, [10, 30], reached=3, failed=[2])
+    weights, totals, _ = _round_of(uploads, [10, 30], reached=3, failed=[2])
     for w in weights:
         np.testing.assert_allclose(w, 4.0)
     assert weights[0].dtype == np.float32
     assert totals["bytes_down"] == 3 * 92 and totals["bytes_up"] == 2 * (92 + 8)
     assert totals["client_steps"] == 4 and totals["images_trained"] == 4 * 16
+
+
+@pytest.mark.parametrize("members", [2, 3, 4])
+def test_a_federated_pretraining_round_takes_the_runs_defence(members):
+    """One client of a round sends every weight as 1e30 and claims 2**40 images; the
+    honest ones send small values and 10 images each. The paper's count-weighted mean is
+    the bad client's; the median and the trimmed mean (beta 0.2: one of three or four is
+    cut) are NumPy's median and SciPy's trim_mean of the uploads from three clients on;
+    the norm bound scales the bad update to the bound (the mean then counts the bound
+    update by its claimed images). A round of fewer than three is named too few to
+    defend."""
+    from scipy.stats import trim_mean
+
+    from cpcfl_tf.aggregation import Defence
+
+    rng = np.random.default_rng(members)
+    honest = [[rng.normal(size=(4, 5)).astype(np.float32), rng.normal(size=3).astype(np.float32)]
+              for _ in range(members - 1)]
+    bad = [np.full((4, 5), 1e30, np.float32), np.full(3, 1e30, np.float32)]
+    uploads, counts = [*honest, bad], [10] * (members - 1) + [2 ** 40]
+    mean, _, entries = _round_of(uploads, counts, reached=members)
+    assert all(np.allclose(w, 1e30, rtol=1e-3) for w in mean)
+    assert "too_few_to_defend" not in entries[0]
+    stacked = [np.stack([u[i] for u in uploads]) for i in range(2)]
+    for how, expected in (("median", [np.median(a, axis=0) for a in stacked]),
+                          ("trimmed-mean", [trim_mean(a, 1.5 / members, axis=0)
+                                            for a in stacked])):
+        if members < 3:
+            continue
+        got, _, entries = _round_of(uploads, counts, reached=members, defence=Defence(how))
+        for g, e in zip(got, expected):
+            np.testing.assert_allclose(g, e, rtol=1e-6, atol=1e-6)
+            assert np.abs(g).max() < 10
+        assert "too_few_to_defend" not in entries[0]
+    got, _, entries = _round_of(uploads, counts, reached=members,
+                                defence=Defence("median", update_norm=2.0))
+    delta = np.concatenate([w.ravel() for w in got])  # from a global of zeros
+    assert np.linalg.norm(delta) <= 2.0 + 1e-5
+    assert entries[0].get("too_few_to_defend") is (True if members < 3 else None)
+    got, _, _ = _round_of(uploads, counts, reached=members, defence=Defence(update_norm=2.0))
+    assert np.linalg.norm(np.concatenate([w.ravel() for w in got])) <= 2.0 + 1e-5
+
+
+def test_a_federated_pretraining_names_its_defence_in_its_key_only_when_it_has_one():
+    """The defence is the clustered rounds' settings: at the paper's mean the cache key
+    (and so every cached encoder's folder) is what it was; a median is another
+    pre-training; a round sampling fewer than three clients refuses a robust aggregation
+    without a norm bound in one line."""
+    from cpcfl_tf.aggregation import Defence
+    from cpcfl_tf.pretraining.federated_pretrain import federated_folder, identity
+
+    config = smoke("fed-simclr").with_overrides(federated={"method": "fedavg"})
+    plain = pretraining_of(config)
+    assert plain.defence == Defence() and "defence" not in identity(plain)
+    robust = config.with_overrides(federated={"aggregation": "median"})
+    assert identity(pretraining_of(robust))["defence"] == {"aggregation": "median"}
+    assert federated_folder(pretraining_of(robust)) != federated_folder(plain)
+    resolve(robust)  # nine clients a round: the median holds
+    few = robust.with_overrides(pretrain={"options": {"fed": {
+        "batch_size": 32, "rounds": 2, "participation": 0.2}}})
+    with pytest.raises(UserError, match="averages the 2 clients it samples; set "
+                                        "federated.update_norm too"):
+        resolve(few)
+    resolve(few.with_overrides(federated={"update_norm": 5.0}))
 
 
 def test_fedavg_of_two_clients_is_their_rounds_averaged_by_image_count(tmp_path):

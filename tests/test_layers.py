@@ -1,5 +1,5 @@
 """The kit's modules import one way, package by package: the foundations (errors, stored
-layouts, data, plugins) -> what each method is (``methods/``, the registries every config
+layouts, how a federation combines weights, data, plugins) -> what each method is (``methods/``, the registries every config
 checks) -> the run asked for and its plan (``plan/``) -> records and models ->
 pretraining -> clustered -> Flower -> running (reports, the runner, then the command line
 and the script scaffold) -> the paper's evidence, and inside each package in the order
@@ -11,7 +11,7 @@ import ast
 from helpers import ROOT
 
 LAYERS = {
-    "errors": 0, "compat": 0, "flops": 0,
+    "errors": 0, "compat": 0, "flops": 0, "aggregation": 0,
     "data": 1, "plugins": 1,
     "methods": 2,
     "plan": 3,

@@ -6,7 +6,7 @@ state is a pool of N models (weight lists); a round (:func:`run_rounds`) is a *p
 named seeded streams), *selection* (:func:`select`: each client picks a cluster), *local
 training* (done by a backend, elsewhere) and *aggregation* (:func:`aggregate`: each
 cluster's model becomes the |D_u|-weighted average of its members, Eq. weighted_avg, or
-a robust combination of them: :func:`combine`, :func:`bounded`), then IFCA's restart
+a robust combination of them: :mod:`cpcfl_tf.aggregation`, :func:`bounded`), then IFCA's restart
 rule (:func:`should_restart`). Nothing here knows how models are trained or how clients
 are reached: the simulator and a real federation (Flower) are two :class:`Federation`
 drivers of the same round.
@@ -23,6 +23,7 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
+from cpcfl_tf.aggregation import bound_updates, combine, too_few
 from cpcfl_tf.plan.resolve import RunPlan
 from cpcfl_tf.clustered.diagnostics import diagnosed, selection_record
 from cpcfl_tf.clustered.restarts import cluster_sizes, should_restart
@@ -173,62 +174,34 @@ def select_clusters(losses: np.ndarray | None, num_models: int, explore: bool,
     return np.argmin(keys, axis=1)
 
 
-def weighted_average(stacked: Sequence[np.ndarray], sizes: Sequence[float]) -> Weights:
-    """``sum_u |D_u| phi_u / sum_u |D_u|`` for each array, accumulated in float64.
-
-    ``stacked[i]`` holds array i of every member, stacked on a leading axis.
-    """
-    share = np.asarray(sizes, np.float64) / float(np.sum(sizes))
-    return [np.tensordot(share, a.astype(np.float64), axes=1).astype(a.dtype) for a in stacked]
-
-
-def combine(stacked: Sequence[np.ndarray], sizes: Sequence[float], how: str = "mean",
-            trim: float = 0.2) -> Weights:
-    """One model from its members' weights (``stacked[i][u]``: array i of member u) as
-    ``federated.aggregation`` says: ``mean``, the paper's |D_u|-weighted mean
-    (:func:`weighted_average`); ``median``, the coordinate-wise median (Flower's
-    FedMedian: ``np.median`` over members); ``trimmed-mean``, the coordinate-wise mean
-    without the ``int(trim * n)`` largest and smallest of n members (Flower's
-    FedTrimmedAvg: SciPy's ``trim_mean``). The last two ignore ``sizes``, as there."""
-    if how == "mean":
-        return weighted_average(stacked, sizes)
-    if how == "median":
-        return [np.median(a, axis=0).astype(a.dtype) for a in stacked]
-    if how == "trimmed-mean":
-        from scipy.stats import trim_mean
-
-        return [np.asarray(trim_mean(a, trim, axis=0)).astype(a.dtype) for a in stacked]
-    raise ValueError(f"unknown aggregation {how!r}")
-
-
 def bounded(replies: "Replies", models: Sequence[Weights], bound: float) -> "Replies":
     """``replies`` with each update (its weights minus the pool model of its cluster id,
     the one it was sent) scaled down to L2 norm ``bound`` over all its arrays where it is
-    longer: ``phi + min(1, bound / ||delta||) * delta`` (norm bounding, Sun et al. 2019)."""
+    longer (:func:`cpcfl_tf.aggregation.bound_updates`)."""
     if not len(replies.clients):
         return replies
     sent = [np.stack([models[c][i] for c in replies.cluster_ids])
             for i in range(len(replies.weights))]
-    deltas = [w.astype(np.float64) - s.astype(np.float64) for w, s in zip(replies.weights, sent)]
-    norms = np.sqrt(sum(np.square(d).reshape(len(d), -1).sum(1) for d in deltas))
-    longer = norms > bound
-    if not longer.any():
+    weights = bound_updates(replies.weights, sent, bound)
+    if all(w is v for w, v in zip(weights, replies.weights)):
         return replies
-    scale = (bound / norms[longer]).reshape(-1, 1)
-    weights = []
-    for w, s, d in zip(replies.weights, sent, deltas):
-        out = w.copy()  # a reply within the bound keeps its bits
-        out[longer] = (s[longer].astype(np.float64) + (d[longer].reshape(len(scale), -1) * scale
-                                                       ).reshape(d[longer].shape)).astype(w.dtype)
-        weights.append(out)
     return dataclasses.replace(replies, weights=weights)
+
+
+def too_few_to_defend(fl, cluster_ids: np.ndarray, num_models: int) -> list[int]:
+    """The clusters of a round whose members (the replies aggregated into them) were too
+    few for ``fl.aggregation`` to out-vote one bad member (:func:`cpcfl_tf.aggregation.too_few`);
+    with ``fl.global_encoder``, the encoder is combined over all replies, which are then
+    too few as well."""
+    sizes = np.bincount(np.asarray(cluster_ids, np.int64), minlength=num_models)
+    return [n for n, size in enumerate(sizes) if too_few(fl.aggregation, int(size))]
 
 
 def aggregate(state: ServerState, client_weights: Sequence[np.ndarray], cluster_ids: np.ndarray,
               sizes: Sequence[float], *, global_encoder: bool = False, how: str = "mean",
               trim: float = 0.2) -> ServerState:
-    """New pool: each cluster's model is its members' combination (:func:`combine`; by
-    default the weighted average).
+    """New pool: each cluster's model is its members' combination
+    (:func:`cpcfl_tf.aggregation.combine`; by default the weighted average).
 
     Parameters
     ----------
@@ -391,6 +364,9 @@ def run_rounds(run: RunPlan, seed: int, federation: Federation,
         if fl.update_norm is not None:
             replies = bounded(replies, state.models, fl.update_norm)
         ids, state, notes = server_ids(run, state, replies)
+        undefended = too_few_to_defend(fl, ids, len(state.models))
+        if undefended:
+            notes = {**notes, "too_few_to_defend": undefended}
         if replies.losses is not None and diagnosed(t, fl.head_rounds, diagnose):
             notes = {**notes, "selection": selection_record(replies.clients, replies.losses)}
         state = aggregate(state, replies.weights, ids, replies.sizes,

@@ -14,13 +14,16 @@ the supervised one their cached folder, IFCA (FedAvg)'s encoder a FedAvg run, a
 federated pre-training the clients' images. Nothing else compares a start's name.
 
 This module imports nothing of the kit but its errors, the record layouts
-(:mod:`cpcfl_tf.compat`) and the self-supervised registry, so every layer may read it.
+(:mod:`cpcfl_tf.compat`), the aggregation settings (:mod:`cpcfl_tf.aggregation`) and the
+self-supervised registry, so every layer may read it.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
+from cpcfl_tf.aggregation import Defence
 from cpcfl_tf.compat import stored_pretrain
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.methods.ssl import FEDERATED_STARTS, SSL_METHODS, FederatedSSL, SSLMethod
@@ -53,11 +56,20 @@ class Pretraining:
     """A federated one's: the clients' ``partition`` section (their unlabeled deal)."""
     partition_seed: int | None = None
     """A federated one's: the seed of the clients' partition (``config.seed``)."""
+    defence: Defence = Defence()
+    """A federated one's: how a round combines its clients' uploads (the run's
+    ``federated.aggregation``, ``trim_fraction`` and ``update_norm``: one setting for both
+    stages)."""
 
     @property
     def method(self) -> str:
         """The method's name: the self-supervised one's, or "supervised"."""
         return self.ssl.name if self.ssl is not None else "supervised"
+
+
+def sampled_count(num_clients: int, participation: float) -> int:
+    """How many of ``num_clients`` clients a federated pre-training samples each round."""
+    return max(1, int(math.ceil(participation * num_clients)))
 
 
 def federated_rounds(settings: dict[str, Any], epochs: int) -> int:
@@ -215,7 +227,7 @@ class FederatedPretraining(ServerPretraining):
         return Pretraining(self.name, SSL_METHODS[self.ssl_method],
                            config.pretrain.settings(self.ssl_method), config.pretrain_seed,
                            config.pretrain, config.data, self.federated, settings,
-                           config.partition, config.seed)
+                           config.partition, config.seed, Defence.of(config.federated))
 
     def encoder(self, source, run):
         return source.federated(run).encoder.get_weights()

@@ -19,6 +19,7 @@ import json
 import math
 from typing import Any
 
+from cpcfl_tf.aggregation import AGGREGATIONS
 from cpcfl_tf.compat import UNSET_FIELDS, read_federated, read_pretrain, stored_federated
 from cpcfl_tf.errors import require
 from cpcfl_tf.methods.federated import METHODS, PRETRAININGS
@@ -35,7 +36,6 @@ PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 LR_SCHEDULES = ("constant", "cosine")
 LOCAL_OPTIMIZERS = ("adam", "sgd")
 OPTIMIZER_STATES = ("fresh", "client")
-AGGREGATIONS = ("mean", "median", "trimmed-mean")
 MIN_IMAGE_SIZE = 32
 """The CNN encoder's four valid stride-2 convolutions need at least 31 pixels."""
 
@@ -245,18 +245,21 @@ class FederatedConfig:
     bits (a feature's bits depend on the batch it was computed in), so off by default
     (docs/performance.md, "A faster path"). Stacked backend only."""
     aggregation: str = "mean"
-    """How each cluster's members are combined (:func:`cpcfl_tf.clustered.algorithm.combine`):
-    mean, the paper's |D_u|-weighted mean (Eq. weighted_avg) | median, the coordinate-wise
-    median | trimmed-mean, the coordinate-wise mean without the ``trim_fraction`` largest
-    and smallest values (Yin et al., "Byzantine-Robust Distributed Learning", ICML 2018;
-    Flower's FedMedian and FedTrimmedAvg); both unweighted, as there."""
+    """How each cluster's members, and each round's clients of a federated pre-training,
+    are combined (:mod:`cpcfl_tf.aggregation`, which says what each tolerates): mean, the
+    paper's |D_u|-weighted mean (Eq. weighted_avg) | median, the coordinate-wise median |
+    trimmed-mean, the coordinate-wise mean without the largest and smallest values (Yin et
+    al., "Byzantine-Robust Distributed Learning", ICML 2018; Flower's FedMedian and
+    FedTrimmedAvg); both unweighted, as there, and both refused where a combination can
+    have fewer than 3 members unless ``update_norm`` bounds it."""
     trim_fraction: float = 0.2
-    """The share cut from each end by ``trimmed-mean`` (Flower's FedTrimmedAvg's beta
-    and its default); of n members int(trim_fraction * n) go each way."""
+    """The share beta cut from each end by ``trimmed-mean`` (Flower's FedTrimmedAvg's beta
+    and its default; Yin et al. 2018: at least the share of bad members): of n members
+    int(beta * n) go each way, at least one whenever n >= 3."""
     update_norm: float | None = None
     """Bound each reply's update (its weights minus the model it was sent) to this L2
-    norm over all its arrays before it counts (Sun et al., "Can You Really Backdoor
-    Federated Learning?", 2019); None: no bound (the paper's)."""
+    norm over all its arrays before it counts, in both stages (Sun et al., "Can You Really
+    Backdoor Federated Learning?", 2019); None: no bound (the paper's)."""
 
     def __post_init__(self) -> None:
         _choice("federated", "method", self.method, tuple(METHODS))

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 from cpcfl_tf.methods.federated import METHODS, Method
 from cpcfl_tf.methods.rules import Rule
-from cpcfl_tf.methods.starts import START, Pretraining, Start
+from cpcfl_tf.methods.starts import START, Pretraining, Start, sampled_count
 from cpcfl_tf.plan.config import Config, FederatedConfig
 from cpcfl_tf.errors import UserError
 
@@ -142,7 +142,34 @@ def resolve(config: Config, *, checked: bool = False) -> RunPlan:
             options=method.resolve_options(fl.options)), config.pretrain.encoder))
     start = START[fl.pretraining]
     gives = next((s for s in START.values() if s.made_by(fl.method, fl.pretraining)), None)
-    return RunPlan(resolved, config, method, start, start.pretraining(config), gives)
+    pretraining = start.pretraining(config)
+    check_defence(resolved, method, pretraining)
+    return RunPlan(resolved, config, method, start, pretraining, gives)
+
+
+def check_defence(config: Config, method: Method, pretraining: Pretraining | None) -> None:
+    """Refuse, in one line, a robust aggregation that cannot hold at the sizes this run's
+    combinations can have (:func:`cpcfl_tf.aggregation.defence_problem`): a clustered round
+    where N >= 2 models are chosen (a cluster can have one member) or fewer than 3 clients
+    take part, a federated pre-training round that samples fewer than 3 clients."""
+    from cpcfl_tf.aggregation import Defence, defence_problem
+
+    fl, clients = config.federated, config.partition.num_clients
+    defence = Defence.of(fl)
+    if method.federated and method.communicates:
+        taking = max(1, int(round(fl.participation * clients)))
+        problem = (defence_problem(defence, 1, f"this run's {fl.num_clusters} models are "
+                                   "chosen cluster by cluster, so a cluster can have one "
+                                   "member") if fl.num_clusters >= 2 else
+                   defence_problem(defence, taking, f"{taking} clients take part in a round"))
+        if problem:
+            raise UserError(problem)
+    if pretraining is not None and pretraining.federated is not None:
+        sampled = sampled_count(clients, pretraining.federated_settings["participation"])
+        problem = defence_problem(defence, sampled, f"a round of {pretraining.name} averages "
+                                  f"the {sampled} clients it samples")
+        if problem:
+            raise UserError(problem)
 
 
 def data_key(config: Config) -> str:

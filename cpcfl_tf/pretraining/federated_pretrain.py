@@ -32,6 +32,7 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
+from cpcfl_tf.aggregation import Defence, too_few
 from cpcfl_tf.compat import without_added
 from cpcfl_tf.pretraining.fedavg_ssl import ClientState, get_parts, set_parts
 from cpcfl_tf.pretraining.pretrain import (PretrainResult, _finished, build_contrastive_model,
@@ -39,19 +40,21 @@ from cpcfl_tf.pretraining.pretrain import (PretrainResult, _finished, build_cont
 from cpcfl_tf.data.unlabeled import check_batch
 from cpcfl_tf.errors import DivergedError, UserError
 from cpcfl_tf.records.files import cache_root, prepare_out_dir, write_atomic, write_json
-from cpcfl_tf.methods.starts import Pretraining
+from cpcfl_tf.methods.starts import Pretraining, sampled_count
 
 
 def identity(pretraining: Pretraining) -> dict:
     """What a federated pre-training is, as its cache key and summary name it: the start,
-    the method's settings in the server's layout, the federated settings, the deal, the
-    partition it deals over (the ``groups`` deal follows the clients' labeled classes) and
-    the clients' data."""
+    the method's settings in the server's layout, the federated settings, the defence
+    (named only away from the plain mean, so keys made before it are found again), the
+    deal, the partition it deals over (the ``groups`` deal follows the clients' labeled
+    classes) and the clients' data."""
     p, data = pretraining, pretraining.data
     partition = without_added({"partition": dataclasses.asdict(p.partition)})["partition"]
+    defence = {} if p.defence.is_default else {"defence": p.defence.named()}
     return json.loads(json.dumps({"method": p.name,
             **keyed_settings(p.pretrain, p.ssl.name),
-            "federated": p.federated_settings,
+            "federated": p.federated_settings, **defence,
             "partition": {**partition, "unlabeled": p.partition.unlabeled},
             "clients": {"dataset": data.client_dataset, "split": data.client_train_split,
                         "partition_seed": p.partition_seed}}))  # as JSON reads it back
@@ -118,6 +121,7 @@ class LocalTrainer:
         self.streams = [v for v in self.model.augmenter.non_trainable_variables
                         if "seed_generator" in v.path]
         self.learning_rate = pretraining.pretrain.learning_rate
+        self.defence = pretraining.defence
 
     def initial(self):
         """The global online parts before the first round (the method's seeded init)."""
@@ -155,10 +159,29 @@ class LocalTrainer:
                       "seconds": time.perf_counter() - began}
 
 
+def combine_uploads(algorithm, defence: Defence, uploads: list[list[np.ndarray]],
+                    counts: list[int], sent: list[np.ndarray]) -> list[np.ndarray]:
+    """A round's new global online parts from its clients' ``uploads`` (each was sent
+    ``sent``) and image counts: ``algorithm``'s average (:meth:`FedAvgSSL.average`) at the
+    paper's defaults, else ``defence`` (the run's ``federated.aggregation``,
+    ``trim_fraction`` and ``update_norm``: the clustered rounds' functions,
+    :class:`cpcfl_tf.aggregation.Defence`), with the method's average as its mean."""
+    if defence.is_default:
+        return algorithm.average(uploads, counts)
+    stacked = [np.stack([u[i] for u in uploads]) for i in range(len(sent))]
+    given = [np.broadcast_to(s, a.shape) for s, a in zip(sent, stacked)]
+
+    def mean(arrays, sizes):
+        return algorithm.average([[a[u] for a in arrays] for u in range(len(sizes))],
+                                 list(sizes))
+
+    return defence.combine(stacked, counts, given, mean=mean)
+
+
 def sampled_clients(seed: int, round_: int, num_clients: int, participation: float
                     ) -> np.ndarray:
     """The clients of round ``round_`` (0-based), sorted: the server's seeded draw."""
-    sampled = max(1, int(np.ceil(participation * num_clients)))
+    sampled = sampled_count(num_clients, participation)
     rng = np.random.default_rng([seed, round_, 0x66656473])  # "feds"
     return np.sort(rng.choice(num_clients, sampled, replace=False))
 
@@ -207,7 +230,8 @@ def pretrain_rounds(trainer: LocalTrainer, clients, num_clients: int, global_wei
     """Rounds ``start``.. of the federated pre-training, the one loop of both drivers (the
     simulator's :class:`LocalClients`, the Flower ServerApp's nodes): per round the
     server's seeded sample, the sampled clients' rounds (``clients.train``), the method's
-    aggregate of what came back, weighted by image counts. Counts bytes each way (the
+    aggregate of what came back (:func:`combine_uploads`: weighted by image counts, or the
+    run's defence). Counts bytes each way (the
     global parts down; each reply's parts and its 8-byte count up) and the clients'
     compute into ``totals``; ``after(round, entry, global_weights)`` after each round
     (``entry``: :func:`round_entry`'s). Returns the global online parts."""
@@ -224,9 +248,12 @@ def pretrain_rounds(trainer: LocalTrainer, clients, num_clients: int, global_wei
         totals["bytes_down"] += down * replies.reached
         totals["bytes_up"] += (down + 8) * len(replies.uploads)  # its online parts and count
         if replies.uploads:
-            global_weights = trainer.algorithm.average(replies.uploads, replies.counts)
+            global_weights = combine_uploads(trainer.algorithm, trainer.defence, replies.uploads,
+                                             replies.counts, global_weights)
         entry = round_entry(r, replies.results, time.perf_counter() - started,
                             trainer.algorithm.reported)
+        if too_few(trainer.defence.aggregation, len(replies.uploads)):
+            entry["too_few_to_defend"] = True
         if replies.failed:
             entry["failed"] = list(replies.failed)
         if after is not None:
@@ -309,6 +336,7 @@ def federated_pretrain(pretraining: Pretraining, client_images: list[np.ndarray]
                       "sampled_per_round": len(sampled_clients(seed, 0, num_clients,
                                                                settings["participation"])),
                       "images_per_client": counts, **totals,
+                      **({} if p.defence.is_default else {"defence": p.defence.named()}),
                       "sent": "online parts (encoder, projector, predictor) and image "
                               "counts; BYOL's target stays on the client"}})
     checkpoint.unlink(missing_ok=True)
