@@ -170,8 +170,10 @@ def defence_problem(defence: Defence, smallest: int, why: str) -> str | None:
     if defence.aggregation not in ROBUST or defence.update_norm is not None \
             or smallest >= MIN_MEMBERS:
         return None
+    small = ("the median of two is their mean" if defence.aggregation == "median" else
+             "of two it cuts nothing")
     return (f"federated.aggregation={defence.aggregation} out-votes a bad member only among "
-            f"{MIN_MEMBERS} or more (the median of two is their mean), and {why}; set "
+            f"{MIN_MEMBERS} or more ({small}), and {why}; set "
             "federated.update_norm too, which bounds every update (docs/flower.md, "
             "\"What each defence tolerates\")")
 

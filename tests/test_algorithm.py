@@ -354,3 +354,18 @@ def test_which_defences_bound_the_pool_at_each_cluster_size(members, defence, se
         assert largest >= 1e30 / members * 0.99
     named = [r.get("too_few_to_defend") for r in progress.history]
     assert named == [[0] if robust and members < 3 else None] * 3
+
+
+def test_one_nodes_cluster_id_can_decide_ifcas_restart_vote():
+    """What docs/flower.md's threat model says one node can do to the restart vote, by
+    hand (min_cluster_share 0.5, N = 2): its id is one count. Eight honest clients split
+    6 / 2 with the node make 9, threshold 0.5 * 9 / 2 = 2.25: joining the larger cluster
+    forces a restart (2 < 2.25), joining the smaller prevents it. Three honest clients all
+    in cluster 0 (a collapsed run) with the node alone in cluster 1: threshold 1, so the
+    vote passes and the collapse is kept."""
+    honest = np.array([0] * 6 + [1] * 2)
+    assert restarts.clustering_failed(np.append(honest, 0), 2, 0.5)
+    assert not restarts.clustering_failed(np.append(honest, 1), 2, 0.5)
+    collapsed = np.zeros(3, np.int64)
+    assert restarts.clustering_failed(np.append(collapsed, 0), 2, 0.5)
+    assert not restarts.clustering_failed(np.append(collapsed, 1), 2, 0.5)

@@ -501,3 +501,57 @@ def test_cp_cfl_features_takes_its_first_choice_from_the_encoders_features(clien
     assert record.final.bytes_other == n * dim * 4
     assert record.final.bytes_up == plain.final.bytes_up + n * dim * 4
     assert record.final.bytes_down == plain.final.bytes_down
+
+
+def test_a_pacfl_answer_must_be_an_orthonormal_basis():
+    """An honest client's data subspace at 32 x 32 x 3 pixels is orthonormal to float32
+    rounding (its Gram matrix within 1e-6 of the identity here, far inside the
+    tolerance); a hand-made orthonormal basis (a rotation of two axes) passes; an all-zero
+    "basis" (issue 86: it sits at the largest angle from every client and becomes a
+    cluster of its own), a scaled one and one with two equal columns are refused."""
+    from cpcfl_tf.methods.rules import ORTHONORMAL_TOLERANCE
+
+    from cpcfl_tf.methods.federated import METHODS
+
+    rule = METHODS["pacfl"].rule
+    images = np.random.default_rng(0).integers(0, 256, size=(40, 32, 32, 3), dtype=np.uint8)
+    honest = clustering.data_subspace(images, 5)
+    gram = honest.astype(np.float64).T @ honest.astype(np.float64)
+    assert np.abs(gram - np.eye(5)).max() < 1e-6 < ORTHONORMAL_TOLERANCE
+    assert rule.answer_problem(None, honest, 1) is None
+    c, s = np.cos(0.3), np.sin(0.3)
+    rotated = np.zeros((6, 2), np.float32)
+    rotated[:2] = [[c, -s], [s, c]]
+    assert rule.answer_problem(None, rotated, 1) is None
+    for bad, off in ((np.zeros((6, 2), np.float32), "1"), (2 * rotated, "3"),
+                     (np.repeat(rotated[:, :1], 2, axis=1), "1")):
+        said = rule.answer_problem(None, bad, 1)
+        assert said == (f"the basis is not orthonormal (its Gram matrix is {off} away from "
+                        "the identity, more than 0.0001)"), said
+
+
+def test_a_crafted_orthonormal_basis_can_still_take_a_cluster_of_its_own():
+    """What docs/flower.md says a node can still do to PACFL within the orthonormality
+    check: three honest groups of four clients (the recovery test's data) and one node
+    whose basis is orthonormal but orthogonal to every honest subspace (the largest
+    angles there are). With N = 3 the crafted basis is a cluster of its own and two honest
+    groups share one; it passes the server's check."""
+    rng = np.random.default_rng(3)
+    patterns = rng.random(size=(3, 4, 8 * 8 * 3))
+    truth = np.repeat([2, 0, 1], 4)
+    subspaces = []
+    for g in truth:
+        mix = rng.random(size=(30, 4)) @ patterns[g]
+        images = np.clip(mix / mix.max() * 255, 0, 255).astype(np.uint8).reshape(30, 8, 8, 3)
+        subspaces.append(clustering.data_subspace(images, 3))
+    assert cluster_ari(truth, clustering.subspace_clusters(subspaces, 3)) == 1.0
+    honest = np.concatenate(subspaces, axis=1).astype(np.float64)
+    # An orthonormal basis of the complement of every honest span.
+    complement = np.linalg.svd(honest, full_matrices=True)[0][:, np.linalg.matrix_rank(honest):]
+    crafted = complement[:, :3].astype(np.float32)
+    from cpcfl_tf.methods.federated import METHODS
+
+    assert METHODS["pacfl"].rule.answer_problem(None, crafted, 1) is None
+    found = clustering.subspace_clusters([*subspaces, crafted], 3)
+    assert sum(found == found[-1]) == 1  # alone
+    assert len(set(found[:-1])) == 2  # the honest groups in two clusters: two merged

@@ -109,12 +109,14 @@ def _simulated(rounds, out, dropped=None, run=RUN):
     return simulated(run, rounds, out, dropped)
 
 
-KILLED = {**RUN, "pretraining": "fed-simclr",
+KILLED = {**RUN, "pretraining": "fed-simclr", "node-data": "own", "max-examples": 10 ** 6,
           "set": "partition.unlabeled=groups pretrain.options.fed.batch_size=64 "
                  "pretrain.options.fed.rounds=1"}
 """The loopback run: one round of FedSimCLR on the nodes' own unlabeled folders first
 (the killed-node test checks that its encoder makes a killed node's missing reply change
-a live client's accuracy)."""
+a live client's accuracy). The operator bounds the counts the nodes report
+(``max-examples``), so each weighs as reported, as the simulator weighs it (without it a
+count weighs at most the nodes' lower median: tests/test_flower_nodes.py)."""
 
 
 FEDEMA = {**RUN, "pretraining": "fedema-byol",
@@ -310,9 +312,12 @@ def test_a_simulation_starts_its_own_superlink_and_refuses_a_run_another_one_too
     assert len(seen) == 2
 
 
-def test_the_server_refuses_nodes_started_for_another_number_of_partitions(monkeypatch):
+def test_the_server_leaves_out_nodes_started_for_another_number_of_partitions(monkeypatch,
+                                                                              capsys):
     # Under the Simulation Engine a node's config carries num-partitions = num-supernodes
     # (Flower's contract; the engine run above reads partition-id from the same config).
+    # The run config's num-clients is the operator's word: a node that says otherwise is
+    # left out, named; the run stops only when every node does.
     from types import SimpleNamespace
 
     from cpcfl_tf.errors import UserError
@@ -320,14 +325,21 @@ def test_the_server_refuses_nodes_started_for_another_number_of_partitions(monke
 
     from flwr.app import ConfigRecord, RecordDict
 
-    said = [SimpleNamespace(metadata=SimpleNamespace(src_node_id=1), content=RecordDict(
-        {"identity": ConfigRecord({"partition-id": 0, "num-partitions": 4})}))]
-    monkeypatch.setattr(remote, "send", lambda *args: (said, []))
-    with pytest.raises(UserError, match="the nodes were started for 4 partitions \\(node config "
-                       "num-partitions; under the Simulation Engine num-supernodes\\) but the "
-                       "run has num-clients=3"):
-        remote.check_partitions(None, [1], 3, 1.0)
-    remote.check_partitions(None, [1], 4, 1.0)  # the same number: no complaint
+    def node(n, declared):
+        return SimpleNamespace(metadata=SimpleNamespace(src_node_id=n), content=RecordDict(
+            {"identity": ConfigRecord({"partition-id": n, "num-partitions": declared})}))
+
+    monkeypatch.setattr(remote, "send", lambda *args: ([node(0, 4), node(1, 3)], []))
+    assert remote.roster(None, [0, 1], 1.0, 3, own=False)[0] == {1: 1}
+    assert ("node 0 failed query 0: its reply was left out: num-partitions 4 is not the "
+            "run's num-clients 3 (under the Simulation Engine: num-supernodes)"
+            in capsys.readouterr().out)
+    monkeypatch.setattr(remote, "send", lambda *args: ([node(0, 4)], []))
+    with pytest.raises(UserError, match="start the SuperNodes with partition-id=K "
+                                        "num-partitions=3 \\(under the Simulation Engine "
+                                        "num-supernodes=3\\)"):
+        remote.roster(None, [0], 1.0, 3, own=False)
+    assert remote.roster(None, [0], 1.0, 4, own=False)[0] == {0: 0}  # the same number
 
 
 def test_a_node_answers_what_its_method_asks_first():

@@ -261,7 +261,7 @@ def _honest(kind: str):
     model = [np.ones((3, 2), np.float32), np.zeros(2, np.float32)]
     if kind == "roster":
         return (RecordDict({"identity": ConfigRecord({"partition-id": 1, "num-partitions": 3})}),
-                lambda c: checks.identity(c, num_clients=3))
+                lambda c: checks.identity(c, num_clients=3, own=False))
     if kind == "first":
         like = np.zeros((12, 3), np.float32)
         return (RecordDict({"metrics": MetricRecord({"client-id": 1}),
@@ -350,9 +350,11 @@ def test_a_bad_value_is_named_in_one_escaped_line(federation, capsys):
 def test_the_roster_keeps_the_first_claim_of_a_partition_and_refuses_bad_ones(capsys):
     """Two nodes with one partition id (or folder name): the first to answer keeps it, the
     second is named and left out; an id outside the run, a negative or fractional one, a
-    count above max-examples, a missing num-unlabeled and a malformed reply are left out
-    the same way; the run's num-partitions stops it only when no node was started for
-    it."""
+    count above max-examples, a missing num-unlabeled, a malformed reply, a node started
+    for another number of partitions and one answering the other kind than the run
+    config's node-data are left out the same way. The operator's word decides how
+    replies are read: a node answering first with the other kind leaves nobody else out,
+    and the run stops only when no node answered as the run config says."""
     from types import SimpleNamespace
 
     from flwr.app import ConfigRecord, RecordDict
@@ -370,14 +372,15 @@ def test_the_roster_keeps_the_first_claim_of_a_partition_and_refuses_bad_ones(ca
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(remote, "send", lambda *args: (replies, []))
         capsys.readouterr()
-        assert remote.roster(None, list(said), 1.0, 3)[0] == {10: 1, 17: 0}
+        assert remote.roster(None, list(said), 1.0, 3, own=False)[0] == {10: 1, 17: 0}
         lines = capsys.readouterr().out
         for node, problem in ((11, "partition-id 1 is node 10's already"),
                               (12, "partition-id 3 is outside 0..2"),
                               (13, "partition-id -1 is outside 0.."),
                               (14, "partition-id 0.9 is not an integer"),
-                              (15, "num-partitions 4 is outside 3..3"),
-                              (16, "identity lacks num-train, num-test"),
+                              (15, "num-partitions 4 is not the run's num-clients 3"),
+                              (16, "a data-path, where the run config says its nodes are "
+                                   "partitions"),
                               (18, "the reply lacks its identity")):
             assert f"[cpcfl] node {node} failed query 0: its reply was left out: {problem}" \
                 in lines, lines
@@ -388,26 +391,40 @@ def test_the_roster_keeps_the_first_claim_of_a_partition_and_refuses_bad_ones(ca
                22: {"name": "c", "num-train": 5, "num-test": 2},
                23: {"name": "b", "num-train": 5, "num-test": 2, "num-unlabeled": 64},
                24: {"name": "d\n[cpcfl] final accuracy 1.0", "num-train": 5, "num-test": 2,
-                    "num-unlabeled": 64}}
+                    "num-unlabeled": 64},
+               25: {"partition-id": 2}}
         patch.setattr(remote, "send", lambda *args: ([SimpleNamespace(
             metadata=SimpleNamespace(src_node_id=n), content=RecordDict(
                 {"identity": ConfigRecord(v)})) for n, v in own.items()], []))
-        client_of, data, unlabeled = remote.roster(None, list(own), 1.0, 3, most=64,
-                                                   unlabeled=True)
+        client_of, data, unlabeled = remote.roster(None, list(own), 1.0, 3, own=True,
+                                                   most=64, unlabeled=True)
         lines = capsys.readouterr().out
         assert client_of == {20: 0, 24: 1} and unlabeled == {0: 64, 1: 64}
         assert data["1"]["name"] == "d\n[cpcfl] final accuracy 1.0"  # its own name, kept
         for node, problem in ((21, "num-train 65 is outside 1..64"),
                               (22, "identity lacks num-unlabeled"),
-                              (23, "data folder b is node 20's already")):
+                              (23, "data folder b is node 20's already"),
+                              (25, "a partition-id, where the run config says its nodes "
+                                   "bring their own data")):
             assert f"[cpcfl] node {node} failed query 0: its reply was left out: {problem}" \
                 in lines, lines
         assert "[cpcfl] final accuracy 1.0" not in lines.splitlines()
-        patch.setattr(remote, "send", lambda *args: (replies, []))
-        remote.check_partitions(None, [1], 3, 1.0)  # one node of 4 among nodes of 3: on
+        # The issue-86 attack: a node answers first, with the other kind of identity.
+        first = [SimpleNamespace(metadata=SimpleNamespace(src_node_id=n), content=RecordDict(
+            {"identity": ConfigRecord(v)})) for n, v in (
+                (30, {"name": "evil", "num-train": 5, "num-test": 2}),
+                (31, {"partition-id": 0, "num-partitions": 3}),
+                (32, {"partition-id": 1, "num-partitions": 3}))]
+        patch.setattr(remote, "send", lambda *args: (first, []))
+        assert remote.roster(None, [30, 31, 32], 1.0, 3, own=False)[0] == {31: 0, 32: 1}
+        assert "node 30 failed query 0: its reply was left out: a data-path" \
+            in capsys.readouterr().out
+        # No node as the run config says (every one started for 4 partitions): stop,
+        # naming how the nodes are to be started.
         patch.setattr(remote, "send", lambda *args: (replies[5:6], []))
-        with pytest.raises(UserError, match="the nodes were started for 4 partitions"):
-            remote.check_partitions(None, [1], 3, 1.0)
+        with pytest.raises(UserError, match="no node answered the roster as the run config "
+                                            "says .*partition-id=K num-partitions=3"):
+            remote.roster(None, [15], 1.0, 3, own=False)
 
 
 def test_a_node_refuses_a_model_of_another_shape():
@@ -463,10 +480,10 @@ def test_the_field_checks_by_hand():
     def folder(name):
         return RecordDict({"identity": ConfigRecord({"name": name, "num-train": 3,
                                                      "num-test": 1})})
-    assert checks.identity(folder("x" * 255)).name == "x" * 255
+    assert checks.identity(folder("x" * 255), num_clients=3, own=True).name == "x" * 255
     for bad in ("", "x" * 256):
         with pytest.raises(checks.Refused, match="is not a folder name"):
-            checks.identity(folder(bad))
+            checks.identity(folder(bad), num_clients=3, own=True)
     parts = [np.zeros(2, np.float32)]
 
     def pretrained(**extra):
@@ -493,7 +510,7 @@ def test_a_run_whose_rule_asks_first_stops_only_when_no_client_answered(capsys):
     from cpcfl_tf.plan.resolve import resolve
 
     run = resolve(run_config(PACFL))
-    good = np.zeros((8 * 8 * 3, run.federated.options["basis"]), np.float32)
+    good = np.eye(8 * 8 * 3, run.federated.options["basis"], dtype=np.float32)  # orthonormal
 
     def answers(*arrays):
         return lambda *args: ([SimpleNamespace(metadata=SimpleNamespace(src_node_id=10 + k),
@@ -502,14 +519,17 @@ def test_a_run_whose_rule_asks_first_stops_only_when_no_client_answered(capsys):
                                                    "answer": to_record([a])}))
                                for k, a in enumerate(arrays)], [])
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(remote, "send", answers(good[:-1], good * np.nan, good[:, :1]))
+        patch.setattr(remote, "send", answers(good[:-1], good * np.nan, good + 1))
         with pytest.raises(UserError, match="no client sent its subspace before training"):
             remote.ask_first(None, {10: 0, 11: 1, 12: 2}, run, 3, 1.0, image_shape=(8, 8, 3),
                              num_groups=3)
-        patch.setattr(remote, "send", answers(good[:-1], good + 1, good[:, :1]))
+        lines = capsys.readouterr().out
+        assert "node 12 failed query 0-subspace: its reply was left out: answer: the basis " \
+               "is not orthonormal" in lines, lines
+        patch.setattr(remote, "send", answers(good[:-1], good, good[:, :1]))
         got = remote.ask_first(None, {10: 0, 11: 1, 12: 2}, run, 3, 1.0,
                                image_shape=(8, 8, 3), num_groups=3)
-        assert got[0] is None and got[2] is None and np.array_equal(got[1], good + 1)
+        assert got[0] is None and got[2] is None and np.array_equal(got[1], good)
     assert "[cpcfl] left out of the run: clients [0, 2]" in capsys.readouterr().out
 
 

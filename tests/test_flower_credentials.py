@@ -123,6 +123,29 @@ def test_the_credentials_command_refuses_a_bad_host_in_one_line(tmp_path):
     assert not (tmp_path / "c").exists()
 
 
+def test_a_first_host_longer_than_a_common_name_is_refused_before_any_file(tmp_path):
+    """A valid DNS name of 68 characters cannot be the certificate's common name (at most
+    64, RFC 5280): the command refuses it in one line, exit 2, before the folder is made;
+    after a short first host it is one more name the certificate is valid for."""
+    from cryptography import x509
+
+    from cpcfl_tf.flower.credentials import host_problem
+
+    long_name = "a" * 60 + ".example"
+    assert len(long_name) == 68 and host_problem(long_name) is None
+    proc = subprocess.run([sys.executable, "-m", "cpcfl_tf.flower.credentials", "--out",
+                           str(tmp_path / "c"), "--nodes", "1", "--host", long_name],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "has 68 characters, and the first --host is the certificate's common name, at " \
+           "most 64" in proc.stderr
+    assert not (tmp_path / "c").exists()
+    made = make(tmp_path / "d", nodes=1, hosts=["10.0.0.5", long_name])
+    names = x509.load_pem_x509_certificate(made.server_certificate.read_bytes()).extensions \
+        .get_extension_for_class(x509.SubjectAlternativeName).value
+    assert long_name in names.get_values_for_type(x509.DNSName)
+
+
 def test_the_launcher_refuses_credentials_it_lacks_before_starting_anything(creds, tmp_path):
     pytest.importorskip("flwr")
     proc = subprocess.run([sys.executable, "-m", "cpcfl_tf.flower.loopback", "--nodes", "3",

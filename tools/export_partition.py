@@ -82,6 +82,7 @@ def main(argv: Sequence[str] | None = None) -> None:
           f"{clients.test.size} test images each) to {session.out}", file=sys.stderr)
     for folder in folders:
         print(f"flower-supernode ... --node-config 'data-path={json.dumps(str(folder.resolve()))}'")
+    print(f"flwr run . NAME --run-config \"node-data='own' min-nodes={len(folders)} ...\"")
 
 
 if __name__ == "__main__":

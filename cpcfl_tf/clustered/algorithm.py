@@ -118,7 +118,7 @@ def plan_round(run: RunPlan, seed: int, attempt: int, t: int, num_clients: int,
     server's ``assignment`` if it assigns, else for ``t < Tc`` a random draw."""
     fl = run.federated
     rng = round_rng(seed, attempt, t, Stream.SELECTION)
-    take = max(1, int(round(fl.participation * num_clients)))
+    take = fl.participants(num_clients)
     part = (np.arange(num_clients) if take == num_clients
             else np.sort(rng.choice(num_clients, take, replace=False)))
     head_only = t < fl.head_rounds

@@ -99,9 +99,6 @@ def check_partition(num_clients: int, num_groups: int, classes_per_group: int,
                             f"{'integer' if whole else 'number'}, got {value!r}")
     if kind not in KINDS:
         raise UserError(f"unknown partition.kind {kind!r}; choose one of {', '.join(KINDS)}")
-    if kind == "own" and num_groups != 1:
-        raise UserError(f"with partition.kind=own the clients bring their own data and the "
-                        f"server knows no groups: set partition.num_groups=1, got {num_groups}")
     if kind == "rotated" and num_groups > 4:
         raise UserError(f"a rotated partition has 4 distinct quarter turns: at most 4 groups, "
                         f"got {num_groups}")

@@ -144,18 +144,26 @@ class Identity:
     num_unlabeled: int | None = None
 
 
-def identity(content: Any, *, num_clients: int | None = None, most: int | None = None,
+def identity(content: Any, *, num_clients: int, own: bool, most: int | None = None,
              unlabeled: bool = False) -> Identity:
-    """A roster reply: ``partition-id`` in 0..``num_clients`` - 1 (and ``num-partitions``,
-    ``num_clients`` itself; None: any, as the first probe reads them), or ``name``,
-    ``num-train``, ``num-test`` (and ``num-unlabeled``, required when ``unlabeled``: the
-    run pre-trains on the nodes), every count at most ``most`` (None: no bound)."""
+    """A roster reply as the run config says the nodes were started (``own``: the run
+    config's ``node-data``): ``partition-id`` in 0..``num_clients`` - 1 (and
+    ``num-partitions``, ``num_clients`` itself), or with ``own`` ``name``, ``num-train``,
+    ``num-test`` (and ``num-unlabeled``, required when ``unlabeled``: the run pre-trains
+    on the nodes), every count at most ``most`` (None: no bound). A reply of the other
+    kind is refused: the operator's word decides, never a node's."""
     from flwr.app import ConfigRecord
 
     records(content, "identity")
     said = content["identity"]
     high = math.inf if most is None else most
-    if isinstance(said, ConfigRecord) and "name" in said:
+    named = isinstance(said, ConfigRecord) and "name" in said
+    if named != own:
+        raise Refused("a data-path, where the run config says its nodes are partitions "
+                      "(node-data partition; set node-data='own' for nodes with their own data)"
+                      if named else "a partition-id, where the run config says its nodes bring "
+                      "their own data (node-data own)")
+    if named:
         fields(said, ConfigRecord, "identity", ("name", "num-train", "num-test"),
                ("num-unlabeled",))
         name = said["name"]
@@ -168,11 +176,13 @@ def identity(content: Any, *, num_clients: int | None = None, most: int | None =
                         num_unlabeled=(integer(said["num-unlabeled"], "num-unlabeled", 1, high)
                                        if "num-unlabeled" in said else None))
     fields(said, ConfigRecord, "identity", ("partition-id",), ("num-partitions",))
-    clients = math.inf if num_clients is None else num_clients
-    return Identity(partition=integer(said["partition-id"], "partition-id", 0, clients - 1),
-                    declared=(integer(said["num-partitions"], "num-partitions",
-                                      1 if num_clients is None else num_clients, clients)
-                              if "num-partitions" in said else None))
+    declared = (integer(said["num-partitions"], "num-partitions", 1)
+                if "num-partitions" in said else None)
+    if declared is not None and declared != num_clients:
+        raise Refused(f"num-partitions {declared} is not the run's num-clients {num_clients} "
+                      "(under the Simulation Engine: num-supernodes)")
+    return Identity(partition=integer(said["partition-id"], "partition-id", 0, num_clients - 1),
+                    declared=declared)
 
 
 def answered(content: Any, *, client: int, like: np.ndarray,

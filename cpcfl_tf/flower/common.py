@@ -23,6 +23,7 @@ DEFAULTS: dict[str, Any] = {
     "preset": "smoke", "method": "cp-cfl", "pretraining": "simclr", "num-clusters": 2,
     "rounds": 3, "head-rounds": 1, "num-clients": 3, "seed": 0, "out": "",
     "round-timeout": 300.0, "min-nodes": 0, "max-examples": 0, "set": "", "class-names": "",
+    "node-data": "partition",
 }
 """Run config keys and their defaults (``min-nodes`` 0: wait for ``num-clients``; ``set``:
 any other setting, as the scripts' ``--set``, e.g. ``"federated.local_epochs=1
@@ -30,12 +31,27 @@ federated.jit_compile=true"``; split as a shell would, so a value with spaces is
 ``class-names``: comma-separated names of the class subfolders of nodes that bring their
 own data, default the class indices ``0,1,...`` of the run's client dataset;
 ``max-examples``: the most examples of any kind a node may report in the roster, 0: no
-bound beyond its own report)."""
+bound beyond its own report; ``node-data``: how the operator started the nodes,
+``partition`` (each with ``partition-id`` and ``num-partitions`` = ``num-clients``, a
+client of the run's seeded partition) or ``own`` (each with a ``data-path`` of its own):
+the roster takes that word, never a node's)."""
+
+NODE_DATA = ("partition", "own")
+
+
+def own_data(values: Mapping[str, Any]) -> bool:
+    """Whether the run config says its nodes bring their own data (``node-data`` own)."""
+    said = str({**DEFAULTS, **dict(values)}["node-data"])
+    if said not in NODE_DATA:
+        raise UserError(f"run config node-data {said!r}: choose partition (nodes started with "
+                        "partition-id) or own (nodes started with a data-path)")
+    return said == "own"
 
 
 def run_config(values: Mapping[str, Any]) -> Config:
     """The run's :class:`Config` from Flower's run config (missing keys: :data:`DEFAULTS`)."""
     v = {**DEFAULTS, **dict(values)}
+    own_data(v)
     try:
         items = shlex.split(str(v["set"]))
     except ValueError as e:  # e.g. an unclosed quote

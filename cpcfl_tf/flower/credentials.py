@@ -106,6 +106,10 @@ def _name(common_name: str):
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
 
+COMMON_NAME_LIMIT = 64
+"""The longest common name a certificate may hold (RFC 5280's ub-common-name); the other
+names it is valid for (subject alternative names) may be longer."""
+
 _LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
 
 
@@ -174,8 +178,9 @@ def _write(path: Path, data: bytes, private: bool) -> None:
 def make(folder: str | Path, nodes: int, hosts: Sequence[str] = ("127.0.0.1",)) -> Credentials:
     """Write a CA, the SuperLink's certificate for ``hosts`` and ``nodes`` SuperNode key
     pairs into ``folder`` (made if missing). Refuses, before writing anything, a folder
-    that already holds any of these files, a node count below 1, no host and a host that
-    is neither an IP address nor a DNS name (:func:`host_problem`)."""
+    that already holds any of these files, a node count below 1, no host, a host that
+    is neither an IP address nor a DNS name (:func:`host_problem`) and a first host (the
+    certificate's common name) longer than :data:`COMMON_NAME_LIMIT`."""
     from cryptography.hazmat.primitives import serialization as s
 
     creds = Credentials(Path(folder))
@@ -188,6 +193,11 @@ def make(folder: str | Path, nodes: int, hosts: Sequence[str] = ("127.0.0.1",)) 
         if problem is not None:
             raise UserError(f"{problem}: give the name or address the nodes reach the "
                             "SuperLink at")
+    if len(hosts[0]) > COMMON_NAME_LIMIT:
+        raise UserError(f"--host {hosts[0]!r} has {len(hosts[0])} characters, and the first "
+                        f"--host is the certificate's common name, at most {COMMON_NAME_LIMIT} "
+                        "(RFC 5280): give a shorter name or an IP address first, the long "
+                        "name after it (e.g. --host 10.0.0.5 --host LONG.NAME)")
     present = [p.name for p in creds.files(nodes, signing=True) if p.exists()]
     if present:
         raise UserError(f"{creds.folder} already holds {', '.join(present)}: give --out a "

@@ -309,7 +309,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                             "python tools/export_partition.py --out DIR")
         nodes = [f"data-path={json.dumps(str(p.resolve()))}" for p in folders]  # TOML string
         settings.pop("num-clients")
-        settings["min-nodes"] = len(nodes)
+        settings.update({"min-nodes": len(nodes), "node-data": "own"})
     run_config(settings)  # bad values fail here, before any process starts
     count = args.nodes if isinstance(nodes, int) else len(nodes)
     given = None if args.credentials is None else _given_credentials(args.credentials, count)

@@ -14,6 +14,7 @@ import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
+from cpcfl_tf.aggregation import lower_median
 from cpcfl_tf.clustered import algorithm
 from cpcfl_tf.plan.resolve import RunPlan
 from cpcfl_tf.errors import UserError
@@ -80,19 +81,26 @@ def _meant(messages: list[Message], errors: list[Message]) -> list[int]:
     return [meant.get(r.metadata.reply_to_message_id, r.metadata.src_node_id) for r in errors]
 
 
-def check_partitions(grid: Grid, nodes: list[int], num_clients: int, timeout: float) -> None:
-    replies, _ = send(grid, {n: RecordDict() for n in nodes}, MessageType.QUERY, "0-probe",
-                      timeout)
-    said, _ = parsed(replies, "query", "0-probe", lambda content, node: checks.identity(content))
-    declared = {i.declared for i in said.values() if i.declared is not None}
-    # Stop only where no node was started for this run's partitions (an operator's
-    # mistake, every node alike); a node that alone says otherwise is left out of the
-    # roster, so that it cannot stop the run.
-    if declared and num_clients not in declared:
-        raise UserError(f"the nodes were started for {', '.join(map(str, sorted(declared)))} "
-                        f"partitions (node config num-partitions; under the Simulation Engine "
-                        f"num-supernodes) but the run has num-clients={num_clients}: make "
-                        "them equal")
+def count_caps(node_data: dict[str, dict] | None, unlabeled: dict[int, int],
+               most: int | None) -> dict[str, int] | None:
+    """The most examples one reply weighs, by kind, where the nodes brought their own data
+    and the run config sets no ``max-examples``: what a node reports of its own data is
+    its word, so no reply weighs more than the lower median of the nodes' reports
+    (:func:`cpcfl_tf.aggregation.lower_median`: while fewer than half the nodes claim
+    too much, an honest node's count). ``train``: the clustered rounds' examples;
+    ``unlabeled``: a federated pre-training's images. None: no cap (partition nodes,
+    whose counts the server knows, or an operator's ``max-examples``)."""
+    if node_data is None or most is not None:
+        return None
+    caps = {"train": lower_median([d["num_train"] for d in node_data.values()])}
+    if unlabeled:
+        caps["unlabeled"] = lower_median(list(unlabeled.values()))
+    return caps
+
+
+def weighed(count: int, cap: int | None) -> int:
+    """What a reply's example count weighs: ``count``, at most ``cap`` (None: no cap)."""
+    return count if cap is None else min(count, cap)
 
 
 def ask_first(grid: Grid, client_of: dict[int, int], run: RunPlan, num_clients: int,
@@ -135,41 +143,41 @@ def addressee(client: int, names: dict[int, str] | None) -> dict:
     return {"client-id": client, **({} if names is None else {"name": names[client]})}
 
 
-def roster(grid: Grid, nodes: list[int], timeout: float, num_clients: int, *,
+def roster(grid: Grid, nodes: list[int], timeout: float, num_clients: int, *, own: bool,
            most: int | None = None, unlabeled: bool = False
            ) -> tuple[dict[int, int], dict[str, dict] | None, dict[int, int]]:
-    """Who the clients are: node id -> client id, and, when the nodes brought their own
-    data, client id -> the folder name and example counts they reported (``None`` for
-    partition ids) and client id -> its unlabeled images (``unlabeled``: the run
-    pre-trains on the nodes, and each must report them). Every reply is checked
-    (:func:`cpcfl_tf.flower.checks.identity`; counts at most ``most``): a partition id
-    must be in 0..``num_clients`` - 1, and a partition id or a folder name is the first
-    claimant's; a node that claims a taken one, answers unlike the first node (a
-    partition id where it had a folder, or the reverse), sends a malformed reply, or
-    cannot serve (its data is bad) is left out, its reason printed."""
+    """Who the clients are: node id -> client id, and, when the run config says the nodes
+    bring their own data (``own``: its ``node-data``), client id -> the folder name and
+    example counts they reported (``None`` for partition ids) and client id -> its
+    unlabeled images (``unlabeled``: the run pre-trains on the nodes, and each must report
+    them). Every reply is checked (:func:`cpcfl_tf.flower.checks.identity`; counts at most
+    ``most``): of the kind the run config says, a partition id in 0..``num_clients`` - 1
+    from a node started for ``num_clients`` partitions, and a partition id or a folder
+    name is the first claimant's; a node that claims a taken one, answers the other kind,
+    sends a malformed reply, or cannot serve (its data is bad) is left out, its reason
+    printed. No node's answer changes how the others are read."""
     replies, failed = send(grid, {n: RecordDict() for n in nodes}, MessageType.QUERY, "0",
                            timeout)
     if failed:
         print(f"[cpcfl] left out: nodes {failed} (no roster reply)", flush=True)
     said, _ = parsed(replies, "query", 0, lambda content, node: checks.identity(
-        content, num_clients=num_clients, most=most, unlabeled=unlabeled))
+        content, num_clients=num_clients, own=own, most=most, unlabeled=unlabeled))
     if not said:
-        raise UserError("no node answered the roster query (their reasons are above)")
-    own = next(iter(said.values())).name is not None  # as the first node to answer
+        started = ("with a data-path each (run config node-data own)" if own else
+                   f"with partition-id=K num-partitions={num_clients} (under the Simulation "
+                   f"Engine num-supernodes={num_clients})")
+        raise UserError("no node answered the roster as the run config says (their reasons "
+                        f"are above): start the SuperNodes {started}")
     client_of, claimed = {}, {}  # node -> client; its partition id or name -> node
     for node, i in said.items():  # in the order the replies came: the first claim holds
         claim = i.name if own else i.partition
         said_as = f"data folder {checks.shown(claim, 40)}" if own else f"partition-id {claim}"
-        if (i.name is not None) != own:
-            problem = ("a partition-id, where the first node to answer has a data-path" if own
-                       else "a data-path, where the first node to answer has a partition-id")
-        elif claim in claimed:
-            problem = f"{said_as} is node {claimed[claim]}'s already"
-        else:
-            claimed[claim], client_of[node] = node, i.partition
+        if claim in claimed:
+            print(f"[cpcfl] node {node} failed query 0: its reply was left out: {said_as} is "
+                  f"node {claimed[claim]}'s already (start every SuperNode with its own data)",
+                  flush=True)
             continue
-        print(f"[cpcfl] node {node} failed query 0: its reply was left out: {problem} "
-              "(start every SuperNode the same way, each with its own data)", flush=True)
+        claimed[claim], client_of[node] = node, i.partition
     if not own:
         return client_of, None, {}
     names = sorted(claimed.items())  # the clients are numbered by folder name
@@ -187,7 +195,8 @@ class Nodes:
 
     def __init__(self, grid: Grid, client_of: dict[int, int], num_clients: int,
                  timeout: float, run: RunPlan, names: dict[int, str] | None = None,
-                 examples: dict[int, int] | None = None, tests: dict[int, int] | None = None):
+                 examples: dict[int, int] | None = None, tests: dict[int, int] | None = None,
+                 cap: int | None = None):
         self.grid, self.client_of, self.timeout = grid, client_of, timeout
         self.fl = run.federated
         self.names = names
@@ -197,6 +206,9 @@ class Nodes:
         size): the most a reply's ``num-examples`` may say."""
         self.tests = tests or {}
         """Client id -> its test examples: the most a scoring reply's count may say."""
+        self.cap = cap
+        """The most examples a reply weighs (None: its count): nodes with their own data
+        and no ``max-examples``, whose counts are their own word."""
         self.num_clients, self.assigns = num_clients, run.method.server_assigns
         self.scores: dict[int, float] = {}
         """The last scored round's accuracy per client that answered (the last round is
@@ -235,7 +247,7 @@ class Nodes:
         return algorithm.Replies(
             np.array([r.client for r in replies], np.int64),
             np.array([r.cluster for r in replies], np.int64),
-            np.array([float(r.count) for r in replies]),
+            np.array([float(weighed(r.count, self.cap)) for r in replies]),
             [np.stack([r.weights[i] for r in replies]) for i in range(len(replies[0].weights))]
             if replies else [],
             sorted({self.client_of[n] for n in failed} | (set(row) - asked)))
@@ -298,13 +310,16 @@ class PretrainNodes:
     image count. A node that fails the round is left out of it."""
 
     def __init__(self, grid: Grid, client_of: dict[int, int], timeout: float,
-                 names: dict[int, str] | None, examples: dict[int, int], trainer):
+                 names: dict[int, str] | None, examples: dict[int, int], trainer,
+                 cap: int | None = None):
         self.grid, self.client_of, self.timeout, self.names = grid, client_of, timeout, names
         self.trainer = trainer
         """The server's :class:`~cpcfl_tf.pretraining.federated_pretrain.LocalTrainer`:
         the settings and the method a reply is checked against."""
         self.examples = examples
         """Client id -> its unlabeled images: the most a reply's ``num-examples`` may say."""
+        self.cap = cap
+        """The most images a reply weighs (None: its count), as :attr:`Nodes.cap`."""
 
     def train(self, global_weights, round_: int, chosen: np.ndarray):
         from cpcfl_tf.pretraining.federated_pretrain import Uploads
@@ -331,6 +346,7 @@ class PretrainNodes:
         # the simulator's rounds (the round's line gives their mean only).
         print(f"[cpcfl] pretrain round {round_ + 1}: client losses " + ", ".join(
             f"{r.client} {r.results['loss']!r}" for r in by_client), flush=True)
-        return Uploads([r.weights for r in by_client], [r.count for r in by_client],
+        return Uploads([r.weights for r in by_client],
+                       [weighed(r.count, self.cap) for r in by_client],
                        [r.results for r in by_client], len(contents),
                        sorted(wanted - {r.client for r in by_client}))

@@ -39,8 +39,8 @@ from flwr.serverapp import Grid, ServerApp
 
 from cpcfl_tf.clustered import algorithm
 from cpcfl_tf.flower import checks, remote
-from cpcfl_tf.flower.common import class_names, run_config
-from cpcfl_tf.methods.federated import plugins_used
+from cpcfl_tf.flower.common import class_names, own_data, run_config
+from cpcfl_tf.methods.federated import METHODS, plugins_used
 from cpcfl_tf.records.record import write_record
 from cpcfl_tf.records.files import prepare_out_dir
 from cpcfl_tf.plan.resolve import check_data, federated_settings, resolve
@@ -49,8 +49,8 @@ app = ServerApp()
 
 
 def _pretrain_stage(grid: Grid, client_of: dict[int, int], run, timeout: float,
-                    names: dict[int, str] | None, unlabeled: dict[int, int]
-                    ) -> list[np.ndarray]:
+                    names: dict[int, str] | None, unlabeled: dict[int, int],
+                    cap: int | None = None) -> list[np.ndarray]:
     """The federated self-supervised pre-training as the run's first stage: the
     simulator's rounds (:func:`~cpcfl_tf.pretraining.federated_pretrain.pretrain_rounds`,
     seeded the same) with the nodes as its clients. Returns the global encoder."""
@@ -73,7 +73,7 @@ def _pretrain_stage(grid: Grid, client_of: dict[int, int], run, timeout: float,
         examples = {k: len(images) for k, images in enumerate(unlabeled_for(config))}
     else:  # own data: what each node reported in the roster
         examples = {k: int(unlabeled[k]) for k in names if k in unlabeled}
-    clients = remote.PretrainNodes(grid, client_of, timeout, names, examples, server)
+    clients = remote.PretrainNodes(grid, client_of, timeout, names, examples, server, cap)
     weights = pretrain_rounds(server, clients, config.partition.num_clients, server.initial(),
                               totals, after=after)
     print(f"[cpcfl] {start}: {totals['bytes_down'] / 1e6:.1f} MB of online parts down, "
@@ -96,6 +96,18 @@ def _examples(config, node_data: dict[str, dict] | None) -> tuple[dict[int, int]
                  for split in (clients.train, clients.test))
 
 
+def own_data_config(config, nodes: int):
+    """The run's config for ``nodes`` nodes with their own data: the clients are the nodes
+    that answered, nothing is drawn (partition.kind own; no split sizes apply). The server
+    knows no groups: one, unless the method asks each node its true group (the oracle),
+    whose models are then the run config's ``partition.num_groups``, the groups the nodes'
+    ``group=G`` may name."""
+    asks_groups = METHODS[config.federated.method].rule.asks == "group"
+    return config.with_overrides(partition={
+        "num_clients": nodes, "kind": "own",
+        "num_groups": config.partition.num_groups if asks_groups else 1})
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     from cpcfl_tf.records.environment import run_environment
@@ -105,6 +117,7 @@ def main(grid: Grid, context: Context) -> None:
     settings = dict(context.run_config)
     config = run_config(settings)
     check_data(config)  # before any wait: the plan is made once the nodes are known
+    resolve(config, checked=True)  # what the plan refuses (a defence that cannot hold), too
     classes = class_names(settings)
     timeout = float(settings.get("round-timeout", 300.0))
     wanted = int(settings.get("min-nodes", 0)) or config.partition.num_clients
@@ -112,20 +125,12 @@ def main(grid: Grid, context: Context) -> None:
     if settings.get("out"):  # refuse an unwritable output before any work
         prepare_out_dir(Path(str(settings["out"])).parent,
                         fix="set the run config's out to a writable path")
-    # The first nodes to connect say for how many partitions the nodes were started
-    # (num-partitions; under the Simulation Engine its num-supernodes): refuse a mismatch
-    # now rather than wait round-timeout for nodes that will never come.
-    remote.check_partitions(grid, remote.wait_for_nodes(grid, 1, timeout),
-                            config.partition.num_clients, timeout)
     client_of, node_data, unlabeled = remote.roster(
         grid, remote.wait_for_nodes(grid, wanted, timeout), timeout,
-        config.partition.num_clients, most=most,
+        config.partition.num_clients, own=own_data(settings), most=most,
         unlabeled=federated_settings(config) is not None)
     if node_data is not None:
-        # The nodes' own data: the clients are the nodes that answered, nothing is drawn
-        # (partition.kind own: one group, the server knows none; no split sizes apply).
-        config = config.with_overrides(partition={"num_clients": len(client_of),
-                                                  "num_groups": 1, "kind": "own"})
+        config = own_data_config(config, len(client_of))
         print(f"[cpcfl] {len(client_of)} nodes with their own data: "
               + ", ".join(f"{k} {checks.shown(d['name'], 40)} ({d['num_train']} + "
                           f"{d['num_test']} images)"
@@ -133,6 +138,11 @@ def main(grid: Grid, context: Context) -> None:
     else:
         print(f"[cpcfl] {len(client_of)} nodes: partitions {sorted(client_of.values())}",
               flush=True)
+    caps = remote.count_caps(node_data, unlabeled, most)
+    if caps is not None:
+        print("[cpcfl] a reply weighs at most " + ", ".join(
+            f"{n} {kind} examples" for kind, n in caps.items()) + " (the lower median of the "
+            "nodes' reports; set max-examples to bound them instead)", flush=True)
     run = resolve(config, checked=node_data is None)  # partition nodes: checked above
     fl = run.federated
     num_clients = config.partition.num_clients
@@ -148,7 +158,8 @@ def main(grid: Grid, context: Context) -> None:
 
     if run.pretraining is not None and run.pretraining.federated is not None:
         # The first stage: the nodes pre-train the encoder on their unlabeled images.
-        encoder_weights = _pretrain_stage(grid, client_of, run, timeout, names, unlabeled)
+        encoder_weights = _pretrain_stage(grid, client_of, run, timeout, names, unlabeled,
+                                          (caps or {}).get("unlabeled"))
     else:  # the server's own pre-training (its data, never the nodes')
         encoder_weights = StartingEncoders(verbose=0)(run)
     template = template_for(run, (size, size, 3), len(classes))  # the simulator's
@@ -164,7 +175,7 @@ def main(grid: Grid, context: Context) -> None:
               f"{len(record['failed_partitions'])} failed{scored}", flush=True)
 
     federation = remote.Nodes(grid, client_of, num_clients, timeout, run, names,
-                              *_examples(config, node_data))
+                              *_examples(config, node_data), cap=(caps or {}).get("train"))
     state, progress = algorithm.run_rounds(
         run, config.seed, federation, start, on_round=after,
         progress=algorithm.sent_before_training(run, answers),
@@ -177,7 +188,7 @@ def main(grid: Grid, context: Context) -> None:
                          client_accuracy={str(k): v for k, v in sorted(accuracy.items())}),
         experiment="flower", environment=run_environment(encoder_weights, plugins_used(
             config.federated.method, config.federated.pretraining)),
-        nodes={str(n): c for n, c in client_of.items()}, node_data=node_data)
+        nodes={str(n): c for n, c in client_of.items()}, node_data=node_data, count_caps=caps)
     print(f"[cpcfl] final accuracy {record.final.accuracy}", flush=True)
     if settings.get("out"):
         write_record(settings["out"], record)

@@ -261,6 +261,10 @@ class FederatedConfig:
     norm over all its arrays before it counts, in both stages (Sun et al., "Can You Really
     Backdoor Federated Learning?", 2019); None: no bound (the paper's)."""
 
+    def participants(self, num_clients: int) -> int:
+        """How many of ``num_clients`` clients take part in a round (``participation``)."""
+        return max(1, int(round(self.participation * num_clients)))
+
     def __post_init__(self) -> None:
         _choice("federated", "method", self.method, tuple(METHODS))
         from cpcfl_tf.methods.ssl import federated_start

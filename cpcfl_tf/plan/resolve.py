@@ -157,11 +157,11 @@ def check_defence(config: Config, method: Method, pretraining: Pretraining | Non
     fl, clients = config.federated, config.partition.num_clients
     defence = Defence.of(fl)
     if method.federated and method.communicates:
-        taking = max(1, int(round(fl.participation * clients)))
-        problem = (defence_problem(defence, 1, f"this run's {fl.num_clusters} models are "
-                                   "chosen cluster by cluster, so a cluster can have one "
-                                   "member") if fl.num_clusters >= 2 else
-                   defence_problem(defence, taking, f"{taking} clients take part in a round"))
+        taking = fl.participants(clients)
+        problem = (defence_problem(defence, 1, f"with N = {fl.num_clusters} models a cluster "
+                                   "can have a single member") if fl.num_clusters >= 2 else
+                   defence_problem(defence, taking, f"a round has only {taking} "
+                                   f"participant{'s' if taking != 1 else ''}"))
         if problem:
             raise UserError(problem)
     if pretraining is not None and pretraining.federated is not None:

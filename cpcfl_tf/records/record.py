@@ -57,6 +57,9 @@ class Round:
     """The selection diagnostic (runs made with ``--diagnose``): ``clients`` (who chose),
     ``losses`` (each one's loss on every pool model) and ``margins`` (second-lowest minus
     lowest loss), :mod:`cpcfl_tf.clustered.diagnostics`."""
+    too_few_to_defend: list[int] | None = None
+    """A robust ``federated.aggregation`` only, where it happened: the clusters whose
+    members were too few for it to out-vote one bad member (:mod:`cpcfl_tf.aggregation`)."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"round": self.round}
@@ -68,6 +71,8 @@ class Round:
             out["split_test"] = self.split_test
         if self.selection is not None:
             out["selection"] = self.selection
+        if self.too_few_to_defend is not None:
+            out["too_few_to_defend"] = self.too_few_to_defend
         if self.replies is not None:
             out.update(replies=self.replies, failed_partitions=self.failed_partitions)
         return out
@@ -75,11 +80,11 @@ class Round:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Round":
         _only(data, {"round", "accuracy", "cluster_ids", "replies", "failed_partitions",
-                     "split_test", "selection", *SCORES}, "round")
+                     "split_test", "selection", "too_few_to_defend", *SCORES}, "round")
         return cls(data["round"], data["cluster_ids"], data.get("accuracy"),
                    {k: data[k] for k in SCORES if k in data}, data.get("replies"),
                    data.get("failed_partitions"), data.get("split_test"),
-                   data.get("selection"))
+                   data.get("selection"), data.get("too_few_to_defend"))
 
 
 @dataclasses.dataclass
@@ -156,6 +161,11 @@ class RunRecord:
     node_data: dict[str, dict[str, Any]] | None = None
     """Flower with nodes' own data: client id -> ``name`` (the data folder's),
     ``num_train`` and ``num_test`` (example counts), as the nodes reported them."""
+    count_caps: dict[str, int] | None = None
+    """Flower with nodes' own data and no ``max-examples``: the most examples a reply
+    weighs, by kind (``train``: the clustered rounds'; ``unlabeled``: a federated
+    pre-training's), the lower median of what the nodes reported: a node's own count
+    weighs min(count, cap)."""
 
     @property
     def preset(self) -> str:
@@ -215,6 +225,8 @@ class RunRecord:
             out["nodes"] = self.nodes
         if self.node_data is not None:
             out["node_data"] = self.node_data
+        if self.count_caps is not None:
+            out["count_caps"] = self.count_caps
         out.update(clients=self.clients, rounds=[r.to_json() for r in self.rounds],
                    final=self.final.to_json(), timing=self.timing,
                    environment=self.environment)
@@ -223,8 +235,8 @@ class RunRecord:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "RunRecord":
         _only(data, {"experiment", "preset", "method", "pretraining", "config", "seeds",
-                     "nodes", "node_data", "clients", "rounds", "final", "timing",
-                     "environment"}, "record")
+                     "nodes", "node_data", "count_caps", "clients", "rounds", "final",
+                     "timing", "environment"}, "record")
         stored = dict(data["config"])
         requested = Config.from_dict(stored.pop("requested"))
         config = Config.from_dict(stored)
@@ -232,7 +244,8 @@ class RunRecord:
         record = cls(config, requested, data["seeds"], data["clients"],
                      [Round.from_json(r) for r in data["rounds"]],
                      Final.from_json(data["final"]), data["timing"], data["experiment"],
-                     data["environment"], data.get("nodes"), data.get("node_data"))
+                     data["environment"], data.get("nodes"), data.get("node_data"),
+                     data.get("count_caps"))
         said = (data["preset"], data["method"], data["pretraining"])
         if said != (record.preset, record.method, record.pretraining):
             raise ValueError(f"preset, method, pretraining {said} disagree with the config")
