@@ -53,6 +53,17 @@ def without_added(record: dict[str, Any]) -> dict[str, Any]:
     return {k: section(k, v) if isinstance(v, dict) else v for k, v in record.items()}
 
 
+def changed_behaviour(federated: dict[str, Any]) -> dict[str, Any]:
+    """What a checkpoint fingerprint adds for a setting whose behaviour changed since
+    checkpoints were written with it, so that such a checkpoint is refused ("belongs to a
+    different run") instead of resumed under the new behaviour: ``trimmed-mean`` cuts at
+    least one member of three or more from each end (it cut ``int(0.2 * n)``, none of
+    3 or 4, before). Empty at every default."""
+    if federated.get("aggregation") == "trimmed-mean":
+        return {"trimmed_mean_cut": "at least one of three"}
+    return {}
+
+
 LEGACY_PRETRAIN: dict[str, tuple[Any, tuple[str, ...]]] = {
     "temperature": (0.1, ("simclr",)),
     "target_decay": (0.9, ("byol",)),

@@ -346,3 +346,19 @@ def test_robust_aggregation_is_three_checked_settings_absent_from_records_at_the
                       ({"update_norm": float("inf")}, "update_norm must be a positive finite")):
         with pytest.raises(UserError, match=said):
             config.with_overrides(federated=bad)
+
+
+def test_a_trimmed_mean_checkpoint_of_the_old_cut_is_not_taken_for_the_new():
+    """trimmed-mean now cuts one member of three or four (it cut none at beta 0.2): its
+    checkpoint fingerprint gains a mark, so a checkpoint written before is refused ("a
+    different run") rather than resumed under the new cut; every other aggregation's
+    fingerprint, the default's above all, gains nothing."""
+    from cpcfl_tf.compat import changed_behaviour
+
+    config = get_preset("quick")
+    assert changed_behaviour(dataclasses.asdict(config.federated)) == {}
+    assert changed_behaviour(dataclasses.asdict(config.with_overrides(
+        federated={"aggregation": "median"}).federated)) == {}
+    assert changed_behaviour(dataclasses.asdict(config.with_overrides(
+        federated={"aggregation": "trimmed-mean"}).federated)) == {
+        "trimmed_mean_cut": "at least one of three"}

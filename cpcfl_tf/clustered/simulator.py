@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from cpcfl_tf.compat import without_added
+from cpcfl_tf.compat import changed_behaviour, without_added
 from cpcfl_tf.plan.config import FederatedConfig
 from cpcfl_tf.errors import DivergedError, UserError
 from cpcfl_tf.clustered import algorithm, restarts
@@ -132,7 +132,8 @@ def run_federated(plan: RunPlan, clients: Clients, *, encoder_weights=None,
     fingerprint = json.dumps({"config": without_added(config.to_dict()),
                               **without_added({"federated": dataclasses.asdict(fl)}),
                               "seed": seed, "clients": clients.records,
-                              "encoder": weights_fingerprint(encoder_weights)},
+                              "encoder": weights_fingerprint(encoder_weights),
+                              **changed_behaviour(dataclasses.asdict(fl))},
                              sort_keys=True)
     path = Path(checkpoint) if checkpoint else None
 

@@ -102,10 +102,10 @@ def own_data_config(config, nodes: int):
     knows no groups: one, unless the method asks each node its true group (the oracle),
     whose models are then the run config's ``partition.num_groups``, the groups the nodes'
     ``group=G`` may name."""
-    asks_groups = METHODS[config.federated.method].rule.asks == "group"
+    groups = METHODS[config.federated.method].rule.groups_are_models
     return config.with_overrides(partition={
         "num_clients": nodes, "kind": "own",
-        "num_groups": config.partition.num_groups if asks_groups else 1})
+        "num_groups": config.partition.num_groups if groups else 1})
 
 
 @app.main()

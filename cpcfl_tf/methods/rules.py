@@ -65,6 +65,9 @@ class Rule:
     encoder on the nodes cannot yet: :class:`FeatureGroups`)."""
     node_needs = ""
     """What a Flower node must be started with to answer (said when one did not)."""
+    groups_are_models = False
+    """Its models are the clients' true groups (N = ``partition.num_groups``): a
+    federation of nodes with their own data keeps the run config's groups for it."""
     server_assigns = False
     communicates = True
 
@@ -134,6 +137,7 @@ class TrueGroups(Rule):
                    "reference method is told)")
     asks, server_assigns = "group", True
     node_needs = " with group=G in its node config"
+    groups_are_models = True
 
     def num_models(self, num_clusters, num_clients, num_groups):
         return num_groups
