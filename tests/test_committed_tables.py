@@ -113,3 +113,28 @@ def test_the_committed_claims_are_what_the_judge_makes_of_the_committed_records(
     for name in (f"{preset}/claims.md", f"{preset}/claims.json", "README.md"):
         assert (tmp_path / "results" / name).read_text() == (committed / name).read_text(), name
     assert (tmp_path / "README.md").read_text() == (ROOT / "README.md").read_text()
+
+
+def test_the_poisoned_node_study_is_its_summary_and_shows_which_defences_hold():
+    """results/smoke/poisoned_node: the committed report is what tools/poisoned_node.py
+    makes of its committed summary, and the summary says what docs/flower.md's table says,
+    read off the numbers here: one 1e30 member takes the mean at every cluster size; the
+    median and the trimmed mean (beta 0.2) keep the model's weights below 1 from 3
+    members on and are refused below 3; the norm bound keeps them below 1 at every size."""
+    import json
+
+    folder = ROOT / "results" / "smoke" / "poisoned_node"
+    summary = json.loads((folder / "poisoned_node.json").read_text())
+    assert script("poisoned_node").report(summary) == (folder / "poisoned_node.md").read_text()
+    rows = summary["by_size"]
+    assert summary["sizes"] == [1, 2, 3, 4, 5, 6]
+    for name, row in rows.items():
+        for n, cell in ((int(n), cell) for n, cell in row["sizes"].items()):
+            robust_alone = row["settings"].get("aggregation") and "update_norm" not in row[
+                "settings"]
+            if robust_alone and n < 3:
+                assert "set federated.update_norm too" in cell["refused"], (name, n)
+            elif name == "mean":
+                assert cell["largest_weight"][-1] >= 1e29, (name, n)
+            else:
+                assert max(cell["largest_weight"]) < 1, (name, n)
