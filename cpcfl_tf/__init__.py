@@ -1,5 +1,6 @@
 """cpcfl_tf: contrastive encoder pre-training-based clustered federated learning
 (CP-CFL) in TensorFlow/Keras."""
+
 import os
 
 # TensorFlow turns its oneDNN CPU kernels on by default only on x86 CPUs with

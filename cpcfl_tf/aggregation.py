@@ -24,10 +24,11 @@ update before it counts:
   no other defence, so a run whose clusters can be that small is refused ``median`` and
   ``trimmed-mean`` without it (:func:`defence_problem`).
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -82,11 +83,16 @@ def trimmed_mean(a: np.ndarray, k: int) -> np.ndarray:
     """The coordinate-wise mean of ``a``'s members (axis 0) without the ``k`` largest and
     ``k`` smallest values, computed as SciPy's ``trim_mean`` computes it."""
     n = len(a)
-    return np.mean(np.partition(a, (k, n - k - 1), axis=0)[k:n - k], axis=0)
+    return np.mean(np.partition(a, (k, n - k - 1), axis=0)[k : n - k], axis=0)
 
 
-def combine(stacked: Sequence[np.ndarray], sizes: Sequence[float], how: str = "mean",
-            trim: float = 0.2, mean=weighted_average) -> list[np.ndarray]:
+def combine(
+    stacked: Sequence[np.ndarray],
+    sizes: Sequence[float],
+    how: str = "mean",
+    trim: float = 0.2,
+    mean=weighted_average,
+) -> list[np.ndarray]:
     """One model from its members' weights (``stacked[i][u]``: array i of member u) as
     ``how`` says (the module's list); ``mean(stacked, sizes)`` is the weighted mean used
     for ``mean``. The median and the trimmed mean ignore ``sizes``, as Flower's do."""
@@ -100,8 +106,9 @@ def combine(stacked: Sequence[np.ndarray], sizes: Sequence[float], how: str = "m
     raise ValueError(f"unknown aggregation {how!r}")
 
 
-def bound_updates(weights: Sequence[np.ndarray], sent: Sequence[np.ndarray], bound: float
-                  ) -> list[np.ndarray]:
+def bound_updates(
+    weights: Sequence[np.ndarray], sent: Sequence[np.ndarray], bound: float
+) -> list[np.ndarray]:
     """``weights`` (array i of member u at ``weights[i][u]``) with each member's update
     (its arrays minus ``sent``, the model it was sent, stacked the same way) scaled down
     to L2 norm ``bound`` over all its arrays where it is longer:
@@ -118,8 +125,10 @@ def bound_updates(weights: Sequence[np.ndarray], sent: Sequence[np.ndarray], bou
     out = []
     for w, s, d in zip(weights, sent, deltas):
         new = w.copy()
-        new[longer] = (s[longer].astype(np.float64) + (d[longer].reshape(len(scale), -1) * scale
-                                                       ).reshape(d[longer].shape)).astype(w.dtype)
+        new[longer] = (
+            s[longer].astype(np.float64)
+            + (d[longer].reshape(len(scale), -1) * scale).reshape(d[longer].shape)
+        ).astype(w.dtype)
         out.append(new)
     return out
 
@@ -134,7 +143,7 @@ class Defence:
     update_norm: float | None = None
 
     @classmethod
-    def of(cls, fl) -> "Defence":
+    def of(cls, fl) -> Defence:
         """The defence of a federated config section."""
         return cls(fl.aggregation, fl.trim_fraction, fl.update_norm)
 
@@ -152,9 +161,13 @@ class Defence:
             out["update_norm"] = self.update_norm
         return out
 
-    def combine(self, stacked: Sequence[np.ndarray], sizes: Sequence[float],
-                sent: Sequence[np.ndarray] | None = None, mean=weighted_average
-                ) -> list[np.ndarray]:
+    def combine(
+        self,
+        stacked: Sequence[np.ndarray],
+        sizes: Sequence[float],
+        sent: Sequence[np.ndarray] | None = None,
+        mean=weighted_average,
+    ) -> list[np.ndarray]:
         """The members' combination, each update bounded first where ``update_norm`` is
         set (``sent``: what each member was sent, stacked like ``stacked``)."""
         if self.update_norm is not None and sent is not None:
@@ -167,15 +180,23 @@ def defence_problem(defence: Defence, smallest: int, why: str) -> str | None:
     what makes them that small, in a few words) cannot hold ``defence`` (None: it can): a
     robust aggregation with no norm bound behind it, where a combination can have fewer
     than :data:`MIN_MEMBERS` members."""
-    if defence.aggregation not in ROBUST or defence.update_norm is not None \
-            or smallest >= MIN_MEMBERS:
+    if (
+        defence.aggregation not in ROBUST
+        or defence.update_norm is not None
+        or smallest >= MIN_MEMBERS
+    ):
         return None
-    small = ("the median of two is their mean" if defence.aggregation == "median" else
-             "of two it cuts nothing")
-    return (f"federated.aggregation={defence.aggregation} out-votes a bad member only among "
-            f"{MIN_MEMBERS} or more ({small}), and {why}; set "
-            "federated.update_norm too, which bounds every update (docs/flower.md, "
-            "\"What each defence tolerates\")")
+    small = (
+        "the median of two is their mean"
+        if defence.aggregation == "median"
+        else "of two it cuts nothing"
+    )
+    return (
+        f"federated.aggregation={defence.aggregation} out-votes a bad member only among "
+        f"{MIN_MEMBERS} or more ({small}), and {why}; set "
+        "federated.update_norm too, which bounds every update (docs/flower.md, "
+        '"What each defence tolerates")'
+    )
 
 
 def lower_median(counts: Sequence[int]) -> int:

@@ -19,26 +19,39 @@ and checkpoints of earlier versions void (users pre-train again) and rewrites th
 committed records with ``tools/migrate_records.py``; until then, removing one silently
 re-trains every cached encoder whose key would change.
 """
+
 from __future__ import annotations
 
 from typing import Any
 
 ADDED_FIELDS: dict[str, dict[str, Any]] = {
     "partition": {"kind": "groups", "alpha": 1.0, "unlabeled": "server"},
-    "federated": {"jit_compile": False, "options": None, "eval_every": 1,
-                  "aggregation": "mean", "trim_fraction": 0.2, "update_norm": None,
-                  "frozen_features": False},
-    "pretrain": {"seed": None, "options": None, "lr_schedule": "constant",
-                 "warmup_epochs": 0},
+    "federated": {
+        "jit_compile": False,
+        "options": None,
+        "eval_every": 1,
+        "aggregation": "mean",
+        "trim_fraction": 0.2,
+        "update_norm": None,
+        "frozen_features": False,
+    },
+    "pretrain": {"seed": None, "options": None, "lr_schedule": "constant", "warmup_epochs": 0},
 }
 """Fields added after cache entries and checkpoints were first written, each with the
 value that runs as before it existed."""
 
 UNSET_FIELDS: dict[str, dict[str, Any]] = {
     "partition": {"unlabeled": "server"},
-    "federated": {"options": None, "eval_every": 1, "aggregation": "mean",
-                  "trim_fraction": 0.2, "update_norm": None, "frozen_features": False},
-    "pretrain": {"seed": None, "options": None, "lr_schedule": "constant", "warmup_epochs": 0}}
+    "federated": {
+        "options": None,
+        "eval_every": 1,
+        "aggregation": "mean",
+        "trim_fraction": 0.2,
+        "update_norm": None,
+        "frozen_features": False,
+    },
+    "pretrain": {"seed": None, "options": None, "lr_schedule": "constant", "warmup_epochs": 0},
+}
 """Fields a run record leaves out while they are at this value (read back at their
 defaults)."""
 
@@ -47,9 +60,11 @@ def without_added(record: dict[str, Any]) -> dict[str, Any]:
     """``record`` (a config as a dict, or some of its sections) without the
     :data:`ADDED_FIELDS` at their defaults: what cache keys and checkpoint fingerprints
     hash."""
+
     def section(name: str, values: dict[str, Any]) -> dict[str, Any]:
         added = ADDED_FIELDS.get(name, {})
         return {k: v for k, v in values.items() if k not in added or v != added[k]}
+
     return {k: section(k, v) if isinstance(v, dict) else v for k, v in record.items()}
 
 
@@ -87,8 +102,14 @@ KEYED_DEFAULTS: dict[str, dict[str, Any]] = {
     "simclr": {"temperature": 0.1, "projector_dim": None},
     "byol": {"target_decay": 0.9, "projector_dim": None, "predictor_dim": 64},
     "simsiam": {"projector_dim": None, "predictor_dim": 64},
-    "vicreg": {"sim_weight": 25.0, "var_weight": 25.0, "cov_weight": 1.0, "gamma": 1.0,
-               "epsilon": 1e-4, "projector_dim": None},
+    "vicreg": {
+        "sim_weight": 25.0,
+        "var_weight": 25.0,
+        "cov_weight": 1.0,
+        "gamma": 1.0,
+        "epsilon": 1e-4,
+        "projector_dim": None,
+    },
 }
 """Each self-supervised method's settings as the cache keys and checkpoint fingerprints
 of its pre-trainings assume them: a key names only the settings whose value differs from
@@ -104,17 +125,23 @@ def _legacy_value(options: dict, field: str, method: str | None) -> Any:
     """The flat field's value: ``method``'s own if it has the setting, else the value all
     its methods agree on, else the default."""
     default, owners = LEGACY_PRETRAIN[field]
+
     def value(m: str) -> Any:
         return options.get(m, {}).get(field, default)
+
     if method in owners:
         return value(method)
     values = [value(m) for m in owners]
     return values[0] if all(v == values[0] for v in values) else default
 
 
-def stored_pretrain(section: dict[str, Any], method: str | None = None,
-                    resolved: dict[str, Any] | None = None, *,
-                    others: bool = True) -> dict[str, Any]:
+def stored_pretrain(
+    section: dict[str, Any],
+    method: str | None = None,
+    resolved: dict[str, Any] | None = None,
+    *,
+    others: bool = True,
+) -> dict[str, Any]:
     """A ``PretrainConfig`` as a dict (``dataclasses.asdict``) in the layout records and
     keys have always used: the :data:`LEGACY_PRETRAIN` fields flat after
     ``learning_rate``, with ``method``'s values (the run's or the key's method), and
@@ -131,8 +158,11 @@ def stored_pretrain(section: dict[str, Any], method: str | None = None,
     wanted = {**options, **({method: resolved} if resolved else {})}
     for m, values in wanted.items():
         for field, value in values.items():
-            said = (field in LEGACY_PRETRAIN and m in LEGACY_PRETRAIN[field][1]
-                    and value == legacy[field])
+            said = (
+                field in LEGACY_PRETRAIN
+                and m in LEGACY_PRETRAIN[field][1]
+                and value == legacy[field]
+            )
             if not said:
                 rest.setdefault(m, {})[field] = value
     for field, (default, owners) in LEGACY_PRETRAIN.items():  # owners the flat value misdescribes
@@ -142,8 +172,11 @@ def stored_pretrain(section: dict[str, Any], method: str | None = None,
                 rest.setdefault(m, {})[field] = value
     out: dict[str, Any] = {}
     for key, value in section.items():
-        out[key] = ({m: dict(sorted(v.items())) for m, v in sorted(rest.items())} or None
-                    if key == "options" else value)
+        out[key] = (
+            {m: dict(sorted(v.items())) for m, v in sorted(rest.items())} or None
+            if key == "options"
+            else value
+        )
         if key == _LEGACY_AFTER:
             out.update(legacy)
     return out
@@ -198,8 +231,9 @@ def pretrain_settings(settings: dict[str, Any], method: str | None = None) -> di
     whatever chose it)."""
     if method is not None:
         options = settings.get("options") or {}
-        settings = {**settings, "options": ({method: options[method]} if method in options
-                                            else None)}
+        settings = {
+            **settings,
+            "options": ({method: options[method]} if method in options else None),
+        }
     layout = stored_pretrain(settings, method, others=method is None)
-    return {k: v for k, v in without_added({"pretrain": layout})["pretrain"].items()
-            if k != "seed"}
+    return {k: v for k, v in without_added({"pretrain": layout})["pretrain"].items() if k != "seed"}

@@ -4,11 +4,13 @@ Bad input anywhere in the kit raises :class:`UserError` with a one-line message 
 names the fix. Command-line entry points wrap their ``main`` in :func:`run_cli`, which
 prints that line to stderr and exits with status 2: no traceback, nothing written.
 """
+
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import Callable, NoReturn, Sequence
+from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 EXIT_USAGE = 2
 
@@ -56,8 +58,9 @@ class ArgumentParser(argparse.ArgumentParser):
         return matches[0] + sep + value if len(matches) == 1 else token
 
 
-def run_cli(main: Callable[[Sequence[str] | None], object],
-            argv: Sequence[str] | None = None) -> None:
+def run_cli(
+    main: Callable[[Sequence[str] | None], object], argv: Sequence[str] | None = None
+) -> None:
     """Run ``main(argv)``; turn :class:`UserError` into one stderr line and exit 2."""
     try:
         main(argv)
@@ -65,4 +68,4 @@ def run_cli(main: Callable[[Sequence[str] | None], object],
         fail(str(err))
     except KeyboardInterrupt:
         print("interrupted; rerun with --resume to continue", file=sys.stderr)
-        raise SystemExit(130)
+        raise SystemExit(130) from None

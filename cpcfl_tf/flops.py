@@ -9,6 +9,7 @@ call twice. Its ``get_flops`` then fails on Keras 3 (``[batch] + inp.shape[1:]``
 tuple shapes), so :func:`count_flops` does the same counting itself: TF's profiler on
 the frozen inference graph at the given batch size, 2 FLOPs per multiply-add.
 """
+
 from __future__ import annotations
 
 import sys
@@ -40,8 +41,6 @@ def count_flops(model, batch_size: int = 1) -> int:
     table: CNN 0.17 G, ResNet-18 0.67 G, ResNet-50 1.42 G at 96x96x3).
     """
     import tensorflow as tf
-    from tensorflow.python.framework.convert_to_constants import (
-        convert_variables_to_constants_v2_as_graph)
 
     import_keras_flops()
     logger = tf.get_logger()
@@ -56,15 +55,22 @@ def count_flops(model, batch_size: int = 1) -> int:
 def _profile(model, batch_size: int) -> int:
     import tensorflow as tf
     from tensorflow.python.framework.convert_to_constants import (
-        convert_variables_to_constants_v2_as_graph)
+        convert_variables_to_constants_v2_as_graph,
+    )
 
     specs = [tf.TensorSpec((batch_size, *tuple(t.shape)[1:]), t.dtype) for t in model.inputs]
-    concrete = tf.function(lambda *x: model(list(x) if len(x) > 1 else x[0], training=False)
-                           ).get_concrete_function(*specs)
+    concrete = tf.function(
+        lambda *x: model(list(x) if len(x) > 1 else x[0], training=False)
+    ).get_concrete_function(*specs)
     frozen, _ = convert_variables_to_constants_v2_as_graph(concrete)
-    options = tf.compat.v1.profiler.ProfileOptionBuilder(
-        tf.compat.v1.profiler.ProfileOptionBuilder.float_operation()).with_empty_output().build()
-    profile = tf.compat.v1.profiler.profile(graph=frozen.graph,
-                                            run_meta=tf.compat.v1.RunMetadata(),
-                                            cmd="scope", options=options)
+    options = (
+        tf.compat.v1.profiler.ProfileOptionBuilder(
+            tf.compat.v1.profiler.ProfileOptionBuilder.float_operation()
+        )
+        .with_empty_output()
+        .build()
+    )
+    profile = tf.compat.v1.profiler.profile(
+        graph=frozen.graph, run_meta=tf.compat.v1.RunMetadata(), cmd="scope", options=options
+    )
     return int(profile.total_float_ops)

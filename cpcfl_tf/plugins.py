@@ -21,15 +21,16 @@ in one line naming the package. A run that uses a plugin's entry says so in its 
 
 This module imports nothing of the kit but its errors.
 """
+
 from __future__ import annotations
 
 import importlib.metadata
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from cpcfl_tf.errors import UserError
 
-GROUPS = ("cpcfl_tf.ssl_methods", "cpcfl_tf.federated_ssl", "cpcfl_tf.rules",
-          "cpcfl_tf.methods")
+GROUPS = ("cpcfl_tf.ssl_methods", "cpcfl_tf.federated_ssl", "cpcfl_tf.rules", "cpcfl_tf.methods")
 """The entry-point groups the kit reads, one per registry."""
 
 FROM: dict[tuple[str, str], str] = {}
@@ -48,18 +49,24 @@ def entries(group: str, kind: type, known: Mapping[str, Any]) -> dict[str, Any]:
         try:
             entry = point.load()
         except Exception as err:  # a plugin's own error, said in one line
-            raise UserError(f"{where} could not be loaded: {type(err).__name__}: {err}; "
-                            f"fix or uninstall {dist or 'the package'}") from None
+            raise UserError(
+                f"{where} could not be loaded: {type(err).__name__}: {err}; "
+                f"fix or uninstall {dist or 'the package'}"
+            ) from None
         if isinstance(entry, type):
             entry = entry()
         if not isinstance(entry, kind):
             raise UserError(f"{where} is a {type(entry).__name__}, not a {kind.__name__}")
         if getattr(entry, "name", None) != point.name:
-            raise UserError(f"{where} names a {kind.__name__} called "
-                            f"{getattr(entry, 'name', None)!r}: name them alike")
+            raise UserError(
+                f"{where} names a {kind.__name__} called "
+                f"{getattr(entry, 'name', None)!r}: name them alike"
+            )
         if point.name in known or point.name in found:
-            raise UserError(f"{where}: the kit has a {kind.__name__} {point.name!r} already; "
-                            "give the plugin's another name")
+            raise UserError(
+                f"{where}: the kit has a {kind.__name__} {point.name!r} already; "
+                "give the plugin's another name"
+            )
         found[point.name] = entry
         FROM[(group, point.name)] = package
     return found
@@ -69,7 +76,14 @@ def used(**names: str) -> dict[str, str]:
     """Of the entries a run uses, by kind (``method=``, ``rule=``, ``ssl_method=``,
     ``federated_ssl=``), those a plugin gave: ``"kind name" -> "package version"``
     (empty for a run of the kit's own methods)."""
-    groups = {"method": "cpcfl_tf.methods", "rule": "cpcfl_tf.rules",
-              "ssl_method": "cpcfl_tf.ssl_methods", "federated_ssl": "cpcfl_tf.federated_ssl"}
-    return {f"{kind} {name}": FROM[(groups[kind], name)] for kind, name in names.items()
-            if name is not None and (groups[kind], name) in FROM}
+    groups = {
+        "method": "cpcfl_tf.methods",
+        "rule": "cpcfl_tf.rules",
+        "ssl_method": "cpcfl_tf.ssl_methods",
+        "federated_ssl": "cpcfl_tf.federated_ssl",
+    }
+    return {
+        f"{kind} {name}": FROM[(groups[kind], name)]
+        for kind, name in names.items()
+        if name is not None and (groups[kind], name) in FROM
+    }

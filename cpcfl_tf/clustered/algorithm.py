@@ -14,19 +14,21 @@ drivers of the same round.
 Weights are lists of numpy arrays in the order of ``classifier.get_weights()``:
 first the encoder's ``num_encoder`` arrays, then the head's.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import enum
 import time
-from typing import Callable, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import numpy as np
 
 from cpcfl_tf.aggregation import bound_updates, combine, too_few
-from cpcfl_tf.plan.resolve import RunPlan
 from cpcfl_tf.clustered.diagnostics import diagnosed, selection_record
 from cpcfl_tf.clustered.restarts import cluster_sizes, should_restart
+from cpcfl_tf.plan.resolve import RunPlan
 
 Weights = list[np.ndarray]
 
@@ -111,22 +113,30 @@ class RoundPlan:
         return rng
 
 
-def plan_round(run: RunPlan, seed: int, attempt: int, t: int, num_clients: int,
-               assignment: np.ndarray | None = None) -> RoundPlan:
+def plan_round(
+    run: RunPlan,
+    seed: int,
+    attempt: int,
+    t: int,
+    num_clients: int,
+    assignment: np.ndarray | None = None,
+) -> RoundPlan:
     """Round ``t`` (0-based) of restart ``attempt`` of ``run``: who takes part (a
     ``participation`` share, everyone by default) and the model of each participant: the
     server's ``assignment`` if it assigns, else for ``t < Tc`` a random draw."""
     fl = run.federated
     rng = round_rng(seed, attempt, t, Stream.SELECTION)
     take = fl.participants(num_clients)
-    part = (np.arange(num_clients) if take == num_clients
-            else np.sort(rng.choice(num_clients, take, replace=False)))
+    part = (
+        np.arange(num_clients)
+        if take == num_clients
+        else np.sort(rng.choice(num_clients, take, replace=False))
+    )
     head_only = t < fl.head_rounds
     if assignment is not None:
         drawn = np.asarray(assignment)[part]
     else:
-        drawn = (select_clusters(None, fl.num_clusters, True, rng, len(part))
-                 if head_only else None)
+        drawn = select_clusters(None, fl.num_clusters, True, rng, len(part)) if head_only else None
     return RoundPlan(seed, attempt, t, num_clients, fl.num_clusters, part, drawn, head_only)
 
 
@@ -146,8 +156,13 @@ def trains_encoder(fl, plan: RoundPlan) -> list[bool]:
     return [not plan.head_only and e < fl.encoder_trains for e in range(fl.local_epochs)]
 
 
-def select_clusters(losses: np.ndarray | None, num_models: int, explore: bool,
-                    rng: np.random.Generator, num_clients: int | None = None) -> np.ndarray:
+def select_clusters(
+    losses: np.ndarray | None,
+    num_models: int,
+    explore: bool,
+    rng: np.random.Generator,
+    num_clients: int | None = None,
+) -> np.ndarray:
     """Cluster identity of each client (Eq. cluster_identity).
 
     Parameters
@@ -174,14 +189,15 @@ def select_clusters(losses: np.ndarray | None, num_models: int, explore: bool,
     return np.argmin(keys, axis=1)
 
 
-def bounded(replies: "Replies", models: Sequence[Weights], bound: float) -> "Replies":
+def bounded(replies: Replies, models: Sequence[Weights], bound: float) -> Replies:
     """``replies`` with each update (its weights minus the pool model of its cluster id,
     the one it was sent) scaled down to L2 norm ``bound`` over all its arrays where it is
     longer (:func:`cpcfl_tf.aggregation.bound_updates`)."""
     if not len(replies.clients):
         return replies
-    sent = [np.stack([models[c][i] for c in replies.cluster_ids])
-            for i in range(len(replies.weights))]
+    sent = [
+        np.stack([models[c][i] for c in replies.cluster_ids]) for i in range(len(replies.weights))
+    ]
     weights = bound_updates(replies.weights, sent, bound)
     if all(w is v for w, v in zip(weights, replies.weights)):
         return replies
@@ -197,9 +213,16 @@ def too_few_to_defend(fl, cluster_ids: np.ndarray, num_models: int) -> list[int]
     return [n for n, size in enumerate(sizes) if too_few(fl.aggregation, int(size))]
 
 
-def aggregate(state: ServerState, client_weights: Sequence[np.ndarray], cluster_ids: np.ndarray,
-              sizes: Sequence[float], *, global_encoder: bool = False, how: str = "mean",
-              trim: float = 0.2) -> ServerState:
+def aggregate(
+    state: ServerState,
+    client_weights: Sequence[np.ndarray],
+    cluster_ids: np.ndarray,
+    sizes: Sequence[float],
+    *,
+    global_encoder: bool = False,
+    how: str = "mean",
+    trim: float = 0.2,
+) -> ServerState:
     """New pool: each cluster's model is its members' combination
     (:func:`cpcfl_tf.aggregation.combine`; by default the weighted average).
 
@@ -226,8 +249,11 @@ def aggregate(state: ServerState, client_weights: Sequence[np.ndarray], cluster_
     models = []
     for n, old in enumerate(state.models):
         members = np.flatnonzero(cluster_ids == n)
-        models.append(old if len(members) == 0 else
-                      combine([a[members] for a in client_weights], sizes[members], how, trim))
+        models.append(
+            old
+            if len(members) == 0
+            else combine([a[members] for a in client_weights], sizes[members], how, trim)
+        )
     if global_encoder:
         k = state.num_encoder
         encoder = combine(client_weights[:k], sizes, how, trim)
@@ -235,8 +261,9 @@ def aggregate(state: ServerState, client_weights: Sequence[np.ndarray], cluster_
     return dataclasses.replace(state, round=state.round + 1, models=models)
 
 
-def initial_assignment(run: RunPlan, num_clients: int,
-                       answers: Sequence[np.ndarray | None] | None = None) -> np.ndarray | None:
+def initial_assignment(
+    run: RunPlan, num_clients: int, answers: Sequence[np.ndarray | None] | None = None
+) -> np.ndarray | None:
     """Each client's first model when the server assigns, from the clients' ``answers``
     to what the rule asks first (:meth:`cpcfl_tf.methods.rules.Rule.first`); ``None`` when each
     client chooses by its loss. A client whose answer is None (a federation's node that
@@ -251,8 +278,9 @@ def initial_assignment(run: RunPlan, num_clients: int,
     return assignment
 
 
-def server_ids(run: RunPlan, state: ServerState, replies: "Replies"
-               ) -> tuple[np.ndarray, ServerState, dict]:
+def server_ids(
+    run: RunPlan, state: ServerState, replies: Replies
+) -> tuple[np.ndarray, ServerState, dict]:
     """The cluster of each reply the server aggregates by, the pool it aggregates into,
     and what the rule adds to the round's record (:meth:`cpcfl_tf.methods.rules.Rule.step`)."""
     return run.rule.step(run.federated, state, replies)
@@ -288,8 +316,15 @@ class Federation(Protocol):
         """Send the pool to ``plan``'s participants; each selects (:func:`select`) and
         trains locally."""
 
-    def observe(self, models: list[Weights], assigned: np.ndarray, replies: Replies,
-                round_: int, *, planned: np.ndarray | None = None) -> dict:
+    def observe(
+        self,
+        models: list[Weights],
+        assigned: np.ndarray,
+        replies: Replies,
+        round_: int,
+        *,
+        planned: np.ndarray | None = None,
+    ) -> dict:
         """The round's record besides its number (e.g. accuracy, ``cluster_ids``);
         ``planned``: the server's assignment of every client, when it assigns (a client
         not taken part yet is scored with that model)."""
@@ -320,12 +355,18 @@ def sent_before_training(run: RunPlan, answers: Sequence[np.ndarray] | None) -> 
     return Progress(bytes_up=other, bytes_other=other)
 
 
-def run_rounds(run: RunPlan, seed: int, federation: Federation,
-               start: Callable[[int], ServerState], *,
-               state: ServerState | None = None, progress: Progress | None = None,
-               on_round: Callable[[dict, ServerState, Progress], None] | None = None,
-               say: Callable[[str], None] | None = None,
-               diagnose: int = 0) -> tuple[ServerState, Progress]:
+def run_rounds(
+    run: RunPlan,
+    seed: int,
+    federation: Federation,
+    start: Callable[[int], ServerState],
+    *,
+    state: ServerState | None = None,
+    progress: Progress | None = None,
+    on_round: Callable[[dict, ServerState, Progress], None] | None = None,
+    say: Callable[[str], None] | None = None,
+    diagnose: int = 0,
+) -> tuple[ServerState, Progress]:
     """Rounds until the run's T are done: plan, train (through ``federation``), aggregate,
     record, and IFCA's restart rule.
 
@@ -355,8 +396,9 @@ def run_rounds(run: RunPlan, seed: int, federation: Federation,
     progress = Progress() if progress is None else progress
     size = model_bytes(state.models[0])
     n = federation.num_clients
-    assigned = (np.array(progress.assigned, np.int64) if progress.assigned
-                else np.full(n, -1, np.int64))
+    assigned = (
+        np.array(progress.assigned, np.int64) if progress.assigned else np.full(n, -1, np.int64)
+    )
     while progress.round < fl.rounds:
         t, started = progress.round, time.perf_counter()
         plan = plan_round(run, seed, progress.attempt, t, n, run.rule.assignment(fl, t, state))
@@ -369,9 +411,15 @@ def run_rounds(run: RunPlan, seed: int, federation: Federation,
             notes = {**notes, "too_few_to_defend": undefended}
         if replies.losses is not None and diagnosed(t, fl.head_rounds, diagnose):
             notes = {**notes, "selection": selection_record(replies.clients, replies.losses)}
-        state = aggregate(state, replies.weights, ids, replies.sizes,
-                          global_encoder=fl.global_encoder, how=fl.aggregation,
-                          trim=fl.trim_fraction)
+        state = aggregate(
+            state,
+            replies.weights,
+            ids,
+            replies.sizes,
+            global_encoder=fl.global_encoder,
+            how=fl.aggregation,
+            trim=fl.trim_fraction,
+        )
         assigned[replies.clients] = ids
         if state.assignment is not None:
             state.assignment = state.assignment.copy()
@@ -379,18 +427,24 @@ def run_rounds(run: RunPlan, seed: int, federation: Federation,
         down, up = round_bytes(len(plan.participants), sent_models(run), size)
         progress.bytes_down += down
         progress.bytes_up += up
-        record = {"round": t + 1, **federation.observe(state.models, assigned, replies, t + 1,
-                                                       planned=state.assignment), **notes}
+        record = {
+            "round": t + 1,
+            **federation.observe(state.models, assigned, replies, t + 1, planned=state.assignment),
+            **notes,
+        }
         progress.history.append(record)
         progress.round = t + 1
         progress.seconds += time.perf_counter() - started
         if should_restart(run, progress.round, progress.attempt, assigned):
             if say:
-                say(f"clustering failed after round {progress.round} "
+                say(
+                    f"clustering failed after round {progress.round} "
                     f"({cluster_sizes(assigned, fl.num_clusters).tolist()} clients per "
-                    f"cluster); restart {progress.attempt + 1}/{fl.max_restarts}")
-            progress = dataclasses.replace(progress, round=0, attempt=progress.attempt + 1,
-                                           history=[], assigned=[])
+                    f"cluster); restart {progress.attempt + 1}/{fl.max_restarts}"
+                )
+            progress = dataclasses.replace(
+                progress, round=0, attempt=progress.attempt + 1, history=[], assigned=[]
+            )
             state, assigned = start(progress.attempt), np.full(n, -1, np.int64)
         progress.assigned = assigned.tolist()
         if on_round:

@@ -25,41 +25,50 @@ so the head trains on the features that selection and evaluation see.
 How a client trains, and the Adam state clients may keep, are
 :mod:`cpcfl_tf.clustered.local`'s; the stacked backend is :mod:`cpcfl_tf.clustered.stacked`.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from cpcfl_tf.data.images import to_float
-from cpcfl_tf.errors import UserError
 from cpcfl_tf.clustered.clients import ClientArrays
 from cpcfl_tf.clustered.local import ClientMoments, LocalTraining, Stacked, stack_models, unstack
 from cpcfl_tf.clustered.stacked import StackedBackend, stackable_layers
+from cpcfl_tf.data.images import to_float
+from cpcfl_tf.errors import UserError
+
 
 class KerasBackend:
     """Clients one by one on a single Keras classifier with swapped-in weights."""
 
-    def __init__(self, classifier: keras.Model, *, eval_batch: int = 512,
-                 jit_compile: bool = False):
+    def __init__(
+        self, classifier: keras.Model, *, eval_batch: int = 512, jit_compile: bool = False
+    ):
         self.model = classifier
         self.num_encoder = len(classifier.get_layer("encoder").weights)
         self.eval_batch = eval_batch
         self.optimizers = {"adam": keras.optimizers.Adam(1e-3), "sgd": keras.optimizers.SGD(1e-3)}
         for optimizer in self.optimizers.values():
             optimizer.build(classifier.trainable_variables)
-        self._steps = {(name, whole): tf.function(self._make_step(optimizer, whole),
-                                                  jit_compile=jit_compile, autograph=False)
-                       for name, optimizer in self.optimizers.items() for whole in (True, False)}
-        self._forward = tf.function(lambda x: classifier(to_float(x), training=False),
-                                    reduce_retracing=True, autograph=False)
+        self._steps = {
+            (name, whole): tf.function(
+                self._make_step(optimizer, whole), jit_compile=jit_compile, autograph=False
+            )
+            for name, optimizer in self.optimizers.items()
+            for whole in (True, False)
+        }
+        self._forward = tf.function(
+            lambda x: classifier(to_float(x), training=False),
+            reduce_retracing=True,
+            autograph=False,
+        )
 
     def _make_step(self, optimizer: keras.optimizers.Optimizer, train_encoder: bool):
         encoder, head = self.model.get_layer("encoder"), self.model.get_layer("head")
-        variables = (self.model.trainable_variables if train_encoder
-                     else head.trainable_variables)
+        variables = self.model.trainable_variables if train_encoder else head.trainable_variables
 
         def step(images, labels):
             x = to_float(images)
@@ -67,24 +76,38 @@ class KerasBackend:
             # its moving statistics), as Keras runs a layer with trainable=False.
             features = None if train_encoder else encoder(x, training=False)
             with tf.GradientTape() as tape:
-                probs = (self.model(x, training=True) if train_encoder
-                         else head(features, training=True))
+                probs = (
+                    self.model(x, training=True) if train_encoder else head(features, training=True)
+                )
                 loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(labels, probs))
             optimizer.apply(tape.gradient(loss, variables), variables)
             return loss
+
         return step
 
-    def train(self, pool: Stacked, ids: np.ndarray, data: ClientArrays, orders: np.ndarray,
-              trains_encoder: Sequence[bool], local: LocalTraining,
-              moments: ClientMoments | None = None, *, max_clients: int | None = None
-              ) -> Stacked:
+    def train(
+        self,
+        pool: Stacked,
+        ids: np.ndarray,
+        data: ClientArrays,
+        orders: np.ndarray,
+        trains_encoder: Sequence[bool],
+        local: LocalTraining,
+        moments: ClientMoments | None = None,
+        *,
+        max_clients: int | None = None,
+    ) -> Stacked:
         del max_clients  # one client at a time already
         if moments is not None:
-            raise UserError("federated.optimizer_state 'client' needs the stacked backend "
-                            "(the CNN encoder); use optimizer_state fresh")
+            raise UserError(
+                "federated.optimizer_state 'client' needs the stacked backend "
+                "(the CNN encoder); use optimizer_state fresh"
+            )
         if local.frozen_features:
-            raise UserError("federated.frozen_features needs the stacked backend (the CNN "
-                            "encoder); set it false")
+            raise UserError(
+                "federated.frozen_features needs the stacked backend (the CNN "
+                "encoder); set it false"
+            )
         optimizer = self.optimizers[local.optimizer]
         optimizer.learning_rate.assign(local.learning_rate)
         # The optimizer's state (moments, step count), reset per client; not its rate.
@@ -97,22 +120,26 @@ class KerasBackend:
             for epoch, order in enumerate(orders):
                 step = self._steps[local.optimizer, bool(trains_encoder[epoch])]
                 for lo in range(0, data.size, local.batch_size):
-                    idx = order[u, lo:lo + local.batch_size]
+                    idx = order[u, lo : lo + local.batch_size]
                     step(tf.constant(data.images[u, idx]), tf.constant(data.labels[u, idx]))
             trained.append(self.model.get_weights())
         return stack_models(trained)
 
     def logits(self, model: list[np.ndarray], images: np.ndarray) -> np.ndarray:
         self.model.set_weights(model)
-        probs = np.concatenate([self._forward(tf.constant(images[lo:lo + self.eval_batch])).numpy()
-                                for lo in range(0, len(images), self.eval_batch)])
+        probs = np.concatenate(
+            [
+                self._forward(tf.constant(images[lo : lo + self.eval_batch])).numpy()
+                for lo in range(0, len(images), self.eval_batch)
+            ]
+        )
         return np.log(np.clip(probs, 1e-12, None))
 
 
 _STACKED: dict[tuple, StackedBackend] = {}
 
 
-def backend_of(classifier: keras.Model, fl) -> "StackedBackend | KerasBackend":
+def backend_of(classifier: keras.Model, fl) -> StackedBackend | KerasBackend:
     """The backend a :class:`~cpcfl_tf.plan.config.FederatedConfig` names (``backend``,
     ``jit_compile``) for ``classifier``."""
     return make_backend(classifier, fl.backend, jit_compile=fl.jit_compile)
@@ -128,14 +155,19 @@ def make_backend(classifier: keras.Model, kind: str = "auto", *, jit_compile: bo
     layers = stackable_layers(classifier)
     if kind == "keras" or (kind == "auto" and layers is None):
         return KerasBackend(classifier, jit_compile=jit_compile)
-    key = (tuple(layers), tuple(tuple(w.shape) for w in classifier.weights),
-           len(classifier.get_layer("encoder").weights), jit_compile)
+    key = (
+        tuple(layers),
+        tuple(tuple(w.shape) for w in classifier.weights),
+        len(classifier.get_layer("encoder").weights),
+        jit_compile,
+    )
     if key not in _STACKED:
         _STACKED[key] = StackedBackend(classifier, jit_compile=jit_compile)
     return _STACKED[key]
 
 
 # ------------------------------------------------------------- shared by both backends
+
 
 def client_losses(backend, pool: Sequence[list[np.ndarray]], data: ClientArrays) -> np.ndarray:
     """``(K, N)``: mean cross-entropy of every pool model on each client's data.
@@ -155,7 +187,9 @@ def client_losses(backend, pool: Sequence[list[np.ndarray]], data: ClientArrays)
             logits_of = {n: backend.logits(pool[n], flat) for n in group}
         for n, logits in logits_of.items():
             logp = logits - _logsumexp(logits)
-            out[:, n] = -logp[np.arange(len(labels)), labels].reshape(data.labels.shape).mean(axis=1)
+            out[:, n] = (
+                -logp[np.arange(len(labels)), labels].reshape(data.labels.shape).mean(axis=1)
+            )
     return out
 
 
@@ -166,8 +200,10 @@ def shared_encoders(pool: Sequence[list[np.ndarray]], num_encoder: int) -> list[
     for n, model in enumerate(pool):
         for group in groups:
             first = pool[group[0]]
-            if all(a is b or np.array_equal(a, b)
-                   for a, b in zip(model[:num_encoder], first[:num_encoder])):
+            if all(
+                a is b or np.array_equal(a, b)
+                for a, b in zip(model[:num_encoder], first[:num_encoder])
+            ):
                 group.append(n)
                 break
         else:
@@ -175,8 +211,9 @@ def shared_encoders(pool: Sequence[list[np.ndarray]], num_encoder: int) -> list[
     return groups
 
 
-def client_probabilities(backend, pool: Sequence[list[np.ndarray]], cluster_ids: np.ndarray,
-                         data: ClientArrays) -> np.ndarray:
+def client_probabilities(
+    backend, pool: Sequence[list[np.ndarray]], cluster_ids: np.ndarray, data: ClientArrays
+) -> np.ndarray:
     """``(K, n, classes)``: each client's class probabilities from its own cluster model."""
     probs = None
     for n in np.unique(cluster_ids):

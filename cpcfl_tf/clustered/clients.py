@@ -5,15 +5,16 @@ This is where a :class:`~cpcfl_tf.plan.config.Config` meets the data layer (``cp
 knows nothing of configs). Every driver builds its clients here: the simulator, the
 runner, and each Flower node (which keeps only its own row).
 """
+
 from __future__ import annotations
 
 import dataclasses
 
 import numpy as np
 
-from cpcfl_tf.plan.config import Config, DataConfig
 from cpcfl_tf.data import LabeledImages, Partition, load_labeled, partition_clients
 from cpcfl_tf.errors import UserError
+from cpcfl_tf.plan.config import Config, DataConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +32,7 @@ class ClientArrays:
     def size(self) -> int:
         return self.labels.shape[1]
 
-    def subset(self, clients: np.ndarray) -> "ClientArrays":
+    def subset(self, clients: np.ndarray) -> ClientArrays:
         return ClientArrays(self.images[clients], self.labels[clients])
 
 
@@ -50,22 +51,31 @@ class Clients:
         return np.full(self.train.num_clients, self.train.size, np.float64)
 
 
-def load_client_splits(data: DataConfig, *, resize: bool = True
-                       ) -> tuple[LabeledImages, LabeledImages]:
+def load_client_splits(
+    data: DataConfig, *, resize: bool = True
+) -> tuple[LabeledImages, LabeledImages]:
     """The labeled splits the clients' training and local test images are drawn from."""
     size = data.image_size if resize else None
     kwargs = dict(image_size=size, data_dir=data.data_dir, manual_dir=data.manual_dir)
-    return (load_labeled(data.client_dataset, data.client_train_split, **kwargs),
-            load_labeled(data.client_dataset, data.client_test_split, **kwargs))
+    return (
+        load_labeled(data.client_dataset, data.client_train_split, **kwargs),
+        load_labeled(data.client_dataset, data.client_test_split, **kwargs),
+    )
 
 
-def partition_for(config: Config, train: LabeledImages, test: LabeledImages,
-                  seed: int | None = None) -> Partition:
+def partition_for(
+    config: Config, train: LabeledImages, test: LabeledImages, seed: int | None = None
+) -> Partition:
     """Draw ``config.partition`` over ``train``/``test`` with ``seed`` (default config.seed)."""
-    return partition_clients(train.labels, test.labels, num_classes=train.num_classes,
-                             seed=config.seed if seed is None else seed, source=train.source,
-                             test_source=test.source,
-                             **labeled_partition(config))
+    return partition_clients(
+        train.labels,
+        test.labels,
+        num_classes=train.num_classes,
+        seed=config.seed if seed is None else seed,
+        source=train.source,
+        test_source=test.source,
+        **labeled_partition(config),
+    )
 
 
 def labeled_partition(config: Config) -> dict:
@@ -89,10 +99,13 @@ def make_clients(partition: Partition, train: LabeledImages, test: LabeledImages
         if client.rotation:  # a rotated partition: the client sees its images turned
             images[u] = np.rot90(images[u], client.rotation, axes=(1, 2))
             test_images[u] = np.rot90(test_images[u], client.rotation, axes=(1, 2))
-    return Clients(ClientArrays(images, train.labels[rows]),
-                   ClientArrays(test_images, test.labels[test_rows]),
-                   partition.groups, train.num_classes,
-                   partition.describe(train.labels, test.labels))
+    return Clients(
+        ClientArrays(images, train.labels[rows]),
+        ClientArrays(test_images, test.labels[test_rows]),
+        partition.groups,
+        train.num_classes,
+        partition.describe(train.labels, test.labels),
+    )
 
 
 def clients_for(config: Config) -> Clients:
@@ -101,8 +114,9 @@ def clients_for(config: Config) -> Clients:
     return make_clients(partition_for(config, train, test), train, test)
 
 
-def client_unlabeled(config: Config, partition: Partition, train: LabeledImages,
-                     pretrain: LabeledImages | np.ndarray) -> list[np.ndarray]:
+def client_unlabeled(
+    config: Config, partition: Partition, train: LabeledImages, pretrain: LabeledImages | np.ndarray
+) -> list[np.ndarray]:
     """Each client's unlabeled images under ``config.partition.unlabeled``
     (:mod:`cpcfl_tf.data.unlabeled`): ``pretrain`` is the pre-training split, with its
     labels for the ``groups`` deal (which they deal, and which go no further); ``train``
@@ -118,20 +132,39 @@ def client_unlabeled(config: Config, partition: Partition, train: LabeledImages,
     if kind == "groups":
         if not isinstance(pretrain, LabeledImages):
             raise ValueError("the groups deal needs the pre-training split's labels")
-        weights = np.stack([np.bincount(train.labels[c.train_index],
-                                        minlength=train.num_classes)
-                            for c in partition.clients])
-        rows = deal_unlabeled(kind, len(images), len(partition.clients), seed=config.seed,
-                              batch_size=batch, labels=pretrain.labels, weights=weights,
-                              source=source)
+        weights = np.stack(
+            [
+                np.bincount(train.labels[c.train_index], minlength=train.num_classes)
+                for c in partition.clients
+            ]
+        )
+        rows = deal_unlabeled(
+            kind,
+            len(images),
+            len(partition.clients),
+            seed=config.seed,
+            batch_size=batch,
+            labels=pretrain.labels,
+            weights=weights,
+            source=source,
+        )
     else:
-        rows = deal_unlabeled(kind, len(images), len(partition.clients), seed=config.seed,
-                              batch_size=batch, source=source)
+        rows = deal_unlabeled(
+            kind,
+            len(images),
+            len(partition.clients),
+            seed=config.seed,
+            batch_size=batch,
+            source=source,
+        )
     dealt = []
     for client, r in zip(partition.clients, rows):
         part = images[r]
-        dealt.append(np.rot90(part, client.rotation, axes=(1, 2)).copy()
-                     if kind == "groups" and client.rotation else part)
+        dealt.append(
+            np.rot90(part, client.rotation, axes=(1, 2)).copy()
+            if kind == "groups" and client.rotation
+            else part
+        )
     return dealt
 
 
@@ -142,8 +175,15 @@ def unlabeled_for(config: Config) -> list[np.ndarray]:
 
     train, test = load_client_splits(config.data)
     data = config.data
-    pretrain = (load_labeled(data.pretrain_dataset, data.pretrain_split,
-                             image_size=data.image_size, data_dir=data.data_dir,
-                             manual_dir=data.manual_dir)
-                if config.partition.unlabeled == "groups" else load_pretrain_images(data))
+    pretrain = (
+        load_labeled(
+            data.pretrain_dataset,
+            data.pretrain_split,
+            image_size=data.image_size,
+            data_dir=data.data_dir,
+            manual_dir=data.manual_dir,
+        )
+        if config.partition.unlabeled == "groups"
+        else load_pretrain_images(data)
+    )
     return client_unlabeled(config, partition_for(config, train, test), train, pretrain)

@@ -13,9 +13,10 @@ The losses are the simulator's observation, not a message: a client picks its mo
 them and sends back only its cluster id, as in every run (a Flower server never sees
 them, so the Flower apps do not record the diagnostic).
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -34,9 +35,11 @@ def selection_record(clients: np.ndarray, losses: np.ndarray) -> dict:
     """What a round's record keeps of the clients' choice (``selection``): the
     participants, their losses on every pool model and their margins."""
     losses = np.asarray(losses, np.float64)
-    return {"clients": [int(c) for c in clients],
-            "losses": [[float(v) for v in row] for row in losses],
-            "margins": [float(v) for v in margins(losses)]}
+    return {
+        "clients": [int(c) for c in clients],
+        "losses": [[float(v) for v in row] for row in losses],
+        "margins": [float(v) for v in margins(losses)],
+    }
 
 
 def diagnosed(round_: int, head_rounds: int, rounds: int) -> bool:

@@ -6,10 +6,11 @@
 Also the stacked weights of many models (:data:`Stacked`) and the seeded batch orders
 that make a resumed run replay an uninterrupted one's batches.
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -34,7 +35,7 @@ class LocalTraining:
     (``federated.frozen_features``)."""
 
     @classmethod
-    def of(cls, fl) -> "LocalTraining":
+    def of(cls, fl) -> LocalTraining:
         """The local training a :class:`~cpcfl_tf.plan.config.FederatedConfig` names."""
         return cls(fl.batch_size, fl.learning_rate, fl.local_optimizer, fl.frozen_features)
 
@@ -50,15 +51,16 @@ class ClientMoments:
     steps: np.ndarray
 
     @classmethod
-    def zeros(cls, model: Sequence[np.ndarray], num_clients: int) -> "ClientMoments":
+    def zeros(cls, model: Sequence[np.ndarray], num_clients: int) -> ClientMoments:
         m = [np.zeros((num_clients, *a.shape), np.float32) for a in model]
         return cls(m, [a.copy() for a in m], np.zeros(num_clients, np.int64))
 
-    def subset(self, clients: np.ndarray) -> "ClientMoments":
-        return ClientMoments([a[clients] for a in self.m], [a[clients] for a in self.v],
-                             self.steps[clients])
+    def subset(self, clients: np.ndarray) -> ClientMoments:
+        return ClientMoments(
+            [a[clients] for a in self.m], [a[clients] for a in self.v], self.steps[clients]
+        )
 
-    def put(self, clients: np.ndarray, part: "ClientMoments") -> None:
+    def put(self, clients: np.ndarray, part: ClientMoments) -> None:
         """Write back the state of ``clients`` after they trained."""
         for full, new in zip(self.m + self.v, part.m + part.v):
             full[clients] = new
@@ -66,14 +68,20 @@ class ClientMoments:
 
     def arrays(self) -> dict[str, np.ndarray]:
         """Named arrays, for a checkpoint."""
-        return {"steps": self.steps, **{f"m{i}": a for i, a in enumerate(self.m)},
-                **{f"v{i}": a for i, a in enumerate(self.v)}}
+        return {
+            "steps": self.steps,
+            **{f"m{i}": a for i, a in enumerate(self.m)},
+            **{f"v{i}": a for i, a in enumerate(self.v)},
+        }
 
     @classmethod
-    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> "ClientMoments":
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> ClientMoments:
         count = sum(1 for k in arrays if k.startswith("m"))
-        return cls([arrays[f"m{i}"] for i in range(count)],
-                   [arrays[f"v{i}"] for i in range(count)], arrays["steps"])
+        return cls(
+            [arrays[f"m{i}"] for i in range(count)],
+            [arrays[f"v{i}"] for i in range(count)],
+            arrays["steps"],
+        )
 
 
 def batch_orders(num_clients: int, size: int, epochs: int, seed_words: Sequence[int]) -> np.ndarray:
@@ -83,8 +91,9 @@ def batch_orders(num_clients: int, size: int, epochs: int, seed_words: Sequence[
     run replays exactly the batches of an uninterrupted one.
     """
     rng = np.random.default_rng(list(seed_words))
-    return np.stack([np.stack([rng.permutation(size) for _ in range(num_clients)])
-                     for _ in range(epochs)]).astype(np.int32)
+    return np.stack(
+        [np.stack([rng.permutation(size) for _ in range(num_clients)]) for _ in range(epochs)]
+    ).astype(np.int32)
 
 
 def stack_models(models: Sequence[list[np.ndarray]]) -> Stacked:
@@ -96,4 +105,4 @@ def unstack(stacked: Stacked, index: int) -> list[np.ndarray]:
 
 
 def adam_alpha(learning_rate: float, step: int) -> float:
-    return learning_rate * np.sqrt(1 - B2 ** step) / (1 - B1 ** step)
+    return learning_rate * np.sqrt(1 - B2**step) / (1 - B1**step)

@@ -6,6 +6,7 @@ model of the cluster it chose. F1 and AUROC pool every client's test predictions
 (F1 by scikit-learn, AUROC by its arithmetic to the last bit, without its input checks). ARI
 compares the clients' cluster identities with their true groups.
 """
+
 from __future__ import annotations
 
 from itertools import combinations
@@ -28,8 +29,10 @@ def pooled_scores(labels: np.ndarray, probs: np.ndarray) -> dict[str, float]:
     y = labels.reshape(-1)
     p = probs.reshape(-1, probs.shape[-1]).astype(np.float64)
     present = np.unique(y)
-    scores = {"f1_macro": f1_score(y, p.argmax(1), average="macro"),
-              "f1_weighted": f1_score(y, p.argmax(1), average="weighted")}
+    scores = {
+        "f1_macro": f1_score(y, p.argmax(1), average="macro"),
+        "f1_weighted": f1_score(y, p.argmax(1), average="weighted"),
+    }
     if len(present) > 2:
         q = p[:, present]
         q /= q.sum(axis=1, keepdims=True)
@@ -51,8 +54,7 @@ def binary_auroc(positive: np.ndarray, score: np.ndarray) -> float:
     tps = np.cumsum(hits, dtype=np.float64)[ends]  # within a tie, order cannot matter
     fps = 1 + ends.astype(np.float64) - tps
     if fps.shape[0] > 2:
-        corner = np.concatenate([[True], np.logical_or(np.diff(fps, 2), np.diff(tps, 2)),
-                                 [True]])
+        corner = np.concatenate([[True], np.logical_or(np.diff(fps, 2), np.diff(tps, 2)), [True]])
         fps, tps = fps[corner], tps[corner]
     fpr = np.concatenate([[0.0], fps]) / fps[-1]
     tpr = np.concatenate([[0.0], tps]) / tps[-1]
@@ -79,8 +81,10 @@ def ovo_auroc(y: np.ndarray, q: np.ndarray) -> tuple[float, float]:
         a_mask, b_mask = y == a, y == b
         ab_mask = np.logical_or(a_mask, b_mask)
         prevalence[ix] = np.average(ab_mask)
-        pair_scores[ix] = (binary_auroc(a_mask[ab_mask], q[ab_mask, a])
-                           + binary_auroc(b_mask[ab_mask], q[ab_mask, b])) / 2
+        pair_scores[ix] = (
+            binary_auroc(a_mask[ab_mask], q[ab_mask, a])
+            + binary_auroc(b_mask[ab_mask], q[ab_mask, b])
+        ) / 2
     return np.average(pair_scores), np.average(pair_scores, weights=prevalence)
 
 
@@ -98,8 +102,9 @@ def cluster_ari(groups: np.ndarray, cluster_ids: np.ndarray) -> float:
 def class_accuracy(labels: np.ndarray, probs: np.ndarray, num_classes: int) -> np.ndarray:
     """``(C,)`` accuracy on each class over all clients' test images (NaN: class absent)."""
     y, pred = labels.reshape(-1), probs.reshape(-1, probs.shape[-1]).argmax(axis=1)
-    return np.array([(pred[y == c] == c).mean() if np.any(y == c) else np.nan
-                     for c in range(num_classes)])
+    return np.array(
+        [(pred[y == c] == c).mean() if np.any(y == c) else np.nan for c in range(num_classes)]
+    )
 
 
 def zigzag_amplitude(accuracy: np.ndarray) -> float:

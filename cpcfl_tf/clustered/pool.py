@@ -2,6 +2,7 @@
 the Flower ServerApp alike: the classifier template, the initial pool of N models and
 server state, and the run record built from where a run stands.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -12,8 +13,8 @@ import numpy as np
 from cpcfl_tf.clustered import algorithm
 from cpcfl_tf.models import ENCODER_DIMS, build_classifier, build_classifier_head, build_encoder
 from cpcfl_tf.models.seeding import seeded
-from cpcfl_tf.records.record import Final, Round, RunRecord
 from cpcfl_tf.plan.resolve import RunPlan
+from cpcfl_tf.records.record import Final, Round, RunRecord
 
 
 def build_template(run: RunPlan, input_shape, num_classes: int) -> keras.Model:
@@ -22,15 +23,22 @@ def build_template(run: RunPlan, input_shape, num_classes: int) -> keras.Model:
     fl = run.federated
     name = fl.encoder
     encoder = build_encoder(name, input_shape)
-    return build_classifier(encoder, build_classifier_head(fl.head, ENCODER_DIMS[name],
-                                                           num_classes))
+    return build_classifier(
+        encoder, build_classifier_head(fl.head, ENCODER_DIMS[name], num_classes)
+    )
 
 
 def _architecture(run: RunPlan, input_shape, num_classes: int) -> tuple:
     """What decides the classifier :func:`build_template` builds (not its weights)."""
     fl = run.federated
-    return (fl.encoder, fl.head, tuple(input_shape),
-            int(num_classes), keras.config.dtype_policy().name, keras.config.floatx())
+    return (
+        fl.encoder,
+        fl.head,
+        tuple(input_shape),
+        int(num_classes),
+        keras.config.dtype_policy().name,
+        keras.config.floatx(),
+    )
 
 
 _TEMPLATES: dict[tuple, keras.Model] = {}
@@ -49,8 +57,9 @@ def template_for(run: RunPlan, input_shape, num_classes: int) -> keras.Model:
     return _TEMPLATES[key]
 
 
-def initial_pool(run: RunPlan, template: keras.Model, encoder_weights, *, seed: int,
-                 attempt: int) -> list[list[np.ndarray]]:
+def initial_pool(
+    run: RunPlan, template: keras.Model, encoder_weights, *, seed: int, attempt: int
+) -> list[list[np.ndarray]]:
     """The N models the run starts from.
 
     With ``encoder_weights`` (pre-trained, or a FedAvg model's encoder) every model
@@ -69,13 +78,14 @@ def initial_pool(run: RunPlan, template: keras.Model, encoder_weights, *, seed: 
     return pool
 
 
-_DRAWN: "OrderedDict[tuple, list[np.ndarray]]" = OrderedDict()
-_DRAWN_BYTES = 256 * 2 ** 20
+_DRAWN: OrderedDict[tuple, list[np.ndarray]] = OrderedDict()
+_DRAWN_BYTES = 256 * 2**20
 """At most this many bytes of drawn classifiers are kept (the oldest go first)."""
 
 
-def drawn_classifier(run: RunPlan, input_shape, num_classes: int,
-                     init_seed: int) -> list[np.ndarray]:
+def drawn_classifier(
+    run: RunPlan, input_shape, num_classes: int, init_seed: int
+) -> list[np.ndarray]:
     """The weights of the classifier :func:`build_template` builds after
     ``keras.utils.set_random_seed(init_seed)``: Keras draws every initial weight from that
     seed, so the same key gives the same arrays. They are kept in memory, read-only (a
@@ -90,39 +100,68 @@ def drawn_classifier(run: RunPlan, input_shape, num_classes: int,
             _DRAWN[key] = build_template(run, input_shape, num_classes).get_weights()
         for w in _DRAWN[key]:
             w.flags.writeable = False
-        while len(_DRAWN) > 1 and sum(w.nbytes for ws in _DRAWN.values()
-                                      for w in ws) > _DRAWN_BYTES:
+        while (
+            len(_DRAWN) > 1 and sum(w.nbytes for ws in _DRAWN.values() for w in ws) > _DRAWN_BYTES
+        ):
             _DRAWN.popitem(last=False)
     return _DRAWN[key]
 
 
-def initial_state(run: RunPlan, template: keras.Model, encoder_weights, *, seed: int,
-                  attempt: int, num_clients: int,
-                  answers: list[np.ndarray] | None = None) -> algorithm.ServerState:
+def initial_state(
+    run: RunPlan,
+    template: keras.Model,
+    encoder_weights,
+    *,
+    seed: int,
+    attempt: int,
+    num_clients: int,
+    answers: list[np.ndarray] | None = None,
+) -> algorithm.ServerState:
     """What a (re)started run begins with, in every driver (the simulator and the Flower
     ServerApp): :func:`initial_pool` and, when the server assigns the clients, each
     client's first model from their ``answers`` to what the rule asks first
     (:func:`~cpcfl_tf.clustered.algorithm.initial_assignment`)."""
     return algorithm.ServerState(
-        0, initial_pool(run, template, encoder_weights, seed=seed, attempt=attempt),
+        0,
+        initial_pool(run, template, encoder_weights, seed=seed, attempt=attempt),
         len(template.get_layer("encoder").weights),
         algorithm.initial_assignment(run, num_clients, answers),
-        run.rule.remember(run.federated, answers))
+        run.rule.remember(run.federated, answers),
+    )
 
 
-def federated_record(plan: RunPlan, train_seed: int, progress: algorithm.Progress,
-                     state: algorithm.ServerState, accuracy: float | None, *,
-                     clients: list[dict] | None = None, **final) -> RunRecord:
+def federated_record(
+    plan: RunPlan,
+    train_seed: int,
+    progress: algorithm.Progress,
+    state: algorithm.ServerState,
+    accuracy: float | None,
+    *,
+    clients: list[dict] | None = None,
+    **final,
+) -> RunRecord:
     """A federated run's record as every driver writes it (this simulator, the Flower
     ServerApp): the resolved and requested config, seeds, its rounds, what was sent and
     how long it took; ``final`` adds the driver's own metrics (scores and ARI where the
     true groups are known, each node's accuracy on Flower)."""
     resolved, config = plan.config, plan.requested
     return RunRecord(
-        resolved, config, {"data": config.seed, "train": train_seed}, list(clients or []),
+        resolved,
+        config,
+        {"data": config.seed, "train": train_seed},
+        list(clients or []),
         [Round.from_json(r) for r in progress.history],
-        Final(accuracy, restarts=progress.attempt, bytes_down=progress.bytes_down,
-              bytes_up=progress.bytes_up, model_bytes=algorithm.model_bytes(state.models[0]),
-              bytes_other=progress.bytes_other, **final),
-        {"seconds": progress.seconds,
-         "seconds_per_round": progress.seconds / max(1, resolved.federated.rounds)})
+        Final(
+            accuracy,
+            restarts=progress.attempt,
+            bytes_down=progress.bytes_down,
+            bytes_up=progress.bytes_up,
+            model_bytes=algorithm.model_bytes(state.models[0]),
+            bytes_other=progress.bytes_other,
+            **final,
+        ),
+        {
+            "seconds": progress.seconds,
+            "seconds_per_round": progress.seconds / max(1, resolved.federated.rounds),
+        },
+    )

@@ -4,9 +4,10 @@ a cluster far below its fair share) at its check round, the run starts over with
 random models, a bounded number of times. IFCA and CP-CFL+restart have it
 (:mod:`cpcfl_tf.methods.federated`); the round
 (:func:`cpcfl_tf.clustered.algorithm.run_rounds`) asks :func:`should_restart` after each."""
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -21,16 +22,20 @@ def restart_check_round(fl) -> int:
     return fl.head_rounds + fl.restart_round
 
 
-def should_restart(run: RunPlan, finished_round: int, attempt: int,
-                   cluster_ids: np.ndarray) -> bool:
+def should_restart(
+    run: RunPlan, finished_round: int, attempt: int, cluster_ids: np.ndarray
+) -> bool:
     """IFCA's restart rule: after :func:`restart_check_round`, a run of a method with
     restarts (:mod:`cpcfl_tf.methods.federated`) whose clustering failed starts over with new random
     models (new heads on the same pre-trained encoder), at most ``fl.max_restarts`` times.
     CP-CFL and FedAvg never restart (the paper gives CP-CFL no restart rule)."""
     fl = run.federated
-    return (run.method.restarts and finished_round == restart_check_round(fl)
-            and attempt < fl.max_restarts
-            and clustering_failed(cluster_ids, fl.num_clusters, fl.min_cluster_share))
+    return (
+        run.method.restarts
+        and finished_round == restart_check_round(fl)
+        and attempt < fl.max_restarts
+        and clustering_failed(cluster_ids, fl.num_clusters, fl.min_cluster_share)
+    )
 
 
 def would_restart(run: RunPlan, cluster_ids_by_round: Sequence) -> bool:
@@ -38,8 +43,9 @@ def would_restart(run: RunPlan, cluster_ids_by_round: Sequence) -> bool:
     finished round's cluster ids) restarts: :func:`should_restart` at
     :func:`restart_check_round`, if the run gets that far."""
     check = restart_check_round(run.federated)
-    return (check <= len(cluster_ids_by_round)
-            and should_restart(run, check, 0, np.asarray(cluster_ids_by_round[check - 1])))
+    return check <= len(cluster_ids_by_round) and should_restart(
+        run, check, 0, np.asarray(cluster_ids_by_round[check - 1])
+    )
 
 
 def cluster_sizes(cluster_ids: np.ndarray, num_models: int) -> np.ndarray:

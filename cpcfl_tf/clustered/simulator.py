@@ -10,39 +10,49 @@ The run checkpoints after every round (atomically) and resumes to exactly the re
 an uninterrupted run: every random draw comes from a generator seeded by (train seed,
 attempt, round, purpose), not from a running state.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
-from cpcfl_tf.compat import changed_behaviour, without_added
-from cpcfl_tf.plan.config import FederatedConfig
-from cpcfl_tf.errors import DivergedError, UserError
 from cpcfl_tf.clustered import algorithm, restarts
 from cpcfl_tf.clustered.backends import backend_of, client_losses, client_probabilities
-from cpcfl_tf.clustered.local import ClientMoments, LocalTraining, batch_orders, stack_models
 from cpcfl_tf.clustered.clients import Clients
+from cpcfl_tf.clustered.local import ClientMoments, LocalTraining, batch_orders, stack_models
 from cpcfl_tf.clustered.metrics import client_accuracy, cluster_ari, pooled_scores
 from cpcfl_tf.clustered.pool import federated_record, initial_state, template_for
-from cpcfl_tf.records.record import Round, RunRecord
-from cpcfl_tf.records.files import read_file, weights_fingerprint, write_atomic
+from cpcfl_tf.compat import changed_behaviour, without_added
+from cpcfl_tf.errors import DivergedError, UserError
+from cpcfl_tf.plan.config import FederatedConfig
 from cpcfl_tf.plan.resolve import RunPlan
+from cpcfl_tf.records.files import read_file, weights_fingerprint, write_atomic
+from cpcfl_tf.records.record import Round, RunRecord
 
 
-def _save(path: Path, fingerprint: str, state: algorithm.ServerState, progress: algorithm.Progress,
-          moments: ClientMoments | None):
+def _save(
+    path: Path,
+    fingerprint: str,
+    state: algorithm.ServerState,
+    progress: algorithm.Progress,
+    moments: ClientMoments | None,
+):
     arrays = {f"m{n}_{i}": a for n, m in enumerate(state.models) for i, a in enumerate(m)}
     arrays.update({f"memory_{k}": a for k, a in state.memory.items()})  # the rule's own
     if moments is not None:  # the clients' own optimizer state (optimizer_state="client")
         arrays.update({f"client_{k}": a for k, a in moments.arrays().items()})
-    meta = {"fingerprint": fingerprint, "progress": dataclasses.asdict(progress),
-            "num_models": len(state.models), "num_arrays": len(state.models[0]),
-            "num_encoder": state.num_encoder}
+    meta = {
+        "fingerprint": fingerprint,
+        "progress": dataclasses.asdict(progress),
+        "num_models": len(state.models),
+        "num_arrays": len(state.models[0]),
+        "num_encoder": state.num_encoder,
+    }
     if state.assignment is not None:  # the server's assignment (methods whose server assigns)
         meta["assignment"] = state.assignment.tolist()
     meta = json.dumps(meta)
@@ -54,35 +64,53 @@ def _save(path: Path, fingerprint: str, state: algorithm.ServerState, progress: 
     write_atomic(path, write)
 
 
-def _load(path: Path, fingerprint: str
-          ) -> tuple[algorithm.ServerState, algorithm.Progress, ClientMoments | None]:
+def _load(
+    path: Path, fingerprint: str
+) -> tuple[algorithm.ServerState, algorithm.Progress, ClientMoments | None]:
     def load(p: Path):
         with np.load(p) as data:
             meta = json.loads(str(data["__meta__"]))
-            models = [[data[f"m{n}_{i}"] for i in range(meta["num_arrays"])]
-                      for n in range(meta["num_models"])]
-            client = {k[len("client_"):]: data[k] for k in data.files if k.startswith("client_")}
-            memory = {k[len("memory_"):]: data[k] for k in data.files if k.startswith("memory_")}
+            models = [
+                [data[f"m{n}_{i}"] for i in range(meta["num_arrays"])]
+                for n in range(meta["num_models"])
+            ]
+            client = {k[len("client_") :]: data[k] for k in data.files if k.startswith("client_")}
+            memory = {k[len("memory_") :]: data[k] for k in data.files if k.startswith("memory_")}
         return meta, models, memory, ClientMoments.from_arrays(client) if client else None
 
     meta, models, memory, moments = read_file(path, load, fix="delete it to start the run over")
     if meta["fingerprint"] != fingerprint:
-        raise UserError(f"checkpoint {path} belongs to a different run (config or seeds "
-                        "differ); delete it or choose another --out")
+        raise UserError(
+            f"checkpoint {path} belongs to a different run (config or seeds "
+            "differ); delete it or choose another --out"
+        )
     progress = algorithm.Progress(**meta["progress"])
     assignment = meta.get("assignment")
-    return (algorithm.ServerState(progress.round, models, meta["num_encoder"],
-                                  None if assignment is None else np.array(assignment, np.int64),
-                                  memory),
-            progress, moments)
+    return (
+        algorithm.ServerState(
+            progress.round,
+            models,
+            meta["num_encoder"],
+            None if assignment is None else np.array(assignment, np.int64),
+            memory,
+        ),
+        progress,
+        moments,
+    )
 
 
-def run_federated(plan: RunPlan, clients: Clients, *, encoder_weights=None,
-                  checkpoint: str | Path | None = None, train_seed: int | None = None,
-                  verbose: int = 1,
-                  on_round: Callable[[dict, algorithm.ServerState], None] | None = None,
-                  max_clients: int | None = None, diagnose: int = 0
-                  ) -> tuple[RunRecord, algorithm.ServerState]:
+def run_federated(
+    plan: RunPlan,
+    clients: Clients,
+    *,
+    encoder_weights=None,
+    checkpoint: str | Path | None = None,
+    train_seed: int | None = None,
+    verbose: int = 1,
+    on_round: Callable[[dict, algorithm.ServerState], None] | None = None,
+    max_clients: int | None = None,
+    diagnose: int = 0,
+) -> tuple[RunRecord, algorithm.ServerState]:
     """Run ``plan.federated`` on ``clients``.
 
     Parameters
@@ -121,20 +149,26 @@ def run_federated(plan: RunPlan, clients: Clients, *, encoder_weights=None,
         and ``environment``. ``state`` is the final server state (the pool of models).
     """
     if not isinstance(plan, RunPlan):
-        raise TypeError("run_federated takes the run's plan, resolve(config), got "
-                        f"{type(plan).__name__}")
+        raise TypeError(
+            f"run_federated takes the run's plan, resolve(config), got {type(plan).__name__}"
+        )
     config, fl = plan.requested, plan.federated
     seed = config.seed if train_seed is None else train_seed
     shape = clients.train.images.shape[2:]
     template = template_for(plan, shape, clients.num_classes)
     backend = backend_of(template, fl)
     # Fields added since a checkpoint was written leave its fingerprint as it was.
-    fingerprint = json.dumps({"config": without_added(config.to_dict()),
-                              **without_added({"federated": dataclasses.asdict(fl)}),
-                              "seed": seed, "clients": clients.records,
-                              "encoder": weights_fingerprint(encoder_weights),
-                              **changed_behaviour(dataclasses.asdict(fl))},
-                             sort_keys=True)
+    fingerprint = json.dumps(
+        {
+            "config": without_added(config.to_dict()),
+            **without_added({"federated": dataclasses.asdict(fl)}),
+            "seed": seed,
+            "clients": clients.records,
+            "encoder": weights_fingerprint(encoder_weights),
+            **changed_behaviour(dataclasses.asdict(fl)),
+        },
+        sort_keys=True,
+    )
     path = Path(checkpoint) if checkpoint else None
 
     simulation = _Simulation(fl, backend, clients, max_clients)
@@ -142,11 +176,21 @@ def run_federated(plan: RunPlan, clients: Clients, *, encoder_weights=None,
     answers = first_answers(plan, clients, embedder(template, encoder_weights))
 
     def start(attempt: int) -> algorithm.ServerState:
-        state = initial_state(plan, template, encoder_weights, seed=seed, attempt=attempt,
-                              num_clients=clients.train.num_clients, answers=answers)
+        state = initial_state(
+            plan,
+            template,
+            encoder_weights,
+            seed=seed,
+            attempt=attempt,
+            num_clients=clients.train.num_clients,
+            answers=answers,
+        )
         # optimizer_state="client": every client keeps its Adam state between rounds.
-        simulation.moments = (ClientMoments.zeros(state.models[0], clients.train.num_clients)
-                              if fl.optimizer_state == "client" else None)
+        simulation.moments = (
+            ClientMoments.zeros(state.models[0], clients.train.num_clients)
+            if fl.optimizer_state == "client"
+            else None
+        )
         return state
 
     state = progress = None
@@ -164,20 +208,33 @@ def run_federated(plan: RunPlan, clients: Clients, *, encoder_weights=None,
             on_round(record, state)
 
     state, progress = algorithm.run_rounds(
-        plan, seed, simulation, start, state=state, progress=progress, on_round=after,
+        plan,
+        seed,
+        simulation,
+        start,
+        state=state,
+        progress=progress,
+        on_round=after,
         say=(lambda line: print("  " + line, flush=True)) if verbose else None,
-        diagnose=diagnose)
+        diagnose=diagnose,
+    )
     last = Round.from_json(progress.history[-1])
     record = federated_record(
-        plan, seed, progress, state, last.accuracy, scores=last.scores,
+        plan,
+        seed,
+        progress,
+        state,
+        last.accuracy,
+        scores=last.scores,
         ari=cluster_ari(clients.groups, np.array(progress.assigned, np.int64)),
-        clients=clients.records)
+        clients=clients.records,
+    )
     return record, state
 
 
-def first_answers(run: RunPlan, clients: Clients,
-                  embed: Callable[[np.ndarray], np.ndarray] | None = None
-                  ) -> list[np.ndarray] | None:
+def first_answers(
+    run: RunPlan, clients: Clients, embed: Callable[[np.ndarray], np.ndarray] | None = None
+) -> list[np.ndarray] | None:
     """Each client's answer to what its method's rule asks before training, from its own
     training images, or their embeddings by ``embed`` where the rule reads those (and its
     true group: the oracle); None when the rule asks nothing."""
@@ -186,8 +243,10 @@ def first_answers(run: RunPlan, clients: Clients,
         return None
     question = rule.question(run.federated)
     read = embed if rule.reads == "embeddings" else (lambda images: images)
-    return [rule.answer(question, read(images), int(group))
-            for images, group in zip(clients.train.images, clients.groups)]
+    return [
+        rule.answer(question, read(images), int(group))
+        for images, group in zip(clients.train.images, clients.groups)
+    ]
 
 
 def embedder(template, encoder_weights) -> Callable[[np.ndarray], np.ndarray]:
@@ -200,14 +259,17 @@ def embedder(template, encoder_weights) -> Callable[[np.ndarray], np.ndarray]:
 
     def embed(images: np.ndarray) -> np.ndarray:
         if encoder_weights is None:
-            raise UserError("this method's clients answer from a pre-trained encoder's "
-                            "features: give it one (federated.pretraining)")
+            raise UserError(
+                "this method's clients answer from a pre-trained encoder's "
+                "features: give it one (federated.pretraining)"
+            )
         kept = encoder.get_weights()
         encoder.set_weights(encoder_weights)
         try:
             return features(images)
         finally:
             encoder.set_weights(kept)
+
     return embed
 
 
@@ -215,8 +277,9 @@ class _Simulation:
     """The simulator's :class:`~cpcfl_tf.clustered.algorithm.Federation`: every client in
     this process, trained together by a backend."""
 
-    def __init__(self, fl: FederatedConfig, backend, clients: Clients,
-                 max_clients: int | None = None):
+    def __init__(
+        self, fl: FederatedConfig, backend, clients: Clients, max_clients: int | None = None
+    ):
         self.fl, self.backend, self.clients = fl, backend, clients
         self.max_clients = max_clients
         self.num_clients = clients.train.num_clients
@@ -225,30 +288,46 @@ class _Simulation:
 
     def train(self, models, plan: algorithm.RoundPlan) -> algorithm.Replies:
         fl, part = self.fl, plan.participants
-        train = (self.clients.train.subset(part) if len(part) < self.num_clients
-                 else self.clients.train)
+        train = (
+            self.clients.train.subset(part) if len(part) < self.num_clients else self.clients.train
+        )
         losses = None if plan.drawn is not None else client_losses(self.backend, models, train)
         ids = algorithm.select(plan, losses)
         orders = batch_orders(len(part), train.size, fl.local_epochs, plan.batch_seed)
         own = None if self.moments is None else self.moments.subset(part)
-        trained = self.backend.train(stack_models(models), ids, train, orders,
-                                     algorithm.trains_encoder(fl, plan), self.local, own,
-                                     max_clients=self.max_clients)
+        trained = self.backend.train(
+            stack_models(models),
+            ids,
+            train,
+            orders,
+            algorithm.trains_encoder(fl, plan),
+            self.local,
+            own,
+            max_clients=self.max_clients,
+        )
         if own is not None:
             self.moments.put(part, own)
         if not all(np.isfinite(a).all() for a in trained):
-            raise DivergedError(f"local training diverged (NaN/Inf weights) in round "
-                                f"{plan.round + 1}; lower federated.learning_rate (now "
-                                f"{fl.learning_rate})")
+            raise DivergedError(
+                f"local training diverged (NaN/Inf weights) in round "
+                f"{plan.round + 1}; lower federated.learning_rate (now "
+                f"{fl.learning_rate})"
+            )
         return algorithm.Replies(part, ids, self.clients.sizes[part], trained, losses=losses)
 
     def observe(self, models, assigned, replies, round_: int, *, planned=None) -> dict:
-        return _evaluate(self.backend, models, assigned, self.clients, round_, self.fl,
-                         planned)
+        return _evaluate(self.backend, models, assigned, self.clients, round_, self.fl, planned)
 
 
-def _evaluate(backend, models, assigned, clients: Clients, round_: int, fl: FederatedConfig,
-              planned: np.ndarray | None = None) -> dict:
+def _evaluate(
+    backend,
+    models,
+    assigned,
+    clients: Clients,
+    round_: int,
+    fl: FederatedConfig,
+    planned: np.ndarray | None = None,
+) -> dict:
     """Accuracy on the clients' test data with their cluster's model; F1/AUROC at the
     reporting rounds. A client that has not taken part yet is scored with the model the
     server assigned it (``planned``), else the one it would choose (lowest loss on its
@@ -263,8 +342,10 @@ def _evaluate(backend, models, assigned, clients: Clients, round_: int, fl: Fede
         losses = client_losses(backend, models, clients.train.subset(unseen))
         ids[unseen] = losses.argmin(axis=1)
     probs = client_probabilities(backend, models, ids, clients.test)
-    record = {"accuracy": float(client_accuracy(clients.test.labels, probs).mean()),
-              "cluster_ids": assigned.tolist()}
+    record = {
+        "accuracy": float(client_accuracy(clients.test.labels, probs).mean()),
+        "cluster_ids": assigned.tolist(),
+    }
     if round_ % fl.report_every == 0 or round_ == fl.rounds:
         record.update(pooled_scores(clients.test.labels, probs))
     return record
@@ -278,8 +359,10 @@ def _report(record: dict, fl: FederatedConfig, progress: algorithm.Progress) -> 
     # a restart (progress back at round 0) the line is the failed attempt's last round.
     eta = progress.seconds / max(1, done or record["round"]) * (fl.rounds - done)
     accuracy = "-" if record["accuracy"] is None else f"{record['accuracy']:.4f}"
-    line = (f"  round {record['round']}/{fl.rounds}: accuracy {accuracy}, clusters "
-            f"{counts.tolist()}, {_clock(progress.seconds)} elapsed, ETA {_clock(eta)}")
+    line = (
+        f"  round {record['round']}/{fl.rounds}: accuracy {accuracy}, clusters "
+        f"{counts.tolist()}, {_clock(progress.seconds)} elapsed, ETA {_clock(eta)}"
+    )
     end = "\n" if done == fl.rounds or not sys.stdout.isatty() else "\r"
     print(line, end=end, flush=True)
 

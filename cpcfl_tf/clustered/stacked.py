@@ -2,18 +2,18 @@
 says when it runs). Their weights are stacked on a leading client axis; each client's
 convolutions are separate ops of one graph and dense layers one batched matmul; Adam is
 elementwise, so a step is exactly K independent local trainings."""
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from cpcfl_tf.clustered.clients import ClientArrays
-from cpcfl_tf.clustered.local import (B1, B2, EPS, ClientMoments, LocalTraining, Stacked,
-                                      adam_alpha)
+from cpcfl_tf.clustered.local import B1, B2, EPS, ClientMoments, LocalTraining, Stacked, adam_alpha
 from cpcfl_tf.data.images import to_float
 
 
@@ -36,8 +36,12 @@ def stackable_layers(classifier: keras.Model) -> list[_Layer] | None:
             act = getattr(layer, "activation", None)
             act = act.__name__ if act is not None else "linear"
             if isinstance(layer, keras.layers.Conv2D) and type(layer) is keras.layers.Conv2D:
-                if (layer.groups != 1 or tuple(layer.dilation_rate) != (1, 1)
-                        or layer.data_format != "channels_last" or not layer.use_bias):
+                if (
+                    layer.groups != 1
+                    or tuple(layer.dilation_rate) != (1, 1)
+                    or layer.data_format != "channels_last"
+                    or not layer.use_bias
+                ):
                     return None
                 steps.append(_Layer("conv", act, tuple(layer.strides), layer.padding.upper()))
             elif isinstance(layer, keras.layers.Flatten):
@@ -51,8 +55,9 @@ def stackable_layers(classifier: keras.Model) -> list[_Layer] | None:
     return steps if steps and steps[-1].kind == "dense" else None
 
 
-def stacked_logits(layers: Sequence[_Layer], params: Sequence[tf.Tensor],
-                   x: tf.Tensor) -> tf.Tensor:
+def stacked_logits(
+    layers: Sequence[_Layer], params: Sequence[tf.Tensor], x: tf.Tensor
+) -> tf.Tensor:
     """Logits of K models on their own inputs: ``x (K, B, h, w, c)`` -> ``(K, B, classes)``.
 
     K must be static. Convolutions run per client in the one graph (on a CPU that is as
@@ -77,14 +82,17 @@ def stacked_logits(layers: Sequence[_Layer], params: Sequence[tf.Tensor],
                 raise ValueError("stacked models need their convolutions before any Flatten")
             # unstack, not kernel[c]: a slice's gradient is a full-size scatter per client
             kernels, biases = tf.unstack(kernel, num=k), tf.unstack(bias, num=k)
-            h = [tf.nn.conv2d(hk, kc, layer.strides, layer.padding) + bc
-                 for hk, kc, bc in zip(h, kernels, biases)]
+            h = [
+                tf.nn.conv2d(hk, kc, layer.strides, layer.padding) + bc
+                for hk, kc, bc in zip(h, kernels, biases)
+            ]
             h = [_activate(hk, layer.activation, last) for hk in h]
         else:
             if isinstance(h, list):
                 raise ValueError("stacked models need a Flatten before their first Dense")
-            h = _activate(tf.einsum("kbi,kio->kbo", h, kernel) + bias[:, None, :],
-                          layer.activation, last)
+            h = _activate(
+                tf.einsum("kbi,kio->kbo", h, kernel) + bias[:, None, :], layer.activation, last
+            )
     return h
 
 
@@ -99,16 +107,19 @@ def _activate(h, activation: str, last: bool):
 class StackedBackend:
     """All clients in one compiled step (see the module docstring)."""
 
-    def __init__(self, classifier: keras.Model, *, eval_batch: int = 1024,
-                 jit_compile: bool = False):
+    def __init__(
+        self, classifier: keras.Model, *, eval_batch: int = 1024, jit_compile: bool = False
+    ):
         layers = stackable_layers(classifier)
         if layers is None:
             raise ValueError(f"{classifier.name} has layers the stacked backend cannot run")
         self.layers = layers
         self.num_encoder = len(classifier.get_layer("encoder").weights)
         # The encoder's steps and the head's (stackable_layers makes one per layer).
-        split = sum(not isinstance(layer, keras.layers.InputLayer)
-                    for layer in classifier.get_layer("encoder").layers)
+        split = sum(
+            not isinstance(layer, keras.layers.InputLayer)
+            for layer in classifier.get_layer("encoder").layers
+        )
         self.encoder_layers, self.head_layers = layers[:split], layers[split:]
         self.eval_batch = eval_batch
         # No reduce_retracing: the client axis K must stay static (one trace per K and
@@ -118,9 +129,11 @@ class StackedBackend:
         # federated.frozen_features: a frozen encoder's features, then the head's steps.
         self._features = tf.function(
             lambda params, x: stacked_logits(self.encoder_layers, params, to_float(x)),
-            autograph=False)
-        self._head_grads = tf.function(self._head_gradients, jit_compile=jit_compile,
-                                       autograph=False)
+            autograph=False,
+        )
+        self._head_grads = tf.function(
+            self._head_gradients, jit_compile=jit_compile, autograph=False
+        )
         # Adam over K stacked copies is pure elementwise work: XLA fuses it into one pass
         # (2.4x faster than the op-by-op update on a CPU).
         self._adam = tf.function(_adam_update, jit_compile=True, autograph=False)
@@ -131,20 +144,27 @@ class StackedBackend:
         # every round of the Tc phase, and each new number was a new trace (TensorFlow's
         # retracing warning). Measured on a 2-core EPYC: the same logits to the bit as
         # per-shape traces, at the same speed.
-        signature = [[tf.TensorSpec((1, *w.shape), w.dtype) for w in classifier.weights],
-                     tf.TensorSpec((1, None, *classifier.input_shape[1:]), tf.uint8)]
+        signature = [
+            [tf.TensorSpec((1, *w.shape), w.dtype) for w in classifier.weights],
+            tf.TensorSpec((1, None, *classifier.input_shape[1:]), tf.uint8),
+        ]
         self._logits = tf.function(
             lambda params, x: stacked_logits(self.layers, params, to_float(x)),
-            input_signature=signature, autograph=False)
+            input_signature=signature,
+            autograph=False,
+        )
         weights, k = signature[0], self.num_encoder
         self._encode = tf.function(
             lambda params, x: stacked_logits(self.encoder_layers, params, to_float(x)),
-            input_signature=[weights[:k], signature[1]], autograph=False)
+            input_signature=[weights[:k], signature[1]],
+            autograph=False,
+        )
         width = classifier.get_layer("encoder").output_shape[-1]
         self._head = tf.function(
             lambda params, f: stacked_logits(self.head_layers, params, f),
             input_signature=[weights[k:], tf.TensorSpec((1, None, width), tf.float32)],
-            autograph=False)
+            autograph=False,
+        )
 
     def _gradients(self, params, images, labels, first: int):
         with tf.GradientTape() as tape:
@@ -158,17 +178,31 @@ class StackedBackend:
             loss = _clients_loss(stacked_logits(self.head_layers, head, features), labels)
         return tape.gradient(loss, head)
 
-    def frozen_features(self, encoder: Sequence[tf.Tensor], images: tf.Tensor,
-                        batch_size: int) -> tf.Tensor:
+    def frozen_features(
+        self, encoder: Sequence[tf.Tensor], images: tf.Tensor, batch_size: int
+    ) -> tf.Tensor:
         """``(K, n, d)``: each client's images ``(K, n, h, w, c)`` through its own
         (frozen) encoder, in the order given, ``batch_size`` images a client at a time."""
-        return tf.concat([self._features(list(encoder), images[:, lo:lo + batch_size])
-                          for lo in range(0, images.shape[1], batch_size)], axis=1)
+        return tf.concat(
+            [
+                self._features(list(encoder), images[:, lo : lo + batch_size])
+                for lo in range(0, images.shape[1], batch_size)
+            ],
+            axis=1,
+        )
 
-    def train(self, pool: Stacked, ids: np.ndarray, data: ClientArrays, orders: np.ndarray,
-              trains_encoder: Sequence[bool], local: LocalTraining,
-              moments: ClientMoments | None = None, *, max_clients: int | None = None
-              ) -> Stacked:
+    def train(
+        self,
+        pool: Stacked,
+        ids: np.ndarray,
+        data: ClientArrays,
+        orders: np.ndarray,
+        trains_encoder: Sequence[bool],
+        local: LocalTraining,
+        moments: ClientMoments | None = None,
+        *,
+        max_clients: int | None = None,
+    ) -> Stacked:
         """Train client u from model ``ids[u]`` of the stacked ``pool``; returns the
         clients' weights, stacked. With ``moments`` (of exactly these clients) Adam starts
         from and updates them; otherwise its state is fresh. ``max_clients`` bounds how
@@ -181,15 +215,25 @@ class StackedBackend:
         for lo in range(0, count, max_clients):
             rows = np.arange(lo, min(lo + max_clients, count))
             own = None if moments is None else moments.subset(rows)
-            parts.append(self._train(pool, ids[rows], data.subset(rows), orders[:, rows],
-                                     trains_encoder, local, own))
+            parts.append(
+                self._train(
+                    pool, ids[rows], data.subset(rows), orders[:, rows], trains_encoder, local, own
+                )
+            )
             if own is not None:
                 moments.put(rows, own)
         return [np.concatenate([p[i] for p in parts]) for i in range(len(parts[0]))]
 
-    def _train(self, pool: Stacked, ids: np.ndarray, data: ClientArrays, orders: np.ndarray,
-               trains_encoder: Sequence[bool], local: LocalTraining,
-               moments: ClientMoments | None) -> Stacked:
+    def _train(
+        self,
+        pool: Stacked,
+        ids: np.ndarray,
+        data: ClientArrays,
+        orders: np.ndarray,
+        trains_encoder: Sequence[bool],
+        local: LocalTraining,
+        moments: ClientMoments | None,
+    ) -> Stacked:
         index = tf.constant(ids)
         params = [tf.gather(tf.constant(a), index) for a in pool]
         if moments is None:
@@ -208,25 +252,28 @@ class StackedBackend:
             elif local.frozen_features and features is None:
                 features = self.frozen_features(params[:first], images, local.batch_size)
             for lo in range(0, data.size, local.batch_size):
-                idx = tf.constant(order[:, lo:lo + local.batch_size])
+                idx = tf.constant(order[:, lo : lo + local.batch_size])
                 batch_labels = tf.gather(labels, idx, batch_dims=1)
                 if features is not None:
-                    grads = self._head_grads(params[first:],
-                                             tf.gather(features, idx, batch_dims=1),
-                                             batch_labels)
+                    grads = self._head_grads(
+                        params[first:], tf.gather(features, idx, batch_dims=1), batch_labels
+                    )
                 else:
-                    grads = self._grads(params, tf.gather(images, idx, batch_dims=1),
-                                        batch_labels, first)
+                    grads = self._grads(
+                        params, tf.gather(images, idx, batch_dims=1), batch_labels, first
+                    )
                 if local.optimizer == "sgd":
-                    params[first:] = self._sgd(params[first:], list(grads),
-                                               tf.constant(local.learning_rate, tf.float32))
+                    params[first:] = self._sgd(
+                        params[first:], list(grads), tf.constant(local.learning_rate, tf.float32)
+                    )
                     continue
                 steps = steps + 1
                 # A fresh state gives every client the same step count, so one scalar
                 # step size (the graph of before); kept states give one per client.
                 alpha = tf.constant(adam_alpha(local.learning_rate, steps), tf.float32)
                 params[first:], m[first:], v[first:] = self._adam(
-                    params[first:], m[first:], v[first:], list(grads), alpha)
+                    params[first:], m[first:], v[first:], list(grads), alpha
+                )
         if moments is not None:
             moments.m, moments.v = [a.numpy() for a in m], [a.numpy() for a in v]
             moments.steps = steps
@@ -249,9 +296,12 @@ class StackedBackend:
     def _in_chunks(self, step, weights: list[np.ndarray], x: np.ndarray) -> np.ndarray:
         """``step`` of one model's ``weights`` over ``x``, ``eval_batch`` rows at a time."""
         params = [tf.constant(a[None]) for a in weights]
-        return np.concatenate([
-            step(params, tf.constant(x[None, lo:lo + self.eval_batch]))[0].numpy()
-            for lo in range(0, len(x), self.eval_batch)])
+        return np.concatenate(
+            [
+                step(params, tf.constant(x[None, lo : lo + self.eval_batch]))[0].numpy()
+                for lo in range(0, len(x), self.eval_batch)
+            ]
+        )
 
 
 def _clients_loss(logits, labels):

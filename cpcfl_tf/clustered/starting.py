@@ -18,27 +18,34 @@ Each is built once and kept in one cache (:func:`cpcfl_tf.records.files.cache_ro
 ``fedavg/<hash>.npz`` for FedAvg encoders, so no script, rerun or resumed run builds one
 twice, and a script whose encoders are all cached reads no pre-training image.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
-from cpcfl_tf.compat import pretrain_settings, without_added
-from cpcfl_tf.plan.config import Config, config_record
 from cpcfl_tf.clustered import algorithm
 from cpcfl_tf.clustered.clients import Clients
+from cpcfl_tf.compat import pretrain_settings, without_added
 from cpcfl_tf.methods.federated import FEDAVG_ENCODER_RUN
-from cpcfl_tf.records.record import RunRecord
-from cpcfl_tf.records.files import (CACHE_FIX, building, cache_root, prepare_out_dir, read_weights,
-                              write_weights)
-from cpcfl_tf.plan.resolve import RunPlan, resolve
-from cpcfl_tf.records.scalars import ScalarLog
 from cpcfl_tf.methods.starts import Pretraining
+from cpcfl_tf.plan.config import Config, config_record
+from cpcfl_tf.plan.resolve import RunPlan, resolve
+from cpcfl_tf.records.files import (
+    CACHE_FIX,
+    building,
+    cache_root,
+    prepare_out_dir,
+    read_weights,
+    write_weights,
+)
+from cpcfl_tf.records.record import RunRecord
+from cpcfl_tf.records.scalars import ScalarLog
 
 Weights = list[np.ndarray]
 
@@ -78,11 +85,17 @@ class StartingEncoders:
         pre-training), called only when one trains.
     """
 
-    def __init__(self, *, clients: Callable[[Config], Clients] | None = None,
-                 unlabeled: Callable[[Config], np.ndarray] | None = None, verbose: int = 1,
-                 distribute: str = "default", tensorboard: str | Path | None = None,
-                 knn: Callable[[Config], object] | None = None,
-                 client_unlabeled: Callable[[Config], list[np.ndarray]] | None = None):
+    def __init__(
+        self,
+        *,
+        clients: Callable[[Config], Clients] | None = None,
+        unlabeled: Callable[[Config], np.ndarray] | None = None,
+        verbose: int = 1,
+        distribute: str = "default",
+        tensorboard: str | Path | None = None,
+        knn: Callable[[Config], object] | None = None,
+        client_unlabeled: Callable[[Config], list[np.ndarray]] | None = None,
+    ):
         self.verbose, self.distribute = verbose, distribute
         self.tensorboard, self._knn = tensorboard, knn
         self._clients, self._unlabeled = clients, unlabeled
@@ -108,8 +121,13 @@ class StartingEncoders:
         """A cached pre-training's state, from the file its finished run leaves
         (``done``): cached, to resume, or ``fresh`` (to make)."""
         folder = done.parent
-        state = ("cached" if done.exists() else "to resume"
-                 if (folder / "checkpoint.npz").exists() else fresh)
+        state = (
+            "cached"
+            if done.exists()
+            else "to resume"
+            if (folder / "checkpoint.npz").exists()
+            else fresh
+        )
         return f"{pretraining.name} encoder: {state} ({folder})"
 
     @staticmethod
@@ -117,8 +135,9 @@ class StartingEncoders:
         """The cache folder of the server's pre-training (self-supervised or supervised)."""
         from cpcfl_tf.pretraining.pretrain import pretrain_folder
 
-        return pretrain_folder(pretraining.pretrain, pretraining.data, pretraining.ssl,
-                               pretraining.seed)
+        return pretrain_folder(
+            pretraining.pretrain, pretraining.data, pretraining.ssl, pretraining.seed
+        )
 
     @staticmethod
     def federated_folder(pretraining: Pretraining) -> Path:
@@ -134,10 +153,17 @@ class StartingEncoders:
         pre, config = run.pretraining, run.requested
         images = None if self._unlabeled is None else (lambda: self._unlabeled(config))
         monitor = None if self._knn is None else (lambda: self._knn(config))
-        return pretrained_encoder(pre.pretrain, pre.data, method=pre.ssl, seed=pre.seed,
-                                  verbose=self.verbose, distribute=self.distribute,
-                                  images=images, monitor=monitor,
-                                  on_epoch=self._epoch_log(lambda: self.pretrain_folder(pre)))
+        return pretrained_encoder(
+            pre.pretrain,
+            pre.data,
+            method=pre.ssl,
+            seed=pre.seed,
+            verbose=self.verbose,
+            distribute=self.distribute,
+            images=images,
+            monitor=monitor,
+            on_epoch=self._epoch_log(lambda: self.pretrain_folder(pre)),
+        )
 
     def federated(self, run: RunPlan):
         """``run``'s federated self-supervised pre-training, cached, with its history."""
@@ -147,9 +173,13 @@ class StartingEncoders:
             raise ValueError("a federated pre-training needs the clients' unlabeled images")
         pre, config = run.pretraining, run.requested
         monitor = None if self._knn is None else (lambda: self._knn(config))
-        return federated_encoder(pre, lambda: self._client_unlabeled(config),
-                                 verbose=self.verbose, monitor=monitor,
-                                 on_round=self._epoch_log(lambda: self.federated_folder(pre)))
+        return federated_encoder(
+            pre,
+            lambda: self._client_unlabeled(config),
+            verbose=self.verbose,
+            monitor=monitor,
+            on_round=self._epoch_log(lambda: self.federated_folder(pre)),
+        )
 
     def _epoch_log(self, folder: Callable[[], Path]):
         """The TensorBoard logger of the epochs (a federated one's rounds) of the
@@ -165,33 +195,49 @@ class StartingEncoders:
         """Supervised pre-training on the labeled version of the run's pre-training split,
         with the contrastive pre-training's budget (``pretrain``'s epochs, batch size and
         learning rate: the paper does not give its own)."""
-        from cpcfl_tf.pretraining.pretrain import image_source
-        from cpcfl_tf.data import load_labeled
         from cpcfl_tf.clustered.centralized import supervised_encoder
+        from cpcfl_tf.data import load_labeled
+        from cpcfl_tf.pretraining.pretrain import image_source
 
         data, pre, seed = run.pretraining.data, run.pretraining.pretrain, run.pretraining.seed
         out = self.pretrain_folder(run.pretraining)
 
         def train() -> Weights:
             if self.verbose:
-                print(f"supervised pre-training ({pre.encoder}) on {data.pretrain_dataset}:"
-                      f"{data.pretrain_split} with its labels -> {out}", flush=True)
-            labeled = load_labeled(data.pretrain_dataset, data.pretrain_split,
-                                   image_size=data.image_size, data_dir=data.data_dir,
-                                   manual_dir=data.manual_dir)
-            budget = run.requested.with_overrides(federated={
-                "batch_size": pre.batch_size, "learning_rate": pre.learning_rate})
-            weights = supervised_encoder(resolve(budget, checked=True), labeled,
-                                         epochs=pre.epochs, seed=seed)
+                print(
+                    f"supervised pre-training ({pre.encoder}) on {data.pretrain_dataset}:"
+                    f"{data.pretrain_split} with its labels -> {out}",
+                    flush=True,
+                )
+            labeled = load_labeled(
+                data.pretrain_dataset,
+                data.pretrain_split,
+                image_size=data.image_size,
+                data_dir=data.data_dir,
+                manual_dir=data.manual_dir,
+            )
+            budget = run.requested.with_overrides(
+                federated={"batch_size": pre.batch_size, "learning_rate": pre.learning_rate}
+            )
+            weights = supervised_encoder(
+                resolve(budget, checked=True), labeled, epochs=pre.epochs, seed=seed
+            )
             write_weights(out / "encoder.npz", weights)
-            (out / "source.json").write_text(json.dumps(
-                {"config": pretrain_settings(dataclasses.asdict(pre)), **image_source(data),
-                 "seed": seed},
-                indent=2))
+            (out / "source.json").write_text(
+                json.dumps(
+                    {
+                        "config": pretrain_settings(dataclasses.asdict(pre)),
+                        **image_source(data),
+                        "seed": seed,
+                    },
+                    indent=2,
+                )
+            )
             return weights
 
-        return _cached_or_built(out, out / "encoder.npz", train, rebuild="pre-training it again",
-                                verbose=self.verbose)
+        return _cached_or_built(
+            out, out / "encoder.npz", train, rebuild="pre-training it again", verbose=self.verbose
+        )
 
     def fedavg_ready(self, config: Config) -> bool:
         """Whether ``config``'s FedAvg encoder is kept here or cached."""
@@ -212,9 +258,9 @@ class StartingEncoders:
                 write_weights(path, weights, key=key)
                 return weights
 
-            self._fedavg[key] = _cached_or_built(path, path, train, key=key,
-                                                 rebuild="training FedAvg again",
-                                                 verbose=self.verbose)
+            self._fedavg[key] = _cached_or_built(
+                path, path, train, key=key, rebuild="training FedAvg again", verbose=self.verbose
+            )
         return self._fedavg[key]
 
     def keep_fedavg(self, config: Config, weights: Weights) -> None:
@@ -225,25 +271,34 @@ class StartingEncoders:
         write_weights(_fedavg_path(key), weights, key=key)
 
 
-def fedavg_encoder(config: Config, clients: Clients, *, checkpoint: str | Path | None = None,
-                   verbose: int = 1) -> tuple[Weights, RunRecord]:
+def fedavg_encoder(
+    config: Config, clients: Clients, *, checkpoint: str | Path | None = None, verbose: int = 1
+) -> tuple[Weights, RunRecord]:
     """IFCA(FedAvg)'s starting encoder: the encoder of the global model of a FedAvg run
     (random initialisation, the same clients and rounds). Returns it and that run's record.
     """
     from cpcfl_tf.clustered.simulator import run_federated  # TensorFlow: only when it runs
 
-    record, state = run_federated(resolve(fedavg_config(config)), clients, checkpoint=checkpoint,
-                                  verbose=verbose)
+    record, state = run_federated(
+        resolve(fedavg_config(config)), clients, checkpoint=checkpoint, verbose=verbose
+    )
     return pool_encoder(state), record
 
 
 def pool_encoder(state: algorithm.ServerState) -> Weights:
     """The encoder part of a one-model (FedAvg) pool."""
-    return state.models[0][:state.num_encoder]
+    return state.models[0][: state.num_encoder]
 
 
-def _cached_or_built(entry: Path, file: Path, build: Callable[[], Weights], *,
-                     key: str | None = None, rebuild: str, verbose: int) -> Weights:
+def _cached_or_built(
+    entry: Path,
+    file: Path,
+    build: Callable[[], Weights],
+    *,
+    key: str | None = None,
+    rebuild: str,
+    verbose: int,
+) -> Weights:
     """The weights cache entry ``entry`` (a folder, or ``file`` itself) keeps in ``file``,
     or, when it has none, ``build()``'s, built in one process at a time
     (:func:`~cpcfl_tf.records.files.building`). A process that waited reads the file again only

@@ -8,23 +8,25 @@ a layer variable, so checkpoints resume it), and are vectorised over the batch: 
 ``crop_and_resize`` and one fused colour pass per batch, no per-image loop. Grayscale
 inputs (three equal channels) pass through saturation and hue unchanged.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import keras
 import tensorflow as tf
 
 DEFAULT_STRENGTHS: dict[str, Any] = {
-    "crop_scale": (0.2, 1.0),   # area fraction kept by the random resized crop
+    "crop_scale": (0.2, 1.0),  # area fraction kept by the random resized crop
     "crop_ratio": (3 / 4, 4 / 3),
     "flip": True,
     "jitter_probability": 0.8,
-    "brightness": 0.4,          # additive delta in [-0.4, 0.4] on the [0, 1] scale
-    "contrast": 0.4,            # factor in [0.6, 1.4] around each image's mean
+    "brightness": 0.4,  # additive delta in [-0.4, 0.4] on the [0, 1] scale
+    "contrast": 0.4,  # factor in [0.6, 1.4] around each image's mean
     "saturation": 0.4,
-    "hue": 0.1,                 # rotation of up to 0.1 turn in YIQ space
+    "hue": 0.1,  # rotation of up to 0.1 turn in YIQ space
     "grayscale_probability": 0.2,
 }
 """SimCLR's strengths (Chen et al. 2020, as in keras-io's SimCLR example), used unchanged."""
@@ -85,8 +87,17 @@ class ColorAugment(keras.layers.Layer):
     them gray.
     """
 
-    def __init__(self, brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1,
-                 jitter_probability=0.8, grayscale_probability=0.2, seed=None, **kwargs):
+    def __init__(
+        self,
+        brightness=0.4,
+        contrast=0.4,
+        saturation=0.4,
+        hue=0.1,
+        jitter_probability=0.8,
+        grayscale_probability=0.2,
+        seed=None,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.brightness, self.contrast = brightness, contrast
         self.saturation, self.hue = saturation, hue
@@ -101,8 +112,9 @@ class ColorAugment(keras.layers.Layer):
         jitter = tf.cast(_happens(self.gen, batch, self.jitter_probability), x.dtype)
 
         def factor(strength, centre):  # identity where this image is not jittered
-            return centre + jitter * (_uniform(self.gen, batch, centre - strength,
-                                               centre + strength) - centre)
+            return centre + jitter * (
+                _uniform(self.gen, batch, centre - strength, centre + strength) - centre
+            )
 
         brightness, contrast = factor(self.brightness, 0.0), factor(self.contrast, 1.0)
         saturation, angle = factor(self.saturation, 1.0), factor(self.hue, 0.0) * 2 * math.pi
@@ -111,24 +123,33 @@ class ColorAugment(keras.layers.Layer):
         eye = tf.eye(3, dtype=x.dtype)[None]
         to_luma = tf.broadcast_to(tf.constant([_LUMA] * 3, x.dtype)[None], (batch, 3, 3))
         s = saturation[:, None, None]
-        mix = s * eye + (1.0 - s) * to_luma                       # saturation
-        cos, sin, one, zero = tf.cos(angle), tf.sin(angle), tf.ones_like(angle), tf.zeros_like(angle)
-        rotate = tf.reshape(tf.stack([one, zero, zero, zero, cos, -sin, zero, sin, cos], 1),
-                            (batch, 3, 3))
+        mix = s * eye + (1.0 - s) * to_luma  # saturation
+        cos, sin, one, zero = (
+            tf.cos(angle),
+            tf.sin(angle),
+            tf.ones_like(angle),
+            tf.zeros_like(angle),
+        )
+        rotate = tf.reshape(
+            tf.stack([one, zero, zero, zero, cos, -sin, zero, sin, cos], 1), (batch, 3, 3)
+        )
         mix = tf.linalg.matmul(_FROM_YIQ @ rotate @ _TO_YIQ, mix)  # then hue
         g = gray[:, None, None]
         mix = tf.linalg.matmul(g * to_luma + (1.0 - g) * eye, mix)  # then grayscale
         # contrast c and brightness b: y = c * (x - mean) + mean + b, per image
         mean = tf.reduce_mean(x, axis=[1, 2, 3])
         scale = contrast[:, None, None] * mix
-        offset = tf.linalg.matvec(mix, tf.ones((batch, 3), x.dtype)) * (
-            (1.0 - contrast) * mean + brightness)[:, None]
+        offset = (
+            tf.linalg.matvec(mix, tf.ones((batch, 3), x.dtype))
+            * ((1.0 - contrast) * mean + brightness)[:, None]
+        )
         y = tf.einsum("bhwc,bdc->bhwd", x, scale) + offset[:, None, None, :]
         return tf.clip_by_value(y, 0.0, 1.0)
 
 
-def build_augmenter(strengths: Mapping[str, Any] | None = None, *, seed: int | None = None,
-                    name: str = "augmenter") -> keras.Sequential:
+def build_augmenter(
+    strengths: Mapping[str, Any] | None = None, *, seed: int | None = None, name: str = "augmenter"
+) -> keras.Sequential:
     """The view generator ``Augment(.)`` of Algorithm "Contrastive encoder pre-training".
 
     Parameters
@@ -143,15 +164,33 @@ def build_augmenter(strengths: Mapping[str, Any] | None = None, *, seed: int | N
     if unknown:
         from cpcfl_tf.errors import UserError
 
-        raise UserError(f"unknown augmentation strength(s) {', '.join(sorted(unknown))}; "
-                        f"known: {', '.join(s)}")
+        raise UserError(
+            f"unknown augmentation strength(s) {', '.join(sorted(unknown))}; known: {', '.join(s)}"
+        )
     s.update(strengths or {})
     seeds = [None if seed is None else seed * 8 + k for k in range(2)]
     # float32 whatever the model's dtype policy: views are made before the encoder casts.
-    return keras.Sequential([
-        RandomResizedCropFlip(s["crop_scale"], s["crop_ratio"], s["flip"], seed=seeds[0],
-                              name="crop_flip", dtype="float32"),
-        ColorAugment(s["brightness"], s["contrast"], s["saturation"], s["hue"],
-                     s["jitter_probability"], s["grayscale_probability"], seed=seeds[1],
-                     name="color", dtype="float32"),
-    ], name=name)
+    return keras.Sequential(
+        [
+            RandomResizedCropFlip(
+                s["crop_scale"],
+                s["crop_ratio"],
+                s["flip"],
+                seed=seeds[0],
+                name="crop_flip",
+                dtype="float32",
+            ),
+            ColorAugment(
+                s["brightness"],
+                s["contrast"],
+                s["saturation"],
+                s["hue"],
+                s["jitter_probability"],
+                s["grayscale_probability"],
+                seed=seeds[1],
+                name="color",
+                dtype="float32",
+            ),
+        ],
+        name=name,
+    )

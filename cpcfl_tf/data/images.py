@@ -4,6 +4,7 @@ Images are stored as ``uint8`` at the encoder's input size (a quarter of the mem
 float32: STL-10's 100,000 unlabeled images are 2.8 GB this way) and become float32 in
 ``[0, 1]`` only at batch time, inside the compiled steps, via :func:`to_float`.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -43,9 +44,10 @@ def prepare_images(images: np.ndarray, size: int, *, chunk: int = 8192) -> np.nd
     shrink = size < max(images.shape[1:3])
     out = np.empty((len(images), size, size, 3), np.uint8)
     for start in range(0, len(images), chunk):
-        part = tf.image.resize(images[start:start + chunk], (size, size),
-                               method="bilinear", antialias=shrink)
-        out[start:start + chunk] = np.clip(np.rint(part.numpy()), 0, 255).astype(np.uint8)
+        part = tf.image.resize(
+            images[start : start + chunk], (size, size), method="bilinear", antialias=shrink
+        )
+        out[start : start + chunk] = np.clip(np.rint(part.numpy()), 0, 255).astype(np.uint8)
     return out
 
 

@@ -22,11 +22,12 @@ clients, true groups for ARI, a clear error when the data cannot hold them):
 * ``dirichlet`` (label skew): group g draws a class distribution p_g ~ Dir(alpha) and
   each of its clients draws its class counts from Multinomial(sum(class_counts), p_g).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -72,63 +73,99 @@ class Partition:
             values, n = np.unique(labels, return_counts=True)
             return {str(int(v)): int(k) for v, k in zip(values, n)}
 
-        return [{"id": c.id, "group": c.group,
-                 "train_class_counts": counts(train_labels[c.train_index]),
-                 "test_class_counts": counts(test_labels[c.test_index]),
-                 **({"rotation": 90 * c.rotation} if self.kind == "rotated" else {})}
-                for c in self.clients]
+        return [
+            {
+                "id": c.id,
+                "group": c.group,
+                "train_class_counts": counts(train_labels[c.train_index]),
+                "test_class_counts": counts(test_labels[c.test_index]),
+                **({"rotation": 90 * c.rotation} if self.kind == "rotated" else {}),
+            }
+            for c in self.clients
+        ]
 
 
-def check_partition(num_clients: int, num_groups: int, classes_per_group: int,
-                    class_overlap: int, class_counts: Sequence[int], test_fraction: float,
-                    kind: str = "groups", alpha: float = 1.0) -> None:
+def check_partition(
+    num_clients: int,
+    num_groups: int,
+    classes_per_group: int,
+    class_overlap: int,
+    class_counts: Sequence[int],
+    test_fraction: float,
+    kind: str = "groups",
+    alpha: float = 1.0,
+) -> None:
     """Refuse, in one line naming the ``partition.*`` setting, a request no data can
     satisfy. The one check of a partition's shape: the config's ``PartitionConfig`` runs
     it when a config is made, :func:`partition_clients` before drawing; whether the
     data holds enough images is :func:`check_split_sizes`'s."""
+
     def number(value, whole: bool) -> bool:
         kinds = (int,) if whole else (int, float)
-        return isinstance(value, kinds) and not isinstance(value, bool) and value > 0 \
+        return (
+            isinstance(value, kinds)
+            and not isinstance(value, bool)
+            and value > 0
             and math.isfinite(value)
+        )
 
-    for name, value, whole in (("num_clients", num_clients, True), ("num_groups", num_groups, True),
-                               ("classes_per_group", classes_per_group, True),
-                               ("test_fraction", test_fraction, False), ("alpha", alpha, False)):
+    for name, value, whole in (
+        ("num_clients", num_clients, True),
+        ("num_groups", num_groups, True),
+        ("classes_per_group", classes_per_group, True),
+        ("test_fraction", test_fraction, False),
+        ("alpha", alpha, False),
+    ):
         if not number(value, whole):
-            raise UserError(f"partition.{name} must be a positive "
-                            f"{'integer' if whole else 'number'}, got {value!r}")
+            raise UserError(
+                f"partition.{name} must be a positive "
+                f"{'integer' if whole else 'number'}, got {value!r}"
+            )
     if kind not in KINDS:
         raise UserError(f"unknown partition.kind {kind!r}; choose one of {', '.join(KINDS)}")
     if kind == "rotated" and num_groups > 4:
-        raise UserError(f"a rotated partition has 4 distinct quarter turns: at most 4 groups, "
-                        f"got {num_groups}")
+        raise UserError(
+            f"a rotated partition has 4 distinct quarter turns: at most 4 groups, got {num_groups}"
+        )
     if num_groups > num_clients:
-        raise UserError(f"partition has more groups ({num_groups}) than clients "
-                        f"({num_clients}): {num_clients} clients cannot be split evenly")
+        raise UserError(
+            f"partition has more groups ({num_groups}) than clients "
+            f"({num_clients}): {num_clients} clients cannot be split evenly"
+        )
     if num_clients % num_groups:
-        raise UserError(f"{num_clients} clients cannot be split evenly into {num_groups} groups; "
-                        "make partition.num_clients a multiple of partition.num_groups")
+        raise UserError(
+            f"{num_clients} clients cannot be split evenly into {num_groups} groups; "
+            "make partition.num_clients a multiple of partition.num_groups"
+        )
     if not (isinstance(class_overlap, int) and 0 <= class_overlap < classes_per_group):
-        raise UserError(f"partition.class_overlap must be in [0, {classes_per_group}), "
-                        f"got {class_overlap!r}")
-    if not (len(class_counts) == classes_per_group
-            and all(isinstance(c, int) and not isinstance(c, bool) and c > 0
-                    for c in class_counts)):
-        raise UserError(f"partition.class_counts needs {classes_per_group} positive integers, "
-                        f"got {tuple(class_counts)}")
+        raise UserError(
+            f"partition.class_overlap must be in [0, {classes_per_group}), got {class_overlap!r}"
+        )
+    if not (
+        len(class_counts) == classes_per_group
+        and all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in class_counts)
+    ):
+        raise UserError(
+            f"partition.class_counts needs {classes_per_group} positive integers, "
+            f"got {tuple(class_counts)}"
+        )
 
 
-def make_group_classes(num_groups: int, classes_per_group: int, class_overlap: int,
-                       num_classes: int) -> tuple[tuple[int, ...], ...]:
+def make_group_classes(
+    num_groups: int, classes_per_group: int, class_overlap: int, num_classes: int
+) -> tuple[tuple[int, ...], ...]:
     """Class sets of the groups: consecutive runs that share ``class_overlap`` classes."""
     stride = classes_per_group - class_overlap
     last = (num_groups - 1) * stride + classes_per_group - 1
     if last >= num_classes:
-        raise UserError(f"{num_groups} groups of {classes_per_group} classes overlapping by "
-                        f"{class_overlap} need classes 0..{last}, but the client data has "
-                        f"{num_classes}; use fewer groups or classes per group")
-    return tuple(tuple(range(g * stride, g * stride + classes_per_group))
-                 for g in range(num_groups))
+        raise UserError(
+            f"{num_groups} groups of {classes_per_group} classes overlapping by "
+            f"{class_overlap} need classes 0..{last}, but the client data has "
+            f"{num_classes}; use fewer groups or classes per group"
+        )
+    return tuple(
+        tuple(range(g * stride, g * stride + classes_per_group)) for g in range(num_groups)
+    )
 
 
 def test_counts_for(class_counts: Sequence[int], test_fraction: float) -> tuple[int, ...]:
@@ -138,12 +175,16 @@ def test_counts_for(class_counts: Sequence[int], test_fraction: float) -> tuple[
 
 def _fix(disjoint: bool, *, fewer: str = "fewer clients", alpha: bool = False) -> str:
     """What to change when the data cannot hold the partition (the end of the error)."""
-    return (f"use {fewer} or smaller class_counts" + (", or a larger alpha" if alpha else "")
-            + (", or allow shared images (disjoint=False)" if disjoint else ""))
+    return (
+        f"use {fewer} or smaller class_counts"
+        + (", or a larger alpha" if alpha else "")
+        + (", or allow shared images (disjoint=False)" if disjoint else "")
+    )
 
 
-def client_sizes(class_counts: Sequence[int], test_fraction: float, kind: str = "groups"
-                 ) -> tuple[int, int]:
+def client_sizes(
+    class_counts: Sequence[int], test_fraction: float, kind: str = "groups"
+) -> tuple[int, int]:
     """Training and test images of one client."""
     size = sum(class_counts)
     if kind == "groups":
@@ -151,30 +192,49 @@ def client_sizes(class_counts: Sequence[int], test_fraction: float, kind: str = 
     return size, int(np.floor(size * test_fraction + 0.5))
 
 
-def check_split_sizes(num_clients: int, class_counts: Sequence[int], test_fraction: float,
-                      disjoint: bool, kind: str, sizes: tuple[int, int],
-                      sources: tuple[str, str]) -> None:
+def check_split_sizes(
+    num_clients: int,
+    class_counts: Sequence[int],
+    test_fraction: float,
+    disjoint: bool,
+    kind: str,
+    sizes: tuple[int, int],
+    sources: tuple[str, str],
+) -> None:
     """Arithmetic before any draw: C disjoint clients need C times a client's images of
     each split (``sizes``: what the training and test splits hold)."""
-    for split, per_client, have, source in zip(("training", "test"),
-                                               client_sizes(class_counts, test_fraction, kind),
-                                               sizes, sources):
+    for split, per_client, have, source in zip(
+        ("training", "test"), client_sizes(class_counts, test_fraction, kind), sizes, sources
+    ):
         need = per_client * (num_clients if disjoint else 1)
         if need > have:
             most = have // per_client
-            raise UserError(f"{num_clients} clients of {per_client} {split} images need "
-                            f"{need:,} but {source} holds {have:,}; "
-                            + _fix(disjoint, fewer=f"at most {most} clients"))
+            raise UserError(
+                f"{num_clients} clients of {per_client} {split} images need "
+                f"{need:,} but {source} holds {have:,}; "
+                + _fix(disjoint, fewer=f"at most {most} clients")
+            )
 
 
-def partition_clients(train_labels: np.ndarray, test_labels: np.ndarray, *,
-                      num_classes: int, num_clients: int = 60, num_groups: int = 3,
-                      classes_per_group: int = 4, class_overlap: int = 1,
-                      class_counts: Sequence[int] = (20, 20, 5, 5),
-                      test_fraction: float = 1.0, disjoint: bool = True, seed: int = 0,
-                      max_draws: int = 1000, source: str = "the client split",
-                      test_source: str = "the client test split",
-                      kind: str = "groups", alpha: float = 1.0) -> Partition:
+def partition_clients(
+    train_labels: np.ndarray,
+    test_labels: np.ndarray,
+    *,
+    num_classes: int,
+    num_clients: int = 60,
+    num_groups: int = 3,
+    classes_per_group: int = 4,
+    class_overlap: int = 1,
+    class_counts: Sequence[int] = (20, 20, 5, 5),
+    test_fraction: float = 1.0,
+    disjoint: bool = True,
+    seed: int = 0,
+    max_draws: int = 1000,
+    source: str = "the client split",
+    test_source: str = "the client test split",
+    kind: str = "groups",
+    alpha: float = 1.0,
+) -> Partition:
     """Draw the paper's partition (or another ``kind`` of heterogeneity).
 
     Parameters
@@ -206,27 +266,58 @@ def partition_clients(train_labels: np.ndarray, test_labels: np.ndarray, *,
         ``alpha``); see the module's description.
     """
     if kind == "own":
-        raise UserError("partition.kind=own: the clients bring their own data (Flower nodes "
-                        "with a data-path), there is nothing to draw; run them with "
-                        "python -m cpcfl_tf.flower.loopback --data, or choose another kind")
+        raise UserError(
+            "partition.kind=own: the clients bring their own data (Flower nodes "
+            "with a data-path), there is nothing to draw; run them with "
+            "python -m cpcfl_tf.flower.loopback --data, or choose another kind"
+        )
     train_labels = np.asarray(train_labels)
     test_labels = np.asarray(test_labels)
-    check_partition(num_clients, num_groups, classes_per_group, class_overlap,
-                    tuple(class_counts), test_fraction, kind, alpha)
+    check_partition(
+        num_clients,
+        num_groups,
+        classes_per_group,
+        class_overlap,
+        tuple(class_counts),
+        test_fraction,
+        kind,
+        alpha,
+    )
     sources = (source, test_source)
-    check_split_sizes(num_clients, class_counts, test_fraction, disjoint, kind,
-                      (len(train_labels), len(test_labels)), sources)
+    check_split_sizes(
+        num_clients,
+        class_counts,
+        test_fraction,
+        disjoint,
+        kind,
+        (len(train_labels), len(test_labels)),
+        sources,
+    )
     if kind != "groups":
-        return _skewed(train_labels, test_labels, num_classes, num_clients, num_groups,
-                       sum(class_counts), test_fraction, disjoint, seed, sources, kind, alpha)
+        return _skewed(
+            train_labels,
+            test_labels,
+            num_classes,
+            num_clients,
+            num_groups,
+            sum(class_counts),
+            test_fraction,
+            disjoint,
+            seed,
+            sources,
+            kind,
+            alpha,
+        )
     groups = make_group_classes(num_groups, classes_per_group, class_overlap, num_classes)
     test_counts = test_counts_for(class_counts, test_fraction)
     rng = np.random.default_rng(seed)
     per_group = num_clients // num_groups
     client_group = np.repeat(np.arange(num_groups), per_group)
 
-    available = [np.bincount(labels, minlength=num_classes)[:num_classes]
-                 for labels in (train_labels, test_labels)]
+    available = [
+        np.bincount(labels, minlength=num_classes)[:num_classes]
+        for labels in (train_labels, test_labels)
+    ]
     if disjoint:  # whatever the draw, each member of a class's groups takes min(counts)
         members = np.zeros(num_classes, np.int64)
         for classes in groups:
@@ -240,13 +331,21 @@ def partition_clients(train_labels: np.ndarray, test_labels: np.ndarray, *,
                     f"the partition needs at least {int(least[cls])} "
                     f"{('training', 'test')[which]} images of class {cls} from "
                     f"{sources[which]} but only {int(available[which][cls])} exist; "
-                    + _fix(disjoint))
+                    + _fix(disjoint)
+                )
     # orders[u, k]: which entry of class_counts client u's k-th group class gets.
     best = None
     for _ in range(max_draws):
         orders = np.stack([rng.permutation(classes_per_group) for _ in range(num_clients)])
-        shortage = _shortage(orders, client_group, groups, (class_counts, test_counts),
-                             available, num_classes, disjoint)
+        shortage = _shortage(
+            orders,
+            client_group,
+            groups,
+            (class_counts, test_counts),
+            available,
+            num_classes,
+            disjoint,
+        )
         if shortage is None:
             break
         if best is None or shortage[0] < best[0]:
@@ -255,15 +354,26 @@ def partition_clients(train_labels: np.ndarray, test_labels: np.ndarray, *,
         _, which, cls, need, have = best
         split = ("training", "test")[which]
         hint = _fix(disjoint)
-        raise UserError(f"the partition needs {need} {split} images of class {cls} from "
-                        f"{sources[which]} "
-                        f"but only {have} exist (best of {max_draws} draws); {hint}")
+        raise UserError(
+            f"the partition needs {need} {split} images of class {cls} from "
+            f"{sources[which]} "
+            f"but only {have} exist (best of {max_draws} draws); {hint}"
+        )
 
-    picked = [_rows(labels, _wanted(orders, client_group, groups, counts, num_classes),
-                    num_classes, disjoint, rng)
-              for labels, counts in ((train_labels, class_counts), (test_labels, test_counts))]
-    clients = tuple(Client(u, int(client_group[u]), groups[client_group[u]], picked[0][u],
-                           picked[1][u]) for u in range(num_clients))
+    picked = [
+        _rows(
+            labels,
+            _wanted(orders, client_group, groups, counts, num_classes),
+            num_classes,
+            disjoint,
+            rng,
+        )
+        for labels, counts in ((train_labels, class_counts), (test_labels, test_counts))
+    ]
+    clients = tuple(
+        Client(u, int(client_group[u]), groups[client_group[u]], picked[0][u], picked[1][u])
+        for u in range(num_clients)
+    )
     return Partition(clients, groups)
 
 
@@ -305,7 +415,7 @@ def _rows(labels, wanted: np.ndarray, num_classes, disjoint, rng) -> list[np.nda
         for c in np.flatnonzero(counts):
             k = int(counts[c])
             if disjoint:
-                mine.append(pools[c][taken[c]:taken[c] + k])
+                mine.append(pools[c][taken[c] : taken[c] + k])
                 taken[c] += k
             else:
                 mine.append(rng.choice(pools[c], k, replace=False))
@@ -313,17 +423,31 @@ def _rows(labels, wanted: np.ndarray, num_classes, disjoint, rng) -> list[np.nda
     return rows
 
 
-def _skewed(train_labels, test_labels, num_classes, num_clients, num_groups, size,
-            test_fraction, disjoint, seed, sources, kind, alpha) -> Partition:
+def _skewed(
+    train_labels,
+    test_labels,
+    num_classes,
+    num_clients,
+    num_groups,
+    size,
+    test_fraction,
+    disjoint,
+    seed,
+    sources,
+    kind,
+    alpha,
+) -> Partition:
     """The ``rotated`` and ``dirichlet`` kinds: per client class counts, then rows."""
     rng = np.random.default_rng(seed)
     test_size = int(np.floor(size * test_fraction + 0.5))
     client_group = np.repeat(np.arange(num_groups), num_clients // num_groups)
     if kind == "rotated":  # every class, as evenly as the size allows
+
         def counts(n: int) -> np.ndarray:
             even = np.full(num_classes, n // num_classes)
             even[rng.choice(num_classes, n % num_classes, replace=False)] += 1
             return even
+
         train_counts = np.stack([counts(size) for _ in range(num_clients)])
         test_counts = np.stack([counts(test_size) for _ in range(num_clients)])
     else:  # each group's own class distribution
@@ -331,21 +455,32 @@ def _skewed(train_labels, test_labels, num_classes, num_clients, num_groups, siz
         train_counts = np.stack([rng.multinomial(size, skew[g]) for g in client_group])
         test_counts = np.stack([rng.multinomial(test_size, skew[g]) for g in client_group])
     picked = []
-    for which, (labels, wanted) in enumerate(((train_labels, train_counts),
-                                              (test_labels, test_counts))):
+    for which, (labels, wanted) in enumerate(
+        ((train_labels, train_counts), (test_labels, test_counts))
+    ):
         have = np.bincount(labels, minlength=num_classes)[:num_classes]
         need = _need(wanted, disjoint)
         short = np.flatnonzero(need > have)
         if len(short):
             cls = int(short[0])
             hint = _fix(disjoint, alpha=kind == "dirichlet")
-            raise UserError(f"the {kind} partition needs {int(need[cls])} "
-                            f"{('training', 'test')[which]} images of class {cls} from "
-                            f"{sources[which]} but only {int(have[cls])} exist; {hint}")
+            raise UserError(
+                f"the {kind} partition needs {int(need[cls])} "
+                f"{('training', 'test')[which]} images of class {cls} from "
+                f"{sources[which]} but only {int(have[cls])} exist; {hint}"
+            )
         picked.append(_rows(labels, wanted, num_classes, disjoint, rng))
     everything = tuple(range(num_classes))
     classes = [tuple(int(c) for c in np.flatnonzero(train_counts[u])) for u in range(num_clients)]
-    clients = tuple(Client(u, int(client_group[u]), classes[u], picked[0][u], picked[1][u],
-                           int(client_group[u]) if kind == "rotated" else 0)
-                    for u in range(num_clients))
+    clients = tuple(
+        Client(
+            u,
+            int(client_group[u]),
+            classes[u],
+            picked[0][u],
+            picked[1][u],
+            int(client_group[u]) if kind == "rotated" else 0,
+        )
+        for u in range(num_clients)
+    )
     return Partition(clients, (everything,) * num_groups, kind)

@@ -12,6 +12,7 @@ Every source returns ``uint8`` arrays of shape ``(n, h, w, c)``; with ``image_si
 they go through :func:`cpcfl_tf.data.images.prepare_images` (resize, grayscale to RGB).
 Splits use one syntax everywhere: ``"train"``, ``"train[50000:]"``, ``"test[:1000]"``.
 """
+
 from __future__ import annotations
 
 import functools
@@ -19,8 +20,8 @@ import gzip
 import logging
 import os
 import socket
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -35,24 +36,67 @@ FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 DATASETS: dict[str, DatasetSpec] = {
     spec.name: spec
     for spec in (
-        DatasetSpec("stl10", "tfds", 10, {"train": 5_000, "test": 8_000, "unlabelled": 100_000},
-                    unlabeled_splits=frozenset({"unlabelled"}), tfds_name="stl10",
-                    host="ai.stanford.edu"),
-        DatasetSpec("cifar10", "tfds", 10, {"train": 50_000, "test": 10_000},
-                    tfds_name="cifar10", host="www.cs.toronto.edu"),
-        DatasetSpec("cifar100", "tfds", 100, {"train": 50_000, "test": 10_000},
-                    tfds_name="cifar100", host="www.cs.toronto.edu"),
-        DatasetSpec("cifar100_coarse", "tfds", 20, {"train": 50_000, "test": 10_000},
-                    tfds_name="cifar100", label_key="coarse_label", host="www.cs.toronto.edu"),
-        DatasetSpec("mnist", "tfds", 10, {"train": 60_000, "test": 10_000},
-                    tfds_name="mnist", host="storage.googleapis.com"),
+        DatasetSpec(
+            "stl10",
+            "tfds",
+            10,
+            {"train": 5_000, "test": 8_000, "unlabelled": 100_000},
+            unlabeled_splits=frozenset({"unlabelled"}),
+            tfds_name="stl10",
+            host="ai.stanford.edu",
+        ),
+        DatasetSpec(
+            "cifar10",
+            "tfds",
+            10,
+            {"train": 50_000, "test": 10_000},
+            tfds_name="cifar10",
+            host="www.cs.toronto.edu",
+        ),
+        DatasetSpec(
+            "cifar100",
+            "tfds",
+            100,
+            {"train": 50_000, "test": 10_000},
+            tfds_name="cifar100",
+            host="www.cs.toronto.edu",
+        ),
+        DatasetSpec(
+            "cifar100_coarse",
+            "tfds",
+            20,
+            {"train": 50_000, "test": 10_000},
+            tfds_name="cifar100",
+            label_key="coarse_label",
+            host="www.cs.toronto.edu",
+        ),
+        DatasetSpec(
+            "mnist",
+            "tfds",
+            10,
+            {"train": 60_000, "test": 10_000},
+            tfds_name="mnist",
+            host="storage.googleapis.com",
+        ),
         # "balanced" (112,800 training images) is close in size to STL-10's 100,000
         # unlabeled images; the paper does not name the EMNIST split (docs/choices.md).
-        DatasetSpec("emnist", "tfds", 47, {"train": 112_800, "test": 18_800},
-                    tfds_name="emnist/balanced", transpose=True, host="biometrics.nist.gov"),
-        DatasetSpec("fashion_mnist", "tfds", 10, {"train": 60_000, "test": 10_000},
-                    tfds_name="fashion_mnist",
-                    host="fashion-mnist.s3-website.eu-central-1.amazonaws.com"),
+        DatasetSpec(
+            "emnist",
+            "tfds",
+            47,
+            {"train": 112_800, "test": 18_800},
+            tfds_name="emnist/balanced",
+            transpose=True,
+            host="biometrics.nist.gov",
+        ),
+        DatasetSpec(
+            "fashion_mnist",
+            "tfds",
+            10,
+            {"train": 60_000, "test": 10_000},
+            tfds_name="fashion_mnist",
+            host="fashion-mnist.s3-website.eu-central-1.amazonaws.com",
+        ),
         DatasetSpec("fashion_mnist_idx", "idx", 10, {"train": 60_000, "test": 10_000}),
         # scikit-learn's 1,797 digits: the first 1,297 are "train", the last 500 "test".
         DatasetSpec("digits", "sklearn", 10, {"train": 1_297, "test": 500}),
@@ -63,7 +107,7 @@ DATASETS: dict[str, DatasetSpec] = {
 def get_spec(dataset: str) -> DatasetSpec:
     """Return the :class:`DatasetSpec` of ``dataset`` or raise a :class:`UserError`."""
     if dataset.startswith(FOLDER):
-        return folder_spec(dataset[len(FOLDER):])
+        return folder_spec(dataset[len(FOLDER) :])
     if dataset in DATASETS:
         return DATASETS[dataset]
     return tfds_spec(dataset)
@@ -81,16 +125,19 @@ def tfds_spec(name: str) -> DatasetSpec:
 
         builder = tfds.builder(name)
     except Exception:  # not a tfds name either (tfds raises several types)
-        raise UserError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}, a "
-                        f"tfds image classification dataset, or {FOLDER}PATH for a folder "
-                        "of images") from None
+        raise UserError(
+            f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}, a "
+            f"tfds image classification dataset, or {FOLDER}PATH for a folder "
+            "of images"
+        ) from None
     features = builder.info.features
     image = features["image"] if "image" in features else None
     label = features["label"] if "label" in features else None
-    if not (isinstance(image, tfds.features.Image)
-            and isinstance(label, tfds.features.ClassLabel)):
-        raise UserError(f"{name} is not an image classification dataset: it needs an 'image' "
-                        f"and a class 'label' feature, it has {', '.join(features)}")
+    if not (isinstance(image, tfds.features.Image) and isinstance(label, tfds.features.ClassLabel)):
+        raise UserError(
+            f"{name} is not an image classification dataset: it needs an 'image' "
+            f"and a class 'label' feature, it has {', '.join(features)}"
+        )
     splits = {split: info.num_examples for split, info in builder.info.splits.items()}
     return DatasetSpec(name, "tfds", label.num_classes, splits, tfds_name=name)
 
@@ -107,8 +154,9 @@ def parse_split(dataset: str, split: str) -> Split:
     if base not in spec.splits:
         raise UserError(f"{dataset} has no split {base!r}; choose one of {', '.join(spec.splits)}")
     if not parsed.indices(spec.splits[base]):
-        raise UserError(f"split {split!r} of {dataset} selects no images "
-                        f"({base} has {spec.splits[base]:,})")
+        raise UserError(
+            f"split {split!r} of {dataset} selects no images ({base} has {spec.splits[base]:,})"
+        )
     return parsed
 
 
@@ -117,13 +165,21 @@ def split_size(dataset: str, split: str) -> int:
     parsed = parse_split(dataset, split)
     sizes = get_spec(dataset).splits
     if parsed.base not in sizes:
-        raise UserError(f"the size of {dataset}:{split} is known once tfds has prepared it; "
-                        "prepare it first (or pass --data-dir with a prepared copy)")
+        raise UserError(
+            f"the size of {dataset}:{split} is known once tfds has prepared it; "
+            "prepare it first (or pass --data-dir with a prepared copy)"
+        )
     return len(parsed.indices(sizes[parsed.base]))
 
 
-def load_labeled(dataset: str, split: str, *, image_size: int | None = None,
-                 data_dir: str | None = None, manual_dir: str | None = None) -> LabeledImages:
+def load_labeled(
+    dataset: str,
+    split: str,
+    *,
+    image_size: int | None = None,
+    data_dir: str | None = None,
+    manual_dir: str | None = None,
+) -> LabeledImages:
     """Load a labeled split.
 
     Parameters
@@ -142,47 +198,63 @@ def load_labeled(dataset: str, split: str, *, image_size: int | None = None,
     spec = get_spec(dataset)
     parsed = parse_split(dataset, split)
     if parsed.base in spec.unlabeled_splits:
-        raise UserError(f"{dataset}:{parsed.base} has no labels; use it as unlabeled data "
-                        f"(load_unlabeled) or pick one of "
-                        f"{', '.join(s for s in spec.splits if s not in spec.unlabeled_splits)}")
+        raise UserError(
+            f"{dataset}:{parsed.base} has no labels; use it as unlabeled data "
+            f"(load_unlabeled) or pick one of "
+            f"{', '.join(s for s in spec.splits if s not in spec.unlabeled_splits)}"
+        )
     images, labels = _READERS[spec.backend](spec, parsed, True, data_dir, manual_dir)
     labels = labels.astype(np.int64)
     if labels.size and (labels.min() < 0 or labels.max() >= spec.num_classes):
-        raise UserError(f"{dataset}:{split} has labels outside [0, {spec.num_classes}); "
-                        "the data files look corrupt, fetch them again")
-    return LabeledImages(finish(images, spec, image_size), labels, spec.num_classes,
-                         f"{dataset}:{parsed}")
+        raise UserError(
+            f"{dataset}:{split} has labels outside [0, {spec.num_classes}); "
+            "the data files look corrupt, fetch them again"
+        )
+    return LabeledImages(
+        finish(images, spec, image_size), labels, spec.num_classes, f"{dataset}:{parsed}"
+    )
 
 
-def load_unlabeled(dataset: str, split: str, *, image_size: int | None = None,
-                   data_dir: str | None = None, manual_dir: str | None = None) -> np.ndarray:
+def load_unlabeled(
+    dataset: str,
+    split: str,
+    *,
+    image_size: int | None = None,
+    data_dir: str | None = None,
+    manual_dir: str | None = None,
+) -> np.ndarray:
     """Load images only: the pre-training source. Labels are never read.
 
     Parameters are those of :func:`load_labeled`; returns ``uint8 (n, h, w, c)``.
     """
     spec = get_spec(dataset)
-    images, _ = _READERS[spec.backend](spec, parse_split(dataset, split), False, data_dir,
-                                       manual_dir)
+    images, _ = _READERS[spec.backend](
+        spec, parse_split(dataset, split), False, data_dir, manual_dir
+    )
     return finish(images, spec, image_size)
 
 
 # --- readers: (spec, split, want_labels, data_dir, manual_dir) -> (images, labels | None)
 
-def _read_idx(spec: DatasetSpec, split: Split, want_labels: bool, data_dir: str | None,
-              manual_dir: str | None) -> tuple[np.ndarray, np.ndarray | None]:
+
+def _read_idx(
+    spec: DatasetSpec, split: Split, want_labels: bool, data_dir: str | None, manual_dir: str | None
+) -> tuple[np.ndarray, np.ndarray | None]:
     del manual_dir
     prefix = _IDX_PREFIX[split.base]
     folder = _find_idx_dir(data_dir, f"{prefix}-images-idx3-ubyte.gz")
     images = read_idx(folder / f"{prefix}-images-idx3-ubyte.gz")
     rows = split.indices(len(images))
-    images = images[rows.start:rows.stop:rows.step]
+    images = images[rows.start : rows.stop : rows.step]
     if not want_labels:
         return images, None
     labels = read_idx(folder / f"{prefix}-labels-idx1-ubyte.gz")
     if len(labels) != spec.splits[split.base]:
-        raise UserError(f"{folder}: {len(labels)} labels, expected {spec.splits[split.base]}; "
-                        "reinstall with `apt-get install --reinstall dataset-fashion-mnist`")
-    return images, labels[rows.start:rows.stop:rows.step]
+        raise UserError(
+            f"{folder}: {len(labels)} labels, expected {spec.splits[split.base]}; "
+            "reinstall with `apt-get install --reinstall dataset-fashion-mnist`"
+        )
+    return images, labels[rows.start : rows.stop : rows.step]
 
 
 _IDX_PREFIX = {"train": "train", "test": "t10k"}
@@ -194,9 +266,11 @@ def _find_idx_dir(data_dir: str | None, filename: str) -> Path:
     for folder in candidates:
         if (folder / filename).is_file():
             return folder
-    raise UserError(f"Fashion-MNIST file {filename} not found in {roots[0]}; run "
-                    "`apt-get install -y dataset-fashion-mnist` or pass --data-dir DIR "
-                    "holding the four *-idx*-ubyte.gz files")
+    raise UserError(
+        f"Fashion-MNIST file {filename} not found in {roots[0]}; run "
+        "`apt-get install -y dataset-fashion-mnist` or pass --data-dir DIR "
+        "holding the four *-idx*-ubyte.gz files"
+    )
 
 
 _IDX_DTYPES = {0x08: np.uint8}
@@ -229,15 +303,18 @@ def _read_idx_file(path: Path, mtime_ns: int, size: int) -> np.ndarray:
         raise UserError(f"{path} is not an IDX file of unsigned bytes; fetch it again")
     ndim = raw[3]
     header = 4 + 4 * ndim
-    shape = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+    shape = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
     if len(raw) != header + int(np.prod(shape)):
-        raise UserError(f"{path} is truncated ({len(raw) - header} bytes of data for shape "
-                        f"{shape}); fetch it again")
+        raise UserError(
+            f"{path} is truncated ({len(raw) - header} bytes of data for shape "
+            f"{shape}); fetch it again"
+        )
     return np.frombuffer(raw, dtype=_IDX_DTYPES[raw[2]], offset=header).reshape(shape)
 
 
-def _read_sklearn(spec: DatasetSpec, split: Split, want_labels: bool, data_dir: str | None,
-                  manual_dir: str | None) -> tuple[np.ndarray, np.ndarray | None]:
+def _read_sklearn(
+    spec: DatasetSpec, split: Split, want_labels: bool, data_dir: str | None, manual_dir: str | None
+) -> tuple[np.ndarray, np.ndarray | None]:
     del data_dir, manual_dir
     images, labels = _digits()
     offset = 0 if split.base == "train" else spec.splits["train"]
@@ -260,8 +337,9 @@ def _digits() -> tuple[np.ndarray, np.ndarray]:
     return images, labels
 
 
-def _read_tfds(spec: DatasetSpec, split: Split, want_labels: bool, data_dir: str | None,
-               manual_dir: str | None) -> tuple[np.ndarray, np.ndarray | None]:
+def _read_tfds(
+    spec: DatasetSpec, split: Split, want_labels: bool, data_dir: str | None, manual_dir: str | None
+) -> tuple[np.ndarray, np.ndarray | None]:
     import tensorflow_datasets as tfds
 
     kwargs = dict(split=str(split), data_dir=data_dir, shuffle_files=False)
@@ -275,12 +353,18 @@ def _read_tfds(spec: DatasetSpec, split: Split, want_labels: bool, data_dir: str
         _check_can_fetch(spec, data_dir, manual_dir)
         config = tfds.download.DownloadConfig(manual_dir=manual_dir)
         try:
-            ds = tfds.load(spec.tfds_name, download=True,
-                           download_and_prepare_kwargs={"download_config": config}, **kwargs)
+            ds = tfds.load(
+                spec.tfds_name,
+                download=True,
+                download_and_prepare_kwargs={"download_config": config},
+                **kwargs,
+            )
         except Exception as err:
-            raise UserError(f"could not fetch {spec.name} with tfds ({type(err).__name__}); "
-                            "check the connection, or pass --data-dir with a prepared copy "
-                            "or --manual-dir with the downloaded archive") from None
+            raise UserError(
+                f"could not fetch {spec.name} with tfds ({type(err).__name__}); "
+                "check the connection, or pass --data-dir with a prepared copy "
+                "or --manual-dir with the downloaded archive"
+            ) from None
     absl_logger.setLevel(level)
     key = spec.label_key
     if want_labels:
@@ -305,14 +389,17 @@ def _check_can_fetch(spec: DatasetSpec, data_dir: str | None, manual_dir: str | 
         socket.getaddrinfo(host, 443)
     except OSError:
         where = data_dir or "~/tensorflow_datasets"
-        raise UserError(f"{spec.name} is not prepared in {where} and {host} cannot be reached "
-                        "(no internet?); pass --data-dir with a prepared copy or --manual-dir "
-                        "with the downloaded archive, or use --preset quick for offline "
-                        "Fashion-MNIST") from None
+        raise UserError(
+            f"{spec.name} is not prepared in {where} and {host} cannot be reached "
+            "(no internet?); pass --data-dir with a prepared copy or --manual-dir "
+            "with the downloaded archive, or use --preset quick for offline "
+            "Fashion-MNIST"
+        ) from None
 
 
-def check_readable(dataset: str, bases: Sequence[str], data_dir: str | None,
-                   manual_dir: str | None) -> None:
+def check_readable(
+    dataset: str, bases: Sequence[str], data_dir: str | None, manual_dir: str | None
+) -> None:
     """Refuse at once a dataset this machine can neither read nor fetch: Fashion-MNIST's
     IDX files of the ``bases`` (``train``, ``test``) missing, a tfds dataset neither
     prepared in the data dir nor reachable. It looks at files and names only (no image
@@ -334,5 +421,4 @@ def _prepared(tfds_name: str, data_dir: str | None) -> bool:
     return folder.is_dir() and next(folder.rglob("dataset_info.json"), None) is not None
 
 
-_READERS = {"idx": _read_idx, "sklearn": _read_sklearn, "tfds": _read_tfds,
-            "folder": read_folder}
+_READERS = {"idx": _read_idx, "sklearn": _read_sklearn, "tfds": _read_tfds, "folder": read_folder}

@@ -1,6 +1,7 @@
 """What a dataset is, with no disk or network touched: its static facts
 (:class:`DatasetSpec`), a split's text (:class:`Split`), images with their labels
 (:class:`LabeledImages`), and how every source finishes its images (:func:`finish`)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -47,7 +48,7 @@ class Split:
     def indices(self, size: int) -> range:
         return range(size)[slice(self.start, self.stop)]
 
-    def overlaps(self, other: "Split", size: int | None) -> bool:
+    def overlaps(self, other: Split, size: int | None) -> bool:
         """Whether the two select a common image (``size``: the base split's, if known;
         unknown sizes are judged on non-negative bounds alone, else assumed apart)."""
         if self.base != other.base:

@@ -18,6 +18,7 @@ the splits apart). Whether each client gets a batch is arithmetic, checked befor
 is drawn: :func:`check_deal` from the split's size, :func:`group_shares` from the class
 counts.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -34,10 +35,12 @@ def check_deal(num_images: int, num_clients: int, batch_size: int, source: str) 
     """Refuse, in one line, clients that cannot get a batch each of ``num_images``."""
     if num_images // num_clients < batch_size:
         most = num_images // batch_size
-        raise UserError(f"{num_clients} clients cannot get a batch of {batch_size} unlabeled "
-                        f"images each from the {num_images:,} of {source}; use at most "
-                        f"{most} clients or a smaller batch_size of the federated "
-                        "pre-training (pretrain.options)")
+        raise UserError(
+            f"{num_clients} clients cannot get a batch of {batch_size} unlabeled "
+            f"images each from the {num_images:,} of {source}; use at most "
+            f"{most} clients or a smaller batch_size of the federated "
+            "pre-training (pretrain.options)"
+        )
 
 
 def group_shares(class_sizes: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -67,14 +70,22 @@ def check_batch(count: int, batch_size: int, holder: str, fix: str = SMALLER_BAT
     pre-training's round would make no step): ``holder`` names it as the sentence's
     subject, e.g. ``"client 3 has"``."""
     if count < batch_size:
-        raise UserError(f"{holder} {count} unlabeled images, less than a batch of "
-                        f"{batch_size}; {fix}")
+        raise UserError(
+            f"{holder} {count} unlabeled images, less than a batch of {batch_size}; {fix}"
+        )
 
 
-def deal_unlabeled(kind: str, num_images: int, num_clients: int, *, seed: int,
-                   batch_size: int, labels: np.ndarray | None = None,
-                   weights: np.ndarray | None = None, source: str = "the pre-training split"
-                   ) -> list[np.ndarray]:
+def deal_unlabeled(
+    kind: str,
+    num_images: int,
+    num_clients: int,
+    *,
+    seed: int,
+    batch_size: int,
+    labels: np.ndarray | None = None,
+    weights: np.ndarray | None = None,
+    source: str = "the pre-training split",
+) -> list[np.ndarray]:
     """Each client's rows of the pre-training split (sorted), for deal ``kind``.
 
     ``labels`` (the split's, ``groups`` only) and ``weights`` (``(clients, classes)``: each
@@ -82,22 +93,26 @@ def deal_unlabeled(kind: str, num_images: int, num_clients: int, *, seed: int,
     than ``batch_size`` images is refused in one line before anything is drawn.
     """
     if kind not in ("iid", "groups"):
-        raise UserError(f"deal {kind!r}: the clients get unlabeled images with "
-                        "partition.unlabeled iid or groups")
+        raise UserError(
+            f"deal {kind!r}: the clients get unlabeled images with "
+            "partition.unlabeled iid or groups"
+        )
     check_deal(num_images, num_clients, batch_size, source)
     rng = np.random.default_rng([seed, _STREAM])
     if kind == "iid":
-        return [np.sort(part) for part in np.array_split(rng.permutation(num_images),
-                                                         num_clients)]
+        return [np.sort(part) for part in np.array_split(rng.permutation(num_images), num_clients)]
     assert labels is not None and weights is not None and len(labels) == num_images
     classes = weights.shape[1]
     sizes = np.bincount(labels, minlength=classes)[:classes]
     shares = group_shares(sizes, weights)
     fewest = int(shares.sum(axis=1).min())
-    check_batch(fewest, batch_size, f"the groups deal of {source} leaves client "
-                f"{int(shares.sum(axis=1).argmin())}",
-                "use fewer clients or a smaller batch_size of the federated pre-training "
-                "(pretrain.options)")
+    check_batch(
+        fewest,
+        batch_size,
+        f"the groups deal of {source} leaves client {int(shares.sum(axis=1).argmin())}",
+        "use fewer clients or a smaller batch_size of the federated pre-training "
+        "(pretrain.options)",
+    )
     rows: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
     for c in range(classes):
         pool = rng.permutation(np.flatnonzero(labels == c))

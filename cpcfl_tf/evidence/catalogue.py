@@ -2,18 +2,25 @@
 number-of-clients study, as :class:`~cpcfl_tf.running.runner.RunSpec` s for the scripts
 (``experiments/``). Row labels come from :func:`cpcfl_tf.methods.federated.run_label`.
 """
+
 from __future__ import annotations
 
 from typing import Any
 
-from cpcfl_tf.plan.config import Config
 from cpcfl_tf.methods.federated import run_label
+from cpcfl_tf.plan.config import Config
 from cpcfl_tf.running.runner import RunSpec
 
-
-COMPARISON = {f"{method}-{pre}": (method, pre, run_label(method, pre))
-              for method, pre in (("fedavg", "none"), ("fedavg", "simclr"), ("ifca", "none"),
-                                  ("ifca", "fedavg"), ("cp-cfl", "simclr"))}
+COMPARISON = {
+    f"{method}-{pre}": (method, pre, run_label(method, pre))
+    for method, pre in (
+        ("fedavg", "none"),
+        ("fedavg", "simclr"),
+        ("ifca", "none"),
+        ("ifca", "fedavg"),
+        ("cp-cfl", "simclr"),
+    )
+}
 """The five rows (run name: method, pre-training, label) the paper compares in most tables."""
 COMPARISON_LABELS = {name: label for name, (_, _, label) in COMPARISON.items()}
 """Run name -> the label the paper's tables use."""
@@ -22,8 +29,10 @@ COMPARISON_LABELS = {name: label for name, (_, _, label) in COMPARISON.items()}
 def comparison_specs(prefix: str = "", **fields: Any) -> list[RunSpec]:
     """The five :data:`COMPARISON` rows as specs named ``prefix + name``, with ``fields``
     (other :class:`RunSpec` fields) shared by all."""
-    return [RunSpec(prefix + name, method, pre, row=name, **fields)
-            for name, (method, pre, _) in COMPARISON.items()]
+    return [
+        RunSpec(prefix + name, method, pre, row=name, **fields)
+        for name, (method, pre, _) in COMPARISON.items()
+    ]
 
 
 PAPER_CLIENT_SETTINGS = ((15, 40), (30, 60), (60, 100), (90, 100))

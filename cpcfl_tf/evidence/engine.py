@@ -4,32 +4,42 @@ seed (:class:`Evidence`), each claim judged by the rule of :mod:`cpcfl_tf.eviden
 found, which machines and encoders the runs came from) and ``results/README.md``'s
 per-link table (:func:`verdict_table`). Reads the tree; writes nothing.
 """
+
 from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
-from cpcfl_tf.evidence.catalogue import COMPARISON_LABELS, client_settings
-from cpcfl_tf.plan.config import Config
-from cpcfl_tf.records.environment import machine
-from cpcfl_tf.errors import UserError
-from cpcfl_tf.clustered.restarts import cluster_sizes, clustering_failed
 from cpcfl_tf.clustered.metrics import cluster_ari
-from cpcfl_tf.evidence.judge import (CANNOT, CLAIMS_RULE, Summary, bounds, combined,
-                                     final_accuracy, linear_eval_config,
-                                     linear_eval_settings, paired, verdict)
+from cpcfl_tf.clustered.restarts import cluster_sizes, clustering_failed
+from cpcfl_tf.errors import UserError
+from cpcfl_tf.evidence.catalogue import COMPARISON_LABELS, client_settings
+from cpcfl_tf.evidence.claims import Claim, Link, base_name, evidence
+from cpcfl_tf.evidence.judge import (
+    CANNOT,
+    CLAIMS_RULE,
+    Summary,
+    bounds,
+    combined,
+    final_accuracy,
+    linear_eval_config,
+    linear_eval_settings,
+    paired,
+    verdict,
+)
 from cpcfl_tf.methods.federated import run_label
+from cpcfl_tf.plan.config import Config
+from cpcfl_tf.plan.resolve import resolve
+from cpcfl_tf.records.environment import machine
 from cpcfl_tf.records.record import RunRecord
 from cpcfl_tf.records.store import Found, RecordIndex, mismatch, together
 from cpcfl_tf.running.report import markdown_table
-from cpcfl_tf.plan.resolve import resolve
 from cpcfl_tf.running.runner import RunSpec
 from cpcfl_tf.running.taking import base_plan, stands_in
-from cpcfl_tf.evidence.claims import Claim, Link, base_name, evidence
 
 
 # -- judging -------------------------------------------------------------------------
@@ -55,8 +65,11 @@ class Evidence:
         # The machine the runs are preferred from is the one most of the claims' own runs
         # came from: a large study of other runs in the tree (the reliability study) must
         # not sway which records the claims judge.
-        self.index = RecordIndex(results, prefer=own, electing=[
-            self.config_of(name, seed) for name in self.specs for seed in self.seeds])
+        self.index = RecordIndex(
+            results,
+            prefer=own,
+            electing=[self.config_of(name, seed) for name in self.specs for seed in self.seeds],
+        )
         self.used: dict[str, list[str]] = {}
         """Run (``seed K: name``) -> the paths of the records used, for claims.json (one
         unless links paired the run with runs from different encoders or machines)."""
@@ -122,8 +135,9 @@ class Evidence:
 
     def linear_eval(self, method: str) -> dict[int, float]:
         """Linear-evaluation accuracy (%) of ``method``'s encoder per seed."""
-        wanted = {seed: linear_eval_settings(self.config.with_overrides(seed=seed))
-                  for seed in self.seeds}
+        wanted = {
+            seed: linear_eval_settings(self.config.with_overrides(seed=seed)) for seed in self.seeds
+        }
         out = {}
         for path, stored in self.index.linear_evals:
             try:
@@ -131,8 +145,9 @@ class Evidence:
             except (KeyError, TypeError, UserError):
                 continue
             for seed, want in wanted.items():
-                row = next((r for r in stored.get("rows", [])
-                            if r.get("pretraining") == method), None)
+                row = next(
+                    (r for r in stored.get("rows", []) if r.get("pretraining") == method), None
+                )
                 if settings == want and row is not None and seed not in out:
                     out[seed] = 100 * row["accuracy"]
                     self.scored[seed, method] = row.get("encoder_fingerprint")
@@ -146,23 +161,40 @@ class Evidence:
             if link.linear_eval:  # one evaluation per seed scores all its encoders
                 a, b = self.linear_eval(link.a), self.linear_eval(link.b)
                 diffs = {s: a[s] - b[s] for s in sorted(set(a) & set(b))}
-                missing = [f"seed {s}: linear evaluation" for s in self.seeds
-                           if s not in a or s not in b]
+                missing = [
+                    f"seed {s}: linear evaluation" for s in self.seeds if s not in a or s not in b
+                ]
             else:
                 runs = self.together(names)
                 self.linked.update((id(r), r) for have in runs.values() for r in have.values())
-                self.pairs += [(claim.id, seed, [runs[n][seed] for n in names])
-                               for seed in self.seeds if all(seed in runs[n] for n in names)]
-                diffs = paired(runs[link.a], runs.get(link.b), link.stat,
-                               threshold=link.threshold)
+                self.pairs += [
+                    (claim.id, seed, [runs[n][seed] for n in names])
+                    for seed in self.seeds
+                    if all(seed in runs[n] for n in names)
+                ]
+                diffs = paired(runs[link.a], runs.get(link.b), link.stat, threshold=link.threshold)
                 if link.c is not None:
                     other = paired(runs[link.c], runs[link.d], link.stat)
                     diffs = {s: diffs[s] - other[s] for s in diffs if s in other}
-                missing = [f"seed {s}: {name}" for s in self.seeds for name in names
-                           if not self.every(name, s)]
-            judged.append((link, verdict(diffs, link.margin, missing=len(missing),
-                                         paper=link.effect, equivalence=link.equivalence),
-                           missing))
+                missing = [
+                    f"seed {s}: {name}"
+                    for s in self.seeds
+                    for name in names
+                    if not self.every(name, s)
+                ]
+            judged.append(
+                (
+                    link,
+                    verdict(
+                        diffs,
+                        link.margin,
+                        missing=len(missing),
+                        paper=link.effect,
+                        equivalence=link.equivalence,
+                    ),
+                    missing,
+                )
+            )
         return Judged(claim, judged)
 
 
@@ -176,27 +208,38 @@ def _ours(summary: Summary, long: bool = True) -> str:
         return "-"
     interval = summary.interval
     if not long:
-        return (f"{_number(summary.mean)} [{_number(interval[0])}, {_number(interval[1])}] "
-                f"(n = {summary.n})" if interval else f"{_number(summary.mean)} (n = {summary.n})")
-    return (f"{_number(summary.mean)} [{_number(interval[0]) if interval else '-'}, "
-            f"{_number(interval[1]) if interval else '-'}]; min {_number(min(summary.values))}, "
-            f"max {_number(max(summary.values))} (n = {summary.n})")
+        return (
+            f"{_number(summary.mean)} [{_number(interval[0])}, {_number(interval[1])}] "
+            f"(n = {summary.n})"
+            if interval
+            else f"{_number(summary.mean)} (n = {summary.n})"
+        )
+    return (
+        f"{_number(summary.mean)} [{_number(interval[0]) if interval else '-'}, "
+        f"{_number(interval[1]) if interval else '-'}]; min {_number(min(summary.values))}, "
+        f"max {_number(max(summary.values))} (n = {summary.n})"
+    )
 
 
 def _allows(summary: Summary) -> list[str]:
     """What a link's interval allows (:func:`~cpcfl_tf.evidence.judge.bounds`), whether the
     paper's difference is inside it, and the seeds that would decide the link."""
     inside, needed = summary.paper_inside, summary.seeds_needed
-    return [bounds(summary), "-" if inside is None else "yes" if inside else "no",
-            "-" if needed is None else str(needed)]
+    return [
+        bounds(summary),
+        "-" if inside is None else "yes" if inside else "no",
+        "-" if needed is None else str(needed),
+    ]
 
 
-FIXED_NOTE = ("*With the restart rule* (beyond the paper): the same link judged by the same "
-              "rule with every CP-CFL run replaced by CP-CFL+restart's of the same seed, "
-              "partition and settings (IFCA's restart rule added to CP-CFL: "
-              "docs/choices.md). Where the rule never fires in a CP-CFL run, that run is "
-              "CP-CFL+restart's bit for bit; only the runs where it fires are made. "
-              "*same runs*: the link names no CP-CFL run.")
+FIXED_NOTE = (
+    "*With the restart rule* (beyond the paper): the same link judged by the same "
+    "rule with every CP-CFL run replaced by CP-CFL+restart's of the same seed, "
+    "partition and settings (IFCA's restart rule added to CP-CFL: "
+    "docs/choices.md). Where the rule never fires in a CP-CFL run, that run is "
+    "CP-CFL+restart's bit for bit; only the runs where it fires are made. "
+    "*same runs*: the link names no CP-CFL run."
+)
 
 
 def _why(j: Judged, link: Link, summary: Summary, missing: list[str], command: str) -> str:
@@ -206,65 +249,129 @@ def _why(j: Judged, link: Link, summary: Summary, missing: list[str], command: s
     if summary.verdict != CANNOT:
         return summary.verdict
     what = "linear evaluation(s)" if link.linear_eval else "run(s)"
-    why = (f"{CANNOT}: {len(missing)} {what} missing "
-           f"(`{command} --claims {j.claim.id} --run --resume`)")
+    why = (
+        f"{CANNOT}: {len(missing)} {what} missing "
+        f"(`{command} --claims {j.claim.id} --run --resume`)"
+    )
     return why + (f"; so far (n = {summary.n}): {summary.so_far}" if summary.so_far else "")
 
 
-def report(config: Config, results: Path, seeds: list[int], judged: list[Judged],
-           headroom: list[list[str]], groups: list[str], command: str,
-           fixed: list[Judged]) -> str:
+def report(
+    config: Config,
+    results: Path,
+    seeds: list[int],
+    judged: list[Judged],
+    headroom: list[list[str]],
+    groups: list[str],
+    command: str,
+    fixed: list[Judged],
+) -> str:
     """``claims.md``: per link the paper's reading (``judged``) and, beside it, the same
     link with CP-CFL's merges fixed (``fixed``, one per claim of ``judged``)."""
-    lines = [f"# The paper's claims (preset `{config.preset}`)", "",
-             f"Judged by `python experiments/claims.py --preset {config.preset}` from the run "
-             f"records under `{results}`, seeds {', '.join(map(str, seeds))}. The paper's "
-             "numbers are STL-10 on a GPU, copied from its tables; ours are points of "
-             "accuracy (%) unless the link says otherwise.", "", CLAIMS_RULE, "", FIXED_NOTE]
+    lines = [
+        f"# The paper's claims (preset `{config.preset}`)",
+        "",
+        f"Judged by `python experiments/claims.py --preset {config.preset}` from the run "
+        f"records under `{results}`, seeds {', '.join(map(str, seeds))}. The paper's "
+        "numbers are STL-10 on a GPU, copied from its tables; ours are points of "
+        "accuracy (%) unless the link says otherwise.",
+        "",
+        CLAIMS_RULE,
+        "",
+        FIXED_NOTE,
+    ]
     rows = []
     for j, f in zip(judged, fixed):
         for k, ((link, summary, missing), (flink, fsummary, fmissing)) in enumerate(
-                zip(j.links, f.links)):
+            zip(j.links, f.links)
+        ):
             same = flink == link
-            rows.append([f"{j.claim.id} {j.claim.text}" if k == 0 else "", link.label,
-                         link.paper,
-                         " / ".join(_number(v) for v in summary.per_seed.values()) or "-",
-                         _ours(summary), _why(j, link, summary, missing, command),
-                         "same runs" if same else _ours(fsummary, long=False),
-                         "same runs" if same else _why(f, flink, fsummary, fmissing, command)])
-    lines += markdown_table(["claim", "link (ours: per seed, mean [95 % interval])", "paper",
-                             "ours per seed", "ours", "verdict",
-                             "with the restart rule: ours", "verdict"], rows)
-    lines += ["", "## What the intervals allow", "",
-              "Per link: the paper's difference, the largest effect the interval allows on "
-              "the paper's side and on the other (a claim of no difference: its 90 % "
-              "interval), whether the paper's difference lies inside the interval, and for "
-              "a link not decided the seeds that would decide it at the mean and spread seen "
-              "here (the rule above); then the same with the restart rule.", ""]
+            rows.append(
+                [
+                    f"{j.claim.id} {j.claim.text}" if k == 0 else "",
+                    link.label,
+                    link.paper,
+                    " / ".join(_number(v) for v in summary.per_seed.values()) or "-",
+                    _ours(summary),
+                    _why(j, link, summary, missing, command),
+                    "same runs" if same else _ours(fsummary, long=False),
+                    "same runs" if same else _why(f, flink, fsummary, fmissing, command),
+                ]
+            )
     lines += markdown_table(
-        ["claim", "link", "paper's difference", "ours allows", "paper's inside",
-         "seeds to decide", "with the restart rule: ours allows", "paper's inside",
-         "seeds to decide"],
-        [[j.claim.id if k == 0 else "", link.label, _number(link.effect),
-          *_allows(summary), *(("same runs", "", "") if flink == link else _allows(fsummary))]
-         for j, f in zip(judged, fixed)
-         for k, ((link, summary, _), (flink, fsummary, _)) in enumerate(zip(j.links, f.links))])
+        [
+            "claim",
+            "link (ours: per seed, mean [95 % interval])",
+            "paper",
+            "ours per seed",
+            "ours",
+            "verdict",
+            "with the restart rule: ours",
+            "verdict",
+        ],
+        rows,
+    )
+    lines += [
+        "",
+        "## What the intervals allow",
+        "",
+        "Per link: the paper's difference, the largest effect the interval allows on "
+        "the paper's side and on the other (a claim of no difference: its 90 % "
+        "interval), whether the paper's difference lies inside the interval, and for "
+        "a link not decided the seeds that would decide it at the mean and spread seen "
+        "here (the rule above); then the same with the restart rule.",
+        "",
+    ]
+    lines += markdown_table(
+        [
+            "claim",
+            "link",
+            "paper's difference",
+            "ours allows",
+            "paper's inside",
+            "seeds to decide",
+            "with the restart rule: ours allows",
+            "paper's inside",
+            "seeds to decide",
+        ],
+        [
+            [
+                j.claim.id if k == 0 else "",
+                link.label,
+                _number(link.effect),
+                *_allows(summary),
+                *(("same runs", "", "") if flink == link else _allows(fsummary)),
+            ]
+            for j, f in zip(judged, fixed)
+            for k, ((link, summary, _), (flink, fsummary, _)) in enumerate(zip(j.links, f.links))
+        ],
+    )
     lines += ["", "## Verdict per claim", ""]
-    lines += markdown_table(["claim", "source in the paper", "verdict",
-                             "with the restart rule (beyond the paper)"],
-                            [[f"{j.claim.id} {j.claim.text}", j.claim.source, j.verdict,
-                              f.verdict] for j, f in zip(judged, fixed)])
+    lines += markdown_table(
+        ["claim", "source in the paper", "verdict", "with the restart rule (beyond the paper)"],
+        [
+            [f"{j.claim.id} {j.claim.text}", j.claim.source, j.verdict, f.verdict]
+            for j, f in zip(judged, fixed)
+        ],
+    )
     if headroom:
-        lines += ["", "## Headroom: gap to the centralized by-group bound of the same seed", "",
-                  "Each method's accuracy minus the centralized by-group model's (points): how "
-                  "much the data left above each method.", ""]
+        lines += [
+            "",
+            "## Headroom: gap to the centralized by-group bound of the same seed",
+            "",
+            "Each method's accuracy minus the centralized by-group model's (points): how "
+            "much the data left above each method.",
+            "",
+        ]
         lines += markdown_table(["method", "per seed", "mean (n)"], headroom)
     lines += groups
     return "\n".join(lines) + "\n"
 
 
-LABELS = {**COMPARISON_LABELS, **{f"cp-cfl-{pre}": run_label("cp-cfl", pre)
-                                   for pre in ("byol", "simsiam")}}
+LABELS = {
+    **COMPARISON_LABELS,
+    **{f"cp-cfl-{pre}": run_label("cp-cfl", pre) for pre in ("byol", "simsiam")},
+}
 CLUSTERED = ("ifca-none", "ifca-fedavg", "cp-cfl-simclr", "cp-cfl-byol", "cp-cfl-simsiam")
 
 
@@ -275,29 +382,43 @@ def headroom(ev: Evidence) -> list[list[str]]:
         gaps = paired(runs[name], runs["centralized-group"], final_accuracy)
         if gaps:
             values = list(gaps.values())
-            rows.append([label, " / ".join(f"{v:+.2f}" for v in values),
-                         f"{sum(values) / len(values):+.2f} ({len(values)})"])
+            rows.append(
+                [
+                    label,
+                    " / ".join(f"{v:+.2f}" for v in values),
+                    f"{sum(values) / len(values):+.2f} ({len(values)})",
+                ]
+            )
     return rows
 
 
 def found_at(record: RunRecord) -> int | None:
     """The first round after which every client was in its true group (None: never)."""
     groups = np.array([c["group"] for c in record.clients])
-    return next((r.round for r in record.rounds
-                 if cluster_ari(groups, np.array(r.cluster_ids)) == 1.0), None)
+    return next(
+        (r.round for r in record.rounds if cluster_ari(groups, np.array(r.cluster_ids)) == 1.0),
+        None,
+    )
 
 
 def _sizes(record: RunRecord) -> str:
     """The final clusters' sizes, e.g. ``16,40,4``."""
-    return ",".join(map(str, cluster_sizes(np.array(record.rounds[-1].cluster_ids),
-                                           record.config.federated.num_clusters)))
+    return ",".join(
+        map(
+            str,
+            cluster_sizes(
+                np.array(record.rounds[-1].cluster_ids), record.config.federated.num_clusters
+            ),
+        )
+    )
 
 
 def _flagged(record: RunRecord) -> bool:
     """Whether IFCA's failure test flags the final clusters."""
     fl = record.config.federated
-    return clustering_failed(np.array(record.rounds[-1].cluster_ids), fl.num_clusters,
-                             fl.min_cluster_share)
+    return clustering_failed(
+        np.array(record.rounds[-1].cluster_ids), fl.num_clusters, fl.min_cluster_share
+    )
 
 
 def groups_found(ev: Evidence) -> list[str]:
@@ -306,8 +427,11 @@ def groups_found(ev: Evidence) -> list[str]:
     whether IFCA's failure test would have caught CP-CFL's runs that end without them."""
     rows, cp_cfl = [], []
     # C7's CP-CFL runs with other numbers of clients (the preset's own is CP-CFL (SimCLR)).
-    sized = {f"c{n}": f"CP-CFL (SimCLR), {n} clients" for n, _ in client_settings(ev.config)
-             if n != ev.config.partition.num_clients}
+    sized = {
+        f"c{n}": f"CP-CFL (SimCLR), {n} clients"
+        for n, _ in client_settings(ev.config)
+        if n != ev.config.partition.num_clients
+    }
     for name in (*CLUSTERED, *sized):
         runs = list(ev.runs(name).values())
         if not runs:
@@ -315,33 +439,53 @@ def groups_found(ev: Evidence) -> list[str]:
         if name.startswith("cp-cfl") or name in sized:
             cp_cfl += runs
         found = [found_at(r) for r in runs]
-        rows.append([sized.get(name) or LABELS[name],
-                     " / ".join(f"{r.final.ari:.2f}" for r in runs),
-                     " / ".join(_sizes(r) for r in runs),
-                     " / ".join("never" if f is None else str(f) for f in found),
-                     " / ".join(str(r.final.restarts) for r in runs),
-                     f"{sum(r.final.ari == 1.0 for r in runs)} of {len(runs)}"])
+        rows.append(
+            [
+                sized.get(name) or LABELS[name],
+                " / ".join(f"{r.final.ari:.2f}" for r in runs),
+                " / ".join(_sizes(r) for r in runs),
+                " / ".join("never" if f is None else str(f) for f in found),
+                " / ".join(str(r.final.restarts) for r in runs),
+                f"{sum(r.final.ari == 1.0 for r in runs)} of {len(runs)}",
+            ]
+        )
     if not rows:
         return []
-    lines = ["", "## Groups found: the clusters against the true groups", "",
-             "Per seed: the final clusters' adjusted Rand index against the clients' true "
-             "groups (1: every client with its group) and their sizes, the first round after "
-             "which every client was in its true group, and IFCA's restarts (the final "
-             "attempt's rounds are the record's). A run that ends below 1 kept groups merged "
-             "or split; the links that compare clustered methods move with it.", ""]
-    lines += markdown_table(["method", "final ARI per seed", "final cluster sizes",
-                             "groups first found (round)", "restarts",
-                             "runs ending with the true groups"], rows)
+    lines = [
+        "",
+        "## Groups found: the clusters against the true groups",
+        "",
+        "Per seed: the final clusters' adjusted Rand index against the clients' true "
+        "groups (1: every client with its group) and their sizes, the first round after "
+        "which every client was in its true group, and IFCA's restarts (the final "
+        "attempt's rounds are the record's). A run that ends below 1 kept groups merged "
+        "or split; the links that compare clustered methods move with it.",
+        "",
+    ]
+    lines += markdown_table(
+        [
+            "method",
+            "final ARI per seed",
+            "final cluster sizes",
+            "groups first found (round)",
+            "restarts",
+            "runs ending with the true groups",
+        ],
+        rows,
+    )
     missed = [r for r in cp_cfl if r.final.ari < 1.0]
     if missed:
         kept = [r for r in cp_cfl if r.final.ari == 1.0]
         share = missed[0].config.federated.min_cluster_share
-        lines += ["", f"CP-CFL has no restart rule (the paper gives it none). IFCA's failure "
-                      f"test (one model for every client, or a cluster below {share:g} of its "
-                      f"fair share: docs/choices.md), applied to CP-CFL's final clusters, "
-                      f"flags {sum(map(_flagged, missed))} of the {len(missed)} CP-CFL runs "
-                      f"that end below ARI 1 and {sum(map(_flagged, kept))} of the "
-                      f"{len(kept)} that end with the true groups."]
+        lines += [
+            "",
+            f"CP-CFL has no restart rule (the paper gives it none). IFCA's failure "
+            f"test (one model for every client, or a cluster below {share:g} of its "
+            f"fair share: docs/choices.md), applied to CP-CFL's final clusters, "
+            f"flags {sum(map(_flagged, missed))} of the {len(missed)} CP-CFL runs "
+            f"that end below ARI 1 and {sum(map(_flagged, kept))} of the "
+            f"{len(kept)} that end with the true groups.",
+        ]
     return lines
 
 
@@ -349,6 +493,7 @@ def machine_notes(ev: Evidence) -> list[str]:
     """Which claims and seeds ran on another kind of CPU than most runs, and every paired
     difference whose runs do not share one kind of CPU and, per pre-training, one encoder
     (there its last bits are round-off, not chance)."""
+
     def cpu(record: RunRecord) -> str:
         return machine(record.environment) or "CPU not recorded"
 
@@ -356,8 +501,12 @@ def machine_notes(ev: Evidence) -> list[str]:
     identified = {cpu(r) for r in ev.linked.values() if r.environment.get("cpu_id")}
 
     def named(kind: str) -> str:  # a kind without an identity is not one machine
-        return kind if kind in identified or kind == "CPU not recorded" else (
-            f"{kind}, CPU identity not recorded")
+        return (
+            kind
+            if kind in identified or kind == "CPU not recorded"
+            else (f"{kind}, CPU identity not recorded")
+        )
+
     kinds: dict[str, dict[str, set[int]]] = {}
     mixed = []
     for claim_id, seed, records in ev.pairs:
@@ -371,26 +520,36 @@ def machine_notes(ev: Evidence) -> list[str]:
     if len(count) > 1:
         most = max(count, key=lambda kind: (count[kind], kind))
         others = "; ".join(
-            f"{named(kind)}: " + ", ".join(f"{claim_id} {seed_list(sorted(seeds))}"
-                                    for claim_id, seeds in kinds[kind].items())
-            for kind in sorted(count) if kind != most)
-        notes.append(f"Note: {count[most]} of the {len(ev.linked)} runs judged here ran on "
-                     f"{named(most)}; the other {len(ev.linked) - count[most]}, by claim and seed: "
-                     f"{others}.")
+            f"{named(kind)}: "
+            + ", ".join(
+                f"{claim_id} {seed_list(sorted(seeds))}" for claim_id, seeds in kinds[kind].items()
+            )
+            for kind in sorted(count)
+            if kind != most
+        )
+        notes.append(
+            f"Note: {count[most]} of the {len(ev.linked)} runs judged here ran on "
+            f"{named(most)}; the other {len(ev.linked) - count[most]}, by claim and seed: "
+            f"{others}."
+        )
     if mixed:
-        notes.append("Note: these paired differences compare runs that do not share one "
-                     "kind of CPU or one encoder per pre-training (what differs): "
-                     + ", ".join(f"{c} seed {s} ({w})" for c, s, w in mixed)
-                     + ". Their last bits differ; on the quick preset that moved a result "
-                       "by about 1.5 points (docs/experiments.md, \"Bit for bit\").")
+        notes.append(
+            "Note: these paired differences compare runs that do not share one "
+            "kind of CPU or one encoder per pre-training (what differs): "
+            + ", ".join(f"{c} seed {s} ({w})" for c, s, w in mixed)
+            + ". Their last bits differ; on the quick preset that moved a result "
+            'by about 1.5 points (docs/experiments.md, "Bit for bit").'
+        )
     elif len(count) > 1:
-        notes[-1] += (" Each paired difference compares runs of one kind of CPU that start, "
-                      "per pre-training, from one encoder.")
+        notes[-1] += (
+            " Each paired difference compares runs of one kind of CPU that start, "
+            "per pre-training, from one encoder."
+        )
     return notes
 
 
 def seed_list(seeds: Sequence[int]) -> str:
-    """"seed 3" or "seeds 3, 4"."""
+    """ "seed 3" or "seeds 3, 4"."""
     return f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
 
 
@@ -399,19 +558,25 @@ def encoder_notes(ev: Evidence) -> list[str]:
     pre-training started from (``environment.starting_encoder``)."""
     notes, unnamed = [], sorted({seed for (seed, _), f in ev.scored.items() if f is None})
     for (seed, method), scored in sorted(ev.scored.items()):
-        started = {f.record.environment.get("starting_encoder")
-                   for f in ev.index.every(ev.config_of(f"cp-cfl-{method}", seed))} - {None}
+        started = {
+            f.record.environment.get("starting_encoder")
+            for f in ev.index.every(ev.config_of(f"cp-cfl-{method}", seed))
+        } - {None}
         if scored and started and scored not in started:
-            notes.append(f"Note: seed {seed}'s linear evaluation of {method} scored encoder "
-                         f"`{scored[:16]}`, its CP-CFL runs started from "
-                         f"{', '.join(f'`{e[:16]}`' for e in sorted(started))}: the CP-CFL and "
-                         "linear-evaluation links of C9 rest on different pre-trainings of "
-                         "that seed.")
+            notes.append(
+                f"Note: seed {seed}'s linear evaluation of {method} scored encoder "
+                f"`{scored[:16]}`, its CP-CFL runs started from "
+                f"{', '.join(f'`{e[:16]}`' for e in sorted(started))}: the CP-CFL and "
+                "linear-evaluation links of C9 rest on different pre-trainings of "
+                "that seed."
+            )
     if unnamed:
-        notes.append(f"Note: the linear evaluations of seed(s) {', '.join(map(str, unnamed))} "
-                     "do not name the encoder they scored (written before linear_eval.json "
-                     "had `encoder_fingerprint`); `python experiments/linear_eval.py --force` "
-                     "with the same settings, where the cache holds those encoders, names it.")
+        notes.append(
+            f"Note: the linear evaluations of seed(s) {', '.join(map(str, unnamed))} "
+            "do not name the encoder they scored (written before linear_eval.json "
+            "had `encoder_fingerprint`); `python experiments/linear_eval.py --force` "
+            "with the same settings, where the cache holds those encoders, names it."
+        )
     return notes
 
 
@@ -422,10 +587,30 @@ def verdict_table(judged: list[Judged], fixed: list[Judged]) -> list[str]:
     for j, f in zip(judged, fixed):
         for k, ((link, summary, _), (flink, fsummary, _)) in enumerate(zip(j.links, f.links)):
             verdict_ = CANNOT if j.claim.cannot else summary.verdict
-            again = ("same runs" if flink == link else
-                     f"{CANNOT if f.claim.cannot else fsummary.verdict}: "
-                     f"{_ours(fsummary, long=False)}")
-            rows.append([j.claim.id if k == 0 else "", link.label, link.paper,
-                         _ours(summary, long=False), verdict_, again])
-    return markdown_table(["claim", "link", "paper (STL-10)", "ours: mean [95 % interval]",
-                           "verdict", "with the restart rule (beyond the paper)"], rows)
+            again = (
+                "same runs"
+                if flink == link
+                else f"{CANNOT if f.claim.cannot else fsummary.verdict}: "
+                f"{_ours(fsummary, long=False)}"
+            )
+            rows.append(
+                [
+                    j.claim.id if k == 0 else "",
+                    link.label,
+                    link.paper,
+                    _ours(summary, long=False),
+                    verdict_,
+                    again,
+                ]
+            )
+    return markdown_table(
+        [
+            "claim",
+            "link",
+            "paper (STL-10)",
+            "ours: mean [95 % interval]",
+            "verdict",
+            "with the restart rule (beyond the paper)",
+        ],
+        rows,
+    )

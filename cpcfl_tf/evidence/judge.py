@@ -10,11 +10,12 @@ beyond the paper (a reproducer's runs against the committed ones are
   differences;
 * :func:`verdict` applies :data:`RULE` to those differences.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -95,8 +96,9 @@ def linear_eval_settings(config: Config) -> dict:
 def linear_eval_config(stored: dict) -> Config:
     """The config a ``linear_eval.json`` stored (files written before pre-training
     settings lost their method still name it)."""
-    return Config.from_dict({**stored, "pretrain": {k: v for k, v in stored["pretrain"].items()
-                                                    if k != "method"}})
+    return Config.from_dict(
+        {**stored, "pretrain": {k: v for k, v in stored["pretrain"].items() if k != "method"}}
+    )
 
 
 # -- statistics ----------------------------------------------------------------------
@@ -110,8 +112,10 @@ def final_accuracy(record: RunRecord) -> float:
 
 def accuracy_at(round_: int) -> Statistic:
     """Accuracy (%) after ``round_`` rounds."""
+
     def stat(record: RunRecord) -> float:
         return 100 * record.accuracy_at(round_)
+
     stat.__doc__ = f"accuracy (%) at T = {round_}"
     return stat
 
@@ -155,30 +159,45 @@ class Summary:
     @property
     def seeds_needed(self) -> int | None:
         """For a link not decided: :func:`seeds_needed` of its differences."""
-        if self.margin is not None or self.n < MIN_SEEDS or (
-                self.verdict not in (NOT_SHOWN, SMALLER)
-                and self.so_far not in (NOT_SHOWN, SMALLER)):
+        if (
+            self.margin is not None
+            or self.n < MIN_SEEDS
+            or (
+                self.verdict not in (NOT_SHOWN, SMALLER) and self.so_far not in (NOT_SHOWN, SMALLER)
+            )
+        ):
             return None
         return seeds_needed(self.values)
 
     def to_json(self) -> dict:
         values = self.values
-        return {"per_seed": {str(k): v for k, v in self.per_seed.items()}, "n": self.n,
-                "mean": self.mean, "min": float(values.min()) if self.n else None,
-                "max": float(values.max()) if self.n else None,
-                "ci95": list(self.interval) if self.interval else None,
-                "margin": self.margin, "verdict": self.verdict,
-                **({"so_far": self.so_far} if self.so_far else {})}
+        return {
+            "per_seed": {str(k): v for k, v in self.per_seed.items()},
+            "n": self.n,
+            "mean": self.mean,
+            "min": float(values.min()) if self.n else None,
+            "max": float(values.max()) if self.n else None,
+            "ci95": list(self.interval) if self.interval else None,
+            "margin": self.margin,
+            "verdict": self.verdict,
+            **({"so_far": self.so_far} if self.so_far else {}),
+        }
 
     def claim_json(self) -> dict:
         """:meth:`to_json` with what a link of the paper's claims adds: the paper's
         difference, whether it lies inside the interval, the seeds that would decide the
         link, and for an equivalence link its 90 % interval."""
-        return {**self.to_json(), "paper_difference": self.paper,
-                "paper_inside": self.paper_inside,
-                "seeds_needed": self.seeds_needed,
-                **({"ci90": list(t_interval(self.values, 1 - 2 * ALPHA))}
-                   if self.margin is not None and self.n >= MIN_SEEDS else {})}
+        return {
+            **self.to_json(),
+            "paper_difference": self.paper,
+            "paper_inside": self.paper_inside,
+            "seeds_needed": self.seeds_needed,
+            **(
+                {"ci90": list(t_interval(self.values, 1 - 2 * ALPHA))}
+                if self.margin is not None and self.n >= MIN_SEEDS
+                else {}
+            ),
+        }
 
 
 def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
@@ -193,8 +212,9 @@ def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, flo
     return float(values.mean() - half), float(values.mean() + half)
 
 
-def seeds_needed(values: Sequence[float], power: float = POWER, alpha: float = ALPHA,
-                 most: int = 10_000) -> int | None:
+def seeds_needed(
+    values: Sequence[float], power: float = POWER, alpha: float = ALPHA, most: int = 10_000
+) -> int | None:
     """The fewest seeds n at which a two-sided one-sample t-test at level ``alpha`` finds
     a non-zero mean with probability ``power``, were the per-seed differences normal with
     the mean and standard deviation of ``values``: the power at n is
@@ -256,9 +276,14 @@ def clustering_failures(record: RunRecord) -> float:
     return record.final.restarts + (record.final.ari < 1)
 
 
-def verdict(per_seed: dict[int, float], margin: float | None = None, *,
-            missing: int = 0, paper: float | None = None, equivalence: bool = False
-            ) -> Summary:
+def verdict(
+    per_seed: dict[int, float],
+    margin: float | None = None,
+    *,
+    missing: int = 0,
+    paper: float | None = None,
+    equivalence: bool = False,
+) -> Summary:
     """:data:`RULE` applied to per-seed differences (positive: the paper's side), or for
     a "close to" link (``margin``) to differences that should be near zero. ``missing``
     runs of the chosen seeds make it "cannot be told here", with the verdict so far.
@@ -274,12 +299,20 @@ def verdict(per_seed: dict[int, float], margin: float | None = None, *,
     values = list(per_seed.values())
     if margin is None:
         low, high = t_interval(values)
-        result = (HOLDS if low > 0 else OPPOSITE if high < 0 else
-                  SMALLER if paper is not None and paper > 0 and high < paper else NOT_SHOWN)
+        result = (
+            HOLDS
+            if low > 0
+            else OPPOSITE
+            if high < 0
+            else SMALLER
+            if paper is not None and paper > 0 and high < paper
+            else NOT_SHOWN
+        )
     else:
         low, high = t_interval(values, 1 - 2 * ALPHA if equivalence else 1 - ALPHA)
-        inside = (equivalent(values, margin) < ALPHA if equivalence
-                  else -margin <= low and high <= margin)
+        inside = (
+            equivalent(values, margin) < ALPHA if equivalence else -margin <= low and high <= margin
+        )
         outside = low > margin or high < -margin
         result = HOLDS if inside else OPPOSITE if outside else NOT_SHOWN
     return Summary(dict(per_seed), result, margin, paper=paper)
@@ -290,13 +323,21 @@ def bounds(summary: Summary) -> str:
     other, in words (a "close to" link: its 90 % interval's ends)."""
     if summary.n < MIN_SEEDS:
         return "-"
-    low, high = (t_interval(summary.values, 1 - 2 * ALPHA) if summary.margin is not None
-                 else summary.interval)
+    low, high = (
+        t_interval(summary.values, 1 - 2 * ALPHA)
+        if summary.margin is not None
+        else summary.interval
+    )
     return f"at most {high:+.2f}, at least {low:+.2f}"
 
 
-def paired(a: dict[int, RunRecord], b: dict[int, RunRecord] | None, stat: Statistic,
-           stat_b: Statistic | None = None, threshold: float = 0.0) -> dict[int, float]:
+def paired(
+    a: dict[int, RunRecord],
+    b: dict[int, RunRecord] | None,
+    stat: Statistic,
+    stat_b: Statistic | None = None,
+    threshold: float = 0.0,
+) -> dict[int, float]:
     """``stat(a) - stat_b(b)`` per seed that has both runs (``b`` None: ``stat(a) -
     threshold``)."""
     stat_b = stat_b or stat
@@ -312,7 +353,8 @@ def compared(result: dict | None, other: str) -> str:
     if result is None:
         return f"not compared with {other}"
     return {HOLDS: f"ahead of {other}", OPPOSITE: f"behind {other}"}.get(
-        result["verdict"], f"not told apart from {other}")
+        result["verdict"], f"not told apart from {other}"
+    )
 
 
 def combined(verdicts: Iterable[str]) -> str:
@@ -320,5 +362,6 @@ def combined(verdicts: Iterable[str]) -> str:
     verdicts = list(verdicts)
     if len(set(verdicts)) == 1:
         return verdicts[0]
-    return ", ".join(f"{verdicts.count(v)} of {len(verdicts)} links {v}"
-                     for v in VERDICTS if v in verdicts)
+    return ", ".join(
+        f"{verdicts.count(v)} of {len(verdicts)} links {v}" for v in VERDICTS if v in verdicts
+    )

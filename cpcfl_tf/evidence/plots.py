@@ -1,4 +1,5 @@
 """The paper's figures, drawn from data and result records (matplotlib, no display)."""
+
 from __future__ import annotations
 
 import os
@@ -7,8 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from cpcfl_tf.data.partition import Partition
-from cpcfl_tf.records.record import RunRecord
 from cpcfl_tf.records.files import write_atomic
+from cpcfl_tf.records.record import RunRecord
 
 
 def _pyplot():
@@ -29,8 +30,13 @@ def _save(plt, fig, path: str | os.PathLike) -> Path:
         plt.close(fig)
 
 
-def plot_client_data_amounts(partition: Partition, train_labels: np.ndarray,
-                             path: str | os.PathLike, *, title: str | None = None) -> Path:
+def plot_client_data_amounts(
+    partition: Partition,
+    train_labels: np.ndarray,
+    path: str | os.PathLike,
+    *,
+    title: str | None = None,
+) -> Path:
     """fig:client_data_amount: one dot per client x class, its area the image count.
 
     Parameters
@@ -49,9 +55,13 @@ def plot_client_data_amounts(partition: Partition, train_labels: np.ndarray,
     colors = plt.get_cmap("tab10")
     for client, per_class in zip(partition.clients, counts):
         classes = np.flatnonzero(per_class)
-        ax.scatter(np.full(len(classes), client.id), classes,
-                   s=90.0 * per_class[classes] / largest, color=colors(client.group % 10),
-                   edgecolors="none")
+        ax.scatter(
+            np.full(len(classes), client.id),
+            classes,
+            s=90.0 * per_class[classes] / largest,
+            color=colors(client.group % 10),
+            edgecolors="none",
+        )
     num_classes = max(max(g) for g in partition.group_classes) + 1
     ax.set_yticks(range(num_classes))
     ax.set_ylim(-0.7, num_classes - 0.3)
@@ -66,8 +76,9 @@ def plot_client_data_amounts(partition: Partition, train_labels: np.ndarray,
     return _save(plt, fig, path)
 
 
-def plot_accuracy_curves(curves: dict[str, RunRecord], path: str | os.PathLike, *,
-                         title: str) -> Path:
+def plot_accuracy_curves(
+    curves: dict[str, RunRecord], path: str | os.PathLike, *, title: str
+) -> Path:
     """fig:table2_accuracy (and fig:num_clients): mean client test accuracy per round.
 
     ``curves`` maps a label to a run record (its ``rounds``).
@@ -76,8 +87,7 @@ def plot_accuracy_curves(curves: dict[str, RunRecord], path: str | os.PathLike, 
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for label, record in curves.items():
         scored = [r for r in record.rounds if r.accuracy is not None]  # eval_every
-        ax.plot([r.round for r in scored], [100 * r.accuracy for r in scored], label=label,
-                lw=1.4)
+        ax.plot([r.round for r in scored], [100 * r.accuracy for r in scored], label=label, lw=1.4)
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy (%)")
     ax.set_title(title)
@@ -91,9 +101,15 @@ def plot_cluster_identity(record: RunRecord, path: str | os.PathLike, *, title: 
     plt = _pyplot()
     ids = np.array([r.cluster_ids for r in record.rounds]).T  # clients x rounds
     fig, ax = plt.subplots(figsize=(6.4, max(2.5, 0.06 * ids.shape[0] + 1.5)))
-    image = ax.imshow(ids, aspect="auto", interpolation="nearest", cmap="tab10",
-                      vmin=-0.5, vmax=9.5,
-                      extent=(0.5, ids.shape[1] + 0.5, ids.shape[0] - 0.5, -0.5))
+    image = ax.imshow(
+        ids,
+        aspect="auto",
+        interpolation="nearest",
+        cmap="tab10",
+        vmin=-0.5,
+        vmax=9.5,
+        extent=(0.5, ids.shape[1] + 0.5, ids.shape[0] - 0.5, -0.5),
+    )
     head_rounds = record.config.federated.head_rounds
     if head_rounds:
         ax.axvline(head_rounds + 0.5, color="black", lw=1, ls="--", label=f"Tc = {head_rounds}")
@@ -117,8 +133,15 @@ def plot_class_accuracy(rounds: list[dict], path: str | os.PathLike, *, title: s
     grid = np.array([r["class_accuracy"] for r in rounds]).T * 100
     first, last = rounds[0]["round"], rounds[-1]["round"]
     fig, ax = plt.subplots(figsize=(7.2, 3.4))
-    image = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap="viridis", vmin=0,
-                      vmax=100, extent=(first - 0.5, last + 0.5, grid.shape[0] - 0.5, -0.5))
+    image = ax.imshow(
+        grid,
+        aspect="auto",
+        interpolation="nearest",
+        cmap="viridis",
+        vmin=0,
+        vmax=100,
+        extent=(first - 0.5, last + 0.5, grid.shape[0] - 0.5, -0.5),
+    )
     ax.set_yticks(range(grid.shape[0]))
     ax.set_xlabel("round")
     ax.set_ylabel("class")
@@ -127,8 +150,14 @@ def plot_class_accuracy(rounds: list[dict], path: str | os.PathLike, *, title: s
     return _save(plt, fig, path)
 
 
-def plot_paired_bars(groups: list[str], bars: dict[str, list[list[float]]],
-                     path: str | os.PathLike, *, ylabel: str, title: str) -> Path:
+def plot_paired_bars(
+    groups: list[str],
+    bars: dict[str, list[list[float]]],
+    path: str | os.PathLike,
+    *,
+    ylabel: str,
+    title: str,
+) -> Path:
     """Side-by-side bars per group (e.g. a method from random weights and from SimCLR):
     the mean over seeds with its SD, every seed as a dot.
 
@@ -192,8 +221,9 @@ def plot_selection(record: RunRecord, path: str | os.PathLike, *, title: str) ->
     return _save(plt, fig, path)
 
 
-def plot_margin_distributions(margins: dict[str, list[float]], path: str | os.PathLike, *,
-                              title: str) -> Path:
+def plot_margin_distributions(
+    margins: dict[str, list[float]], path: str | os.PathLike, *, title: str
+) -> Path:
     """Each set of clients' margins at their first choice by loss (e.g. of runs that
     found the groups and of runs that merged them), as overlaid histograms on a log axis."""
     plt = _pyplot()

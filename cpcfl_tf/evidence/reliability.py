@@ -3,6 +3,7 @@ paper): its methods and pairs, and from its runs' records the report, the summar
 sentences they say. How often CP-CFL (SimCLR), IFCA (None), CP-CFL+restart and
 CP-CFL+features end with the clients' true groups, paired by run, the runs that merged
 groups and why, and which remedy to use."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,9 +15,12 @@ from cpcfl_tf.evidence.judge import clopper_pearson, final_accuracy, paired, t_i
 from cpcfl_tf.methods.federated import run_label
 from cpcfl_tf.records.record import RunRecord
 
-ROWS = {"cp-cfl-simclr": ("cp-cfl", "simclr"), "ifca-none": ("ifca", "none"),
-        "cp-cfl-restart-simclr": ("cp-cfl-restart", "simclr"),
-        "cp-cfl-features-simclr": ("cp-cfl-features", "simclr")}
+ROWS = {
+    "cp-cfl-simclr": ("cp-cfl", "simclr"),
+    "ifca-none": ("ifca", "none"),
+    "cp-cfl-restart-simclr": ("cp-cfl-restart", "simclr"),
+    "cp-cfl-features-simclr": ("cp-cfl-features", "simclr"),
+}
 LABELS = {name: run_label(*row) for name, row in ROWS.items()}
 REMEDIES = ("cp-cfl-restart-simclr", "cp-cfl-features-simclr")
 """The two remedies for CP-CFL's merges: the restart rule, and the first choice from the
@@ -28,13 +32,20 @@ REMEDY_PRESETS = ("smoke", "quick")
 
 def study_rows(preset: str) -> dict[str, tuple[str, str]]:
     """The rows of ``preset``'s study (:data:`REMEDY_PRESETS`)."""
-    return {name: row for name, row in ROWS.items()
-            if preset in REMEDY_PRESETS or name != "cp-cfl-features-simclr"}
+    return {
+        name: row
+        for name, row in ROWS.items()
+        if preset in REMEDY_PRESETS or name != "cp-cfl-features-simclr"
+    }
 
 
-PAIRS = (("cp-cfl-simclr", "ifca-none"), ("cp-cfl-restart-simclr", "cp-cfl-simclr"),
-         ("cp-cfl-restart-simclr", "ifca-none"), ("cp-cfl-features-simclr", "cp-cfl-simclr"),
-         ("cp-cfl-features-simclr", "cp-cfl-restart-simclr"))
+PAIRS = (
+    ("cp-cfl-simclr", "ifca-none"),
+    ("cp-cfl-restart-simclr", "cp-cfl-simclr"),
+    ("cp-cfl-restart-simclr", "ifca-none"),
+    ("cp-cfl-features-simclr", "cp-cfl-simclr"),
+    ("cp-cfl-features-simclr", "cp-cfl-restart-simclr"),
+)
 """(a, b): the paired difference a − b of final accuracy, per run."""
 C4 = ("ifca-none", "cp-cfl-simclr")
 """Claim C4's link: clustering failures of IFCA (None) minus CP-CFL (SimCLR)'s."""
@@ -65,23 +76,29 @@ def first_choice(record: RunRecord):
     first = record.config.federated.head_rounds + 1
     return next((r for r in record.rounds if r.round == first and r.selection), None)
 
-def comparable(a: dict[int, RunRecord], b: dict[int, RunRecord]
-               ) -> tuple[dict[int, RunRecord], int]:
+
+def comparable(
+    a: dict[int, RunRecord], b: dict[int, RunRecord]
+) -> tuple[dict[int, RunRecord], int]:
     """The runs of ``a`` that may be paired with ``b``'s of the same index: both from the
     same encoder bits (``environment.starting_encoder``), or either from random weights
     (an encoder pre-trained on another kind of machine has other bits: its runs are not
     the same experiment); and how many runs of ``a`` with a partner were left out."""
-    def bits(record: RunRecord):
-        return None if record.from_random_weights else record.environment.get(
-            "starting_encoder")
 
-    kept = {i: r for i, r in a.items()
-            if i not in b or None in (bits(r), bits(b[i])) or bits(r) == bits(b[i])}
+    def bits(record: RunRecord):
+        return None if record.from_random_weights else record.environment.get("starting_encoder")
+
+    kept = {
+        i: r
+        for i, r in a.items()
+        if i not in b or None in (bits(r), bits(b[i])) or bits(r) == bits(b[i])
+    }
     return kept, sum(i in b for i in a) - sum(i in b for i in kept)
 
 
-def rescued(by_run: dict[str, dict[int, RunRecord]], remedy: str = "cp-cfl-restart-simclr"
-            ) -> dict | None:
+def rescued(
+    by_run: dict[str, dict[int, RunRecord]], remedy: str = "cp-cfl-restart-simclr"
+) -> dict | None:
     """Paired by run: of CP-CFL (SimCLR)'s runs that did not end with the true groups, how
     many the ``remedy``'s run of the same partition and encoder ended with them."""
     plain, fixed = by_run.get("cp-cfl-simclr"), by_run.get(remedy)
@@ -105,10 +122,15 @@ def worst_against_plain(by_run: dict[str, dict[int, RunRecord]], remedy: str) ->
     if not diffs:
         return None
     run = min(diffs, key=lambda i: (diffs[i], i))
-    return {"run": run, "difference": diffs[run],
-            "merged_where_plain_found": [
-                {"run": i, "difference": diffs[i]} for i in sorted(diffs)
-                if not found(kept[i]) and found(plain[i])]}
+    return {
+        "run": run,
+        "difference": diffs[run],
+        "merged_where_plain_found": [
+            {"run": i, "difference": diffs[i]}
+            for i in sorted(diffs)
+            if not found(kept[i]) and found(plain[i])
+        ],
+    }
 
 
 def first_choices(records: dict[int, RunRecord]) -> dict | None:
@@ -136,19 +158,28 @@ def first_choices(records: dict[int, RunRecord]) -> dict | None:
     if not same:
         return None
     interval = t_interval(same) if len(same) > 1 else (same[0], same[0])
-    return {"runs": len(same), "accuracy_round_tc": float(np.mean(accuracy)),
-            "pool_loss": float(np.mean(loss)), "uniform_loss": float(np.log(classes)),
-            "chose_last_pick": picks, "clients": total,
-            "last_pick_rate": float(np.mean(same)),
-            "last_pick_ci95": [float(interval[0]), float(interval[1])], "chance": 1 / models}
+    return {
+        "runs": len(same),
+        "accuracy_round_tc": float(np.mean(accuracy)),
+        "pool_loss": float(np.mean(loss)),
+        "uniform_loss": float(np.log(classes)),
+        "chose_last_pick": picks,
+        "clients": total,
+        "last_pick_rate": float(np.mean(same)),
+        "last_pick_ci95": [float(interval[0]), float(interval[1])],
+        "chance": 1 / models,
+    }
 
 
 def margin_sets(records: dict[int, RunRecord]) -> dict[str, list[float]]:
     """The margins at the first choice by loss of the clients of diagnosed runs, in three
     sets: runs that found the groups, the merged groups of runs that merged some, and the
     other groups of those runs."""
-    sets: dict[str, list[float]] = {"found": [], "merged groups": [],
-                                    "other groups of merged runs": []}
+    sets: dict[str, list[float]] = {
+        "found": [],
+        "merged groups": [],
+        "other groups of merged runs": [],
+    }
     for record in records.values():
         choice = first_choice(record)
         if choice is None:
@@ -159,15 +190,15 @@ def margin_sets(records: dict[int, RunRecord]) -> dict[str, list[float]]:
             sets["found"] += values.tolist()
             continue
         joined = merges(groups, [r.cluster_ids for r in record.rounds])
-        inside = np.isin(groups[choice.selection["clients"]],
-                         [g for m in joined for g in m["groups"]])
+        inside = np.isin(
+            groups[choice.selection["clients"]], [g for m in joined for g in m["groups"]]
+        )
         sets["merged groups"] += values[inside].tolist()
         sets["other groups of merged runs"] += values[~inside].tolist()
     return sets
 
 
-def figures(by_run: dict[str, dict[int, RunRecord]], out: Path, preset: str,
-             every: bool) -> None:
+def figures(by_run: dict[str, dict[int, RunRecord]], out: Path, preset: str, every: bool) -> None:
     from cpcfl_tf.evidence.plots import plot_margin_distributions, plot_selection
 
     folder = out / "figures"
@@ -175,30 +206,43 @@ def figures(by_run: dict[str, dict[int, RunRecord]], out: Path, preset: str,
     for name, records in by_run.items():
         drawn_found = False
         for index, record in sorted(records.items()):
-            if first_choice(record) is None or not (every or not found(record)
-                                                    or not drawn_found):
+            if first_choice(record) is None or not (every or not found(record) or not drawn_found):
                 continue
             drawn_found = drawn_found or found(record)
-            plot_selection(record, folder / f"run{index}-{name}.png",
-                           title=f"{LABELS[name]}, run {index} (preset {preset}): "
-                                 f"final ARI {record.final.ari:.2f}")
-    plot_margin_distributions(margin_sets(by_run.get("cp-cfl-simclr", {})),
-                              out / "margins.png",
-                              title=f"CP-CFL (SimCLR): clients' margins at their first choice "
-                                    f"by loss (preset {preset})")
+            plot_selection(
+                record,
+                folder / f"run{index}-{name}.png",
+                title=f"{LABELS[name]}, run {index} (preset {preset}): "
+                f"final ARI {record.final.ari:.2f}",
+            )
+    plot_margin_distributions(
+        margin_sets(by_run.get("cp-cfl-simclr", {})),
+        out / "margins.png",
+        title=f"CP-CFL (SimCLR): clients' margins at their first choice by loss (preset {preset})",
+    )
 
 
 def method_summary(records: dict[int, RunRecord]) -> dict:
     rs = list(records.values())
     k, n = sum(map(found, rs)), len(rs)
     low, high = clopper_pearson(k, n) if n else (None, None)
-    return {"found": k, "runs": n, "ci95": [low, high],
-            "restarts": sum(r.final.restarts for r in rs),
-            "runs_restarted": sum(r.final.restarts > 0 for r in rs),
-            "megabytes": float(np.mean([(r.final.bytes_down + r.final.bytes_up) / 1e6
-                                        for r in rs])) if rs else None,
-            "accuracy_found": [final_accuracy(r) for r in rs if found(r)],
-            "accuracy_not_found": [final_accuracy(r) for r in rs if not found(r)],
-            "merges_final_from": [m["final_from"] for r in rs if not found(r)
-                                  for m in merges(np.array([c["group"] for c in r.clients]),
-                                                  [x.cluster_ids for x in r.rounds])]}
+    return {
+        "found": k,
+        "runs": n,
+        "ci95": [low, high],
+        "restarts": sum(r.final.restarts for r in rs),
+        "runs_restarted": sum(r.final.restarts > 0 for r in rs),
+        "megabytes": float(np.mean([(r.final.bytes_down + r.final.bytes_up) / 1e6 for r in rs]))
+        if rs
+        else None,
+        "accuracy_found": [final_accuracy(r) for r in rs if found(r)],
+        "accuracy_not_found": [final_accuracy(r) for r in rs if not found(r)],
+        "merges_final_from": [
+            m["final_from"]
+            for r in rs
+            if not found(r)
+            for m in merges(
+                np.array([c["group"] for c in r.clients]), [x.cluster_ids for x in r.rounds]
+            )
+        ],
+    }

@@ -13,11 +13,13 @@ sent is only ever printed through :func:`shown`. Pure NumPy; the ClientApp
 (:mod:`cpcfl_tf.flower.client_app`) checks every model it is sent with
 :func:`weights_problem`.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -63,8 +65,9 @@ def _bound(high: float) -> str:
     return "" if high == math.inf else f"{high:g}"
 
 
-def fields(record: Any, kind: type, name: str, required: Sequence[str],
-           optional: Sequence[str] = ()) -> Mapping[str, Any]:
+def fields(
+    record: Any, kind: type, name: str, required: Sequence[str], optional: Sequence[str] = ()
+) -> Mapping[str, Any]:
     """The record ``name`` of a reply, of Flower type ``kind``, holding every ``required``
     key, maybe the ``optional`` ones, and nothing else."""
     if not isinstance(record, kind):
@@ -144,8 +147,9 @@ class Identity:
     num_unlabeled: int | None = None
 
 
-def identity(content: Any, *, num_clients: int, own: bool, most: int | None = None,
-             unlabeled: bool = False) -> Identity:
+def identity(
+    content: Any, *, num_clients: int, own: bool, most: int | None = None, unlabeled: bool = False
+) -> Identity:
     """A roster reply as the run config says the nodes were started (``own``: the run
     config's ``node-data``): ``partition-id`` in 0..``num_clients`` - 1 (and
     ``num-partitions``, ``num_clients`` itself), or with ``own`` ``name``, ``num-train``,
@@ -159,34 +163,48 @@ def identity(content: Any, *, num_clients: int, own: bool, most: int | None = No
     high = math.inf if most is None else most
     named = isinstance(said, ConfigRecord) and "name" in said
     if named != own:
-        raise Refused("a data-path, where the run config says its nodes are partitions "
-                      "(node-data partition; set node-data='own' for nodes with their own data)"
-                      if named else "a partition-id, where the run config says its nodes bring "
-                      "their own data (node-data own)")
+        raise Refused(
+            "a data-path, where the run config says its nodes are partitions "
+            "(node-data partition; set node-data='own' for nodes with their own data)"
+            if named
+            else "a partition-id, where the run config says its nodes bring "
+            "their own data (node-data own)"
+        )
     if named:
-        fields(said, ConfigRecord, "identity", ("name", "num-train", "num-test"),
-               ("num-unlabeled",))
+        fields(
+            said, ConfigRecord, "identity", ("name", "num-train", "num-test"), ("num-unlabeled",)
+        )
         name = said["name"]
         if not isinstance(name, str) or not 0 < len(name) <= 255:
             raise Refused(f"name {shown(name, 40)} is not a folder name")
         if unlabeled and "num-unlabeled" not in said:
             raise Refused("identity lacks num-unlabeled (the run pre-trains on the nodes)")
-        return Identity(name=name, num_train=integer(said["num-train"], "num-train", 1, high),
-                        num_test=integer(said["num-test"], "num-test", 1, high),
-                        num_unlabeled=(integer(said["num-unlabeled"], "num-unlabeled", 1, high)
-                                       if "num-unlabeled" in said else None))
+        return Identity(
+            name=name,
+            num_train=integer(said["num-train"], "num-train", 1, high),
+            num_test=integer(said["num-test"], "num-test", 1, high),
+            num_unlabeled=(
+                integer(said["num-unlabeled"], "num-unlabeled", 1, high)
+                if "num-unlabeled" in said
+                else None
+            ),
+        )
     fields(said, ConfigRecord, "identity", ("partition-id",), ("num-partitions",))
-    declared = (integer(said["num-partitions"], "num-partitions", 1)
-                if "num-partitions" in said else None)
+    declared = (
+        integer(said["num-partitions"], "num-partitions", 1) if "num-partitions" in said else None
+    )
     if declared is not None and declared != num_clients:
-        raise Refused(f"num-partitions {declared} is not the run's num-clients {num_clients} "
-                      "(under the Simulation Engine: num-supernodes)")
-    return Identity(partition=integer(said["partition-id"], "partition-id", 0, num_clients - 1),
-                    declared=declared)
+        raise Refused(
+            f"num-partitions {declared} is not the run's num-clients {num_clients} "
+            "(under the Simulation Engine: num-supernodes)"
+        )
+    return Identity(
+        partition=integer(said["partition-id"], "partition-id", 0, num_clients - 1),
+        declared=declared,
+    )
 
 
-def answered(content: Any, *, client: int, like: np.ndarray,
-             problem=None) -> np.ndarray:
+def answered(content: Any, *, client: int, like: np.ndarray, problem=None) -> np.ndarray:
     """A reply to the rule's first question: the node's client and one array of
     ``like``'s shape and dtype, finite, and nothing ``problem(answer)`` (the rule's own
     check, :meth:`cpcfl_tf.methods.rules.Rule.answer_problem`) finds wrong."""
@@ -209,8 +227,15 @@ class Trained:
     weights: list
 
 
-def trained(content: Any, *, client: int, num_models: int, expected: int | None,
-            most: int | None, models: Sequence[Sequence[np.ndarray]]) -> Trained:
+def trained(
+    content: Any,
+    *,
+    client: int,
+    num_models: int,
+    expected: int | None,
+    most: int | None,
+    models: Sequence[Sequence[np.ndarray]],
+) -> Trained:
     """A training reply: the node's client, a cluster id inside the pool (``expected``
     where the server assigned the model or drew it for the Tc phase), an example count
     in 1..``most`` and the weights of that cluster's model."""
@@ -220,8 +245,7 @@ def trained(content: Any, *, client: int, num_models: int, expected: int | None,
     cluster = integer(metrics["cluster-id"], "cluster-id", 0, num_models - 1)
     if expected is not None and cluster != expected:
         raise Refused(f"cluster-id {cluster} is not the model {expected} it was given to train")
-    count = integer(metrics["num-examples"], "num-examples", 1,
-                    math.inf if most is None else most)
+    count = integer(metrics["num-examples"], "num-examples", 1, math.inf if most is None else most)
     return Trained(client, cluster, count, arrays(content["model"], models[cluster]))
 
 
@@ -239,9 +263,11 @@ def scored(content: Any, *, client: int, most: int | None) -> Scored:
     (1..``most``)."""
     records(content, "metrics")
     metrics = _metrics(content, ("accuracy", "num-examples", "client-id"))
-    return Scored(_client(metrics, client), real(metrics["accuracy"], "accuracy", 0.0, 1.0),
-                  integer(metrics["num-examples"], "num-examples", 1,
-                          math.inf if most is None else most))
+    return Scored(
+        _client(metrics, client),
+        real(metrics["accuracy"], "accuracy", 0.0, 1.0),
+        integer(metrics["num-examples"], "num-examples", 1, math.inf if most is None else most),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,25 +281,40 @@ class Pretrained:
     results: dict
 
 
-def pretrained(content: Any, *, client: int, most: int | None, like: Sequence[np.ndarray],
-               batch_size: int, local_epochs: int, reported: Sequence[str] = (),
-               timeout: float = math.inf) -> Pretrained:
+def pretrained(
+    content: Any,
+    *,
+    client: int,
+    most: int | None,
+    like: Sequence[np.ndarray],
+    batch_size: int,
+    local_epochs: int,
+    reported: Sequence[str] = (),
+    timeout: float = math.inf,
+) -> Pretrained:
     """A pre-training reply: the node's client, an image count in ``batch_size``..``most``,
     exactly the steps that count makes (``local_epochs`` passes of whole batches), a
     finite loss, a non-negative embedding_std, seconds within the round's ``timeout``,
     each ``reported`` value of the method in [0, 1] (FedEMA's mu), and the online parts
     of ``like``'s shapes."""
     records(content, "metrics", "model")
-    metrics = _metrics(content, ("client-id", "num-examples", "steps", "loss",
-                                 "embedding_std", "seconds"), reported)
+    metrics = _metrics(
+        content,
+        ("client-id", "num-examples", "steps", "loss", "embedding_std", "seconds"),
+        reported,
+    )
     _client(metrics, client)
-    count = integer(metrics["num-examples"], "num-examples", batch_size,
-                    math.inf if most is None else most)
+    count = integer(
+        metrics["num-examples"], "num-examples", batch_size, math.inf if most is None else most
+    )
     steps = count // batch_size * local_epochs
     if integer(metrics["steps"], "steps", 0) != steps:
         raise Refused(f"steps {metrics['steps']} is not the {steps} that {count} images make")
-    results = {"steps": steps, "loss": real(metrics["loss"], "loss"),
-               "embedding_std": real(metrics["embedding_std"], "embedding_std", 0.0),
-               "seconds": real(metrics["seconds"], "seconds", 0.0, timeout),
-               **{k: real(metrics[k], k, 0.0, 1.0) for k in reported if k in metrics}}
+    results = {
+        "steps": steps,
+        "loss": real(metrics["loss"], "loss"),
+        "embedding_std": real(metrics["embedding_std"], "embedding_std", 0.0),
+        "seconds": real(metrics["seconds"], "seconds", 0.0, timeout),
+        **{k: real(metrics[k], k, 0.0, 1.0) for k in reported if k in metrics},
+    }
     return Pretrained(client, count, arrays(content["model"], like), results)

@@ -18,6 +18,7 @@ node. Bad data of its own (a missing folder, no images, a class the run does not
 unreadable image) is one line in the node's log and an error reply, which the server
 handles as it handles a node that died.
 """
+
 from __future__ import annotations
 
 import functools
@@ -30,12 +31,21 @@ from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
 from cpcfl_tf.data.folders import (
-    list_node_folder, list_node_unlabeled, read_node_folder, read_node_unlabeled)
+    list_node_folder,
+    list_node_unlabeled,
+    read_node_folder,
+    read_node_unlabeled,
+)
 from cpcfl_tf.data.unlabeled import SMALLER_BATCH, check_batch
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.flower import checks
-from cpcfl_tf.flower.common import (class_names, from_record, models_from_records, run_config,
-                                   to_record)
+from cpcfl_tf.flower.common import (
+    class_names,
+    from_record,
+    models_from_records,
+    run_config,
+    to_record,
+)
 from cpcfl_tf.plan.resolve import resolve
 
 app = ClientApp()
@@ -46,8 +56,9 @@ def _checked(run_items: tuple, partition_id: int):
     config = _plan(run_items).requested
     num_clients = config.partition.num_clients
     if not 0 <= partition_id < num_clients:
-        raise UserError(f"partition-id {partition_id} is outside 0..{num_clients - 1} "
-                        "(run config num-clients)")
+        raise UserError(
+            f"partition-id {partition_id} is outside 0..{num_clients - 1} (run config num-clients)"
+        )
     return config
 
 
@@ -66,8 +77,7 @@ def _backend(run_items: tuple):
 
     run = _plan(run_items)
     size = run.config.data.image_size
-    template = build_template(run, (size, size, 3),
-                              len(class_names(dict(run_items))))
+    template = build_template(run, (size, size, 3), len(class_names(dict(run_items))))
     _template_weights[run_items] = template.get_weights()
     return run, backend_of(template, run.federated)
 
@@ -133,10 +143,12 @@ def _own(run_items: tuple, path: str):
     from cpcfl_tf.clustered.clients import ClientArrays
 
     config = _plan(run_items).requested
-    data = read_node_folder(_listing(run_items, path), len(class_names(dict(run_items))),
-                            config.data.image_size)
-    return tuple(ClientArrays(data[s].images[None], data[s].labels[None])
-                 for s in ("train", "test"))
+    data = read_node_folder(
+        _listing(run_items, path), len(class_names(dict(run_items))), config.data.image_size
+    )
+    return tuple(
+        ClientArrays(data[s].images[None], data[s].labels[None]) for s in ("train", "test")
+    )
 
 
 def _node(context: Context):
@@ -153,8 +165,13 @@ def _node(context: Context):
     _checked(run_items, partition_id)
     clients = _partition(run_items)
     own = np.array([partition_id])
-    return (run, clients.train.subset(own), clients.test.subset(own), backend,
-            int(clients.groups[partition_id]))
+    return (
+        run,
+        clients.train.subset(own),
+        clients.test.subset(own),
+        backend,
+        int(clients.groups[partition_id]),
+    )
 
 
 def _addressed(settings, context: Context) -> None:
@@ -171,8 +188,10 @@ def _addressed(settings, context: Context) -> None:
         mine, meant = int(context.node_config["partition-id"]), client
         wrong = meant != mine
     if wrong:
-        raise UserError(f"a message for client {client} ({meant}) reached the node of "
-                        f"{mine}: the SuperLink delivered it to the wrong node")
+        raise UserError(
+            f"a message for client {client} ({meant}) reached the node of "
+            f"{mine}: the SuperLink delivered it to the wrong node"
+        )
 
 
 def _reply(msg: Message, **records) -> Message:
@@ -182,14 +201,19 @@ def _reply(msg: Message, **records) -> Message:
 def _refusing(handler):
     """Bad input of this node's (its data, its node config) becomes one line in the
     node's log and an error reply, not a traceback: the server leaves the node out."""
+
     @functools.wraps(handler)
     def wrapped(msg: Message, context: Context) -> Message:
         try:
             return handler(msg, context)
         except UserError as err:
-            print(f"[cpcfl] node refused {msg.metadata.message_type}: {err}", file=sys.stderr,
-                  flush=True)
+            print(
+                f"[cpcfl] node refused {msg.metadata.message_type}: {err}",
+                file=sys.stderr,
+                flush=True,
+            )
             return Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, str(err)), reply_to=msg)
+
     return wrapped
 
 
@@ -205,20 +229,32 @@ def _identity(context: Context) -> dict:
         settings = None if pretraining is None else pretraining.federated_settings
         if settings is not None:  # a federated pre-training needs a batch of them: refused
             found = list_node_unlabeled(str(path))  # now, if fewer
-            check_batch(len(found), settings["batch_size"], f"{path}/unlabeled holds",
-                        "add images or " + SMALLER_BATCH)
+            check_batch(
+                len(found),
+                settings["batch_size"],
+                f"{path}/unlabeled holds",
+                "add images or " + SMALLER_BATCH,
+            )
             unlabeled = {"num-unlabeled": len(found)}
-        return {"name": Path(str(path)).name, "num-train": len(listed["train"]),
-                "num-test": len(listed["test"]), **unlabeled}
+        return {
+            "name": Path(str(path)).name,
+            "num-train": len(listed["train"]),
+            "num-test": len(listed["test"]),
+            **unlabeled,
+        }
     if "partition-id" not in context.node_config:
-        raise UserError("the node config has neither partition-id nor data-path; start the "
-                        "SuperNode with --node-config 'data-path=\"DIR\"' (its own images) "
-                        "or \"partition-id=K num-partitions=N\"")
+        raise UserError(
+            "the node config has neither partition-id nor data-path; start the "
+            "SuperNode with --node-config 'data-path=\"DIR\"' (its own images) "
+            'or "partition-id=K num-partitions=N"'
+        )
     partition_id = int(context.node_config["partition-id"])
     _checked(run_items, partition_id)
     declared = context.node_config.get("num-partitions")  # what the node was started for
-    return {"partition-id": partition_id,
-            **({} if declared is None else {"num-partitions": int(declared)})}
+    return {
+        "partition-id": partition_id,
+        **({} if declared is None else {"num-partitions": int(declared)}),
+    }
 
 
 @app.query()
@@ -252,23 +288,39 @@ def _pretrain(msg: Message, context: Context) -> Message:
     _addressed(settings, context)
     run_items = tuple(sorted(context.run_config.items()))
     path = context.node_config.get("data-path")
-    images = (_own_unlabeled(run_items, str(path)) if path is not None
-              else _dealt(run_items)[int(context.node_config["partition-id"])])
+    images = (
+        _own_unlabeled(run_items, str(path))
+        if path is not None
+        else _dealt(run_items)[int(context.node_config["partition-id"])]
+    )
     trainer = _trainer(run_items, tuple(images.shape[1:]))
     problem = checks.weights_problem(from_record(msg.content["model"]), trainer.initial())
     if problem is not None:
         raise UserError(f"the server sent online parts with {problem}")
     kept = context.state.array_records.get(_KEPT)
-    state = ClientState.from_arrays({} if kept is None else
-                                    {k: a.numpy() for k, a in kept.items()})
-    sent, result = trainer.round(from_record(msg.content["model"]), state, images,
-                                 int(settings["round"]), client)
-    context.state[_KEPT] = ArrayRecord(array_dict={
-        k: Array.from_numpy_ndarray(np.asarray(a)) for k, a in state.arrays().items()})
-    return _reply(msg, model=to_record(sent), metrics=MetricRecord({
-        "client-id": client, "num-examples": len(images), "steps": result["steps"],
-        **{k: float(result[k]) for k in ("loss", "embedding_std", "seconds",
-                                         *trainer.algorithm.reported) if k in result}}))
+    state = ClientState.from_arrays({} if kept is None else {k: a.numpy() for k, a in kept.items()})
+    sent, result = trainer.round(
+        from_record(msg.content["model"]), state, images, int(settings["round"]), client
+    )
+    context.state[_KEPT] = ArrayRecord(
+        array_dict={k: Array.from_numpy_ndarray(np.asarray(a)) for k, a in state.arrays().items()}
+    )
+    return _reply(
+        msg,
+        model=to_record(sent),
+        metrics=MetricRecord(
+            {
+                "client-id": client,
+                "num-examples": len(images),
+                "steps": result["steps"],
+                **{
+                    k: float(result[k])
+                    for k in ("loss", "embedding_std", "seconds", *trainer.algorithm.reported)
+                    if k in result
+                },
+            }
+        ),
+    )
 
 
 _KEPT = "pretrain-kept"
@@ -292,32 +344,45 @@ def train(msg: Message, context: Context) -> Message:
     run, data, _, backend, _ = _node(context)
     fl = run.federated
     # The round's plan, drawn from the seeds exactly as the server and the simulator draw it.
-    plan = algorithm.plan_round(run, run.config.seed, int(settings["attempt"]),
-                                int(settings["round"]), num_clients)
+    plan = algorithm.plan_round(
+        run, run.config.seed, int(settings["attempt"]), int(settings["round"]), num_clients
+    )
     row = int(np.searchsorted(plan.participants, client))
     models = _models(msg, tuple(sorted(context.run_config.items())))
     if "cluster" in settings:  # the server assigned this node its model
         cluster = int(settings["cluster"])
         if cluster not in models:
-            raise UserError(f"the server assigned model {cluster} but sent "
-                            f"{sorted(models)}")
+            raise UserError(f"the server assigned model {cluster} but sent {sorted(models)}")
     else:
         losses = None
         if sorted(models) != list(range(fl.num_clusters)):
-            raise UserError(f"the server sent models {sorted(models)}, not the pool of "
-                            f"{fl.num_clusters}")
+            raise UserError(
+                f"the server sent models {sorted(models)}, not the pool of {fl.num_clusters}"
+            )
         if plan.drawn is None:  # Eq. cluster_identity on this client's own training data
             losses = np.zeros((len(plan.participants), fl.num_clusters))
-            losses[row] = client_losses(backend, [models[n] for n in range(fl.num_clusters)],
-                                        data)[0]
+            losses[row] = client_losses(backend, [models[n] for n in range(fl.num_clusters)], data)[
+                0
+            ]
         cluster = int(algorithm.select(plan, losses)[row])
-    orders = batch_orders(len(plan.participants), data.size, fl.local_epochs,
-                          plan.batch_seed)[:, row:row + 1]
-    trained = backend.train(stack_models([models[cluster]]), np.array([0]), data, orders,
-                            algorithm.trains_encoder(fl, plan), LocalTraining.of(fl))
-    weights, metrics = _tampered(context, int(settings["round"]) + 1, unstack(trained, 0),
-                                 {"cluster-id": cluster, "num-examples": data.size,
-                                  "client-id": client}, fl.num_clusters)
+    orders = batch_orders(len(plan.participants), data.size, fl.local_epochs, plan.batch_seed)[
+        :, row : row + 1
+    ]
+    trained = backend.train(
+        stack_models([models[cluster]]),
+        np.array([0]),
+        data,
+        orders,
+        algorithm.trains_encoder(fl, plan),
+        LocalTraining.of(fl),
+    )
+    weights, metrics = _tampered(
+        context,
+        int(settings["round"]) + 1,
+        unstack(trained, 0),
+        {"cluster-id": cluster, "num-examples": data.size, "client-id": client},
+        fl.num_clusters,
+    )
     return _reply(msg, model=to_record(weights), metrics=MetricRecord(metrics))
 
 
@@ -325,7 +390,7 @@ TAMPERS = {
     "nan-weights": lambda w, m, n: ([np.full_like(w[0], np.nan), *w[1:]], m),
     "wrong-shape": lambda w, m, n: ([w[0][..., :-1], *w[1:]], m),
     "negative-count": lambda w, m, n: (w, {**m, "num-examples": -5}),
-    "huge-count": lambda w, m, n: (w, {**m, "num-examples": 10 ** 9}),
+    "huge-count": lambda w, m, n: (w, {**m, "num-examples": 10**9}),
     "foreign-cluster": lambda w, m, n: (w, {**m, "cluster-id": n}),
     "huge-weights": lambda w, m, n: ([np.full_like(a, 1e30) for a in w], m),
 }
@@ -344,8 +409,9 @@ def _tampered(context: Context, round_: int, weights: list, metrics: dict, num_m
         return weights, metrics
     if name not in TAMPERS:
         raise UserError(f"node config tamper={name!r} is not one of {', '.join(TAMPERS)}")
-    print(f"[cpcfl] node tampers with its round-{round_} reply: {name}", file=sys.stderr,
-          flush=True)
+    print(
+        f"[cpcfl] node tampers with its round-{round_} reply: {name}", file=sys.stderr, flush=True
+    )
     return TAMPERS[name](weights, metrics, num_models)
 
 
@@ -364,7 +430,13 @@ def evaluate(msg: Message, context: Context) -> Message:
     pool = [sent[n] for n in sorted(sent)]  # by cluster id: ties go as the simulator's
     model = pool[0] if len(pool) == 1 else pool[client_losses(backend, pool, data)[0].argmin()]
     probs = client_probabilities(backend, [model], np.array([0]), test)
-    return _reply(msg, metrics=MetricRecord({
-        "accuracy": float(client_accuracy(test.labels, probs)[0]), "num-examples": test.size,
-        "client-id": int(msg.content["config"]["client-id"])}))
-
+    return _reply(
+        msg,
+        metrics=MetricRecord(
+            {
+                "accuracy": float(client_accuracy(test.labels, probs)[0]),
+                "num-examples": test.size,
+                "client-id": int(msg.content["config"]["client-id"]),
+            }
+        ),
+    )

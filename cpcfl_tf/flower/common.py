@@ -5,24 +5,37 @@ in ``app/pyproject.toml``, overridden by ``flwr run --run-config``); :func:`run_
 turns them into the kit's validated :class:`~cpcfl_tf.plan.config.Config`, so both sides build
 the same partition, models and batch orders as the simulator would.
 """
+
 from __future__ import annotations
 
 import shlex
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
-from cpcfl_tf.plan.config import Config
-from cpcfl_tf.plan.overrides import parse_settings
-from cpcfl_tf.plan.presets import get_preset
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.methods.federated import METHODS
 from cpcfl_tf.methods.starts import START
+from cpcfl_tf.plan.config import Config
+from cpcfl_tf.plan.overrides import parse_settings
+from cpcfl_tf.plan.presets import get_preset
 
 DEFAULTS: dict[str, Any] = {
-    "preset": "smoke", "method": "cp-cfl", "pretraining": "simclr", "num-clusters": 2,
-    "rounds": 3, "head-rounds": 1, "num-clients": 3, "seed": 0, "out": "",
-    "round-timeout": 300.0, "min-nodes": 0, "max-examples": 0, "set": "", "class-names": "",
+    "preset": "smoke",
+    "method": "cp-cfl",
+    "pretraining": "simclr",
+    "num-clusters": 2,
+    "rounds": 3,
+    "head-rounds": 1,
+    "num-clients": 3,
+    "seed": 0,
+    "out": "",
+    "round-timeout": 300.0,
+    "min-nodes": 0,
+    "max-examples": 0,
+    "set": "",
+    "class-names": "",
     "node-data": "partition",
 }
 """Run config keys and their defaults (``min-nodes`` 0: wait for ``num-clients``; ``set``:
@@ -43,8 +56,10 @@ def own_data(values: Mapping[str, Any]) -> bool:
     """Whether the run config says its nodes bring their own data (``node-data`` own)."""
     said = str({**DEFAULTS, **dict(values)}["node-data"])
     if said not in NODE_DATA:
-        raise UserError(f"run config node-data {said!r}: choose partition (nodes started with "
-                        "partition-id) or own (nodes started with a data-path)")
+        raise UserError(
+            f"run config node-data {said!r}: choose partition (nodes started with "
+            "partition-id) or own (nodes started with a data-path)"
+        )
     return said == "own"
 
 
@@ -55,41 +70,59 @@ def run_config(values: Mapping[str, Any]) -> Config:
     try:
         items = shlex.split(str(v["set"]))
     except ValueError as e:  # e.g. an unclosed quote
-        raise UserError(f"run config set: {e}; write it as the shell would, e.g. "
-                        "set=\"data.client_dataset='folder:/my images'\"") from None
+        raise UserError(
+            f"run config set: {e}; write it as the shell would, e.g. "
+            "set=\"data.client_dataset='folder:/my images'\""
+        ) from None
     settings = parse_settings(items)
     # One config from the named keys and `set` together (set wins), so that a setting
     # the other depends on (e.g. partition.disjoint for many clients) is seen at once.
-    named = {"partition": {"num_clients": int(v["num-clients"])},
-             "federated": {"method": str(v["method"]), "pretraining": v["pretraining"],
-                           "num_clusters": int(v["num-clusters"]), "rounds": int(v["rounds"]),
-                           "head_rounds": int(v["head-rounds"])}}
+    named = {
+        "partition": {"num_clients": int(v["num-clients"])},
+        "federated": {
+            "method": str(v["method"]),
+            "pretraining": v["pretraining"],
+            "num_clusters": int(v["num-clusters"]),
+            "rounds": int(v["rounds"]),
+            "head_rounds": int(v["head-rounds"]),
+        },
+    }
     for section, fields in settings.items():
         named[section] = {**named.get(section, {}), **fields}
     config = get_preset(str(v["preset"])).with_overrides(seed=int(v["seed"]), **named)
     fl = config.federated
     if not METHODS[fl.method].federated:
-        raise UserError(f"method {fl.method!r} is a centralized baseline, not a federation; "
-                        "run it in the simulator (experiments/datasets.py)")
+        raise UserError(
+            f"method {fl.method!r} is a centralized baseline, not a federation; "
+            "run it in the simulator (experiments/datasets.py)"
+        )
     if not METHODS[fl.method].communicates:
-        raise UserError(f"method {fl.method!r} trains each client alone and sends nothing: "
-                        "there is no federation to run; run it in the simulator")
+        raise UserError(
+            f"method {fl.method!r} trains each client alone and sends nothing: "
+            "there is no federation to run; run it in the simulator"
+        )
     if not METHODS[fl.method].rule.on_flower:
         # The nodes would need the starting encoder before training to answer.
-        raise UserError(f"method {fl.method!r} is not available on Flower yet (its clients "
-                        "answer from the starting encoder's features before training); run "
-                        "it in the simulator")
+        raise UserError(
+            f"method {fl.method!r} is not available on Flower yet (its clients "
+            "answer from the starting encoder's features before training); run "
+            "it in the simulator"
+        )
     if not START[fl.pretraining].on_flower:
         # IFCA (FedAvg) starts from a FedAvg (None) run's encoder: a federation of its own.
         usable = ", ".join(name for name, start in START.items() if start.on_flower)
-        raise UserError(f"pre-training {fl.pretraining!r} is not available on Flower; use one "
-                        f"of {usable}, or the simulator")
+        raise UserError(
+            f"pre-training {fl.pretraining!r} is not available on Flower; use one "
+            f"of {usable}, or the simulator"
+        )
     if fl.optimizer_state != "fresh":
         # A ClientApp starts afresh for every message: no Adam state survives a round, so
         # a node would silently train unlike the simulator.
-        raise UserError("federated.optimizer_state 'client' is not available on Flower; "
-                        "use optimizer_state fresh or the simulator (experiments/"
-                        "local_optimizer.py)")
+        raise UserError(
+            "federated.optimizer_state 'client' is not available on Flower; "
+            "use optimizer_state fresh or the simulator (experiments/"
+            "local_optimizer.py)"
+        )
     return config
 
 
@@ -101,8 +134,8 @@ def class_names(values: Mapping[str, Any]) -> tuple[str, ...]:
         if len(set(given)) != len(given):
             raise UserError(f"run config class-names repeats a name: {','.join(given)}")
         return tuple(given)
-    from cpcfl_tf.data.sources import get_spec
     from cpcfl_tf.data.folders import class_folder_names
+    from cpcfl_tf.data.sources import get_spec
 
     return class_folder_names(get_spec(run_config(values).data.client_dataset).num_classes)
 

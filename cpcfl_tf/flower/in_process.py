@@ -2,6 +2,7 @@
 transport: what they compute, at the cost of one process (the suite's checks of the
 apps, and ``tools/poisoned_node.py``). Nodes are given as node configs, as a SuperNode's
 ``--node-config`` (``partition-id``, ``data-path``, ``tamper``, ...)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,9 +21,16 @@ class InProcessGrid:
         self.refuse = set(refuse)
         """(group id, node index) pairs whose message gets an error reply, as from a node
         that failed it."""
-        self.contexts = {100 + k: Context(run_id=1, node_id=100 + k, node_config=dict(c),
-                                          state=RecordDict(), run_config=dict(run))
-                         for k, c in enumerate(node_configs)}
+        self.contexts = {
+            100 + k: Context(
+                run_id=1,
+                node_id=100 + k,
+                node_config=dict(c),
+                state=RecordDict(),
+                run_config=dict(run),
+            )
+            for k, c in enumerate(node_configs)
+        }
         self.sent = 0
 
     def get_node_ids(self):
@@ -36,19 +44,34 @@ class InProcessGrid:
 
         from cpcfl_tf.flower import client_app
 
-        handlers = {MessageType.TRAIN: client_app.train, MessageType.EVALUATE:
-                    client_app.evaluate, MessageType.QUERY: client_app.query}
+        handlers = {
+            MessageType.TRAIN: client_app.train,
+            MessageType.EVALUATE: client_app.evaluate,
+            MessageType.QUERY: client_app.query,
+        }
         replies = []
         for message in messages:
             self.sent += 1
             meta = message.metadata
             node = meta.dst_node_id
-            delivered = Message(message.content, metadata=Metadata(
-                run_id=1, message_id=f"m{self.sent}", src_node_id=1, dst_node_id=node,
-                reply_to_message_id="", group_id=meta.group_id, created_at=time.time(),
-                ttl=60.0, message_type=meta.message_type))
+            delivered = Message(
+                message.content,
+                metadata=Metadata(
+                    run_id=1,
+                    message_id=f"m{self.sent}",
+                    src_node_id=1,
+                    dst_node_id=node,
+                    reply_to_message_id="",
+                    group_id=meta.group_id,
+                    created_at=time.time(),
+                    ttl=60.0,
+                    message_type=meta.message_type,
+                ),
+            )
             if (meta.group_id, node - 100) in self.refuse:
-                replies.append(Message(Error(0, "refused (InProcessGrid refuse)"), reply_to=delivered))
+                replies.append(
+                    Message(Error(0, "refused (InProcessGrid refuse)"), reply_to=delivered)
+                )
             else:
                 replies.append(handlers[meta.message_type](delivered, self.contexts[node]))
         return replies
@@ -60,7 +83,6 @@ def run_in_process(run, node_configs, refuse=()):
     import json
 
     from flwr.app import Context, RecordDict
-
     from flwr.supercore.task_identity import TaskIdentity
 
     from cpcfl_tf.flower import server_app
@@ -69,9 +91,10 @@ def run_in_process(run, node_configs, refuse=()):
     # The ServerApp's identity, as Flower sets it in the ServerApp's process.
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
     try:
-        server_app.main(InProcessGrid(run, node_configs, refuse),
-                        Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
-                                run_config=dict(run)))
+        server_app.main(
+            InProcessGrid(run, node_configs, refuse),
+            Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config=dict(run)),
+        )
     finally:
         TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = before
     return json.loads(Path(run["out"]).read_text())

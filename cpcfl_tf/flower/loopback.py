@@ -12,6 +12,7 @@ checks) and SuperNode authentication (only nodes whose public key was registered
 ``flwr supernode register`` may join). Every process is started by :class:`Federation`
 and stopped by it, by pid.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,8 +25,9 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.flower.credentials import Credentials
@@ -45,7 +47,7 @@ def free_port() -> int:
 def command_path(name: str) -> str:
     path = shutil.which(name)
     if path is None:
-        raise UserError(f"{name} not found; install the Flower extra: pip install -e \".[flower]\"")
+        raise UserError(f'{name} not found; install the Flower extra: pip install -e ".[flower]"')
     return path
 
 
@@ -66,28 +68,51 @@ class Federation:
     credentials: Credentials | None = None
 
     @classmethod
-    def start(cls, nodes: int | Sequence[str], workdir: str | Path, *,
-              env: dict[str, str] | None = None, credentials: Credentials | None = None,
-              unregistered: Sequence[int] = (), without_ca: Sequence[int] = ()
-              ) -> "Federation":
+    def start(
+        cls,
+        nodes: int | Sequence[str],
+        workdir: str | Path,
+        *,
+        env: dict[str, str] | None = None,
+        credentials: Credentials | None = None,
+        unregistered: Sequence[int] = (),
+        without_ca: Sequence[int] = (),
+    ) -> Federation:
         """``nodes`` SuperNodes with partition ids 0..nodes-1, or one per node config
         given (e.g. ``data-path="/data/site3"``, a TOML string). With ``credentials``,
         secured: SuperNode k uses the credentials' ``node-k.key`` and CA, and its public
         key is registered before it starts, except the nodes in ``unregistered``; the
         nodes in ``without_ca`` are not given the CA (to rehearse the nodes a secured
         SuperLink must refuse: :meth:`refused` then says why each did not join)."""
-        configs = ([f"partition-id={k} num-partitions={nodes}" for k in range(nodes)]
-                   if isinstance(nodes, int) else list(nodes))
+        configs = (
+            [f"partition-id={k} num-partitions={nodes}" for k in range(nodes)]
+            if isinstance(nodes, int)
+            else list(nodes)
+        )
         workdir = Path(workdir).resolve()
         workdir.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ if env is None else env, FLWR_HOME=str(workdir / "flwr-home"),
-                   PYTHONUNBUFFERED="1")
+        env = dict(
+            os.environ if env is None else env,
+            FLWR_HOME=str(workdir / "flwr-home"),
+            PYTHONUNBUFFERED="1",
+        )
         port = free_port()
         security = ["--insecure"] if credentials is None else credentials.superlink_flags()
-        superlink = _spawn([command_path("flower-superlink"), *security, "--host", HOST,
-                            "--port", str(port), "--disable-runtime-dependency-installation",
-                            "--database", str(workdir / "superlink.db")],
-                           workdir / "superlink.log", env)
+        superlink = _spawn(
+            [
+                command_path("flower-superlink"),
+                *security,
+                "--host",
+                HOST,
+                "--port",
+                str(port),
+                "--disable-runtime-dependency-installation",
+                "--database",
+                str(workdir / "superlink.db"),
+            ],
+            workdir / "superlink.log",
+            env,
+        )
         fed = cls(workdir, port, superlink, [], env, credentials)
         try:
             fed._wait_for_port()
@@ -99,10 +124,24 @@ class Federation:
                     security = credentials.supernode_flags(k, ca=k not in without_ca)
                     if k not in unregistered:
                         fed._register(k)
-                fed.supernodes.append(_spawn(
-                    [command_path("flower-supernode"), *security, "--superlink", f"{HOST}:{port}",
-                     "--host", HOST, "--port", str(free_port()), "--node-config", node_config],
-                    workdir / f"supernode-{k}.log", env))
+                fed.supernodes.append(
+                    _spawn(
+                        [
+                            command_path("flower-supernode"),
+                            *security,
+                            "--superlink",
+                            f"{HOST}:{port}",
+                            "--host",
+                            HOST,
+                            "--port",
+                            str(free_port()),
+                            "--node-config",
+                            node_config,
+                        ],
+                        workdir / f"supernode-{k}.log",
+                        env,
+                    )
+                )
         except BaseException:
             fed.stop()
             raise
@@ -110,13 +149,26 @@ class Federation:
 
     def _register(self, k: int) -> None:
         """``flwr supernode register`` SuperNode ``k``'s public key with the SuperLink."""
-        proc = subprocess.run([command_path("flwr"), "supernode", "register",
-                               str(self.credentials.node_public_key(k)), "loopback",
-                               "--format", "json"],
-                              capture_output=True, text=True, env=self.env, timeout=120)
+        proc = subprocess.run(
+            [
+                command_path("flwr"),
+                "supernode",
+                "register",
+                str(self.credentials.node_public_key(k)),
+                "loopback",
+                "--format",
+                "json",
+            ],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            timeout=120,
+        )
         if proc.returncode != 0 or '"success": true' not in proc.stdout:
-            raise UserError(f"flwr supernode register {self.credentials.node_public_key(k)} "
-                            f"failed: {(proc.stdout + proc.stderr).strip()[-300:]}")
+            raise UserError(
+                f"flwr supernode register {self.credentials.node_public_key(k)} "
+                f"failed: {(proc.stdout + proc.stderr).strip()[-300:]}"
+            )
 
     def refused(self) -> dict[int, str]:
         """SuperNode index -> why it could not join, for each SuperNode whose process
@@ -148,25 +200,45 @@ class Federation:
     def _write_connection(self) -> None:
         home = Path(self.env["FLWR_HOME"])
         home.mkdir(parents=True, exist_ok=True)
-        security = ("insecure = true" if self.credentials is None else
-                    f'root-certificates = "{self.credentials.ca.resolve()}"')
+        security = (
+            "insecure = true"
+            if self.credentials is None
+            else f'root-certificates = "{self.credentials.ca.resolve()}"'
+        )
         (home / "config.toml").write_text(
             '[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\n'
-            f'address = "{HOST}:{self.port}"\n{security}\n')
+            f'address = "{HOST}:{self.port}"\n{security}\n'
+        )
 
     def run(self, run_config: dict[str, Any]) -> str:
         """``flwr run`` the app with ``run_config`` overrides; returns the run's id."""
-        proc = subprocess.run([command_path("flwr"), "run", str(APP_DIR), "loopback",
-                               "--run-config", run_config_line(run_config), "--format", "json"],
-                              capture_output=True, text=True, env=self.env, timeout=300)
+        proc = subprocess.run(
+            [
+                command_path("flwr"),
+                "run",
+                str(APP_DIR),
+                "loopback",
+                "--run-config",
+                run_config_line(run_config),
+                "--format",
+                "json",
+            ],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            timeout=300,
+        )
         (self.workdir / "flwr-run.log").write_text(proc.stdout + proc.stderr)
         if proc.returncode != 0:
-            raise UserError(f"flwr run failed ({self.workdir / 'flwr-run.log'}): "
-                            f"{(proc.stdout + proc.stderr).strip().splitlines()[-1:]}")
+            raise UserError(
+                f"flwr run failed ({self.workdir / 'flwr-run.log'}): "
+                f"{(proc.stdout + proc.stderr).strip().splitlines()[-1:]}"
+            )
         return str(json.loads(proc.stdout).get("run-id", ""))
 
-    def server_lines(self, run_id: str, until: str | None = None,
-                     timeout: float = 60.0) -> list[str]:
+    def server_lines(
+        self, run_id: str, until: str | None = None, timeout: float = 60.0
+    ) -> list[str]:
         """The ServerApp's ``[cpcfl]`` lines of run ``run_id`` so far (``flwr log --show``):
         rounds, replies, and each failed node's reason. The ServerApp uploads its log
         every few seconds from a thread, so its last lines can reach the SuperLink after
@@ -175,15 +247,21 @@ class Federation:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                proc = subprocess.run([command_path("flwr"), "log", str(run_id), "loopback",
-                                       "--show"], capture_output=True, text=True,
-                                      env=self.env, timeout=120)
+                proc = subprocess.run(
+                    [command_path("flwr"), "log", str(run_id), "loopback", "--show"],
+                    capture_output=True,
+                    text=True,
+                    env=self.env,
+                    timeout=120,
+                )
             except subprocess.TimeoutExpired:  # a diagnostic: never the reason a check fails
                 return [f"(flwr log {run_id} gave nothing in 120 s)"]
-            lines = [line[line.index("[cpcfl]"):]
-                     for line in (proc.stdout + proc.stderr).splitlines() if "[cpcfl]" in line]
-            if until is None or any(until in line for line in lines) \
-                    or time.monotonic() > deadline:
+            lines = [
+                line[line.index("[cpcfl]") :]
+                for line in (proc.stdout + proc.stderr).splitlines()
+                if "[cpcfl]" in line
+            ]
+            if until is None or any(until in line for line in lines) or time.monotonic() > deadline:
                 return lines
             time.sleep(2.0)
 
@@ -195,7 +273,7 @@ class Federation:
         for proc in [*self.supernodes, self.superlink]:
             _kill(proc)
 
-    def __enter__(self) -> "Federation":
+    def __enter__(self) -> Federation:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -205,8 +283,9 @@ class Federation:
 def _spawn(command: Sequence[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
     # Own process group: stopping a SuperNode also stops the ClientApp it spawned.
     with open(log, "wb") as fh:
-        return subprocess.Popen(list(command), stdout=fh, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
+        return subprocess.Popen(
+            list(command), stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -227,13 +306,19 @@ def wait_for_file(path: Path, federation: Federation, timeout: float) -> dict:
         if federation.superlink.poll() is not None:
             raise UserError(f"flower-superlink exited ({federation.workdir / 'superlink.log'})")
         time.sleep(1.0)
-    raise UserError(f"the federation wrote no result in {timeout:.0f} s; logs in "
-                    f"{federation.workdir}")
+    raise UserError(
+        f"the federation wrote no result in {timeout:.0f} s; logs in {federation.workdir}"
+    )
 
 
-NAMED = {"federated.method": "--method", "federated.pretraining": "--pretraining",
-         "federated.num_clusters": "--num-clusters", "federated.rounds": "--rounds",
-         "federated.head_rounds": "--head-rounds", "partition.num_clients": "--nodes"}
+NAMED = {
+    "federated.method": "--method",
+    "federated.pretraining": "--pretraining",
+    "federated.num_clusters": "--num-clusters",
+    "federated.rounds": "--rounds",
+    "federated.head_rounds": "--head-rounds",
+    "partition.num_clients": "--nodes",
+}
 """The settings the launcher's own options give (``--set`` of one is refused)."""
 
 
@@ -243,8 +328,9 @@ def refuse_named(items: list[str]) -> None:
     for item in items:
         key = item.partition("=")[0].strip()
         if key in NAMED:
-            raise UserError(f"--set {item}: the launcher sets {key} from {NAMED[key]}; "
-                            f"use {NAMED[key]} instead")
+            raise UserError(
+                f"--set {item}: the launcher sets {key} from {NAMED[key]}; use {NAMED[key]} instead"
+            )
 
 
 def _given_credentials(folder: Path, nodes: int) -> Credentials:
@@ -253,8 +339,10 @@ def _given_credentials(folder: Path, nodes: int) -> Credentials:
     creds = Credentials(folder)
     missing = [p.name for p in creds.files(nodes) if not p.exists()]
     if missing:
-        raise UserError(f"--credentials {folder} lacks {', '.join(missing)}: make them with "
-                        f"python -m cpcfl_tf.flower.credentials --out NEW_DIR --nodes {nodes}")
+        raise UserError(
+            f"--credentials {folder} lacks {', '.join(missing)}: make them with "
+            f"python -m cpcfl_tf.flower.credentials --out NEW_DIR --nodes {nodes}"
+        )
     return creds
 
 
@@ -264,49 +352,78 @@ def main(argv: Sequence[str] | None = None) -> None:
     from cpcfl_tf.flower.credentials import make as make_credentials
     from cpcfl_tf.records.files import prepare_out_dir
 
-    parser = ArgumentParser(prog="python -m cpcfl_tf.flower.loopback",
-                            description="Run CP-CFL as a Flower federation of real processes "
-                                        "on 127.0.0.1 (1 SuperLink, K SuperNodes).")
+    parser = ArgumentParser(
+        prog="python -m cpcfl_tf.flower.loopback",
+        description="Run CP-CFL as a Flower federation of real processes "
+        "on 127.0.0.1 (1 SuperLink, K SuperNodes).",
+    )
     parser.add_argument("--nodes", type=int, default=3, help="SuperNodes = clients (default 3)")
-    parser.add_argument("--data", type=Path, metavar="DIR",
-                        help="one SuperNode per subfolder of DIR, each with that folder as its "
-                             "own data (tools/export_partition.py writes such folders); "
-                             "replaces --nodes")
+    parser.add_argument(
+        "--data",
+        type=Path,
+        metavar="DIR",
+        help="one SuperNode per subfolder of DIR, each with that folder as its "
+        "own data (tools/export_partition.py writes such folders); "
+        "replaces --nodes",
+    )
     parser.add_argument("--preset", default="smoke", help="data and model preset (default smoke)")
-    parser.add_argument("--method", default="cp-cfl",
-                        choices=[m for m in METHODS if METHODS[m].on_flower])
-    parser.add_argument("--pretraining", default="simclr",
-                        choices=["none", *PRETRAINED])
+    parser.add_argument(
+        "--method", default="cp-cfl", choices=[m for m in METHODS if METHODS[m].on_flower]
+    )
+    parser.add_argument("--pretraining", default="simclr", choices=["none", *PRETRAINED])
     parser.add_argument("--num-clusters", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--head-rounds", type=int, default=1, help="Tc (default 1)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--round-timeout", type=float, default=DEFAULTS["round-timeout"])
-    parser.add_argument("--out", help="folder for the result and the logs "
-                                      "(default results/<preset>/flower)")
+    parser.add_argument(
+        "--out", help="folder for the result and the logs (default results/<preset>/flower)"
+    )
     secured = parser.add_mutually_exclusive_group()
-    secured.add_argument("--secure", action="store_true",
-                        help="TLS and SuperNode authentication, as a deployment across "
-                             "machines: new credentials for this run (a CA, the SuperLink's "
-                             "certificate, a key pair per node), removed afterwards")
-    secured.add_argument("--credentials", type=Path, metavar="DIR",
-                        help="secured with the credentials in DIR (made by python -m "
-                             "cpcfl_tf.flower.credentials --out DIR --nodes K)")
-    parser.add_argument("--set", nargs="+", action="extend", default=[],
-                        metavar="SECTION.FIELD=VALUE", help="any other setting, as the "
-                        "scripts' --set (e.g. federated.local_epochs=1)")
+    secured.add_argument(
+        "--secure",
+        action="store_true",
+        help="TLS and SuperNode authentication, as a deployment across "
+        "machines: new credentials for this run (a CA, the SuperLink's "
+        "certificate, a key pair per node), removed afterwards",
+    )
+    secured.add_argument(
+        "--credentials",
+        type=Path,
+        metavar="DIR",
+        help="secured with the credentials in DIR (made by python -m "
+        "cpcfl_tf.flower.credentials --out DIR --nodes K)",
+    )
+    parser.add_argument(
+        "--set",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help="any other setting, as the scripts' --set (e.g. federated.local_epochs=1)",
+    )
     args = parser.parse_args(argv)
     refuse_named(args.set)
     nodes: int | list[str] = args.nodes
-    settings = {"preset": args.preset, "method": args.method, "pretraining": args.pretraining,
-                "num-clusters": args.num_clusters, "rounds": args.rounds,
-                "head-rounds": args.head_rounds, "num-clients": args.nodes, "seed": args.seed,
-                "round-timeout": args.round_timeout, "set": shlex.join(args.set)}
+    settings = {
+        "preset": args.preset,
+        "method": args.method,
+        "pretraining": args.pretraining,
+        "num-clusters": args.num_clusters,
+        "rounds": args.rounds,
+        "head-rounds": args.head_rounds,
+        "num-clients": args.nodes,
+        "seed": args.seed,
+        "round-timeout": args.round_timeout,
+        "set": shlex.join(args.set),
+    }
     if args.data is not None:
         folders = sorted(p for p in args.data.iterdir() if p.is_dir()) if args.data.is_dir() else []
         if not folders:
-            raise UserError(f"no client folders in {args.data}; write them with "
-                            "python tools/export_partition.py --out DIR")
+            raise UserError(
+                f"no client folders in {args.data}; write them with "
+                "python tools/export_partition.py --out DIR"
+            )
         nodes = [f"data-path={json.dumps(str(p.resolve()))}" for p in folders]  # TOML string
         settings.pop("num-clients")
         settings.update({"min-nodes": len(nodes), "node-data": "own"})
@@ -317,23 +434,29 @@ def main(argv: Sequence[str] | None = None) -> None:
     result = out / "flower.json"
     result.unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="cpcfl-credentials-") as made:
-        credentials = given or (make_credentials(Path(made) / "credentials", count)
-                                if args.secure else None)
+        credentials = given or (
+            make_credentials(Path(made) / "credentials", count) if args.secure else None
+        )
         with Federation.start(nodes, out / "logs", credentials=credentials) as federation:
-            print(f"SuperLink on {HOST}:{federation.port} "
-                  f"({'TLS, SuperNode authentication' if credentials else 'insecure'}), "
-                  f"{len(federation.supernodes)} SuperNodes; logs in {out / 'logs'}",
-                  flush=True)
+            print(
+                f"SuperLink on {HOST}:{federation.port} "
+                f"({'TLS, SuperNode authentication' if credentials else 'insecure'}), "
+                f"{len(federation.supernodes)} SuperNodes; logs in {out / 'logs'}",
+                flush=True,
+            )
             run_id = federation.run({**settings, "out": str(result.resolve())})
             print(f"run {run_id} submitted; waiting for the ServerApp", flush=True)
-            record = wait_for_file(result, federation,
-                                   timeout=args.rounds * args.round_timeout + 600)
+            record = wait_for_file(
+                result, federation, timeout=args.rounds * args.round_timeout + 600
+            )
             for k, reason in federation.refused().items():
                 print(f"SuperNode {k} did not join: {reason}")
     for r in record["rounds"]:
         scored = f", accuracy {r['accuracy']:.4f}" if "accuracy" in r else ""
-        print(f"round {r['round']}: cluster ids {r['cluster_ids']}, failed clients "
-              f"{r['failed_partitions']}{scored}")
+        print(
+            f"round {r['round']}: cluster ids {r['cluster_ids']}, failed clients "
+            f"{r['failed_partitions']}{scored}"
+        )
     print(f"final accuracy {record['final']['accuracy']:.4f}; wrote {result}")
 
 

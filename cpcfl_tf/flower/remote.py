@@ -6,6 +6,7 @@ stages' clients: :class:`Nodes` for the clustered rounds
 (:func:`cpcfl_tf.clustered.algorithm.run_rounds`) and :class:`PretrainNodes` for a
 federated pre-training's (:func:`cpcfl_tf.pretraining.federated_pretrain.pretrain_rounds`).
 The ServerApp (:mod:`cpcfl_tf.flower.server_app`) runs both stages over them."""
+
 from __future__ import annotations
 
 import time
@@ -16,10 +17,10 @@ from flwr.serverapp import Grid
 
 from cpcfl_tf.aggregation import lower_median
 from cpcfl_tf.clustered import algorithm
-from cpcfl_tf.plan.resolve import RunPlan
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.flower import checks
 from cpcfl_tf.flower.common import models_to_records, to_record
+from cpcfl_tf.plan.resolve import RunPlan
 
 
 def wait_for_nodes(grid: Grid, count: int, timeout: float) -> list[int]:
@@ -31,26 +32,32 @@ def wait_for_nodes(grid: Grid, count: int, timeout: float) -> list[int]:
         time.sleep(1.0)
 
 
-def send(grid: Grid, contents: dict[int, RecordDict], kind: str, group: str,
-         timeout: float) -> tuple[list[Message], list[int]]:
+def send(
+    grid: Grid, contents: dict[int, RecordDict], kind: str, group: str, timeout: float
+) -> tuple[list[Message], list[int]]:
     """Send ``contents[node]`` to every node; return the good replies and failed nodes
     (an error reply's reason is printed: e.g. a node's bad data)."""
-    messages = [Message(content, dst_node_id=node, message_type=kind, group_id=group)
-                for node, content in contents.items()]
+    messages = [
+        Message(content, dst_node_id=node, message_type=kind, group_id=group)
+        for node, content in contents.items()
+    ]
     replies = list(grid.send_and_receive(messages, timeout=timeout))
     errors = [r for r in replies if r.has_error()]
     # An error reply the SuperLink writes (an unavailable node) comes from the SuperLink:
     # name the node the message was for.
     for node, reply in zip(_meant(messages, errors), errors):
-        print(f"[cpcfl] node {node} failed {kind} {group}: {checks.shown(reply.error.reason)}",
-              flush=True)
+        print(
+            f"[cpcfl] node {node} failed {kind} {group}: {checks.shown(reply.error.reason)}",
+            flush=True,
+        )
     good = [r for r in replies if not r.has_error()]
     answered = {r.metadata.src_node_id for r in good}
     # A node that sent nothing before the timeout (a killed node the SuperLink has not
     # yet marked unavailable, as on a loaded machine) is named too.
     for node in sorted(set(contents) - answered - set(_meant(messages, errors))):
-        print(f"[cpcfl] node {node} failed {kind} {group}: no reply within {timeout:g} s",
-              flush=True)
+        print(
+            f"[cpcfl] node {node} failed {kind} {group}: no reply within {timeout:g} s", flush=True
+        )
     return good, sorted(set(contents) - answered)
 
 
@@ -69,8 +76,10 @@ def parsed(replies: list[Message], kind: str, round_, parse) -> tuple[dict, list
             problem = checks.shown(err)
         except Exception as err:  # noqa: BLE001 - a node's content may raise anything
             problem = f"a malformed reply ({type(err).__name__}: {checks.shown(err)})"
-        print(f"[cpcfl] node {node} failed {kind} {round_}: its reply was left out: "
-              f"{problem}", flush=True)
+        print(
+            f"[cpcfl] node {node} failed {kind} {round_}: its reply was left out: {problem}",
+            flush=True,
+        )
         left.append(node)
     return kept, left
 
@@ -81,8 +90,9 @@ def _meant(messages: list[Message], errors: list[Message]) -> list[int]:
     return [meant.get(r.metadata.reply_to_message_id, r.metadata.src_node_id) for r in errors]
 
 
-def count_caps(node_data: dict[str, dict] | None, unlabeled: dict[int, int],
-               most: int | None) -> dict[str, int] | None:
+def count_caps(
+    node_data: dict[str, dict] | None, unlabeled: dict[int, int], most: int | None
+) -> dict[str, int] | None:
     """The most examples one reply weighs, by kind, where the nodes brought their own data
     and the run config sets no ``max-examples``: what a node reports of its own data is
     its word, so no reply weighs more than the lower median of the nodes' reports
@@ -103,10 +113,17 @@ def weighed(count: int, cap: int | None) -> int:
     return count if cap is None else min(count, cap)
 
 
-def ask_first(grid: Grid, client_of: dict[int, int], run: RunPlan, num_clients: int,
-              timeout: float, names: dict[int, str] | None = None, *,
-              image_shape: tuple[int, ...],
-              num_groups: int) -> list[np.ndarray] | None:
+def ask_first(
+    grid: Grid,
+    client_of: dict[int, int],
+    run: RunPlan,
+    num_clients: int,
+    timeout: float,
+    names: dict[int, str] | None = None,
+    *,
+    image_shape: tuple[int, ...],
+    num_groups: int,
+) -> list[np.ndarray] | None:
     """Every client's answer, by client id, to what the method's rule asks once before
     training (:mod:`cpcfl_tf.methods.rules`: the oracle's true groups, PACFL's data
     subspaces), each checked (:func:`cpcfl_tf.flower.checks.answered`: the node's own
@@ -116,24 +133,43 @@ def ask_first(grid: Grid, client_of: dict[int, int], run: RunPlan, num_clients: 
     rule, fl = run.rule, run.federated
     if rule.asks is None:
         return None
-    contents = {node: RecordDict({"config": ConfigRecord({"ask": rule.asks,
-                                                          **rule.question(fl),
-                                                          **addressee(client, names)})})
-                for node, client in client_of.items()}
+    contents = {
+        node: RecordDict(
+            {
+                "config": ConfigRecord(
+                    {"ask": rule.asks, **rule.question(fl), **addressee(client, names)}
+                )
+            }
+        )
+        for node, client in client_of.items()
+    }
     answers, _ = send(grid, contents, MessageType.QUERY, f"0-{rule.asks}", timeout)
     like = rule.answer_like(rule.question(fl), image_shape)
-    good, _ = parsed(answers, "query", f"0-{rule.asks}", lambda content, node: checks.answered(
-        content, client=client_of[node], like=like,
-        problem=lambda answer: rule.answer_problem(fl, answer, num_groups)))
+    good, _ = parsed(
+        answers,
+        "query",
+        f"0-{rule.asks}",
+        lambda content, node: checks.answered(
+            content,
+            client=client_of[node],
+            like=like,
+            problem=lambda answer: rule.answer_problem(fl, answer, num_groups),
+        ),
+    )
     by_client = {client_of[node]: answer for node, answer in good.items()}
     if not by_client:
-        raise UserError(f"no client sent its {rule.asks} before training (the reasons are "
-                        f"above); the method needs them: start a SuperNode for each of the "
-                        f"{num_clients} clients (min-nodes = num-clients)" + rule.node_needs)
+        raise UserError(
+            f"no client sent its {rule.asks} before training (the reasons are "
+            f"above); the method needs them: start a SuperNode for each of the "
+            f"{num_clients} clients (min-nodes = num-clients)" + rule.node_needs
+        )
     missing = sorted(set(range(num_clients)) - set(by_client))
     if missing:
-        print(f"[cpcfl] left out of the run: clients {missing} (no {rule.asks} before "
-              "training; the method assigns the others from theirs)", flush=True)
+        print(
+            f"[cpcfl] left out of the run: clients {missing} (no {rule.asks} before "
+            "training; the method assigns the others from theirs)",
+            flush=True,
+        )
     return [by_client.get(c) for c in range(num_clients)]
 
 
@@ -143,9 +179,16 @@ def addressee(client: int, names: dict[int, str] | None) -> dict:
     return {"client-id": client, **({} if names is None else {"name": names[client]})}
 
 
-def roster(grid: Grid, nodes: list[int], timeout: float, num_clients: int, *, own: bool,
-           most: int | None = None, unlabeled: bool = False
-           ) -> tuple[dict[int, int], dict[str, dict] | None, dict[int, int]]:
+def roster(
+    grid: Grid,
+    nodes: list[int],
+    timeout: float,
+    num_clients: int,
+    *,
+    own: bool,
+    most: int | None = None,
+    unlabeled: bool = False,
+) -> tuple[dict[int, int], dict[str, dict] | None, dict[int, int]]:
     """Who the clients are: node id -> client id, and, when the run config says the nodes
     bring their own data (``own``: its ``node-data``), client id -> the folder name and
     example counts they reported (``None`` for partition ids) and client id -> its
@@ -156,47 +199,77 @@ def roster(grid: Grid, nodes: list[int], timeout: float, num_clients: int, *, ow
     name is the first claimant's; a node that claims a taken one, answers the other kind,
     sends a malformed reply, or cannot serve (its data is bad) is left out, its reason
     printed. No node's answer changes how the others are read."""
-    replies, failed = send(grid, {n: RecordDict() for n in nodes}, MessageType.QUERY, "0",
-                           timeout)
+    replies, failed = send(grid, {n: RecordDict() for n in nodes}, MessageType.QUERY, "0", timeout)
     if failed:
         print(f"[cpcfl] left out: nodes {failed} (no roster reply)", flush=True)
-    said, _ = parsed(replies, "query", 0, lambda content, node: checks.identity(
-        content, num_clients=num_clients, own=own, most=most, unlabeled=unlabeled))
+    said, _ = parsed(
+        replies,
+        "query",
+        0,
+        lambda content, node: checks.identity(
+            content, num_clients=num_clients, own=own, most=most, unlabeled=unlabeled
+        ),
+    )
     if not said:
-        started = ("with a data-path each (run config node-data own)" if own else
-                   f"with partition-id=K num-partitions={num_clients} (under the Simulation "
-                   f"Engine num-supernodes={num_clients})")
-        raise UserError("no node answered the roster as the run config says (their reasons "
-                        f"are above): start the SuperNodes {started}")
+        started = (
+            "with a data-path each (run config node-data own)"
+            if own
+            else f"with partition-id=K num-partitions={num_clients} (under the Simulation "
+            f"Engine num-supernodes={num_clients})"
+        )
+        raise UserError(
+            "no node answered the roster as the run config says (their reasons "
+            f"are above): start the SuperNodes {started}"
+        )
     client_of, claimed = {}, {}  # node -> client; its partition id or name -> node
     for node, i in said.items():  # in the order the replies came: the first claim holds
         claim = i.name if own else i.partition
         said_as = f"data folder {checks.shown(claim, 40)}" if own else f"partition-id {claim}"
         if claim in claimed:
-            print(f"[cpcfl] node {node} failed query 0: its reply was left out: {said_as} is "
-                  f"node {claimed[claim]}'s already (start every SuperNode with its own data)",
-                  flush=True)
+            print(
+                f"[cpcfl] node {node} failed query 0: its reply was left out: {said_as} is "
+                f"node {claimed[claim]}'s already (start every SuperNode with its own data)",
+                flush=True,
+            )
             continue
         claimed[claim], client_of[node] = node, i.partition
     if not own:
         return client_of, None, {}
     names = sorted(claimed.items())  # the clients are numbered by folder name
-    return ({node: k for k, (_, node) in enumerate(names)},
-            {str(k): {"name": name, "num_train": said[node].num_train,
-                      "num_test": said[node].num_test}
-             for k, (name, node) in enumerate(names)},
-            {k: said[node].num_unlabeled for k, (_, node) in enumerate(names)
-             if said[node].num_unlabeled is not None})
+    return (
+        {node: k for k, (_, node) in enumerate(names)},
+        {
+            str(k): {
+                "name": name,
+                "num_train": said[node].num_train,
+                "num_test": said[node].num_test,
+            }
+            for k, (name, node) in enumerate(names)
+        },
+        {
+            k: said[node].num_unlabeled
+            for k, (_, node) in enumerate(names)
+            if said[node].num_unlabeled is not None
+        },
+    )
 
 
 class Nodes:
     """The ServerApp's :class:`~cpcfl_tf.clustered.algorithm.Federation`: one SuperNode per
     client, reached through the Grid. A node that fails a round is left out of it."""
 
-    def __init__(self, grid: Grid, client_of: dict[int, int], num_clients: int,
-                 timeout: float, run: RunPlan, names: dict[int, str] | None = None,
-                 examples: dict[int, int] | None = None, tests: dict[int, int] | None = None,
-                 cap: int | None = None):
+    def __init__(
+        self,
+        grid: Grid,
+        client_of: dict[int, int],
+        num_clients: int,
+        timeout: float,
+        run: RunPlan,
+        names: dict[int, str] | None = None,
+        examples: dict[int, int] | None = None,
+        tests: dict[int, int] | None = None,
+        cap: int | None = None,
+    ):
         self.grid, self.client_of, self.timeout = grid, client_of, timeout
         self.fl = run.federated
         self.names = names
@@ -221,23 +294,38 @@ class Nodes:
         for node, client in self.client_of.items():
             if node not in online or client not in row:
                 continue
-            settings = {"round": plan.round, "attempt": plan.attempt,
-                        "num-clients": self.num_clients, **addressee(client, self.names)}
+            settings = {
+                "round": plan.round,
+                "attempt": plan.attempt,
+                "num-clients": self.num_clients,
+                **addressee(client, self.names),
+            }
             if self.assigns:  # the node's own model only, and which one it is
                 cluster = int(plan.drawn[row[client]])
-                contents[node] = RecordDict({
-                    "config": ConfigRecord({**settings, "cluster": cluster}),
-                    **models_to_records({cluster: models[cluster]})})
+                contents[node] = RecordDict(
+                    {
+                        "config": ConfigRecord({**settings, "cluster": cluster}),
+                        **models_to_records({cluster: models[cluster]}),
+                    }
+                )
                 continue
             # The whole pool, also in the Tc phase, where the node trains the model drawn
             # for it: the paper's (N+1)S per client and round, as the simulator counts.
-            contents[node] = RecordDict({
-                "config": ConfigRecord(settings),
-                **models_to_records({n: models[n] for n in range(plan.num_models)})})
-        replies, failed = send(self.grid, contents, MessageType.TRAIN, str(plan.round + 1),
-                               self.timeout)
-        checked, left = parsed(replies, "train", plan.round + 1, lambda content, node:
-                               self._trained(content, node, plan, row, models))
+            contents[node] = RecordDict(
+                {
+                    "config": ConfigRecord(settings),
+                    **models_to_records({n: models[n] for n in range(plan.num_models)}),
+                }
+            )
+        replies, failed = send(
+            self.grid, contents, MessageType.TRAIN, str(plan.round + 1), self.timeout
+        )
+        checked, left = parsed(
+            replies,
+            "train",
+            plan.round + 1,
+            lambda content, node: self._trained(content, node, plan, row, models),
+        )
         failed = sorted({*failed, *left})  # their cluster ids kept, as a failed node's
         # In client order, as the simulator's replies come, not in order of arrival: a rule
         # that clusters the replies (FedGroup's k-means++) would otherwise name its
@@ -249,26 +337,37 @@ class Nodes:
             np.array([r.cluster for r in replies], np.int64),
             np.array([float(weighed(r.count, self.cap)) for r in replies]),
             [np.stack([r.weights[i] for r in replies]) for i in range(len(replies[0].weights))]
-            if replies else [],
-            sorted({self.client_of[n] for n in failed} | (set(row) - asked)))
+            if replies
+            else [],
+            sorted({self.client_of[n] for n in failed} | (set(row) - asked)),
+        )
 
-    def _trained(self, content, node: int, plan: algorithm.RoundPlan, row: dict,
-                 models) -> checks.Trained:
+    def _trained(
+        self, content, node: int, plan: algorithm.RoundPlan, row: dict, models
+    ) -> checks.Trained:
         """A node's training reply as the server counts it (:func:`checks.trained`): the
         client it names, the cluster id (inside the pool; the model the node was given
         where the server assigned it or drew it for the Tc phase), the example count and
         the weights against the model of that cluster."""
         client = self.client_of[node]
         drawn = plan.drawn[row[client]] if plan.drawn is not None and client in row else None
-        return checks.trained(content, client=client, num_models=plan.num_models,
-                              expected=None if drawn is None else int(drawn),
-                              most=self.examples.get(client), models=models)
+        return checks.trained(
+            content,
+            client=client,
+            num_models=plan.num_models,
+            expected=None if drawn is None else int(drawn),
+            most=self.examples.get(client),
+            models=models,
+        )
 
     def observe(self, models, assigned, replies, round_: int, *, planned=None) -> dict:
         """The round's record. In the rounds the simulator scores (``fl.scored``) each node
         scores its cluster's model on its own test data, as Flower's evaluate rounds do."""
-        record = {"cluster_ids": assigned.tolist(), "replies": len(replies.clients),
-                  "failed_partitions": replies.failed}
+        record = {
+            "cluster_ids": assigned.tolist(),
+            "replies": len(replies.clients),
+            "failed_partitions": replies.failed,
+        }
         if not self.fl.scored(round_):
             return record
         self.scores, failed = self.evaluate(models, assigned, round_, planned)
@@ -277,8 +376,9 @@ class Nodes:
         record["failed_partitions"] = sorted(set(replies.failed) | set(failed))
         return record
 
-    def evaluate(self, models, assigned: np.ndarray, round_: int,
-                 planned: np.ndarray | None = None) -> tuple[dict[int, float], list[int]]:
+    def evaluate(
+        self, models, assigned: np.ndarray, round_: int, planned: np.ndarray | None = None
+    ) -> tuple[dict[int, float], list[int]]:
         """Each online node's accuracy on its test data (client id -> accuracy) and the
         clients that did not answer. A node scores its cluster's model; one that has not
         taken part yet the model the server planned for it, else the pool, from which it
@@ -292,12 +392,20 @@ class Nodes:
             if cluster < 0 and planned is not None:
                 cluster = int(planned[client])
             sent = {cluster: models[cluster]} if cluster >= 0 else dict(enumerate(models))
-            contents[node] = RecordDict({"config": ConfigRecord(addressee(client, self.names)),
-                                         **models_to_records(sent)})
-        scores, _ = send(self.grid, contents, MessageType.EVALUATE, f"{round_}-evaluate",
-                         self.timeout)
-        scores, _ = parsed(scores, "evaluate", round_, lambda content, node: checks.scored(
-            content, client=self.client_of[node], most=self.tests.get(self.client_of[node])))
+            contents[node] = RecordDict(
+                {"config": ConfigRecord(addressee(client, self.names)), **models_to_records(sent)}
+            )
+        scores, _ = send(
+            self.grid, contents, MessageType.EVALUATE, f"{round_}-evaluate", self.timeout
+        )
+        scores, _ = parsed(
+            scores,
+            "evaluate",
+            round_,
+            lambda content, node: checks.scored(
+                content, client=self.client_of[node], most=self.tests.get(self.client_of[node])
+            ),
+        )
         accuracy = {s.client: s.accuracy for s in scores.values()}
         return accuracy, sorted(set(self.client_of.values()) - set(accuracy))
 
@@ -309,9 +417,16 @@ class PretrainNodes:
     trains the method's step on its own unlabeled images and sends its parts with its
     image count. A node that fails the round is left out of it."""
 
-    def __init__(self, grid: Grid, client_of: dict[int, int], timeout: float,
-                 names: dict[int, str] | None, examples: dict[int, int], trainer,
-                 cap: int | None = None):
+    def __init__(
+        self,
+        grid: Grid,
+        client_of: dict[int, int],
+        timeout: float,
+        names: dict[int, str] | None,
+        examples: dict[int, int],
+        trainer,
+        cap: int | None = None,
+    ):
         self.grid, self.client_of, self.timeout, self.names = grid, client_of, timeout, names
         self.trainer = trainer
         """The server's :class:`~cpcfl_tf.pretraining.federated_pretrain.LocalTrainer`:
@@ -325,28 +440,49 @@ class PretrainNodes:
         from cpcfl_tf.pretraining.federated_pretrain import Uploads
 
         wanted, online = set(chosen.tolist()), set(self.grid.get_node_ids())
-        contents = {node: RecordDict({
-            "config": ConfigRecord({"stage": "pretrain", "round": round_,
-                                    **addressee(client, self.names)}),
-            "model": to_record(global_weights)})
-            for node, client in self.client_of.items() if client in wanted and node in online}
-        replies, _ = send(self.grid, contents, MessageType.TRAIN, f"pretrain-{round_ + 1}",
-                          self.timeout)
+        contents = {
+            node: RecordDict(
+                {
+                    "config": ConfigRecord(
+                        {"stage": "pretrain", "round": round_, **addressee(client, self.names)}
+                    ),
+                    "model": to_record(global_weights),
+                }
+            )
+            for node, client in self.client_of.items()
+            if client in wanted and node in online
+        }
+        replies, _ = send(
+            self.grid, contents, MessageType.TRAIN, f"pretrain-{round_ + 1}", self.timeout
+        )
         settings = self.trainer.settings
-        checked, _ = parsed(replies, "pretrain", round_ + 1, lambda content, node:
-                            checks.pretrained(
-                                content, client=self.client_of[node],
-                                most=self.examples.get(self.client_of[node]),
-                                like=global_weights, batch_size=settings["batch_size"],
-                                local_epochs=settings["local_epochs"],
-                                reported=self.trainer.algorithm.reported,
-                                timeout=self.timeout))  # left out as failed
+        checked, _ = parsed(
+            replies,
+            "pretrain",
+            round_ + 1,
+            lambda content, node: checks.pretrained(
+                content,
+                client=self.client_of[node],
+                most=self.examples.get(self.client_of[node]),
+                like=global_weights,
+                batch_size=settings["batch_size"],
+                local_epochs=settings["local_epochs"],
+                reported=self.trainer.algorithm.reported,
+                timeout=self.timeout,
+            ),
+        )  # left out as failed
         by_client = sorted(checked.values(), key=lambda r: r.client)  # the simulator's order
         # Each client's loss in full, so a run can be checked client by client against
         # the simulator's rounds (the round's line gives their mean only).
-        print(f"[cpcfl] pretrain round {round_ + 1}: client losses " + ", ".join(
-            f"{r.client} {r.results['loss']!r}" for r in by_client), flush=True)
-        return Uploads([r.weights for r in by_client],
-                       [weighed(r.count, self.cap) for r in by_client],
-                       [r.results for r in by_client], len(contents),
-                       sorted(wanted - {r.client for r in by_client}))
+        print(
+            f"[cpcfl] pretrain round {round_ + 1}: client losses "
+            + ", ".join(f"{r.client} {r.results['loss']!r}" for r in by_client),
+            flush=True,
+        )
+        return Uploads(
+            [r.weights for r in by_client],
+            [weighed(r.count, self.cap) for r in by_client],
+            [r.results for r in by_client],
+            len(contents),
+            sorted(wanted - {r.client for r in by_client}),
+        )

@@ -28,6 +28,7 @@ the last), every node scores its cluster's model on its own test data and sends 
 accuracy; a round's accuracy is the mean over the nodes that answered, the final one the
 last round's. Besides those accuracies the server sees weights, counts and cluster ids.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,16 +42,22 @@ from cpcfl_tf.clustered import algorithm
 from cpcfl_tf.flower import checks, remote
 from cpcfl_tf.flower.common import class_names, own_data, run_config
 from cpcfl_tf.methods.federated import METHODS, plugins_used
-from cpcfl_tf.records.record import write_record
-from cpcfl_tf.records.files import prepare_out_dir
 from cpcfl_tf.plan.resolve import check_data, federated_settings, resolve
+from cpcfl_tf.records.files import prepare_out_dir
+from cpcfl_tf.records.record import write_record
 
 app = ServerApp()
 
 
-def _pretrain_stage(grid: Grid, client_of: dict[int, int], run, timeout: float,
-                    names: dict[int, str] | None, unlabeled: dict[int, int],
-                    cap: int | None = None) -> list[np.ndarray]:
+def _pretrain_stage(
+    grid: Grid,
+    client_of: dict[int, int],
+    run,
+    timeout: float,
+    names: dict[int, str] | None,
+    unlabeled: dict[int, int],
+    cap: int | None = None,
+) -> list[np.ndarray]:
     """The federated self-supervised pre-training as the run's first stage: the
     simulator's rounds (:func:`~cpcfl_tf.pretraining.federated_pretrain.pretrain_rounds`,
     seeded the same) with the nodes as its clients. Returns the global encoder."""
@@ -63,8 +70,11 @@ def _pretrain_stage(grid: Grid, client_of: dict[int, int], run, timeout: float,
     start, rounds = pretraining.name, server.settings["rounds"]
 
     def after(r: int, entry: dict, _) -> None:
-        print(f"[cpcfl] {start} round {r + 1}/{rounds}: {entry['clients']} replies, "
-              f"{len(entry.get('failed', []))} failed, loss {entry['loss']:.4f}", flush=True)
+        print(
+            f"[cpcfl] {start} round {r + 1}/{rounds}: {entry['clients']} replies, "
+            f"{len(entry.get('failed', []))} failed, loss {entry['loss']:.4f}",
+            flush=True,
+        )
 
     totals = new_totals()
     if names is None:  # partition nodes: each client's share of the run's deal
@@ -74,10 +84,14 @@ def _pretrain_stage(grid: Grid, client_of: dict[int, int], run, timeout: float,
     else:  # own data: what each node reported in the roster
         examples = {k: int(unlabeled[k]) for k in names if k in unlabeled}
     clients = remote.PretrainNodes(grid, client_of, timeout, names, examples, server, cap)
-    weights = pretrain_rounds(server, clients, config.partition.num_clients, server.initial(),
-                              totals, after=after)
-    print(f"[cpcfl] {start}: {totals['bytes_down'] / 1e6:.1f} MB of online parts down, "
-          f"{totals['bytes_up'] / 1e6:.1f} MB up", flush=True)
+    weights = pretrain_rounds(
+        server, clients, config.partition.num_clients, server.initial(), totals, after=after
+    )
+    print(
+        f"[cpcfl] {start}: {totals['bytes_down'] / 1e6:.1f} MB of online parts down, "
+        f"{totals['bytes_up'] / 1e6:.1f} MB up",
+        flush=True,
+    )
     set_parts(server.shared, weights)
     return server.model.encoder.get_weights()
 
@@ -87,13 +101,17 @@ def _examples(config, node_data: dict[str, dict] | None) -> tuple[dict[int, int]
     node with its own data reported in the roster, or the sizes of the client's partition
     (every client of a drawn partition has as many)."""
     if node_data is not None:
-        return ({int(k): int(d["num_train"]) for k, d in node_data.items()},
-                {int(k): int(d["num_test"]) for k, d in node_data.items()})
+        return (
+            {int(k): int(d["num_train"]) for k, d in node_data.items()},
+            {int(k): int(d["num_test"]) for k, d in node_data.items()},
+        )
     from cpcfl_tf.clustered.clients import clients_for
 
     clients = clients_for(config)
-    return tuple(dict.fromkeys(range(config.partition.num_clients), split.size)
-                 for split in (clients.train, clients.test))
+    return tuple(
+        dict.fromkeys(range(config.partition.num_clients), split.size)
+        for split in (clients.train, clients.test)
+    )
 
 
 def own_data_config(config, nodes: int):
@@ -103,16 +121,20 @@ def own_data_config(config, nodes: int):
     whose models are then the run config's ``partition.num_groups``, the groups the nodes'
     ``group=G`` may name."""
     groups = METHODS[config.federated.method].rule.groups_are_models
-    return config.with_overrides(partition={
-        "num_clients": nodes, "kind": "own",
-        "num_groups": config.partition.num_groups if groups else 1})
+    return config.with_overrides(
+        partition={
+            "num_clients": nodes,
+            "kind": "own",
+            "num_groups": config.partition.num_groups if groups else 1,
+        }
+    )
 
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    from cpcfl_tf.records.environment import run_environment
     from cpcfl_tf.clustered.pool import federated_record, initial_state, template_for
     from cpcfl_tf.clustered.starting import StartingEncoders
+    from cpcfl_tf.records.environment import run_environment
 
     settings = dict(context.run_config)
     config = run_config(settings)
@@ -123,72 +145,127 @@ def main(grid: Grid, context: Context) -> None:
     wanted = int(settings.get("min-nodes", 0)) or config.partition.num_clients
     most = int(settings.get("max-examples", 0)) or None
     if settings.get("out"):  # refuse an unwritable output before any work
-        prepare_out_dir(Path(str(settings["out"])).parent,
-                        fix="set the run config's out to a writable path")
+        prepare_out_dir(
+            Path(str(settings["out"])).parent, fix="set the run config's out to a writable path"
+        )
     client_of, node_data, unlabeled = remote.roster(
-        grid, remote.wait_for_nodes(grid, wanted, timeout), timeout,
-        config.partition.num_clients, own=own_data(settings), most=most,
-        unlabeled=federated_settings(config) is not None)
+        grid,
+        remote.wait_for_nodes(grid, wanted, timeout),
+        timeout,
+        config.partition.num_clients,
+        own=own_data(settings),
+        most=most,
+        unlabeled=federated_settings(config) is not None,
+    )
     if node_data is not None:
         config = own_data_config(config, len(client_of))
-        print(f"[cpcfl] {len(client_of)} nodes with their own data: "
-              + ", ".join(f"{k} {checks.shown(d['name'], 40)} ({d['num_train']} + "
-                          f"{d['num_test']} images)"
-                          for k, d in node_data.items()), flush=True)
+        print(
+            f"[cpcfl] {len(client_of)} nodes with their own data: "
+            + ", ".join(
+                f"{k} {checks.shown(d['name'], 40)} ({d['num_train']} + {d['num_test']} images)"
+                for k, d in node_data.items()
+            ),
+            flush=True,
+        )
     else:
-        print(f"[cpcfl] {len(client_of)} nodes: partitions {sorted(client_of.values())}",
-              flush=True)
+        print(
+            f"[cpcfl] {len(client_of)} nodes: partitions {sorted(client_of.values())}", flush=True
+        )
     caps = remote.count_caps(node_data, unlabeled, most)
     if caps is not None:
-        print("[cpcfl] a reply weighs at most " + ", ".join(
-            f"{n} {kind} examples" for kind, n in caps.items()) + " (the lower median of the "
-            "nodes' reports; set max-examples to bound them instead)", flush=True)
+        print(
+            "[cpcfl] a reply weighs at most "
+            + ", ".join(f"{n} {kind} examples" for kind, n in caps.items())
+            + " (the lower median of the "
+            "nodes' reports; set max-examples to bound them instead)",
+            flush=True,
+        )
     run = resolve(config, checked=node_data is None)  # partition nodes: checked above
     fl = run.federated
     num_clients = config.partition.num_clients
 
-    names = (None if node_data is None else
-             {int(k): str(d["name"]) for k, d in node_data.items()})
+    names = None if node_data is None else {int(k): str(d["name"]) for k, d in node_data.items()}
     size = config.data.image_size
-    answers = remote.ask_first(grid, client_of, run, num_clients, timeout, names,
-                               image_shape=(size, size, 3),
-                               num_groups=config.partition.num_groups)
+    answers = remote.ask_first(
+        grid,
+        client_of,
+        run,
+        num_clients,
+        timeout,
+        names,
+        image_shape=(size, size, 3),
+        num_groups=config.partition.num_groups,
+    )
     if answers is not None:  # a client without an answer takes no part
         client_of = {n: c for n, c in client_of.items() if answers[c] is not None}
 
     if run.pretraining is not None and run.pretraining.federated is not None:
         # The first stage: the nodes pre-train the encoder on their unlabeled images.
-        encoder_weights = _pretrain_stage(grid, client_of, run, timeout, names, unlabeled,
-                                          (caps or {}).get("unlabeled"))
+        encoder_weights = _pretrain_stage(
+            grid, client_of, run, timeout, names, unlabeled, (caps or {}).get("unlabeled")
+        )
     else:  # the server's own pre-training (its data, never the nodes')
         encoder_weights = StartingEncoders(verbose=0)(run)
     template = template_for(run, (size, size, 3), len(classes))  # the simulator's
 
     def start(attempt: int) -> algorithm.ServerState:
-        return initial_state(run, template, encoder_weights, seed=config.seed, attempt=attempt,
-                             num_clients=num_clients, answers=answers)
+        return initial_state(
+            run,
+            template,
+            encoder_weights,
+            seed=config.seed,
+            attempt=attempt,
+            num_clients=num_clients,
+            answers=answers,
+        )
 
     def after(record: dict, state, progress) -> None:
         scored = f", accuracy {record['accuracy']:.4f}" if "accuracy" in record else ""
-        print(f"[cpcfl] round {record['round']}/{fl.rounds}: cluster ids "
-              f"{record['cluster_ids']}, {record['replies']} replies, "
-              f"{len(record['failed_partitions'])} failed{scored}", flush=True)
+        print(
+            f"[cpcfl] round {record['round']}/{fl.rounds}: cluster ids "
+            f"{record['cluster_ids']}, {record['replies']} replies, "
+            f"{len(record['failed_partitions'])} failed{scored}",
+            flush=True,
+        )
 
-    federation = remote.Nodes(grid, client_of, num_clients, timeout, run, names,
-                              *_examples(config, node_data), cap=(caps or {}).get("train"))
+    federation = remote.Nodes(
+        grid,
+        client_of,
+        num_clients,
+        timeout,
+        run,
+        names,
+        *_examples(config, node_data),
+        cap=(caps or {}).get("train"),
+    )
     state, progress = algorithm.run_rounds(
-        run, config.seed, federation, start, on_round=after,
+        run,
+        config.seed,
+        federation,
+        start,
+        on_round=after,
         progress=algorithm.sent_before_training(run, answers),
-        say=lambda line: print(f"[cpcfl] {line}", flush=True))
+        say=lambda line: print(f"[cpcfl] {line}", flush=True),
+    )
     accuracy = federation.scores  # the last round's
     # The server never sees the clients' data: no class counts, no true groups, no ARI.
     record = dataclasses.replace(
-        federated_record(run, config.seed, progress, state,
-                         float(np.mean(list(accuracy.values()))) if accuracy else None,
-                         client_accuracy={str(k): v for k, v in sorted(accuracy.items())}),
-        experiment="flower", environment=run_environment(encoder_weights, plugins_used(
-            config.federated.method, config.federated.pretraining)),
-        nodes={str(n): c for n, c in client_of.items()}, node_data=node_data, count_caps=caps)
+        federated_record(
+            run,
+            config.seed,
+            progress,
+            state,
+            float(np.mean(list(accuracy.values()))) if accuracy else None,
+            client_accuracy={str(k): v for k, v in sorted(accuracy.items())},
+        ),
+        experiment="flower",
+        environment=run_environment(
+            encoder_weights, plugins_used(config.federated.method, config.federated.pretraining)
+        ),
+        nodes={str(n): c for n, c in client_of.items()},
+        node_data=node_data,
+        count_caps=caps,
+    )
     print(f"[cpcfl] final accuracy {record.final.accuracy}", flush=True)
     if settings.get("out"):
         write_record(settings["out"], record)

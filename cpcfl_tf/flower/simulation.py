@@ -2,6 +2,7 @@
 one: virtual SuperNodes in one process tree, on a managed local SuperLink of the run's
 own (:func:`simulation_command`, :func:`simulate`). The federation of real processes is
 :mod:`cpcfl_tf.flower.loopback`'s."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,9 @@ from cpcfl_tf.errors import UserError
 from cpcfl_tf.flower.loopback import APP_DIR, command_path, free_port, run_config_line
 
 
-def simulation_command(run_config: dict[str, Any], supernodes: int, home: Path, *,
-                       env: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+def simulation_command(
+    run_config: dict[str, Any], supernodes: int, home: Path, *, env: dict[str, str] | None = None
+) -> tuple[list[str], dict[str, str]]:
     """``flwr run . local`` for one run of ``supernodes`` virtual SuperNodes under Flower's
     Simulation Engine, the way a Flower user starts one, and the environment to run it in:
     the Flower home ``home``, whose local connection sets ``options.num-supernodes``, and
@@ -29,16 +31,34 @@ def simulation_command(run_config: dict[str, Any], supernodes: int, home: Path, 
     home.mkdir(parents=True, exist_ok=True)
     (home / "config.toml").write_text(
         '[superlink]\ndefault = "local"\n\n[superlink.local]\n'
-        f"options.num-supernodes = {int(supernodes)}\n")
-    env = dict(os.environ if env is None else env, FLWR_HOME=str(home), PYTHONUNBUFFERED="1",
-               FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
-               FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(free_port()))
-    return [command_path("flwr"), "run", str(APP_DIR), "local", "--run-config",
-            run_config_line(run_config), "--stream"], env
+        f"options.num-supernodes = {int(supernodes)}\n"
+    )
+    env = dict(
+        os.environ if env is None else env,
+        FLWR_HOME=str(home),
+        PYTHONUNBUFFERED="1",
+        FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+        FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(free_port()),
+    )
+    return [
+        command_path("flwr"),
+        "run",
+        str(APP_DIR),
+        "local",
+        "--run-config",
+        run_config_line(run_config),
+        "--stream",
+    ], env
 
 
-def simulate(run_config: dict[str, Any], supernodes: int, workdir: str | Path, *,
-             env: dict[str, str] | None = None, timeout: float = 900.0) -> dict:
+def simulate(
+    run_config: dict[str, Any],
+    supernodes: int,
+    workdir: str | Path,
+    *,
+    env: dict[str, str] | None = None,
+    timeout: float = 900.0,
+) -> dict:
     """One run under the Simulation Engine (:func:`simulation_command`); returns the run
     record (``run_config["out"]``). The local SuperLink is stopped at the end."""
     workdir = Path(workdir).resolve()
@@ -62,9 +82,11 @@ def check_own_superlink(home: Path, env: dict[str, str], log: Path) -> None:
     port before it, and ``flwr run`` handed the run to that one."""
     started = home / "local-superlink" / "superlink.log"  # where Flower's managed one logs
     if "Created run" not in (started.read_text() if started.exists() else ""):
-        raise UserError(f"the run went to a SuperLink this call did not start (port "
-                        f"{env['FLWR_LOCAL_SUPERLINK_HTTP_API_PORT']} was taken meanwhile); "
-                        f"run it again. Its log: {log}")
+        raise UserError(
+            f"the run went to a SuperLink this call did not start (port "
+            f"{env['FLWR_LOCAL_SUPERLINK_HTTP_API_PORT']} was taken meanwhile); "
+            f"run it again. Its log: {log}"
+        )
 
 
 def stop_local_superlink(home: Path) -> None:

@@ -2,16 +2,18 @@
 each a function of arrays: FeSEM's centres, CFL's bipartition, FL+HC's hierarchy, PACFL's
 data subspaces and principal angles, FedGroup's decomposed cosines, k-means++. Pure NumPy
 (and scikit-learn's clustering); it imports nothing of the kit."""
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 
-def nearest_centres(centres: list[list[np.ndarray]],
-                    client_weights: Sequence[np.ndarray]) -> np.ndarray:
+def nearest_centres(
+    centres: list[list[np.ndarray]], client_weights: Sequence[np.ndarray]
+) -> np.ndarray:
     """FeSEM's E-step: for each client (``client_weights[i][u]``: array i of client u) the
     centre at the least squared L2 distance over all arrays, in float64 (ties: the lower id)."""
     count = len(client_weights[0])
@@ -53,10 +55,16 @@ def flat_updates(state, replies) -> np.ndarray:
     """``(replies, parameters)`` float64: each reply's trained weights minus the model it
     started from, every array flattened (what CFL compares)."""
     ids = replies.cluster_ids
-    return np.concatenate([
-        (stacked.reshape(len(ids), -1).astype(np.float64)
-         - np.stack([state.models[c][i].reshape(-1) for c in ids]).astype(np.float64))
-        for i, stacked in enumerate(replies.weights)], axis=1)
+    return np.concatenate(
+        [
+            (
+                stacked.reshape(len(ids), -1).astype(np.float64)
+                - np.stack([state.models[c][i].reshape(-1) for c in ids]).astype(np.float64)
+            )
+            for i, stacked in enumerate(replies.weights)
+        ],
+        axis=1,
+    )
 
 
 def bipartition(updates: np.ndarray) -> tuple[np.ndarray, float]:
@@ -69,8 +77,11 @@ def bipartition(updates: np.ndarray) -> tuple[np.ndarray, float]:
     norms = np.linalg.norm(updates, axis=1, keepdims=True)
     unit = updates / np.where(norms > 0, norms, 1.0)
     similarity = unit @ unit.T
-    halves = AgglomerativeClustering(n_clusters=2, metric="precomputed",
-                                     linkage="complete").fit(-similarity).labels_
+    halves = (
+        AgglomerativeClustering(n_clusters=2, metric="precomputed", linkage="complete")
+        .fit(-similarity)
+        .labels_
+    )
     return halves, float(similarity[np.ix_(halves == 0, halves == 1)].max())
 
 
@@ -98,8 +109,11 @@ def cfl_split(fl, state, replies) -> tuple[np.ndarray, object, dict]:
         halves, cross = bipartition(updates[members]) if len(members) > 1 else (None, None)
         tests[str(c)] = {"mean_norm": mean, "max_norm": top, "cross_similarity": cross}
         free = [n for n in range(len(models)) if n not in used]
-        if (state.round < options["split_after"] or not free
-                or len(members) < options["min_split_size"]):
+        if (
+            state.round < options["split_after"]
+            or not free
+            or len(members) < options["min_split_size"]
+        ):
             continue
         if mean < options["eps1"] and top > options["eps2"] and cross < options["max_cross"]:
             new = free[0]
@@ -173,19 +187,23 @@ def subspace_clusters(subspaces: Sequence[np.ndarray], num_clusters: int) -> np.
     proximity = np.zeros((count, count))
     for i in range(count):
         for j in range(i + 1, count):
-            proximity[i, j] = proximity[j, i] = principal_angles(subspaces[i],
-                                                                 subspaces[j]).sum()
+            proximity[i, j] = proximity[j, i] = principal_angles(subspaces[i], subspaces[j]).sum()
     if min(num_clusters, count) < 2:
         return np.zeros(count, np.int64)
-    return AgglomerativeClustering(n_clusters=min(num_clusters, count), metric="precomputed",
-                                   linkage="average").fit(proximity).labels_.astype(np.int64)
+    return (
+        AgglomerativeClustering(
+            n_clusters=min(num_clusters, count), metric="precomputed", linkage="average"
+        )
+        .fit(proximity)
+        .labels_.astype(np.int64)
+    )
 
 
 def leading_directions(updates: np.ndarray, count: int) -> np.ndarray:
     """``(count, parameters)``: the leading right singular vectors of the updates (one per
     row), unit length, float64 (FedGroup's decomposition of the update matrix)."""
     directions = np.linalg.svd(updates, full_matrices=False)[2]
-    return directions[:min(count, len(directions))]
+    return directions[: min(count, len(directions))]
 
 
 def decomposed_cosines(updates: np.ndarray, directions: np.ndarray) -> np.ndarray:

@@ -11,15 +11,16 @@ This module imports nothing of the kit but its errors, the rules (:mod:`cpcfl_tf
 and the self-supervised registry (:mod:`cpcfl_tf.methods.ssl`, the pre-training stage's
 home), so every layer may read it.
 """
+
 from __future__ import annotations
 
 import dataclasses
 
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.plugins import entries, used
 from cpcfl_tf.methods.rules import RULES, Rule
 from cpcfl_tf.methods.ssl import FEDERATED_STARTS, SSL_METHODS
 from cpcfl_tf.methods.starts import START
+from cpcfl_tf.plugins import entries, used
 
 PRETRAIN_METHODS = tuple(SSL_METHODS)
 """The server's self-supervised pre-trainings (:mod:`cpcfl_tf.methods.ssl`)."""
@@ -124,8 +125,10 @@ class Method:
         unknown = set(given) - set(self.options)
         if unknown:
             known = ", ".join(self.options) or "none"
-            raise UserError(f"{self.name} has no option(s) {', '.join(sorted(unknown))} in "
-                            f"federated.options; its options: {known}")
+            raise UserError(
+                f"{self.name} has no option(s) {', '.join(sorted(unknown))} in "
+                f"federated.options; its options: {known}"
+            )
         for name, value in given.items():
             if not isinstance(value, (int, float)) or isinstance(value, bool):
                 raise UserError(f"federated.options {name} must be a number, got {value!r}")
@@ -134,72 +137,117 @@ class Method:
     def check_start(self, pretraining: str) -> None:
         """Refuse, in one line, a starting encoder this method cannot use."""
         if pretraining not in self.starts:
-            raise UserError(f"{self.name} cannot start from pre-training {pretraining!r}; "
-                            f"choose one of {', '.join(self.starts)}"
-                            + (f"; {self.instead}" if self.instead else ""))
+            raise UserError(
+                f"{self.name} cannot start from pre-training {pretraining!r}; "
+                f"choose one of {', '.join(self.starts)}"
+                + (f"; {self.instead}" if self.instead else "")
+            )
 
 
 _FEDERATED_STARTS = ("none", *PRETRAINED)
 
-METHODS = {m.name: m for m in (
-    # FedAvg (SimCLR) etc. is CP-CFL with N = 1, so it has the Tc phase too: the paper
-    # prints 59.33 % for both (tab:different_methods and tab:different_clusters).
-    Method("fedavg", "FedAvg", _FEDERATED_STARTS, one_model=True, head_phase=True),
-    # IFCA: no Tc phase; restarts when clustering fails (Sec. "Baselines").
-    Method("ifca", "IFCA", ("none", "fedavg", *PRETRAINED),
-           restarts=True),
-    # CP-CFL: a pre-trained encoder and the Tc phase (Algorithm "CP-CFL"); no restart
-    # rule (the paper gives it none).
-    Method("cp-cfl", "CP-CFL", PRETRAINED, head_phase=True,
-           instead="for random initialisation use method ifca"),
-    # Beyond the paper: CP-CFL with IFCA's restart rule (new random heads on the same
-    # encoder and the Tc phase again, when IFCA's failure test flags the clusters
-    # restart_round rounds after Tc; docs/choices.md). Why: at 60 clients CP-CFL merges
-    # groups in some runs (experiments/clustering_reliability.py).
-    Method("cp-cfl-restart", "CP-CFL+restart", PRETRAINED, head_phase=True, restarts=True,
-           restarts_of="cp-cfl", instead="for random initialisation use method ifca"),
-    # The centralized baselines of tab:different_datasets (pooled, or pooled by group).
-    Method("centralized", "Centralized", PRETRAININGS, federated=False),
-    # The two references of clustered FL: each client alone (the lower one) and FedAvg
-    # within each true group (the upper one). From a pre-trained encoder both have the
-    # Tc phase, like FedAvg (SimCLR).
-    Method("local", "Local", PRETRAININGS, assign="own", head_phase=True),
-    Method("oracle", "Oracle", PRETRAININGS, assign="groups", head_phase=True),
-    # FeSEM (Long et al., "Multi-center federated learning"): stochastic EM over N
-    # centres by the L2 distance of the clients' models.
-    Method("fesem", "FeSEM", PRETRAININGS, assign="nearest", head_phase=True),
-    # CFL (Sattler, Mueller and Samek, IEEE TNNLS 2020, Algorithm 1): recursive
-    # bipartitioning by the updates' cosine similarity, into at most
-    # federated.num_clusters clusters. eps1/eps2 bound the norm of a cluster's mean update
-    # and of its largest one, max_cross the similarity across the two parts of a split;
-    # split_after, min_split_size as in the authors' code (no split before round 20; only
-    # clusters of more than two clients). eps1, eps2, max_cross: measured for the kit's
-    # models by tools/calibrate_families.py (results/quick/calibrate_families/).
-    Method("cfl", "CFL", PRETRAININGS, assign="split", head_phase=True,
-           options={"eps1": 0.82, "eps2": 1.44, "split_after": 20, "min_split_size": 3,
-                    "max_cross": 0.04}),
-    # FL+HC (Briggs, Fan and Andras, IJCNN 2020): FedAvg, then one hierarchical clustering
-    # of the updates of round cluster_round (0-based; the kit's choice: docs/choices.md).
-    Method("fl-hc", "FL+HC", PRETRAININGS, assign="hierarchical", head_phase=True,
-           options={"cluster_round": 10}),
-    # PACFL (Vahidian et al., AAAI 2023): one clustering before training from each
-    # client's `basis` leading singular vectors of its data (Sec. 3); basis chosen on
-    # held-out partitions by tools/calibrate_families.py.
-    Method("pacfl", "PACFL", PRETRAININGS, assign="subspaces", head_phase=True,
-           options={"basis": 8}),
-    # FedGroup (Duan et al., "FedGroup: Efficient Federated Learning via Decomposed
-    # Similarity-Based Clustering", 2021, Sec. 4): a cold start clusters the clients'
-    # updates by their decomposed cosine similarity (EDC) with k-means++ into
-    # federated.num_clusters groups, the paper's m; static groups after it
-    # (docs/choices.md says what did not carry over).
-    Method("fedgroup", "FedGroup", PRETRAININGS, assign="decomposed", head_phase=True),
-    # Beyond the paper: CP-CFL whose first choice after the Tc phase is made from the
-    # frozen encoder's features (k-means over the clients' mean embeddings, as k-FED:
-    # Dennis, Li and Smith, ICML 2021) instead of from the heads' losses: a remedy for
-    # CP-CFL's merges that adds no round (docs/choices.md).
-    Method("cp-cfl-features", "CP-CFL+features", PRETRAINED, head_phase=True,
-           assign="features", instead="for random initialisation use method ifca"),
-)}
+METHODS = {
+    m.name: m
+    for m in (
+        # FedAvg (SimCLR) etc. is CP-CFL with N = 1, so it has the Tc phase too: the paper
+        # prints 59.33 % for both (tab:different_methods and tab:different_clusters).
+        Method("fedavg", "FedAvg", _FEDERATED_STARTS, one_model=True, head_phase=True),
+        # IFCA: no Tc phase; restarts when clustering fails (Sec. "Baselines").
+        Method("ifca", "IFCA", ("none", "fedavg", *PRETRAINED), restarts=True),
+        # CP-CFL: a pre-trained encoder and the Tc phase (Algorithm "CP-CFL"); no restart
+        # rule (the paper gives it none).
+        Method(
+            "cp-cfl",
+            "CP-CFL",
+            PRETRAINED,
+            head_phase=True,
+            instead="for random initialisation use method ifca",
+        ),
+        # Beyond the paper: CP-CFL with IFCA's restart rule (new random heads on the same
+        # encoder and the Tc phase again, when IFCA's failure test flags the clusters
+        # restart_round rounds after Tc; docs/choices.md). Why: at 60 clients CP-CFL merges
+        # groups in some runs (experiments/clustering_reliability.py).
+        Method(
+            "cp-cfl-restart",
+            "CP-CFL+restart",
+            PRETRAINED,
+            head_phase=True,
+            restarts=True,
+            restarts_of="cp-cfl",
+            instead="for random initialisation use method ifca",
+        ),
+        # The centralized baselines of tab:different_datasets (pooled, or pooled by group).
+        Method("centralized", "Centralized", PRETRAININGS, federated=False),
+        # The two references of clustered FL: each client alone (the lower one) and FedAvg
+        # within each true group (the upper one). From a pre-trained encoder both have the
+        # Tc phase, like FedAvg (SimCLR).
+        Method("local", "Local", PRETRAININGS, assign="own", head_phase=True),
+        Method("oracle", "Oracle", PRETRAININGS, assign="groups", head_phase=True),
+        # FeSEM (Long et al., "Multi-center federated learning"): stochastic EM over N
+        # centres by the L2 distance of the clients' models.
+        Method("fesem", "FeSEM", PRETRAININGS, assign="nearest", head_phase=True),
+        # CFL (Sattler, Mueller and Samek, IEEE TNNLS 2020, Algorithm 1): recursive
+        # bipartitioning by the updates' cosine similarity, into at most
+        # federated.num_clusters clusters. eps1/eps2 bound the norm of a cluster's mean update
+        # and of its largest one, max_cross the similarity across the two parts of a split;
+        # split_after, min_split_size as in the authors' code (no split before round 20; only
+        # clusters of more than two clients). eps1, eps2, max_cross: measured for the kit's
+        # models by tools/calibrate_families.py (results/quick/calibrate_families/).
+        Method(
+            "cfl",
+            "CFL",
+            PRETRAININGS,
+            assign="split",
+            head_phase=True,
+            options={
+                "eps1": 0.82,
+                "eps2": 1.44,
+                "split_after": 20,
+                "min_split_size": 3,
+                "max_cross": 0.04,
+            },
+        ),
+        # FL+HC (Briggs, Fan and Andras, IJCNN 2020): FedAvg, then one hierarchical clustering
+        # of the updates of round cluster_round (0-based; the kit's choice: docs/choices.md).
+        Method(
+            "fl-hc",
+            "FL+HC",
+            PRETRAININGS,
+            assign="hierarchical",
+            head_phase=True,
+            options={"cluster_round": 10},
+        ),
+        # PACFL (Vahidian et al., AAAI 2023): one clustering before training from each
+        # client's `basis` leading singular vectors of its data (Sec. 3); basis chosen on
+        # held-out partitions by tools/calibrate_families.py.
+        Method(
+            "pacfl",
+            "PACFL",
+            PRETRAININGS,
+            assign="subspaces",
+            head_phase=True,
+            options={"basis": 8},
+        ),
+        # FedGroup (Duan et al., "FedGroup: Efficient Federated Learning via Decomposed
+        # Similarity-Based Clustering", 2021, Sec. 4): a cold start clusters the clients'
+        # updates by their decomposed cosine similarity (EDC) with k-means++ into
+        # federated.num_clusters groups, the paper's m; static groups after it
+        # (docs/choices.md says what did not carry over).
+        Method("fedgroup", "FedGroup", PRETRAININGS, assign="decomposed", head_phase=True),
+        # Beyond the paper: CP-CFL whose first choice after the Tc phase is made from the
+        # frozen encoder's features (k-means over the clients' mean embeddings, as k-FED:
+        # Dennis, Li and Smith, ICML 2021) instead of from the heads' losses: a remedy for
+        # CP-CFL's merges that adds no round (docs/choices.md).
+        Method(
+            "cp-cfl-features",
+            "CP-CFL+features",
+            PRETRAINED,
+            head_phase=True,
+            assign="features",
+            instead="for random initialisation use method ifca",
+        ),
+    )
+}
 METHODS.update(entries("cpcfl_tf.methods", Method, METHODS))
 """Every method, by ``federated.method``: the kit's, then the installed plugins'
 (:mod:`cpcfl_tf.plugins`)."""
@@ -210,8 +258,9 @@ def get_method(name: str) -> Method:
     try:
         return METHODS[name]
     except KeyError:
-        raise UserError(f"unknown federated.method {name!r}; choose one of "
-                        f"{', '.join(METHODS)}") from None
+        raise UserError(
+            f"unknown federated.method {name!r}; choose one of {', '.join(METHODS)}"
+        ) from None
 
 
 def plugins_used(method: str, pretraining: str) -> dict[str, str]:
@@ -219,9 +268,12 @@ def plugins_used(method: str, pretraining: str) -> dict[str, str]:
     from ``pretraining`` uses, with their package and version: what its record's
     ``environment.plugins`` says (empty for the kit's own)."""
     start = START[pretraining]
-    return used(method=method, rule=get_method(method).assign,
-                ssl_method=start.ssl_method or None,
-                federated_ssl=start.federated.name if start.federated else None)
+    return used(
+        method=method,
+        rule=get_method(method).assign,
+        ssl_method=start.ssl_method or None,
+        federated_ssl=start.federated.name if start.federated else None,
+    )
 
 
 def run_label(method: str, pretraining: str) -> str:

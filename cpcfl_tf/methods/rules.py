@@ -25,20 +25,29 @@ rule's own arrays kept between rounds; ``clients``, ``cluster_ids``, ``sizes``,
 loader and the computations the rules are made of (:mod:`cpcfl_tf.methods.clustering`),
 and sits below the config.
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-from cpcfl_tf.methods.clustering import (cfl_split, data_subspace, decomposed_cosines,
-                                           fesem_step, fl_hc_split, flat_updates, kmeans_pp,
-                                           leading_directions, mean_embedding, sent_bytes,
-                                           subspace_clusters)
 from cpcfl_tf.errors import UserError
+from cpcfl_tf.methods.clustering import (
+    cfl_split,
+    data_subspace,
+    decomposed_cosines,
+    fesem_step,
+    fl_hc_split,
+    flat_updates,
+    kmeans_pp,
+    leading_directions,
+    mean_embedding,
+    sent_bytes,
+    subspace_clusters,
+)
 from cpcfl_tf.plugins import entries
-
 
 ORTHONORMAL_TOLERANCE = 1e-4
 """The most an honest PACFL basis's Gram matrix differs from the identity, element by
@@ -53,8 +62,10 @@ class Rule:
     (random picks in the Tc phase), the server averages by the choices."""
 
     name = "loss"
-    description = ("each client picks the pool model with the lowest loss on its own "
-                   "training data (Eq. cluster_identity); random picks in the Tc phase")
+    description = (
+        "each client picks the pool model with the lowest loss on its own "
+        "training data (Eq. cluster_identity); random picks in the Tc phase"
+    )
     asks: str | None = None
     """What the server asks each client once before training (None: nothing)."""
     reads = "images"
@@ -99,8 +110,9 @@ class Rule:
         """Bytes the answers add to what the clients send up (``bytes_other``)."""
         return 0
 
-    def first(self, fl, num_clients: int, answers: Sequence[np.ndarray] | None
-              ) -> np.ndarray | None:
+    def first(
+        self, fl, num_clients: int, answers: Sequence[np.ndarray] | None
+    ) -> np.ndarray | None:
         """Each client's first model when the server assigns (None: each chooses)."""
         return None
 
@@ -133,8 +145,9 @@ class Own(Rule):
 
 class TrueGroups(Rule):
     name = "groups"
-    description = ("the server puts each client in its true group (which only this "
-                   "reference method is told)")
+    description = (
+        "the server puts each client in its true group (which only this reference method is told)"
+    )
     asks, server_assigns = "group", True
     node_needs = " with group=G in its node config"
     groups_are_models = True
@@ -144,8 +157,9 @@ class TrueGroups(Rule):
 
     def answer(self, question, images, group):
         if group is None:
-            raise UserError("the method needs this client's true group: add group=G to the "
-                            "node config")
+            raise UserError(
+                "the method needs this client's true group: add group=G to the node config"
+            )
         return np.array([group], np.int64)
 
     def answer_like(self, question, image_shape):
@@ -153,8 +167,11 @@ class TrueGroups(Rule):
 
     def answer_problem(self, fl, answer, num_groups):
         group = int(answer[0])
-        return (None if 0 <= group < num_groups else
-                f"group {group} is outside the run's 0..{num_groups - 1}")
+        return (
+            None
+            if 0 <= group < num_groups
+            else f"group {group} is outside the run's 0..{num_groups - 1}"
+        )
 
     def first(self, fl, num_clients, answers):
         if answers is None:
@@ -174,9 +191,11 @@ class OneFirst(Rule):
 
 class Nearest(OneFirst):
     name = "nearest"
-    description = ("the server puts each client's trained model in the cluster of the "
-                   "nearest centre (squared L2 distance), and each centre becomes its "
-                   "members' average")
+    description = (
+        "the server puts each client's trained model in the cluster of the "
+        "nearest centre (squared L2 distance), and each centre becomes its "
+        "members' average"
+    )
 
     def step(self, fl, state, replies):
         if not len(replies.clients):
@@ -186,9 +205,11 @@ class Nearest(OneFirst):
 
 class Split(OneFirst):
     name = "split"
-    description = ("all clients start in one cluster; the server splits a cluster in two by "
-                   "the cosine similarity of its members' updates once their mean is small "
-                   "and the largest one large")
+    description = (
+        "all clients start in one cluster; the server splits a cluster in two by "
+        "the cosine similarity of its members' updates once their mean is small "
+        "and the largest one large"
+    )
 
     def step(self, fl, state, replies):
         return cfl_split(fl, state, replies)
@@ -196,8 +217,10 @@ class Split(OneFirst):
 
 class Hierarchical(OneFirst):
     name = "hierarchical"
-    description = ("FedAvg until a set round, whose updates the server clusters once "
-                   "(agglomerative, Ward's linkage); FedAvg within each cluster after it")
+    description = (
+        "FedAvg until a set round, whose updates the server clusters once "
+        "(agglomerative, Ward's linkage); FedAvg within each cluster after it"
+    )
 
     def step(self, fl, state, replies):
         return (*fl_hc_split(fl, state, replies), {})
@@ -205,9 +228,11 @@ class Hierarchical(OneFirst):
 
 class Subspaces(Rule):
     name = "subspaces"
-    description = ("before training each client sends the leading singular vectors of its "
-                   "data; the server clusters the clients once by the principal angles "
-                   "between them; FedAvg within each cluster")
+    description = (
+        "before training each client sends the leading singular vectors of its "
+        "data; the server clusters the clients once by the principal angles "
+        "between them; FedAvg within each cluster"
+    )
     asks, server_assigns = "subspace", True
 
     def question(self, fl):
@@ -225,9 +250,12 @@ class Subspaces(Rule):
         all-zero or scaled "basis" would sit at any angle its sender liked."""
         gram = answer.astype(np.float64).T @ answer.astype(np.float64)
         off = float(np.abs(gram - np.eye(len(gram))).max()) if gram.size else 0.0
-        return (None if off <= ORTHONORMAL_TOLERANCE else
-                f"the basis is not orthonormal (its Gram matrix is {off:.3g} away from the "
-                f"identity, more than {ORTHONORMAL_TOLERANCE:g})")
+        return (
+            None
+            if off <= ORTHONORMAL_TOLERANCE
+            else f"the basis is not orthonormal (its Gram matrix is {off:.3g} away from the "
+            f"identity, more than {ORTHONORMAL_TOLERANCE:g})"
+        )
 
     def answer_bytes(self, answers):
         return sent_bytes(answers)
@@ -251,9 +279,11 @@ class FeatureGroups(Rule):
     the server learns each client's mean embedding."""
 
     name = "features"
-    description = ("CP-CFL's choice by loss, but the first choice after the Tc phase is the "
-                   "server's: k-means over the clients' mean embeddings by the frozen "
-                   "encoder, sent once before training")
+    description = (
+        "CP-CFL's choice by loss, but the first choice after the Tc phase is the "
+        "server's: k-means over the clients' mean embeddings by the frozen "
+        "encoder, sent once before training"
+    )
     asks, reads, on_flower = "features", "embeddings", False
 
     def answer(self, question, embeddings, group):
@@ -265,8 +295,9 @@ class FeatureGroups(Rule):
     def remember(self, fl, answers):
         if answers is None:
             raise ValueError("the features rule needs the clients' mean embeddings")
-        return {"feature_groups": kmeans_pp(np.stack(answers).astype(np.float64),
-                                            fl.num_clusters)[0]}
+        return {
+            "feature_groups": kmeans_pp(np.stack(answers).astype(np.float64), fl.num_clusters)[0]
+        }
 
     def assignment(self, fl, t, state):
         return state.memory["feature_groups"] if t == fl.head_rounds else state.assignment
@@ -276,11 +307,13 @@ class Decomposed(OneFirst):
     """FedGroup's rule (Duan et al. 2021, Sec. 4): a cold start, then static groups."""
 
     name = "decomposed"
-    description = ("at the cold start (round 1, one common model) the server clusters the "
-                   "clients' updates by the Euclidean distance of their decomposed cosine "
-                   "similarity (cosines with the updates' leading singular directions), "
-                   "k-means++ into N groups; each client stays in its group, FedAvg within "
-                   "it; a client first seen later joins the group whose centre is nearest")
+    description = (
+        "at the cold start (round 1, one common model) the server clusters the "
+        "clients' updates by the Euclidean distance of their decomposed cosine "
+        "similarity (cosines with the updates' leading singular directions), "
+        "k-means++ into N groups; each client stays in its group, FedAvg within "
+        "it; a client first seen later joins the group whose centre is nearest"
+    )
 
     def step(self, fl, state, replies):
         ids = replies.cluster_ids.copy()
@@ -294,8 +327,13 @@ class Decomposed(OneFirst):
             groups, centres = kmeans_pp(coords, fl.num_clusters)
             grouped = np.zeros(len(state.assignment), bool)
             grouped[replies.clients] = True
-            return groups, dataclasses.replace(state, memory={
-                "directions": directions, "centres": centres, "grouped": grouped}), {}
+            return (
+                groups,
+                dataclasses.replace(
+                    state, memory={"directions": directions, "centres": centres, "grouped": grouped}
+                ),
+                {},
+            )
         new = ~memory["grouped"][replies.clients]
         if new.any():  # newcomers join the nearest group centre
             coords = decomposed_cosines(updates[new], memory["directions"])
@@ -307,9 +345,20 @@ class Decomposed(OneFirst):
         return ids, state, {}
 
 
-RULES: dict[str, Rule] = {r.name: r for r in (Rule(), Own(), TrueGroups(), Nearest(), Split(),
-                                                 Hierarchical(), Subspaces(), Decomposed(),
-                                                 FeatureGroups())}
+RULES: dict[str, Rule] = {
+    r.name: r
+    for r in (
+        Rule(),
+        Own(),
+        TrueGroups(),
+        Nearest(),
+        Split(),
+        Hierarchical(),
+        Subspaces(),
+        Decomposed(),
+        FeatureGroups(),
+    )
+}
 RULES.update(entries("cpcfl_tf.rules", Rule, RULES))
 """Every rule, by the name a method's ``assign`` gives: the kit's, then the installed
 plugins' (:mod:`cpcfl_tf.plugins`)."""

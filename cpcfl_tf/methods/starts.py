@@ -17,6 +17,7 @@ This module imports nothing of the kit but its errors, the record layouts
 (:mod:`cpcfl_tf.compat`), the aggregation settings (:mod:`cpcfl_tf.aggregation`) and the
 self-supervised registry, so every layer may read it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -125,11 +126,16 @@ class Start:
         layout): every setting of its self-supervised method named, and of its federated
         pre-training (none for a start without them)."""
         method = self.ssl_method or None
-        stored = stored_pretrain(dataclasses.asdict(config.pretrain), method,
-                                 config.pretrain.settings(method) if method else None)
+        stored = stored_pretrain(
+            dataclasses.asdict(config.pretrain),
+            method,
+            config.pretrain.settings(method) if method else None,
+        )
         if self.federated is not None:
-            stored["options"] = {**(stored["options"] or {}),
-                                 self.federated.name: self.federated_settings(config)}
+            stored["options"] = {
+                **(stored["options"] or {}),
+                self.federated.name: self.federated_settings(config),
+            }
         return stored
 
     def made_by(self, method: str, start: str) -> bool:
@@ -161,15 +167,22 @@ class ServerPretraining(Start):
     def check(self, config) -> None:
         where = config.partition.unlabeled
         if where != "server":
-            raise UserError(f"with partition.unlabeled={where} the server holds no unlabeled "
-                            f"images to pre-train {self.name} on; start from "
-                            f"fed-{self.ssl_method or 'simclr'}, or set "
-                            "partition.unlabeled=server")
+            raise UserError(
+                f"with partition.unlabeled={where} the server holds no unlabeled "
+                f"images to pre-train {self.name} on; start from "
+                f"fed-{self.ssl_method or 'simclr'}, or set "
+                "partition.unlabeled=server"
+            )
 
     def pretraining(self, config) -> Pretraining | None:
-        return Pretraining(self.name, SSL_METHODS[self.ssl_method],
-                           config.pretrain.settings(self.ssl_method), config.pretrain_seed,
-                           config.pretrain, config.data)
+        return Pretraining(
+            self.name,
+            SSL_METHODS[self.ssl_method],
+            config.pretrain.settings(self.ssl_method),
+            config.pretrain_seed,
+            config.pretrain,
+            config.data,
+        )
 
     def encoder(self, source, run):
         return source.contrastive(run).encoder.get_weights()
@@ -178,8 +191,9 @@ class ServerPretraining(Start):
         return f"to pre-train ({run.pretraining.pretrain.epochs} epochs)"
 
     def status(self, source, run) -> str:
-        return source.cache_status(run.pretraining, self.finished_file(source, run),
-                                   self.fresh(source, run))
+        return source.cache_status(
+            run.pretraining, self.finished_file(source, run), self.fresh(source, run)
+        )
 
     def ready(self, source, run) -> bool:
         return self.finished_file(source, run).exists()
@@ -194,8 +208,7 @@ class Supervised(ServerPretraining):
     """The server's supervised pre-training on the labeled version of the same split."""
 
     def pretraining(self, config) -> Pretraining | None:
-        return Pretraining(self.name, None, {}, config.pretrain_seed, config.pretrain,
-                           config.data)
+        return Pretraining(self.name, None, {}, config.pretrain_seed, config.pretrain, config.data)
 
     def encoder(self, source, run):
         return source.supervised(run)
@@ -211,23 +224,40 @@ class FederatedPretraining(ServerPretraining):
 
     def check(self, config) -> None:
         if config.partition.unlabeled == "server":
-            raise UserError(f"{self.name} pre-trains on the clients' unlabeled images; set "
-                            "partition.unlabeled=iid or groups")
+            raise UserError(
+                f"{self.name} pre-trains on the clients' unlabeled images; set "
+                "partition.unlabeled=iid or groups"
+            )
         if config.pretrain.lr_schedule != "constant":
-            raise UserError(f"{self.name} runs a constant learning rate (a fresh Adam per "
-                            "client round); set pretrain.lr_schedule=constant")
-        if config.pretrain.settings(self.ssl_method).get("target_schedule",
-                                                         "constant") != "constant":
-            raise UserError(f"{self.name} keeps BYOL's target on the client with a constant "
-                            f"rate; drop {self.ssl_method}.target_schedule from pretrain.options")
+            raise UserError(
+                f"{self.name} runs a constant learning rate (a fresh Adam per "
+                "client round); set pretrain.lr_schedule=constant"
+            )
+        if (
+            config.pretrain.settings(self.ssl_method).get("target_schedule", "constant")
+            != "constant"
+        ):
+            raise UserError(
+                f"{self.name} keeps BYOL's target on the client with a constant "
+                f"rate; drop {self.ssl_method}.target_schedule from pretrain.options"
+            )
 
     def pretraining(self, config) -> Pretraining | None:
         settings = self.federated_settings(config)
         settings = {**settings, "rounds": federated_rounds(settings, config.pretrain.epochs)}
-        return Pretraining(self.name, SSL_METHODS[self.ssl_method],
-                           config.pretrain.settings(self.ssl_method), config.pretrain_seed,
-                           config.pretrain, config.data, self.federated, settings,
-                           config.partition, config.seed, Defence.of(config.federated))
+        return Pretraining(
+            self.name,
+            SSL_METHODS[self.ssl_method],
+            config.pretrain.settings(self.ssl_method),
+            config.pretrain_seed,
+            config.pretrain,
+            config.data,
+            self.federated,
+            settings,
+            config.partition,
+            config.seed,
+            Defence.of(config.federated),
+        )
 
     def encoder(self, source, run):
         return source.federated(run).encoder.get_weights()
@@ -264,14 +294,19 @@ class FedAvgEncoder(Start):
         return source.fedavg_ready(run.requested)
 
 
-START: dict[str, Start] = {s.name: s for s in (
-    Start("none", "None"),
-    *(ServerPretraining(m.name, m.label, ssl_method=m.name) for m in SSL_METHODS.values()),
-    FedAvgEncoder("fedavg", "FedAvg"),
-    Supervised("supervised", "Supervised"),
-    *(FederatedPretraining(name, fed.start_label(method), ssl_method=method, federated=fed)
-      for name, (fed, method) in FEDERATED_STARTS.items()),
-)}
+START: dict[str, Start] = {
+    s.name: s
+    for s in (
+        Start("none", "None"),
+        *(ServerPretraining(m.name, m.label, ssl_method=m.name) for m in SSL_METHODS.values()),
+        FedAvgEncoder("fedavg", "FedAvg"),
+        Supervised("supervised", "Supervised"),
+        *(
+            FederatedPretraining(name, fed.start_label(method), ssl_method=method, federated=fed)
+            for name, (fed, method) in FEDERATED_STARTS.items()
+        ),
+    )
+}
 """Every start, by ``federated.pretraining``: random weights, the server's
 self-supervised pre-trainings (one per registry entry), IFCA (FedAvg)'s encoder, the
 supervised pre-training, the federated self-supervised pre-trainings."""

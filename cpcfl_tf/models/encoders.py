@@ -3,20 +3,22 @@
 All take float32 images in [0, 1] of shape ``input_shape`` and return a flat vector:
 256-d (CNN), 512-d (ResNet-18) or 2048-d (ResNet-50).
 """
+
 from __future__ import annotations
 
 import keras
 from keras import layers
 
-from cpcfl_tf.plan.config import ENCODER_DIMS
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.models.layers import batch_norm
+from cpcfl_tf.plan.config import ENCODER_DIMS
 
 _MIN_SIZE = {"cnn": 31, "resnet18": 32, "resnet50": 32}
 
 
-def build_encoder(name: str, input_shape: tuple[int, int, int], *,
-                  model_name: str = "encoder") -> keras.Model:
+def build_encoder(
+    name: str, input_shape: tuple[int, int, int], *, model_name: str = "encoder"
+) -> keras.Model:
     """Build encoder ``name`` (``cnn``, ``resnet18`` or ``resnet50``) for ``input_shape``.
 
     Parameters
@@ -32,10 +34,13 @@ def build_encoder(name: str, input_shape: tuple[int, int, int], *,
         raise UserError(f"unknown encoder {name!r}; choose one of {', '.join(ENCODER_DIMS)}")
     height, width = input_shape[:2]
     if min(height, width) < _MIN_SIZE[name]:
-        raise UserError(f"the {name} encoder needs inputs of at least {_MIN_SIZE[name]}x"
-                        f"{_MIN_SIZE[name]} pixels, got {height}x{width}; use image_size >= 32")
+        raise UserError(
+            f"the {name} encoder needs inputs of at least {_MIN_SIZE[name]}x"
+            f"{_MIN_SIZE[name]} pixels, got {height}x{width}; use image_size >= 32"
+        )
     return {"cnn": _cnn, "resnet18": _resnet18, "resnet50": _resnet50}[name](
-        tuple(input_shape), model_name)
+        tuple(input_shape), model_name
+    )
 
 
 def _cnn(input_shape, model_name):
@@ -44,8 +49,9 @@ def _cnn(input_shape, model_name):
     inputs = keras.Input(input_shape, name="images")
     x = inputs
     for i, filters in enumerate((64, 128, 192, 256)):
-        x = layers.Conv2D(filters, 3, strides=2, padding="valid", activation="relu",
-                          name=f"conv{i + 1}")(x)
+        x = layers.Conv2D(
+            filters, 3, strides=2, padding="valid", activation="relu", name=f"conv{i + 1}"
+        )(x)
     x = layers.Flatten(name="flatten")(x)
     outputs = layers.Dense(256, activation="relu", name="dense")(x)
     return keras.Model(inputs, outputs, name=model_name)
@@ -72,8 +78,9 @@ def _resnet18(input_shape, model_name):
 def _basic_block(x, filters, stride, name):
     shortcut = x
     if stride != 1 or x.shape[-1] != filters:
-        shortcut = layers.Conv2D(filters, 1, strides=stride, use_bias=False,
-                                 name=f"{name}_down_conv")(x)
+        shortcut = layers.Conv2D(
+            filters, 1, strides=stride, use_bias=False, name=f"{name}_down_conv"
+        )(x)
         shortcut = batch_norm(epsilon=1e-5, name=f"{name}_down_bn")(shortcut)
     y = layers.ZeroPadding2D(1, name=f"{name}_pad1")(x)
     y = layers.Conv2D(filters, 3, strides=stride, use_bias=False, name=f"{name}_conv1")(y)
@@ -86,8 +93,9 @@ def _basic_block(x, filters, stride, name):
 
 
 def _resnet50(input_shape, model_name):
-    base = keras.applications.ResNet50(weights=None, include_top=False,
-                                       input_shape=input_shape, pooling="avg")
+    base = keras.applications.ResNet50(
+        weights=None, include_top=False, input_shape=input_shape, pooling="avg"
+    )
     # Re-wrap so the model carries the kit's name and input name like the others.
     inputs = keras.Input(input_shape, name="images")
     return keras.Model(inputs, base(inputs), name=model_name)

@@ -5,24 +5,28 @@ Dense(num_classes, softmax); ``c-1``/``c-2``/``c-3`` put 1/2/3 ReLU Dense layers
 widths 256, 128, 64 before it. ``c-3`` on the CNN's 256-d output has 107,594 parameters
 (the paper's ~0.1 M).
 """
+
 from __future__ import annotations
 
 import keras
 from keras import layers
 
-from cpcfl_tf.plan.config import HEAD_WIDTHS
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.models.layers import batch_norm
+from cpcfl_tf.plan.config import HEAD_WIDTHS
 
 
-def build_classifier_head(name: str, input_dim: int, num_classes: int, *,
-                          model_name: str = "head") -> keras.Model:
+def build_classifier_head(
+    name: str, input_dim: int, num_classes: int, *, model_name: str = "head"
+) -> keras.Model:
     """Classifier head ``name`` (``c``, ``c-1``, ``c-2``, ``c-3``) from ``input_dim`` features."""
     if name not in HEAD_WIDTHS:
         raise UserError(f"unknown classifier head {name!r}; choose one of {', '.join(HEAD_WIDTHS)}")
     if input_dim < 1 or num_classes < 2:
-        raise UserError(f"a classifier head needs input_dim >= 1 and num_classes >= 2, got "
-                        f"{input_dim} and {num_classes}")
+        raise UserError(
+            f"a classifier head needs input_dim >= 1 and num_classes >= 2, got "
+            f"{input_dim} and {num_classes}"
+        )
     inputs = keras.Input((input_dim,), name="features")
     x = inputs
     for i, width in enumerate(HEAD_WIDTHS[name]):
@@ -31,8 +35,14 @@ def build_classifier_head(name: str, input_dim: int, num_classes: int, *,
     return keras.Model(inputs, outputs, name=model_name)
 
 
-def build_projector(kind: str, input_dim: int, *, width: int | None = None,
-                    output_dim: int | None = None, model_name: str = "projector") -> keras.Model:
+def build_projector(
+    kind: str,
+    input_dim: int,
+    *,
+    width: int | None = None,
+    output_dim: int | None = None,
+    model_name: str = "projector",
+) -> keras.Model:
     """Projection head theta_g.
 
     ``kind="simclr"``: Dense(width, ReLU) -> Dense(output_dim), 256/256 by default (the
@@ -56,8 +66,9 @@ def build_projector(kind: str, input_dim: int, *, width: int | None = None,
     return keras.Model(inputs, outputs, name=model_name)
 
 
-def build_predictor(input_dim: int, *, bottleneck: int = 64,
-                    model_name: str = "predictor") -> keras.Model:
+def build_predictor(
+    input_dim: int, *, bottleneck: int = 64, model_name: str = "predictor"
+) -> keras.Model:
     """Predictor theta_q of BYOL/SimSiam: Dense(bottleneck) BN ReLU -> Dense(input_dim)."""
     inputs = keras.Input((input_dim,), name="projection")
     x = layers.Dense(bottleneck, use_bias=False, name="dense1")(inputs)
@@ -67,8 +78,9 @@ def build_predictor(input_dim: int, *, bottleneck: int = 64,
     return keras.Model(inputs, outputs, name=model_name)
 
 
-def build_classifier(encoder: keras.Model, head: keras.Model, *,
-                     model_name: str = "classifier") -> keras.Model:
+def build_classifier(
+    encoder: keras.Model, head: keras.Model, *, model_name: str = "classifier"
+) -> keras.Model:
     """theta = (theta_f, theta_c): ``encoder`` then ``head``, kept as two named sub-models.
 
     ``model.get_layer("encoder")`` and ``model.get_layer("head")`` give the two weight

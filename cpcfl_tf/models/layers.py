@@ -1,4 +1,5 @@
 """Layers the model factories share."""
+
 from __future__ import annotations
 
 from keras import layers
@@ -10,6 +11,7 @@ def batch_norm(**kwargs) -> layers.BatchNormalization:
     would); elsewhere the plain layer, so single-device numerics never change."""
     import tensorflow as tf
 
-    synchronized = tf.distribute.has_strategy() and \
-        tf.distribute.get_strategy().num_replicas_in_sync > 1
+    synchronized = (
+        tf.distribute.has_strategy() and tf.distribute.get_strategy().num_replicas_in_sync > 1
+    )
     return layers.BatchNormalization(synchronized=synchronized, **kwargs)

@@ -14,6 +14,7 @@ draws a private ``random.Random(seed)``: the same numbers a quiet process draws 
 global stream after ``random.seed(seed)``, so every build, and every result made before
 this module existed, keeps its bits.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -11,6 +11,7 @@ is checked when the config is resolved into the run's plan,
 
 The four presets are :mod:`cpcfl_tf.plan.presets`'s.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -42,14 +43,19 @@ MIN_IMAGE_SIZE = 32
 
 def _positive(section: str, **values: float) -> None:
     for name, value in values.items():
-        require(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
-                and math.isfinite(value),
-                f"{section}.{name} must be a positive finite number, got {value!r}")
+        require(
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and value > 0
+            and math.isfinite(value),
+            f"{section}.{name} must be a positive finite number, got {value!r}",
+        )
 
 
 def _choice(section: str, name: str, value: str, choices: tuple[str, ...]) -> None:
-    require(value in choices,
-            f"unknown {section}.{name} {value!r}; choose one of {', '.join(choices)}")
+    require(
+        value in choices, f"unknown {section}.{name} {value!r}; choose one of {', '.join(choices)}"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,9 +76,11 @@ class DataConfig:
 
         for split in (self.pretrain_split, self.client_train_split, self.client_test_split):
             check_split_text(split)
-        require(isinstance(self.image_size, int) and self.image_size >= MIN_IMAGE_SIZE,
-                f"data.image_size must be an integer >= {MIN_IMAGE_SIZE} (the CNN encoder needs "
-                f"31 px), got {self.image_size!r}")
+        require(
+            isinstance(self.image_size, int) and self.image_size >= MIN_IMAGE_SIZE,
+            f"data.image_size must be an integer >= {MIN_IMAGE_SIZE} (the CNN encoder needs "
+            f"31 px), got {self.image_size!r}",
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,9 +116,16 @@ class PartitionConfig:
         _choice("partition", "unlabeled", self.unlabeled, DEALS)
 
         object.__setattr__(self, "class_counts", tuple(self.class_counts))
-        check_partition(self.num_clients, self.num_groups, self.classes_per_group,
-                        self.class_overlap, self.class_counts, self.test_fraction, self.kind,
-                        self.alpha)
+        check_partition(
+            self.num_clients,
+            self.num_groups,
+            self.classes_per_group,
+            self.class_overlap,
+            self.class_counts,
+            self.test_fraction,
+            self.kind,
+            self.alpha,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,21 +167,31 @@ class PretrainConfig:
     def __post_init__(self) -> None:
         from cpcfl_tf.methods.ssl import check_options
 
-        require(self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)
-                                      and self.seed >= 0),
-                f"pretrain.seed must be a non-negative integer or none, got {self.seed!r}")
+        require(
+            self.seed is None
+            or (isinstance(self.seed, int) and not isinstance(self.seed, bool) and self.seed >= 0),
+            f"pretrain.seed must be a non-negative integer or none, got {self.seed!r}",
+        )
         object.__setattr__(self, "options", check_options(self.options))
         _choice("pretrain", "precision", self.precision, PRECISIONS)
         _choice("pretrain", "encoder", self.encoder, ENCODERS)
         _choice("pretrain", "lr_schedule", self.lr_schedule, LR_SCHEDULES)
-        _positive("pretrain", epochs=self.epochs, batch_size=self.batch_size,
-                  learning_rate=self.learning_rate)
-        require(isinstance(self.warmup_epochs, int) and 0 <= self.warmup_epochs < self.epochs,
-                f"pretrain.warmup_epochs must be an integer in [0, epochs={self.epochs}), "
-               f"got {self.warmup_epochs!r}")
-        require(self.warmup_epochs == 0 or self.lr_schedule != "constant",
-                "pretrain.warmup_epochs warms up the cosine schedule; set "
-                "pretrain.lr_schedule=cosine too")
+        _positive(
+            "pretrain",
+            epochs=self.epochs,
+            batch_size=self.batch_size,
+            learning_rate=self.learning_rate,
+        )
+        require(
+            isinstance(self.warmup_epochs, int) and 0 <= self.warmup_epochs < self.epochs,
+            f"pretrain.warmup_epochs must be an integer in [0, epochs={self.epochs}), "
+            f"got {self.warmup_epochs!r}",
+        )
+        require(
+            self.warmup_epochs == 0 or self.lr_schedule != "constant",
+            "pretrain.warmup_epochs warms up the cosine schedule; set "
+            "pretrain.lr_schedule=cosine too",
+        )
 
     def settings(self, method) -> dict[str, Any]:
         """Every setting of self-supervised ``method`` (its name, or its registry entry as
@@ -176,7 +201,7 @@ class PretrainConfig:
         entry = get_ssl_method(method) if isinstance(method, str) else method
         return entry.resolve((self.options or {}).get(entry.name))
 
-    def with_settings(self, method: str, **values: Any) -> "PretrainConfig":
+    def with_settings(self, method: str, **values: Any) -> PretrainConfig:
         """Copy with ``method``'s settings ``values`` over the ones set (checked)."""
         options = dict(self.options or {})
         options[method] = {**options.get(method, {}), **values}
@@ -275,35 +300,61 @@ class FederatedConfig:
         _choice("federated", "backend", self.backend, ("auto", "stacked", "keras"))
         _choice("federated", "local_optimizer", self.local_optimizer, LOCAL_OPTIMIZERS)
         _choice("federated", "optimizer_state", self.optimizer_state, OPTIMIZER_STATES)
-        require(isinstance(self.jit_compile, bool),
-                f"federated.jit_compile must be true or false, got {self.jit_compile!r}")
-        require(isinstance(self.frozen_features, bool), "federated.frozen_features must be "
-                f"true or false, got {self.frozen_features!r}")
+        require(
+            isinstance(self.jit_compile, bool),
+            f"federated.jit_compile must be true or false, got {self.jit_compile!r}",
+        )
+        require(
+            isinstance(self.frozen_features, bool),
+            f"federated.frozen_features must be true or false, got {self.frozen_features!r}",
+        )
         _choice("federated", "aggregation", self.aggregation, AGGREGATIONS)
-        require(isinstance(self.trim_fraction, (int, float)) and not isinstance(
-                    self.trim_fraction, bool) and 0 <= self.trim_fraction < 0.5,
-                f"federated.trim_fraction must be in [0, 0.5), got {self.trim_fraction!r}")
+        require(
+            isinstance(self.trim_fraction, (int, float))
+            and not isinstance(self.trim_fraction, bool)
+            and 0 <= self.trim_fraction < 0.5,
+            f"federated.trim_fraction must be in [0, 0.5), got {self.trim_fraction!r}",
+        )
         if self.update_norm is not None:
             _positive("federated", update_norm=self.update_norm)
-        _positive("federated", num_clusters=self.num_clusters, rounds=self.rounds,
-                  local_epochs=self.local_epochs, batch_size=self.batch_size,
-                  learning_rate=self.learning_rate, participation=self.participation,
-                  report_every=self.report_every, eval_every=self.eval_every)
-        require(isinstance(self.head_rounds, int) and 0 <= self.head_rounds < self.rounds,
-                f"federated.head_rounds (Tc) must be in [0, rounds={self.rounds}), "
-               f"got {self.head_rounds}")
-        require(self.encoder_epochs is None or 0 <= self.encoder_epochs <= self.local_epochs,
-                f"federated.encoder_epochs must be in [0, local_epochs={self.local_epochs}], "
-                f"got {self.encoder_epochs}")
-        require(self.participation <= 1, f"federated.participation must be in (0, 1], "
-                                         f"got {self.participation}")
-        require(self.max_restarts >= 0 and self.restart_round >= 1 and self.min_cluster_share >= 0,
-                "federated.max_restarts >= 0, restart_round >= 1 and min_cluster_share >= 0")
-        require(self.centralized_epochs is None or self.centralized_epochs >= 1,
-                f"federated.centralized_epochs must be positive, got {self.centralized_epochs}")
-        require(self.optimizer_state == "fresh" or self.local_optimizer == "adam",
-                "federated.optimizer_state 'client' keeps Adam's moments; "
-                f"local_optimizer {self.local_optimizer!r} has none (use fresh)")
+        _positive(
+            "federated",
+            num_clusters=self.num_clusters,
+            rounds=self.rounds,
+            local_epochs=self.local_epochs,
+            batch_size=self.batch_size,
+            learning_rate=self.learning_rate,
+            participation=self.participation,
+            report_every=self.report_every,
+            eval_every=self.eval_every,
+        )
+        require(
+            isinstance(self.head_rounds, int) and 0 <= self.head_rounds < self.rounds,
+            f"federated.head_rounds (Tc) must be in [0, rounds={self.rounds}), "
+            f"got {self.head_rounds}",
+        )
+        require(
+            self.encoder_epochs is None or 0 <= self.encoder_epochs <= self.local_epochs,
+            f"federated.encoder_epochs must be in [0, local_epochs={self.local_epochs}], "
+            f"got {self.encoder_epochs}",
+        )
+        require(
+            self.participation <= 1,
+            f"federated.participation must be in (0, 1], got {self.participation}",
+        )
+        require(
+            self.max_restarts >= 0 and self.restart_round >= 1 and self.min_cluster_share >= 0,
+            "federated.max_restarts >= 0, restart_round >= 1 and min_cluster_share >= 0",
+        )
+        require(
+            self.centralized_epochs is None or self.centralized_epochs >= 1,
+            f"federated.centralized_epochs must be positive, got {self.centralized_epochs}",
+        )
+        require(
+            self.optimizer_state == "fresh" or self.local_optimizer == "adam",
+            "federated.optimizer_state 'client' keeps Adam's moments; "
+            f"local_optimizer {self.local_optimizer!r} has none (use fresh)",
+        )
         METHODS[self.method].check_start(self.pretraining)
         METHODS[self.method].resolve_options(self.options)
 
@@ -320,8 +371,12 @@ class FederatedConfig:
     def scored(self, round_: int) -> bool:
         """Whether every client is scored on its test data after round ``round_``
         (counting from 1): every ``eval_every`` round and every round a report reads."""
-        return (round_ % self.eval_every == 0 or round_ % self.report_every == 0
-                or round_ == self.rounds or round_ in self.quarters)
+        return (
+            round_ % self.eval_every == 0
+            or round_ % self.report_every == 0
+            or round_ == self.rounds
+            or round_ in self.quarters
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -336,8 +391,10 @@ class Config:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        require(isinstance(self.seed, int) and self.seed >= 0,
-                f"seed must be a non-negative integer, got {self.seed!r}")
+        require(
+            isinstance(self.seed, int) and self.seed >= 0,
+            f"seed must be a non-negative integer, got {self.seed!r}",
+        )
         _repeated_encoder(getattr(self.federated, "encoder", None), self.pretrain.encoder)
         START[self.federated.pretraining].check(self)  # where its images are, its settings
 
@@ -352,8 +409,9 @@ class Config:
         """:func:`config_record` as JSON text, made once per config (it is frozen): a
         results tree's records are found by it, thousands of times in one report."""
         record = self.to_dict()
-        record["data"] = {k: v for k, v in record["data"].items()
-                          if k not in ("data_dir", "manual_dir")}
+        record["data"] = {
+            k: v for k, v in record["data"].items() if k not in ("data_dir", "manual_dir")
+        }
         return json.dumps(record)
 
     @functools.cached_property
@@ -369,40 +427,53 @@ class Config:
         record["pretrain"] = START[self.federated.pretraining].recorded_pretrain(self)
         record["federated"] = stored_federated(record["federated"], self.pretrain.encoder)
         for section, unset in UNSET_FIELDS.items():
-            record[section] = {k: v for k, v in record[section].items()
-                               if k not in unset or v != unset[k]}
+            record[section] = {
+                k: v for k, v in record[section].items() if k not in unset or v != unset[k]
+            }
         return record
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Config":
+    def from_dict(cls, data: dict[str, Any]) -> Config:
         """The config :meth:`to_dict` gave (fields added to a section since then at their
         defaults), validated like any other."""
         extra = set(data) - set(SECTIONS) - {"preset", "seed"}
         require(not extra, f"unknown config section(s) {', '.join(sorted(extra))}")
-        config = cls(preset=data["preset"], seed=data["seed"],
-                     **{name: SECTIONS[name](**with_defaults(name, _read(name, data[name])))
-                        for name in SECTIONS})
+        config = cls(
+            preset=data["preset"],
+            seed=data["seed"],
+            **{
+                name: SECTIONS[name](**with_defaults(name, _read(name, data[name])))
+                for name in SECTIONS
+            },
+        )
         _repeated_encoder(read_federated(data["federated"])[1], config.pretrain.encoder)
         return config
 
-    def with_overrides(self, **sections: dict[str, Any]) -> "Config":
+    def with_overrides(self, **sections: dict[str, Any]) -> Config:
         """Copy with fields replaced per section, e.g. ``partition={"num_clients": 30}``."""
         changes: dict[str, Any] = {}
         for name, fields in sections.items():
             if name == "seed":
                 changes[name] = fields
                 continue
-            require(name in ("data", "partition", "pretrain", "federated"),
-                    f"unknown config section {name!r}")
+            require(
+                name in ("data", "partition", "pretrain", "federated"),
+                f"unknown config section {name!r}",
+            )
             if name == "federated" and "encoder" in fields:  # may repeat pretrain's only
-                _repeated_encoder(fields["encoder"], sections.get("pretrain", {}).get(
-                    "encoder", self.pretrain.encoder))
+                _repeated_encoder(
+                    fields["encoder"],
+                    sections.get("pretrain", {}).get("encoder", self.pretrain.encoder),
+                )
                 fields = {k: v for k, v in fields.items() if k != "encoder"}
             section = _requested(getattr(self, name))
             known = {f.name for f in dataclasses.fields(section)}
             unknown = set(fields) - known
-            require(not unknown, f"unknown field(s) {', '.join(sorted(unknown))} in {name}; "
-                                 f"known: {', '.join(sorted(known))}")
+            require(
+                not unknown,
+                f"unknown field(s) {', '.join(sorted(unknown))} in {name}; "
+                f"known: {', '.join(sorted(known))}",
+            )
             changes[name] = dataclasses.replace(section, **fields)
         if "pretrain" in changes and changes["pretrain"].encoder != self.pretrain.encoder:
             # a plan's federated section builds the old encoder: requested again
@@ -410,16 +481,22 @@ class Config:
         return dataclasses.replace(self, **changes)
 
 
-SECTIONS = {"data": DataConfig, "partition": PartitionConfig, "pretrain": PretrainConfig,
-            "federated": FederatedConfig}
+SECTIONS = {
+    "data": DataConfig,
+    "partition": PartitionConfig,
+    "pretrain": PretrainConfig,
+    "federated": FederatedConfig,
+}
 
 
 def _repeated_encoder(named: str | None, encoder: str) -> None:
     """``federated.encoder`` (a plan's, a record's, an old command line's) may only repeat
     ``pretrain.encoder``, the one setting."""
-    require(named is None or named == encoder,
-            f"federated.encoder {named} is not pretrain.encoder {encoder}: the encoder is one "
-            f"setting of both stages, set pretrain.encoder={named}")
+    require(
+        named is None or named == encoder,
+        f"federated.encoder {named} is not pretrain.encoder {encoder}: the encoder is one "
+        f"setting of both stages, set pretrain.encoder={named}",
+    )
 
 
 def _requested(section):

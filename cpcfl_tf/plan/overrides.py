@@ -1,15 +1,17 @@
 """A run's settings as text: ``--set SECTION.FIELD=VALUE`` (the scripts' option, a Flower
 run config's ``set``) parsed into the overrides :meth:`cpcfl_tf.plan.config.Config.with_overrides`
 takes, each value by its field's type."""
+
 from __future__ import annotations
 
 import dataclasses
 import json
 import typing
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-from cpcfl_tf.plan.config import SECTIONS
 from cpcfl_tf.errors import UserError, require
+from cpcfl_tf.plan.config import SECTIONS
 
 
 def parse_settings(items: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -25,19 +27,27 @@ def parse_settings(items: Sequence[str]) -> dict[str, dict[str, Any]]:
         key, sep, text = item.partition("=")
         section, dot, name = key.strip().partition(".")
         require(bool(sep and dot and name), f"--set takes SECTION.FIELD=VALUE, got {item!r}")
-        require(section in SECTIONS, f"unknown config section {section!r} in --set {item}; "
-                                     f"choose one of {', '.join(SECTIONS)}")
+        require(
+            section in SECTIONS,
+            f"unknown config section {section!r} in --set {item}; "
+            f"choose one of {', '.join(SECTIONS)}",
+        )
         fields = {f.name for f in dataclasses.fields(SECTIONS[section])}
         name, _, path = name.partition(".")  # pretrain.options.byol.target_decay=0.99
-        require(name in fields, f"unknown field {section}.{name} in --set; known: "
-                                f"{', '.join(sorted(fields))}")
+        require(
+            name in fields,
+            f"unknown field {section}.{name} in --set; known: {', '.join(sorted(fields))}",
+        )
         kind = typing.get_type_hints(SECTIONS[section])[name]
         if path:
             base = typing.get_origin(kind) or kind
             args = [a for a in typing.get_args(kind) if a is not type(None)]
             base = typing.get_origin(args[0]) if args and base is not dict else base
-            require(base is dict, f"--set {section}.{name} is not a mapping; drop "
-                                  f".{path} (e.g. {section}.{name}=VALUE)")
+            require(
+                base is dict,
+                f"--set {section}.{name} is not a mapping; drop "
+                f".{path} (e.g. {section}.{name}=VALUE)",
+            )
             inner = overrides.setdefault(section, {}).setdefault(name, {})
             require(isinstance(inner, dict), f"--set {section}.{name} given twice")
             *parents, leaf = path.split(".")
@@ -45,8 +55,9 @@ def parse_settings(items: Sequence[str]) -> dict[str, dict[str, Any]]:
                 inner = inner.setdefault(key, {})
             inner[leaf] = _scalar(text.strip())
             continue
-        overrides.setdefault(section, {})[name] = _parse_value(f"{section}.{name}", kind,
-                                                               text.strip())
+        overrides.setdefault(section, {})[name] = _parse_value(
+            f"{section}.{name}", kind, text.strip()
+        )
     return overrides
 
 
@@ -82,7 +93,12 @@ def _parse_value(field: str, kind: Any, text: str) -> Any:
             return value
         return text
     except (ValueError, UserError):
-        wanted = {bool: "true or false", int: "an integer", float: "a number",
-                  tuple: "comma-separated integers", dict: "a JSON object"}[base]
+        wanted = {
+            bool: "true or false",
+            int: "an integer",
+            float: "a number",
+            tuple: "comma-separated integers",
+            dict: "a JSON object",
+        }[base]
         none = " or none" if optional else ""
         raise UserError(f"--set {field} takes {wanted}{none}, got {text!r}") from None

@@ -11,12 +11,19 @@ standard   same as quick                                 32    60 / 100 / 10 mor
 paper      STL-10 through tfds, the paper's settings     96    60 / 100 / 10 300 epochs
 ========== ============================================= ===== ============ ===========
 """
+
 from __future__ import annotations
 
 import dataclasses
 
-from cpcfl_tf.plan.config import Config, DataConfig, FederatedConfig, PartitionConfig, PretrainConfig
 from cpcfl_tf.errors import UserError
+from cpcfl_tf.plan.config import (
+    Config,
+    DataConfig,
+    FederatedConfig,
+    PartitionConfig,
+    PretrainConfig,
+)
 
 
 def pretrain_config_for(pretrain: PretrainConfig, encoder: str) -> PretrainConfig:
@@ -24,16 +31,20 @@ def pretrain_config_for(pretrain: PretrainConfig, encoder: str) -> PretrainConfi
     (Sec. "ResNet-18 encoder": batch 250 and 500 epochs where the CNN has 500 and 300)."""
     if encoder == "cnn":
         return dataclasses.replace(pretrain, encoder=encoder)
-    return dataclasses.replace(pretrain, encoder=encoder,
-                               batch_size=max(1, pretrain.batch_size // 2),
-                               epochs=max(1, round(pretrain.epochs * 5 / 3)))
+    return dataclasses.replace(
+        pretrain,
+        encoder=encoder,
+        batch_size=max(1, pretrain.batch_size // 2),
+        epochs=max(1, round(pretrain.epochs * 5 / 3)),
+    )
 
 
 def with_encoder(config: Config, encoder: str) -> Config:
     """``config`` with ``encoder`` (both stages build it) and the pre-training budget
     :func:`pretrain_config_for` gives it."""
-    return config.with_overrides(pretrain=dataclasses.asdict(
-        pretrain_config_for(config.pretrain, encoder)))
+    return config.with_overrides(
+        pretrain=dataclasses.asdict(pretrain_config_for(config.pretrain, encoder))
+    )
 
 
 def _smoke() -> Config:
@@ -51,8 +62,14 @@ def _quick() -> Config:
     return Config(
         preset="quick",
         # 50,000 unlabeled images for the server, clients from the other 10,000.
-        data=DataConfig("fashion_mnist_idx", "train[:50000]", "fashion_mnist_idx",
-                        "train[50000:]", "test", image_size=32),
+        data=DataConfig(
+            "fashion_mnist_idx",
+            "train[:50000]",
+            "fashion_mnist_idx",
+            "train[50000:]",
+            "test",
+            image_size=32,
+        ),
         # The paper's own 15-client setting uses T = 40 (Sec. "Number of clients").
         partition=PartitionConfig(num_clients=15),
         pretrain=PretrainConfig(epochs=5),
@@ -63,16 +80,24 @@ def _quick() -> Config:
 def _standard() -> Config:
     quick = _quick()
     return dataclasses.replace(
-        quick, preset="standard", partition=PartitionConfig(num_clients=60),
+        quick,
+        preset="standard",
+        partition=PartitionConfig(num_clients=60),
         pretrain=dataclasses.replace(quick.pretrain, epochs=20),
-        federated=FederatedConfig(rounds=100, head_rounds=10))
+        federated=FederatedConfig(rounds=100, head_rounds=10),
+    )
 
 
 def _paper() -> Config:
     # All defaults are the paper's: STL-10, 96x96, 60 clients in 3 groups, N = 3,
     # T = 100, Tc = 10, E = 3, batch 32, Adam 1e-3; 300 epochs of batch 500 pre-training.
-    return Config(preset="paper", data=DataConfig(), partition=PartitionConfig(),
-                  pretrain=PretrainConfig(), federated=FederatedConfig())
+    return Config(
+        preset="paper",
+        data=DataConfig(),
+        partition=PartitionConfig(),
+        pretrain=PretrainConfig(),
+        federated=FederatedConfig(),
+    )
 
 
 PRESETS = {"smoke": _smoke, "quick": _quick, "standard": _standard, "paper": _paper}

@@ -15,17 +15,19 @@ The algorithm, the simulator, the centralized baselines, both Flower apps and th
 take the plan and never resolve again. A run record keeps ``plan.config`` (resolved) and
 ``plan.requested``.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
+from cpcfl_tf.errors import UserError
 from cpcfl_tf.methods.federated import METHODS, Method
 from cpcfl_tf.methods.rules import Rule
 from cpcfl_tf.methods.starts import START, Pretraining, Start, sampled_count
 from cpcfl_tf.plan.config import Config, FederatedConfig
-from cpcfl_tf.errors import UserError
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -45,8 +47,10 @@ class ResolvedFederated(FederatedConfig):
             return dataclasses.astuple(self) == dataclasses.astuple(other)
         if not isinstance(other, FederatedConfig):
             return NotImplemented
-        return all(getattr(self, f.name) == getattr(other, f.name)
-                   for f in dataclasses.fields(FederatedConfig))
+        return all(
+            getattr(self, f.name) == getattr(other, f.name)
+            for f in dataclasses.fields(FederatedConfig)
+        )
 
     def __hash__(self):
         return hash(json.dumps(dataclasses.asdict(self), sort_keys=True))
@@ -56,8 +60,13 @@ def as_resolved(fl: FederatedConfig, encoder: str) -> ResolvedFederated:
     """``fl`` as the resolved type building ``encoder`` (the config's
     ``pretrain.encoder``), for a config already resolved when it was stored (a run
     record's ``config``); a requested one is resolved by :func:`resolve`."""
-    return fl if isinstance(fl, ResolvedFederated) else ResolvedFederated(
-        **{f.name: getattr(fl, f.name) for f in dataclasses.fields(fl)}, encoder=encoder)
+    return (
+        fl
+        if isinstance(fl, ResolvedFederated)
+        else ResolvedFederated(
+            **{f.name: getattr(fl, f.name) for f in dataclasses.fields(fl)}, encoder=encoder
+        )
+    )
 
 
 def as_stored(config: Config) -> Config:
@@ -66,8 +75,9 @@ def as_stored(config: Config) -> Config:
     no N or Tc to resolve)."""
     if not METHODS[config.federated.method].federated:
         return config
-    return dataclasses.replace(config, federated=as_resolved(config.federated,
-                                                             config.pretrain.encoder))
+    return dataclasses.replace(
+        config, federated=as_resolved(config.federated, config.pretrain.encoder)
+    )
 
 
 def federated_settings(config: Config) -> dict[str, Any] | None:
@@ -136,10 +146,18 @@ def resolve(config: Config, *, checked: bool = False) -> RunPlan:
     if isinstance(fl, ResolvedFederated):
         resolved = config
     else:
-        resolved = dataclasses.replace(config, federated=as_resolved(dataclasses.replace(
-            fl, num_clusters=method.num_models(fl.num_clusters, p.num_clients, p.num_groups),
-            head_rounds=method.head_rounds(fl.pretraining, fl.head_rounds),
-            options=method.resolve_options(fl.options)), config.pretrain.encoder))
+        resolved = dataclasses.replace(
+            config,
+            federated=as_resolved(
+                dataclasses.replace(
+                    fl,
+                    num_clusters=method.num_models(fl.num_clusters, p.num_clients, p.num_groups),
+                    head_rounds=method.head_rounds(fl.pretraining, fl.head_rounds),
+                    options=method.resolve_options(fl.options),
+                ),
+                config.pretrain.encoder,
+            ),
+        )
     start = START[fl.pretraining]
     gives = next((s for s in START.values() if s.made_by(fl.method, fl.pretraining)), None)
     pretraining = start.pretraining(config)
@@ -158,16 +176,26 @@ def check_defence(config: Config, method: Method, pretraining: Pretraining | Non
     defence = Defence.of(fl)
     if method.federated and method.communicates:
         taking = fl.participants(clients)
-        problem = (defence_problem(defence, 1, f"with N = {fl.num_clusters} models a cluster "
-                                   "can have a single member") if fl.num_clusters >= 2 else
-                   defence_problem(defence, taking, f"a round has only {taking} "
-                                   f"participant{'s' if taking != 1 else ''}"))
+        problem = (
+            defence_problem(
+                defence, 1, f"with N = {fl.num_clusters} models a cluster can have a single member"
+            )
+            if fl.num_clusters >= 2
+            else defence_problem(
+                defence,
+                taking,
+                f"a round has only {taking} participant{'s' if taking != 1 else ''}",
+            )
+        )
         if problem:
             raise UserError(problem)
     if pretraining is not None and pretraining.federated is not None:
         sampled = sampled_count(clients, pretraining.federated_settings["participation"])
-        problem = defence_problem(defence, sampled, f"a round of {pretraining.name} averages "
-                                  f"the {sampled} clients it samples")
+        problem = defence_problem(
+            defence,
+            sampled,
+            f"a round of {pretraining.name} averages the {sampled} clients it samples",
+        )
         if problem:
             raise UserError(problem)
 
@@ -192,31 +220,44 @@ def check_data(config: Config) -> None:
     for split in (d.client_train_split, d.client_test_split):
         base = parse_split(d.client_dataset, split).base
         if base in spec.unlabeled_splits:
-            raise UserError(f"client data must be labeled, but {d.client_dataset}:{base} "
-                            "has no labels")
+            raise UserError(
+                f"client data must be labeled, but {d.client_dataset}:{base} has no labels"
+            )
     # The server's images, the clients' training and test images: three disjoint sets.
-    named = [("data.pretrain_split", d.pretrain_dataset, d.pretrain_split),
-             ("data.client_train_split", d.client_dataset, d.client_train_split),
-             ("data.client_test_split", d.client_dataset, d.client_test_split)]
-    for (a, a_set, a_split), (b, b_set, b_split) in ((named[0], named[1]),
-                                                     (named[0], named[2]),
-                                                     (named[1], named[2])):
+    named = [
+        ("data.pretrain_split", d.pretrain_dataset, d.pretrain_split),
+        ("data.client_train_split", d.client_dataset, d.client_train_split),
+        ("data.client_test_split", d.client_dataset, d.client_test_split),
+    ]
+    for (a, a_set, a_split), (b, b_set, b_split) in (
+        (named[0], named[1]),
+        (named[0], named[2]),
+        (named[1], named[2]),
+    ):
         first, second = parse_split(a_set, a_split), parse_split(b_set, b_split)
         size = get_spec(a_set).splits.get(first.base)
         if a_set == b_set and first.overlaps(second, size):
-            raise UserError(f"{a} {a_split!r} and {b} {b_split!r} share images of {a_set}; "
-                            "make them disjoint (e.g. train[:50000] and train[50000:])")
+            raise UserError(
+                f"{a} {a_split!r} and {b} {b_split!r} share images of {a_set}; "
+                "make them disjoint (e.g. train[:50000] and train[50000:])"
+            )
     if p.kind == "groups":
-        make_group_classes(p.num_groups, p.classes_per_group, p.class_overlap,
-                           spec.num_classes)
+        make_group_classes(p.num_groups, p.classes_per_group, p.class_overlap, spec.num_classes)
     _check_deal(config)
     splits = (d.client_train_split, d.client_test_split)
-    if p.kind != "own" and all(parse_split(d.client_dataset, s).base in spec.splits
-                               for s in splits):
+    if p.kind != "own" and all(
+        parse_split(d.client_dataset, s).base in spec.splits for s in splits
+    ):
         # Impossible client counts fail here, by arithmetic, before any image is read.
-        check_split_sizes(p.num_clients, p.class_counts, p.test_fraction, p.disjoint,
-                          p.kind, tuple(split_size(d.client_dataset, s) for s in splits),
-                          tuple(f"{d.client_dataset}:{s}" for s in splits))
+        check_split_sizes(
+            p.num_clients,
+            p.class_counts,
+            p.test_fraction,
+            p.disjoint,
+            p.kind,
+            tuple(split_size(d.client_dataset, s) for s in splits),
+            tuple(f"{d.client_dataset}:{s}" for s in splits),
+        )
 
 
 def check_client_sources(config: Config, also: Sequence[tuple[str, str]] = ()) -> None:
@@ -232,8 +273,11 @@ def check_client_sources(config: Config, also: Sequence[tuple[str, str]] = ()) -
     d = config.data
     wanted = list(also)
     if config.partition.kind != "own":  # else each node reads its own
-        wanted = [(d.client_dataset, d.client_train_split),
-                  (d.client_dataset, d.client_test_split), *wanted]
+        wanted = [
+            (d.client_dataset, d.client_train_split),
+            (d.client_dataset, d.client_test_split),
+            *wanted,
+        ]
     bases: dict[str, list[str]] = {}
     for dataset, split in wanted:
         base = parse_split(dataset, split).base
@@ -256,10 +300,15 @@ def _check_deal(config: Config) -> None:
     base = parse_split(d.pretrain_dataset, d.pretrain_split).base
     spec = get_spec(d.pretrain_dataset)
     if where == "groups" and base in spec.unlabeled_splits:
-        raise UserError(f"the groups deal needs labels to deal {d.pretrain_dataset}:"
-                        f"{d.pretrain_split}'s images by class, and it has none; set "
-                        "partition.unlabeled=iid")
+        raise UserError(
+            f"the groups deal needs labels to deal {d.pretrain_dataset}:"
+            f"{d.pretrain_split}'s images by class, and it has none; set "
+            "partition.unlabeled=iid"
+        )
     if config.partition.kind != "own" and base in spec.splits:
-        check_deal(split_size(d.pretrain_dataset, d.pretrain_split),
-                   config.partition.num_clients, settings["batch_size"],
-                   f"{d.pretrain_dataset}:{d.pretrain_split}")
+        check_deal(
+            split_size(d.pretrain_dataset, d.pretrain_split),
+            config.partition.num_clients,
+            settings["batch_size"],
+            f"{d.pretrain_dataset}:{d.pretrain_split}",
+        )

@@ -1,14 +1,15 @@
 """BYOL (Grill et al., NeurIPS 2020; the paper's Sec. "BYOL"): an online encoder,
 projector and predictor, and a target branch that is their moving average."""
+
 from __future__ import annotations
 
 import math
 
 import tensorflow as tf
 
+from cpcfl_tf.models import build_predictor, build_projector
 from cpcfl_tf.pretraining.losses import byol_loss
 from cpcfl_tf.pretraining.model import ContrastiveModel, Parts, predicted
-from cpcfl_tf.models import build_predictor, build_projector
 
 
 def symmetric_byol(p1, p2, t1, t2):
@@ -35,9 +36,20 @@ class BYOL(ContrastiveModel):
     ``cosine`` raises beta from ``target_decay`` to 1 over ``total_steps`` steps.
     """
 
-    def __init__(self, encoder, augmenter, projector, predictor, target_encoder,
-                 target_projector, target_decay: float = 0.9, *,
-                 target_schedule: str = "constant", total_steps: int = 1, **kwargs):
+    def __init__(
+        self,
+        encoder,
+        augmenter,
+        projector,
+        predictor,
+        target_encoder,
+        target_projector,
+        target_decay: float = 0.9,
+        *,
+        target_schedule: str = "constant",
+        total_steps: int = 1,
+        **kwargs,
+    ):
         super().__init__(encoder, augmenter, **kwargs)
         self.projector, self.predictor = projector, predictor
         self.target_encoder, self.target_projector = target_encoder, target_projector
@@ -64,8 +76,9 @@ class BYOL(ContrastiveModel):
         """beta of the step just taken (the optimizer has counted it already)."""
         if self.target_schedule == "constant":
             return self.target_decay
-        return cosine_target_rate(self.target_decay, self.optimizer.iterations - 1,
-                                  self.total_steps)
+        return cosine_target_rate(
+            self.target_decay, self.optimizer.iterations - 1, self.total_steps
+        )
 
     def after_step(self):
         beta = self.target_rate()
@@ -81,8 +94,15 @@ def build(parts: Parts, settings: dict) -> BYOL:
     def projector(name):
         return build_projector("bn", parts.dim, width=width, model_name=name)
 
-    return BYOL(parts.encoder, parts.augmenter, projector("projector"),
-                build_predictor(width, bottleneck=settings["predictor_dim"]),
-                parts.new_encoder("target_encoder"), projector("target_projector"),
-                settings["target_decay"], target_schedule=settings["target_schedule"],
-                total_steps=parts.total_steps, name="byol")
+    return BYOL(
+        parts.encoder,
+        parts.augmenter,
+        projector("projector"),
+        build_predictor(width, bottleneck=settings["predictor_dim"]),
+        parts.new_encoder("target_encoder"),
+        projector("target_projector"),
+        settings["target_decay"],
+        target_schedule=settings["target_schedule"],
+        total_steps=parts.total_steps,
+        name="byol",
+    )

@@ -16,6 +16,7 @@ What travels: the online encoder, projector and predictor (EasyFL fedssl's FedBY
 target never leaves the client (docs/choices.md). A variant overrides a stage
 (:mod:`cpcfl_tf.pretraining.fedema`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -47,7 +48,7 @@ class ClientState:
         return out
 
     @classmethod
-    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> "ClientState":
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> ClientState:
         lists: dict[str, dict[int, np.ndarray]] = {}
         numbers = {}
         for key, value in arrays.items():
@@ -56,8 +57,9 @@ class ClientState:
                 lists.setdefault(name, {})[int(index)] = value
             else:
                 numbers[name] = float(value)
-        return cls({name: [items[i] for i in sorted(items)] for name, items in lists.items()},
-                   numbers)
+        return cls(
+            {name: [items[i] for i in sorted(items)] for name, items in lists.items()}, numbers
+        )
 
 
 def get_parts(parts) -> Weights:
@@ -70,7 +72,7 @@ def set_parts(parts, weights: Weights) -> None:
     i = 0
     for part in parts:
         n = len(part.weights)
-        part.set_weights(weights[i:i + n])
+        part.set_weights(weights[i : i + n])
         i += n
     assert i == len(weights), (i, len(weights))
 
@@ -100,15 +102,15 @@ class FedAvgSSL:
         """The sub-models that travel (sent down, trained, sent up, averaged)."""
         return model.online_parts
 
-    def local_start(self, model: ContrastiveModel, global_weights: Weights,
-                    state: ClientState) -> dict:
+    def local_start(
+        self, model: ContrastiveModel, global_weights: Weights, state: ClientState
+    ) -> dict:
         """Set the client's model for its round; returns what the round's record gains."""
         set_parts(self.shared(model), global_weights)
         pairs = model.target_pairs()
         if pairs:
             targets = [t for t, _ in pairs]
-            set_parts(targets, state.weights.get("target")
-                      or get_parts([o for _, o in pairs]))
+            set_parts(targets, state.weights.get("target") or get_parts([o for _, o in pairs]))
         return {}
 
     def local_end(self, model: ContrastiveModel, state: ClientState) -> Weights:
@@ -122,8 +124,12 @@ class FedAvgSSL:
     def average(uploads: list[Weights], counts: list[int]) -> Weights:
         """The average of ``uploads`` weighted by the clients' image counts."""
         share = np.asarray(counts, dtype=np.float64) / float(sum(counts))
-        return [sum(s * u[i].astype(np.float64) for s, u in zip(share, uploads)).astype(
-                    uploads[0][i].dtype) for i in range(len(uploads[0]))]
+        return [
+            sum(s * u[i].astype(np.float64) for s, u in zip(share, uploads)).astype(
+                uploads[0][i].dtype
+            )
+            for i in range(len(uploads[0]))
+        ]
 
 
 def build(settings: dict) -> FedAvgSSL:

@@ -14,26 +14,42 @@ docs/choices.md). lambda: the auto-scaler, ``tau`` / the client's divergence at 
 moving average (so that mu starts at tau = 0.7, Sec. 5), or ``scaler`` when set.
 A client's first round starts from the global model, as in FedBYOL.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
-from cpcfl_tf.pretraining.fedavg_ssl import (ClientState, FedAvgSSL, Weights, set_parts,
-                                             trainable_mask)
+from cpcfl_tf.pretraining.fedavg_ssl import (
+    ClientState,
+    FedAvgSSL,
+    Weights,
+    set_parts,
+    trainable_mask,
+)
 
 
 def divergence(global_weights: Weights, previous: Weights, mask: list[bool]) -> float:
     """``||w_global - w_client||`` over the arrays ``mask`` marks (float64)."""
-    return float(np.sqrt(sum(np.sum((g.astype(np.float64) - p.astype(np.float64)) ** 2)
-                             for g, p, m in zip(global_weights, previous, mask) if m)))
+    return float(
+        np.sqrt(
+            sum(
+                np.sum((g.astype(np.float64) - p.astype(np.float64)) ** 2)
+                for g, p, m in zip(global_weights, previous, mask)
+                if m
+            )
+        )
+    )
 
 
-def moving_average(global_weights: Weights, previous: Weights, mu: float,
-                   mask: list[bool]) -> Weights:
+def moving_average(
+    global_weights: Weights, previous: Weights, mu: float, mask: list[bool]
+) -> Weights:
     """``mu * previous + (1 - mu) * global`` where ``mask`` marks a trainable array, the
     global array elsewhere."""
-    return [(mu * p.astype(np.float64) + (1.0 - mu) * g.astype(np.float64)).astype(g.dtype)
-            if m else g for g, p, m in zip(global_weights, previous, mask)]
+    return [
+        (mu * p.astype(np.float64) + (1.0 - mu) * g.astype(np.float64)).astype(g.dtype) if m else g
+        for g, p, m in zip(global_weights, previous, mask)
+    ]
 
 
 def ema_weight(distance: float, scaler: float) -> float:
@@ -55,11 +71,13 @@ class FedEMA(FedAvgSSL):
             return record
         shared = self.shared(model)
         encoder_mask = trainable_mask([model.encoder])
-        distance = divergence(global_weights[:len(encoder_mask)],
-                              previous[:len(encoder_mask)], encoder_mask)
+        distance = divergence(
+            global_weights[: len(encoder_mask)], previous[: len(encoder_mask)], encoder_mask
+        )
         if "scaler" not in state.numbers:
             state.numbers["scaler"] = self.settings["scaler"] or (
-                self.settings["tau"] / distance if distance > 0 else 1.0)
+                self.settings["tau"] / distance if distance > 0 else 1.0
+            )
         mu = ema_weight(distance, state.numbers["scaler"])
         set_parts(shared, moving_average(global_weights, previous, mu, trainable_mask(shared)))
         return {"mu": mu, "divergence": distance}

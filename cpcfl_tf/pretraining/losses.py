@@ -5,6 +5,7 @@ views belong to the train steps in :mod:`cpcfl_tf.methods.ssl`.
 
 All of them compute in float32, also when the model runs in mixed precision.
 """
+
 from __future__ import annotations
 
 import tensorflow as tf
@@ -34,8 +35,7 @@ def nt_xent(z_i: tf.Tensor, z_j: tf.Tensor, temperature: float = 0.1) -> tf.Tens
     return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(positives, logits))
 
 
-def nt_xent_across_replicas(z_i: tf.Tensor, z_j: tf.Tensor, temperature: float = 0.1
-                            ) -> tf.Tensor:
+def nt_xent_across_replicas(z_i: tf.Tensor, z_j: tf.Tensor, temperature: float = 0.1) -> tf.Tensor:
     """:func:`nt_xent` of the *global* batch, computed on one replica's share of it.
 
     Under a ``tf.distribute`` strategy every replica holds B/R images; their projections
@@ -52,7 +52,8 @@ def nt_xent_across_replicas(z_i: tf.Tensor, z_j: tf.Tensor, temperature: float =
     total = n * context.num_replicas_in_sync
     first = n * context.replica_id_in_sync_group  # this replica's rows in the global batch
     candidates = tf.math.l2_normalize(
-        tf.concat([context.all_gather(z_i, 0), context.all_gather(z_j, 0)], 0), -1)
+        tf.concat([context.all_gather(z_i, 0), context.all_gather(z_j, 0)], 0), -1
+    )
     anchors = tf.math.l2_normalize(tf.concat([z_i, z_j], 0), -1)
     rows = tf.concat([first + tf.range(n), total + first + tf.range(n)], 0)
     logits = tf.matmul(anchors, candidates, transpose_b=True) / temperature

@@ -21,16 +21,17 @@ SimSiam   yes       no        yes          yes        yes       yes
 (VICReg, beyond the paper: no negatives, shared weights, an expander, no predictor, no
 stop-gradient; variance and covariance terms keep it from collapsing.)
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import keras
 import tensorflow as tf
 
-from cpcfl_tf.pretraining.losses import embedding_std
 from cpcfl_tf.data.images import to_float
+from cpcfl_tf.pretraining.losses import embedding_std
 
 
 @dataclasses.dataclass
@@ -126,7 +127,7 @@ class ContrastiveModel(keras.Model):
         def replica_update(view1, view2):
             index = tf.distribute.get_replica_context().replica_id_in_sync_group
             share = tf.shape(view1)[0] // replicas
-            view1, view2 = (v[index * share:(index + 1) * share] for v in (view1, view2))
+            view1, view2 = (v[index * share : (index + 1) * share] for v in (view1, view2))
             with tf.GradientTape() as tape:
                 loss, z = self.contrastive_loss(view1, view2)
                 scaled = self.optimizer.scale_loss(loss / replicas)
@@ -140,8 +141,10 @@ class ContrastiveModel(keras.Model):
             loss, std = strategy.run(replica_update, args=(view1, view2))
             self.after_step()
             mean = tf.distribute.ReduceOp.MEAN
-            return {"loss": strategy.reduce(mean, loss, axis=None),
-                    "embedding_std": strategy.reduce(mean, std, axis=None)}
+            return {
+                "loss": strategy.reduce(mean, loss, axis=None),
+                "embedding_std": strategy.reduce(mean, std, axis=None),
+            }
 
         return step
 

@@ -1,12 +1,13 @@
 """SimSiam (Chen and He, CVPR 2021; the paper's Sec. "SimSiam"): shared encoder and
 projector, a predictor, and a stop-gradient on the other view's projection."""
+
 from __future__ import annotations
 
 import tensorflow as tf
 
+from cpcfl_tf.models import build_predictor, build_projector
 from cpcfl_tf.pretraining.losses import simsiam_loss
 from cpcfl_tf.pretraining.model import ContrastiveModel, Parts, predicted
-from cpcfl_tf.models import build_predictor, build_projector
 
 
 def symmetric_simsiam(p1, p2, z1, z2):
@@ -33,5 +34,10 @@ class SimSiam(ContrastiveModel):
 def build(parts: Parts, settings: dict) -> SimSiam:
     # Sec. "Experimental settings": configured as BYOL's (512, bottleneck 64).
     width = settings["projector_dim"] or 512
-    return SimSiam(parts.encoder, parts.augmenter, build_projector("bn", parts.dim, width=width),
-                   build_predictor(width, bottleneck=settings["predictor_dim"]), name="simsiam")
+    return SimSiam(
+        parts.encoder,
+        parts.augmenter,
+        build_projector("bn", parts.dim, width=width),
+        build_predictor(width, bottleneck=settings["predictor_dim"]),
+        name="simsiam",
+    )

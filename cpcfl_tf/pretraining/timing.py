@@ -1,20 +1,21 @@
 """Timing of compiled steps, shared by experiments/pretraining_cost.py,
 benchmarks/benchmark_pretraining.py and benchmarks/speed_study.py: one warm-up, median
 of the rest."""
+
 from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import keras
 import numpy as np
 import tensorflow as tf
 
+from cpcfl_tf.data.images import to_float
 from cpcfl_tf.methods.ssl import SSLMethod
 from cpcfl_tf.plan.config import PretrainConfig
 from cpcfl_tf.pretraining.pretrain import build_contrastive_model
-from cpcfl_tf.data.images import to_float
 
 
 def _timed(step: Callable[..., object], inputs: tuple) -> float:
@@ -27,14 +28,14 @@ def _timed(step: Callable[..., object], inputs: tuple) -> float:
     return time.perf_counter() - started
 
 
-def median_seconds(step: Callable[..., object], *inputs, repeats: int,
-                   warmup: int = 1) -> float:
+def median_seconds(step: Callable[..., object], *inputs, repeats: int, warmup: int = 1) -> float:
     """Median wall time of ``step(*inputs)`` over ``repeats`` calls after ``warmup`` calls."""
     return compare_seconds({"step": step}, *inputs, repeats=repeats, warmup=warmup)["step"]
 
 
-def compare_seconds(steps: dict[str, Callable[..., object]], *inputs, repeats: int,
-                    warmup: int = 1) -> dict[str, float]:
+def compare_seconds(
+    steps: dict[str, Callable[..., object]], *inputs, repeats: int, warmup: int = 1
+) -> dict[str, float]:
     """Median seconds of each ``step(*inputs)``, measured in alternation so drift hits
     all alike."""
     for step in steps.values():
@@ -56,8 +57,7 @@ def random_images(batch_size: int, image_size: int, seed: int = 0) -> tf.Tensor:
 def contrastive_step(config: PretrainConfig, image_size: int, seed: int, method: SSLMethod):
     """The compiled ``train_step`` of ``method`` (an entry of
     :data:`~cpcfl_tf.methods.ssl.SSL_METHODS`), as pre-training runs it."""
-    model = build_contrastive_model(config, (image_size, image_size, 3), method=method,
-                                    seed=seed)
+    model = build_contrastive_model(config, (image_size, image_size, 3), method=method, seed=seed)
     return model.make_step(config.jit_compile)
 
 

@@ -7,15 +7,16 @@ near gamma (variance) and decorrelates the dimensions (covariance). No negatives
 predictor, no stop-gradient, no target network. Settings and their sources: the registry
 entry in :mod:`cpcfl_tf.methods.ssl`.
 """
+
 from __future__ import annotations
 
 import keras
 import tensorflow as tf
 from keras import layers
 
+from cpcfl_tf.models.layers import batch_norm
 from cpcfl_tf.pretraining.losses import whole_batch
 from cpcfl_tf.pretraining.model import ContrastiveModel, Parts
-from cpcfl_tf.models.layers import batch_norm
 
 
 def variance_term(z: tf.Tensor, gamma: float = 1.0, epsilon: float = 1e-4) -> tf.Tensor:
@@ -45,9 +46,16 @@ def invariance_term(z1: tf.Tensor, z2: tf.Tensor) -> tf.Tensor:
     return tf.reduce_mean(tf.square(z1 - z2))
 
 
-def vicreg_loss(z1: tf.Tensor, z2: tf.Tensor, *, sim_weight: float = 25.0,
-                var_weight: float = 25.0, cov_weight: float = 1.0, gamma: float = 1.0,
-                epsilon: float = 1e-4) -> tf.Tensor:
+def vicreg_loss(
+    z1: tf.Tensor,
+    z2: tf.Tensor,
+    *,
+    sim_weight: float = 25.0,
+    var_weight: float = 25.0,
+    cov_weight: float = 1.0,
+    gamma: float = 1.0,
+    epsilon: float = 1e-4,
+) -> tf.Tensor:
     """VICReg's loss (Eq. 6): ``lambda s + mu (v(Z) + v(Z')) / 2 + nu (c(Z) + c(Z'))``.
 
     The variance terms of the two branches are averaged, as in the authors' code (the
@@ -60,8 +68,7 @@ def vicreg_loss(z1: tf.Tensor, z2: tf.Tensor, *, sim_weight: float = 25.0,
     all1, all2 = whole_batch(z1), whole_batch(z2)
     variance = (variance_term(all1, gamma, epsilon) + variance_term(all2, gamma, epsilon)) / 2.0
     covariance = covariance_term(all1) + covariance_term(all2)
-    return (sim_weight * invariance_term(z1, z2) + var_weight * variance
-            + cov_weight * covariance)
+    return sim_weight * invariance_term(z1, z2) + var_weight * variance + cov_weight * covariance
 
 
 def build_expander(input_dim: int, width: int, *, model_name: str = "projector") -> keras.Model:
@@ -91,14 +98,17 @@ class VICReg(ContrastiveModel):
     def contrastive_loss(self, view1, view2):
         # One pass per view, as in the authors' code: BatchNormalization normalises each
         # view with its own batch statistics.
-        z1, z2 = (self.projector(self.encoder(v, training=True), training=True)
-                  for v in (view1, view2))
+        z1, z2 = (
+            self.projector(self.encoder(v, training=True), training=True) for v in (view1, view2)
+        )
         return vicreg_loss(z1, z2, **self.loss_settings), z1
 
 
 def build(parts: Parts, settings: dict) -> VICReg:
     width = settings["projector_dim"] or 4 * parts.dim
-    weights = {k: settings[k] for k in ("sim_weight", "var_weight", "cov_weight", "gamma",
-                                        "epsilon")}
-    return VICReg(parts.encoder, parts.augmenter, build_expander(parts.dim, width), weights,
-                  name="vicreg")
+    weights = {
+        k: settings[k] for k in ("sim_weight", "var_weight", "cov_weight", "gamma", "epsilon")
+    }
+    return VICReg(
+        parts.encoder, parts.augmenter, build_expander(parts.dim, width), weights, name="vicreg"
+    )

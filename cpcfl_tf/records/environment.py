@@ -8,6 +8,7 @@ kind and the BLAS kernels numpy picked for it (two VMs that both say "AMD EPYC
 fingerprint of the starting encoder, so two records can be told to share a machine and
 a pre-training.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -16,7 +17,6 @@ import platform
 from pathlib import Path
 
 from cpcfl_tf.records.files import weights_fingerprint
-
 
 _DETERMINISTIC_OPS = False
 
@@ -48,14 +48,29 @@ def environment() -> dict:
         device = f"gpu: {details.get('device_name', gpus[0].name)}"
     else:
         device = f"cpu: {os.cpu_count()} cores ({platform.processor() or platform.machine()})"
-    return {"tensorflow": tf.__version__, "keras": keras.__version__, "device": device,
-            "cpu": cpu_model(), "cpu_id": cpu_id(), "blas": blas_kernels(),
-            "onednn": onednn_enabled(),
-            "python": platform.python_version(), "deterministic_ops": _DETERMINISTIC_OPS}
+    return {
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+        "device": device,
+        "cpu": cpu_model(),
+        "cpu_id": cpu_id(),
+        "blas": blas_kernels(),
+        "onednn": onednn_enabled(),
+        "python": platform.python_version(),
+        "deterministic_ops": _DETERMINISTIC_OPS,
+    }
 
 
-REPRODUCING = ("tensorflow", "keras", "device", "cpu", "cpu_id", "blas", "onednn",
-               "deterministic_ops")
+REPRODUCING = (
+    "tensorflow",
+    "keras",
+    "device",
+    "cpu",
+    "cpu_id",
+    "blas",
+    "onednn",
+    "deterministic_ops",
+)
 """The fields of :func:`environment` a run's last bits depend on besides its config and
 starting encoder: where all of them are the same, the run comes out bit for bit the same
 (docs/experiments.md, "Bit for bit")."""
@@ -82,8 +97,11 @@ def run_environment(encoder_weights, plugins: dict[str, str] | None = None) -> d
     the weights the run started from (``None`` for random init), so two runs can be
     told to share a pre-training or not; and, for a run that uses entries of installed
     plugins, which (``plugins``: ``"kind name" -> "package version"``)."""
-    return {**environment(), "starting_encoder": weights_fingerprint(encoder_weights),
-            **({"plugins": dict(plugins)} if plugins else {})}
+    return {
+        **environment(),
+        "starting_encoder": weights_fingerprint(encoder_weights),
+        **({"plugins": dict(plugins)} if plugins else {}),
+    }
 
 
 def onednn_enabled() -> bool | None:
@@ -138,9 +156,11 @@ def cpu_id() -> str | None:
         letter = {"Data": "d", "Instruction": "i"}.get(kind, "")
         caches.append(f"L{level}{letter} {size}")
     flags = hashlib.sha256(" ".join(sorted(fields.get("flags", "").split())).encode())
-    return (f"family {fields.get('cpu family', '?')} model {fields.get('model', '?')} "
-            f"stepping {fields.get('stepping', '?')}; {', '.join(caches) or 'caches unknown'}; "
-            f"flags {flags.hexdigest()[:8]}")
+    return (
+        f"family {fields.get('cpu family', '?')} model {fields.get('model', '?')} "
+        f"stepping {fields.get('stepping', '?')}; {', '.join(caches) or 'caches unknown'}; "
+        f"flags {flags.hexdigest()[:8]}"
+    )
 
 
 def blas_kernels() -> str | None:
@@ -161,5 +181,8 @@ def blas_kernels() -> str | None:
     if not blas:
         return None
     info = next((i for i in blas if "numpy" in str(i.get("filepath", ""))), blas[0])
-    return " ".join(str(x) for x in (info.get("internal_api"), info.get("version"),
-                                      info.get("architecture")) if x)
+    return " ".join(
+        str(x)
+        for x in (info.get("internal_api"), info.get("version"), info.get("architecture"))
+        if x
+    )

@@ -7,6 +7,7 @@ the user's umask gives). Every file the kit reads back (results, cache entries,
 checkpoints) goes through :func:`read_file`, which turns damage (a truncated file, not
 JSON, not an archive) into :class:`DamagedFile`: one line that names the file and the fix.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -15,8 +16,9 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from cpcfl_tf.errors import UserError
 
@@ -27,8 +29,9 @@ PARTIAL = ".partial-"
 """Marks the temporary files of :func:`write_atomic`: ``.<name>.partial-<pid>-...``."""
 
 
-def prepare_out_dir(path: str | os.PathLike, *,
-                    fix: str = "pass --out DIR with a writable folder") -> Path:
+def prepare_out_dir(
+    path: str | os.PathLike, *, fix: str = "pass --out DIR with a writable folder"
+) -> Path:
     """Create ``path`` if needed, check that files can be written there, and remove what
     killed writers left behind (:func:`remove_stale_partials`). ``fix`` ends the error
     when it cannot be written: it names the setting at fault."""
@@ -62,13 +65,15 @@ def read_file(path: str | os.PathLike, load: Callable[[Path], T], *, fix: str) -
     except UserError:
         raise
     except Exception as err:  # truncated, not JSON, not a zip archive, missing keys, ...
-        reason = type(err).__name__ + (f": {err}" if isinstance(err, (json.JSONDecodeError,
-                                                                       UnicodeDecodeError)) else "")
+        reason = type(err).__name__ + (
+            f": {err}" if isinstance(err, (json.JSONDecodeError, UnicodeDecodeError)) else ""
+        )
         raise DamagedFile(path, reason.splitlines()[0][:120], fix) from None
 
 
-def read_cache_entry(path: str | os.PathLike, load: Callable[[Path], T], *,
-                     rebuild: str) -> T | None:
+def read_cache_entry(
+    path: str | os.PathLike, load: Callable[[Path], T], *, rebuild: str
+) -> T | None:
     """A cache file read with ``load``; damage is not fatal there: it is said in one
     warning line (``rebuild`` says how it is redone) and ``None`` is returned."""
     try:
@@ -122,8 +127,11 @@ def write_atomic(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
     path = Path(path)
     remove_stale_partials(path.parent, path.name)
     # Keep every suffix: Keras insists on names ending in ".keras" or ".weights.h5".
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}{PARTIAL}{os.getpid()}-",
-                               suffix="".join(path.suffixes))
+    fd, tmp = tempfile.mkstemp(
+        dir=path.parent,
+        prefix=f".{path.name}{PARTIAL}{os.getpid()}-",
+        suffix="".join(path.suffixes),
+    )
     os.close(fd)
     try:
         write(tmp)
@@ -137,6 +145,7 @@ def write_atomic(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
 
 def write_json(path: str | os.PathLike, record: Any) -> Path:
     """Write ``record`` as indented JSON, atomically."""
+
     def dump(tmp: str) -> None:
         with open(tmp, "w") as fh:
             json.dump(record, fh, indent=1, sort_keys=False)
@@ -147,6 +156,7 @@ def write_json(path: str | os.PathLike, record: Any) -> Path:
 
 def write_text(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` (e.g. a markdown table), atomically."""
+
     def dump(tmp: str) -> None:
         with open(tmp, "w") as fh:
             fh.write(text)
@@ -225,8 +235,7 @@ def write_weights(path: str | os.PathLike, weights: list, *, key: str | None = N
     return write_atomic(path, save)
 
 
-def read_weights(path: str | os.PathLike, *, key: str | None = None,
-                 rebuild: str) -> list | None:
+def read_weights(path: str | os.PathLike, *, key: str | None = None, rebuild: str) -> list | None:
     """The arrays :func:`write_weights` saved, or ``None`` when there are none, they are
     damaged (one warning line, ``rebuild`` says what happens instead) or belong to
     another ``key``."""

@@ -7,6 +7,7 @@ back with :func:`read_record` and use its fields (``record.final.accuracy``,
 ``record.config.federated.rounds``), never nested strings. ``to_json`` writes the keys in
 one fixed order, so reading a record and writing it again gives the same bytes.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,13 +16,19 @@ import os
 from pathlib import Path
 from typing import Any
 
+from cpcfl_tf.methods.starts import START
 from cpcfl_tf.plan.config import Config, config_record
 from cpcfl_tf.plan.resolve import as_stored
 from cpcfl_tf.records.files import read_file, write_json
-from cpcfl_tf.methods.starts import START
 
-SCORES = ("f1_macro", "f1_weighted", "auroc_ovr_macro", "auroc_ovr_weighted",
-          "auroc_ovo_macro", "auroc_ovo_weighted")
+SCORES = (
+    "f1_macro",
+    "f1_weighted",
+    "auroc_ovr_macro",
+    "auroc_ovr_weighted",
+    "auroc_ovo_macro",
+    "auroc_ovo_weighted",
+)
 """Pooled F1 and AUROC (tab:addition_scores), at the reporting rounds and at the end."""
 
 
@@ -78,13 +85,33 @@ class Round:
         return out
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Round":
-        _only(data, {"round", "accuracy", "cluster_ids", "replies", "failed_partitions",
-                     "split_test", "selection", "too_few_to_defend", *SCORES}, "round")
-        return cls(data["round"], data["cluster_ids"], data.get("accuracy"),
-                   {k: data[k] for k in SCORES if k in data}, data.get("replies"),
-                   data.get("failed_partitions"), data.get("split_test"),
-                   data.get("selection"), data.get("too_few_to_defend"))
+    def from_json(cls, data: dict[str, Any]) -> Round:
+        _only(
+            data,
+            {
+                "round",
+                "accuracy",
+                "cluster_ids",
+                "replies",
+                "failed_partitions",
+                "split_test",
+                "selection",
+                "too_few_to_defend",
+                *SCORES,
+            },
+            "round",
+        )
+        return cls(
+            data["round"],
+            data["cluster_ids"],
+            data.get("accuracy"),
+            {k: data[k] for k in SCORES if k in data},
+            data.get("replies"),
+            data.get("failed_partitions"),
+            data.get("split_test"),
+            data.get("selection"),
+            data.get("too_few_to_defend"),
+        )
 
 
 @dataclasses.dataclass
@@ -118,8 +145,9 @@ class Final:
             out["epochs"] = self.epochs
         if self.client_accuracy is not None:
             out["client_accuracy"] = self.client_accuracy
-        out.update(ari=self.ari, restarts=self.restarts, bytes_down=self.bytes_down,
-                   bytes_up=self.bytes_up)
+        out.update(
+            ari=self.ari, restarts=self.restarts, bytes_down=self.bytes_down, bytes_up=self.bytes_up
+        )
         if self.model_bytes is not None:
             out["model_bytes"] = self.model_bytes
         if self.bytes_other:
@@ -127,11 +155,13 @@ class Final:
         return out
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Final":
+    def from_json(cls, data: dict[str, Any]) -> Final:
         fields = {f.name for f in dataclasses.fields(cls)} - {"scores"}
         _only(data, fields | set(SCORES), "final")
-        return cls(scores={k: data[k] for k in SCORES if k in data},
-                   **{k: v for k, v in data.items() if k in fields})
+        return cls(
+            scores={k: data[k] for k in SCORES if k in data},
+            **{k: v for k, v in data.items() if k in fields},
+        )
 
 
 @dataclasses.dataclass
@@ -194,11 +224,21 @@ class RunRecord:
             return None
         data = self.config.data
         settings = dataclasses.replace(self.config.pretrain, seed=None)
-        key = (self.pretraining, repr(settings), data.pretrain_dataset,
-               data.pretrain_split, data.image_size, self.config.pretrain_seed)
+        key = (
+            self.pretraining,
+            repr(settings),
+            data.pretrain_dataset,
+            data.pretrain_split,
+            data.image_size,
+            self.config.pretrain_seed,
+        )
         if start is not None and start.federated:  # also the clients it was dealt to
-            key += (repr(self.config.partition), self.config.seed, data.client_dataset,
-                    data.client_train_split)
+            key += (
+                repr(self.config.partition),
+                self.config.seed,
+                data.client_dataset,
+                data.client_train_split,
+            )
         return key
 
     def accuracy_at(self, round_: int) -> float:
@@ -216,36 +256,68 @@ class RunRecord:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "experiment": self.experiment, "preset": self.preset, "method": self.method,
+            "experiment": self.experiment,
+            "preset": self.preset,
+            "method": self.method,
             "pretraining": self.pretraining,
-            "config": {**self.config.to_dict(),
-                       "requested": config_record(self.requested)},
-            "seeds": self.seeds}
+            "config": {**self.config.to_dict(), "requested": config_record(self.requested)},
+            "seeds": self.seeds,
+        }
         if self.nodes is not None:
             out["nodes"] = self.nodes
         if self.node_data is not None:
             out["node_data"] = self.node_data
         if self.count_caps is not None:
             out["count_caps"] = self.count_caps
-        out.update(clients=self.clients, rounds=[r.to_json() for r in self.rounds],
-                   final=self.final.to_json(), timing=self.timing,
-                   environment=self.environment)
+        out.update(
+            clients=self.clients,
+            rounds=[r.to_json() for r in self.rounds],
+            final=self.final.to_json(),
+            timing=self.timing,
+            environment=self.environment,
+        )
         return _plain(out)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "RunRecord":
-        _only(data, {"experiment", "preset", "method", "pretraining", "config", "seeds",
-                     "nodes", "node_data", "count_caps", "clients", "rounds", "final",
-                     "timing", "environment"}, "record")
+    def from_json(cls, data: dict[str, Any]) -> RunRecord:
+        _only(
+            data,
+            {
+                "experiment",
+                "preset",
+                "method",
+                "pretraining",
+                "config",
+                "seeds",
+                "nodes",
+                "node_data",
+                "count_caps",
+                "clients",
+                "rounds",
+                "final",
+                "timing",
+                "environment",
+            },
+            "record",
+        )
         stored = dict(data["config"])
         requested = Config.from_dict(stored.pop("requested"))
         config = Config.from_dict(stored)
         config = as_stored(config)
-        record = cls(config, requested, data["seeds"], data["clients"],
-                     [Round.from_json(r) for r in data["rounds"]],
-                     Final.from_json(data["final"]), data["timing"], data["experiment"],
-                     data["environment"], data.get("nodes"), data.get("node_data"),
-                     data.get("count_caps"))
+        record = cls(
+            config,
+            requested,
+            data["seeds"],
+            data["clients"],
+            [Round.from_json(r) for r in data["rounds"]],
+            Final.from_json(data["final"]),
+            data["timing"],
+            data["experiment"],
+            data["environment"],
+            data.get("nodes"),
+            data.get("node_data"),
+            data.get("count_caps"),
+        )
         said = (data["preset"], data["method"], data["pretraining"])
         if said != (record.preset, record.method, record.pretraining):
             raise ValueError(f"preset, method, pretraining {said} disagree with the config")
@@ -263,12 +335,17 @@ def _plain(value: Any) -> Any:
 
 def read_record(path: str | os.PathLike) -> RunRecord:
     """A run record the kit wrote; damage or an older layout is one line naming the fix."""
+
     def load(p: Path) -> RunRecord:
         return RunRecord.from_json(json.loads(p.read_text()))
 
-    return read_file(path, load, fix="delete it to run it again, or restore it (e.g. git "
-                                     "checkout); records of an older kit: python "
-                                     "tools/migrate_records.py FOLDER")
+    return read_file(
+        path,
+        load,
+        fix="delete it to run it again, or restore it (e.g. git "
+        "checkout); records of an older kit: python "
+        "tools/migrate_records.py FOLDER",
+    )
 
 
 def write_record(path: str | os.PathLike, record: RunRecord) -> Path:

@@ -5,6 +5,7 @@ TensorBoard's scalar plugin, so the kit needs no ``tensorboard`` package to writ
 (TensorFlow 2.21's wheel does not bring it); to look at them: ``pip install tensorboard
 && tensorboard --logdir DIR``. :func:`read_scalars` reads them back.
 """
+
 from __future__ import annotations
 
 import os
@@ -32,8 +33,7 @@ class ScalarLog:
             for name, value in values.items():
                 if value is None:  # a round without evaluation (federated.eval_every)
                     continue
-                tf.summary.write(name, tf.constant(float(value), tf.float32),
-                                 metadata=metadata)
+                tf.summary.write(name, tf.constant(float(value), tf.float32), metadata=metadata)
         self._writer.flush()
 
 
@@ -46,7 +46,10 @@ def read_scalars(folder: str | os.PathLike) -> dict[str, list[tuple[int, float]]
         for raw in tf.data.TFRecordDataset(str(path)):
             event = tf.compat.v1.Event.FromString(raw.numpy())
             for value in event.summary.value:
-                number = float(tf.make_ndarray(value.tensor)) if value.HasField("tensor") \
+                number = (
+                    float(tf.make_ndarray(value.tensor))
+                    if value.HasField("tensor")
                     else value.simple_value
+                )
                 scalars.setdefault(value.tag, []).append((int(event.step), number))
     return scalars

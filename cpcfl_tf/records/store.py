@@ -8,6 +8,7 @@ results tree.
   those a run may take from the rest of the tree (:attr:`RecordStore.reuse`), those its
   ``taken.json`` names, and which were taken and why.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,14 +16,14 @@ import functools
 import itertools
 import json
 from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
 
-from cpcfl_tf.plan.config import Config, config_key, config_record
-from cpcfl_tf.records.environment import environment, machine, reproduces
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.records.record import RunRecord, read_record
+from cpcfl_tf.plan.config import Config, config_key, config_record
 from cpcfl_tf.plan.resolve import RunPlan
+from cpcfl_tf.records.environment import environment, machine, reproduces
+from cpcfl_tf.records.record import RunRecord, read_record
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,8 +48,13 @@ class RecordIndex:
     (``experiments/linear_eval.py``), read once.
     """
 
-    def __init__(self, root: str | Path, prefer: str | Path | None = None,
-                 electing: Iterable[Config] | None = None, exclude: str | Path | None = None):
+    def __init__(
+        self,
+        root: str | Path,
+        prefer: str | Path | None = None,
+        electing: Iterable[Config] | None = None,
+        exclude: str | Path | None = None,
+    ):
         self.root = Path(root)
         self.prefer = Path(prefer) if prefer else None
         self._by_key: dict[str, list[Found]] = {}
@@ -66,9 +72,13 @@ class RecordIndex:
             record = run_record_in(path)
             if record is not None:
                 self._by_key.setdefault(config_key(record.requested), []).append(
-                    Found(path, record))
-        voters = (self._by_key.values() if electing is None else
-                  [self._by_key.get(key, []) for key in {config_key(c) for c in electing}])
+                    Found(path, record)
+                )
+        voters = (
+            self._by_key.values()
+            if electing is None
+            else [self._by_key.get(key, []) for key in {config_key(c) for c in electing}]
+        )
         cpus = Counter(machine(f.record.environment) for found in voters for f in found)
         cpus.pop(None, None)
         self._most = cpus.most_common(1)[0][0] if cpus else None
@@ -103,8 +113,9 @@ class RecordIndex:
 
     def __iter__(self) -> Iterator[Found]:
         """Every record of the tree, in path order."""
-        return iter(sorted((f for found in self._by_key.values() for f in found),
-                           key=lambda f: str(f.path)))
+        return iter(
+            sorted((f for found in self._by_key.values() for f in found), key=lambda f: str(f.path))
+        )
 
     def preferred(self) -> Iterable[Found]:
         """The preferred record of every config in the tree."""
@@ -117,8 +128,9 @@ def together(options: Sequence[Sequence[Found]]) -> list[Found] | None:
     if not all(options):
         return None
     # min keeps the first of the best, and product order is the preference order
-    return list(min(itertools.product(*options),
-                    key=lambda chosen: mismatch([f.record for f in chosen])))
+    return list(
+        min(itertools.product(*options), key=lambda chosen: mismatch([f.record for f in chosen]))
+    )
 
 
 def mismatch(records: Sequence[RunRecord]) -> tuple[bool, bool]:
@@ -129,10 +141,11 @@ def mismatch(records: Sequence[RunRecord]) -> tuple[bool, bool]:
     encoders: dict[tuple, set] = {}
     for r in records:
         if r.pretraining_key is not None:
-            encoders.setdefault(r.pretraining_key, set()).add(
-                r.environment.get("starting_encoder"))
-    return (any(len(seen) > 1 for seen in encoders.values()),
-            len({machine(r.environment) for r in records}) > 1)
+            encoders.setdefault(r.pretraining_key, set()).add(r.environment.get("starting_encoder"))
+    return (
+        any(len(seen) > 1 for seen in encoders.values()),
+        len({machine(r.environment) for r in records}) > 1,
+    )
 
 
 def run_record_in(path: Path) -> RunRecord | None:
@@ -141,7 +154,9 @@ def run_record_in(path: Path) -> RunRecord | None:
     try:
         data = json.loads(path.read_text())
     except ValueError:
-        raise UserError(f"{path} is not valid JSON; restore it (git checkout) or delete it")
+        raise UserError(
+            f"{path} is not valid JSON; restore it (git checkout) or delete it"
+        ) from None
     if not (isinstance(data, dict) and {"config", "rounds", "final", "seeds"} <= set(data)):
         return None
     return read_record(path)
@@ -211,8 +226,11 @@ class RecordStore:
             return taken
 
         path = self.out / self.TAKEN
-        return (read_file(path, load, fix="restore it (git checkout) or delete it")
-                if path.exists() else {})
+        return (
+            read_file(path, load, fix="restore it (git checkout) or delete it")
+            if path.exists()
+            else {}
+        )
 
     def keep_taken(self) -> None:
         """Add the runs taken from :attr:`reuse` to the folder's :attr:`TAKEN`, so that a
@@ -241,16 +259,26 @@ class RecordStore:
 
     def base_run(self, base: RunPlan) -> Found | None:
         """The run of ``base`` this folder has: its own, or one taken from :attr:`reuse`."""
-        taken = [] if self.reuse is None else [f for f in self.reuse.every(base.requested)
-                                                if f.path in self.reused.values()]
-        return next((f for f in [*self.folder.every(base.requested), *taken]
-                     if same_config(f.record, base)), None)
+        taken = (
+            []
+            if self.reuse is None
+            else [f for f in self.reuse.every(base.requested) if f.path in self.reused.values()]
+        )
+        return next(
+            (
+                f
+                for f in [*self.folder.every(base.requested), *taken]
+                if same_config(f.record, base)
+            ),
+            None,
+        )
 
     def has_base(self, base: RunPlan) -> bool:
         """Whether a run of ``base`` is here or in :attr:`reuse`."""
         taken = [] if self.reuse is None else self.reuse.every(base.requested)
-        return any(same_config(f.record, base)
-                   for f in [*self.folder.every(base.requested), *taken])
+        return any(
+            same_config(f.record, base) for f in [*self.folder.every(base.requested), *taken]
+        )
 
     def twin(self, name: str, plan: RunPlan, base: RunPlan) -> Found | None:
         """The record of ``plan`` in :attr:`reuse` that starts from the encoder this
@@ -258,12 +286,20 @@ class RecordStore:
         and :attr:`paired`): the restart run of that base run's sample of chance."""
         if self.reuse is None:
             return None
-        made = next((f for f in self.folder.every(base.requested)
-                     if same_config(f.record, base)), None)
+        made = next(
+            (f for f in self.folder.every(base.requested) if same_config(f.record, base)), None
+        )
         encoder = made and made.record.environment.get("starting_encoder")
-        found = next((f for f in self.reuse.every(plan.requested) if encoder
-                      and f.record.environment.get("starting_encoder") == encoder
-                      and same_config(f.record, plan)), None)
+        found = next(
+            (
+                f
+                for f in self.reuse.every(plan.requested)
+                if encoder
+                and f.record.environment.get("starting_encoder") == encoder
+                and same_config(f.record, plan)
+            ),
+            None,
+        )
         if found is not None:
             self.reused[name] = found.path
             self.paired.add(name)
@@ -274,9 +310,13 @@ class RecordStore:
         would make bit for bit if they start from its encoder."""
         if self.reuse is None or self.force:
             return []
-        return [f for f in self.reuse.every(plan.requested) if f.path != own
-                and reproduces(f.record.environment, self._here)
-                and same_config(f.record, plan)]
+        return [
+            f
+            for f in self.reuse.every(plan.requested)
+            if f.path != own
+            and reproduces(f.record.environment, self._here)
+            and same_config(f.record, plan)
+        ]
 
     @functools.cached_property
     def _here(self) -> dict:
@@ -287,8 +327,10 @@ class RecordStore:
     def take(self, name: str, candidates: list[Found], starting: str) -> Found | None:
         """The one of ``candidates`` that starts from the encoder of fingerprint
         ``starting``, noted in :attr:`reused`."""
-        found = next((f for f in candidates
-                      if f.record.environment.get("starting_encoder") == starting), None)
+        found = next(
+            (f for f in candidates if f.record.environment.get("starting_encoder") == starting),
+            None,
+        )
         if found is not None:
             self.reused[name] = found.path
         return found

@@ -3,6 +3,7 @@ comparison a script prints after its runs:
 :meth:`~cpcfl_tf.running.script.Session.compare_with_reference`): the same outcome bit for
 bit, or where a final accuracy lies against the spread of the reference's seeds of the
 same settings."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,8 +16,12 @@ from cpcfl_tf.records.record import RunRecord
 from cpcfl_tf.records.store import Found, RecordIndex, run_record_in
 
 SAME, WITHIN, OUTSIDE, DIFFERS, NO_REFERENCE = (
-    "bit for bit", "within the seed-to-seed spread", "outside the seed-to-seed spread",
-    "differs (one committed seed: no spread to compare)", "no reference")
+    "bit for bit",
+    "within the seed-to-seed spread",
+    "outside the seed-to-seed spread",
+    "differs (one committed seed: no spread to compare)",
+    "no reference",
+)
 
 
 def _without_seed(config: Config) -> str:
@@ -27,8 +32,11 @@ def _without_seed(config: Config) -> str:
 
 def _outcome(record: RunRecord) -> dict:
     """What a run found: every round and the final result (not where or how fast)."""
-    return {"rounds": [r.to_json() for r in record.rounds], "final": record.final.to_json(),
-            "clients": record.clients}
+    return {
+        "rounds": [r.to_json() for r in record.rounds],
+        "final": record.final.to_json(),
+        "clients": record.clients,
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,23 +69,33 @@ def compare_runs(ours: str | Path, reference: str | Path) -> list[Comparison]:
     for found in theirs.preferred():
         record = found.record
         by_settings.setdefault(_without_seed(record.requested), []).append(
-            100 * record.final.accuracy)
+            100 * record.final.accuracy
+        )
     out = []
     for path in sorted(ours.rglob("*.json")):
-        if not inside and (reference.resolve() in path.resolve().parents
-                           or path.resolve() == reference.resolve()):
+        if not inside and (
+            reference.resolve() in path.resolve().parents or path.resolve() == reference.resolve()
+        ):
             continue
         record = run_record_in(path)
         if record is None:
             continue
         accuracy = 100 * record.final.accuracy
         match = _same_place(reference, path, record) or _closest(
-            theirs.every(record.requested), record)
+            theirs.every(record.requested), record
+        )
         seeds = by_settings.get(_without_seed(record.requested), [])
         spread = (min(seeds), max(seeds)) if len(seeds) >= 2 else None
         if match is None:
-            out.append(Comparison(path, NO_REFERENCE, accuracy, spread=spread,
-                                  note="no committed run of this config"))
+            out.append(
+                Comparison(
+                    path,
+                    NO_REFERENCE,
+                    accuracy,
+                    spread=spread,
+                    note="no committed run of this config",
+                )
+            )
             continue
         ref = 100 * match.record.final.accuracy
         if _outcome(record) == _outcome(match.record):
@@ -89,12 +107,23 @@ def compare_runs(ours: str | Path, reference: str | Path) -> list[Comparison]:
         machines = (machine(record.environment), machine(match.record.environment))
         note = ""
         if record.environment.get("starting_encoder") != match.record.environment.get(
-                "starting_encoder"):
+            "starting_encoder"
+        ):
             note = ANOTHER_ENCODER
         elif machines[0] != machines[1]:
             note = "another CPU"
-        out.append(Comparison(path, verdict_, accuracy, ref, spread, match.path, note,
-                              machines if machines[0] != machines[1] else None))
+        out.append(
+            Comparison(
+                path,
+                verdict_,
+                accuracy,
+                ref,
+                spread,
+                match.path,
+                note,
+                machines if machines[0] != machines[1] else None,
+            )
+        )
     return out
 
 
@@ -103,9 +132,14 @@ def _closest(found: list[Found], record: RunRecord) -> Found | None:
     the one that could be its bits: from the same starting encoder on the same kind of
     machine, else from the same encoder, else on the same machine, else the preferred."""
     encoder, cpu = record.environment.get("starting_encoder"), machine(record.environment)
-    return min(found, default=None, key=lambda f: (
-        f.record.environment.get("starting_encoder") != encoder,
-        machine(f.record.environment) != cpu))
+    return min(
+        found,
+        default=None,
+        key=lambda f: (
+            f.record.environment.get("starting_encoder") != encoder,
+            machine(f.record.environment) != cpu,
+        ),
+    )
 
 
 def _same_place(reference: Path, path: Path, record: RunRecord) -> Found | None:
@@ -126,13 +160,17 @@ ANOTHER_ENCODER = "another starting encoder"
 def comparison_lines(comparisons: list[Comparison]) -> list[str]:
     """A reproducer's summary: the machines once (where they differ), then one short line
     per run saying only what differs for it."""
-    lines = [f"These runs ran on {ours or 'an unrecorded CPU'}; the committed ones on "
-             f"{theirs or 'an unrecorded CPU'}."
-             for ours, theirs in dict.fromkeys(c.machines for c in comparisons if c.machines)]
+    lines = [
+        f"These runs ran on {ours or 'an unrecorded CPU'}; the committed ones on "
+        f"{theirs or 'an unrecorded CPU'}."
+        for ours, theirs in dict.fromkeys(c.machines for c in comparisons if c.machines)
+    ]
     if any(c.note == ANOTHER_ENCODER for c in comparisons):
-        lines.append(f"Runs marked \"{ANOTHER_ENCODER}\" started from other encoder bits "
-                     "(pre-trained on another kind of machine?); tools/encoders.py carries "
-                     "encoders between machines.")
+        lines.append(
+            f'Runs marked "{ANOTHER_ENCODER}" started from other encoder bits '
+            "(pre-trained on another kind of machine?); tools/encoders.py carries "
+            "encoders between machines."
+        )
     for c in comparisons:
         ref = "" if c.reference is None else f" against {c.reference:.2f}"
         spread = "" if c.spread is None else f" (seeds {c.spread[0]:.2f}-{c.spread[1]:.2f})"

@@ -3,10 +3,12 @@
 Scripts build their reports from :class:`~cpcfl_tf.records.record.RunRecord`s with these helpers;
 nothing here runs anything.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -28,14 +30,18 @@ def provenance(records: Sequence) -> list[str]:
             encoders.setdefault(key, set()).add(record.environment["starting_encoder"])
     lines = []
     if len(cpus) > 1:
-        lines.append(f"Note: these {len(records)} runs come from {len(cpus)} kinds of CPU ("
-                     + "; ".join(f"{n} on {cpu}" for cpu, n in sorted(cpus.items()))
-                     + "): differences of about 1.5 points or less may be round-off.")
+        lines.append(
+            f"Note: these {len(records)} runs come from {len(cpus)} kinds of CPU ("
+            + "; ".join(f"{n} on {cpu}" for cpu, n in sorted(cpus.items()))
+            + "): differences of about 1.5 points or less may be round-off."
+        )
     split = sorted({key[0] for key, seen in encoders.items() if len(seen) > 1})
     if split:
-        lines.append("Note: runs with the same " + ", ".join(split) + " pre-training "
-                     "started from different encoders (`environment.starting_encoder`): "
-                     "it was redone, e.g. on another machine.")
+        lines.append(
+            "Note: runs with the same " + ", ".join(split) + " pre-training "
+            "started from different encoders (`environment.starting_encoder`): "
+            "it was redone, e.g. on another machine."
+        )
     return lines
 
 
@@ -53,8 +59,14 @@ def mean_sd(values) -> tuple[float, float]:
     return float(values.mean()), float(values.std())
 
 
-def trial_table(records: dict[str, list], labels: dict[str, str], value, *,
-                percent: bool, paper: dict[str, tuple] | None = None) -> list[str]:
+def trial_table(
+    records: dict[str, list],
+    labels: dict[str, str],
+    value,
+    *,
+    percent: bool,
+    paper: dict[str, tuple] | None = None,
+) -> list[str]:
     """Markdown rows "label | trial 1 .. k | mean ± SD [| paper mean ± SD]" for the runs of
     each name in ``records`` (one record per trial), ``value(record) -> float``. With a
     single trial the mean ± SD column is left out (its SD would be a meaningless 0); the
@@ -62,15 +74,28 @@ def trial_table(records: dict[str, list], labels: dict[str, str], value, *,
     scale, fmt = (100.0, "{:.2f}") if percent else (1.0, "{:.4f}")
     trials = max(len(r) for r in records.values())
     summary = trials > 1
-    paper_head = "" if not paper else " paper mean ± SD |" if any(
-        sd is not None for _, sd in paper.values()) else " paper |"
-    lines = ["| method | " + " | ".join(f"trial {k + 1}" for k in range(trials))
-             + (" | mean ± SD" if summary else "") + " |" + paper_head,
-             "|" + "---|" * (1 + trials + summary + bool(paper))]
+    paper_head = (
+        ""
+        if not paper
+        else " paper mean ± SD |"
+        if any(sd is not None for _, sd in paper.values())
+        else " paper |"
+    )
+    lines = [
+        "| method | "
+        + " | ".join(f"trial {k + 1}" for k in range(trials))
+        + (" | mean ± SD" if summary else "")
+        + " |"
+        + paper_head,
+        "|" + "---|" * (1 + trials + summary + bool(paper)),
+    ]
     for name, runs in records.items():
         values = [scale * value(r) for r in runs]
-        row = (f"| {labels[name]} | " + " | ".join(fmt.format(v) for v in values)
-               + " | " * (trials - len(values)))
+        row = (
+            f"| {labels[name]} | "
+            + " | ".join(fmt.format(v) for v in values)
+            + " | " * (trials - len(values))
+        )
         if summary:
             mean, sd = mean_sd(values)
             row += f" | {fmt.format(mean)} ± {fmt.format(sd)}"
@@ -99,4 +124,3 @@ def replace_block(path: Path, tag: str, key: str, lines: list[str]) -> bool:
     _, tail = rest.split(end, 1)
     write_text(path, head + start + "\n" + "\n".join(lines) + "\n" + end + tail)
     return True
-

@@ -1,6 +1,7 @@
 """The data a runner's runs read, each piece loaded once: the clients' labeled splits per
 data config, the partition per (data config, seed), the server's unlabeled images per
 source, the clients' unlabeled deal, and the kNN monitor's proxy."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,8 +15,9 @@ from cpcfl_tf.plan.config import Config
 class DataCache:
     """Loads each piece of a runner's data once (see the module's docstring)."""
 
-    def __init__(self, knn_every: int = 0,
-                 knn_proxy: tuple[tuple[str, str], tuple[str, str]] | None = None):
+    def __init__(
+        self, knn_every: int = 0, knn_proxy: tuple[tuple[str, str], tuple[str, str]] | None = None
+    ):
         self.knn_every, self.knn_proxy = knn_every, knn_proxy
         """The kNN monitor of the pre-trainings done here: every this many epochs (0:
         off), on these ``(dataset, split)`` pairs (None: the linear evaluation's)."""
@@ -38,8 +40,10 @@ class DataCache:
         data config and seed)."""
         from cpcfl_tf.clustered.clients import labeled_partition, partition_for
 
-        key = json.dumps([dataclasses.asdict(config.data), labeled_partition(config),
-                          config.seed], sort_keys=True)
+        key = json.dumps(
+            [dataclasses.asdict(config.data), labeled_partition(config), config.seed],
+            sort_keys=True,
+        )
         if key not in self._partitions:
             train, test = self.client_splits(config.data)
             self._partitions[key] = (partition_for(config, train, test), train, test)
@@ -49,16 +53,23 @@ class DataCache:
         """The kNN monitor of ``config``'s pre-training: its labeled proxy is the linear
         evaluation's (the clients' training and test splits: the paper's proxy) unless
         ``--knn-proxy`` names others. The labels go to the monitor only."""
-        from cpcfl_tf.pretraining.knn import KnnMonitor
         from cpcfl_tf.data import load_labeled
+        from cpcfl_tf.pretraining.knn import KnnMonitor
 
         data = config.data
         if self.knn_proxy is None:
             train, test = self.client_splits(data)
         else:
-            train, test = (load_labeled(name, split, image_size=data.image_size,
-                                        data_dir=data.data_dir, manual_dir=data.manual_dir)
-                           for name, split in self.knn_proxy)
+            train, test = (
+                load_labeled(
+                    name,
+                    split,
+                    image_size=data.image_size,
+                    data_dir=data.data_dir,
+                    manual_dir=data.manual_dir,
+                )
+                for name, split in self.knn_proxy
+            )
         return KnnMonitor(train, test, every=self.knn_every)
 
     def unlabeled(self, config: Config) -> np.ndarray:
@@ -66,8 +77,15 @@ class DataCache:
         from cpcfl_tf.pretraining.pretrain import load_pretrain_images
 
         data = config.data
-        key = json.dumps([data.pretrain_dataset, data.pretrain_split, data.image_size,
-                          data.data_dir, data.manual_dir])
+        key = json.dumps(
+            [
+                data.pretrain_dataset,
+                data.pretrain_split,
+                data.image_size,
+                data.data_dir,
+                data.manual_dir,
+            ]
+        )
         if key not in self._unlabeled:
             self._unlabeled[key] = load_pretrain_images(config.data)
         return self._unlabeled[key]
@@ -76,15 +94,19 @@ class DataCache:
         """Each client's unlabeled images (``partition.unlabeled``): the pre-training
         split dealt over the run's partition (for the groups deal by its labels, which go
         no further)."""
-        from cpcfl_tf.data import load_labeled
         from cpcfl_tf.clustered.clients import client_unlabeled
+        from cpcfl_tf.data import load_labeled
 
         partition, train, _ = self.partition(config)
         data = config.data
         if config.partition.unlabeled == "groups":
-            pretrain = load_labeled(data.pretrain_dataset, data.pretrain_split,
-                                    image_size=data.image_size, data_dir=data.data_dir,
-                                    manual_dir=data.manual_dir)
+            pretrain = load_labeled(
+                data.pretrain_dataset,
+                data.pretrain_split,
+                image_size=data.image_size,
+                data_dir=data.data_dir,
+                manual_dir=data.manual_dir,
+            )
         else:
             pretrain = self.unlabeled(config)
         return client_unlabeled(config, partition, train, pretrain)

@@ -15,26 +15,28 @@ script's output folder:
 
 Each run is decided once (:meth:`Runner.decide`: :mod:`cpcfl_tf.running.taking`), then done.
 """
+
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
+from cpcfl_tf.clustered.starting import StartingEncoders
+from cpcfl_tf.errors import UserError
+from cpcfl_tf.methods.federated import plugins_used
 from cpcfl_tf.plan.config import Config
 from cpcfl_tf.plan.presets import with_encoder
+from cpcfl_tf.plan.resolve import RunPlan, data_key, resolve
 from cpcfl_tf.records.environment import run_environment
-from cpcfl_tf.errors import UserError
-from cpcfl_tf.clustered.starting import StartingEncoders
-from cpcfl_tf.methods.federated import plugins_used
+from cpcfl_tf.records.files import weights_fingerprint
 from cpcfl_tf.records.record import RunRecord, write_record
 from cpcfl_tf.records.store import Found, RecordStore
-from cpcfl_tf.records.files import weights_fingerprint
 from cpcfl_tf.running.run_data import DataCache
 from cpcfl_tf.running.taking import Decision, RunDecision, Taking
-from cpcfl_tf.plan.resolve import RunPlan, data_key, resolve
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,19 +69,34 @@ class RunSpec:
         return config.with_overrides(
             seed=base.seed if self.seed is None else self.seed,
             federated={"method": self.method, "pretraining": self.pretraining, **self.federated},
-            partition=dict(self.partition), data=dict(self.data), pretrain=dict(self.pretrain))
+            partition=dict(self.partition),
+            data=dict(self.data),
+            pretrain=dict(self.pretrain),
+        )
 
 
 class Runner:
     """Runs :class:`RunSpec`s of one experiment into one folder."""
 
-    def __init__(self, experiment: str, base: Config, out: Path, *, resume: bool = False,
-                 force: bool = False, verbose: int = 1, distribute: str = "default",
-                 dry_run: bool = False, tensorboard: str | Path | None = None,
-                 max_clients: int | None = None, diagnose: int = 0, knn_every: int = 0,
-                 knn_proxy: tuple[tuple[str, str], tuple[str, str]] | None = None,
-                 selection: dict[int, dict[str, dict]] | None = None,
-                 base_checked: bool = False):
+    def __init__(
+        self,
+        experiment: str,
+        base: Config,
+        out: Path,
+        *,
+        resume: bool = False,
+        force: bool = False,
+        verbose: int = 1,
+        distribute: str = "default",
+        dry_run: bool = False,
+        tensorboard: str | Path | None = None,
+        max_clients: int | None = None,
+        diagnose: int = 0,
+        knn_every: int = 0,
+        knn_proxy: tuple[tuple[str, str], tuple[str, str]] | None = None,
+        selection: dict[int, dict[str, dict]] | None = None,
+        base_checked: bool = False,
+    ):
         from cpcfl_tf.records.files import CACHE_FIX, cache_root, prepare_out_dir
 
         self.experiment, self.base = experiment, base
@@ -87,8 +104,7 @@ class Runner:
         if not dry_run:  # every folder a run writes, checked before any data is read
             prepare_out_dir(cache_root(), fix=CACHE_FIX)
             if tensorboard:
-                prepare_out_dir(tensorboard, fix="pass --tensorboard DIR with a writable "
-                                "folder")
+                prepare_out_dir(tensorboard, fix="pass --tensorboard DIR with a writable folder")
         self.resume, self.force, self.verbose = resume, force, verbose
         self.distribute = distribute
         """How the server pre-trains (``default`` or ``mirrored``); part of no key."""
@@ -100,10 +116,14 @@ class Runner:
         """seed -> self-supervised method -> the settings ``--encoders-from`` starts its
         runs' encoders with (None: the config's)."""
         self.encoders = StartingEncoders(
-            clients=self.data.clients, unlabeled=self.data.unlabeled, verbose=verbose,
-            distribute=distribute, tensorboard=tensorboard,
+            clients=self.data.clients,
+            unlabeled=self.data.unlabeled,
+            verbose=verbose,
+            distribute=distribute,
+            tensorboard=tensorboard,
             knn=self.data.knn_monitor if knn_every else None,
-            client_unlabeled=self.data.client_unlabeled)
+            client_unlabeled=self.data.client_unlabeled,
+        )
         """The runs' starting encoders, each built once (pre-trained with the run's seed)."""
         self.tensorboard = tensorboard
         """Folder of TensorBoard scalars (None: none written)."""
@@ -147,8 +167,9 @@ class Runner:
     # -- deciding -----------------------------------------------------------
     def decide(self, spec: RunSpec) -> RunDecision:
         """The one decision about ``spec`` (:meth:`~cpcfl_tf.running.taking.Taking.decide`)."""
-        return self.taking.decide(spec.name, self.plan_of(spec), self.path(spec),
-                                  self.checkpoint(spec))
+        return self.taking.decide(
+            spec.name, self.plan_of(spec), self.path(spec), self.checkpoint(spec)
+        )
 
     def planned(self, spec: RunSpec) -> tuple[str, str | None]:
         """What :meth:`run` would do with ``spec`` now (:meth:`RunDecision.describe`), and where
@@ -160,8 +181,7 @@ class Runner:
         except UserError as err:
             return RunDecision(Decision.STOPS, why=str(err)).describe(), None
         needs = decision.decision in (Decision.RUN, Decision.RESUME, Decision.BASE_FIRST)
-        return (decision.describe(),
-                self.encoders.status(self.plan_of(spec)) if needs else None)
+        return (decision.describe(), self.encoders.status(self.plan_of(spec)) if needs else None)
 
     def finished(self, spec: RunSpec) -> RunRecord | None:
         """``spec``'s finished record: in the output folder, or taken (a stand-in, a twin,
@@ -175,8 +195,9 @@ class Runner:
         if decision.found is not None:
             found = self._took(spec, config, decision)
         elif decision.candidates and self.encoders.ready(run):
-            found = self.store.take(spec.name, list(decision.candidates),
-                                    weights_fingerprint(self.encoders(run)))
+            found = self.store.take(
+                spec.name, list(decision.candidates), weights_fingerprint(self.encoders(run))
+            )
         else:
             found = None
         if found is None:
@@ -191,8 +212,7 @@ class Runner:
         return decision.found
 
     # -- running ------------------------------------------------------------
-    def run(self, spec: RunSpec, on_round: Callable[[dict, Any], None] | None = None
-            ) -> RunRecord:
+    def run(self, spec: RunSpec, on_round: Callable[[dict, Any], None] | None = None) -> RunRecord:
         """Run ``spec`` (or take its record, :meth:`decide`) and return its record.
 
         ``on_round(round_record, state)`` is called after every round the run makes now
@@ -212,16 +232,23 @@ class Runner:
             return found.record
         if self.verbose:
             fl = config.federated
-            length = (f"{fl.rounds} rounds" if run.method.federated
-                      else f"{fl.centralized_epochs or fl.rounds * fl.local_epochs} epochs")
-            print(f"{spec.name}: {fl.method} ({fl.pretraining}), "
-                  f"{config.partition.num_clients} clients, {length}")
+            length = (
+                f"{fl.rounds} rounds"
+                if run.method.federated
+                else f"{fl.centralized_epochs or fl.rounds * fl.local_epochs} epochs"
+            )
+            print(
+                f"{spec.name}: {fl.method} ({fl.pretraining}), "
+                f"{config.partition.num_clients} clients, {length}"
+            )
         encoder = self.encoders(run)
         found = self.store.take(spec.name, list(decision.candidates), weights_fingerprint(encoder))
         if found is not None:
             if self.verbose:
-                print(f"{spec.name}: the same run as {found.path} (same config, machine kind "
-                      f"and starting encoder), final accuracy {found.record.final.accuracy:.4f}")
+                print(
+                    f"{spec.name}: the same run as {found.path} (same config, machine kind "
+                    f"and starting encoder), final accuracy {found.record.final.accuracy:.4f}"
+                )
             self.records.append(found.record)
             return found.record
         record = self._make(spec, run, encoder, on_round)
@@ -243,17 +270,26 @@ class Runner:
         else:
             clients = self.data.clients(config)
             logged = _with_scalars(self.tensorboard, self.experiment, spec, clients, on_round)
-            record, state = run_federated(run, clients, encoder_weights=encoder,
-                                          checkpoint=checkpoint, verbose=self.verbose,
-                                          on_round=logged, max_clients=self.max_clients,
-                                          diagnose=self.diagnose)
+            record, state = run_federated(
+                run,
+                clients,
+                encoder_weights=encoder,
+                checkpoint=checkpoint,
+                verbose=self.verbose,
+                on_round=logged,
+                max_clients=self.max_clients,
+                diagnose=self.diagnose,
+            )
             if run.gives is not None:
                 # IFCA (FedAvg) starts from this model's encoder: kept, also for later runs.
                 self.encoders.keep_fedavg(config, pool_encoder(state))
-        record = dataclasses.replace(record, experiment=self.experiment,
-                                     environment=run_environment(encoder, plugins_used(
-                                         config.federated.method,
-                                         config.federated.pretraining)))
+        record = dataclasses.replace(
+            record,
+            experiment=self.experiment,
+            environment=run_environment(
+                encoder, plugins_used(config.federated.method, config.federated.pretraining)
+            ),
+        )
         write_record(path, record)
         self.store.add(path, record)
         checkpoint.unlink(missing_ok=True)
@@ -273,11 +309,14 @@ def selected(config: Config, selection: dict[int, dict[str, dict]] | None) -> Co
         return config  # the selection chooses the server's self-supervised encoders only
     chosen = selection.get(config.pretrain_seed, {})
     if method not in chosen:
-        raise UserError(f"--encoders-from selected no {method} encoder for seed "
-                        f"{config.pretrain_seed}; run experiments/encoder_selection.py "
-                        f"with that seed and method, or leave the option out")
-    return config.with_overrides(pretrain={"options": {
-        **(config.pretrain.options or {}), method: chosen[method]}})
+        raise UserError(
+            f"--encoders-from selected no {method} encoder for seed "
+            f"{config.pretrain_seed}; run experiments/encoder_selection.py "
+            f"with that seed and method, or leave the option out"
+        )
+    return config.with_overrides(
+        pretrain={"options": {**(config.pretrain.options or {}), method: chosen[method]}}
+    )
 
 
 def _with_scalars(tensorboard, experiment: str, spec: RunSpec, clients, on_round):
@@ -302,21 +341,27 @@ def _taken_line(spec: RunSpec, decision: RunDecision, paired: set[str]) -> str:
     if decision.decision is Decision.DONE:
         return f"{spec.name}: done before, final accuracy {record.final.accuracy:.4f} ({path})"
     if decision.decision is Decision.STAND_IN:
-        return (f"{spec.name}: its restart rule never fires in {path}, so it is that run, "
-                f"final accuracy {record.final.accuracy:.4f}")
-    why = ("it starts from its base method's run's encoder" if spec.name in paired
-           else "the folder's taken.json names it")
+        return (
+            f"{spec.name}: its restart rule never fires in {path}, so it is that run, "
+            f"final accuracy {record.final.accuracy:.4f}"
+        )
+    why = (
+        "it starts from its base method's run's encoder"
+        if spec.name in paired
+        else "the folder's taken.json names it"
+    )
     return f"{spec.name}: the run of {path} ({why}), final accuracy {record.final.accuracy:.4f}"
 
 
 def _round_scalars(record: dict, groups: np.ndarray, num_clusters: int) -> dict[str, float]:
     """What TensorBoard shows of a round: accuracy, ARI, and each cluster's size."""
-    from cpcfl_tf.clustered.restarts import cluster_sizes
     from cpcfl_tf.clustered.metrics import cluster_ari
+    from cpcfl_tf.clustered.restarts import cluster_sizes
 
     ids = np.asarray(record["cluster_ids"])
     sizes = cluster_sizes(ids, num_clusters)
-    return {"accuracy": record["accuracy"], "ari": cluster_ari(groups, ids),
-            **{f"cluster_size/{n}": int(c) for n, c in enumerate(sizes)}}
-
-
+    return {
+        "accuracy": record["accuracy"],
+        "ari": cluster_ari(groups, ids),
+        **{f"cluster_size/{n}": int(c) for n, c in enumerate(sizes)},
+    }

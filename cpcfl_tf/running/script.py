@@ -10,19 +10,27 @@ A script is a configuration of the runner::
         records = {spec.name: session.runner.run(spec) for spec in SPECS}
         session.finish(report(records), rows)     # <name>.md (+ <name>.csv), printed
 """
+
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import functools
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
-from cpcfl_tf.running.cli import (changed_fields, experiment_parser, name_list, proxy_splits,
-                                  read_selection, settings_changed, setup)
-from cpcfl_tf.plan.config import Config
 from cpcfl_tf.errors import ArgumentParser, UserError
+from cpcfl_tf.plan.config import Config
 from cpcfl_tf.records.record import RunRecord
+from cpcfl_tf.running.cli import (
+    changed_fields,
+    experiment_parser,
+    name_list,
+    proxy_splits,
+    read_selection,
+    settings_changed,
+    setup,
+)
 from cpcfl_tf.running.runner import Runner, RunSpec
 
 
@@ -36,25 +44,34 @@ class RunnerOptions:
     selection: dict[int, dict[str, dict]] | None = None
 
     @classmethod
-    def of(cls, args: argparse.Namespace) -> "RunnerOptions":
+    def of(cls, args: argparse.Namespace) -> RunnerOptions:
         path = getattr(args, "encoders_from", None)
-        return cls(proxy_splits(getattr(args, "knn_proxy", None)),
-                   read_selection(path) if path else None)
+        return cls(
+            proxy_splits(getattr(args, "knn_proxy", None)), read_selection(path) if path else None
+        )
 
 
-def script_runner(experiment: str, base: Config, out: Path, args: argparse.Namespace,
-                  options: RunnerOptions) -> Runner:
+def script_runner(
+    experiment: str, base: Config, out: Path, args: argparse.Namespace, options: RunnerOptions
+) -> Runner:
     """The runner of a script, set by its :func:`~cpcfl_tf.running.cli.experiment_parser`
     options (``options``: those read once, :class:`RunnerOptions`)."""
-    return Runner(experiment, base, out, resume=args.resume, force=args.force,
-                  distribute=getattr(args, "distribute", "default"),
-                  dry_run=getattr(args, "dry_run", False),
-                  tensorboard=getattr(args, "tensorboard", None),
-                  max_clients=getattr(args, "max_clients_per_step", None),
-                  diagnose=getattr(args, "diagnose", 0),
-                  knn_every=getattr(args, "knn_every", 0),
-                  knn_proxy=options.knn_proxy, selection=options.selection,
-                  base_checked=True)  # by the script's setup
+    return Runner(
+        experiment,
+        base,
+        out,
+        resume=args.resume,
+        force=args.force,
+        distribute=getattr(args, "distribute", "default"),
+        dry_run=getattr(args, "dry_run", False),
+        tensorboard=getattr(args, "tensorboard", None),
+        max_clients=getattr(args, "max_clients_per_step", None),
+        diagnose=getattr(args, "diagnose", 0),
+        knn_every=getattr(args, "knn_every", 0),
+        knn_proxy=options.knn_proxy,
+        selection=options.selection,
+        base_checked=True,
+    )  # by the script's setup
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,19 +104,30 @@ class Script:
         return Path(self.file).stem
 
     def parser(self) -> ArgumentParser:
-        parser = experiment_parser(self.name, self.doc.split("\n\n")[0],
-                                   folder=Path(self.file).parent.name,
-                                   default_preset=self.default_preset,
-                                   distribute=self.distribute, runs=self.runs)
+        parser = experiment_parser(
+            self.name,
+            self.doc.split("\n\n")[0],
+            folder=Path(self.file).parent.name,
+            default_preset=self.default_preset,
+            distribute=self.distribute,
+            runs=self.runs,
+        )
         if self.rows:
-            parser.add_argument("--methods", dest="rows", type=name_list(self.rows),
-                                default=list(self.rows), metavar="NAME[,NAME...]",
-                                help="run a subset of the table's rows: "
-                                     + ",".join(self.rows) + " (default: all)")
+            parser.add_argument(
+                "--methods",
+                dest="rows",
+                type=name_list(self.rows),
+                default=list(self.rows),
+                metavar="NAME[,NAME...]",
+                help="run a subset of the table's rows: " + ",".join(self.rows) + " (default: all)",
+            )
         return parser
 
-    def start(self, argv: Sequence[str] | None = None,
-              options: Callable[[ArgumentParser], None] | None = None) -> "Session":
+    def start(
+        self,
+        argv: Sequence[str] | None = None,
+        options: Callable[[ArgumentParser], None] | None = None,
+    ) -> Session:
         """Parse ``argv`` (``options`` adds the script's own), validate the preset and
         check the output folder before any work."""
         parser = self.parser()
@@ -107,17 +135,23 @@ class Script:
             options(parser)
         return self.session(parser.parse_args(argv))
 
-    def session(self, args: argparse.Namespace, options: RunnerOptions | None = None
-                ) -> "Session":
+    def session(self, args: argparse.Namespace, options: RunnerOptions | None = None) -> Session:
         """The session of already parsed ``args``: every option checked (the runner's
         too, unless ``options`` holds them read already) before any folder is made or
         data read."""
         options = RunnerOptions.of(args) if options is None else options
-        config, out = setup(args, self.name, check_sources=not self.stand_in,
-                            proxy=options.knn_proxy)
-        return Session(self.name, args, config, out, f"{Path(self.file).parent.name}/"
-                                                     f"{self.name}.py", self.compares_in_tree,
-                       options)
+        config, out = setup(
+            args, self.name, check_sources=not self.stand_in, proxy=options.knn_proxy
+        )
+        return Session(
+            self.name,
+            args,
+            config,
+            out,
+            f"{Path(self.file).parent.name}/{self.name}.py",
+            self.compares_in_tree,
+            options,
+        )
 
 
 @dataclasses.dataclass
@@ -152,8 +186,7 @@ class Session:
         if tree is not None or (own.is_dir() and self.out.resolve().parent == own.resolve()):
             self.runner.store.reuse = RecordIndex(tree or own, prefer=self.out)
 
-    def update_readme(self, tag: str, lines: list[str], what: str, front: bool = False
-                      ) -> None:
+    def update_readme(self, tag: str, lines: list[str], what: str, front: bool = False) -> None:
         """Replace the block ``<!-- TAG:PRESET -->`` of ``results/README.md`` (``front``:
         of the repository's README.md) with ``lines``
         (:func:`~cpcfl_tf.running.report.replace_block`), only where the output folder is the
@@ -162,8 +195,9 @@ class Session:
         from cpcfl_tf.running.report import replace_block
 
         readme = Path("README.md") if front else Path("results") / "README.md"
-        if (self.out.resolve() == (Path("results") / self.config.preset / self.name).resolve()
-                and replace_block(readme, tag, self.config.preset, lines)):
+        if self.out.resolve() == (
+            Path("results") / self.config.preset / self.name
+        ).resolve() and replace_block(readme, tag, self.config.preset, lines):
             print(f"updated the {self.config.preset} {what} in {readme}")
 
     def resume_command(self) -> str:
@@ -188,9 +222,11 @@ class Session:
         self.refuse_dropped(kept)
         if getattr(self.args, "dry_run", False):
             changed = settings_changed(self.config)
-            print(f"{self.name}, preset {self.config.preset}: "
-                  + ("changed " + ", ".join(changed) if changed else "the preset's settings")
-                  + f"; output {self.out}")
+            print(
+                f"{self.name}, preset {self.config.preset}: "
+                + ("changed " + ", ".join(changed) if changed else "the preset's settings")
+                + f"; output {self.out}"
+            )
             encoders = {}  # of the runs still to make, each once
             for spec in kept:
                 status, encoder = self.runner.planned(spec)
@@ -215,26 +251,30 @@ class Session:
                 given = getattr(getattr(self.config, section), field)
                 used = getattr(getattr(config, section), field)
                 if used != given:
-                    rows = ("choose its rows with --methods instead (--help lists them)"
-                            if hasattr(self.args, "rows")
-                            else "leave it out: this script's runs set it")
-                    raise UserError(f"--set {section}.{field}={given} would not be used: run "
-                                    f"{spec.name} of {self.name}.py sets {section}.{field}="
-                                    f"{used} itself; {rows}")
+                    rows = (
+                        "choose its rows with --methods instead (--help lists them)"
+                        if hasattr(self.args, "rows")
+                        else "leave it out: this script's runs set it"
+                    )
+                    raise UserError(
+                        f"--set {section}.{field}={given} would not be used: run "
+                        f"{spec.name} of {self.name}.py sets {section}.{field}="
+                        f"{used} itself; {rows}"
+                    )
 
     def run_all(self, specs: Sequence[RunSpec]) -> dict[str, RunRecord]:
         """Run (or load) the planned runs of ``specs``, by name."""
         return {spec.name: self.runner.run(spec) for spec in self.kept(specs)}
 
-    def run_or_read(self, specs: Sequence[RunSpec], only_finished: bool = False
-                    ) -> tuple[list[tuple[RunSpec, RunRecord]], list[RunSpec]]:
+    def run_or_read(
+        self, specs: Sequence[RunSpec], only_finished: bool = False
+    ) -> tuple[list[tuple[RunSpec, RunRecord]], list[RunSpec]]:
         """Each planned spec of ``specs`` with its record (made now, or found), and the
         specs without one. ``only_finished`` (a script's ``--report``): make no run, read
         the records finished in the output folder and leave the rest as missing."""
         done, missing = [], []
         for spec in self.kept(specs):
-            record = (self.runner.finished(spec) if only_finished
-                      else self.runner.run(spec))
+            record = self.runner.finished(spec) if only_finished else self.runner.run(spec)
             if record is None:
                 missing.append(spec)
             else:
@@ -247,8 +287,8 @@ class Session:
         of CPU or encoder (:func:`~cpcfl_tf.running.report.provenance`), where some were taken
         from elsewhere in the tree, and where some are another method's runs
         (:func:`stood_in_note`)."""
-        from cpcfl_tf.running.report import provenance
         from cpcfl_tf.records.files import write_csv, write_text
+        from cpcfl_tf.running.report import provenance
 
         note = provenance(self.runner.records) if "runner" in self.__dict__ else []
         store = self.runner.store if "runner" in self.__dict__ else None
@@ -273,23 +313,29 @@ class Session:
         from cpcfl_tf.running.compare import compare_runs, comparison_lines
 
         reference = Path("results") / self.config.preset
-        if not reference.is_dir() or reference.resolve() == self.out.resolve() or (
-                reference.resolve() in self.out.resolve().parents
-                and not self.compares_in_tree):
+        if (
+            not reference.is_dir()
+            or reference.resolve() == self.out.resolve()
+            or (reference.resolve() in self.out.resolve().parents and not self.compares_in_tree)
+        ):
             return
         lines = comparison_lines(compare_runs(self.out, reference))
         if lines:
-            print(f"\nAgainst the committed runs ({reference}; python experiments/compare.py "
-                  f"--results {self.out} --preset {self.config.preset}):")
+            print(
+                f"\nAgainst the committed runs ({reference}; python experiments/compare.py "
+                f"--results {self.out} --preset {self.config.preset}):"
+            )
             print("\n".join(lines))
 
 
-def reused_note(reused: dict[str, Path], named: set[str], paired: set[str] = frozenset()
-                ) -> list[str]:
+def reused_note(
+    reused: dict[str, Path], named: set[str], paired: set[str] = frozenset()
+) -> list[str]:
     """The report's lines on the runs taken from elsewhere in the tree: those this
     machine would make bit for bit, those taken because the folder's ``taken.json``
     names them, and a restart variant's runs taken because they start from the encoder
     of this folder's base run (``paired``)."""
+
     def folders(names) -> str:
         return ", ".join(f"`{f}`" for f in sorted({str(reused[n].parent) for n in names}))
 
@@ -297,23 +343,28 @@ def reused_note(reused: dict[str, Path], named: set[str], paired: set[str] = fro
     paired = [name for name in reused if name in paired]
     lines = []
     if paired:
-        lines.append(f"{len(paired)} of these runs were taken from {folders(paired)}: where "
-                     "the restart rule fires in this folder's run of the base method, the "
-                     "restart variant's run of the same config that starts from that run's "
-                     "encoder.")
+        lines.append(
+            f"{len(paired)} of these runs were taken from {folders(paired)}: where "
+            "the restart rule fires in this folder's run of the base method, the "
+            "restart variant's run of the same config that starts from that run's "
+            "encoder."
+        )
     if here:
-        lines.append(f"{len(here)} of these runs were taken from {folders(here)}: this machine "
-                     "would make them bit for bit (same config, machine kind and starting "
-                     "encoder).")
+        lines.append(
+            f"{len(here)} of these runs were taken from {folders(here)}: this machine "
+            "would make them bit for bit (same config, machine kind and starting "
+            "encoder)."
+        )
     if named:
-        lines.append(f"{len(named)} of these runs were taken from {folders(named)} as the "
-                     "folder's `taken.json` names them: the machine that wrote it would make "
-                     "them bit for bit; this one would not, or has not their encoders cached.")
+        lines.append(
+            f"{len(named)} of these runs were taken from {folders(named)} as the "
+            "folder's `taken.json` names them: the machine that wrote it would make "
+            "them bit for bit; this one would not, or has not their encoders cached."
+        )
     return lines
 
 
-def stood_in_note(stood_in: dict[str, tuple[str, Path]],
-                  records: Sequence[RunRecord] = ()) -> str:
+def stood_in_note(stood_in: dict[str, tuple[str, Path]], records: Sequence[RunRecord] = ()) -> str:
     """The report's note on runs taken from the method their method is until its restart
     rule fires (:attr:`~cpcfl_tf.records.store.RecordStore.stood_in`), and how many of
     that method's own ``records`` (made in full, e.g. before runs were taken so) show the
@@ -327,15 +378,19 @@ def stood_in_note(stood_in: dict[str, tuple[str, Path]],
     for method, n in sorted(Counter(m for m, _ in stood_in.values()).items()):
         base = METHODS[METHODS[method].restarts_of].label
         one = n == 1
-        part = (f"{n} {'run' if one else 'runs'} of {METHODS[method].label} "
-                f"{'is' if one else 'are'} {base}'s {'run' if one else 'runs'} of the same "
-                f"config: its restart rule never fired in {'it' if one else 'them'}, and "
-                f"until it fires {METHODS[method].label} is {base} bit for bit")
+        part = (
+            f"{n} {'run' if one else 'runs'} of {METHODS[method].label} "
+            f"{'is' if one else 'are'} {base}'s {'run' if one else 'runs'} of the same "
+            f"config: its restart rule never fired in {'it' if one else 'them'}, and "
+            f"until it fires {METHODS[method].label} is {base} bit for bit"
+        )
         own = [r for r in made if r.method == method]
         quiet = sum(r.final.restarts == 0 for r in own)
         if quiet:
-            part += (f"; it never fired either in {quiet} of the {len(own)} "
-                     f"{'run' if len(own) == 1 else 'runs'} of {METHODS[method].label} made "
-                     f"in full ({n + quiet} of {n + len(own)} in all)")
+            part += (
+                f"; it never fired either in {quiet} of the {len(own)} "
+                f"{'run' if len(own) == 1 else 'runs'} of {METHODS[method].label} made "
+                f"in full ({n + quiet} of {n + len(own)} in all)"
+            )
         parts.append(part)
     return "; ".join(parts) + "."

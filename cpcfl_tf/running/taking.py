@@ -3,6 +3,7 @@ before in the folder, interrupted (to resume), a restart variant's base run in w
 rule never fires (a stand-in), a record made elsewhere (its base run's twin, the one the
 folder's ``taken.json`` names), or to make; the runner
 (:class:`~cpcfl_tf.running.runner.Runner`) then does what it says."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -53,8 +54,10 @@ class RunDecision:
         if d is Decision.TAKEN:
             return f"found: {path} ({self.why})"
         if d is Decision.BASE_FIRST:
-            return ("to run if its restart rule fires in its base method's run (made "
-                    "first; else that run)")
+            return (
+                "to run if its restart rule fires in its base method's run (made "
+                "first; else that run)"
+            )
         if d is Decision.STOPS:
             return f"stops: {self.why}"
         if self.candidates:
@@ -78,13 +81,17 @@ class Taking:
         if path.exists() and not self.force:
             record = read_record(path)
             if not same_config(record, run):
-                raise UserError(f"{path} holds a run with a different config; pass --force to "
-                                "redo it or --out another folder")
+                raise UserError(
+                    f"{path} holds a run with a different config; pass --force to "
+                    "redo it or --out another folder"
+                )
             return RunDecision(Decision.DONE, Found(path, record))
         if checkpoint.exists() and not self.force:
             if not self.resume:
-                raise UserError(f"{name} was interrupted ({checkpoint}); pass --resume to "
-                                "continue it or --force to start it over")
+                raise UserError(
+                    f"{name} was interrupted ({checkpoint}); pass --resume to "
+                    "continue it or --force to start it over"
+                )
             return RunDecision(Decision.RESUME)
         base = None if self.force else base_plan(run)
         if base is not None:
@@ -98,8 +105,10 @@ class Taking:
         if named is not None:
             return RunDecision(Decision.TAKEN, named, why="the folder's taken.json names it")
         first = base is not None and not self.store.has_base(base)
-        return RunDecision(Decision.BASE_FIRST if first else Decision.RUN,
-                    candidates=tuple(self.store.candidates(run, path)))
+        return RunDecision(
+            Decision.BASE_FIRST if first else Decision.RUN,
+            candidates=tuple(self.store.candidates(run, path)),
+        )
 
 
 def base_plan(run: RunPlan) -> RunPlan | None:
@@ -119,5 +128,8 @@ def stands_in(record: RunRecord, run: RunPlan, base: RunPlan | None) -> bool:
     the base draws). A property of the record, whatever machine made it."""
     from cpcfl_tf.clustered.restarts import would_restart
 
-    return (base is not None and same_config(record, base)
-            and not would_restart(run, [r.cluster_ids for r in record.rounds]))
+    return (
+        base is not None
+        and same_config(record, base)
+        and not would_restart(run, [r.cluster_ids for r in record.rounds])
+    )
