@@ -47,9 +47,28 @@ def pytest_configure(config):
         config.option.loadscopereorder = False
 
 
+SLOW_TOO = ("test_families.py", "test_mirrored.py", "test_shipped_encoders.py",
+            "test_claims.py", "test_centralized.py", "test_diagnostics.py")
+"""Files outside :data:`SLOW_FILES` whose tests run federations or pre-trainings too."""
+SLOW_TESTS = ("test_a_plugins_ssl_method_and_rule_run_as_the_kits_own",
+              "test_one_bad_value_in_any_field_leaves_out_that_reply_and_nothing_else",
+              "test_resnets_match_the_papers_flops",
+              "test_tensorboard_gets_every_round_and_every_pretraining_epoch",
+              "test_max_clients_per_step_reaches_the_runs_and_changes_nothing")
+"""The longest tests of the other files (over 10 s each, measured with ``--durations``)."""
+
+
 def pytest_collection_modifyitems(config, items):
+    """Order the files (:data:`SLOW_FILES` first) and mark the ``slow`` tier: every test
+    of :data:`SLOW_FILES` and :data:`SLOW_TOO` and each of :data:`SLOW_TESTS`, so that
+    ``pytest -m "not slow"`` is the fast tier of the edit-test loop (README, "Tests")."""
     rank = {name: k for k, name in enumerate(SLOW_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FILES)))  # stable
+    slow = pytest.mark.slow
+    for item in items:
+        if (item.path.name in SLOW_FILES or item.path.name in SLOW_TOO
+                or item.name.split("[")[0] in SLOW_TESTS):
+            item.add_marker(slow)
 
 
 SUITE_CPU = os.environ.get("CPCFL_SUITE_CPU")

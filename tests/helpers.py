@@ -51,66 +51,22 @@ def script(name):
 
 
 RECORD_SCHEMA = ROOT / "docs" / "run-record.schema.json"
-_TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
-
-
-def schema_errors(value, schema=None, root=None, where="$"):
-    """Where ``value`` breaks ``schema`` (default: the run record's), as a list of lines.
-
-    Covers the part of JSON Schema the record's schema uses: $ref to #/$defs, type, enum,
-    minimum/maximum, required, properties, additionalProperties, items, minItems, not,
-    allOf and if/then.
-    """
+def schema_errors(value, schema=None) -> list[str]:
+    """Where ``value`` breaks ``schema`` (default: the run record's), as ``jsonschema``'s
+    Draft 2020-12 validator finds it: one line per error, its JSON path and message. An
+    integer is a JSON integer, as Python's json writes it (not 1.0, not true)."""
     import json
 
+    import jsonschema
+
     if schema is None:
-        schema = root = json.loads(RECORD_SCHEMA.read_text())
-    if "$ref" in schema:
-        schema = root["$defs"][schema["$ref"].rsplit("/", 1)[1]]
-    if "not" in schema and not schema_errors(value, schema["not"], root, where):
-        return [f"{where}: {value!r} matches what it must not"]
-    conditions = []
-    for part in schema.get("allOf", []):
-        conditions += schema_errors(value, part, root, where)
-    if "if" in schema and not schema_errors(value, schema["if"], root, where):
-        conditions += schema_errors(value, schema.get("then", {}), root, where)
-    if conditions:
-        return conditions
-    if "enum" in schema and value not in schema["enum"]:
-        return [f"{where}: {value!r} not one of {schema['enum']}"]
-    if "type" in schema:
-        allowed = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        ok = any(number and (t == "number" or (t == "integer" and float(value).is_integer()
-                                               and isinstance(value, int)))
-                 or (t in _TYPES and isinstance(value, _TYPES[t])
-                     and not (t != "boolean" and isinstance(value, bool)))
-                 for t in allowed)
-        if not ok:
-            return [f"{where}: {type(value).__name__} is not {'/'.join(allowed)}"]
-    errors = []
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if "minimum" in schema and value < schema["minimum"]:
-            errors.append(f"{where}: {value} < {schema['minimum']}")
-        if "maximum" in schema and value > schema["maximum"]:
-            errors.append(f"{where}: {value} > {schema['maximum']}")
-    if isinstance(value, dict):
-        errors += [f"{where}: missing {k!r}" for k in schema.get("required", []) if k not in value]
-        properties, extra = schema.get("properties", {}), schema.get("additionalProperties", True)
-        for key, item in value.items():
-            if key in properties:
-                errors += schema_errors(item, properties[key], root, f"{where}.{key}")
-            elif extra is False:
-                errors.append(f"{where}: unexpected {key!r}")
-            elif isinstance(extra, dict):
-                errors += schema_errors(item, extra, root, f"{where}.{key}")
-    if isinstance(value, list):
-        if len(value) < schema.get("minItems", 0):
-            errors.append(f"{where}: fewer than {schema['minItems']} items")
-        if "items" in schema:
-            for i, item in enumerate(value):
-                errors += schema_errors(item, schema["items"], root, f"{where}[{i}]")
-    return errors
+        schema = json.loads(RECORD_SCHEMA.read_text())
+    checker = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
+        "integer", lambda _, v: isinstance(v, int) and not isinstance(v, bool))
+    validator = jsonschema.validators.extend(jsonschema.Draft202012Validator,
+                                             type_checker=checker)(schema)
+    return [f"{error.json_path}: {error.message}"
+            for error in sorted(validator.iter_errors(value), key=lambda e: e.json_path)]
 
 
 def run_record_errors(record: dict) -> list[str]:

@@ -55,13 +55,15 @@ def test_an_older_record_is_migrated_once_with_its_rounds_and_metrics_unchanged(
 
 @pytest.mark.parametrize("break_it,where", [
     (lambda r: r["final"].update(accuracy=1.5), "$.final.accuracy"),
-    (lambda r: r["final"].pop("ari"), "missing 'ari'"),
-    (lambda r: r.update(method="fedprox"), "$.environment: missing 'plugins'"),  # unnamed
-    (lambda r: r.update(pretraining="barlow"), "$.environment: missing 'plugins'"),
+    (lambda r: r["final"].pop("ari"), "$.final: 'ari' is a required property"),
+    (lambda r: r.update(method="fedprox"),  # unnamed
+     "$.environment: 'plugins' is a required property"),
+    (lambda r: r.update(pretraining="barlow"), "$.environment: 'plugins' is a required property"),
     (lambda r: r["rounds"][0].update(round=0), "$.rounds[0].round"),
     (lambda r: r["rounds"].pop(0), "not 1..T"),
     (lambda r: r["rounds"][1]["cluster_ids"].pop(), "one id per client"),
-    (lambda r: r["clients"][0]["train_class_counts"].update({"3": "20"}), "train_class_counts.3"),
+    (lambda r: r["clients"][0]["train_class_counts"].update({"3": "20"}),
+     "train_class_counts['3']: '20' is not of type 'integer'"),
     (lambda r: r["seeds"].update(data=True), "$.seeds.data"),
 ])
 def test_a_broken_record_is_caught(break_it, where):
