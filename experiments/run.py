@@ -7,12 +7,19 @@
 the same checks, record (``<method>-<pretraining>-seed<seed>.json``), resume and
 ``--dry-run``, taken from the committed tree where this machine would make it bit for
 bit, and compared with the committed run of its config where one exists.
+
+``--from RECORD.json`` re-makes a stored run from its record: its config as it was asked
+for (preset, seed, every setting; ``--data-dir``/``--manual-dir`` may point at this
+machine's data), always trained here, and then compared with the record: on the kind of
+CPU that made it and from its starting encoder it is the record bit for bit, else the
+comparison line says which of the two differs.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Sequence
 
-from cpcfl_tf.errors import ArgumentParser, run_cli
+from cpcfl_tf.errors import ArgumentParser, UserError, run_cli
 from cpcfl_tf.records.record import RunRecord
 from cpcfl_tf.running.runner import RunSpec
 from cpcfl_tf.running.script import Script
@@ -25,6 +32,36 @@ def options(parser: ArgumentParser) -> None:
                         "preset's federated.method, or --set's)")
     parser.add_argument("--pretraining", help="the start: an SSL method, none, or fedavg "
                         "(default: the preset's federated.pretraining, or --set's)")
+    parser.add_argument("--from", dest="from_record", metavar="RECORD.json",
+                        help="re-make the run a run record stores, from its config (no "
+                        "--preset, --seed, --set, --method or --pretraining with it)")
+
+
+GIVEN_BY_RECORD = ("--preset", "--seed", "--set", "--method", "--pretraining")
+"""The options whose values ``--from`` takes from the record."""
+
+
+def stored_run(path: str, argv: Sequence[str]) -> RunRecord:
+    """The run record ``--from`` names, refused in one line (before any folder is made)
+    where it is no file, no run record, a centralized baseline's, or where an option the
+    record gives was given too."""
+    from cpcfl_tf.methods.federated import METHODS
+    from cpcfl_tf.records.store import run_record_in
+
+    both = [o for o in GIVEN_BY_RECORD if any(a == o or a.startswith(o + "=") for a in argv)]
+    if both:
+        raise UserError(f"--from takes the run's settings from its record; drop {', '.join(both)}")
+    file = Path(path)
+    if not file.is_file():
+        raise UserError(f"--from {path} is not a file; give a run record (a run's .json)")
+    record = run_record_in(file) if file.suffix == ".json" else None
+    if record is None:
+        raise UserError(f"--from {path} is not a run record (it has no config, rounds and "
+                        "final result); give a run's .json, not a report or a summary")
+    if not METHODS[record.method].federated:
+        raise UserError(f"--from {path} is a centralized baseline's record ({record.method}); "
+                        "re-make it with its script (experiments/datasets.py)")
+    return record
 
 
 def spec_of(config) -> RunSpec:
@@ -53,6 +90,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = SCRIPT.parser()
     options(parser)
     args = parser.parse_args(argv)
+    stored = None
+    if args.from_record is not None:
+        import sys
+
+        stored = stored_run(args.from_record, sys.argv[1:] if argv is None else argv)
+        args.config, args.preset = stored.requested, stored.requested.preset
     # --method and --pretraining are the config's settings, checked with the rest before
     # any folder is made (an unknown name: one line naming the registered ones)
     args.set = [*args.set, *(f"federated.{key}={value}" for key, value in
@@ -60,8 +103,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                              if value is not None)]
     session = SCRIPT.session(args)
     spec = spec_of(session.config)
-    session.reuse_committed()
+    if stored is None:
+        session.reuse_committed()  # --from re-makes the run: never taken from a tree
     record = session.run_all([spec])[spec.name]
+    if stored is not None:
+        from cpcfl_tf.running.compare import against_record
+
+        print(f"against {args.from_record}: {against_record(record, stored)}", flush=True)
     session.finish(report(spec.name, record))
 
 

@@ -330,6 +330,55 @@ def test_one_run_of_any_method_is_the_tables_run_of_its_config(smoke_run, tmp_pa
     assert stop.value.code == 2
     assert "unknown federated.method 'fedprox'; choose one of" in capsys.readouterr().err
     assert not (tmp_path / "new").exists()
+    # --from RECORD re-makes the stored run from its config, never taken from the tree:
+    # on this machine, from the same (random) start, it is the record bit for bit.
+    run.main(["--from", str(tree / "ifca-none.json"), "--out", str(tmp_path / "again")])
+    assert (f"against {tree / 'ifca-none.json'}: bit for bit: every round and the final "
+            "result equal the record's") in capsys.readouterr().out
+    again = read_record(tmp_path / "again" / "ifca-none-seed0.json")
+    assert [r.to_json() for r in again.rounds] == [r.to_json() for r in record.rounds]
+    assert again.requested == record.requested
+    # Bad input: one line, exit status 2, no folder made.
+
+    centralized = ROOT / "results" / "quick" / "datasets" / "fmnist-digits-centralized-all.json"
+    for argv, said in (
+            (["--from", str(centralized)], "is a centralized baseline's record (centralized)"),
+            (["--from", str(tmp_path / "none.json")], "is not a file; give a run record"),
+            (["--from", str(tree / "table2.csv")], "is not a run record"),
+            (["--from", str(tree / "ifca-none.json"), "--seed", "2"],
+             "--from takes the run's settings from its record; drop --seed"),
+            (["--from", str(tree / "ifca-none.json"), "--method=cfl"], "drop --method")):
+        with pytest.raises(SystemExit) as stop:
+            run_cli(run.main, [*argv, "--out", str(tmp_path / "bad")])
+        assert stop.value.code == 2
+        err = capsys.readouterr().err
+        assert said in err and err.count("\n") == 1, err
+        assert not (tmp_path / "bad").exists()
+
+
+def test_a_remade_run_is_compared_with_its_record_and_says_why_it_differs(smoke_run):
+    """experiments/run.py --from's comparison line, against a record by hand: the same
+    outcome is bit for bit; another outcome from another starting encoder or on another
+    CPU says so; another outcome where neither differs is a difference to report."""
+    import dataclasses
+
+    from cpcfl_tf.running.compare import against_record
+
+    stored = read_record(smoke_run / "ifca-none.json")
+    assert against_record(stored, stored).startswith("bit for bit")
+    other = dataclasses.replace(stored, final=dataclasses.replace(stored.final, accuracy=0.5))
+    env = stored.environment
+    said = against_record(dataclasses.replace(other, environment={
+        **env, "starting_encoder": "abc"}), stored)
+    assert said.startswith("not bit for bit, as expected: another starting encoder (abc "
+                           f"against {env.get('starting_encoder')}")
+    assert said.endswith(f"final accuracy 50.00 against the record's "
+                         f"{100 * stored.final.accuracy:.2f}")
+    said = against_record(dataclasses.replace(other, environment={**env, "cpu": "Elsewhere",
+                                                                  "cpu_id": None}), stored)
+    assert said.startswith("not bit for bit, as expected: another CPU (Elsewhere against ")
+    assert against_record(other, stored).startswith(
+        "differs although the CPU kind and the starting encoder are the record's")
 
 
 def test_a_scripts_data_is_checked_once_per_piece_of_data(tmp_path, monkeypatch):

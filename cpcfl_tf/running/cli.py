@@ -193,7 +193,14 @@ def changed_fields(config: Config) -> list[tuple[str, str]]:
 
 def resolve_config(args: argparse.Namespace) -> Config:
     """The preset with ``--set``, ``--seed`` and the data folders applied, validated (no
-    file touched, TensorFlow not imported)."""
+    file touched, TensorFlow not imported); or, where the script was given a stored run's
+    config (``args.config``: ``experiments/run.py --from``), that config with the data
+    folders given here."""
+    given = getattr(args, "config", None)
+    if given is not None:
+        folders = {k: v for k, v in (("data_dir", args.data_dir),
+                                     ("manual_dir", args.manual_dir)) if v}
+        return given.with_overrides(data=folders) if folders else given
     settings = parse_settings(getattr(args, "set", []))
     data = settings.get("data", {})
     return get_preset(args.preset).with_overrides(
