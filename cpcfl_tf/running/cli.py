@@ -198,8 +198,9 @@ def resolve_config(args: argparse.Namespace) -> Config:
     folders given here."""
     given = getattr(args, "config", None)
     if given is not None:
-        folders = {k: v for k, v in (("data_dir", args.data_dir),
-                                     ("manual_dir", args.manual_dir)) if v}
+        folders = {
+            k: v for k, v in (("data_dir", args.data_dir), ("manual_dir", args.manual_dir)) if v
+        }
         return given.with_overrides(data=folders) if folders else given
     settings = parse_settings(getattr(args, "set", []))
     data = settings.get("data", {})

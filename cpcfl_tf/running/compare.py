@@ -164,19 +164,29 @@ def against_record(record: RunRecord, stored: RunRecord) -> str:
     if _outcome(record) == _outcome(stored):
         return f"{SAME}: every round and the final result equal the record's"
     ours, theirs = machine(record.environment), machine(stored.environment)
-    accuracy = (f"final accuracy {100 * record.final.accuracy:.2f} against the record's "
-                f"{100 * stored.final.accuracy:.2f}")
-    encoders = (record.environment.get("starting_encoder"),
-                stored.environment.get("starting_encoder"))
+    accuracy = (
+        f"final accuracy {100 * record.final.accuracy:.2f} against the record's "
+        f"{100 * stored.final.accuracy:.2f}"
+    )
+    encoders = (
+        record.environment.get("starting_encoder"),
+        stored.environment.get("starting_encoder"),
+    )
     if encoders[0] != encoders[1]:
-        return (f"not bit for bit, as expected: {ANOTHER_ENCODER} ({encoders[0]} against "
-                f"{encoders[1]}; tools/encoders.py carries encoders between machines); "
-                f"{accuracy}")
+        return (
+            f"not bit for bit, as expected: {ANOTHER_ENCODER} ({encoders[0]} against "
+            f"{encoders[1]}; tools/encoders.py carries encoders between machines); "
+            f"{accuracy}"
+        )
     if ours != theirs:
-        return (f"not bit for bit, as expected: another CPU ({ours or 'not recorded'} against "
-                f"{theirs or 'not recorded'}: the float sums' last bits differ); {accuracy}")
-    return (f"differs although the CPU kind and the starting encoder are the record's: "
-            f"{accuracy}; please report it")
+        return (
+            f"not bit for bit, as expected: another CPU ({ours or 'not recorded'} against "
+            f"{theirs or 'not recorded'}: the float sums' last bits differ); {accuracy}"
+        )
+    return (
+        f"differs although the CPU kind and the starting encoder are the record's: "
+        f"{accuracy}; please report it"
+    )
 
 
 def comparison_lines(comparisons: list[Comparison]) -> list[str]:
