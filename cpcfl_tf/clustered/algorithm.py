@@ -209,7 +209,7 @@ def too_few_to_defend(fl, cluster_ids: np.ndarray, num_models: int) -> list[int]
     few for ``fl.aggregation`` to out-vote one bad member (:func:`cpcfl_tf.aggregation.too_few`);
     with ``fl.global_encoder``, the encoder is combined over all replies, which are then
     too few as well."""
-    sizes = np.bincount(np.asarray(cluster_ids, np.int64), minlength=num_models)
+    sizes = cluster_sizes(cluster_ids, num_models)
     return [n for n, size in enumerate(sizes) if too_few(fl.aggregation, int(size))]
 
 
