@@ -113,8 +113,8 @@ def kit_run(preset: str, method: str, pretraining: str, sets: Sequence[str]):
         [f"federated.method={method}", f"federated.pretraining={pretraining}", *sets]))
     run = resolve(config)
     encoders = StartingEncoders(verbose=0)
-    if not encoders.ready(run):
-        raise UserError(f"{encoders.status(run)}: put it in the cache first (python "
+    if not run.start.ready(encoders, run):
+        raise UserError(f"{run.start.status(encoders, run)}: put it in the cache first (python "
                         f"tools/encoders.py unpack results/{preset}/encoders/encoders.tar), "
                         "or time a run from another start")
     return run, DataCache().clients(config), encoders(run)

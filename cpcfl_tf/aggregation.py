@@ -38,6 +38,9 @@ ROBUST = ("median", "trimmed-mean")
 MIN_MEMBERS = 3
 """The fewest members among which a median or a trimmed mean can out-vote one bad member."""
 
+Sizes = Sequence[float] | np.ndarray
+"""Each member's example count (its weight in a mean), a list or an array."""
+
 
 def trim_count(members: int, fraction: float) -> int:
     """How many of ``members`` values ``trimmed-mean`` cuts from each end:
@@ -70,7 +73,7 @@ def too_few(how: str, members: int) -> bool:
     return how in ROBUST and 0 < members < MIN_MEMBERS
 
 
-def weighted_average(stacked: Sequence[np.ndarray], sizes: Sequence[float]) -> list[np.ndarray]:
+def weighted_average(stacked: Sequence[np.ndarray], sizes: Sizes) -> list[np.ndarray]:
     """``sum_u |D_u| phi_u / sum_u |D_u|`` for each array, accumulated in float64.
 
     ``stacked[i]`` holds array i of every member, stacked on a leading axis.
@@ -88,7 +91,7 @@ def trimmed_mean(a: np.ndarray, k: int) -> np.ndarray:
 
 def combine(
     stacked: Sequence[np.ndarray],
-    sizes: Sequence[float],
+    sizes: Sizes,
     how: str = "mean",
     trim: float = 0.2,
     mean=weighted_average,
@@ -154,7 +157,7 @@ class Defence:
 
     def named(self) -> dict:
         """Its settings as a cache key or record names them (the trim only where it cuts)."""
-        out = {"aggregation": self.aggregation}
+        out: dict[str, str | float] = {"aggregation": self.aggregation}
         if self.aggregation == "trimmed-mean":
             out["trim_fraction"] = self.trim_fraction
         if self.update_norm is not None:
@@ -164,7 +167,7 @@ class Defence:
     def combine(
         self,
         stacked: Sequence[np.ndarray],
-        sizes: Sequence[float],
+        sizes: Sizes,
         sent: Sequence[np.ndarray] | None = None,
         mean=weighted_average,
     ) -> list[np.ndarray]:

@@ -152,7 +152,7 @@ def stored_pretrain(
     options = {m: dict(v) for m, v in (section.get("options") or {}).items()}
     legacy = {f: _legacy_value(options, f, method) for f in LEGACY_PRETRAIN}
     rest: dict[str, dict[str, Any]] = {}
-    if resolved is not None:
+    if resolved is not None and method is not None:
         added = ADDED_SETTINGS.get(method, {})
         resolved = {k: v for k, v in resolved.items() if k not in added or v != added[k]}
     wanted = {**options, **({method: resolved} if resolved else {})}

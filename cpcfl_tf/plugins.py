@@ -44,7 +44,8 @@ def entries(group: str, kind: type, known: Mapping[str, Any]) -> dict[str, Any]:
     found: dict[str, Any] = {}
     for point in sorted(importlib.metadata.entry_points(group=group), key=lambda p: p.name):
         dist = point.dist.name if point.dist is not None else None
-        package = f"{dist} {point.dist.version}" if dist else "an unnamed package"
+        version = point.dist.version if point.dist is not None else ""
+        package = f"{dist} {version}" if dist else "an unnamed package"
         where = f"entry point {point.name!r} of {package} ({group})"
         try:
             entry = point.load()
@@ -74,7 +75,7 @@ def entries(group: str, kind: type, known: Mapping[str, Any]) -> dict[str, Any]:
 
 def used(**names: str) -> dict[str, str]:
     """Of the entries a run uses, by kind (``method=``, ``rule=``, ``ssl_method=``,
-    ``federated_ssl=``), those a plugin gave: ``"kind name" -> "package version"``
+    ``federated_ssl=``; "": none), those a plugin gave: ``"kind name" -> "package version"``
     (empty for a run of the kit's own methods)."""
     groups = {
         "method": "cpcfl_tf.methods",
@@ -85,5 +86,5 @@ def used(**names: str) -> dict[str, str]:
     return {
         f"{kind} {name}": FROM[(groups[kind], name)]
         for kind, name in names.items()
-        if name is not None and (groups[kind], name) in FROM
+        if name and (groups[kind], name) in FROM
     }

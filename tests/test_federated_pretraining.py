@@ -259,6 +259,12 @@ def test_an_interrupted_federated_pretraining_resumes_bit_for_bit(tmp_path, monk
     assert summary["client_steps"] == 3 * 3 * (40 // 32)
 
 
+def _status(runner, spec) -> str:
+    """Where ``spec``'s starting encoder would come from now, as its start says."""
+    run = runner.plan_of(spec)
+    return run.start.status(runner.encoders, run)
+
+
 def test_cp_cfl_starts_from_a_federated_encoder(tmp_path):
     from cpcfl_tf.records.files import weights_fingerprint
     from cpcfl_tf.running.runner import Runner, RunSpec
@@ -267,7 +273,7 @@ def test_cp_cfl_starts_from_a_federated_encoder(tmp_path):
     runner = Runner("t", base, tmp_path / "out", verbose=0, knn_every=1,
                     tensorboard=tmp_path / "tb")
     spec = RunSpec("cp-cfl-fed-simclr", "cp-cfl", "fed-simclr")
-    assert "to pre-train federated (2 rounds)" in runner.encoders.status(runner.plan_of(spec))
+    assert "to pre-train federated (2 rounds)" in _status(runner, spec)
     record = runner.run(spec)
     made = runner.encoders.federated(runner.plan_of(spec))
     assert [0 <= h["knn_accuracy"] <= 1 for h in made.history] == [True, True]  # the monitor
@@ -275,7 +281,7 @@ def test_cp_cfl_starts_from_a_federated_encoder(tmp_path):
     encoder = runner.encoders(runner.plan_of(spec))
     assert record.environment["starting_encoder"] == weights_fingerprint(encoder)
     assert record.config.federated.pretraining == "fed-simclr"
-    assert "cached" in runner.encoders.status(runner.plan_of(spec))
+    assert "cached" in _status(runner, spec)
 
 
 # -- the study -------------------------------------------------------------------------
@@ -508,7 +514,7 @@ def test_a_federated_pretraining_names_its_defence_in_its_key_only_when_it_has_o
 
     config = smoke("fed-simclr").with_overrides(federated={"method": "fedavg"})
     plain = pretraining_of(config)
-    assert plain.defence == Defence() and "defence" not in identity(plain)
+    assert plain.federated.defence == Defence() and "defence" not in identity(plain)
     robust = config.with_overrides(federated={"aggregation": "median"})
     assert identity(pretraining_of(robust))["defence"] == {"aggregation": "median"}
     assert federated_folder(pretraining_of(robust)) != federated_folder(plain)

@@ -201,12 +201,22 @@ def test_every_start_is_one_object_that_says_what_it_is_and_how_it_is_got():
 
     # Each start asks the one source for the plan's pre-training (the run's plan), the
     # FedAvg encoder for the requested config's FedAvg (None) run.
-    run = SimpleNamespace(requested="requested", pretraining="pretraining")
+    run = "the run's plan"  # a start passes it on, never reads it
     for name, asked in (("simclr", ("contrastive", run)), ("supervised", ("supervised", run)),
-                        ("fedavg", ("fedavg", "requested")), ("fed-byol", ("federated", run))):
+                        ("fedavg", ("fedavg", run)), ("fed-byol", ("federated", run))):
         source = Source()
         START[name].encoder(source, run)
         assert source.asked == [asked], name
+    # A pre-training's state is its folder's finished file: the supervised one's weights.
+    for name, finished in (("simclr", "pretrain.json"), ("supervised", "encoder.npz"),
+                           ("fed-byol", "pretrain.json")):
+        source = Source()
+        START[name].status(source, run), START[name].ready(source, run)
+        assert source.asked == [("pretraining_status", run, finished),
+                                ("pretraining_done", run, finished)], name
+    source = Source()
+    START["fedavg"].ready(source, run)
+    assert source.asked == [("fedavg_ready", run)]
     source = Source()
     assert START["none"].encoder(source, run) is None and source.asked == []
     assert START["none"].ready(source, run) and START["none"].status(source, run) == (

@@ -216,8 +216,9 @@ def test_an_encoder_another_process_is_building_is_waited_for_not_built_again(
 
     monkeypatch.setattr(starting, "building", watched)
     if kind == "fedavg":
-        config = SMOKE.with_overrides(federated={"method": "ifca", "pretraining": "fedavg"})
-        key = starting._fedavg_key(config)
+        config = resolve(SMOKE.with_overrides(federated={"method": "ifca",
+                                                         "pretraining": "fedavg"}))
+        key = starting._fedavg_key(config.requested)
         entry = file = starting._fedavg_path(key)  # the entry is the file itself
     else:
         config = resolve(SMOKE.with_overrides(federated={"pretraining": "supervised"}))

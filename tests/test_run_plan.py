@@ -41,8 +41,9 @@ def test_the_plan_names_the_pretraining_its_start_needs():
     assert (byol.method, byol.settings["target_decay"], byol.seed) == ("byol", 0.9, 7)
     fed = resolve(quick.with_overrides(federated={"pretraining": "fed-simclr"},
                                        partition={"unlabeled": "iid"})).pretraining
-    assert (fed.method, fed.federated.name) == ("simclr", "fed")
-    assert fed.federated_settings["batch_size"] == fed.federated.settings["batch_size"].default
+    assert (fed.method, fed.federated.method.name) == ("simclr", "fed")
+    assert fed.federated.settings["batch_size"] == \
+        fed.federated.method.settings["batch_size"].default
     assert resolve(quick.with_overrides(federated={"pretraining": "supervised"})
                    ).pretraining.settings == {}
     assert resolve(quick.with_overrides(federated={"method": "ifca", "pretraining": "none"})

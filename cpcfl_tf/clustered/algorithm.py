@@ -25,9 +25,10 @@ from typing import Protocol
 
 import numpy as np
 
-from cpcfl_tf.aggregation import bound_updates, combine, too_few
+from cpcfl_tf.aggregation import Sizes, bound_updates, combine, too_few
 from cpcfl_tf.clustered.diagnostics import diagnosed, selection_record
 from cpcfl_tf.clustered.restarts import cluster_sizes, should_restart
+from cpcfl_tf.methods.clustering import Answers
 from cpcfl_tf.plan.resolve import RunPlan
 
 Weights = list[np.ndarray]
@@ -133,6 +134,7 @@ def plan_round(
         else np.sort(rng.choice(num_clients, take, replace=False))
     )
     head_only = t < fl.head_rounds
+    drawn: np.ndarray | None
     if assignment is not None:
         drawn = np.asarray(assignment)[part]
     else:
@@ -182,6 +184,8 @@ def select_clusters(
     if explore:
         count = num_clients if losses is None else losses.shape[0]
         return rng.integers(0, num_models, size=count)
+    if losses is None:
+        raise ValueError("choosing by loss needs the losses")
     # argmin with ties broken at random: add a random order to exact ties only.
     best = losses.min(axis=1, keepdims=True)
     tied = losses == best
@@ -217,7 +221,7 @@ def aggregate(
     state: ServerState,
     client_weights: Sequence[np.ndarray],
     cluster_ids: np.ndarray,
-    sizes: Sequence[float],
+    sizes: Sizes,
     *,
     global_encoder: bool = False,
     how: str = "mean",
@@ -245,24 +249,24 @@ def aggregate(
     """
     if len(cluster_ids) == 0:  # nobody replied: the pool stays as it was
         return dataclasses.replace(state, round=state.round + 1)
-    sizes = np.asarray(sizes, np.float64)
+    counts = np.asarray(sizes, np.float64)
     models = []
     for n, old in enumerate(state.models):
         members = np.flatnonzero(cluster_ids == n)
         models.append(
             old
             if len(members) == 0
-            else combine([a[members] for a in client_weights], sizes[members], how, trim)
+            else combine([a[members] for a in client_weights], counts[members], how, trim)
         )
     if global_encoder:
         k = state.num_encoder
-        encoder = combine(client_weights[:k], sizes, how, trim)
+        encoder = combine(client_weights[:k], counts, how, trim)
         models = [encoder + m[k:] for m in models]
     return dataclasses.replace(state, round=state.round + 1, models=models)
 
 
 def initial_assignment(
-    run: RunPlan, num_clients: int, answers: Sequence[np.ndarray | None] | None = None
+    run: RunPlan, num_clients: int, answers: Answers | None = None
 ) -> np.ndarray | None:
     """Each client's first model when the server assigns, from the clients' ``answers``
     to what the rule asks first (:meth:`cpcfl_tf.methods.rules.Rule.first`); ``None`` when each
@@ -270,11 +274,17 @@ def initial_assignment(
     gave none the server could use) takes no part in the run: the rule assigns the others
     from their answers alone, and it gets model 0, which it is never sent."""
     rule, fl = run.rule, run.federated
-    if answers is None or all(a is not None for a in answers):
-        return rule.first(fl, num_clients, answers)
+    if answers is None:
+        return rule.first(fl, num_clients, None)
+    given = [a for a in answers if a is not None]
+    if len(given) == len(answers):
+        return rule.first(fl, num_clients, given)
     present = [k for k, a in enumerate(answers) if a is not None]
+    first = rule.first(fl, len(present), given)
+    if first is None:  # a rule that asks assigns: never here
+        return None
     assignment = np.zeros(num_clients, np.int64)
-    assignment[present] = rule.first(fl, len(present), [answers[k] for k in present])
+    assignment[present] = first
     return assignment
 
 
@@ -347,7 +357,7 @@ class Progress:
     """Sent up besides weights (PACFL's subspaces); in ``bytes_up`` too."""
 
 
-def sent_before_training(run: RunPlan, answers: Sequence[np.ndarray] | None) -> Progress:
+def sent_before_training(run: RunPlan, answers: Answers | None) -> Progress:
     """Where a fresh run stands before round 1: what the clients' answers to the rule's
     first question added to the bytes sent up (PACFL's data subspaces, counted up and in
     ``bytes_other``; :meth:`cpcfl_tf.methods.rules.Rule.answer_bytes`)."""

@@ -155,6 +155,11 @@ def make_backend(classifier: keras.Model, kind: str = "auto", *, jit_compile: bo
     layers = stackable_layers(classifier)
     if kind == "keras" or (kind == "auto" and layers is None):
         return KerasBackend(classifier, jit_compile=jit_compile)
+    if layers is None:
+        raise UserError(
+            "federated.backend=stacked cannot stack this model's layers; "
+            "set federated.backend=auto or keras"
+        )
     key = (
         tuple(layers),
         tuple(tuple(w.shape) for w in classifier.weights),
@@ -215,7 +220,7 @@ def client_probabilities(
     backend, pool: Sequence[list[np.ndarray]], cluster_ids: np.ndarray, data: ClientArrays
 ) -> np.ndarray:
     """``(K, n, classes)``: each client's class probabilities from its own cluster model."""
-    probs = None
+    probs: np.ndarray | None = None
     for n in np.unique(cluster_ids):
         members = np.flatnonzero(cluster_ids == n)
         images = data.images[members].reshape(-1, *data.images.shape[2:])
@@ -224,6 +229,8 @@ def client_probabilities(
         if probs is None:
             probs = np.empty((data.num_clients, data.size, p.shape[-1]), np.float32)
         probs[members] = p.reshape(len(members), data.size, -1)
+    if probs is None:
+        raise ValueError("no client to score")
     return probs
 
 

@@ -56,11 +56,17 @@ def load_client_splits(
 ) -> tuple[LabeledImages, LabeledImages]:
     """The labeled splits the clients' training and local test images are drawn from."""
     size = data.image_size if resize else None
-    kwargs = dict(image_size=size, data_dir=data.data_dir, manual_dir=data.manual_dir)
-    return (
-        load_labeled(data.client_dataset, data.client_train_split, **kwargs),
-        load_labeled(data.client_dataset, data.client_test_split, **kwargs),
-    )
+
+    def split(name: str) -> LabeledImages:
+        return load_labeled(
+            data.client_dataset,
+            name,
+            image_size=size,
+            data_dir=data.data_dir,
+            manual_dir=data.manual_dir,
+        )
+
+    return split(data.client_train_split), split(data.client_test_split)
 
 
 def partition_for(
@@ -128,7 +134,10 @@ def client_unlabeled(
     kind = config.partition.unlabeled
     images = pretrain.images if isinstance(pretrain, LabeledImages) else pretrain
     source = f"{config.data.pretrain_dataset}:{config.data.pretrain_split}"
-    batch = federated_settings(config)["batch_size"]
+    settings = federated_settings(config)
+    if settings is None:
+        raise ValueError("the clients' unlabeled images are a federated pre-training's")
+    batch = settings["batch_size"]
     if kind == "groups":
         if not isinstance(pretrain, LabeledImages):
             raise ValueError("the groups deal needs the pre-training split's labels")

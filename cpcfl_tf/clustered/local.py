@@ -104,5 +104,6 @@ def unstack(stacked: Stacked, index: int) -> list[np.ndarray]:
     return [a[index] for a in stacked]
 
 
-def adam_alpha(learning_rate: float, step: int) -> float:
+def adam_alpha(learning_rate: float, step: int | np.ndarray) -> float | np.ndarray:
+    """Adam's bias-corrected step size after ``step`` steps (one per client when kept)."""
     return learning_rate * np.sqrt(1 - B2**step) / (1 - B1**step)

@@ -11,6 +11,7 @@ import keras
 import numpy as np
 
 from cpcfl_tf.clustered import algorithm
+from cpcfl_tf.methods.clustering import Answers
 from cpcfl_tf.models import ENCODER_DIMS, build_classifier, build_classifier_head, build_encoder
 from cpcfl_tf.models.seeding import seeded
 from cpcfl_tf.plan.resolve import RunPlan
@@ -115,7 +116,7 @@ def initial_state(
     seed: int,
     attempt: int,
     num_clients: int,
-    answers: list[np.ndarray] | None = None,
+    answers: Answers | None = None,
 ) -> algorithm.ServerState:
     """What a (re)started run begins with, in every driver (the simulator and the Flower
     ServerApp): :func:`initial_pool` and, when the server assigns the clients, each

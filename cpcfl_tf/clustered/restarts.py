@@ -48,7 +48,7 @@ def would_restart(run: RunPlan, cluster_ids_by_round: Sequence) -> bool:
     )
 
 
-def cluster_sizes(cluster_ids: np.ndarray, num_models: int) -> np.ndarray:
+def cluster_sizes(cluster_ids: Sequence[int] | np.ndarray, num_models: int) -> np.ndarray:
     """``(N,)`` clients per cluster, over the clients that have taken part (id >= 0: with
     partial participation some may not have been drawn yet)."""
     ids = np.asarray(cluster_ids)

@@ -18,6 +18,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -55,11 +56,11 @@ def _save(
     }
     if state.assignment is not None:  # the server's assignment (methods whose server assigns)
         meta["assignment"] = state.assignment.tolist()
-    meta = json.dumps(meta)
+    stored: dict[str, Any] = {"__meta__": np.array(json.dumps(meta)), **arrays}
 
     def write(tmp: str) -> None:
         with open(tmp, "wb") as fh:
-            np.savez(fh, __meta__=np.array(meta), **arrays)
+            np.savez(fh, **stored)
 
     write_atomic(path, write)
 
@@ -242,7 +243,9 @@ def first_answers(
     if rule.asks is None:
         return None
     question = rule.question(run.federated)
-    read = embed if rule.reads == "embeddings" else (lambda images: images)
+    if rule.reads == "embeddings" and embed is None:
+        raise ValueError(f"rule {rule.name} reads embeddings: pass the encoder's embed")
+    read = embed if embed is not None and rule.reads == "embeddings" else (lambda images: images)
     return [
         rule.answer(question, read(images), int(group))
         for images, group in zip(clients.train.images, clients.groups)
@@ -305,7 +308,7 @@ class _Simulation:
             own,
             max_clients=self.max_clients,
         )
-        if own is not None:
+        if self.moments is not None and own is not None:
             self.moments.put(part, own)
         if not all(np.isfinite(a).all() for a in trained):
             raise DivergedError(

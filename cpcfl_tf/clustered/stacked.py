@@ -220,7 +220,7 @@ class StackedBackend:
                     pool, ids[rows], data.subset(rows), orders[:, rows], trains_encoder, local, own
                 )
             )
-            if own is not None:
+            if moments is not None and own is not None:
                 moments.put(rows, own)
         return [np.concatenate([p[i] for p in parts]) for i in range(len(parts[0]))]
 
@@ -236,6 +236,7 @@ class StackedBackend:
     ) -> Stacked:
         index = tf.constant(ids)
         params = [tf.gather(tf.constant(a), index) for a in pool]
+        steps: int | np.ndarray
         if moments is None:
             m = [tf.zeros_like(p) for p in params]
             v = [tf.zeros_like(p) for p in params]
@@ -276,7 +277,7 @@ class StackedBackend:
                 )
         if moments is not None:
             moments.m, moments.v = [a.numpy() for a in m], [a.numpy() for a in v]
-            moments.steps = steps
+            moments.steps = np.asarray(steps)  # one count per client, kept
         return [p.numpy() for p in params]
 
     def logits(self, model: list[np.ndarray], images: np.ndarray) -> np.ndarray:

@@ -26,6 +26,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -33,9 +34,8 @@ from cpcfl_tf.clustered import algorithm
 from cpcfl_tf.clustered.clients import Clients
 from cpcfl_tf.compat import pretrain_settings, without_added
 from cpcfl_tf.methods.federated import FEDAVG_ENCODER_RUN
-from cpcfl_tf.methods.starts import Pretraining
 from cpcfl_tf.plan.config import Config, config_record
-from cpcfl_tf.plan.resolve import RunPlan, resolve
+from cpcfl_tf.plan.resolve import Pretraining, RunPlan, resolve
 from cpcfl_tf.records.files import (
     CACHE_FIX,
     building,
@@ -46,6 +46,9 @@ from cpcfl_tf.records.files import (
 )
 from cpcfl_tf.records.record import RunRecord
 from cpcfl_tf.records.scalars import ScalarLog
+
+if TYPE_CHECKING:  # the type only: the module imports TensorFlow, which a status line needs not
+    from cpcfl_tf.pretraining.pretrain import PretrainResult
 
 Weights = list[np.ndarray]
 
@@ -107,28 +110,30 @@ class StartingEncoders:
         cache for the plan's pretraining."""
         return run.start.encoder(self, run)
 
-    def status(self, run: RunPlan) -> str:
-        """Where ``run``'s starting encoder would come from now (nothing is built)."""
-        return run.start.status(self, run)
-
-    def ready(self, run: RunPlan) -> bool:
-        """Whether ``run``'s starting encoder is at hand without training: random, or
-        cached (what :meth:`status` calls "cached")."""
-        return run.start.ready(self, run)
-
     @staticmethod
-    def cache_status(pretraining: Pretraining, done: Path, fresh: str) -> str:
-        """A cached pre-training's state, from the file its finished run leaves
-        (``done``): cached, to resume, or ``fresh`` (to make)."""
-        folder = done.parent
+    def pretraining_folder(pretraining: Pretraining) -> Path:
+        """The cache folder of a pre-training: a federated one's, or the server's."""
+        if pretraining.federated is not None:
+            return StartingEncoders.federated_folder(pretraining)
+        return StartingEncoders.pretrain_folder(pretraining)
+
+    def pretraining_status(self, run: RunPlan, finished: str) -> str:
+        """Where ``run``'s pre-training would come from now, from the file its finished
+        run leaves in its folder (``finished``): cached, to resume, or to make."""
+        pretraining = _needed(run)
+        folder = self.pretraining_folder(pretraining)
         state = (
             "cached"
-            if done.exists()
+            if (folder / finished).exists()
             else "to resume"
             if (folder / "checkpoint.npz").exists()
-            else fresh
+            else pretraining.fresh
         )
         return f"{pretraining.name} encoder: {state} ({folder})"
+
+    def pretraining_done(self, run: RunPlan, finished: str) -> bool:
+        """Whether ``run``'s pre-training's folder holds ``finished``."""
+        return (self.pretraining_folder(_needed(run)) / finished).exists()
 
     @staticmethod
     def pretrain_folder(pretraining: Pretraining) -> Path:
@@ -146,13 +151,16 @@ class StartingEncoders:
 
         return federated_folder(pretraining)
 
-    def contrastive(self, run: RunPlan):
+    def contrastive(self, run: RunPlan) -> PretrainResult:
         """``run``'s server self-supervised pre-training, cached, with its history."""
         from cpcfl_tf.pretraining.pretrain import pretrained_encoder
 
-        pre, config = run.pretraining, run.requested
-        images = None if self._unlabeled is None else (lambda: self._unlabeled(config))
-        monitor = None if self._knn is None else (lambda: self._knn(config))
+        pre, config = _needed(run), run.requested
+        unlabeled, knn = self._unlabeled, self._knn
+        images = None if unlabeled is None else (lambda: unlabeled(config))
+        monitor = None if knn is None else (lambda: knn(config))
+        if pre.ssl is None:
+            raise ValueError(f"{pre.name} is not a self-supervised pre-training")
         return pretrained_encoder(
             pre.pretrain,
             pre.data,
@@ -165,17 +173,18 @@ class StartingEncoders:
             on_epoch=self._epoch_log(lambda: self.pretrain_folder(pre)),
         )
 
-    def federated(self, run: RunPlan):
+    def federated(self, run: RunPlan) -> PretrainResult:
         """``run``'s federated self-supervised pre-training, cached, with its history."""
         from cpcfl_tf.pretraining.federated_pretrain import federated_encoder
 
-        if self._client_unlabeled is None:
+        client_unlabeled, knn = self._client_unlabeled, self._knn
+        if client_unlabeled is None:
             raise ValueError("a federated pre-training needs the clients' unlabeled images")
-        pre, config = run.pretraining, run.requested
-        monitor = None if self._knn is None else (lambda: self._knn(config))
+        pre, config = _needed(run), run.requested
+        monitor = None if knn is None else (lambda: knn(config))
         return federated_encoder(
             pre,
-            lambda: self._client_unlabeled(config),
+            lambda: client_unlabeled(config),
             verbose=self.verbose,
             monitor=monitor,
             on_round=self._epoch_log(lambda: self.federated_folder(pre)),
@@ -199,8 +208,9 @@ class StartingEncoders:
         from cpcfl_tf.data import load_labeled
         from cpcfl_tf.pretraining.pretrain import image_source
 
-        data, pre, seed = run.pretraining.data, run.pretraining.pretrain, run.pretraining.seed
-        out = self.pretrain_folder(run.pretraining)
+        pretraining = _needed(run)
+        data, pre, seed = pretraining.data, pretraining.pretrain, pretraining.seed
+        out = self.pretrain_folder(pretraining)
 
         def train() -> Weights:
             if self.verbose:
@@ -239,14 +249,17 @@ class StartingEncoders:
             out, out / "encoder.npz", train, rebuild="pre-training it again", verbose=self.verbose
         )
 
-    def fedavg_ready(self, config: Config) -> bool:
-        """Whether ``config``'s FedAvg encoder is kept here or cached."""
-        key = _fedavg_key(config)
+    def fedavg_ready(self, run: RunPlan) -> bool:
+        """Whether the FedAvg encoder of ``run``'s requested config is kept here or
+        cached."""
+        key = _fedavg_key(run.requested)
         return key in self._fedavg or _fedavg_path(key).exists()
 
-    def fedavg(self, config: Config) -> Weights:
-        """The encoder of the global model after the FedAvg (None) run on ``config``'s
-        clients and rounds; trained only if neither this script nor the cache has it."""
+    def fedavg(self, run: RunPlan) -> Weights:
+        """The encoder of the global model after the FedAvg (None) run on the clients and
+        rounds of ``run``'s requested config; trained only if neither this script nor the
+        cache has it."""
+        config = run.requested
         key = _fedavg_key(config)
         if key not in self._fedavg:
             path = _fedavg_path(key)
@@ -269,6 +282,13 @@ class StartingEncoders:
         key = _fedavg_key(config)
         self._fedavg[key] = weights
         write_weights(_fedavg_path(key), weights, key=key)
+
+
+def _needed(run: RunPlan) -> Pretraining:
+    """``run``'s pre-training, which a start that asks for one has."""
+    if run.pretraining is None:
+        raise ValueError(f"{run.start.name} pre-trains nothing")
+    return run.pretraining
 
 
 def fedavg_encoder(
@@ -341,11 +361,12 @@ def cache_entries(root: str | Path | None = None) -> dict[str, Path]:
     from cpcfl_tf.records.files import weights_fingerprint
 
     root = cache_root() if root is None else Path(root)
-    found = {}
+    found: dict[str, Path] = {}
     for path in sorted([*root.glob("pretrained/*/"), *root.glob("fedavg/*.npz")]):
         weights = entry_weights(path)
-        if weights is not None:
-            found.setdefault(weights_fingerprint(weights), path)
+        fingerprint = weights_fingerprint(weights)
+        if fingerprint is not None:
+            found.setdefault(fingerprint, path)
     return found
 
 

@@ -118,18 +118,18 @@ def list_node_folder(
                 f"{stray[0]} is in no class subfolder; a node's images go in one "
                 "subfolder per class"
             )
-        files = []
+        found: list[tuple[Path, int]] = []
         for sub in sorted(d for d in folder.iterdir() if d.is_dir() and d.name != UNLABELED_FOLDER):
             if sub.name not in index:
                 raise UserError(
                     f"{sub} is a class the run does not know; its classes are "
                     f"{', '.join(class_names)} (run config class-names)"
                 )
-            files += [
+            found += [
                 (f, index[sub.name]) for f in sub.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES
             ]
-        files.sort(key=lambda item: (item[0].name, item[1]))
-        listed[split] = [(str(f), k) for f, k in files]
+        found.sort(key=lambda item: (item[0].name, item[1]))
+        listed[split] = [(str(f), k) for f, k in found]
     if "all" in listed:
         files = listed.pop("all")
         train, test = _seeded_split(len(files))  # kept in file order
@@ -196,6 +196,7 @@ def read_node_folder(
     out = {}
     for split in ("train", "test"):
         images, labels = read_folder(spec, Split(split, None, None), True, None, None)
+        assert labels is not None  # asked for (want_labels)
         out[split] = LabeledImages(
             finish(images, spec, image_size), labels.astype(np.int64), num_classes, f"node:{split}"
         )
@@ -209,6 +210,8 @@ def read_folder(
     del data_dir, manual_dir
     from PIL import Image
 
+    if spec.files is None:
+        raise ValueError(f"{spec.name} is not a folder source")
     rows = split.indices(spec.splits[split.base])
     chosen = [spec.files[split.base][i] for i in rows]
     if want_labels and any(label < 0 for _, label in chosen):
@@ -226,6 +229,9 @@ def read_folder(
     shapes = {im.shape for im in images}
     if len(shapes) > 1:  # resized one by one to the largest, then as every source is
         h, w = max(s[0] for s in shapes), max(s[1] for s in shapes)
-        images = [np.asarray(Image.fromarray(im).resize((w, h), Image.BILINEAR)) for im in images]
+        images = [
+            np.asarray(Image.fromarray(im).resize((w, h), Image.Resampling.BILINEAR))
+            for im in images
+        ]
     labels = np.array([label for _, label in chosen], np.int64) if want_labels else None
     return np.stack(images), labels

@@ -198,8 +198,8 @@ def check_split_sizes(
     test_fraction: float,
     disjoint: bool,
     kind: str,
-    sizes: tuple[int, int],
-    sources: tuple[str, str],
+    sizes: Sequence[int],
+    sources: Sequence[str],
 ) -> None:
     """Arithmetic before any draw: C disjoint clients need C times a client's images of
     each split (``sizes``: what the training and test splits hold)."""
@@ -334,7 +334,7 @@ def partition_clients(
                     + _fix(disjoint)
                 )
     # orders[u, k]: which entry of class_counts client u's k-th group class gets.
-    best = None
+    best: tuple[int, int, int, int, int] | None = None
     for _ in range(max_draws):
         orders = np.stack([rng.permutation(classes_per_group) for _ in range(num_clients)])
         shortage = _shortage(
@@ -351,6 +351,7 @@ def partition_clients(
         if best is None or shortage[0] < best[0]:
             best = shortage
     else:
+        assert best is not None  # max_draws >= 1 draws, each short
         _, which, cls, need, have = best
         split = ("training", "test")[which]
         hint = _fix(disjoint)

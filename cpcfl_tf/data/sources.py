@@ -203,8 +203,9 @@ def load_labeled(
             f"(load_unlabeled) or pick one of "
             f"{', '.join(s for s in spec.splits if s not in spec.unlabeled_splits)}"
         )
-    images, labels = _READERS[spec.backend](spec, parsed, True, data_dir, manual_dir)
-    labels = labels.astype(np.int64)
+    images, read = _READERS[spec.backend](spec, parsed, True, data_dir, manual_dir)
+    assert read is not None  # asked for (want_labels)
+    labels = read.astype(np.int64)
     if labels.size and (labels.min() < 0 or labels.max() >= spec.num_classes):
         raise UserError(
             f"{dataset}:{split} has labels outside [0, {spec.num_classes}); "
@@ -409,7 +410,7 @@ def check_readable(
     if spec.backend == "idx":
         for base in bases:
             _find_idx_dir(data_dir, f"{_IDX_PREFIX[base]}-images-idx3-ubyte.gz")
-    elif spec.backend == "tfds" and not _prepared(spec.tfds_name, data_dir):
+    elif spec.backend == "tfds" and not _prepared(spec.tfds_name or dataset, data_dir):
         _check_can_fetch(spec, data_dir, manual_dir)
 
 

@@ -99,19 +99,15 @@ def with_fix(claim: Claim, names) -> Claim:
     :func:`evidence` map) replaced by it: the claim judged with CP-CFL's merges fixed.
     Links that name no such run are the same links (their verdict is the first one)."""
 
-    def swap(name: str | None) -> str | None:
-        return fixed_name(name) if name is not None and fixed_name(name) in names else name
+    def swap(name: str) -> str:
+        return fixed_name(name) if fixed_name(name) in names else name
+
+    def swapped(link: Link) -> Link:
+        b, c, d = (None if name is None else swap(name) for name in (link.b, link.c, link.d))
+        return dataclasses.replace(link, a=swap(link.a), b=b, c=c, d=d)
 
     return dataclasses.replace(
-        claim,
-        links=tuple(
-            link
-            if link.linear_eval
-            else dataclasses.replace(
-                link, a=swap(link.a), b=swap(link.b), c=swap(link.c), d=swap(link.d)
-            )
-            for link in claim.links
-        ),
+        claim, links=tuple(link if link.linear_eval else swapped(link) for link in claim.links)
     )
 
 
@@ -289,11 +285,8 @@ def claims(config: Config) -> list[Claim]:
                     "(76.80 − 70.90) − (98.40 − 98.90) = 5.90 − (−0.50)",
                     f"{pairs[True].key}-cp-cfl-simclr",
                     f"{pairs[True].key}-ifca-fedavg",
-                    *(
-                        (f"{unrelated.key}-cp-cfl-simclr", f"{unrelated.key}-ifca-fedavg")
-                        if unrelated
-                        else ()
-                    ),
+                    c=f"{unrelated.key}-cp-cfl-simclr" if unrelated else None,
+                    d=f"{unrelated.key}-ifca-fedavg" if unrelated else None,
                     effect=round(5.90 - (-0.50), 2),
                 ),
                 *(
@@ -436,7 +429,7 @@ def _gap(ours: str, other: str) -> float:
 
 def _drop(early: int) -> Statistic:
     """Accuracy (%) at T = ``early`` minus at the last round."""
-    return lambda record: 100 * (record.accuracy_at(early) - record.final.accuracy)
+    return lambda record: 100 * (record.accuracy_at(early) - record.final_accuracy)
 
 
 CLAIM_IDS = tuple(f"C{k}" for k in range(1, 12))

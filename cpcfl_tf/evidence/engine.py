@@ -70,9 +70,10 @@ class Evidence:
             prefer=own,
             electing=[self.config_of(name, seed) for name in self.specs for seed in self.seeds],
         )
-        self.used: dict[str, list[str]] = {}
+        self.used: dict[str, list[str] | str] = {}
         """Run (``seed K: name``) -> the paths of the records used, for claims.json (one
-        unless links paired the run with runs from different encoders or machines)."""
+        unless links paired the run with runs from different encoders or machines); a
+        linear evaluation (``seed K: linear evaluation M``) -> its one summary's path."""
         self.linked: dict[int, RunRecord] = {}
         """Every record a link used, by ``id`` (the index holds one object per file): the
         report's provenance note."""
@@ -106,6 +107,7 @@ class Evidence:
 
     def _use(self, seed: int, name: str, path: Path) -> None:
         paths = self.used.setdefault(f"seed {seed}: {name}", [])
+        assert isinstance(paths, list)  # a run's (a linear evaluation's is a path)
         if str(path) not in paths:
             paths.append(str(path))
 
@@ -159,6 +161,8 @@ class Evidence:
         for link in claim.links:
             names = [n for n in (link.a, link.b, link.c, link.d) if n is not None]
             if link.linear_eval:  # one evaluation per seed scores all its encoders
+                if link.b is None:
+                    raise ValueError(f"{link.label}: a linear evaluation link names two methods")
                 a, b = self.linear_eval(link.a), self.linear_eval(link.b)
                 diffs = {s: a[s] - b[s] for s in sorted(set(a) & set(b))}
                 missing = [
@@ -172,8 +176,13 @@ class Evidence:
                     for seed in self.seeds
                     if all(seed in runs[n] for n in names)
                 ]
-                diffs = paired(runs[link.a], runs.get(link.b), link.stat, threshold=link.threshold)
-                if link.c is not None:
+                diffs = paired(
+                    runs[link.a],
+                    None if link.b is None else runs[link.b],
+                    link.stat,
+                    threshold=link.threshold,
+                )
+                if link.c is not None and link.d is not None:
                     other = paired(runs[link.c], runs[link.d], link.stat)
                     diffs = {s: diffs[s] - other[s] for s in diffs if s in other}
                 missing = [
@@ -473,7 +482,7 @@ def groups_found(ev: Evidence) -> list[str]:
         ],
         rows,
     )
-    missed = [r for r in cp_cfl if r.final.ari < 1.0]
+    missed = [r for r in cp_cfl if r.final.ari is not None and r.final.ari < 1.0]
     if missed:
         kept = [r for r in cp_cfl if r.final.ari == 1.0]
         share = missed[0].config.federated.min_cluster_share
@@ -558,10 +567,11 @@ def encoder_notes(ev: Evidence) -> list[str]:
     pre-training started from (``environment.starting_encoder``)."""
     notes, unnamed = [], sorted({seed for (seed, _), f in ev.scored.items() if f is None})
     for (seed, method), scored in sorted(ev.scored.items()):
-        started = {
-            f.record.environment.get("starting_encoder")
+        started: set[str] = {
+            f.record.environment["starting_encoder"]
             for f in ev.index.every(ev.config_of(f"cp-cfl-{method}", seed))
-        } - {None}
+            if f.record.environment.get("starting_encoder") is not None
+        }
         if scored and started and scored not in started:
             notes.append(
                 f"Note: seed {seed}'s linear evaluation of {method} scored encoder "

@@ -11,6 +11,7 @@ import statistics
 from cpcfl_tf.evidence.judge import compared, final_accuracy, verdict
 from cpcfl_tf.methods.federated import STARTS, run_label
 from cpcfl_tf.methods.starts import START
+from cpcfl_tf.records.record import RunRecord
 from cpcfl_tf.running.report import markdown_table
 
 ROWS = (  # row, method, starting encoder, where the unlabeled images are
@@ -77,7 +78,7 @@ def _mean(values) -> float | None:
 
 
 def summarize(specs, records, encoders) -> dict:
-    by_row: dict[str, dict[int, object]] = {}
+    by_row: dict[str, dict[int, RunRecord]] = {}
     for spec in specs:
         by_row.setdefault(spec.row, {})[spec.seed] = records[spec.name]
     encoder_of = {run: e for e in encoders.values() for run in e.get("runs", [])}
@@ -101,7 +102,9 @@ def summarize(specs, records, encoders) -> dict:
                     else None
                 ),
                 "ari": _mean(r.final.ari for r in runs.values()),
-                "seeds_without_groups": sum(r.final.ari < 1 for r in runs.values()),
+                "seeds_without_groups": sum(
+                    r.final.ari is not None and r.final.ari < 1 for r in runs.values()
+                ),
                 "fl_megabytes": _mean(
                     (r.final.bytes_down + r.final.bytes_up) / 1e6 for r in runs.values()
                 ),

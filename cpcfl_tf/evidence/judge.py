@@ -107,7 +107,7 @@ Statistic = Callable[[RunRecord], float]
 
 def final_accuracy(record: RunRecord) -> float:
     """Accuracy (%) at the last round."""
-    return 100 * record.final.accuracy
+    return 100 * record.final_accuracy
 
 
 def accuracy_at(round_: int) -> Statistic:
@@ -200,11 +200,11 @@ class Summary:
         }
 
 
-def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
-    """The ``level`` interval of the mean of ``values`` (Student's t, n - 1 d.o.f.)."""
+def t_interval(samples: Sequence[float] | np.ndarray, level: float = 0.95) -> tuple[float, float]:
+    """The ``level`` interval of the mean of ``samples`` (Student's t, n - 1 d.o.f.)."""
     from scipy import stats
 
-    values = np.asarray(values, dtype=float)
+    values = np.asarray(samples, dtype=float)
     n = len(values)
     if n < 2:
         raise ValueError("an interval needs at least two values")
@@ -213,17 +213,20 @@ def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, flo
 
 
 def seeds_needed(
-    values: Sequence[float], power: float = POWER, alpha: float = ALPHA, most: int = 10_000
+    samples: Sequence[float] | np.ndarray,
+    power: float = POWER,
+    alpha: float = ALPHA,
+    most: int = 10_000,
 ) -> int | None:
     """The fewest seeds n at which a two-sided one-sample t-test at level ``alpha`` finds
     a non-zero mean with probability ``power``, were the per-seed differences normal with
-    the mean and standard deviation of ``values``: the power at n is
+    the mean and standard deviation of ``samples``: the power at n is
     P(|T| > t_(1 - alpha/2, n - 1)) for T noncentral t with n - 1 degrees of freedom and
     noncentrality mean / (sd / sqrt(n)). None where the mean or the standard deviation is
     zero, or beyond ``most``."""
     from scipy import stats
 
-    values = np.asarray(values, dtype=float)
+    values = np.asarray(samples, dtype=float)
     if len(values) < 2:
         raise ValueError("a power computation needs at least two values")
     mean, sd = float(values.mean()), float(values.std(ddof=1))
@@ -240,13 +243,13 @@ def seeds_needed(
     return None
 
 
-def equivalent(values: Sequence[float], margin: float, alpha: float = ALPHA) -> float:
+def equivalent(samples: Sequence[float] | np.ndarray, margin: float, alpha: float = ALPHA) -> float:
     """The p-value of equivalence within ± ``margin`` (two one-sided t-tests, TOST): the
     larger of the tests of mean <= -margin and of mean >= margin; below ``alpha``, the
     mean lies within the margin."""
     from scipy import stats
 
-    values = np.asarray(values, dtype=float)
+    values = np.asarray(samples, dtype=float)
     n = len(values)
     if n < 2:
         raise ValueError("a test needs at least two values")
@@ -273,7 +276,10 @@ def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
 def clustering_failures(record: RunRecord) -> float:
     """Clustering failures of a run (claim C4's statistic): IFCA's restarts, plus one if
     the final clusters are not the true groups."""
-    return record.final.restarts + (record.final.ari < 1)
+    ari = record.final.ari
+    if ari is None:
+        raise ValueError("a clustering failure needs the true groups: the record has no ARI")
+    return record.final.restarts + (ari < 1)
 
 
 def verdict(
@@ -323,11 +329,14 @@ def bounds(summary: Summary) -> str:
     other, in words (a "close to" link: its 90 % interval's ends)."""
     if summary.n < MIN_SEEDS:
         return "-"
-    low, high = (
+    interval = (
         t_interval(summary.values, 1 - 2 * ALPHA)
         if summary.margin is not None
         else summary.interval
     )
+    if interval is None:
+        return "-"
+    low, high = interval
     return f"at most {high:+.2f}, at least {low:+.2f}"
 
 

@@ -86,8 +86,8 @@ def plot_accuracy_curves(
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for label, record in curves.items():
-        scored = [r for r in record.rounds if r.accuracy is not None]  # eval_every
-        ax.plot([r.round for r in scored], [100 * r.accuracy for r in scored], label=label, lw=1.4)
+        scored = [(r.round, r.accuracy) for r in record.rounds if r.accuracy is not None]
+        ax.plot([t for t, _ in scored], [100 * a for _, a in scored], label=label, lw=1.4)
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy (%)")
     ax.set_title(title)
@@ -191,15 +191,16 @@ def plot_selection(record: RunRecord, path: str | os.PathLike, *, title: str) ->
     groups = np.array([c["group"] for c in record.clients])
     num_models = record.config.federated.num_clusters
     fig, (left, right) = plt.subplots(1, 2, figsize=(9.6, 3.6))
-    diagnosed = [r for r in record.rounds if r.selection]
+    diagnosed = [(r.round, r.selection) for r in record.rounds if r.selection]
     colors = plt.get_cmap("tab10")
     for g in np.unique(groups):
-        xs, ys = [], []
-        for r in diagnosed:
-            clients = np.array(r.selection["clients"])
+        xs: list[float] = []
+        ys: list[float] = []
+        for round_, selection in diagnosed:
+            clients = np.array(selection["clients"])
             mine = groups[clients] == g
-            xs += [r.round + (g - 1) * 0.12] * int(mine.sum())
-            ys += list(np.array(r.selection["margins"])[mine])
+            xs += [round_ + (g - 1) * 0.12] * int(mine.sum())
+            ys += list(np.array(selection["margins"])[mine])
         left.scatter(xs, ys, s=10, color=colors(int(g)), label=f"group {g}")
     left.set_yscale("symlog", linthresh=1e-3)
     left.set_xlabel("round")

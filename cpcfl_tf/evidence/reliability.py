@@ -140,7 +140,10 @@ def first_choices(records: dict[int, RunRecord]) -> dict | None:
     run, the share of clients that chose the model they had trained in round Tc (their last
     random pick), against chance (1/N) with the 95 % t interval over runs. None: no
     diagnosed run."""
-    accuracy, loss, same, picks, total, classes, models = [], [], [], 0, 0, None, None
+    accuracy: list[float] = []
+    loss: list[float] = []
+    same: list[float] = []
+    picks = total = classes = models = 0  # the last two: any run's (one config)
     for record in records.values():
         choice, tc = first_choice(record), record.config.federated.head_rounds
         if choice is None or tc < 1:
@@ -148,7 +151,7 @@ def first_choices(records: dict[int, RunRecord]) -> dict | None:
         clients = np.array(choice.selection["clients"])
         losses = np.array(choice.selection["losses"])
         last = np.array(record.rounds[tc - 1].cluster_ids)[clients]
-        accuracy.append(record.rounds[tc - 1].accuracy)
+        accuracy.append(record.accuracy_at(record.rounds[tc - 1].round))
         loss.append(float(losses.mean()))
         kept = np.argmin(losses, 1) == last
         same.append(float(kept.mean()))

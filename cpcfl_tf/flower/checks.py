@@ -70,7 +70,7 @@ def fields(
 ) -> Mapping[str, Any]:
     """The record ``name`` of a reply, of Flower type ``kind``, holding every ``required``
     key, maybe the ``optional`` ones, and nothing else."""
-    if not isinstance(record, kind):
+    if not isinstance(record, kind) or not isinstance(record, Mapping):
         raise Refused(f"{name} is a {type(record).__name__}, not a {kind.__name__}")
     keys = set(record.keys())
     missing = [k for k in required if k not in keys]

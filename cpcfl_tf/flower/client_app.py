@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -161,7 +162,7 @@ def _node(context: Context):
         train, test = _own(run_items, str(path))
         group = context.node_config.get("group")
         return run, train, test, backend, None if group is None else int(group)
-    partition_id = int(context.node_config["partition-id"])
+    partition_id = _int(context.node_config["partition-id"])
     _checked(run_items, partition_id)
     clients = _partition(run_items)
     own = np.array([partition_id])
@@ -179,19 +180,28 @@ def _addressed(settings, context: Context) -> None:
     and for a node with its own data the folder name) and the node checks it against
     its own node config, so a message that reached the wrong node fails loudly instead
     of training or scoring one client's model on another's data."""
-    client = int(settings["client-id"])
+    client = _int(settings["client-id"])
     path = context.node_config.get("data-path")
+    mine: str | int
+    meant: object
     if path is not None:
         mine, meant = Path(str(path)).name, settings.get("name")
         wrong = meant is not None and str(meant) != mine
     else:
-        mine, meant = int(context.node_config["partition-id"]), client
+        mine, meant = _int(context.node_config["partition-id"]), client
         wrong = meant != mine
     if wrong:
         raise UserError(
             f"a message for client {client} ({meant}) reached the node of "
             f"{mine}: the SuperLink delivered it to the wrong node"
         )
+
+
+def _int(value: object) -> int:
+    """An integer a message or the node config carries (a Flower record value)."""
+    if not isinstance(value, int | float | str):
+        raise UserError(f"expected an integer, got a {type(value).__name__}")
+    return int(value)
 
 
 def _reply(msg: Message, **records) -> Message:
@@ -226,12 +236,12 @@ def _identity(context: Context) -> dict:
         listed = _listing(run_items, str(path))
         unlabeled = {}
         pretraining = _plan(run_items).pretraining
-        settings = None if pretraining is None else pretraining.federated_settings
-        if settings is not None:  # a federated pre-training needs a batch of them: refused
+        on_clients = None if pretraining is None else pretraining.federated
+        if on_clients is not None:  # a federated pre-training needs a batch of them: refused
             found = list_node_unlabeled(str(path))  # now, if fewer
             check_batch(
                 len(found),
-                settings["batch_size"],
+                on_clients.settings["batch_size"],
                 f"{path}/unlabeled holds",
                 "add images or " + SMALLER_BATCH,
             )
@@ -248,7 +258,7 @@ def _identity(context: Context) -> dict:
             "SuperNode with --node-config 'data-path=\"DIR\"' (its own images) "
             'or "partition-id=K num-partitions=N"'
         )
-    partition_id = int(context.node_config["partition-id"])
+    partition_id = _int(context.node_config["partition-id"])
     _checked(run_items, partition_id)
     declared = context.node_config.get("num-partitions")  # what the node was started for
     return {
@@ -262,12 +272,12 @@ def _identity(context: Context) -> dict:
 def query(msg: Message, context: Context) -> Message:
     """Who this node is (the server's client roster). Every message runs in a fresh
     ClientApp process, so this one loads no data and no TensorFlow."""
-    settings = msg.content["config"] if "config" in msg.content else {}
+    settings: Mapping[str, object] = msg.content["config"] if "config" in msg.content else {}
     asked = settings.get("ask")
     if asked is None:  # a ConfigRecord: a folder name is a string
         return _reply(msg, identity=ConfigRecord(_identity(context)))
     # Once before training, what the method's rule asks (cpcfl_tf.methods.rules): only now data.
-    client = int(settings["client-id"])
+    client = _int(settings["client-id"])
     _addressed(settings, context)
     run, data, _, _, group = _node(context)
     answer = run.rule.answer(dict(settings), data.images[0], group)
@@ -284,14 +294,14 @@ def _pretrain(msg: Message, context: Context) -> Message:
     from cpcfl_tf.pretraining.fedavg_ssl import ClientState
 
     settings = msg.content["config"]
-    client = int(settings["client-id"])
+    client = _int(settings["client-id"])
     _addressed(settings, context)
     run_items = tuple(sorted(context.run_config.items()))
     path = context.node_config.get("data-path")
     images = (
         _own_unlabeled(run_items, str(path))
         if path is not None
-        else _dealt(run_items)[int(context.node_config["partition-id"])]
+        else _dealt(run_items)[_int(context.node_config["partition-id"])]
     )
     trainer = _trainer(run_items, tuple(images.shape[1:]))
     problem = checks.weights_problem(from_record(msg.content["model"]), trainer.initial())
@@ -300,7 +310,7 @@ def _pretrain(msg: Message, context: Context) -> Message:
     kept = context.state.array_records.get(_KEPT)
     state = ClientState.from_arrays({} if kept is None else {k: a.numpy() for k, a in kept.items()})
     sent, result = trainer.round(
-        from_record(msg.content["model"]), state, images, int(settings["round"]), client
+        from_record(msg.content["model"]), state, images, _int(settings["round"]), client
     )
     context.state[_KEPT] = ArrayRecord(
         array_dict={k: Array.from_numpy_ndarray(np.asarray(a)) for k, a in state.arrays().items()}
@@ -339,18 +349,18 @@ def train(msg: Message, context: Context) -> Message:
     settings = msg.content["config"]
     if settings.get("stage") == "pretrain":
         return _pretrain(msg, context)
-    client, num_clients = int(settings["client-id"]), int(settings["num-clients"])
+    client, num_clients = _int(settings["client-id"]), _int(settings["num-clients"])
     _addressed(settings, context)
     run, data, _, backend, _ = _node(context)
     fl = run.federated
     # The round's plan, drawn from the seeds exactly as the server and the simulator draw it.
     plan = algorithm.plan_round(
-        run, run.config.seed, int(settings["attempt"]), int(settings["round"]), num_clients
+        run, run.config.seed, _int(settings["attempt"]), _int(settings["round"]), num_clients
     )
     row = int(np.searchsorted(plan.participants, client))
     models = _models(msg, tuple(sorted(context.run_config.items())))
     if "cluster" in settings:  # the server assigned this node its model
-        cluster = int(settings["cluster"])
+        cluster = _int(settings["cluster"])
         if cluster not in models:
             raise UserError(f"the server assigned model {cluster} but sent {sorted(models)}")
     else:
@@ -378,7 +388,7 @@ def train(msg: Message, context: Context) -> Message:
     )
     weights, metrics = _tampered(
         context,
-        int(settings["round"]) + 1,
+        _int(settings["round"]) + 1,
         unstack(trained, 0),
         {"cluster-id": cluster, "num-examples": data.size, "client-id": client},
         fl.num_clusters,
@@ -436,7 +446,7 @@ def evaluate(msg: Message, context: Context) -> Message:
             {
                 "accuracy": float(client_accuracy(test.labels, probs)[0]),
                 "num-examples": test.size,
-                "client-id": int(msg.content["config"]["client-id"]),
+                "client-id": _int(msg.content["config"]["client-id"]),
             }
         ),
     )

@@ -149,7 +149,7 @@ def host_problem(host: str) -> str | None:
 def _alternative_names(hosts: Sequence[str]):
     from cryptography import x509
 
-    names = []
+    names: list[x509.GeneralName] = []
     for host in hosts:
         try:
             names.append(x509.IPAddress(ipaddress.ip_address(host)))

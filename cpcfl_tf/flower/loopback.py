@@ -149,12 +149,15 @@ class Federation:
 
     def _register(self, k: int) -> None:
         """``flwr supernode register`` SuperNode ``k``'s public key with the SuperLink."""
+        if self.credentials is None:
+            raise ValueError("an insecure federation registers no keys")
+        key = self.credentials.node_public_key(k)
         proc = subprocess.run(
             [
                 command_path("flwr"),
                 "supernode",
                 "register",
-                str(self.credentials.node_public_key(k)),
+                str(key),
                 "loopback",
                 "--format",
                 "json",
@@ -166,7 +169,7 @@ class Federation:
         )
         if proc.returncode != 0 or '"success": true' not in proc.stdout:
             raise UserError(
-                f"flwr supernode register {self.credentials.node_public_key(k)} "
+                f"flwr supernode register {key} "
                 f"failed: {(proc.stdout + proc.stderr).strip()[-300:]}"
             )
 

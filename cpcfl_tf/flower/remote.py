@@ -20,6 +20,7 @@ from cpcfl_tf.clustered import algorithm
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.flower import checks
 from cpcfl_tf.flower.common import models_to_records, to_record
+from cpcfl_tf.methods.clustering import Answers
 from cpcfl_tf.plan.resolve import RunPlan
 
 
@@ -123,7 +124,7 @@ def ask_first(
     *,
     image_shape: tuple[int, ...],
     num_groups: int,
-) -> list[np.ndarray] | None:
+) -> Answers | None:
     """Every client's answer, by client id, to what the method's rule asks once before
     training (:mod:`cpcfl_tf.methods.rules`: the oracle's true groups, PACFL's data
     subspaces), each checked (:func:`cpcfl_tf.flower.checks.answered`: the node's own
@@ -221,7 +222,8 @@ def roster(
             "no node answered the roster as the run config says (their reasons "
             f"are above): start the SuperNodes {started}"
         )
-    client_of, claimed = {}, {}  # node -> client; its partition id or name -> node
+    client_of: dict[int, int] = {}  # node -> client
+    claimed: dict[int | str, int] = {}  # its partition id or name -> node
     for node, i in said.items():  # in the order the replies came: the first claim holds
         claim = i.name if own else i.partition
         said_as = f"data folder {checks.shown(claim, 40)}" if own else f"partition-id {claim}"
@@ -300,7 +302,7 @@ class Nodes:
                 "num-clients": self.num_clients,
                 **addressee(client, self.names),
             }
-            if self.assigns:  # the node's own model only, and which one it is
+            if self.assigns and plan.drawn is not None:  # its own model only, and which
                 cluster = int(plan.drawn[row[client]])
                 contents[node] = RecordDict(
                     {
@@ -317,11 +319,11 @@ class Nodes:
                     **models_to_records({n: models[n] for n in range(plan.num_models)}),
                 }
             )
-        replies, failed = send(
+        messages, failed = send(
             self.grid, contents, MessageType.TRAIN, str(plan.round + 1), self.timeout
         )
         checked, left = parsed(
-            replies,
+            messages,
             "train",
             plan.round + 1,
             lambda content, node: self._trained(content, node, plan, row, models),
@@ -395,11 +397,11 @@ class Nodes:
             contents[node] = RecordDict(
                 {"config": ConfigRecord(addressee(client, self.names)), **models_to_records(sent)}
             )
-        scores, _ = send(
+        messages, _ = send(
             self.grid, contents, MessageType.EVALUATE, f"{round_}-evaluate", self.timeout
         )
         scores, _ = parsed(
-            scores,
+            messages,
             "evaluate",
             round_,
             lambda content, node: checks.scored(

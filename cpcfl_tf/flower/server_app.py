@@ -107,11 +107,8 @@ def _examples(config, node_data: dict[str, dict] | None) -> tuple[dict[int, int]
         )
     from cpcfl_tf.clustered.clients import clients_for
 
-    clients = clients_for(config)
-    return tuple(
-        dict.fromkeys(range(config.partition.num_clients), split.size)
-        for split in (clients.train, clients.test)
-    )
+    clients, every = clients_for(config), range(config.partition.num_clients)
+    return dict.fromkeys(every, clients.train.size), dict.fromkeys(every, clients.test.size)
 
 
 def own_data_config(config, nodes: int):
@@ -199,6 +196,7 @@ def main(grid: Grid, context: Context) -> None:
     if answers is not None:  # a client without an answer takes no part
         client_of = {n: c for n, c in client_of.items() if answers[c] is not None}
 
+    encoder_weights: list[np.ndarray] | None
     if run.pretraining is not None and run.pretraining.federated is not None:
         # The first stage: the nodes pre-train the encoder on their unlabeled images.
         encoder_weights = _pretrain_stage(
@@ -268,4 +266,4 @@ def main(grid: Grid, context: Context) -> None:
     )
     print(f"[cpcfl] final accuracy {record.final.accuracy}", flush=True)
     if settings.get("out"):
-        write_record(settings["out"], record)
+        write_record(str(settings["out"]), record)

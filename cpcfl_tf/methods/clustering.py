@@ -7,8 +7,76 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
+
+
+class RuleSettings(Protocol):
+    """What a rule reads of a run's ``federated`` section as its method runs it
+    (:class:`~cpcfl_tf.plan.resolve.ResolvedFederated`: N, Tc and the options as used)."""
+
+    @property
+    def num_clusters(self) -> int: ...
+
+    @property
+    def head_rounds(self) -> int: ...
+
+    @property
+    def options(self) -> dict[str, float] | None: ...
+
+
+class PoolState(Protocol):
+    """What a rule reads of the server's state between rounds
+    (:class:`~cpcfl_tf.clustered.algorithm.ServerState`, a dataclass a rule may replace
+    fields of)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+    @property
+    def round(self) -> int: ...
+
+    @property
+    def models(self) -> list[list[np.ndarray]]: ...
+
+    @property
+    def assignment(self) -> np.ndarray | None: ...
+
+    @property
+    def memory(self) -> dict[str, np.ndarray]: ...
+
+
+class RoundReplies(Protocol):
+    """What a rule reads of a round's replies
+    (:class:`~cpcfl_tf.clustered.algorithm.Replies`): who replied, the cluster each
+    trained, its example count and its weights, array by array stacked over the replies."""
+
+    @property
+    def clients(self) -> np.ndarray: ...
+
+    @property
+    def cluster_ids(self) -> np.ndarray: ...
+
+    @property
+    def sizes(self) -> np.ndarray: ...
+
+    @property
+    def weights(self) -> list[np.ndarray]: ...
+
+
+Answers = Sequence[np.ndarray | None]
+"""Each client's answer to what its rule asks before training, by client id (None: a
+Flower node that gave none the server could use, which takes no part)."""
+
+State = TypeVar("State", bound=PoolState)
+"""The server state a rule's step is given and gives back (the same type)."""
+
+
+def assigned(state: PoolState) -> np.ndarray:
+    """The server's assignment in ``state``, which a rule that assigns always keeps."""
+    if state.assignment is None:
+        raise ValueError("the pool keeps no assignment: the rule does not assign")
+    return state.assignment
 
 
 def nearest_centres(
@@ -39,7 +107,7 @@ def farthest_first(client_weights: Sequence[np.ndarray], count: int) -> list[lis
     return [[a[c] for a in client_weights] for c in chosen]
 
 
-def fesem_step(state, replies) -> np.ndarray:
+def fesem_step(state: PoolState, replies: RoundReplies) -> np.ndarray:
     """FeSEM's E-step (Long et al.): each trained model joins the nearest centre. The
     centres are the models the round started from, except in round 1, where every client
     trained the one common model and the centres are :func:`farthest_first` of the trained
@@ -51,7 +119,7 @@ def fesem_step(state, replies) -> np.ndarray:
     return nearest_centres(centres, replies.weights)
 
 
-def flat_updates(state, replies) -> np.ndarray:
+def flat_updates(state: PoolState, replies: RoundReplies) -> np.ndarray:
     """``(replies, parameters)`` float64: each reply's trained weights minus the model it
     started from, every array flattened (what CFL compares)."""
     ids = replies.cluster_ids
@@ -85,7 +153,9 @@ def bipartition(updates: np.ndarray) -> tuple[np.ndarray, float]:
     return halves, float(similarity[np.ix_(halves == 0, halves == 1)].max())
 
 
-def cfl_split(fl, state, replies) -> tuple[np.ndarray, object, dict]:
+def cfl_split(
+    fl: RuleSettings, state: State, replies: RoundReplies
+) -> tuple[np.ndarray, State, dict]:
     """CFL's server step (Sattler et al., Algorithm 1) before aggregation: a cluster whose
     |D_u|-weighted mean update is below ``eps1`` while its largest update is above
     ``eps2`` (after ``split_after`` rounds, with at least ``min_split_size`` members) is
@@ -94,12 +164,12 @@ def cfl_split(fl, state, replies) -> tuple[np.ndarray, object, dict]:
     code); the new cluster starts from its parent's model. Returns the replies' cluster
     ids, the pool, and the round record's ``split_test``: for every cluster that trained,
     the three numbers the test compares (how the thresholds were calibrated)."""
-    options, ids = fl.options, replies.cluster_ids.copy()
+    options, ids = fl.options or {}, replies.cluster_ids.copy()
     if len(ids) == 0:
         return ids, state, {}
     updates = flat_updates(state, replies)
     norms = np.linalg.norm(updates, axis=1)
-    used = set(np.unique(state.assignment).tolist()) | set(ids.tolist())
+    used = set(np.unique(assigned(state)).tolist()) | set(ids.tolist())
     models = list(state.models)
     tests = {}
     for c in sorted(set(ids.tolist())):
@@ -114,6 +184,8 @@ def cfl_split(fl, state, replies) -> tuple[np.ndarray, object, dict]:
             or not free
             or len(members) < options["min_split_size"]
         ):
+            continue
+        if halves is None or cross is None:  # one member: nothing to split
             continue
         if mean < options["eps1"] and top > options["eps2"] and cross < options["max_cross"]:
             new = free[0]
@@ -134,13 +206,13 @@ def hierarchical_clusters(updates: np.ndarray, num_clusters: int) -> np.ndarray:
     return AgglomerativeClustering(n_clusters=count, linkage="ward").fit(updates).labels_
 
 
-def fl_hc_split(fl, state, replies) -> tuple[np.ndarray, object]:
+def fl_hc_split(fl: RuleSettings, state: State, replies: RoundReplies) -> tuple[np.ndarray, State]:
     """FL+HC's server step (Briggs et al. 2020): FedAvg until round ``cluster_round``
     (0-based), whose updates (from the one global model) are clustered once by
     :func:`hierarchical_clusters`; every cluster model starts from the global model.
     Clients not taking part in that round stay with cluster 0."""
     ids = replies.cluster_ids
-    if state.round != fl.options["cluster_round"] or len(ids) == 0:
+    if state.round != (fl.options or {})["cluster_round"] or len(ids) == 0:
         return ids, state
     ids = hierarchical_clusters(flat_updates(state, replies), fl.num_clusters)
     models = [[np.array(a) for a in state.models[0]] for _ in state.models]
@@ -156,7 +228,7 @@ def data_subspace(images: np.ndarray, basis: int) -> np.ndarray:
     return left[:, :basis].astype(np.float32)
 
 
-def sent_bytes(answers: Sequence[np.ndarray] | None) -> int:
+def sent_bytes(answers: Answers | None) -> int:
     """The bytes of the arrays the clients sent as answers (0: none asked; a client
     without one sent nothing the server kept)."""
     return 0 if answers is None else int(sum(a.nbytes for a in answers if a is not None))

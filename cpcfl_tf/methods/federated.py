@@ -19,7 +19,7 @@ import dataclasses
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.methods.rules import RULES, Rule
 from cpcfl_tf.methods.ssl import FEDERATED_STARTS, SSL_METHODS
-from cpcfl_tf.methods.starts import START
+from cpcfl_tf.methods.starts import FEDAVG_ENCODER, START
 from cpcfl_tf.plugins import entries, used
 
 PRETRAIN_METHODS = tuple(SSL_METHODS)
@@ -40,7 +40,7 @@ PRETRAINED = tuple(name for name, start in START.items() if start.pretrained)
 ASSIGNMENTS = {name: rule.description for name, rule in RULES.items()}
 """The assignment rules (:mod:`cpcfl_tf.methods.rules`) and what each does."""
 
-FEDAVG_ENCODER_RUN = START["fedavg"].run
+FEDAVG_ENCODER_RUN = FEDAVG_ENCODER.run
 """(method, starting encoder) of the run whose final global encoder is the ``fedavg``
 starting encoder (IFCA (FedAvg), tab:different_methods)."""
 
@@ -271,8 +271,8 @@ def plugins_used(method: str, pretraining: str) -> dict[str, str]:
     return used(
         method=method,
         rule=get_method(method).assign,
-        ssl_method=start.ssl_method or None,
-        federated_ssl=start.federated.name if start.federated else None,
+        ssl_method=start.ssl_method,
+        federated_ssl=start.federated.name if start.federated else "",
     )
 
 

@@ -35,6 +35,12 @@ import numpy as np
 
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.methods.clustering import (
+    Answers,
+    PoolState,
+    RoundReplies,
+    RuleSettings,
+    State,
+    assigned,
     cfl_split,
     data_subspace,
     decomposed_cosines,
@@ -86,7 +92,7 @@ class Rule:
         """N of a run with ``federated.num_clusters`` = ``num_clusters``."""
         return num_clusters
 
-    def question(self, fl) -> dict:
+    def question(self, fl: RuleSettings) -> dict:
         """The settings the server sends with its question (e.g. PACFL's ``basis``)."""
         return {}
 
@@ -101,31 +107,33 @@ class Rule:
         node's answer against (:func:`cpcfl_tf.flower.checks.answered`)."""
         raise ValueError(f"rule {self.name!r} asks the clients nothing")
 
-    def answer_problem(self, fl, answer: np.ndarray, num_groups: int) -> str | None:
+    def answer_problem(self, fl: RuleSettings, answer: np.ndarray, num_groups: int) -> str | None:
         """What is wrong with a client's (finite, well-shaped) answer beyond its shape and
         dtype, in a few words (None: nothing)."""
         return None
 
-    def answer_bytes(self, answers: Sequence[np.ndarray] | None) -> int:
+    def answer_bytes(self, answers: Answers | None) -> int:
         """Bytes the answers add to what the clients send up (``bytes_other``)."""
         return 0
 
     def first(
-        self, fl, num_clients: int, answers: Sequence[np.ndarray] | None
+        self, fl: RuleSettings, num_clients: int, answers: Sequence[np.ndarray] | None
     ) -> np.ndarray | None:
         """Each client's first model when the server assigns (None: each chooses)."""
         return None
 
-    def step(self, fl, state, replies) -> tuple[np.ndarray, object, dict]:
+    def step(
+        self, fl: RuleSettings, state: State, replies: RoundReplies
+    ) -> tuple[np.ndarray, State, dict]:
         """The cluster of each reply the server aggregates by, the pool it aggregates into
         (``state``, possibly changed), and what the round's record gains."""
         return replies.cluster_ids, state, {}
 
-    def remember(self, fl, answers: Sequence[np.ndarray] | None) -> dict[str, np.ndarray]:
+    def remember(self, fl: RuleSettings, answers: Answers | None) -> dict[str, np.ndarray]:
         """What the server keeps from the answers for later rounds (``state.memory``)."""
         return {}
 
-    def assignment(self, fl, t: int, state) -> np.ndarray | None:
+    def assignment(self, fl: RuleSettings, t: int, state: PoolState) -> np.ndarray | None:
         """Each client's model in round ``t`` (0-based) when the server gives it, else
         ``None`` (each chooses: at random in the Tc phase, then by loss)."""
         return state.assignment
@@ -136,10 +144,12 @@ class Own(Rule):
     description = "each client keeps a model of its own; nothing is sent"
     server_assigns, communicates = True, False
 
-    def num_models(self, num_clusters, num_clients, num_groups):
+    def num_models(self, num_clusters: int, num_clients: int, num_groups: int) -> int:
         return num_clients
 
-    def first(self, fl, num_clients, answers):
+    def first(
+        self, fl: RuleSettings, num_clients: int, answers: Sequence[np.ndarray] | None
+    ) -> np.ndarray | None:
         return np.arange(num_clients)
 
 
@@ -152,20 +162,20 @@ class TrueGroups(Rule):
     node_needs = " with group=G in its node config"
     groups_are_models = True
 
-    def num_models(self, num_clusters, num_clients, num_groups):
+    def num_models(self, num_clusters: int, num_clients: int, num_groups: int) -> int:
         return num_groups
 
-    def answer(self, question, images, group):
+    def answer(self, question: dict, images: np.ndarray, group: int | None) -> np.ndarray:
         if group is None:
             raise UserError(
                 "the method needs this client's true group: add group=G to the node config"
             )
         return np.array([group], np.int64)
 
-    def answer_like(self, question, image_shape):
+    def answer_like(self, question: dict, image_shape: tuple[int, ...]) -> np.ndarray:
         return np.zeros(1, np.int64)
 
-    def answer_problem(self, fl, answer, num_groups):
+    def answer_problem(self, fl: RuleSettings, answer: np.ndarray, num_groups: int) -> str | None:
         group = int(answer[0])
         return (
             None
@@ -173,7 +183,9 @@ class TrueGroups(Rule):
             else f"group {group} is outside the run's 0..{num_groups - 1}"
         )
 
-    def first(self, fl, num_clients, answers):
+    def first(
+        self, fl: RuleSettings, num_clients: int, answers: Sequence[np.ndarray] | None
+    ) -> np.ndarray | None:
         if answers is None:
             raise ValueError("the oracle needs every client's true group")
         groups = np.array([int(a[0]) for a in answers])
@@ -185,7 +197,9 @@ class OneFirst(Rule):
 
     server_assigns = True
 
-    def first(self, fl, num_clients, answers):
+    def first(
+        self, fl: RuleSettings, num_clients: int, answers: Sequence[np.ndarray] | None
+    ) -> np.ndarray | None:
         return np.zeros(num_clients, np.int64)
 
 
@@ -197,7 +211,9 @@ class Nearest(OneFirst):
         "members' average"
     )
 
-    def step(self, fl, state, replies):
+    def step(
+        self, fl: RuleSettings, state: State, replies: RoundReplies
+    ) -> tuple[np.ndarray, State, dict]:
         if not len(replies.clients):
             return replies.cluster_ids, state, {}
         return fesem_step(state, replies), state, {}
@@ -211,7 +227,9 @@ class Split(OneFirst):
         "and the largest one large"
     )
 
-    def step(self, fl, state, replies):
+    def step(
+        self, fl: RuleSettings, state: State, replies: RoundReplies
+    ) -> tuple[np.ndarray, State, dict]:
         return cfl_split(fl, state, replies)
 
 
@@ -222,7 +240,9 @@ class Hierarchical(OneFirst):
         "(agglomerative, Ward's linkage); FedAvg within each cluster after it"
     )
 
-    def step(self, fl, state, replies):
+    def step(
+        self, fl: RuleSettings, state: State, replies: RoundReplies
+    ) -> tuple[np.ndarray, State, dict]:
         return (*fl_hc_split(fl, state, replies), {})
 
 
@@ -235,16 +255,16 @@ class Subspaces(Rule):
     )
     asks, server_assigns = "subspace", True
 
-    def question(self, fl):
-        return {"basis": int(fl.options["basis"])}
+    def question(self, fl: RuleSettings) -> dict:
+        return {"basis": int((fl.options or {})["basis"])}
 
-    def answer(self, question, images, group):
+    def answer(self, question: dict, images: np.ndarray, group: int | None) -> np.ndarray:
         return data_subspace(images, int(question["basis"]))
 
-    def answer_like(self, question, image_shape):
+    def answer_like(self, question: dict, image_shape: tuple[int, ...]) -> np.ndarray:
         return np.zeros((int(np.prod(image_shape)), int(question["basis"])), np.float32)
 
-    def answer_problem(self, fl, answer, num_groups):
+    def answer_problem(self, fl: RuleSettings, answer: np.ndarray, num_groups: int) -> str | None:
         """A data subspace is an orthonormal basis (the left singular vectors): its Gram
         matrix is the identity within float32 rounding (:data:`ORTHONORMAL_TOLERANCE`). An
         all-zero or scaled "basis" would sit at any angle its sender liked."""
@@ -257,10 +277,12 @@ class Subspaces(Rule):
             f"identity, more than {ORTHONORMAL_TOLERANCE:g})"
         )
 
-    def answer_bytes(self, answers):
+    def answer_bytes(self, answers: Answers | None) -> int:
         return sent_bytes(answers)
 
-    def first(self, fl, num_clients, answers):
+    def first(
+        self, fl: RuleSettings, num_clients: int, answers: Sequence[np.ndarray] | None
+    ) -> np.ndarray | None:
         if answers is None:
             raise ValueError("PACFL needs the clients' data subspaces")
         return subspace_clusters(answers, fl.num_clusters)
@@ -286,20 +308,19 @@ class FeatureGroups(Rule):
     )
     asks, reads, on_flower = "features", "embeddings", False
 
-    def answer(self, question, embeddings, group):
+    def answer(self, question: dict, embeddings: np.ndarray, group: int | None) -> np.ndarray:
         return mean_embedding(embeddings)
 
-    def answer_bytes(self, answers):
+    def answer_bytes(self, answers: Answers | None) -> int:
         return sent_bytes(answers)
 
-    def remember(self, fl, answers):
-        if answers is None:
-            raise ValueError("the features rule needs the clients' mean embeddings")
-        return {
-            "feature_groups": kmeans_pp(np.stack(answers).astype(np.float64), fl.num_clusters)[0]
-        }
+    def remember(self, fl: RuleSettings, answers: Answers | None) -> dict[str, np.ndarray]:
+        given = [a for a in answers or () if a is not None]
+        if answers is None or len(given) < len(answers):
+            raise ValueError("the features rule needs every client's mean embedding")
+        return {"feature_groups": kmeans_pp(np.stack(given).astype(np.float64), fl.num_clusters)[0]}
 
-    def assignment(self, fl, t, state):
+    def assignment(self, fl: RuleSettings, t: int, state: PoolState) -> np.ndarray | None:
         return state.memory["feature_groups"] if t == fl.head_rounds else state.assignment
 
 
@@ -315,7 +336,9 @@ class Decomposed(OneFirst):
         "it; a client first seen later joins the group whose centre is nearest"
     )
 
-    def step(self, fl, state, replies):
+    def step(
+        self, fl: RuleSettings, state: State, replies: RoundReplies
+    ) -> tuple[np.ndarray, State, dict]:
         ids = replies.cluster_ids.copy()
         if not len(ids):
             return ids, state, {}
@@ -325,7 +348,7 @@ class Decomposed(OneFirst):
             directions = leading_directions(updates, fl.num_clusters)
             coords = decomposed_cosines(updates, directions)
             groups, centres = kmeans_pp(coords, fl.num_clusters)
-            grouped = np.zeros(len(state.assignment), bool)
+            grouped = np.zeros(len(assigned(state)), dtype=bool)
             grouped[replies.clients] = True
             return (
                 groups,

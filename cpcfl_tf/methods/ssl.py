@@ -412,7 +412,7 @@ def check_options(options: dict[str, Any] | None) -> dict[str, dict[str, Any]] |
     return dict(sorted(kept.items())) or None
 
 
-def get_ssl_method_or_fed(name: str) -> SSLMethod:
+def get_ssl_method_or_fed(name: str) -> SSLMethod | FederatedSSL:
     """The method ``name`` (an entry of ``pretrain.options``): a self-supervised method or
     a federated pre-training (one-line error naming both lists)."""
     if name in FEDERATED_SSL:

@@ -2,83 +2,121 @@
 start, in :data:`START`.
 
 A start says what it is (its label in tables, whether it gives a pre-trained encoder,
-whether runs of one key share it, whether the Flower apps can begin from it), which
-pre-training it needs (:meth:`Start.pretraining`: the :class:`Pretraining` a run's plan
-carries, with the method's registry entry, its settings and seed, all the pre-training
-stage is given) and how its encoder is got, the way a Flower strategy overrides a stage:
-:meth:`Start.encoder`, :meth:`Start.status` and :meth:`Start.ready` take the run's plan
-and ask the one cache of encoders
-(:class:`cpcfl_tf.clustered.starting.StartingEncoders`, passed in) for the piece of work
-that start needs: a random initialisation needs none, the server's pre-trainings and
-the supervised one their cached folder, IFCA (FedAvg)'s encoder a FedAvg run, a
-federated pre-training the clients' images. Nothing else compares a start's name.
+whether runs of one key share it, whether the Flower apps can begin from it, the
+self-supervised method and federated pre-training it runs: what
+:func:`cpcfl_tf.plan.resolve.pretraining_of` puts in a run's plan) and how its encoder is
+got, the way a Flower strategy overrides a stage: :meth:`Start.encoder`,
+:meth:`Start.status` and :meth:`Start.ready` ask an :class:`EncoderSource` (the one cache
+of encoders, :class:`cpcfl_tf.clustered.starting.StartingEncoders`, passed in) for the
+piece of work that start needs for a run: a random initialisation needs none, the
+server's pre-trainings and the supervised one their cached folder, IFCA (FedAvg)'s
+encoder a FedAvg run, a federated pre-training the clients' images. Nothing else
+compares a start's name.
 
 This module imports nothing of the kit but its errors, the record layouts
-(:mod:`cpcfl_tf.compat`), the aggregation settings (:mod:`cpcfl_tf.aggregation`) and the
-self-supervised registry, so every layer may read it.
+(:mod:`cpcfl_tf.compat`) and the self-supervised registry, so every layer may read it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, ClassVar, Protocol, TypeVar
 
-from cpcfl_tf.aggregation import Defence
+import numpy as np
+
 from cpcfl_tf.compat import stored_pretrain
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.methods.ssl import FEDERATED_STARTS, SSL_METHODS, FederatedSSL, SSLMethod
 
+Weights = list[np.ndarray]
+"""An encoder's weights, in Keras' ``get_weights`` order."""
 
-@dataclasses.dataclass(frozen=True)
-class Pretraining:
-    """The pre-training a run's start needs, all the pre-training stage is given: the
-    server's self-supervised one (``ssl`` with its ``settings``), the supervised one
-    (``ssl`` None, no settings), or a federated one (``federated`` with its own settings,
-    of ``ssl``) on the clients of ``partition``."""
+Run = TypeVar("Run")
+RunIn = TypeVar("RunIn", contravariant=True)
 
-    name: str
-    """The start's name (``federated.pretraining``): its cache folder's prefix."""
-    ssl: SSLMethod | None
-    """The self-supervised method (None: the supervised pre-training)."""
-    settings: dict[str, Any]
-    """Every setting of ``ssl`` with the value it runs with (empty: supervised)."""
-    seed: int
-    """The pre-training's seed (:attr:`~cpcfl_tf.plan.config.Config.pretrain_seed`)."""
-    pretrain: Any
-    """The run's ``pretrain`` section (:class:`~cpcfl_tf.plan.config.PretrainConfig`)."""
-    data: Any
-    """The run's ``data`` section (:class:`~cpcfl_tf.plan.config.DataConfig`)."""
-    federated: FederatedSSL | None = None
-    federated_settings: dict[str, Any] | None = None
-    """The federated pre-training's settings, defaults filled in and ``rounds`` resolved
-    (given, or the server's passes: :func:`federated_rounds`)."""
-    partition: Any = None
-    """A federated one's: the clients' ``partition`` section (their unlabeled deal)."""
-    partition_seed: int | None = None
-    """A federated one's: the seed of the clients' partition (``config.seed``)."""
-    defence: Defence = Defence()
-    """A federated one's: how a round combines its clients' uploads (the run's
-    ``federated.aggregation``, ``trim_fraction`` and ``update_norm``: one setting for both
-    stages)."""
+
+class WithEncoder(Protocol):
+    """A finished pre-training as the source gives it: its encoder, with weights."""
 
     @property
-    def method(self) -> str:
-        """The method's name: the self-supervised one's, or "supervised"."""
-        return self.ssl.name if self.ssl is not None else "supervised"
+    def encoder(self) -> Any:
+        """The Keras encoder (this layer imports no Keras: its ``get_weights()`` is all a
+        start reads)."""
+
+
+class EncoderSource(Protocol[RunIn]):
+    """What a start asks of the cache of starting encoders for a run (its plan,
+    :class:`~cpcfl_tf.plan.resolve.RunPlan`): one piece of work per kind of start, and
+    whether a pre-training's folder holds its finished file. The start never reads the run:
+    it says which work, the source knows the run."""
+
+    def contrastive(self, run: RunIn) -> WithEncoder:
+        """The run's server self-supervised pre-training, cached."""
+        ...
+
+    def federated(self, run: RunIn) -> WithEncoder:
+        """The run's federated self-supervised pre-training, cached."""
+        ...
+
+    def supervised(self, run: RunIn) -> Weights:
+        """The run's supervised pre-training's encoder, cached."""
+        ...
+
+    def fedavg(self, run: RunIn) -> Weights:
+        """The encoder of the FedAvg (None) run on the run's clients, cached."""
+        ...
+
+    def fedavg_ready(self, run: RunIn) -> bool:
+        """Whether that FedAvg encoder is at hand."""
+        ...
+
+    def pretraining_status(self, run: RunIn, finished: str) -> str:
+        """Where the run's pre-training would come from now: cached (its folder holds
+        ``finished``), to resume, or to make."""
+        ...
+
+    def pretraining_done(self, run: RunIn, finished: str) -> bool:
+        """Whether the run's pre-training's folder holds ``finished``."""
+        ...
+
+
+class PretrainSection(Protocol):
+    """What a start reads of a run's ``pretrain`` section
+    (:class:`~cpcfl_tf.plan.config.PretrainConfig`)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+    @property
+    def lr_schedule(self) -> str: ...
+
+    def settings(self, method: str | SSLMethod) -> dict[str, Any]: ...
+
+    @property
+    def options(self) -> dict[str, dict[str, Any]] | None: ...
+
+
+class PartitionSection(Protocol):
+    """What a start reads of a run's ``partition`` section
+    (:class:`~cpcfl_tf.plan.config.PartitionConfig`)."""
+
+    @property
+    def unlabeled(self) -> str: ...
+
+
+class StartConfig(Protocol):
+    """What a start reads of a run's config (:class:`~cpcfl_tf.plan.config.Config`)."""
+
+    @property
+    def pretrain(self) -> PretrainSection: ...
+
+    @property
+    def partition(self) -> PartitionSection: ...
 
 
 def sampled_count(num_clients: int, participation: float) -> int:
     """How many of ``num_clients`` clients a federated pre-training samples each round."""
     return max(1, int(math.ceil(participation * num_clients)))
-
-
-def federated_rounds(settings: dict[str, Any], epochs: int) -> int:
-    """A federated pre-training's rounds: ``settings``' own, or as many as give the
-    server's ``epochs`` passes over the images (``local_epochs`` x ``participation`` per
-    round)."""
-    passes = settings["local_epochs"] * settings["participation"]
-    return settings["rounds"] or max(1, round(epochs / passes))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,14 +127,15 @@ class Start:
     label: str
     pretrained: bool = False
     """It gives a pre-trained encoder (what CP-CFL needs:
-    :data:`~cpcfl_tf.methods.federated.PRETRAINED`)."""
+    :data:`~cpcfl_tf.methods.federated.PRETRAINED`): a run's plan carries its
+    pre-training (:func:`~cpcfl_tf.plan.resolve.pretraining_of`)."""
     shared: bool = False
     """Runs of one pre-training key start from one encoder (a run record's
     ``pretraining_key``); False: random weights, or each run's own FedAvg encoder."""
     on_flower: bool = True
     """The Flower ServerApp can begin from it."""
     ssl_method: str = ""
-    """The self-supervised method it pre-trains with ("": none)."""
+    """The self-supervised method it pre-trains with ("": none; pre-trained: supervised)."""
     federated: FederatedSSL | None = None
     """The federated pre-training that runs it on the clients' images (None: not one)."""
 
@@ -105,15 +144,16 @@ class Start:
         """It starts the run from an encoder (not from random weights)."""
         return type(self) is not Start
 
-    def check(self, config) -> None:
+    @property
+    def ssl(self) -> SSLMethod | None:
+        """Its self-supervised method's registry entry (None: none, or supervised)."""
+        return SSL_METHODS[self.ssl_method] if self.ssl_method else None
+
+    def check(self, config: StartConfig) -> None:
         """Refuse, in one line naming the fix, a ``config`` this start cannot begin from
         (names only: what the data can hold is :func:`cpcfl_tf.plan.resolve.check_data`'s)."""
 
-    def pretraining(self, config) -> Pretraining | None:
-        """The pre-training this start needs for ``config`` (None: none)."""
-        return None
-
-    def federated_settings(self, config) -> dict[str, Any] | None:
+    def federated_settings(self, config: StartConfig) -> dict[str, Any] | None:
         """Its federated pre-training's settings in ``config`` (its entry's in
         ``pretrain.options``, defaults filled in; ``rounds`` may still be None, the
         server's passes); None for a start that is not federated."""
@@ -121,7 +161,7 @@ class Start:
             return None
         return self.federated.resolve((config.pretrain.options or {}).get(self.federated.name))
 
-    def recorded_pretrain(self, config) -> dict[str, Any]:
+    def recorded_pretrain(self, config: StartConfig) -> dict[str, Any]:
         """``config.pretrain`` as a run record writes it (:func:`cpcfl_tf.compat.stored_pretrain`'s
         layout): every setting of its self-supervised method named, and of its federated
         pre-training (none for a start without them)."""
@@ -143,16 +183,16 @@ class Start:
         its final encoder is kept for the runs that begin from it)."""
         return False
 
-    def encoder(self, source, run):
-        """The starting encoder of ``run`` (its :class:`~cpcfl_tf.plan.resolve.RunPlan`)
-        as weights (None: random), got from ``source`` for the plan's pretraining."""
+    def encoder(self, source: EncoderSource[Run], run: Run) -> Weights | None:
+        """The starting encoder of ``run`` as weights (None: random), got from
+        ``source``."""
         return None
 
-    def status(self, source, run) -> str:
+    def status(self, source: EncoderSource[Run], run: Run) -> str:
         """Where it would come from now (nothing is built)."""
         return "random initialisation"
 
-    def ready(self, source, run) -> bool:
+    def ready(self, source: EncoderSource[Run], run: Run) -> bool:
         """Whether it is at hand without training."""
         return True
 
@@ -163,8 +203,10 @@ class ServerPretraining(Start):
 
     pretrained: bool = True
     shared: bool = True
+    finished: str = "pretrain.json"
+    """The file a finished pre-training leaves in its cache folder."""
 
-    def check(self, config) -> None:
+    def check(self, config: StartConfig) -> None:
         where = config.partition.unlabeled
         if where != "server":
             raise UserError(
@@ -174,47 +216,24 @@ class ServerPretraining(Start):
                 "partition.unlabeled=server"
             )
 
-    def pretraining(self, config) -> Pretraining | None:
-        return Pretraining(
-            self.name,
-            SSL_METHODS[self.ssl_method],
-            config.pretrain.settings(self.ssl_method),
-            config.pretrain_seed,
-            config.pretrain,
-            config.data,
-        )
-
-    def encoder(self, source, run):
+    def encoder(self, source: EncoderSource[Run], run: Run) -> Weights | None:
         return source.contrastive(run).encoder.get_weights()
 
-    def fresh(self, source, run) -> str:
-        return f"to pre-train ({run.pretraining.pretrain.epochs} epochs)"
+    def status(self, source: EncoderSource[Run], run: Run) -> str:
+        return source.pretraining_status(run, self.finished)
 
-    def status(self, source, run) -> str:
-        return source.cache_status(
-            run.pretraining, self.finished_file(source, run), self.fresh(source, run)
-        )
-
-    def ready(self, source, run) -> bool:
-        return self.finished_file(source, run).exists()
-
-    def finished_file(self, source, run):
-        """The file a finished pre-training leaves in its cache folder."""
-        return source.pretrain_folder(run.pretraining) / "pretrain.json"
+    def ready(self, source: EncoderSource[Run], run: Run) -> bool:
+        return source.pretraining_done(run, self.finished)
 
 
 @dataclasses.dataclass(frozen=True)
 class Supervised(ServerPretraining):
     """The server's supervised pre-training on the labeled version of the same split."""
 
-    def pretraining(self, config) -> Pretraining | None:
-        return Pretraining(self.name, None, {}, config.pretrain_seed, config.pretrain, config.data)
+    finished: str = "encoder.npz"
 
-    def encoder(self, source, run):
+    def encoder(self, source: EncoderSource[Run], run: Run) -> Weights | None:
         return source.supervised(run)
-
-    def finished_file(self, source, run):
-        return source.pretrain_folder(run.pretraining) / "encoder.npz"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,7 +241,7 @@ class FederatedPretraining(ServerPretraining):
     """A federated self-supervised pre-training (``federated``) of ``ssl_method`` on the
     clients' unlabeled images."""
 
-    def check(self, config) -> None:
+    def check(self, config: StartConfig) -> None:
         if config.partition.unlabeled == "server":
             raise UserError(
                 f"{self.name} pre-trains on the clients' unlabeled images; set "
@@ -242,31 +261,8 @@ class FederatedPretraining(ServerPretraining):
                 f"rate; drop {self.ssl_method}.target_schedule from pretrain.options"
             )
 
-    def pretraining(self, config) -> Pretraining | None:
-        settings = self.federated_settings(config)
-        settings = {**settings, "rounds": federated_rounds(settings, config.pretrain.epochs)}
-        return Pretraining(
-            self.name,
-            SSL_METHODS[self.ssl_method],
-            config.pretrain.settings(self.ssl_method),
-            config.pretrain_seed,
-            config.pretrain,
-            config.data,
-            self.federated,
-            settings,
-            config.partition,
-            config.seed,
-            Defence.of(config.federated),
-        )
-
-    def encoder(self, source, run):
+    def encoder(self, source: EncoderSource[Run], run: Run) -> Weights | None:
         return source.federated(run).encoder.get_weights()
-
-    def fresh(self, source, run) -> str:
-        return f"to pre-train federated ({run.pretraining.federated_settings['rounds']} rounds)"
-
-    def finished_file(self, source, run):
-        return source.federated_folder(run.pretraining) / "pretrain.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -282,24 +278,27 @@ class FedAvgEncoder(Start):
     def made_by(self, method: str, start: str) -> bool:
         return (method, start) == self.run
 
-    def encoder(self, source, run):
-        return source.fedavg(run.requested)
+    def encoder(self, source: EncoderSource[Run], run: Run) -> Weights | None:
+        return source.fedavg(run)
 
-    def status(self, source, run) -> str:
+    def status(self, source: EncoderSource[Run], run: Run) -> str:
         if self.ready(source, run):
             return "FedAvg encoder: cached"
         return "FedAvg encoder: kept from the FedAvg (None) run (trained first if none)"
 
-    def ready(self, source, run) -> bool:
-        return source.fedavg_ready(run.requested)
+    def ready(self, source: EncoderSource[Run], run: Run) -> bool:
+        return source.fedavg_ready(run)
 
+
+FEDAVG_ENCODER = FedAvgEncoder("fedavg", "FedAvg")
+"""IFCA (FedAvg)'s start."""
 
 START: dict[str, Start] = {
     s.name: s
     for s in (
         Start("none", "None"),
         *(ServerPretraining(m.name, m.label, ssl_method=m.name) for m in SSL_METHODS.values()),
-        FedAvgEncoder("fedavg", "FedAvg"),
+        FEDAVG_ENCODER,
         Supervised("supervised", "Supervised"),
         *(
             FederatedPretraining(name, fed.start_label(method), ssl_method=method, federated=fed)

@@ -449,13 +449,11 @@ class Config:
         _repeated_encoder(read_federated(data["federated"])[1], config.pretrain.encoder)
         return config
 
-    def with_overrides(self, **sections: dict[str, Any]) -> Config:
-        """Copy with fields replaced per section, e.g. ``partition={"num_clients": 30}``."""
-        changes: dict[str, Any] = {}
+    def with_overrides(self, seed: int | None = None, **sections: dict[str, Any]) -> Config:
+        """Copy with fields replaced per section, e.g. ``partition={"num_clients": 30}``,
+        and with ``seed``, the run's seed (None: this one's)."""
+        changes: dict[str, Any] = {} if seed is None else {"seed": seed}
         for name, fields in sections.items():
-            if name == "seed":
-                changes[name] = fields
-                continue
             require(
                 name in ("data", "partition", "pretrain", "federated"),
                 f"unknown config section {name!r}",

@@ -23,11 +23,19 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from cpcfl_tf.aggregation import Defence
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.methods.federated import METHODS, Method
 from cpcfl_tf.methods.rules import Rule
-from cpcfl_tf.methods.starts import START, Pretraining, Start, sampled_count
-from cpcfl_tf.plan.config import Config, FederatedConfig
+from cpcfl_tf.methods.ssl import FederatedSSL, SSLMethod
+from cpcfl_tf.methods.starts import START, Start, sampled_count
+from cpcfl_tf.plan.config import (
+    Config,
+    DataConfig,
+    FederatedConfig,
+    PartitionConfig,
+    PretrainConfig,
+)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -87,10 +95,96 @@ def federated_settings(config: Config) -> dict[str, Any] | None:
     return START[config.federated.pretraining].federated_settings(config)
 
 
+@dataclasses.dataclass(frozen=True)
+class OnClients:
+    """A federated pre-training's part of its plan: the method that runs it on the
+    clients, its settings, the clients and how their uploads are combined."""
+
+    method: FederatedSSL
+    """The federated pre-training's registry entry (:data:`~cpcfl_tf.methods.ssl.FEDERATED_SSL`)."""
+    settings: dict[str, Any]
+    """Its settings, defaults filled in and ``rounds`` resolved (given, or the server's
+    passes: :func:`federated_rounds`)."""
+    partition: PartitionConfig
+    """The clients' ``partition`` section (their unlabeled deal)."""
+    partition_seed: int
+    """The seed of the clients' partition (``config.seed``)."""
+    defence: Defence = Defence()
+    """How a round combines its clients' uploads (the run's ``federated.aggregation``,
+    ``trim_fraction`` and ``update_norm``: one setting for both stages)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Pretraining:
+    """The pre-training a run's start needs, all the pre-training stage is given: the
+    server's self-supervised one (``ssl`` with its ``settings``), the supervised one
+    (``ssl`` None, no settings), or a federated one of ``ssl`` on the clients
+    (``federated``)."""
+
+    name: str
+    """The start's name (``federated.pretraining``): its cache folder's prefix."""
+    ssl: SSLMethod | None
+    """The self-supervised method (None: the supervised pre-training)."""
+    settings: dict[str, Any]
+    """Every setting of ``ssl`` with the value it runs with (empty: supervised)."""
+    seed: int
+    """The pre-training's seed (:attr:`~cpcfl_tf.plan.config.Config.pretrain_seed`)."""
+    pretrain: PretrainConfig
+    """The run's ``pretrain`` section."""
+    data: DataConfig
+    """The run's ``data`` section."""
+    federated: OnClients | None = None
+    """A federated one's run on the clients (None: the server's)."""
+
+    @property
+    def method(self) -> str:
+        """The method's name: the self-supervised one's, or "supervised"."""
+        return self.ssl.name if self.ssl is not None else "supervised"
+
+    @property
+    def fresh(self) -> str:
+        """What making it would take, as a status line says it."""
+        if self.federated is not None:
+            return f"to pre-train federated ({self.federated.settings['rounds']} rounds)"
+        return f"to pre-train ({self.pretrain.epochs} epochs)"
+
+
+def federated_rounds(settings: dict[str, Any], epochs: int) -> int:
+    """A federated pre-training's rounds: ``settings``' own, or as many as give the
+    server's ``epochs`` passes over the images (``local_epochs`` x ``participation`` per
+    round)."""
+    passes = settings["local_epochs"] * settings["participation"]
+    return settings["rounds"] or max(1, round(epochs / passes))
+
+
 def pretraining_of(config: Config) -> Pretraining | None:
     """The pre-training ``config``'s start needs (None: none), as :func:`resolve` puts it
-    in the plan (its data unchecked): for a script that runs a pre-training alone."""
-    return START[config.federated.pretraining].pretraining(config)
+    in the plan (its data unchecked; also for a script that runs a pre-training alone):
+    the start's self-supervised method with its settings, and its federated pre-training
+    on the clients with theirs."""
+    start = START[config.federated.pretraining]
+    if not start.pretrained:
+        return None
+    ssl = start.ssl
+    pretraining = Pretraining(
+        start.name,
+        ssl,
+        config.pretrain.settings(ssl) if ssl is not None else {},
+        config.pretrain_seed,
+        config.pretrain,
+        config.data,
+    )
+    settings = start.federated_settings(config)
+    if start.federated is None or settings is None:
+        return pretraining
+    on_clients = OnClients(
+        start.federated,
+        {**settings, "rounds": federated_rounds(settings, config.pretrain.epochs)},
+        config.partition,
+        config.seed,
+        Defence.of(config.federated),
+    )
+    return dataclasses.replace(pretraining, federated=on_clients)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +206,9 @@ class RunPlan:
 
     @property
     def federated(self) -> ResolvedFederated:
-        return self.config.federated
+        fl = self.config.federated
+        assert isinstance(fl, ResolvedFederated)  # resolve() puts the resolved type here
+        return fl
 
     @property
     def rule(self) -> Rule:
@@ -160,7 +256,7 @@ def resolve(config: Config, *, checked: bool = False) -> RunPlan:
         )
     start = START[fl.pretraining]
     gives = next((s for s in START.values() if s.made_by(fl.method, fl.pretraining)), None)
-    pretraining = start.pretraining(config)
+    pretraining = pretraining_of(config)
     check_defence(resolved, method, pretraining)
     return RunPlan(resolved, config, method, start, pretraining, gives)
 
@@ -170,7 +266,7 @@ def check_defence(config: Config, method: Method, pretraining: Pretraining | Non
     combinations can have (:func:`cpcfl_tf.aggregation.defence_problem`): a clustered round
     where N >= 2 models are chosen (a cluster can have one member) or fewer than 3 clients
     take part, a federated pre-training round that samples fewer than 3 clients."""
-    from cpcfl_tf.aggregation import Defence, defence_problem
+    from cpcfl_tf.aggregation import defence_problem
 
     fl, clients = config.federated, config.partition.num_clients
     defence = Defence.of(fl)
@@ -190,7 +286,7 @@ def check_defence(config: Config, method: Method, pretraining: Pretraining | Non
         if problem:
             raise UserError(problem)
     if pretraining is not None and pretraining.federated is not None:
-        sampled = sampled_count(clients, pretraining.federated_settings["participation"])
+        sampled = sampled_count(clients, pretraining.federated.settings["participation"])
         problem = defence_problem(
             defence,
             sampled,

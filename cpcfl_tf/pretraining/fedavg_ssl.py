@@ -80,7 +80,7 @@ def set_parts(parts, weights: Weights) -> None:
 def trainable_mask(parts) -> list[bool]:
     """Which of :func:`get_parts`' arrays are trainable (not BatchNormalization's
     moving statistics)."""
-    mask = []
+    mask: list[bool] = []
     for part in parts:
         trainable = {id(v) for v in part.trainable_weights}
         mask.extend(id(v) in trainable for v in part.weights)

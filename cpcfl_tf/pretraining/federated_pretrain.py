@@ -37,7 +37,9 @@ from cpcfl_tf.aggregation import Defence, too_few
 from cpcfl_tf.compat import without_added
 from cpcfl_tf.data.unlabeled import check_batch
 from cpcfl_tf.errors import DivergedError, UserError
-from cpcfl_tf.methods.starts import Pretraining, sampled_count
+from cpcfl_tf.methods.ssl import SSLMethod
+from cpcfl_tf.methods.starts import sampled_count
+from cpcfl_tf.plan.resolve import OnClients, Pretraining
 from cpcfl_tf.pretraining.fedavg_ssl import ClientState, get_parts, set_parts
 from cpcfl_tf.pretraining.pretrain import (
     PretrainResult,
@@ -56,25 +58,39 @@ def identity(pretraining: Pretraining) -> dict:
     (named only away from the plain mean, so keys made before it are found again), the
     deal, the partition it deals over (the ``groups`` deal follows the clients' labeled
     classes) and the clients' data."""
-    p, data = pretraining, pretraining.data
-    partition = without_added({"partition": dataclasses.asdict(p.partition)})["partition"]
-    defence = {} if p.defence.is_default else {"defence": p.defence.named()}
+    p, data, ssl, fed = pretraining, pretraining.data, _ssl(pretraining), _on(pretraining)
+    partition = without_added({"partition": dataclasses.asdict(fed.partition)})["partition"]
+    defence = {} if fed.defence.is_default else {"defence": fed.defence.named()}
     return json.loads(
         json.dumps(
             {
                 "method": p.name,
-                **keyed_settings(p.pretrain, p.ssl.name),
-                "federated": p.federated_settings,
+                **keyed_settings(p.pretrain, ssl.name),
+                "federated": fed.settings,
                 **defence,
-                "partition": {**partition, "unlabeled": p.partition.unlabeled},
+                "partition": {**partition, "unlabeled": fed.partition.unlabeled},
                 "clients": {
                     "dataset": data.client_dataset,
                     "split": data.client_train_split,
-                    "partition_seed": p.partition_seed,
+                    "partition_seed": fed.partition_seed,
                 },
             }
         )
     )  # as JSON reads it back
+
+
+def _on(pretraining: Pretraining) -> OnClients:
+    """The clients' part of a federated pre-training's plan (refused for the server's)."""
+    if pretraining.federated is None:
+        raise ValueError(f"{pretraining.name} is not a federated pre-training")
+    return pretraining.federated
+
+
+def _ssl(pretraining: Pretraining) -> SSLMethod:
+    """The self-supervised method a federated pre-training runs."""
+    if pretraining.ssl is None:
+        raise ValueError(f"{pretraining.name} has no self-supervised method")
+    return pretraining.ssl
 
 
 def federated_folder(pretraining: Pretraining) -> Path:
@@ -117,12 +133,12 @@ def federated_encoder(
     with building_entry(out, meta, verbose) as cached:
         if cached is not None:  # made by another process while this one waited
             return cached
-        p, data = pretraining, pretraining.data
+        p, data, partition = pretraining, pretraining.data, _on(pretraining).partition
         if verbose:
             print(
                 f"federated pre-training {p.name} ({p.pretrain.encoder}) on "
-                f"{p.partition.num_clients} clients' unlabeled images "
-                f"({p.partition.unlabeled} deal of {data.pretrain_dataset}:"
+                f"{partition.num_clients} clients' unlabeled images "
+                f"({partition.unlabeled} deal of {data.pretrain_dataset}:"
                 f"{data.pretrain_split}) -> {out}",
                 flush=True,
             )
@@ -145,10 +161,11 @@ class LocalTrainer:
 
     def __init__(self, pretraining: Pretraining, input_shape: tuple[int, int, int]):
         self.pretraining = pretraining
-        self.settings, self.seed = pretraining.federated_settings, pretraining.seed
-        self.algorithm = importlib.import_module(pretraining.federated.module).build(self.settings)
+        fed = _on(pretraining)
+        self.settings, self.seed = fed.settings, pretraining.seed
+        self.algorithm = importlib.import_module(fed.method.module).build(self.settings)
         self.model = build_contrastive_model(
-            pretraining.pretrain, input_shape, method=pretraining.ssl, seed=self.seed
+            pretraining.pretrain, input_shape, method=_ssl(pretraining), seed=self.seed
         )
         self.shared = self.algorithm.shared(self.model)
         self.fresh = [v.numpy() for v in self.model.optimizer.variables]
@@ -157,7 +174,7 @@ class LocalTrainer:
             v for v in self.model.augmenter.non_trainable_variables if "seed_generator" in v.path
         ]
         self.learning_rate = pretraining.pretrain.learning_rate
-        self.defence = pretraining.defence
+        self.defence = fed.defence
 
     def initial(self):
         """The global online parts before the first round (the method's seeded init)."""
@@ -362,8 +379,8 @@ def federated_pretrain(
     into ``out_dir``; resumes from its ``checkpoint.npz``. ``monitor``: the kNN monitor
     (its ``due`` counts rounds); ``on_round(round, entry)`` after each round."""
     out = prepare_out_dir(out_dir)
-    p = pretraining
-    settings, seed = p.federated_settings, p.seed
+    p, fed = pretraining, _on(pretraining)
+    settings, seed = fed.settings, p.seed
     batch, rounds = settings["batch_size"], settings["rounds"]
     counts = [len(x) for x in client_images]
     check_batch(min(counts), batch, f"client {int(np.argmin(counts))} has")
@@ -423,9 +440,9 @@ def federated_pretrain(
             "history": history,
             "federated": {
                 "start": p.name,
-                "algorithm": p.federated.name,
-                "method": p.ssl.name,
-                "deal": p.partition.unlabeled,
+                "algorithm": fed.method.name,
+                "method": _ssl(p).name,
+                "deal": fed.partition.unlabeled,
                 **settings,
                 "clients": num_clients,
                 "sampled_per_round": len(
@@ -433,7 +450,7 @@ def federated_pretrain(
                 ),
                 "images_per_client": counts,
                 **totals,
-                **({} if p.defence.is_default else {"defence": p.defence.named()}),
+                **({} if fed.defence.is_default else {"defence": fed.defence.named()}),
                 "sent": "online parts (encoder, projector, predictor) and image "
                 "counts; BYOL's target stays on the client",
             },

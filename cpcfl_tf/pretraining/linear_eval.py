@@ -135,7 +135,7 @@ def select_best(
     *,
     seed: int = 0,
     verbose: int = 1,
-) -> tuple[tuple[str, PretrainConfig], keras.Model, list[dict]]:
+) -> tuple[tuple[SSLMethod, PretrainConfig], keras.Model, list[dict]]:
     """Pre-train every candidate ``(method, config)`` (``method`` an entry of
     :data:`~cpcfl_tf.methods.ssl.SSL_METHODS`), score each by linear evaluation, return
     the best.
@@ -146,7 +146,8 @@ def select_best(
     """
     from cpcfl_tf.pretraining.pretrain import pretrain, pretrain_key
 
-    scores, best = [], None
+    scores: list[dict] = []
+    best: tuple[tuple[SSLMethod, PretrainConfig], keras.Model, float] | None = None
     for method, config in candidates:
         key = pretrain_key(config, method.name, seed=seed, images=list(images.shape))
         result = pretrain(
@@ -165,6 +166,8 @@ def select_best(
             print(f"{key}: linear evaluation accuracy {accuracy:.4f}")
         if best is None or accuracy > best[2]:
             best = ((method, config), result.encoder, accuracy)
+    if best is None:
+        raise ValueError("no candidate to select from")
     return best[0], best[1], scores
 
 

@@ -183,7 +183,7 @@ def _finished(out: Path, meta: dict) -> PretrainResult | None:
         if summary is None
         else read_cache_entry(encoder_path, keras.models.load_model, rebuild=again)
     )
-    if encoder is not None:
+    if encoder is not None and summary is not None:
         (out / "checkpoint.npz").unlink(missing_ok=True)  # a kill after the summary
         return PretrainResult(encoder, summary["history"], out)
     for stale in (summary_path, encoder_path, out / "encoder.weights.h5"):  # rebuild it

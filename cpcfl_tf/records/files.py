@@ -225,11 +225,13 @@ def write_weights(path: str | os.PathLike, weights: list, *, key: str | None = N
     built them) is stored beside them and checked by :func:`read_weights`."""
     import numpy as np
 
-    extra = {} if key is None else {"__key__": np.array(key)}
+    arrays = {f"w{i}": w for i, w in enumerate(weights)}
+    if key is not None:
+        arrays = {"__key__": np.array(key), **arrays}
 
     def save(tmp: str) -> None:
         with open(tmp, "wb") as fh:
-            np.savez(fh, **extra, **{f"w{i}": w for i, w in enumerate(weights)})
+            np.savez(fh, **arrays)
 
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     return write_atomic(path, save)

@@ -119,6 +119,7 @@ class Final:
     """The run's result (the contract's metrics)."""
 
     accuracy: float | None
+    """Mean client accuracy at the last round (None: no Flower node answered it)."""
     scores: dict[str, float] = dataclasses.field(default_factory=dict)
     epochs: int | None = None
     """Centralized runs: epochs over the pooled data."""
@@ -134,7 +135,7 @@ class Final:
     """What the clients sent besides weights (PACFL's data subspaces), counted in
     ``bytes_up`` too; written only when not 0."""
 
-    def metric(self, name: str) -> float:
+    def metric(self, name: str) -> float | None:
         """``accuracy`` or one of :data:`SCORES`."""
         return self.accuracy if name == "accuracy" else self.scores[name]
 
@@ -224,7 +225,7 @@ class RunRecord:
             return None
         data = self.config.data
         settings = dataclasses.replace(self.config.pretrain, seed=None)
-        key = (
+        key: tuple[str | int, ...] = (
             self.pretraining,
             repr(settings),
             data.pretrain_dataset,
@@ -241,9 +242,24 @@ class RunRecord:
             )
         return key
 
+    @property
+    def final_accuracy(self) -> float:
+        """The final mean client accuracy; a run without one (no Flower node answered its
+        last evaluation) is refused in one line."""
+        if self.final.accuracy is None:
+            raise ValueError(f"a {self.experiment} run has no final accuracy: no client answered")
+        return self.final.accuracy
+
     def accuracy_at(self, round_: int) -> float:
-        """Mean client accuracy after ``round_`` finished rounds."""
-        return next(r.accuracy for r in self.rounds if r.round == round_)
+        """Mean client accuracy after ``round_`` finished rounds (refused, in one line, for
+        a round the run did not evaluate: ``federated.eval_every``)."""
+        accuracy = next(r.accuracy for r in self.rounds if r.round == round_)
+        if accuracy is None:
+            raise ValueError(
+                f"round {round_} of this {self.experiment} run was not evaluated "
+                "(federated.eval_every); read an evaluated round"
+            )
+        return accuracy
 
     def best_accuracy(self) -> float:
         """The best mean client accuracy over the rounds."""

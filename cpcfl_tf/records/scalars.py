@@ -9,7 +9,9 @@ TensorBoard's scalar plugin, so the kit needs no ``tensorboard`` package to writ
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 
 class ScalarLog:
@@ -17,9 +19,9 @@ class ScalarLog:
 
     def __init__(self, folder: str | os.PathLike):
         self.folder = Path(folder)
-        self._writer = None
+        self._writer: Any = None  # tf.summary's writer, made at the first write
 
-    def write(self, step: int, values: dict[str, float]) -> None:
+    def write(self, step: int, values: Mapping[str, float | None]) -> None:
         """``values`` (name -> number) at ``step`` (a round, an epoch), flushed at once so
         a killed run keeps what it logged."""
         import tensorflow as tf
@@ -27,14 +29,15 @@ class ScalarLog:
         if self._writer is None:
             self.folder.mkdir(parents=True, exist_ok=True)
             self._writer = tf.summary.create_file_writer(str(self.folder))
+        writer = self._writer
         metadata = tf.compat.v1.SummaryMetadata()
         metadata.plugin_data.plugin_name = "scalars"  # what tensorboard's scalar() writes
-        with self._writer.as_default(step=step):
+        with writer.as_default(step=step):
             for name, value in values.items():
                 if value is None:  # a round without evaluation (federated.eval_every)
                     continue
                 tf.summary.write(name, tf.constant(float(value), tf.float32), metadata=metadata)
-        self._writer.flush()
+        writer.flush()
 
 
 def read_scalars(folder: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:

@@ -324,7 +324,7 @@ class RecordStore:
         where there is a record to compare it with (it imports TensorFlow)."""
         return environment()
 
-    def take(self, name: str, candidates: list[Found], starting: str) -> Found | None:
+    def take(self, name: str, candidates: list[Found], starting: str | None) -> Found | None:
         """The one of ``candidates`` that starts from the encoder of fingerprint
         ``starting``, noted in :attr:`reused`."""
         found = next(

@@ -269,7 +269,8 @@ def proxy_splits(text: str | None) -> tuple[tuple[str, str], tuple[str, str]] | 
                 f"--knn-proxy {name}:{split} has no labels; name labeled splits "
                 "(the kNN monitor scores with labels)"
             )
-    return tuple((name, split) for name, _, split in parts)
+    (train, _, train_split), (test, _, test_split) = parts
+    return (train, train_split), (test, test_split)
 
 
 def read_selection(path: str | Path) -> dict[int, dict[str, dict]]:

@@ -67,9 +67,8 @@ def compare_runs(ours: str | Path, reference: str | Path) -> list[Comparison]:
     theirs = RecordIndex(reference, exclude=ours if inside else None)
     by_settings: dict[str, list[float]] = {}
     for found in theirs.preferred():
-        record = found.record
-        by_settings.setdefault(_without_seed(record.requested), []).append(
-            100 * record.final.accuracy
+        by_settings.setdefault(_without_seed(found.record.requested), []).append(
+            100 * found.record.final_accuracy
         )
     out = []
     for path in sorted(ours.rglob("*.json")):
@@ -80,7 +79,7 @@ def compare_runs(ours: str | Path, reference: str | Path) -> list[Comparison]:
         record = run_record_in(path)
         if record is None:
             continue
-        accuracy = 100 * record.final.accuracy
+        accuracy = 100 * record.final_accuracy
         match = _same_place(reference, path, record) or _closest(
             theirs.every(record.requested), record
         )
@@ -97,7 +96,7 @@ def compare_runs(ours: str | Path, reference: str | Path) -> list[Comparison]:
                 )
             )
             continue
-        ref = 100 * match.record.final.accuracy
+        ref = 100 * match.record.final_accuracy
         if _outcome(record) == _outcome(match.record):
             verdict_ = SAME
         elif spread is None:
@@ -165,8 +164,8 @@ def against_record(record: RunRecord, stored: RunRecord) -> str:
         return f"{SAME}: every round and the final result equal the record's"
     ours, theirs = machine(record.environment), machine(stored.environment)
     accuracy = (
-        f"final accuracy {100 * record.final.accuracy:.2f} against the record's "
-        f"{100 * stored.final.accuracy:.2f}"
+        f"final accuracy {100 * record.final_accuracy:.2f} against the record's "
+        f"{100 * stored.final_accuracy:.2f}"
     )
     encoders = (
         record.environment.get("starting_encoder"),

@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 
+from cpcfl_tf.data.specs import LabeledImages
 from cpcfl_tf.plan.config import Config
 
 
@@ -99,6 +100,7 @@ class DataCache:
 
         partition, train, _ = self.partition(config)
         data = config.data
+        pretrain: LabeledImages | np.ndarray
         if config.partition.unlabeled == "groups":
             pretrain = load_labeled(
                 data.pretrain_dataset,

@@ -174,14 +174,19 @@ class Runner:
     def planned(self, spec: RunSpec) -> tuple[str, str | None]:
         """What :meth:`run` would do with ``spec`` now (:meth:`RunDecision.describe`), and where
         the starting encoder it needs would come from
-        (:meth:`~cpcfl_tf.clustered.starting.StartingEncoders.status`), None where it
+        (:meth:`~cpcfl_tf.methods.starts.Start.status`), None where it
         needs none. Reads, never writes."""
         try:
             decision = self.decide(spec)
         except UserError as err:
             return RunDecision(Decision.STOPS, why=str(err)).describe(), None
         needs = decision.decision in (Decision.RUN, Decision.RESUME, Decision.BASE_FIRST)
-        return (decision.describe(), self.encoders.status(self.plan_of(spec)) if needs else None)
+        return (decision.describe(), self._encoder_status(spec) if needs else None)
+
+    def _encoder_status(self, spec: RunSpec) -> str:
+        """Where ``spec``'s starting encoder would come from now (nothing is built)."""
+        run = self.plan_of(spec)
+        return run.start.status(self.encoders, run)
 
     def finished(self, spec: RunSpec) -> RunRecord | None:
         """``spec``'s finished record: in the output folder, or taken (a stand-in, a twin,
@@ -192,9 +197,10 @@ class Runner:
         run = self.plan_of(spec)
         config = run.requested
         decision = self.decide(spec)
+        found: Found | None
         if decision.found is not None:
-            found = self._took(spec, config, decision)
-        elif decision.candidates and self.encoders.ready(run):
+            found = self._took(spec, config, decision, decision.found)
+        elif decision.candidates and run.start.ready(self.encoders, run):
             found = self.store.take(
                 spec.name, list(decision.candidates), weights_fingerprint(self.encoders(run))
             )
@@ -205,11 +211,11 @@ class Runner:
         self.records.append(found.record)
         return found.record
 
-    def _took(self, spec: RunSpec, config: Config, decision: RunDecision) -> Found:
-        """``decision``'s record, a stand-in noted as one."""
+    def _took(self, spec: RunSpec, config: Config, decision: RunDecision, found: Found) -> Found:
+        """``decision``'s record (``found``), a stand-in noted as one."""
         if decision.decision is Decision.STAND_IN:
-            self.store.stand_in(spec.name, config.federated.method, decision.found)
-        return decision.found
+            self.store.stand_in(spec.name, config.federated.method, found)
+        return found
 
     # -- running ------------------------------------------------------------
     def run(self, spec: RunSpec, on_round: Callable[[dict, Any], None] | None = None) -> RunRecord:
@@ -225,9 +231,9 @@ class Runner:
             # checkpoint starts over
             self.checkpoint(spec).unlink(missing_ok=True)
         if decision.found is not None:
-            found = self._took(spec, config, decision)
+            found = self._took(spec, config, decision, decision.found)
             if self.verbose:
-                print(_taken_line(spec, decision, self.store.paired))
+                print(_taken_line(spec, decision, found, self.store.paired))
             self.records.append(found.record)
             return found.record
         if self.verbose:
@@ -242,15 +248,15 @@ class Runner:
                 f"{config.partition.num_clients} clients, {length}"
             )
         encoder = self.encoders(run)
-        found = self.store.take(spec.name, list(decision.candidates), weights_fingerprint(encoder))
-        if found is not None:
+        same = self.store.take(spec.name, list(decision.candidates), weights_fingerprint(encoder))
+        if same is not None:
             if self.verbose:
                 print(
-                    f"{spec.name}: the same run as {found.path} (same config, machine kind "
-                    f"and starting encoder), final accuracy {found.record.final.accuracy:.4f}"
+                    f"{spec.name}: the same run as {same.path} (same config, machine kind "
+                    f"and starting encoder), final accuracy {same.record.final.accuracy:.4f}"
                 )
-            self.records.append(found.record)
-            return found.record
+            self.records.append(same.record)
+            return same.record
         record = self._make(spec, run, encoder, on_round)
         self.records.append(record)
         return record
@@ -335,9 +341,9 @@ def _with_scalars(tensorboard, experiment: str, spec: RunSpec, clients, on_round
     return logged
 
 
-def _taken_line(spec: RunSpec, decision: RunDecision, paired: set[str]) -> str:
-    """The line of a run taken, not made."""
-    record, path = decision.found.record, decision.found.path
+def _taken_line(spec: RunSpec, decision: RunDecision, found: Found, paired: set[str]) -> str:
+    """The line of a run taken (``found``), not made."""
+    record, path = found.record, found.path
     if decision.decision is Decision.DONE:
         return f"{spec.name}: done before, final accuracy {record.final.accuracy:.4f} ({path})"
     if decision.decision is Decision.STAND_IN:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 from cpcfl_tf.errors import ArgumentParser, UserError
@@ -227,7 +227,7 @@ class Session:
                 + ("changed " + ", ".join(changed) if changed else "the preset's settings")
                 + f"; output {self.out}"
             )
-            encoders = {}  # of the runs still to make, each once
+            encoders: dict[str, None] = {}  # of the runs still to make, each once
             for spec in kept:
                 status, encoder = self.runner.planned(spec)
                 print(f"  {spec.name}: {status}")
@@ -329,7 +329,7 @@ class Session:
 
 
 def reused_note(
-    reused: dict[str, Path], named: set[str], paired: set[str] = frozenset()
+    reused: dict[str, Path], named: Collection[str], paired: Collection[str] = frozenset()
 ) -> list[str]:
     """The report's lines on the runs taken from elsewhere in the tree: those this
     machine would make bit for bit, those taken because the folder's ``taken.json``
@@ -340,11 +340,11 @@ def reused_note(
         return ", ".join(f"`{f}`" for f in sorted({str(reused[n].parent) for n in names}))
 
     here = [name for name in reused if name not in named and name not in paired]
-    paired = [name for name in reused if name in paired]
+    from_base = [name for name in reused if name in paired]
     lines = []
-    if paired:
+    if from_base:
         lines.append(
-            f"{len(paired)} of these runs were taken from {folders(paired)}: where "
+            f"{len(from_base)} of these runs were taken from {folders(from_base)}: where "
             "the restart rule fires in this folder's run of the base method, the "
             "restart variant's run of the same config that starts from that run's "
             "encoder."
