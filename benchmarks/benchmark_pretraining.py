@@ -13,7 +13,7 @@ import sys
 from typing import Sequence
 
 from cpcfl_tf.running.cli import print_metrics
-from cpcfl_tf.plan.config import ENCODERS
+from cpcfl_tf.plan.choices import ENCODERS
 from cpcfl_tf.records.environment import environment
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.methods.federated import PRETRAIN_METHODS

@@ -26,6 +26,7 @@ from cpcfl_tf.records.environment import environment
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.running.report import markdown_table
 from cpcfl_tf.running.script import Script
+from cpcfl_tf.plan.context import RunContext
 
 
 def plain_keras_round(model, pool, train_x, train_y, test_x, test_y, *, epochs: int,
@@ -164,9 +165,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                        **({"jit_compile": True} if args.xla else {})})
         stamps = [time.perf_counter()]
         plan = resolve(run)
-        run_federated(plan, clients, verbose=0,
-                      on_round=lambda *_: stamps.append(time.perf_counter()),
-                      max_clients=args.max_clients_per_step)
+        run_federated(plan, clients, context=RunContext(verbose=0, max_clients=args.max_clients_per_step),
+                      on_round=lambda *_: stamps.append(time.perf_counter()))
         seconds = np.diff(stamps)
         print(f"{clients_count} clients, rounds (s): {', '.join(f'{s:.2f}' for s in seconds)}",
               file=sys.stderr)

@@ -77,16 +77,17 @@ def measured(command: list[str], env: dict[str, str], token: str, log: Path
 SIMULATOR = """
 import json, sys
 from cpcfl_tf.flower.common import run_config
+from cpcfl_tf.plan.context import RunContext
 from cpcfl_tf.running.runner import Runner
 settings = json.loads(sys.argv[1])
 config = run_config(settings)
-runner = Runner("flower_simulation", config, sys.argv[2], verbose=0)
+runner = Runner("flower_simulation", config, sys.argv[2], RunContext(verbose=0))
 from cpcfl_tf.clustered.simulator import run_federated
 from cpcfl_tf.records.record import write_record
 from cpcfl_tf.plan.resolve import resolve
 run = resolve(config)
 record, _ = run_federated(run, runner.data.clients(config),
-                          encoder_weights=runner.encoders(run), verbose=0)
+                          encoder_weights=runner.encoders(run), context=runner.context)
 write_record(sys.argv[3], record)
 """
 

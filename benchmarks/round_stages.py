@@ -31,6 +31,7 @@ from typing import Sequence
 import numpy as np
 
 from cpcfl_tf.errors import ArgumentParser, UserError, run_cli
+from cpcfl_tf.plan.context import RunContext
 
 STAGES = (
     ("training", "cpcfl_tf.clustered.stacked", "StackedBackend", "train"),
@@ -112,7 +113,7 @@ def kit_run(preset: str, method: str, pretraining: str, sets: Sequence[str]):
     config = get_preset(preset).with_overrides(**parse_settings(
         [f"federated.method={method}", f"federated.pretraining={pretraining}", *sets]))
     run = resolve(config)
-    encoders = StartingEncoders(verbose=0)
+    encoders = StartingEncoders(context=RunContext(verbose=0))
     if not run.start.ready(encoders, run):
         raise UserError(f"{run.start.status(encoders, run)}: put it in the cache first (python "
                         f"tools/encoders.py unpack results/{preset}/encoders/encoders.tar), "
@@ -198,8 +199,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             after_first.append((dict(seconds), dict(calls)))
 
     with timed_stages(seconds, calls):
-        run_federated(run, clients, encoder_weights=encoder, verbose=0,
-                      max_clients=args.max_clients_per_step, on_round=on_round)
+        run_federated(run, clients, encoder_weights=encoder, context=RunContext(verbose=0, max_clients=args.max_clients_per_step),
+                      on_round=on_round)
     rounds = np.diff(stamps)
     if len(rounds) < 2:
         raise UserError("time at least 2 rounds: the first one traces the steps")

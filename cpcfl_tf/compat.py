@@ -10,7 +10,7 @@ settings. So a new field whose default runs as before goes in:
   (:func:`without_added`), so that entries stored before the field are found again;
 - :data:`UNSET_FIELDS`, left out of run records at that value, so that records written
   before it stay byte for byte (reading fills every missing field with its default:
-  :func:`cpcfl_tf.plan.config.with_defaults`).
+  :func:`cpcfl_tf.plan.sections.with_defaults`).
 
 Records in an older *layout* are rewritten once by ``python tools/migrate_records.py``.
 

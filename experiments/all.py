@@ -92,9 +92,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     from cpcfl_tf.running.cli import resolve_config
     from cpcfl_tf.records.files import prepare_out_dir, write_text
 
-    from cpcfl_tf.running.script import RunnerOptions
+    from cpcfl_tf.running.script import run_context
 
-    RunnerOptions.of(args)  # bad input stops here, before any script starts
+    run_context(args)  # bad input stops here, before any script starts
     config = resolve_config(args)
     root = prepare_out_dir(args.out or Path("results") / config.preset)
     common = ["--preset", args.preset, "--seed", str(args.seed), "--resume",

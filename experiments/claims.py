@@ -19,14 +19,17 @@ from typing import Sequence
 from cpcfl_tf.evidence.claims import CLAIM_IDS, Claim, base_name, claims, with_fix
 from cpcfl_tf.running.cli import resolve_config
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.evidence.engine import (Evidence, Judged, encoder_notes, groups_found, headroom,
-                               machine_notes, report, seed_list, verdict_table)
+from cpcfl_tf.evidence.claims_report import groups_found, headroom, report
+from cpcfl_tf.evidence.judging import Judged, judge
+from cpcfl_tf.evidence.provenance import encoder_notes, machine_notes, seed_list
+from cpcfl_tf.evidence.readme_table import verdict_table
+from cpcfl_tf.evidence.tree import Evidence
 from cpcfl_tf.evidence.judge import CLAIMS_RULE
-from cpcfl_tf.plan.config import config_key
+from cpcfl_tf.plan.identity import config_key
 from cpcfl_tf.methods.federated import PRETRAIN_METHODS
 from cpcfl_tf.running.report import markdown_table, replace_block
 from cpcfl_tf.running.runner import RunSpec
-from cpcfl_tf.running.script import RunnerOptions, Script
+from cpcfl_tf.running.script import Script, run_context
 
 SCRIPT = Script(__file__, __doc__)
 ROOT = Path(__file__).resolve().parents[1]
@@ -170,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     # Everything is checked before any folder is touched; the output folder (where --run
     # makes runs) is prepared only when runs are made: judging a tree writes only into it.
-    options = RunnerOptions.of(args)  # what --run's runner takes, read and checked once
+    context = run_context(args)  # what --run's runner takes, read and checked once
     config = resolve_config(args)
     wanted = [c.strip() for c in args.claims.split(",") if c.strip()]
     unknown = [c for c in wanted if c not in CLAIM_IDS]
@@ -186,11 +189,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     out = Path(args.out or Path("results") / config.preset / SCRIPT.name)
     ev = Evidence(config, results, args.seeds, out)
     if args.run:
-        session = SCRIPT.session(args, options)
+        session = SCRIPT.session(args, context)
         make_missing(session, ev, chosen)
         ev = Evidence(config, results, args.seeds, session.out)
-    judged = [ev.judge(c) for c in chosen]
-    fixed = [ev.judge(with_fix(c, ev.specs)) for c in chosen]
+    judged = [judge(ev, c) for c in chosen]
+    fixed = [judge(ev, with_fix(c, ev.specs)) for c in chosen]
     from cpcfl_tf.records.files import write_json, write_text
 
     note = machine_notes(ev) + encoder_notes(ev)

@@ -93,7 +93,7 @@ def candidates(config: Config, method: str, grid: dict[str, list]) -> list[dict[
     if not grid:
         return [{}]
     names = list(grid)  # checked by check_grid before the session began
-    from cpcfl_tf.plan.config import ENCODER_DIMS
+    from cpcfl_tf.plan.choices import ENCODER_DIMS
 
     encoder, dim = config.pretrain.encoder, ENCODER_DIMS[config.pretrain.encoder]
     out = []
@@ -112,7 +112,7 @@ def _with(config: Config, method: str, settings: dict) -> Config:
 def shown(config: Config, method: str, settings: dict) -> dict:
     """``settings`` with each default of None replaced by what it stands for on the
     config's encoder (:attr:`~cpcfl_tf.methods.ssl.Setting.means`)."""
-    from cpcfl_tf.plan.config import ENCODER_DIMS
+    from cpcfl_tf.plan.choices import ENCODER_DIMS
 
     spec, encoder = SSL_METHODS[method], config.pretrain.encoder
     return {k: (spec.settings[k].means(encoder, ENCODER_DIMS[encoder])

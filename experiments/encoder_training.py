@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from cpcfl_tf.plan.config import HEADS
+from cpcfl_tf.plan.choices import HEADS
 from cpcfl_tf.errors import run_cli
 from cpcfl_tf.running.report import markdown_table
 from cpcfl_tf.running.runner import RunSpec

@@ -31,6 +31,7 @@ from cpcfl_tf.running.report import markdown_table
 from cpcfl_tf.records.files import cache_at, write_json
 from cpcfl_tf.running.runner import RunSpec
 from cpcfl_tf.running.script import Script
+from cpcfl_tf.plan.context import RunContext
 
 SCRIPT = Script(__file__, __doc__, default_preset="paper", distribute=False, runs=False,
                 stand_in=True)
@@ -150,8 +151,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     sizes = stand_in_sizes(args.scale)
     stages = Stages()
     with cache_at(out / "cache"), stl10_stand_in(args.scale):
-        runner = Runner("paper_shape", config, out / "runs", resume=args.resume,
-                        force=args.force)
+        runner = Runner("paper_shape", config, out / "runs", context=RunContext(resume=args.resume, force=args.force))
         run_config = spec.config(config)
         with stages.stage(f"load the unlabeled images ({sizes['unlabelled']:,} x 96x96x3)"
                           ) as loaded:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from cpcfl_tf.running.cli import name_list
-from cpcfl_tf.plan.config import ENCODERS
+from cpcfl_tf.plan.choices import ENCODERS
 from cpcfl_tf.plan.presets import pretrain_config_for
 from cpcfl_tf.records.environment import environment
 from cpcfl_tf.errors import UserError, run_cli

@@ -5,6 +5,7 @@ from pathlib import Path
 import numpy as np
 
 from cpcfl_tf.plan.resolve import resolve
+from cpcfl_tf.plan.context import RunContext
 
 
 def __getattr__(name):
@@ -88,7 +89,7 @@ def _simulator(rounds, out, run):
     from cpcfl_tf.running.runner import Runner
 
     config = run_config({**run, "rounds": rounds})
-    runner = Runner("flower", config, out, verbose=0)
+    runner = Runner("flower", config, out, context=RunContext(verbose=0))
     return config, runner, runner.encoders(resolve(config))
 
 
@@ -124,7 +125,7 @@ def simulated(run, rounds, out, dropped=None):
         patch.setattr(simulator._Simulation, "train", failing)
         patch.setattr(simulator, "client_accuracy", scored)
         record, _ = simulator.run_federated(resolve(config), runner.data.clients(config),
-                                            encoder_weights=encoder, verbose=0)
+                                            encoder_weights=encoder, context=RunContext(verbose=0))
     return [r.cluster_ids for r in record.rounds], scores, encoder, record.final
 
 

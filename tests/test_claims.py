@@ -11,7 +11,7 @@ import pytest
 from cpcfl_tf.evidence.claims import claims as claim_list
 from cpcfl_tf.evidence.claims import evidence
 from cpcfl_tf.plan.presets import get_preset
-from cpcfl_tf.evidence.engine import found_at
+from cpcfl_tf.evidence.claims_report import found_at
 from cpcfl_tf.evidence.judge import (CANNOT, HOLDS, NOT_SHOWN, OPPOSITE, SMALLER, t_interval,
                                      verdict)
 from cpcfl_tf.records.record import Final, Round, RunRecord, write_record

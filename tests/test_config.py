@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from cpcfl_tf.plan.config import (
-    Config, DataConfig, FederatedConfig, PartitionConfig, PretrainConfig, config_key,
-    config_record)
+from cpcfl_tf.plan.config import Config
+from cpcfl_tf.plan.identity import config_key, config_record
+from cpcfl_tf.plan.sections import DataConfig, FederatedConfig, PartitionConfig, PretrainConfig
 from cpcfl_tf.plan.presets import PRESETS, get_preset, with_encoder
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.methods.ssl import SSL_METHODS
@@ -166,7 +166,7 @@ def test_methods_resolve_to_what_they_imply():
 
 
 def test_fields_added_to_a_section_later_count_at_their_defaults():
-    from cpcfl_tf.plan.config import with_defaults
+    from cpcfl_tf.plan.sections import with_defaults
 
     stored = dataclasses.asdict(FederatedConfig())
     del stored["local_optimizer"], stored["optimizer_state"]
@@ -209,7 +209,7 @@ def test_the_encoder_is_one_setting_that_records_name_where_they_always_have():
 def test_keys_and_fingerprints_leave_out_added_fields_at_their_defaults():
     """A checkpoint or cache entry written before a field existed is found again."""
     from cpcfl_tf.compat import ADDED_FIELDS, without_added
-    from cpcfl_tf.plan.config import SECTIONS
+    from cpcfl_tf.plan.sections import SECTIONS
 
     now = dataclasses.asdict(get_preset("smoke"))
     before = {k: ({f: x for f, x in v.items() if f not in ADDED_FIELDS.get(k, {})}
@@ -303,7 +303,7 @@ def test_frozen_features_is_a_checked_setting_absent_from_records_at_its_default
     leave it out (committed records stay as they were); on, the record names it and the
     run is another; anything but true or false is refused in one line."""
     from cpcfl_tf.compat import without_added
-    from cpcfl_tf.plan.config import config_key
+    from cpcfl_tf.plan.identity import config_key
 
     config = get_preset("quick")
     assert "frozen_features" not in config.to_dict()["federated"]
@@ -324,7 +324,7 @@ def test_robust_aggregation_is_three_checked_settings_absent_from_records_at_the
     name none of them, so every committed record stays as it was; set, the record names
     it and the run is another. Bad values are refused in one line."""
     from cpcfl_tf.compat import without_added
-    from cpcfl_tf.plan.config import config_key
+    from cpcfl_tf.plan.identity import config_key
 
     names = {"aggregation", "trim_fraction", "update_norm"}
     config = get_preset("quick")

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from cpcfl_tf.plan.config import PretrainConfig
+from cpcfl_tf.plan.sections import PretrainConfig
 from cpcfl_tf.pretraining.byol import symmetric_byol
 from cpcfl_tf.pretraining.losses import byol_loss, embedding_std, nt_xent, simsiam_loss
 from cpcfl_tf.pretraining.model import predicted

@@ -12,6 +12,7 @@ from cpcfl_tf.running.runner import Runner, RunSpec
 from helpers import ROOT, script
 
 from test_experiments import run
+from cpcfl_tf.plan.context import RunContext
 
 README = Path(__file__).parents[1] / "results" / "README.md"
 README_BEFORE: list[bytes] = []
@@ -46,7 +47,7 @@ def test_every_candidate_is_scored_and_the_best_by_linear_accuracy_is_selected(s
                                                                    "rounds": 2},
                                                 data={"pretrain_split": "train[:256]"})
     assert paper["fingerprint"] == weights_fingerprint(
-        StartingEncoders(verbose=0)(resolve(config)))
+        StartingEncoders(context=RunContext(verbose=0))(resolve(config)))
     # CP-CFL from the selected encoder: the same run where the paper's value won
     for seed in (0, 1):
         pick = stored["selected"][str(seed)]["simclr"]
@@ -63,8 +64,7 @@ def test_runs_start_from_the_selected_encoders_with_encoders_from(selection, tmp
     out, stored = selection
     from cpcfl_tf.running.cli import read_selection
 
-    runner = Runner("table2", get_preset("smoke"), tmp_path, verbose=0,
-                    selection=read_selection(out / "encoder_selection.json"))
+    runner = Runner("table2", get_preset("smoke"), tmp_path, context=RunContext(verbose=0, selection=read_selection(out / "encoder_selection.json")))
     for seed in (0, 1):
         config = runner.config_of(RunSpec("cp-cfl-simclr", "cp-cfl", "simclr", seed=seed))
         assert config.pretrain.settings("simclr")["projector_dim"] == \

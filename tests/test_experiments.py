@@ -65,7 +65,7 @@ def test_linear_eval_scores_random_and_pretrained_encoders(tmp_path):
 
     config = get_preset("smoke").with_overrides(federated={"pretraining": "simclr"})
     assert record["rows"][1]["encoder_fingerprint"] == weights_fingerprint(
-        StartingEncoders(verbose=0)(resolve(config)))
+        StartingEncoders(context=RunContext(verbose=0))(resolve(config)))
 
 
 @pytest.mark.parametrize("name,args,message", [
@@ -100,6 +100,7 @@ def test_bad_tool_input_is_one_line_and_exit_2(name, args, message):
 
 HELP_CHILD = """
 import contextlib, io, json, runpy, sys
+from cpcfl_tf.plan.context import RunContext
 said = {}
 for path in sys.argv[1:]:
     sys.argv = [path, "--help"]  # as `python PATH --help` runs it

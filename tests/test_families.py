@@ -15,6 +15,7 @@ from cpcfl_tf.clustered.metrics import cluster_ari
 from cpcfl_tf.clustered.simulator import run_federated
 from cpcfl_tf.plan.resolve import resolve
 from helpers import Killed, kill_after
+from cpcfl_tf.plan.context import RunContext
 
 SMOKE = get_preset("smoke")
 
@@ -27,7 +28,7 @@ def clients():
 def run(clients, method, checkpoint=None, on_round=None, **federated):
     config = SMOKE.with_overrides(federated={"method": method, "pretraining": "none",
                                              "rounds": 3, "head_rounds": 0, **federated})
-    return run_federated(resolve(config), clients, verbose=0, checkpoint=checkpoint, on_round=on_round)
+    return run_federated(resolve(config), clients, context=RunContext(verbose=0), checkpoint=checkpoint, on_round=on_round)
 
 
 def one_round_by_hand(clients, plan, ids):
@@ -343,7 +344,7 @@ def on_fixed_encoder(config, clients, method, **options):
     config = config.with_overrides(federated={
         "method": method, "pretraining": "none", "rounds": 4, "head_rounds": 0,
         "encoder_epochs": 0, "options": options or None})
-    return run_federated(resolve(config), clients, verbose=0)[0]
+    return run_federated(resolve(config), clients, context=RunContext(verbose=0))[0]
 
 
 # On these heads the one-group federation's updates agree (mean update norm close to the
@@ -480,10 +481,10 @@ def test_cp_cfl_features_takes_its_first_choice_from_the_encoders_features(clien
 
     config = SMOKE.with_overrides(federated={"method": "cp-cfl-features", "pretraining": "simclr",
                                              "rounds": 3, "head_rounds": 1})
-    encoder = Runner("features", config, tmp_path, verbose=0).encoders(resolve(config))
-    record, _ = run_federated(resolve(config), clients, encoder_weights=encoder, verbose=0)
+    encoder = Runner("features", config, tmp_path, context=RunContext(verbose=0)).encoders(resolve(config))
+    record, _ = run_federated(resolve(config), clients, encoder_weights=encoder, context=RunContext(verbose=0))
     plain, _ = run_federated(resolve(config.with_overrides(federated={"method": "cp-cfl"})),
-                             clients, encoder_weights=encoder, verbose=0)
+                             clients, encoder_weights=encoder, context=RunContext(verbose=0))
     assert record.rounds[0].cluster_ids == plain.rounds[0].cluster_ids
     run = resolve(config)
     fl = run.federated

@@ -11,10 +11,11 @@ import pytest
 from cpcfl_tf.plan.presets import get_preset
 from cpcfl_tf.data.unlabeled import check_deal, deal_unlabeled, group_shares
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.methods.federated import METHODS, STARTS
+from cpcfl_tf.methods.federated import METHODS, START_LABELS
 from cpcfl_tf.methods.ssl import FEDERATED_SSL, FEDERATED_STARTS, SSL_METHODS
 from cpcfl_tf.plan.resolve import resolve
 from cpcfl_tf.plan.resolve import pretraining_of
+from cpcfl_tf.plan.context import RunContext
 
 
 def smoke(start: str, deal: str = "iid", **settings):
@@ -29,7 +30,7 @@ def smoke(start: str, deal: str = "iid", **settings):
 def test_every_method_has_a_fedavg_start_and_fedema_takes_byol():
     assert {m for f, m in FEDERATED_STARTS.values() if f.name == "fed"} == set(SSL_METHODS)
     assert [s for s, (f, _) in FEDERATED_STARTS.items() if f.name == "fedema"] == ["fedema-byol"]
-    assert STARTS["fed-simclr"] == "FedSimCLR" and STARTS["fedema-byol"] == "FedEMA-BYOL"
+    assert START_LABELS["fed-simclr"] == "FedSimCLR" and START_LABELS["fedema-byol"] == "FedEMA-BYOL"
     for start in FEDERATED_STARTS:  # CP-CFL and the baselines can start from each
         assert start in METHODS["cp-cfl"].starts and start in METHODS["fedavg"].starts
 
@@ -128,7 +129,7 @@ def test_clients_unlabeled_images_come_from_the_pretraining_split_only(tmp_path)
     from cpcfl_tf.running.runner import Runner
 
     config = smoke("fed-simclr", "groups")
-    runner = Runner("t", config, tmp_path / "out", dry_run=True)
+    runner = Runner("t", config, tmp_path / "out", context=RunContext(dry_run=True))
     dealt = runner.data.client_unlabeled(config)
     partition, train, _ = runner.data.partition(config)
     assert len(dealt) == config.partition.num_clients
@@ -270,8 +271,8 @@ def test_cp_cfl_starts_from_a_federated_encoder(tmp_path):
     from cpcfl_tf.running.runner import Runner, RunSpec
 
     base = smoke("fed-simclr", "groups").with_overrides(federated={"rounds": 2})
-    runner = Runner("t", base, tmp_path / "out", verbose=0, knn_every=1,
-                    tensorboard=tmp_path / "tb")
+    runner = Runner("t", base, tmp_path / "out",
+                    context=RunContext(verbose=0, knn_every=1, tensorboard=tmp_path / "tb"))
     spec = RunSpec("cp-cfl-fed-simclr", "cp-cfl", "fed-simclr")
     assert "to pre-train federated (2 rounds)" in _status(runner, spec)
     record = runner.run(spec)

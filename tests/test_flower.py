@@ -12,7 +12,7 @@ pytest.importorskip("flwr")
 pytestmark = pytest.mark.flower
 
 from cpcfl_tf.methods import clustering
-from cpcfl_tf.flower.loopback import Federation, wait_for_file  # noqa: E402
+from cpcfl_tf.flower.loopback import LoopbackFederation, wait_for_file  # noqa: E402
 from cpcfl_tf.plan.resolve import pretraining_of, resolve  # noqa: E402
 from helpers import run_in_process, script, simulated  # noqa: E402
 
@@ -64,7 +64,7 @@ def federation(tmp_path_factory, env):
     good = [*configs[:TAMPERING], f'{configs[TAMPERING]} tamper="nan-weights" tamper-round=2',
             *configs[TAMPERING + 1:]]
     credentials = make(root / "credentials", nodes=6)
-    with Federation.start([*good, configs[0], configs[0], configs[0]],
+    with LoopbackFederation.start([*good, configs[0], configs[0], configs[0]],
                           tmp_path_factory.mktemp("federation"), env=env,
                           credentials=credentials, unregistered=[UNREGISTERED],
                           without_ca=[WITHOUT_CA]) as fed:
@@ -567,7 +567,7 @@ def test_the_run_config_takes_any_setting_as_the_scripts_set_does():
 
 
 def test_the_loopback_passes_set_through_flwr_run_config_parsing():
-    """``Federation.run`` quotes each value with JSON; Flower's own parser of
+    """``LoopbackFederation.run`` quotes each value with JSON; Flower's own parser of
     ``--run-config`` must give the ``set`` string back whole."""
     from flwr.common.config import parse_config_args
 

@@ -104,7 +104,7 @@ def federation(tmp_path_factory):
     from cpcfl_tf.flower import client_app
 
     from cpcfl_tf.clustered import starting
-    from cpcfl_tf.plan.config import config_key
+    from cpcfl_tf.plan.identity import config_key
 
     out = tmp_path_factory.mktemp("checks") / "record.json"
     replay = Replayed()

@@ -6,7 +6,7 @@ import numpy as np
 import tensorflow as tf
 import pytest
 
-from cpcfl_tf.plan.config import PretrainConfig
+from cpcfl_tf.plan.sections import PretrainConfig
 from cpcfl_tf.pretraining.linear_eval import encode, linear_eval, select_best
 from cpcfl_tf.pretraining.pretrain import pretrain_key
 from cpcfl_tf.pretraining.pretrain import pretrain

@@ -10,7 +10,7 @@ from helpers import ROOT
 from cpcfl_tf.plan.presets import get_preset
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.clustered.restarts import should_restart
-from cpcfl_tf.methods.federated import ASSIGNMENTS, METHODS, STARTS, get_method, run_label
+from cpcfl_tf.methods.federated import ASSIGNMENTS, METHODS, START_LABELS, get_method, run_label
 from cpcfl_tf.plan.resolve import resolve
 
 
@@ -76,7 +76,7 @@ def test_a_new_method_is_one_entry(monkeypatch):
 def test_every_start_has_a_label_and_every_method_a_known_start():
     import json
 
-    assert all(set(m.starts) <= set(STARTS) for m in METHODS.values())
+    assert all(set(m.starts) <= set(START_LABELS) for m in METHODS.values())
     assert all(m.assign in ASSIGNMENTS for m in METHODS.values())
     # the Flower loopback offers what its run config accepts
     assert [m for m in METHODS if not METHODS[m].on_flower] == [
@@ -84,7 +84,7 @@ def test_every_start_has_a_label_and_every_method_a_known_start():
     schema = json.loads((ROOT / "docs" / "run-record.schema.json").read_text())
     assert schema["$defs"]["kit_methods"]["enum"] == list(METHODS), \
         "run python tools/update_schema.py"
-    assert schema["$defs"]["kit_starts"]["enum"] == list(STARTS), \
+    assert schema["$defs"]["kit_starts"]["enum"] == list(START_LABELS), \
         "run python tools/update_schema.py"
     assert run_label("ifca", "fedavg") == "IFCA (FedAvg)"
 

@@ -20,7 +20,7 @@ CHILD = textwrap.dedent("""
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 
-    from cpcfl_tf.plan.config import PretrainConfig
+    from cpcfl_tf.plan.sections import PretrainConfig
     from cpcfl_tf.pretraining.pretrain import build_contrastive_model, make_strategy, pretrain
 
     images = tf.constant(np.random.default_rng(0).integers(0, 256, (8, 32, 32, 3), np.uint8))

@@ -13,6 +13,7 @@ from cpcfl_tf.errors import UserError
 from cpcfl_tf.records.files import DamagedFile, read_json, write_json
 from cpcfl_tf.plan.resolve import resolve
 from cpcfl_tf.methods.ssl import SSL_METHODS
+from cpcfl_tf.plan.context import RunContext
 
 SMOKE = get_preset("smoke")
 
@@ -41,7 +42,7 @@ def test_a_damaged_json_is_one_line_naming_file_and_fix(tmp_path, content):
 def test_a_damaged_finished_run_stops_the_script_and_touches_nothing(tmp_path):
     from cpcfl_tf.running.runner import RunSpec, Runner
 
-    runner = Runner("table2", SMOKE, tmp_path, verbose=0)
+    runner = Runner("table2", SMOKE, tmp_path, context=RunContext(verbose=0))
     (tmp_path / "fedavg-none.json").write_text('{"experiment": "table2", "rou')
     (tmp_path / "ifca-none.json").write_text("kept")
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
@@ -88,14 +89,14 @@ def test_a_damaged_supervised_encoder_is_pre_trained_again(cache, capsys):
 
     config = resolve(SMOKE.with_overrides(pretrain={"epochs": 1},
                                           federated={"pretraining": "supervised"}))
-    first = StartingEncoders(verbose=0).supervised(config)
+    first = StartingEncoders(context=RunContext(verbose=0)).supervised(config)
     (path,) = cache.rglob("encoder.npz")
     path.write_bytes(b"PK\x03\x04 truncated")
-    again = StartingEncoders(verbose=0).supervised(config)
+    again = StartingEncoders(context=RunContext(verbose=0)).supervised(config)
     assert capsys.readouterr().err.count("encoder.npz is damaged") == 1  # said once
     for a, b in zip(first, again):
         np.testing.assert_array_equal(a, b)
-    assert len(StartingEncoders(verbose=0).supervised(config)) == len(first)
+    assert len(StartingEncoders(context=RunContext(verbose=0)).supervised(config)) == len(first)
 
 
 def test_cached_pretrained_encoders_are_loaded_without_reading_any_image(cache):
@@ -109,9 +110,9 @@ def test_cached_pretrained_encoders_are_loaded_without_reading_any_image(cache):
         return load_pretrain_images(config.data)
 
     config = SMOKE.with_overrides(federated={"pretraining": "byol"})
-    first = StartingEncoders(unlabeled=unlabeled, verbose=0)(resolve(config))
+    first = StartingEncoders(unlabeled=unlabeled, context=RunContext(verbose=0))(resolve(config))
     assert loads == ["digits"]
-    again = StartingEncoders(unlabeled=unlabeled, verbose=0)(resolve(config))  # a new script
+    again = StartingEncoders(unlabeled=unlabeled, context=RunContext(verbose=0))(resolve(config))  # a new script
     assert loads == ["digits"]
     for a, b in zip(first, again):
         np.testing.assert_array_equal(a, b)
@@ -122,7 +123,7 @@ def test_each_seed_pre_trains_its_own_encoder(cache):
     runs of one seed share one cached encoder."""
     from cpcfl_tf.clustered.starting import StartingEncoders
 
-    encoders = StartingEncoders(verbose=0)
+    encoders = StartingEncoders(context=RunContext(verbose=0))
     config = SMOKE.with_overrides(federated={"pretraining": "simclr"})
     seed0, seed1 = encoders(resolve(config)), encoders(resolve(config.with_overrides(seed=1)))
     assert len(list(cache.rglob("pretrain.json"))) == 2
@@ -141,7 +142,7 @@ def test_one_process_at_a_time_builds_a_cache_entry(cache, capsys, monkeypatch):
     import sys
     import threading
 
-    from cpcfl_tf.plan.config import PretrainConfig
+    from cpcfl_tf.plan.sections import PretrainConfig
     from cpcfl_tf.pretraining import pretrain as pt
     from cpcfl_tf.records.files import building
 
@@ -225,7 +226,7 @@ def test_an_encoder_another_process_is_building_is_waited_for_not_built_again(
         entry = starting.StartingEncoders.pretrain_folder(config.pretraining)
         key, file = None, entry / "encoder.npz"
     entry.parent.mkdir(parents=True)
-    encoders = starting.StartingEncoders(clients=lambda config: None, verbose=0)
+    encoders = starting.StartingEncoders(clients=lambda config: None, context=RunContext(verbose=0))
     ask = encoders.fedavg if kind == "fedavg" else encoders.supervised
     got = []
     weights = [np.arange(6.0, dtype=np.float32).reshape(2, 3)]
@@ -267,9 +268,9 @@ def test_the_starting_encoders_of_a_tree_move_to_another_machines_cache(cache, t
 
     tool = script("encoders")
     config = SMOKE.with_overrides(federated={"pretraining": "simclr"})
-    simclr = StartingEncoders(verbose=0)(resolve(config))
+    simclr = StartingEncoders(context=RunContext(verbose=0))(resolve(config))
     ifca = SMOKE.with_overrides(federated={"method": "ifca", "pretraining": "fedavg"})
-    StartingEncoders(verbose=0).keep_fedavg(ifca, [np.arange(6.0).reshape(2, 3)])
+    StartingEncoders(context=RunContext(verbose=0)).keep_fedavg(ifca, [np.arange(6.0).reshape(2, 3)])
     (fedavg_file,) = (cache / "fedavg").iterdir()
     (folder,) = (p for p in (cache / "pretrained").iterdir()
                  if not p.name.startswith("."))  # (not the hidden lock beside it)
@@ -317,7 +318,7 @@ def test_the_starting_encoders_of_a_tree_move_to_another_machines_cache(cache, t
     def no_images(config):
         raise AssertionError("pre-trained again")
 
-    for a, b in zip(StartingEncoders(unlabeled=no_images, verbose=0)(resolve(config)), simclr):
+    for a, b in zip(StartingEncoders(unlabeled=no_images, context=RunContext(verbose=0))(resolve(config)), simclr):
         np.testing.assert_array_equal(a, b)
 
     capsys.readouterr()

@@ -6,6 +6,7 @@ from cpcfl_tf.plan.presets import get_preset
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.plan.resolve import resolve
 from cpcfl_tf.running.runner import Runner, RunSpec
+from cpcfl_tf.plan.context import RunContext
 
 
 def test_the_plan_holds_what_the_method_runs():
@@ -63,7 +64,7 @@ def test_a_script_resolves_each_run_once_and_refuses_bad_data_before_any_run(
         return resolve(config, **options)
 
     monkeypatch.setattr(runner_module, "resolve", counted)
-    runner = Runner("t", get_preset("smoke"), tmp_path / "out", verbose=0, dry_run=True)
+    runner = Runner("t", get_preset("smoke"), tmp_path / "out", context=RunContext(verbose=0, dry_run=True))
     spec = RunSpec("ifca-none", "ifca", "none")
     for _ in range(3):
         runner.plan_of(spec), runner.decide(spec), runner.planned(spec)

@@ -320,11 +320,14 @@ def test_a_centralized_run_needs_one_or_group_many_models():
 def test_distribute_option_reaches_the_runner(tmp_path):
     from cpcfl_tf.running.cli import experiment_parser
     from cpcfl_tf.plan.presets import get_preset
-    from cpcfl_tf.running.script import RunnerOptions, script_runner
+    from cpcfl_tf.running.runner import Runner
+    from cpcfl_tf.running.script import run_context
 
     args = experiment_parser("x", "x").parse_args(["--distribute", "mirrored"])
-    runner = script_runner("x", get_preset("smoke"), tmp_path, args, RunnerOptions.of(args))
-    assert runner.distribute == "mirrored" and runner.resume is False
+    context = run_context(args)
+    assert context.distribute == "mirrored" and context.resume is False
+    # The encoder cache, which pre-trains, reads it there.
+    assert Runner("x", get_preset("smoke"), tmp_path, context).encoders.context is context
     assert "--distribute" not in experiment_parser("x", "x", distribute=False).format_help()
 
 

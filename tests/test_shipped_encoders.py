@@ -11,6 +11,7 @@ from cpcfl_tf.plan.resolve import resolve
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.methods.ssl import SSL_METHODS
 from helpers import ROOT, script
+from cpcfl_tf.plan.context import RunContext
 
 ARCHIVE = ROOT / "results" / "quick" / "encoders" / "encoders.tar"
 
@@ -48,7 +49,7 @@ def test_unpacked_they_are_found_by_every_script_without_pre_training(tmp_path, 
 
     fingerprints = {e["entry"].split("/")[1].split("-")[0]: e["fingerprint"]
                     for e in _manifest()}
-    encoders = StartingEncoders(unlabeled=no_images, verbose=0)
+    encoders = StartingEncoders(unlabeled=no_images, context=RunContext(verbose=0))
     for method, fingerprint in fingerprints.items():
         config = get_preset("quick").with_overrides(federated={"pretraining": method})
         assert weights_fingerprint(encoders(resolve(config))) == fingerprint

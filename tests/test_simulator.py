@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from cpcfl_tf.plan.config import PretrainConfig
+from cpcfl_tf.plan.sections import PretrainConfig
 from cpcfl_tf.plan.presets import get_preset
 from cpcfl_tf.pretraining.pretrain import pretrain
 from cpcfl_tf.data import load_unlabeled
@@ -24,6 +24,7 @@ from cpcfl_tf.clustered.simulator import run_federated
 from cpcfl_tf.models import build_classifier, build_classifier_head, build_encoder
 from cpcfl_tf.plan.resolve import resolve
 from cpcfl_tf.methods.ssl import SSL_METHODS
+from cpcfl_tf.plan.context import RunContext
 
 SMOKE = get_preset("smoke")
 
@@ -199,7 +200,7 @@ KEPT = dict(rounds=3, head_rounds=1, optimizer_state="client")
 @pytest.fixture(scope="module")
 def kept_run(clients, encoder):
     record, _ = run_federated(resolve(config(**KEPT)), clients, encoder_weights=encoder,
-                              verbose=0)
+                              context=RunContext(verbose=0))
     return record
 
 
@@ -207,7 +208,7 @@ def test_clients_can_keep_their_adam_state_between_rounds(clients, encoder, tmp_
                                                           kept_run):
     kept, whole = config(**KEPT), kept_run
     fresh, _ = run_federated(resolve(config(rounds=3, head_rounds=1)), clients,
-                             encoder_weights=encoder, verbose=0)
+                             encoder_weights=encoder, context=RunContext(verbose=0))
     # Round 1 starts from a zero state either way; from round 2 the kept moments differ.
     assert whole.rounds[0] == fresh.rounds[0]
     assert whole.rounds[1:] != fresh.rounds[1:]
@@ -220,9 +221,9 @@ def test_clients_can_keep_their_adam_state_between_rounds(clients, encoder, tmp_
             raise Stop
 
     with pytest.raises(Stop):
-        run_federated(resolve(kept), clients, encoder_weights=encoder, verbose=0,
+        run_federated(resolve(kept), clients, encoder_weights=encoder, context=RunContext(verbose=0),
                       checkpoint=tmp_path / "ckpt.npz", on_round=stop)
-    resumed, _ = run_federated(resolve(kept), clients, encoder_weights=encoder, verbose=0,
+    resumed, _ = run_federated(resolve(kept), clients, encoder_weights=encoder, context=RunContext(verbose=0),
                                checkpoint=tmp_path / "ckpt.npz")
     assert resumed.rounds == whole.rounds and resumed.final == whole.final
 
@@ -298,7 +299,7 @@ def test_kept_adam_state_trains_as_adam_written_in_numpy(clients):
 
 def test_cp_cfl_keeps_the_encoder_frozen_during_tc_then_trains_it(clients, encoder):
     seen = []
-    run_federated(resolve(config(rounds=4, head_rounds=2)), clients, encoder_weights=encoder, verbose=0,
+    run_federated(resolve(config(rounds=4, head_rounds=2)), clients, encoder_weights=encoder, context=RunContext(verbose=0),
                   on_round=lambda record, state: seen.append([m[:len(encoder)] for m in state.models]))
     for round_, models in enumerate(seen, start=1):
         same = all(np.array_equal(a, b) for m in models for a, b in zip(m, encoder))
@@ -308,7 +309,7 @@ def test_cp_cfl_keeps_the_encoder_frozen_during_tc_then_trains_it(clients, encod
 def test_encoder_epochs_0_keeps_the_encoder_fixed_after_tc_too(clients, encoder):
     seen = []
     run_federated(resolve(config(rounds=3, head_rounds=1, encoder_epochs=0)), clients,
-                  encoder_weights=encoder, verbose=0,
+                  encoder_weights=encoder, context=RunContext(verbose=0),
                   on_round=lambda record, state: seen.append(state.models))
     for models in seen:
         assert all(np.array_equal(a, b) for m in models for a, b in zip(m, encoder))
@@ -345,18 +346,18 @@ def test_encoder_epochs_1_trains_the_encoder_in_the_first_local_epoch_only(clien
 
 def test_cp_cfl_and_ifca_recover_the_true_groups(clients, encoder):
     cp, _ = run_federated(resolve(config(rounds=4, head_rounds=1)), clients,
-                          encoder_weights=encoder, verbose=0)
+                          encoder_weights=encoder, context=RunContext(verbose=0))
     ifca, _ = run_federated(resolve(config(method="ifca", pretraining="none", rounds=4)), clients,
-                            verbose=0)
+                            context=RunContext(verbose=0))
     assert cp.final.ari == 1.0 and ifca.final.ari == 1.0
     fedavg, state = run_federated(resolve(config(method="fedavg", pretraining="none", rounds=2)),
-                                  clients, verbose=0)
+                                  clients, context=RunContext(verbose=0))
     assert len(state.models) == 1 and fedavg.final.ari == 0.0
 
 
 def test_a_run_records_the_contract(clients, encoder):
     record, _ = run_federated(resolve(config(rounds=4, head_rounds=1, report_every=2)), clients,
-                              encoder_weights=encoder, verbose=0)
+                              encoder_weights=encoder, context=RunContext(verbose=0))
     record = record.to_json()  # the contract is the JSON
     assert [r["round"] for r in record["rounds"]] == [1, 2, 3, 4]
     assert all(0 <= r["accuracy"] <= 1 and len(r["cluster_ids"]) == 9 for r in record["rounds"])
@@ -389,11 +390,11 @@ def test_the_same_seeds_give_the_same_run_whatever_the_process_did_before(client
     runs = []
     for _ in range(2):
         runs.append(run_federated(resolve(config(rounds=3, head_rounds=1)), clients,
-                                  encoder_weights=encoder, verbose=0)[0].rounds)
+                                  encoder_weights=encoder, context=RunContext(verbose=0))[0].rounds)
         random.random(), np.random.random()
     assert pool._TEMPLATES and runs[0] == runs[1]
     other = run_federated(resolve(config(rounds=3, head_rounds=1)), clients,
-                          encoder_weights=encoder, verbose=0, train_seed=1)[0].rounds
+                          encoder_weights=encoder, context=RunContext(verbose=0), train_seed=1)[0].rounds
     assert other != runs[0]
 
 
@@ -405,8 +406,8 @@ def test_eval_every_thins_the_scoring_and_changes_nothing_else(clients, tmp_path
                    participation=1 / 3)
     thinned = config(method="ifca", pretraining="none", rounds=8, report_every=5,
                      participation=1 / 3, eval_every=3)
-    full, _ = run_federated(resolve(every), clients, verbose=0)
-    sparse, _ = run_federated(resolve(thinned), clients, verbose=0)
+    full, _ = run_federated(resolve(every), clients, context=RunContext(verbose=0))
+    sparse, _ = run_federated(resolve(thinned), clients, context=RunContext(verbose=0))
     assert thinned.federated.quarters == [2, 4, 6, 8]
     assert [r.round for r in sparse.rounds if r.accuracy is not None] == [2, 3, 4, 5, 6, 8]
     assert all(sparse.accuracy_at(t) is not None for t in thinned.federated.quarters)
@@ -426,7 +427,7 @@ def test_eval_every_thins_the_scoring_and_changes_nothing_else(clients, tmp_path
 def test_partial_participation_and_global_encoder(clients, encoder):
     record, state = run_federated(resolve(
         config(rounds=3, head_rounds=1, participation=1 / 3, global_encoder=True)), clients,
-        encoder_weights=encoder, verbose=0)
+        encoder_weights=encoder, context=RunContext(verbose=0))
     final = record.final
     assert final.bytes_up == 3 * 3 * final.model_bytes  # 3 of 9 clients, 3 rounds
     assert len(encoder) == 10  # 4 convolutions and a dense layer, kernel and bias each
@@ -440,7 +441,7 @@ def test_ifca_restarts_under_partial_participation(clients, capsys):
     """IFCA's restart check, and its notice and progress lines, with clients not drawn yet
     (each crashed on their -1 ids); the final ARI is over the clients that took part."""
     record, _ = run_federated(resolve(config(method="ifca", pretraining="none", rounds=6,
-                                     restart_round=2, participation=0.2)), clients, verbose=1)
+                                     restart_round=2, participation=0.2)), clients, context=RunContext(verbose=1))
     assert len(record.rounds) == 6
     notices = [l for l in capsys.readouterr().out.splitlines() if "clustering failed" in l]
     assert len(notices) == record.final.restarts > 0
@@ -468,7 +469,7 @@ def test_an_ifca_restart_starts_a_new_pool_and_a_resume_after_it_gives_the_same_
     c = config(method="ifca", pretraining="none", num_clusters=2, rounds=3, restart_round=2,
                max_restarts=2, min_cluster_share=1.0)
     seen = []  # (round, pool) after every round (and restart decision)
-    whole, _ = run_federated(resolve(c), clients, verbose=0,
+    whole, _ = run_federated(resolve(c), clients, context=RunContext(verbose=0),
                              on_round=lambda r, state: seen.append((r["round"], state.models)))
     assert whole.final.restarts == 2
     assert [r for r, _ in seen] == [1, 2, 1, 2, 1, 2, 3]  # each attempt counts from 1
@@ -491,9 +492,9 @@ def test_an_ifca_restart_starts_a_new_pool_and_a_resume_after_it_gives_the_same_
             raise _Stop
 
     with pytest.raises(_Stop):
-        run_federated(resolve(c), clients, checkpoint=checkpoint, verbose=0,
+        run_federated(resolve(c), clients, checkpoint=checkpoint, context=RunContext(verbose=0),
                       on_round=stop_after_the_first_restart)
-    resumed, _ = run_federated(resolve(c), clients, checkpoint=checkpoint, verbose=0)
+    resumed, _ = run_federated(resolve(c), clients, checkpoint=checkpoint, context=RunContext(verbose=0))
     assert resumed.rounds == whole.rounds and resumed.final == whole.final
 
 
@@ -541,7 +542,7 @@ def test_client_test_labels_reach_neither_selection_nor_training(clients):
         clients.test, labels=rng.permutation(clients.test.labels.reshape(-1))
         .reshape(clients.test.labels.shape)))
     c = config(method="ifca", pretraining="none", rounds=3)
-    (real, real_state), (fake, fake_state) = (run_federated(resolve(c), data, verbose=0)
+    (real, real_state), (fake, fake_state) = (run_federated(resolve(c), data, context=RunContext(verbose=0))
                                               for data in (clients, shuffled))
     assert [r.cluster_ids for r in real.rounds] == [r.cluster_ids for r in fake.rounds]
     for a, b in zip(real_state.models, fake_state.models):
@@ -552,7 +553,7 @@ def test_client_test_labels_reach_neither_selection_nor_training(clients):
 def test_divergence_is_a_clear_error(clients):
     with pytest.raises(UserError, match=r"diverged .*federated\.learning_rate"):
         run_federated(resolve(config(method="fedavg", pretraining="none", rounds=2, learning_rate=1e30)),
-                      clients, verbose=0)
+                      clients, context=RunContext(verbose=0))
 
 
 RUNNER = textwrap.dedent("""
@@ -586,40 +587,40 @@ def test_a_run_killed_mid_way_resumes_to_the_uninterrupted_result(clients, tmp_p
     with np.load(checkpoint) as saved:  # the round whose line was printed, or the next
         assert json.loads(str(saved["__meta__"]))["progress"]["round"] in (3, 4)
     c = config(method="ifca", pretraining="none", rounds=6)
-    resumed, _ = run_federated(resolve(c), clients, checkpoint=checkpoint, verbose=0)
-    whole, _ = run_federated(resolve(c), clients, verbose=0)
+    resumed, _ = run_federated(resolve(c), clients, checkpoint=checkpoint, context=RunContext(verbose=0))
+    whole, _ = run_federated(resolve(c), clients, context=RunContext(verbose=0))
     assert resumed.rounds == whole.rounds and resumed.final == whole.final
 
 
 def test_a_checkpoint_of_another_run_is_refused(clients, tmp_path):
     checkpoint = tmp_path / "run.npz"
     run_federated(resolve(config(method="fedavg", pretraining="none", rounds=1, head_rounds=0)),
-                  clients, checkpoint=checkpoint, verbose=0)
+                  clients, checkpoint=checkpoint, context=RunContext(verbose=0))
     with pytest.raises(UserError, match="different run"):
         run_federated(resolve(config(method="fedavg", pretraining="none", rounds=2)), clients,
-                      checkpoint=checkpoint, verbose=0)
+                      checkpoint=checkpoint, context=RunContext(verbose=0))
     checkpoint.write_bytes(b"garbage")
     with pytest.raises(UserError, match="run.npz is damaged .*delete it to start the run over"):
         run_federated(resolve(config(method="fedavg", pretraining="none", rounds=1, head_rounds=0)),
-                      clients, checkpoint=checkpoint, verbose=0)
+                      clients, checkpoint=checkpoint, context=RunContext(verbose=0))
 
 
 def test_a_checkpoint_from_another_starting_encoder_is_refused(clients, encoder, tmp_path):
     checkpoint, c = tmp_path / "run.npz", config(method="fedavg", rounds=2, head_rounds=1)
-    run_federated(resolve(c), clients, encoder_weights=encoder, checkpoint=checkpoint, verbose=0)
+    run_federated(resolve(c), clients, encoder_weights=encoder, checkpoint=checkpoint, context=RunContext(verbose=0))
     other = [w + np.float32(1e-3) if i == 0 else w for i, w in enumerate(encoder)]
     with pytest.raises(UserError, match="different run"):
-        run_federated(resolve(c), clients, encoder_weights=other, checkpoint=checkpoint, verbose=0)
+        run_federated(resolve(c), clients, encoder_weights=other, checkpoint=checkpoint, context=RunContext(verbose=0))
 
 
 def test_ifca_fedavg_starts_from_the_fedavg_models_encoder(clients):
     from cpcfl_tf.clustered.starting import fedavg_encoder
 
-    encoder, fedavg = fedavg_encoder(config(rounds=2, head_rounds=0), clients, verbose=0)
+    encoder, fedavg = fedavg_encoder(config(rounds=2, head_rounds=0), clients, context=RunContext(verbose=0))
     assert len(encoder) == 10 and fedavg.config.federated.num_clusters == 1
     seen = []
     run_federated(resolve(config(method="ifca", pretraining="fedavg", rounds=2, head_rounds=0)),
-                  clients, encoder_weights=encoder, verbose=0,
+                  clients, encoder_weights=encoder, context=RunContext(verbose=0),
                   on_round=lambda record, state: seen.append(state))
     assert len(seen[0].models) == 3
 
@@ -628,7 +629,7 @@ def test_a_run_shows_one_progress_line_per_round_in_a_log(clients, capsys):
     import re
 
     run_federated(resolve(config(method="fedavg", pretraining="none", rounds=3, head_rounds=0)),
-                  clients, verbose=1)
+                  clients, context=RunContext(verbose=1))
     lines = [l for l in capsys.readouterr().out.splitlines() if "round" in l]
     assert len(lines) == 3  # not a terminal: a line per round, no carriage returns
     for t, line in enumerate(lines, 1):
@@ -636,10 +637,21 @@ def test_a_run_shows_one_progress_line_per_round_in_a_log(clients, capsys):
                             r"\d+:\d\d:\d\d elapsed, ETA \d+:\d\d:\d\d", line), line
 
 
-def test_training_in_chunks_of_clients_gives_the_unchunked_run(clients, encoder, kept_run):
+def test_training_in_chunks_of_clients_gives_the_unchunked_run(clients, encoder, kept_run,
+                                                                monkeypatch):
+    from cpcfl_tf.clustered.stacked import StackedBackend
+
+    steps, train = [], StackedBackend.train
+
+    def counted(self, pool, ids, *args):
+        steps.append(len(ids))
+        return train(self, pool, ids, *args)
+
+    monkeypatch.setattr(StackedBackend, "train", counted)
     whole = kept_run
     chunked, _ = run_federated(resolve(config(**KEPT)), clients, encoder_weights=encoder,
-                               verbose=0, max_clients=4)  # 9 clients: steps of 4, 4 and 1
+                               context=RunContext(verbose=0, max_clients=4))
+    assert steps == [4, 4, 1] * 3  # 9 clients a round, 3 rounds
     assert chunked.rounds == whole.rounds and chunked.final == whole.final
 
 
@@ -675,10 +687,10 @@ def test_cp_cfl_restart_that_never_restarts_is_cp_cfl_and_the_diagnostic_changes
     from cpcfl_tf.clustered.pool import build_template
 
     plain, _ = run_federated(resolve(config(rounds=4, head_rounds=1)), clients,
-                             encoder_weights=encoder, verbose=0)
+                             encoder_weights=encoder, context=RunContext(verbose=0))
     variant, _ = run_federated(resolve(config(method="cp-cfl-restart", rounds=4, head_rounds=1,
                                       restart_round=1)), clients, encoder_weights=encoder,
-                               verbose=0, diagnose=2)
+                               context=RunContext(verbose=0, diagnose=2))
     assert variant.final.ari == 1.0 and variant.final.restarts == 0
     assert [r.cluster_ids for r in variant.rounds] == [r.cluster_ids for r in plain.rounds]
     assert [r.accuracy for r in variant.rounds] == [r.accuracy for r in plain.rounds]
@@ -690,7 +702,7 @@ def test_cp_cfl_restart_that_never_restarts_is_cp_cfl_and_the_diagnostic_changes
     template = build_template(run, clients.train.images.shape[2:], clients.num_classes)
     rounds = []
     run_federated(resolve(config(rounds=2, head_rounds=1)), clients, encoder_weights=encoder,
-                  verbose=0, on_round=lambda record, state: rounds.append(state.models))
+                  context=RunContext(verbose=0), on_round=lambda record, state: rounds.append(state.models))
     losses = client_losses(backend_of(template, fl), rounds[0], clients.train)
     selection = variant.rounds[1].selection
     np.testing.assert_allclose(selection["losses"], losses, rtol=1e-5)
@@ -717,13 +729,13 @@ def test_a_run_traces_the_forward_pass_once_and_a_second_run_traces_nothing(
     backend = backend_of(template, fl)
     functions = {"logits": backend._logits, "gradients": backend._grads}
     with caplog.at_level("WARNING", logger="tensorflow"):
-        first, _ = run_federated(resolve(c), clients, encoder_weights=encoder, verbose=0)
+        first, _ = run_federated(resolve(c), clients, encoder_weights=encoder, context=RunContext(verbose=0))
         sizes = {tuple(np.bincount(r.cluster_ids, minlength=3)) for r in first.rounds}
         assert len(sizes) > 2  # the clusters did change size
         assert functions["logits"].experimental_get_tracing_count() == 1
         counts = {k: f.experimental_get_tracing_count() for k, f in functions.items()}
         run_federated(resolve(config(rounds=6, head_rounds=4)), clients, encoder_weights=encoder,
-                      verbose=0, train_seed=7)
+                      context=RunContext(verbose=0), train_seed=7)
         assert {k: f.experimental_get_tracing_count() for k, f in functions.items()} == counts
     assert not [r for r in caplog.records if "retracing" in r.getMessage()]
     exact = tf.function(lambda params, x: stacked_logits(backend.layers, params, to_float(x)))
@@ -745,9 +757,9 @@ def test_a_run_resumed_under_partial_participation_keeps_every_clients_cluster(
     c = config(method="ifca", pretraining="none", rounds=6, participation=1 / 3)
     checkpoint = tmp_path / "run.npz"
     with pytest.raises(Killed):
-        run_federated(resolve(c), clients, checkpoint=checkpoint, verbose=0, on_round=kill_after(3))
-    resumed, _ = run_federated(resolve(c), clients, checkpoint=checkpoint, verbose=0)
-    whole, _ = run_federated(resolve(c), clients, verbose=0)
+        run_federated(resolve(c), clients, checkpoint=checkpoint, context=RunContext(verbose=0), on_round=kill_after(3))
+    resumed, _ = run_federated(resolve(c), clients, checkpoint=checkpoint, context=RunContext(verbose=0))
+    whole, _ = run_federated(resolve(c), clients, context=RunContext(verbose=0))
     assert [r.cluster_ids for r in resumed.rounds] == [r.cluster_ids for r in whole.rounds]
     assert resumed.rounds == whole.rounds and resumed.final == whole.final
     # some client took part before the kill and not in the round after: its id there is

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from cpcfl_tf import compat
-from cpcfl_tf.plan.config import Config, PretrainConfig
+from cpcfl_tf.plan.config import Config
+from cpcfl_tf.plan.sections import PretrainConfig
 from cpcfl_tf.plan.presets import get_preset
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.methods.ssl import SSL_METHODS, Setting, check_options

@@ -594,6 +594,7 @@ def test_a_remedys_worst_run_and_its_merges_are_paired_by_run():
 
     def run(accuracy, ari, encoder="e"):
         return SimpleNamespace(final=SimpleNamespace(accuracy=accuracy, ari=ari),
+                               final_accuracy=accuracy,
                                pretraining="simclr", from_random_weights=False,
                                environment={"starting_encoder": encoder})
 

@@ -10,6 +10,7 @@ from cpcfl_tf.records.record import read_record
 from cpcfl_tf.plan.resolve import resolve
 from cpcfl_tf.methods.ssl import get_ssl_method
 from helpers import ROOT, run_record_errors, script
+from cpcfl_tf.plan.context import RunContext
 
 CONTRACT = ("experiment", "preset", "method", "pretraining", "config", "seeds", "clients",
             "rounds", "final", "timing", "environment")
@@ -87,7 +88,7 @@ def test_an_interrupted_run_needs_resume(smoke_run, tmp_path):
     from cpcfl_tf.running.runner import RunSpec, Runner
 
     spec = RunSpec("fedavg-none", "fedavg", "none")
-    runner = Runner("table2", get_preset("smoke"), tmp_path, verbose=0)
+    runner = Runner("table2", get_preset("smoke"), tmp_path, context=RunContext(verbose=0))
     from cpcfl_tf.clustered.simulator import run_federated
 
     config = spec.config(get_preset("smoke"))
@@ -101,11 +102,11 @@ def test_an_interrupted_run_needs_resume(smoke_run, tmp_path):
             raise Stop
 
     with pytest.raises(Stop):
-        run_federated(resolve(config), runner.data.clients(config), verbose=0,
+        run_federated(resolve(config), runner.data.clients(config), context=RunContext(verbose=0),
                       checkpoint=tmp_path / ".fedavg-none.ckpt.npz", on_round=interrupt)
     with pytest.raises(UserError, match="interrupted .* --resume"):
         runner.run(spec)
-    resumed = Runner("table2", get_preset("smoke"), tmp_path, resume=True, verbose=0).run(spec)
+    resumed = Runner("table2", get_preset("smoke"), tmp_path, context=RunContext(resume=True, verbose=0)).run(spec)
     whole = read_record(smoke_run / "fedavg-none.json")
     assert resumed.rounds == whole.rounds and resumed.final == whole.final
 
@@ -115,7 +116,7 @@ def test_fedavg_simclr_is_cp_cfl_simclr_with_one_cluster(smoke_run, tmp_path):
     from cpcfl_tf.running.runner import RunSpec, Runner
 
     fedavg = json.loads((smoke_run / "fedavg-simclr.json").read_text())
-    one = Runner("clusters", get_preset("smoke"), tmp_path, verbose=0).run(
+    one = Runner("clusters", get_preset("smoke"), tmp_path, context=RunContext(verbose=0)).run(
         RunSpec("cp-cfl-simclr-n1", "cp-cfl", "simclr", {"num_clusters": 1})).to_json()
     assert fedavg["config"]["federated"]["head_rounds"] == 1  # smoke's Tc
     for key in ("seeds", "clients", "rounds", "final"):
@@ -135,7 +136,7 @@ def test_a_record_that_ran_with_an_older_meaning_of_its_method_is_refused(smoke_
     record = json.loads((smoke_run / "fedavg-simclr.json").read_text())
     record["config"]["federated"]["head_rounds"] = 0  # before FedAvg (SimCLR) had Tc
     (tmp_path / "fedavg-simclr.json").write_text(json.dumps(record))
-    runner = Runner("table2", get_preset("smoke"), tmp_path, verbose=0)
+    runner = Runner("table2", get_preset("smoke"), tmp_path, context=RunContext(verbose=0))
     with pytest.raises(UserError, match="different config"):
         runner.run(RunSpec("fedavg-simclr", "fedavg", "simclr"))
 
@@ -148,7 +149,7 @@ def test_a_record_written_before_a_config_field_existed_still_counts(smoke_run, 
     for section in (record["config"]["federated"], record["config"]["requested"]["federated"]):
         del section["local_optimizer"], section["optimizer_state"]
     (tmp_path / "fedavg-none.json").write_text(json.dumps(record))
-    runner = Runner("table2", get_preset("smoke"), tmp_path, verbose=0)
+    runner = Runner("table2", get_preset("smoke"), tmp_path, context=RunContext(verbose=0))
     assert (runner.run(RunSpec("fedavg-none", "fedavg", "none")).to_json()["rounds"]
             == record["rounds"])
     other = RunSpec("fedavg-none", "fedavg", "none", {"local_optimizer": "sgd"})
@@ -213,16 +214,16 @@ def test_ifca_fedavg_starts_from_the_cached_fedavg_encoder(tmp_path, monkeypatch
 
     monkeypatch.setenv("CPCFL_CACHE", str(tmp_path / "cache"))
     spec = RunSpec("ifca-fedavg", "ifca", "fedavg")
-    first = Runner("table2", get_preset("smoke"), tmp_path / "a", verbose=0).run(spec)
+    first = Runner("table2", get_preset("smoke"), tmp_path / "a", context=RunContext(verbose=0)).run(spec)
     (cached,) = (tmp_path / "cache" / "fedavg").glob("*.npz")
     trained = starting.fedavg_encoder
     monkeypatch.setattr(starting, "fedavg_encoder",
                         lambda *a, **k: pytest.fail("FedAvg was trained again"))
-    again = Runner("table2", get_preset("smoke"), tmp_path / "b", verbose=0).run(spec)
+    again = Runner("table2", get_preset("smoke"), tmp_path / "b", context=RunContext(verbose=0)).run(spec)
     assert again.rounds == first.rounds and again.final == first.final
     cached.write_bytes(b"damaged")  # a damaged entry is rebuilt, with one line
     monkeypatch.setattr(starting, "fedavg_encoder", trained)
-    third = Runner("table2", get_preset("smoke"), tmp_path / "c", verbose=0).run(spec)
+    third = Runner("table2", get_preset("smoke"), tmp_path / "c", context=RunContext(verbose=0)).run(spec)
     assert third.final == first.final and capsys.readouterr().err.count("is damaged") == 1
 
 
@@ -235,7 +236,7 @@ def test_a_restart_variant_run_whose_rule_never_fires_is_taken_from_its_base_run
     from cpcfl_tf.clustered.restarts import clustering_failed
     from cpcfl_tf.running.runner import RunSpec, Runner
 
-    runner = Runner("reliability", get_preset("smoke"), tmp_path, verbose=0)
+    runner = Runner("reliability", get_preset("smoke"), tmp_path, context=RunContext(verbose=0))
     short = {"rounds": 3, "restart_round": 1}
     plain = runner.run(RunSpec("cp-cfl", "cp-cfl", "simclr", short))
     assert not clustering_failed(plain.rounds[1].cluster_ids, 3, 0.5)  # at Tc + 1 = 2
@@ -257,7 +258,7 @@ def test_a_restart_variant_run_whose_rule_never_fires_is_taken_from_its_base_run
             Decision.STAND_IN, Decision.DONE, Decision.RUN]
     assert runner.decide(variant).found.path == tmp_path / "cp-cfl.json"
     (tmp_path / ".other.ckpt.npz").write_bytes(b"")  # interrupted: resumed, or refused
-    assert Runner("reliability", get_preset("smoke"), tmp_path, verbose=0, resume=True
+    assert Runner("reliability", get_preset("smoke"), tmp_path, context=RunContext(verbose=0, resume=True)
                   ).decide(RunSpec("other", "cp-cfl", "simclr", short)).decision \
         is Decision.RESUME
     assert runner.planned(RunSpec("other", "cp-cfl", "simclr", short))[0].startswith(
@@ -275,7 +276,7 @@ def test_a_restart_variant_run_whose_rule_never_fires_is_taken_from_its_base_run
     assert made.final.restarts == 1 and (tmp_path / "restart-strict.json").exists()
     assert "restart-strict" not in runner.store.stood_in
     # --force makes every run again
-    forced = Runner("reliability", get_preset("smoke"), tmp_path, verbose=0, force=True)
+    forced = Runner("reliability", get_preset("smoke"), tmp_path, context=RunContext(verbose=0, force=True))
     again = forced.run(variant)
     assert again.rounds == plain.rounds and (tmp_path / "restart.json").exists()
     # The report's note counts the stand-ins, and the runs made in full whose rule never

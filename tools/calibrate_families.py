@@ -23,7 +23,7 @@ import numpy as np
 
 from cpcfl_tf.methods import clustering
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.methods.federated import METHODS, STARTS
+from cpcfl_tf.methods.federated import METHODS, START_LABELS
 from cpcfl_tf.running.report import markdown_table
 from cpcfl_tf.running.runner import RunSpec
 from cpcfl_tf.running.script import Script
@@ -117,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> None:
               "parts its bipartition would make.", ""]
     lines += markdown_table(
         ["run", "start", "mean-update norm", "largest update norm", "cross similarity"],
-        [[name, STARTS[records[name].config.federated.pretraining], f"{m['mean_norm']:.3f}",
+        [[name, START_LABELS[records[name].config.federated.pretraining], f"{m['mean_norm']:.3f}",
           f"{m['max_norm']:.3f}", f"{m['cross_similarity']:.3f}"]
          for name, m in measured.items()])
     derived, used = cfl_thresholds(measured), METHODS["cfl"].options

@@ -28,6 +28,7 @@ import numpy as np
 
 from cpcfl_tf.errors import run_cli
 from cpcfl_tf.running.script import Script
+from cpcfl_tf.plan.context import RunContext
 
 KILL = "CPCFL_KILL"
 """Child only, when to SIGKILL itself: ``write:<kind>:<n>`` at its n-th write of that kind
@@ -86,8 +87,7 @@ def child(folder: Path, preset: str, seed: int, kills: int) -> None:
 
     results.os.replace = counted
     os.environ["CPCFL_CACHE"] = str(folder / "cache")
-    Runner("kill_resume", run_config(preset, seed, kills), folder / "runs", resume=True,
-           verbose=0).run(RunSpec(*SPEC))
+    Runner("kill_resume", run_config(preset, seed, kills), folder / "runs", context=RunContext(resume=True, verbose=0)).run(RunSpec(*SPEC))
 
 
 def attempt(folder: Path, preset: str, seed: int, kills: int, plan: str = ""

@@ -3,7 +3,7 @@
 ``docs/run-record.schema.json`` is the contract outside tools read, so it lists the kit's
 values of ``method`` and ``pretraining`` literally (and accepts any other name, an
 installed plugin's: ``cpcfl_tf.plugins``). They come from the kit's two registries
-(:data:`cpcfl_tf.methods.federated.METHODS`, :data:`cpcfl_tf.methods.federated.STARTS`,
+(:data:`cpcfl_tf.methods.federated.METHODS`, :data:`cpcfl_tf.methods.federated.START_LABELS`,
 which reads :data:`cpcfl_tf.methods.ssl.SSL_METHODS`); after adding a method,
 run::
 
@@ -28,11 +28,11 @@ SCHEMA = Path(__file__).resolve().parents[1] / "docs" / "run-record.schema.json"
 def updated(text: str) -> str:
     """``text`` (the schema) with the kit's own names the registries give (an installed
     plugin's are left out: a record may name one when its ``environment.plugins`` does)."""
-    from cpcfl_tf.methods.federated import METHODS, STARTS, plugins_used
+    from cpcfl_tf.methods.federated import METHODS, START_LABELS, plugins_used
 
     own_methods = [m for m in METHODS if not any(
         k.startswith(("method ", "rule ")) for k in plugins_used(m, "none"))]
-    own_starts = [s for s in STARTS if s == "none" or not plugins_used("fedavg", s)]
+    own_starts = [s for s in START_LABELS if s == "none" or not plugins_used("fedavg", s)]
     for key, names in (("kit_methods", own_methods), ("kit_starts", own_starts)):
         line = f'    "{key}": {{"enum": {json.dumps(names)}}},'
         text, found = re.subn(rf'^    "{key}": {{"enum": \[.*\]}},$', line, text, count=1,

@@ -94,10 +94,7 @@ class KerasBackend:
         trains_encoder: Sequence[bool],
         local: LocalTraining,
         moments: ClientMoments | None = None,
-        *,
-        max_clients: int | None = None,
     ) -> Stacked:
-        del max_clients  # one client at a time already
         if moments is not None:
             raise UserError(
                 "federated.optimizer_state 'client' needs the stacked backend "
@@ -140,7 +137,7 @@ _STACKED: dict[tuple, StackedBackend] = {}
 
 
 def backend_of(classifier: keras.Model, fl) -> StackedBackend | KerasBackend:
-    """The backend a :class:`~cpcfl_tf.plan.config.FederatedConfig` names (``backend``,
+    """The backend a :class:`~cpcfl_tf.plan.sections.FederatedConfig` names (``backend``,
     ``jit_compile``) for ``classifier``."""
     return make_backend(classifier, fl.backend, jit_compile=fl.jit_compile)
 

@@ -30,12 +30,12 @@ from cpcfl_tf.records.record import SCORES, Final, RunRecord
 
 
 def _train_pooled(
-    plan: RunPlan, data: ClientArrays, encoder_weights, num_classes: int, epochs: int, seed: int
+    run: RunPlan, data: ClientArrays, encoder_weights, num_classes: int, epochs: int, seed: int
 ):
     """Train one model per row of ``data`` (each row a pooled dataset), all at once: the
-    plan's models, one per row."""
-    fl = dataclasses.replace(plan.federated, num_clusters=data.num_clients)
-    rows = dataclasses.replace(plan, config=dataclasses.replace(plan.config, federated=fl))
+    run's models, one per row."""
+    fl = dataclasses.replace(run.federated, num_clusters=data.num_clients)
+    rows = dataclasses.replace(run, config=dataclasses.replace(run.config, federated=fl))
     template = template_for(rows, data.images.shape[2:], num_classes)
     backend = backend_of(template, fl)
     start = stack_models(initial_pool(rows, template, encoder_weights, seed=seed, attempt=0))
@@ -47,7 +47,7 @@ def _train_pooled(
 
 
 def centralized_baseline(
-    plan: RunPlan,
+    run: RunPlan,
     clients: Clients,
     encoder_weights=None,
     *,
@@ -58,8 +58,8 @@ def centralized_baseline(
 
     Returns the ``final`` part of a run record plus ``epochs``.
     """
-    seed = plan.config.seed if seed is None else seed
-    fl = plan.federated
+    seed = run.config.seed if seed is None else seed
+    fl = run.federated
     epochs = fl.centralized_epochs or fl.rounds * fl.local_epochs
     groups = np.unique(clients.groups) if by_group else np.array([0])
     member = clients.groups if by_group else np.zeros(clients.train.num_clients, np.int64)
@@ -72,9 +72,7 @@ def centralized_baseline(
         ),
         np.stack([clients.train.labels[r].reshape(-1) for r in rows]),
     )
-    backend, models = _train_pooled(
-        plan, pooled, encoder_weights, clients.num_classes, epochs, seed
-    )
+    backend, models = _train_pooled(run, pooled, encoder_weights, clients.num_classes, epochs, seed)
     probs = client_probabilities(backend, models, np.searchsorted(groups, member), clients.test)
     return {
         "accuracy": float(client_accuracy(clients.test.labels, probs).mean()),
@@ -83,14 +81,14 @@ def centralized_baseline(
     }
 
 
-def run_centralized(plan: RunPlan, clients: Clients, encoder_weights=None) -> RunRecord:
+def run_centralized(run: RunPlan, clients: Clients, encoder_weights=None) -> RunRecord:
     """A centralized baseline as a run record (no rounds, no clusters): the record keeps
     the config as requested (a baseline has no N or Tc to resolve).
 
     ``federated.num_clusters`` says which: 1 pools all clients, the number of true groups
     pools them by group (tab:different_datasets' two centralized rows).
     """
-    config = plan.requested
+    config = run.requested
     groups = len(np.unique(clients.groups))
     n = config.federated.num_clusters
     if n not in (1, groups):
@@ -99,7 +97,7 @@ def run_centralized(plan: RunPlan, clients: Clients, encoder_weights=None) -> Ru
             f"or {groups} (pooled by true group), got {n}"
         )
     started = time.perf_counter()
-    result = centralized_baseline(plan, clients, encoder_weights, by_group=n > 1)
+    result = centralized_baseline(run, clients, encoder_weights, by_group=n > 1)
     seconds = time.perf_counter() - started
     final = Final(result["accuracy"], {k: result[k] for k in SCORES}, epochs=result["epochs"])
     return RunRecord(
@@ -114,12 +112,12 @@ def run_centralized(plan: RunPlan, clients: Clients, encoder_weights=None) -> Ru
 
 
 def supervised_encoder(
-    plan: RunPlan, labeled: LabeledImages, *, epochs: int, seed: int | None = None
+    run: RunPlan, labeled: LabeledImages, *, epochs: int, seed: int | None = None
 ) -> list[np.ndarray]:
     """Encoder weights from supervised pre-training: encoder + theta_c trained with labels
-    on ``labeled`` (the paper: CIFAR-100), then the head is dropped. ``plan``'s federated
+    on ``labeled`` (the paper: CIFAR-100), then the head is dropped. ``run``'s federated
     settings (batch, learning rate, head) are the training's."""
-    seed = plan.config.seed if seed is None else seed
+    seed = run.config.seed if seed is None else seed
     data = ClientArrays(labeled.images[None], labeled.labels[None])
-    backend, (model,) = _train_pooled(plan, data, None, labeled.num_classes, epochs, seed)
+    backend, (model,) = _train_pooled(run, data, None, labeled.num_classes, epochs, seed)
     return model[: backend.num_encoder]

@@ -14,7 +14,8 @@ import numpy as np
 
 from cpcfl_tf.data import LabeledImages, Partition, load_labeled, partition_clients
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.plan.config import Config, DataConfig
+from cpcfl_tf.plan.config import Config
+from cpcfl_tf.plan.sections import DataConfig
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,7 +36,7 @@ class LocalTraining:
 
     @classmethod
     def of(cls, fl) -> LocalTraining:
-        """The local training a :class:`~cpcfl_tf.plan.config.FederatedConfig` names."""
+        """The local training a :class:`~cpcfl_tf.plan.sections.FederatedConfig` names."""
         return cls(fl.batch_size, fl.learning_rate, fl.local_optimizer, fl.frozen_features)
 
 

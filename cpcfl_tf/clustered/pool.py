@@ -132,7 +132,7 @@ def initial_state(
 
 
 def federated_record(
-    plan: RunPlan,
+    run: RunPlan,
     train_seed: int,
     progress: algorithm.Progress,
     state: algorithm.ServerState,
@@ -145,7 +145,7 @@ def federated_record(
     ServerApp): the resolved and requested config, seeds, its rounds, what was sent and
     how long it took; ``final`` adds the driver's own metrics (scores and ARI where the
     true groups are known, each node's accuracy on Flower)."""
-    resolved, config = plan.config, plan.requested
+    resolved, config = run.config, run.requested
     return RunRecord(
         resolved,
         config,

@@ -24,14 +24,21 @@ import numpy as np
 
 from cpcfl_tf.clustered import algorithm, restarts
 from cpcfl_tf.clustered.backends import backend_of, client_losses, client_probabilities
-from cpcfl_tf.clustered.clients import Clients
-from cpcfl_tf.clustered.local import ClientMoments, LocalTraining, batch_orders, stack_models
+from cpcfl_tf.clustered.clients import ClientArrays, Clients
+from cpcfl_tf.clustered.local import (
+    ClientMoments,
+    LocalTraining,
+    Stacked,
+    batch_orders,
+    stack_models,
+)
 from cpcfl_tf.clustered.metrics import client_accuracy, cluster_ari, pooled_scores
 from cpcfl_tf.clustered.pool import federated_record, initial_state, template_for
 from cpcfl_tf.compat import changed_behaviour, without_added
 from cpcfl_tf.errors import DivergedError, UserError
-from cpcfl_tf.plan.config import FederatedConfig
+from cpcfl_tf.plan.context import RunContext
 from cpcfl_tf.plan.resolve import RunPlan
+from cpcfl_tf.plan.sections import FederatedConfig
 from cpcfl_tf.records.files import read_file, weights_fingerprint, write_atomic
 from cpcfl_tf.records.record import Round, RunRecord
 
@@ -101,22 +108,20 @@ def _load(
 
 
 def run_federated(
-    plan: RunPlan,
+    run: RunPlan,
     clients: Clients,
     *,
     encoder_weights=None,
     checkpoint: str | Path | None = None,
     train_seed: int | None = None,
-    verbose: int = 1,
     on_round: Callable[[dict, algorithm.ServerState], None] | None = None,
-    max_clients: int | None = None,
-    diagnose: int = 0,
+    context: RunContext = RunContext(),
 ) -> tuple[RunRecord, algorithm.ServerState]:
-    """Run ``plan.federated`` on ``clients``.
+    """Run ``run.federated`` on ``clients``.
 
     Parameters
     ----------
-    plan
+    run
         The run's plan (:func:`cpcfl_tf.plan.resolve.resolve`).
     clients
         From :func:`cpcfl_tf.clustered.clients.make_clients`.
@@ -129,17 +134,15 @@ def run_federated(
     train_seed
         Seeds initialisation, selection, participation and batch order (default
         ``config.seed``).
-    verbose
-        1: one line per round; 0: silent.
     on_round
         Called after every round with the round's record and the new server state.
-    max_clients
-        At most this many clients in one training step (bounds memory for many clients;
-        the result is the same, so it is not part of the run's config).
-    diagnose
-        Record the selection diagnostic in the first ``diagnose`` rounds the clients
-        choose by loss (:mod:`cpcfl_tf.clustered.diagnostics`); an observation, so not
-        part of the run's config either (0: off).
+    context
+        What it reads of the script's :class:`~cpcfl_tf.plan.context.RunContext`:
+        ``verbose`` (1: one line per round; 0: silent), ``max_clients`` (at most this
+        many clients in one training step: bounds memory for many clients, the result is
+        the same) and ``diagnose`` (the selection diagnostic in the first ``diagnose``
+        rounds the clients choose by loss, :mod:`cpcfl_tf.clustered.diagnostics`; an
+        observation). None of them is part of the run's config.
 
     Returns
     -------
@@ -149,14 +152,14 @@ def run_federated(
         contract's metrics, ARI, restarts and bytes sent); the runner adds ``experiment``
         and ``environment``. ``state`` is the final server state (the pool of models).
     """
-    if not isinstance(plan, RunPlan):
+    if not isinstance(run, RunPlan):
         raise TypeError(
-            f"run_federated takes the run's plan, resolve(config), got {type(plan).__name__}"
+            f"run_federated takes the run's plan, resolve(config), got {type(run).__name__}"
         )
-    config, fl = plan.requested, plan.federated
+    config, fl = run.requested, run.federated
     seed = config.seed if train_seed is None else train_seed
     shape = clients.train.images.shape[2:]
-    template = template_for(plan, shape, clients.num_classes)
+    template = template_for(run, shape, clients.num_classes)
     backend = backend_of(template, fl)
     # Fields added since a checkpoint was written leave its fingerprint as it was.
     fingerprint = json.dumps(
@@ -172,13 +175,13 @@ def run_federated(
     )
     path = Path(checkpoint) if checkpoint else None
 
-    simulation = _Simulation(fl, backend, clients, max_clients)
+    simulation = _Simulation(fl, backend, clients, context.max_clients)
     # What the rule asks each client once before training (PACFL: its data subspace).
-    answers = first_answers(plan, clients, embedder(template, encoder_weights))
+    answers = first_answers(run, clients, embedder(template, encoder_weights))
 
     def start(attempt: int) -> algorithm.ServerState:
         state = initial_state(
-            plan,
+            run,
             template,
             encoder_weights,
             seed=seed,
@@ -198,30 +201,30 @@ def run_federated(
     if path and path.exists():
         state, progress, simulation.moments = _load(path, fingerprint)
     else:
-        progress = algorithm.sent_before_training(plan, answers)
+        progress = algorithm.sent_before_training(run, answers)
 
     def after(record: dict, state: algorithm.ServerState, progress: algorithm.Progress):
         if path:
             _save(path, fingerprint, state, progress, simulation.moments)
-        if verbose:
+        if context.verbose:
             _report(record, fl, progress)
         if on_round:
             on_round(record, state)
 
     state, progress = algorithm.run_rounds(
-        plan,
+        run,
         seed,
         simulation,
         start,
         state=state,
         progress=progress,
         on_round=after,
-        say=(lambda line: print("  " + line, flush=True)) if verbose else None,
-        diagnose=diagnose,
+        say=(lambda line: print("  " + line, flush=True)) if context.verbose else None,
+        diagnose=context.diagnose,
     )
     last = Round.from_json(progress.history[-1])
     record = federated_record(
-        plan,
+        run,
         seed,
         progress,
         state,
@@ -298,15 +301,8 @@ class _Simulation:
         ids = algorithm.select(plan, losses)
         orders = batch_orders(len(part), train.size, fl.local_epochs, plan.batch_seed)
         own = None if self.moments is None else self.moments.subset(part)
-        trained = self.backend.train(
-            stack_models(models),
-            ids,
-            train,
-            orders,
-            algorithm.trains_encoder(fl, plan),
-            self.local,
-            own,
-            max_clients=self.max_clients,
+        trained = self._trained(
+            stack_models(models), ids, train, orders, algorithm.trains_encoder(fl, plan), own
         )
         if self.moments is not None and own is not None:
             self.moments.put(part, own)
@@ -317,6 +313,40 @@ class _Simulation:
                 f"{fl.learning_rate})"
             )
         return algorithm.Replies(part, ids, self.clients.sizes[part], trained, losses=losses)
+
+    def _trained(
+        self,
+        pool: Stacked,
+        ids: np.ndarray,
+        train: ClientArrays,
+        orders: np.ndarray,
+        trains_encoder: list[bool],
+        moments: ClientMoments | None,
+    ) -> Stacked:
+        """The backend's training of clients ``ids``, at most :attr:`max_clients` in one
+        step (memory: the weights and Adam state of that many models); the clients are
+        independent, so chunks give the unchunked result."""
+        count, most = len(ids), self.max_clients
+        if most is None or count <= most:
+            return self.backend.train(pool, ids, train, orders, trains_encoder, self.local, moments)
+        parts = []
+        for lo in range(0, count, most):
+            rows = np.arange(lo, min(lo + most, count))
+            own = None if moments is None else moments.subset(rows)
+            parts.append(
+                self.backend.train(
+                    pool,
+                    ids[rows],
+                    train.subset(rows),
+                    orders[:, rows],
+                    trains_encoder,
+                    self.local,
+                    own,
+                )
+            )
+            if moments is not None and own is not None:
+                moments.put(rows, own)
+        return [np.concatenate([p[i] for p in parts]) for i in range(len(parts[0]))]
 
     def observe(self, models, assigned, replies, round_: int, *, planned=None) -> dict:
         return _evaluate(self.backend, models, assigned, self.clients, round_, self.fl, planned)

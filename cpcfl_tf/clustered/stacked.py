@@ -200,29 +200,12 @@ class StackedBackend:
         trains_encoder: Sequence[bool],
         local: LocalTraining,
         moments: ClientMoments | None = None,
-        *,
-        max_clients: int | None = None,
     ) -> Stacked:
         """Train client u from model ``ids[u]`` of the stacked ``pool``; returns the
         clients' weights, stacked. With ``moments`` (of exactly these clients) Adam starts
-        from and updates them; otherwise its state is fresh. ``max_clients`` bounds how
-        many clients one step holds (memory: weights and Adam state of that many models);
-        the clients are independent, so chunks give the unchunked result."""
-        count = len(ids)
-        if max_clients is None or count <= max_clients:
-            return self._train(pool, ids, data, orders, trains_encoder, local, moments)
-        parts = []
-        for lo in range(0, count, max_clients):
-            rows = np.arange(lo, min(lo + max_clients, count))
-            own = None if moments is None else moments.subset(rows)
-            parts.append(
-                self._train(
-                    pool, ids[rows], data.subset(rows), orders[:, rows], trains_encoder, local, own
-                )
-            )
-            if moments is not None and own is not None:
-                moments.put(rows, own)
-        return [np.concatenate([p[i] for p in parts]) for i in range(len(parts[0]))]
+        from and updates them; otherwise its state is fresh. Every client in one step (the
+        simulator bounds how many it passes: ``--max-clients-per-step``)."""
+        return self._train(pool, ids, data, orders, trains_encoder, local, moments)
 
     def _train(
         self,

@@ -34,7 +34,9 @@ from cpcfl_tf.clustered import algorithm
 from cpcfl_tf.clustered.clients import Clients
 from cpcfl_tf.compat import pretrain_settings, without_added
 from cpcfl_tf.methods.federated import FEDAVG_ENCODER_RUN
-from cpcfl_tf.plan.config import Config, config_record
+from cpcfl_tf.plan.config import Config
+from cpcfl_tf.plan.context import RunContext
+from cpcfl_tf.plan.identity import config_record
 from cpcfl_tf.plan.resolve import Pretraining, RunPlan, resolve
 from cpcfl_tf.records.files import (
     CACHE_FIX,
@@ -74,11 +76,6 @@ class StartingEncoders:
     unlabeled
         ``unlabeled(config)``: the server's unlabeled images, called only when a
         contrastive pre-training is not cached yet.
-    verbose, distribute
-        As for :func:`cpcfl_tf.pretraining.pretrain.pretrained_encoder`.
-    tensorboard
-        Folder for TensorBoard scalars: each pre-training trained here logs its loss,
-        embedding std and kNN accuracy per epoch under ``pretrain/<cache key>``.
     knn
         ``knn(config)``: the kNN monitor of a pre-training trained here
         (:class:`~cpcfl_tf.pretraining.knn.KnnMonitor`), called only when one trains;
@@ -86,6 +83,11 @@ class StartingEncoders:
     client_unlabeled
         ``client_unlabeled(config)``: each client's unlabeled images (a federated
         pre-training), called only when one trains.
+    context
+        Its ``verbose`` and ``distribute`` as for
+        :func:`cpcfl_tf.pretraining.pretrain.pretrained_encoder`; with ``tensorboard``,
+        each pre-training trained here logs its loss, embedding std and kNN accuracy per
+        epoch under ``pretrain/<cache key>`` there.
     """
 
     def __init__(
@@ -93,14 +95,11 @@ class StartingEncoders:
         *,
         clients: Callable[[Config], Clients] | None = None,
         unlabeled: Callable[[Config], np.ndarray] | None = None,
-        verbose: int = 1,
-        distribute: str = "default",
-        tensorboard: str | Path | None = None,
         knn: Callable[[Config], object] | None = None,
         client_unlabeled: Callable[[Config], list[np.ndarray]] | None = None,
+        context: RunContext = RunContext(),
     ):
-        self.verbose, self.distribute = verbose, distribute
-        self.tensorboard, self._knn = tensorboard, knn
+        self.context, self._knn = context, knn
         self._clients, self._unlabeled = clients, unlabeled
         self._client_unlabeled = client_unlabeled
         self._fedavg: dict[str, Weights] = {}
@@ -166,8 +165,8 @@ class StartingEncoders:
             pre.data,
             method=pre.ssl,
             seed=pre.seed,
-            verbose=self.verbose,
-            distribute=self.distribute,
+            verbose=self.context.verbose,
+            distribute=self.context.distribute,
             images=images,
             monitor=monitor,
             on_epoch=self._epoch_log(lambda: self.pretrain_folder(pre)),
@@ -185,7 +184,7 @@ class StartingEncoders:
         return federated_encoder(
             pre,
             lambda: client_unlabeled(config),
-            verbose=self.verbose,
+            verbose=self.context.verbose,
             monitor=monitor,
             on_round=self._epoch_log(lambda: self.federated_folder(pre)),
         )
@@ -194,9 +193,9 @@ class StartingEncoders:
         """The TensorBoard logger of the epochs (a federated one's rounds) of the
         pre-training cached in ``folder()`` (asked only with ``--tensorboard``), under its
         name; None without a TensorBoard folder."""
-        if not self.tensorboard:
+        if not self.context.tensorboard:
             return None
-        log = ScalarLog(Path(self.tensorboard) / "pretrain" / folder().name)
+        log = ScalarLog(Path(self.context.tensorboard) / "pretrain" / folder().name)
         names = ("loss", "embedding_std", "knn_accuracy")
         return lambda epoch, logs: log.write(epoch, {k: logs[k] for k in names if k in logs})
 
@@ -213,7 +212,7 @@ class StartingEncoders:
         out = self.pretrain_folder(pretraining)
 
         def train() -> Weights:
-            if self.verbose:
+            if self.context.verbose:
                 print(
                     f"supervised pre-training ({pre.encoder}) on {data.pretrain_dataset}:"
                     f"{data.pretrain_split} with its labels -> {out}",
@@ -246,7 +245,11 @@ class StartingEncoders:
             return weights
 
         return _cached_or_built(
-            out, out / "encoder.npz", train, rebuild="pre-training it again", verbose=self.verbose
+            out,
+            out / "encoder.npz",
+            train,
+            rebuild="pre-training it again",
+            verbose=self.context.verbose,
         )
 
     def fedavg_ready(self, run: RunPlan) -> bool:
@@ -267,12 +270,17 @@ class StartingEncoders:
             def train() -> Weights:
                 if self._clients is None:
                     raise ValueError("a FedAvg starting encoder needs the clients' data")
-                weights, _ = fedavg_encoder(config, self._clients(config), verbose=self.verbose)
+                weights, _ = fedavg_encoder(config, self._clients(config), context=self.context)
                 write_weights(path, weights, key=key)
                 return weights
 
             self._fedavg[key] = _cached_or_built(
-                path, path, train, key=key, rebuild="training FedAvg again", verbose=self.verbose
+                path,
+                path,
+                train,
+                key=key,
+                rebuild="training FedAvg again",
+                verbose=self.context.verbose,
             )
         return self._fedavg[key]
 
@@ -292,7 +300,11 @@ def _needed(run: RunPlan) -> Pretraining:
 
 
 def fedavg_encoder(
-    config: Config, clients: Clients, *, checkpoint: str | Path | None = None, verbose: int = 1
+    config: Config,
+    clients: Clients,
+    *,
+    checkpoint: str | Path | None = None,
+    context: RunContext = RunContext(),
 ) -> tuple[Weights, RunRecord]:
     """IFCA(FedAvg)'s starting encoder: the encoder of the global model of a FedAvg run
     (random initialisation, the same clients and rounds). Returns it and that run's record.
@@ -300,7 +312,7 @@ def fedavg_encoder(
     from cpcfl_tf.clustered.simulator import run_federated  # TensorFlow: only when it runs
 
     record, state = run_federated(
-        resolve(fedavg_config(config)), clients, checkpoint=checkpoint, verbose=verbose
+        resolve(fedavg_config(config)), clients, checkpoint=checkpoint, context=context
     )
     return pool_encoder(state), record
 

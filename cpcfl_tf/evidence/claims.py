@@ -1,7 +1,7 @@
 """The paper's claims C1-C11 as data: each claim, where the paper states it, and the
 links (differences the paper says are positive) it is judged by; and the runs each claim
-needs, per seed (:func:`evidence`). :mod:`cpcfl_tf.evidence.engine` judges them from a results
-tree; ``experiments/claims.py`` is the command line.
+needs, per seed (:func:`evidence`). :func:`cpcfl_tf.evidence.judging.judge` judges them on
+a results tree's runs; ``experiments/claims.py`` is the command line.
 """
 
 from __future__ import annotations

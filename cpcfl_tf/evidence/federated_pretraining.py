@@ -9,7 +9,7 @@ import json
 import statistics
 
 from cpcfl_tf.evidence.judge import compared, final_accuracy, verdict
-from cpcfl_tf.methods.federated import STARTS, run_label
+from cpcfl_tf.methods.federated import START_LABELS, run_label
 from cpcfl_tf.methods.starts import START
 from cpcfl_tf.records.record import RunRecord
 from cpcfl_tf.running.report import markdown_table
@@ -260,7 +260,7 @@ def findings(summary: dict) -> list[str]:
             continue
         r = rows[row]
         line = (
-            f"CP-CFL from {STARTS[start]} ({deal} deal) is "
+            f"CP-CFL from {START_LABELS[start]} ({deal} deal) is "
             f"{compared(differences.get(f'{row} - {BASELINE}'), 'IFCA (None)')} and "
             f"{compared(differences.get(f'{row} - {SERVER}'), SERVER_LABEL)} by the "
             "claims' rule."

@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from cpcfl_tf.plan.config import Config, config_record
+from cpcfl_tf.plan.config import Config
+from cpcfl_tf.plan.identity import config_record
 from cpcfl_tf.records.record import RunRecord
 
 HOLDS, OPPOSITE, NOT_SHOWN, CANNOT = "holds", "opposite", "not shown", "cannot be told here"

@@ -21,7 +21,7 @@ ROWS = {
     "cp-cfl-restart-simclr": ("cp-cfl-restart", "simclr"),
     "cp-cfl-features-simclr": ("cp-cfl-features", "simclr"),
 }
-LABELS = {name: run_label(*row) for name, row in ROWS.items()}
+ROW_LABELS = {name: run_label(*row) for name, row in ROWS.items()}
 REMEDIES = ("cp-cfl-restart-simclr", "cp-cfl-features-simclr")
 """The two remedies for CP-CFL's merges: the restart rule, and the first choice from the
 features (no round added)."""
@@ -215,7 +215,7 @@ def figures(by_run: dict[str, dict[int, RunRecord]], out: Path, preset: str, eve
             plot_selection(
                 record,
                 folder / f"run{index}-{name}.png",
-                title=f"{LABELS[name]}, run {index} (preset {preset}): "
+                title=f"{ROW_LABELS[name]}, run {index} (preset {preset}): "
                 f"final ARI {record.final.ari:.2f}",
             )
     plot_margin_distributions(

@@ -20,9 +20,9 @@ from cpcfl_tf.evidence.judge import (
 from cpcfl_tf.evidence.reliability import (
     C4,
     GROUPS_LINK,
-    LABELS,
     PAIRS,
     REMEDIES,
+    ROW_LABELS,
     comparable,
     encoder_seed,
     first_choice,
@@ -100,7 +100,7 @@ def report(
             continue
         table.append(
             [
-                LABELS[name],
+                ROW_LABELS[name],
                 _rate(rs),
                 _mean(final_accuracy(r) for r in rs if found(r)),
                 _mean(final_accuracy(r) for r in rs if not found(r)),
@@ -140,13 +140,19 @@ def report(
 
     for a, b in PAIRS:
         if a in by_run and b in by_run:
-            link(f"accuracy: {LABELS[a]} − {LABELS[b]}", a, b, final_accuracy, f"{a} - {b}")
+            link(
+                f"accuracy: {ROW_LABELS[a]} − {ROW_LABELS[b]}",
+                a,
+                b,
+                final_accuracy,
+                f"{a} - {b}",
+            )
     if all(name in by_run for name in C4):
         result = verdict(paired(by_run[C4[0]], by_run[C4[1]], clustering_failures))
         links.append(
             _link_row(
                 f"C4, clustering failures (restarts, +1 if the final clusters "
-                f"are not the groups): {LABELS[C4[0]]} − {LABELS[C4[1]]}",
+                f"are not the groups): {ROW_LABELS[C4[0]]} − {ROW_LABELS[C4[1]]}",
                 result,
             )
         )
@@ -154,7 +160,7 @@ def report(
     if all(name in by_run for name in REMEDIES):  # the remedies' groups, paired by run
         restart, features = REMEDIES
         link(
-            f"true groups (1 where found, else 0): {LABELS[features]} − {LABELS[restart]}",
+            f"true groups (1 where found, else 0): {ROW_LABELS[features]} − {ROW_LABELS[restart]}",
             features,
             restart,
             lambda r: float(found(r)),
@@ -204,7 +210,7 @@ def report(
                 median_in, median_out = _median(values[inside]), _median(values[~inside])
             merged_rows.append(
                 [
-                    LABELS[name],
+                    ROW_LABELS[name],
                     r_index,
                     "-" if encoder_seed(record) is None else encoder_seed(record),
                     ",".join(map(str, sizes)),
@@ -327,12 +333,12 @@ def verdict_line(config, summary: dict) -> str:
     variant against CP-CFL (SimCLR) and of CP-CFL (SimCLR) against IFCA (None)."""
     methods, links = summary["methods"], summary["links"]
     rates = "; ".join(
-        f"{LABELS[name]} {m['found']} of {m['runs']} ({100 * m['ci95'][0]:.0f}-"
+        f"{ROW_LABELS[name]} {m['found']} of {m['runs']} ({100 * m['ci95'][0]:.0f}-"
         f"{100 * m['ci95'][1]:.0f} %)"
         for name, m in methods.items()
     )
     pairs = "; ".join(
-        f"{LABELS[a]} − {LABELS[b]}: {links[f'{a} - {b}']['verdict']}"
+        f"{ROW_LABELS[a]} − {ROW_LABELS[b]}: {links[f'{a} - {b}']['verdict']}"
         for a, b in (PAIRS[1], PAIRS[0])
         if f"{a} - {b}" in links
     )
@@ -358,7 +364,7 @@ def findings(summary: dict) -> list[str]:
             continue
         low, high = m["ci95"]
         line = (
-            f"{LABELS[name]} ends with the true groups in {m['found']} of {m['runs']} runs "
+            f"{ROW_LABELS[name]} ends with the true groups in {m['found']} of {m['runs']} runs "
             f"({100 * m['found'] / m['runs']:.0f} %, 95 % interval {100 * low:.0f}-"
             f"{100 * high:.0f} %)"
         )

@@ -9,7 +9,7 @@ on 127.0.0.1 only; with :class:`~cpcfl_tf.flower.credentials.Credentials` (``--s
 the federation is the one docs/flower.md deploys across machines: TLS on the SuperLink
 (its certificate signed by the credentials' CA, which every SuperNode and ``flwr``
 checks) and SuperNode authentication (only nodes whose public key was registered with
-``flwr supernode register`` may join). Every process is started by :class:`Federation`
+``flwr supernode register`` may join). Every process is started by :class:`LoopbackFederation`
 and stopped by it, by pid.
 """
 
@@ -57,7 +57,7 @@ def run_config_line(run_config: dict[str, Any]) -> str:
 
 
 @dataclasses.dataclass
-class Federation:
+class LoopbackFederation:
     """A SuperLink and its SuperNodes, each a process with a log file in ``workdir``."""
 
     workdir: Path
@@ -77,7 +77,7 @@ class Federation:
         credentials: Credentials | None = None,
         unregistered: Sequence[int] = (),
         without_ca: Sequence[int] = (),
-    ) -> Federation:
+    ) -> LoopbackFederation:
         """``nodes`` SuperNodes with partition ids 0..nodes-1, or one per node config
         given (e.g. ``data-path="/data/site3"``, a TOML string). With ``credentials``,
         secured: SuperNode k uses the credentials' ``node-k.key`` and CA, and its public
@@ -276,7 +276,7 @@ class Federation:
         for proc in [*self.supernodes, self.superlink]:
             _kill(proc)
 
-    def __enter__(self) -> Federation:
+    def __enter__(self) -> LoopbackFederation:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -300,7 +300,7 @@ def _kill(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
 
 
-def wait_for_file(path: Path, federation: Federation, timeout: float) -> dict:
+def wait_for_file(path: Path, federation: LoopbackFederation, timeout: float) -> dict:
     """The JSON the ServerApp writes at the end of the run (error if it never comes)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -440,7 +440,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         credentials = given or (
             make_credentials(Path(made) / "credentials", count) if args.secure else None
         )
-        with Federation.start(nodes, out / "logs", credentials=credentials) as federation:
+        with LoopbackFederation.start(nodes, out / "logs", credentials=credentials) as federation:
             print(
                 f"SuperLink on {HOST}:{federation.port} "
                 f"({'TLS, SuperNode authentication' if credentials else 'insecure'}), "

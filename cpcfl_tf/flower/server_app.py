@@ -42,6 +42,7 @@ from cpcfl_tf.clustered import algorithm
 from cpcfl_tf.flower import checks, remote
 from cpcfl_tf.flower.common import class_names, own_data, run_config
 from cpcfl_tf.methods.federated import METHODS, plugins_used
+from cpcfl_tf.plan.context import RunContext
 from cpcfl_tf.plan.resolve import check_data, federated_settings, resolve
 from cpcfl_tf.records.files import prepare_out_dir
 from cpcfl_tf.records.record import write_record
@@ -203,7 +204,7 @@ def main(grid: Grid, context: Context) -> None:
             grid, client_of, run, timeout, names, unlabeled, (caps or {}).get("unlabeled")
         )
     else:  # the server's own pre-training (its data, never the nodes')
-        encoder_weights = StartingEncoders(verbose=0)(run)
+        encoder_weights = StartingEncoders(context=RunContext(verbose=0))(run)
     template = template_for(run, (size, size, 3), len(classes))  # the simulator's
 
     def start(attempt: int) -> algorithm.ServerState:

@@ -27,7 +27,7 @@ PRETRAIN_METHODS = tuple(SSL_METHODS)
 FEDERATED_PRETRAININGS = tuple(FEDERATED_STARTS)
 """The self-supervised pre-trainings on the clients' unlabeled images (``fed-simclr``,
 ..., ``fedema-byol``: :data:`cpcfl_tf.methods.ssl.FEDERATED_STARTS`)."""
-STARTS = {name: start.label for name, start in START.items()}
+START_LABELS = {name: start.label for name, start in START.items()}
 """Every starting encoder (``federated.pretraining``, a name kept for the records: not
 every start is a pre-training) and how tables name it: random initialisation, the
 server's self-supervised pre-trainings (one per registry entry), the encoder of a FedAvg
@@ -278,4 +278,4 @@ def plugins_used(method: str, pretraining: str) -> dict[str, str]:
 
 def run_label(method: str, pretraining: str) -> str:
     """A run's name in tables, e.g. ``CP-CFL (SimCLR)``."""
-    return f"{get_method(method).label} ({STARTS[pretraining]})"
+    return f"{get_method(method).label} ({START_LABELS[pretraining]})"

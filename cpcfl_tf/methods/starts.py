@@ -83,7 +83,7 @@ class EncoderSource(Protocol[RunIn]):
 
 class PretrainSection(Protocol):
     """What a start reads of a run's ``pretrain`` section
-    (:class:`~cpcfl_tf.plan.config.PretrainConfig`)."""
+    (:class:`~cpcfl_tf.plan.sections.PretrainConfig`)."""
 
     __dataclass_fields__: ClassVar[dict[str, Any]]
 
@@ -98,7 +98,7 @@ class PretrainSection(Protocol):
 
 class PartitionSection(Protocol):
     """What a start reads of a run's ``partition`` section
-    (:class:`~cpcfl_tf.plan.config.PartitionConfig`)."""
+    (:class:`~cpcfl_tf.plan.sections.PartitionConfig`)."""
 
     @property
     def unlabeled(self) -> str: ...

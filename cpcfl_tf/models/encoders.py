@@ -11,7 +11,7 @@ from keras import layers
 
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.models.layers import batch_norm
-from cpcfl_tf.plan.config import ENCODER_DIMS
+from cpcfl_tf.plan.choices import ENCODER_DIMS
 
 _MIN_SIZE = {"cnn": 31, "resnet18": 32, "resnet50": 32}
 

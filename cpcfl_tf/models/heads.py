@@ -13,7 +13,7 @@ from keras import layers
 
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.models.layers import batch_norm
-from cpcfl_tf.plan.config import HEAD_WIDTHS
+from cpcfl_tf.plan.choices import HEAD_WIDTHS
 
 
 def build_classifier_head(

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from cpcfl_tf.errors import UserError, require
-from cpcfl_tf.plan.config import SECTIONS
+from cpcfl_tf.plan.sections import SECTIONS
 
 
 def parse_settings(items: Sequence[str]) -> dict[str, dict[str, Any]]:

@@ -17,13 +17,8 @@ from __future__ import annotations
 import dataclasses
 
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.plan.config import (
-    Config,
-    DataConfig,
-    FederatedConfig,
-    PartitionConfig,
-    PretrainConfig,
-)
+from cpcfl_tf.plan.config import Config
+from cpcfl_tf.plan.sections import DataConfig, FederatedConfig, PartitionConfig, PretrainConfig
 
 
 def pretrain_config_for(pretrain: PretrainConfig, encoder: str) -> PretrainConfig:

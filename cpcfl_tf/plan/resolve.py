@@ -29,13 +29,8 @@ from cpcfl_tf.methods.federated import METHODS, Method
 from cpcfl_tf.methods.rules import Rule
 from cpcfl_tf.methods.ssl import FederatedSSL, SSLMethod
 from cpcfl_tf.methods.starts import START, Start, sampled_count
-from cpcfl_tf.plan.config import (
-    Config,
-    DataConfig,
-    FederatedConfig,
-    PartitionConfig,
-    PretrainConfig,
-)
+from cpcfl_tf.plan.config import Config
+from cpcfl_tf.plan.sections import DataConfig, FederatedConfig, PartitionConfig, PretrainConfig
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

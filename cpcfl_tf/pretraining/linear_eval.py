@@ -18,7 +18,7 @@ from cpcfl_tf.data.specs import LabeledImages
 from cpcfl_tf.methods.ssl import SSLMethod
 from cpcfl_tf.models import build_classifier_head
 from cpcfl_tf.models.seeding import seeded
-from cpcfl_tf.plan.config import PretrainConfig
+from cpcfl_tf.plan.sections import PretrainConfig
 
 
 def features_of(encoder: keras.Model, batch_size: int = 512) -> Callable[[np.ndarray], np.ndarray]:

@@ -31,7 +31,7 @@ from cpcfl_tf.errors import DivergedError, UserError
 from cpcfl_tf.methods.ssl import SSLMethod
 from cpcfl_tf.models import ENCODER_DIMS, build_encoder
 from cpcfl_tf.models.seeding import seeded
-from cpcfl_tf.plan.config import DataConfig, PretrainConfig
+from cpcfl_tf.plan.sections import DataConfig, PretrainConfig
 from cpcfl_tf.pretraining.model import ContrastiveModel, Parts
 from cpcfl_tf.records.files import (
     CACHE_FIX,

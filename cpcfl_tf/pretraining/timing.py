@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from cpcfl_tf.data.images import to_float
 from cpcfl_tf.methods.ssl import SSLMethod
-from cpcfl_tf.plan.config import PretrainConfig
+from cpcfl_tf.plan.sections import PretrainConfig
 from cpcfl_tf.pretraining.pretrain import build_contrastive_model
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from cpcfl_tf.methods.starts import START
-from cpcfl_tf.plan.config import Config, config_record
+from cpcfl_tf.plan.config import Config
+from cpcfl_tf.plan.identity import config_record
 from cpcfl_tf.plan.resolve import as_stored
 from cpcfl_tf.records.files import read_file, write_json
 

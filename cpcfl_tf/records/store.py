@@ -20,7 +20,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from cpcfl_tf.errors import UserError
-from cpcfl_tf.plan.config import Config, config_key, config_record
+from cpcfl_tf.plan.config import Config
+from cpcfl_tf.plan.identity import config_key, config_record
 from cpcfl_tf.plan.resolve import RunPlan
 from cpcfl_tf.records.environment import environment, machine, reproduces
 from cpcfl_tf.records.record import RunRecord, read_record
@@ -162,12 +163,12 @@ def run_record_in(path: Path) -> RunRecord | None:
     return read_record(path)
 
 
-def same_config(record: RunRecord, plan: RunPlan) -> bool:
-    """Whether ``record`` is a run of ``plan``: as requested and, for federated runs, as
+def same_config(record: RunRecord, run: RunPlan) -> bool:
+    """Whether ``record`` is one of ``run``: as requested and, for federated runs, as
     it resolved (what a method implies can change, e.g. FedAvg (SimCLR)'s Tc phase)."""
-    if config_record(record.requested) != config_record(plan.requested):
+    if config_record(record.requested) != config_record(run.requested):
         return False
-    return not plan.method.federated or record.config.federated == plan.federated
+    return not run.method.federated or record.config.federated == run.federated
 
 
 class RecordStore:
@@ -242,18 +243,18 @@ class RecordStore:
             write_json(self.out / self.TAKEN, dict(sorted(merged.items())))
             self._taken_file = merged
 
-    def named_in_taken(self, name: str, plan: RunPlan) -> Found | None:
+    def named_in_taken(self, name: str, run: RunPlan) -> Found | None:
         """The record the folder's :attr:`TAKEN` names for run ``name`` (noted in
         :attr:`reused` and :attr:`named`, or :attr:`paired` for a restart variant's run
-        taken as its base run's twin), if it is there and is a run of ``plan``."""
+        taken as its base run's twin), if it is there and is one of ``run``."""
         path = None if self.force else self._taken_file.get(name)
         if not path or not Path(path).is_file():
             return None
         record = read_record(Path(path))
-        if not same_config(record, plan):
+        if not same_config(record, run):
             return None
         self.reused[name] = Path(path)
-        restart_twin = bool(plan.method.restarts_of)  # the record's: same_config
+        restart_twin = bool(run.method.restarts_of)  # the record's: same_config
         (self.paired if restart_twin else self.named).add(name)
         return Found(Path(path), record)
 
@@ -280,8 +281,8 @@ class RecordStore:
             same_config(f.record, base) for f in [*self.folder.every(base.requested), *taken]
         )
 
-    def twin(self, name: str, plan: RunPlan, base: RunPlan) -> Found | None:
-        """The record of ``plan`` in :attr:`reuse` that starts from the encoder this
+    def twin(self, name: str, run: RunPlan, base: RunPlan) -> Found | None:
+        """The record of ``run`` in :attr:`reuse` that starts from the encoder this
         folder's run of ``base`` started from, from any machine (noted in :attr:`reused`
         and :attr:`paired`): the restart run of that base run's sample of chance."""
         if self.reuse is None:
@@ -293,10 +294,10 @@ class RecordStore:
         found = next(
             (
                 f
-                for f in self.reuse.every(plan.requested)
+                for f in self.reuse.every(run.requested)
                 if encoder
                 and f.record.environment.get("starting_encoder") == encoder
-                and same_config(f.record, plan)
+                and same_config(f.record, run)
             ),
             None,
         )
@@ -305,17 +306,17 @@ class RecordStore:
             self.paired.add(name)
         return found
 
-    def candidates(self, plan: RunPlan, own: Path) -> list[Found]:
-        """Records of ``plan`` in :attr:`reuse` (other than ``own``) that this machine
+    def candidates(self, run: RunPlan, own: Path) -> list[Found]:
+        """Records of ``run`` in :attr:`reuse` (other than ``own``) that this machine
         would make bit for bit if they start from its encoder."""
         if self.reuse is None or self.force:
             return []
         return [
             f
-            for f in self.reuse.every(plan.requested)
+            for f in self.reuse.every(run.requested)
             if f.path != own
             and reproduces(f.record.environment, self._here)
-            and same_config(f.record, plan)
+            and same_config(f.record, run)
         ]
 
     @functools.cached_property

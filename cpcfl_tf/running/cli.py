@@ -15,6 +15,7 @@ from pathlib import Path
 
 from cpcfl_tf.errors import ArgumentParser, UserError
 from cpcfl_tf.plan.config import Config
+from cpcfl_tf.plan.context import RunContext
 from cpcfl_tf.plan.overrides import parse_settings
 from cpcfl_tf.plan.presets import PRESETS, get_preset
 from cpcfl_tf.records.environment import set_determinism
@@ -222,23 +223,24 @@ def setup(
     name: str,
     *,
     check_sources: bool = True,
-    proxy: tuple[tuple[str, str], tuple[str, str]] | None = None,
+    context: RunContext = RunContext(),
 ) -> tuple[Config, Path]:
     """The validated config (:func:`resolve_config`), checked against its data
-    (:func:`~cpcfl_tf.plan.resolve.check_data`) before the output folder is checked (made).
-    Unless the script only lists or reports, or serves a stand-in (``check_sources``
-    False), it also checks that the clients' data, and ``--knn-proxy``'s if the monitor
-    runs, can be read or fetched here (:func:`~cpcfl_tf.plan.resolve.check_client_sources`)."""
+    (:func:`~cpcfl_tf.plan.resolve.check_data`) before the output folder is checked (made;
+    not on a dry run of ``context``). Unless the script only lists or reports, or serves a
+    stand-in (``check_sources`` False), it also checks that the clients' data, and the kNN
+    monitor's proxy if ``context`` runs the monitor, can be read or fetched here
+    (:func:`~cpcfl_tf.plan.resolve.check_client_sources`)."""
     from cpcfl_tf.plan.resolve import check_client_sources, check_data
     from cpcfl_tf.records.files import prepare_out_dir
 
     config = resolve_config(args)
     check_data(config)
-    if check_sources and not (getattr(args, "dry_run", False) or getattr(args, "report", False)):
+    if check_sources and not (context.dry_run or getattr(args, "report", False)):
         # --knn-proxy's data only where the kNN monitor runs (--knn-every) and reads it
-        check_client_sources(config, also=(proxy or ()) if getattr(args, "knn_every", 0) else ())
+        check_client_sources(config, also=(context.knn_proxy or ()) if context.knn_every else ())
     out = Path(args.out or Path("results") / config.preset / name)
-    if not getattr(args, "dry_run", False):  # a dry run creates nothing
+    if not context.dry_run:  # a dry run creates nothing
         out = prepare_out_dir(out)
         set_determinism(not args.nondeterministic)
     return config, out

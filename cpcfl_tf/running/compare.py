@@ -10,7 +10,8 @@ import dataclasses
 import json
 from pathlib import Path
 
-from cpcfl_tf.plan.config import Config, config_key, config_record
+from cpcfl_tf.plan.config import Config
+from cpcfl_tf.plan.identity import config_key, config_record
 from cpcfl_tf.records.environment import machine
 from cpcfl_tf.records.record import RunRecord
 from cpcfl_tf.records.store import Found, RecordIndex, run_record_in

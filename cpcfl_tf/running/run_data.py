@@ -11,17 +11,15 @@ import numpy as np
 
 from cpcfl_tf.data.specs import LabeledImages
 from cpcfl_tf.plan.config import Config
+from cpcfl_tf.plan.context import RunContext
 
 
 class DataCache:
     """Loads each piece of a runner's data once (see the module's docstring)."""
 
-    def __init__(
-        self, knn_every: int = 0, knn_proxy: tuple[tuple[str, str], tuple[str, str]] | None = None
-    ):
-        self.knn_every, self.knn_proxy = knn_every, knn_proxy
-        """The kNN monitor of the pre-trainings done here: every this many epochs (0:
-        off), on these ``(dataset, split)`` pairs (None: the linear evaluation's)."""
+    def __init__(self, context: RunContext = RunContext()):
+        self.context = context
+        """Its kNN monitor's period and proxy (``knn_every``, ``knn_proxy``)."""
         self._splits: dict[str, tuple] = {}
         self._partitions: dict[str, tuple] = {}
         self._unlabeled: dict[str, np.ndarray] = {}
@@ -58,7 +56,8 @@ class DataCache:
         from cpcfl_tf.pretraining.knn import KnnMonitor
 
         data = config.data
-        if self.knn_proxy is None:
+        proxy = self.context.knn_proxy
+        if proxy is None:
             train, test = self.client_splits(data)
         else:
             train, test = (
@@ -69,9 +68,9 @@ class DataCache:
                     data_dir=data.data_dir,
                     manual_dir=data.manual_dir,
                 )
-                for name, split in self.knn_proxy
+                for name, split in proxy
             )
-        return KnnMonitor(train, test, every=self.knn_every)
+        return KnnMonitor(train, test, every=self.context.knn_every)
 
     def unlabeled(self, config: Config) -> np.ndarray:
         """The server's unlabeled pre-training images (loaded once per source)."""

@@ -29,6 +29,7 @@ from cpcfl_tf.clustered.starting import StartingEncoders
 from cpcfl_tf.errors import UserError
 from cpcfl_tf.methods.federated import plugins_used
 from cpcfl_tf.plan.config import Config
+from cpcfl_tf.plan.context import RunContext
 from cpcfl_tf.plan.presets import with_encoder
 from cpcfl_tf.plan.resolve import RunPlan, data_key, resolve
 from cpcfl_tf.records.environment import run_environment
@@ -79,72 +80,43 @@ class Runner:
     """Runs :class:`RunSpec`s of one experiment into one folder."""
 
     def __init__(
-        self,
-        experiment: str,
-        base: Config,
-        out: Path,
-        *,
-        resume: bool = False,
-        force: bool = False,
-        verbose: int = 1,
-        distribute: str = "default",
-        dry_run: bool = False,
-        tensorboard: str | Path | None = None,
-        max_clients: int | None = None,
-        diagnose: int = 0,
-        knn_every: int = 0,
-        knn_proxy: tuple[tuple[str, str], tuple[str, str]] | None = None,
-        selection: dict[int, dict[str, dict]] | None = None,
-        base_checked: bool = False,
+        self, experiment: str, base: Config, out: Path, context: RunContext = RunContext()
     ):
         from cpcfl_tf.records.files import CACHE_FIX, cache_root, prepare_out_dir
 
-        self.experiment, self.base = experiment, base
-        self.out = Path(out) if dry_run else prepare_out_dir(out)
-        if not dry_run:  # every folder a run writes, checked before any data is read
+        self.experiment, self.base, self.context = experiment, base, context
+        self.out = Path(out) if context.dry_run else prepare_out_dir(out)
+        if not context.dry_run:  # every folder a run writes, checked before any data is read
             prepare_out_dir(cache_root(), fix=CACHE_FIX)
-            if tensorboard:
-                prepare_out_dir(tensorboard, fix="pass --tensorboard DIR with a writable folder")
-        self.resume, self.force, self.verbose = resume, force, verbose
-        self.distribute = distribute
-        """How the server pre-trains (``default`` or ``mirrored``); part of no key."""
-        self.data = DataCache(knn_every, knn_proxy)
-        self.store = RecordStore(self.out, force)
-        self.taking = Taking(self.store, force=force, resume=resume)
+            if context.tensorboard:
+                prepare_out_dir(
+                    context.tensorboard, fix="pass --tensorboard DIR with a writable folder"
+                )
+        self.data = DataCache(context)
+        self.store = RecordStore(self.out, context.force)
+        self.taking = Taking(self.store, force=context.force, resume=context.resume)
         """Whether each run is taken or made (:mod:`cpcfl_tf.running.taking`)."""
-        self.selection = selection
-        """seed -> self-supervised method -> the settings ``--encoders-from`` starts its
-        runs' encoders with (None: the config's)."""
         self.encoders = StartingEncoders(
             clients=self.data.clients,
             unlabeled=self.data.unlabeled,
-            verbose=verbose,
-            distribute=distribute,
-            tensorboard=tensorboard,
-            knn=self.data.knn_monitor if knn_every else None,
+            knn=self.data.knn_monitor if context.knn_every else None,
             client_unlabeled=self.data.client_unlabeled,
+            context=context,
         )
         """The runs' starting encoders, each built once (pre-trained with the run's seed)."""
-        self.tensorboard = tensorboard
-        """Folder of TensorBoard scalars (None: none written)."""
-        self.max_clients = max_clients
-        """At most this many clients per training step (None: all); part of no key."""
-        self.diagnose = diagnose
-        """Rounds of the selection diagnostic in the runs made now (0: none); part of no
-        key (:mod:`cpcfl_tf.clustered.diagnostics`)."""
         self.records: list[RunRecord] = []
         """Every record :meth:`run` returned, in order: what the script's report shows."""
         self._plans: dict[str, RunPlan] = {}
         """Each spec's plan (:meth:`plan_of`), by the spec."""
-        self._checked: set[str] = {data_key(base)} if base_checked else set()
-        """The data the runs' configs read, checked already (``base_checked``: the
-        script layer checked the base's), by :func:`~cpcfl_tf.plan.resolve.data_key`."""
+        self._checked: set[str] = {data_key(base)} if context.data_checked else set()
+        """The data the runs' configs read, checked already (the script may have checked
+        the base's: ``context.data_checked``), by :func:`~cpcfl_tf.plan.resolve.data_key`."""
 
     def config_of(self, spec: RunSpec) -> Config:
         """``spec``'s config on this runner's base, its starting encoder the one
         ``--encoders-from`` selected for its method and pre-training seed (the settings go
         into ``pretrain.options``, so the run record names them)."""
-        return selected(spec.config(self.base), self.selection)
+        return selected(spec.config(self.base), self.context.selection)
 
     def plan_of(self, spec: RunSpec) -> RunPlan:
         """``spec``'s plan (:func:`~cpcfl_tf.plan.resolve.resolve` of :meth:`config_of`), made
@@ -232,11 +204,11 @@ class Runner:
             self.checkpoint(spec).unlink(missing_ok=True)
         if decision.found is not None:
             found = self._took(spec, config, decision, decision.found)
-            if self.verbose:
+            if self.context.verbose:
                 print(_taken_line(spec, decision, found, self.store.paired))
             self.records.append(found.record)
             return found.record
-        if self.verbose:
+        if self.context.verbose:
             fl = config.federated
             length = (
                 f"{fl.rounds} rounds"
@@ -250,7 +222,7 @@ class Runner:
         encoder = self.encoders(run)
         same = self.store.take(spec.name, list(decision.candidates), weights_fingerprint(encoder))
         if same is not None:
-            if self.verbose:
+            if self.context.verbose:
                 print(
                     f"{spec.name}: the same run as {same.path} (same config, machine kind "
                     f"and starting encoder), final accuracy {same.record.final.accuracy:.4f}"
@@ -275,16 +247,16 @@ class Runner:
             record = run_centralized(run, self.data.clients(config), encoder)
         else:
             clients = self.data.clients(config)
-            logged = _with_scalars(self.tensorboard, self.experiment, spec, clients, on_round)
+            logged = _with_scalars(
+                self.context.tensorboard, self.experiment, spec, clients, on_round
+            )
             record, state = run_federated(
                 run,
                 clients,
                 encoder_weights=encoder,
                 checkpoint=checkpoint,
-                verbose=self.verbose,
                 on_round=logged,
-                max_clients=self.max_clients,
-                diagnose=self.diagnose,
+                context=self.context,
             )
             if run.gives is not None:
                 # IFCA (FedAvg) starts from this model's encoder: kept, also for later runs.
@@ -299,7 +271,7 @@ class Runner:
         write_record(path, record)
         self.store.add(path, record)
         checkpoint.unlink(missing_ok=True)
-        if self.verbose:
+        if self.context.verbose:
             print(f"{spec.name}: final accuracy {record.final.accuracy:.4f} -> {path}")
         return record
 

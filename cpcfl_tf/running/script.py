@@ -21,6 +21,7 @@ from pathlib import Path
 
 from cpcfl_tf.errors import ArgumentParser, UserError
 from cpcfl_tf.plan.config import Config
+from cpcfl_tf.plan.context import RunContext
 from cpcfl_tf.records.record import RunRecord
 from cpcfl_tf.running.cli import (
     changed_fields,
@@ -34,44 +35,25 @@ from cpcfl_tf.running.cli import (
 from cpcfl_tf.running.runner import Runner, RunSpec
 
 
-@dataclasses.dataclass(frozen=True)
-class RunnerOptions:
-    """The runner's options that need reading (``--knn-proxy``'s splits, the
-    ``--encoders-from`` file), each read and checked once, before a script does any work:
-    a bad value is refused in one line; the runner takes what they say."""
-
-    knn_proxy: tuple[tuple[str, str], tuple[str, str]] | None = None
-    selection: dict[int, dict[str, dict]] | None = None
-
-    @classmethod
-    def of(cls, args: argparse.Namespace) -> RunnerOptions:
-        path = getattr(args, "encoders_from", None)
-        return cls(
-            proxy_splits(getattr(args, "knn_proxy", None)), read_selection(path) if path else None
-        )
-
-
-def script_runner(
-    experiment: str, base: Config, out: Path, args: argparse.Namespace, options: RunnerOptions
-) -> Runner:
-    """The runner of a script, set by its :func:`~cpcfl_tf.running.cli.experiment_parser`
-    options (``options``: those read once, :class:`RunnerOptions`)."""
-    return Runner(
-        experiment,
-        base,
-        out,
+def run_context(args: argparse.Namespace) -> RunContext:
+    """The context of a script's runs, from its :func:`~cpcfl_tf.running.cli.experiment_parser`
+    options, each read and checked once (``--knn-proxy``'s splits, the ``--encoders-from``
+    file) before the script does any work: a bad value is refused in one line. A script
+    without an option (a measurement takes no ``--diagnose``) has its default."""
+    path = getattr(args, "encoders_from", None)
+    tensorboard = getattr(args, "tensorboard", None)
+    return RunContext(
         resume=args.resume,
         force=args.force,
-        distribute=getattr(args, "distribute", "default"),
         dry_run=getattr(args, "dry_run", False),
-        tensorboard=getattr(args, "tensorboard", None),
+        distribute=getattr(args, "distribute", "default"),
         max_clients=getattr(args, "max_clients_per_step", None),
         diagnose=getattr(args, "diagnose", 0),
+        tensorboard=Path(tensorboard) if tensorboard else None,
         knn_every=getattr(args, "knn_every", 0),
-        knn_proxy=options.knn_proxy,
-        selection=options.selection,
-        base_checked=True,
-    )  # by the script's setup
+        knn_proxy=proxy_splits(getattr(args, "knn_proxy", None)),
+        selection=read_selection(path) if path else None,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,14 +117,12 @@ class Script:
             options(parser)
         return self.session(parser.parse_args(argv))
 
-    def session(self, args: argparse.Namespace, options: RunnerOptions | None = None) -> Session:
-        """The session of already parsed ``args``: every option checked (the runner's
-        too, unless ``options`` holds them read already) before any folder is made or
-        data read."""
-        options = RunnerOptions.of(args) if options is None else options
-        config, out = setup(
-            args, self.name, check_sources=not self.stand_in, proxy=options.knn_proxy
-        )
+    def session(self, args: argparse.Namespace, context: RunContext | None = None) -> Session:
+        """The session of already parsed ``args``: every option checked (the run context's
+        too, unless ``context`` is it, read already) before any folder is made or data
+        read."""
+        context = run_context(args) if context is None else context
+        config, out = setup(args, self.name, check_sources=not self.stand_in, context=context)
         return Session(
             self.name,
             args,
@@ -150,7 +130,7 @@ class Script:
             out,
             f"{Path(self.file).parent.name}/{self.name}.py",
             self.compares_in_tree,
-            options,
+            dataclasses.replace(context, data_checked=True),  # by setup()
         )
 
 
@@ -167,12 +147,12 @@ class Session:
     """The script's path in the kit, e.g. ``experiments/table2.py``."""
     compares_in_tree: bool = False
     """:attr:`Script.compares_in_tree`."""
-    options: RunnerOptions = RunnerOptions()
-    """The runner's options, read once."""
+    context: RunContext = RunContext()
+    """What its runs are made with (:func:`run_context`), read once."""
 
     @functools.cached_property
     def runner(self) -> Runner:
-        return script_runner(self.name, self.config, self.out, self.args, self.options)
+        return Runner(self.name, self.config, self.out, self.context)
 
     def reuse_committed(self, tree: Path | None = None) -> None:
         """Take a run from a results tree where this machine would make it bit for bit
