@@ -12,6 +12,7 @@ from cpcfl_tf.plan.presets import get_preset
 from cpcfl_tf.plan.resolve import resolve
 from cpcfl_tf.errors import UserError
 from helpers import ROOT, SCRIPT_FOLDERS, script, script_path
+from cpcfl_tf.plan.context import RunContext
 
 
 def run(name, *args):
@@ -100,7 +101,6 @@ def test_bad_tool_input_is_one_line_and_exit_2(name, args, message):
 
 HELP_CHILD = """
 import contextlib, io, json, runpy, sys
-from cpcfl_tf.plan.context import RunContext
 said = {}
 for path in sys.argv[1:]:
     sys.argv = [path, "--help"]  # as `python PATH --help` runs it
@@ -132,7 +132,7 @@ def test_every_script_has_help():
         assert stdout.startswith(f"usage: python {path.parent.name}/{path.stem}.py"), path.stem
         if path.stem not in ("migrate_records", "compare", "results_unchanged", "encoders",
                              "update_schema", "plot_selection", "suite_times",
-                             "shape", "round_stages"):  # no runs kept
+                             "shape", "round_stages", "code_metrics"):  # no runs kept
             assert "--preset" in stdout and "--resume" in stdout, path.stem
 
 

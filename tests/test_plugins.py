@@ -72,13 +72,14 @@ from cpcfl_tf.plan.resolve import resolve
 from cpcfl_tf.pretraining.linear_eval import linear_eval
 from cpcfl_tf.data.sources import load_labeled
 from cpcfl_tf.clustered.metrics import cluster_ari
+from cpcfl_tf.plan.context import RunContext
 from cpcfl_tf.running.runner import Runner, RunSpec
 
 out = Path(sys.argv[1])
 smoke = get_preset("smoke")
 config = smoke.with_overrides(federated={"method": "cp-cfl", "pretraining": "toy-simclr",
                                          "rounds": 2, "head_rounds": 1})
-runner = Runner("plugins", smoke, out, verbose=0)
+runner = Runner("plugins", smoke, out, RunContext(verbose=0))
 encoder = runner.encoders(resolve(config))
 # The toy method's encoder, evaluated as the kit evaluates any: a linear head on frozen
 # features of labeled digits, against the same encoder's random initialisation.

@@ -564,8 +564,7 @@ RUNNER = textwrap.dedent("""
     from cpcfl_tf.plan.resolve import resolve
     c = get_preset("smoke").with_overrides(
         federated={"method": "ifca", "pretraining": "none", "rounds": 6})
-    run_federated(resolve(c), clients_for(c),
-                  checkpoint=sys.argv[1], verbose=1)
+    run_federated(resolve(c), clients_for(c), checkpoint=sys.argv[1])  # a line per round
 """)
 
 
