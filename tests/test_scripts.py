@@ -320,12 +320,20 @@ def test_a_centralized_run_needs_one_or_group_many_models():
 def test_distribute_option_reaches_the_runner(tmp_path):
     from cpcfl_tf.running.cli import experiment_parser
     from cpcfl_tf.plan.presets import get_preset
+    from cpcfl_tf.plan.context import RunContext
     from cpcfl_tf.running.runner import Runner
     from cpcfl_tf.running.script import run_context
 
     args = experiment_parser("x", "x").parse_args(["--distribute", "mirrored"])
     context = run_context(args)
     assert context.distribute == "mirrored" and context.resume is False
+    # Every option the context holds comes from its own flag.
+    given = experiment_parser("x", "x").parse_args(
+        ["--resume", "--force", "--dry-run", "--max-clients-per-step", "2", "--diagnose", "3",
+         "--tensorboard", str(tmp_path / "tb"), "--knn-every", "4"])
+    assert run_context(given) == RunContext(
+        resume=True, force=True, dry_run=True, max_clients=2, diagnose=3,
+        tensorboard=tmp_path / "tb", knn_every=4)
     # The encoder cache, which pre-trains, reads it there.
     assert Runner("x", get_preset("smoke"), tmp_path, context).encoders.context is context
     assert "--distribute" not in experiment_parser("x", "x", distribute=False).format_help()
