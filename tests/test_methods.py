@@ -80,7 +80,7 @@ def test_every_start_has_a_label_and_every_method_a_known_start():
     assert all(m.assign in ASSIGNMENTS for m in METHODS.values())
     # the Flower loopback offers what its run config accepts
     assert [m for m in METHODS if not METHODS[m].on_flower] == [
-        "centralized", "local", "cp-cfl-features"]
+        "centralized", "local", "cp-cfl-features", "fedper", "lg-fedavg"]
     schema = json.loads((ROOT / "docs" / "run-record.schema.json").read_text())
     assert schema["$defs"]["kit_methods"]["enum"] == list(METHODS), \
         "run python tools/update_schema.py"

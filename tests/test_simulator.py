@@ -766,3 +766,77 @@ def test_a_run_resumed_under_partial_participation_keeps_every_clients_cluster(
     before, after = whole.rounds[2].cluster_ids, whole.rounds[3].cluster_ids
     assert any(b >= 0 and a == b for a, b in zip(after, before))
     assert resumed.final.ari == whole.final.ari
+
+
+def test_aggregation_leaves_the_part_the_clients_keep_as_it_was():
+    """A personalized method's kept arrays are never sent: by hand, the shared array is
+    the size-weighted mean (1 * 1 + 3 * 5) / 4 = 4, the kept one the server's own."""
+    from cpcfl_tf.clustered.algorithm import ServerState, aggregate
+
+    state = ServerState(0, [[np.zeros(2, np.float32), np.full(2, 7.0, np.float32)]], 1)
+    weights = [np.array([[1.0, 1.0], [5.0, 5.0]], np.float32),
+               np.array([[2.0, 2.0], [9.0, 9.0]], np.float32)]
+    new = aggregate(state, weights, np.zeros(2, np.int64), [1.0, 3.0], kept=(1,))
+    np.testing.assert_array_equal(new.models[0][0], [4.0, 4.0])
+    np.testing.assert_array_equal(new.models[0][1], [7.0, 7.0])
+
+
+def test_client_parts_hold_every_clients_part_and_compose_its_model():
+    from cpcfl_tf.clustered.local import ClientParts
+
+    model = [np.zeros(2, np.float32), np.ones(3, np.float32)]
+    parts = ClientParts.of(model, (1,), 4)
+    assert parts.nbytes == 4 * 3 * 4  # four clients' head of three float32
+    trained = [np.full((2, 2), 5.0), np.stack([np.full(3, 2.0), np.full(3, 3.0)])]
+    parts.put(np.array([1, 3]), trained)
+    composed = parts.models([np.full(2, 9.0), np.zeros(3)], np.array([0, 1, 3]))
+    np.testing.assert_array_equal(composed[0], np.full((3, 2), 9.0))  # the shared part
+    np.testing.assert_array_equal(composed[1], [np.ones(3), np.full(3, 2.0), np.full(3, 3.0)])
+
+
+@pytest.mark.parametrize("method", ["fedper", "lg-fedavg"])
+def test_personalized_methods_keep_each_clients_part_and_send_the_rest(clients, tmp_path,
+                                                                       method):
+    """FedPer keeps each client's head, LG-FedAvg its encoder, on every client whether it
+    takes part or not; the server's copy of that part is never averaged, what is sent up
+    is the rest (bytes counted by hand); a killed run resumes to the whole run."""
+
+    from helpers import Killed, kill_after
+
+    c = config(method=method, pretraining="none", rounds=3, participation=1 / 3)
+    checkpoint = tmp_path / "run.npz"
+    whole, state = run_federated(resolve(c), clients, checkpoint=checkpoint,
+                                 context=RunContext(verbose=0))
+    model, k = state.models[0], state.num_encoder
+    kept = range(k, len(model)) if method == "fedper" else range(k)
+    shared = sum(a.nbytes for i, a in enumerate(model) if i not in kept)
+    assert whole.final.bytes_up == whole.final.bytes_down == 3 * 3 * shared  # 3 a round
+    with np.load(checkpoint) as data:
+        parts = {i: data[f"kept_{i}"] for i in kept}
+    never = [u for u, cluster in enumerate(whole.rounds[-1].cluster_ids) if cluster < 0]
+    took = [u for u in range(clients.train.num_clients) if u not in never]
+    assert never and took  # 9 clients, 3 a round, 3 rounds: some never drawn
+    for i in kept:  # never averaged: the untouched clients' part is the server's own
+        assert parts[i].shape[0] == clients.train.num_clients
+        for u in never:
+            np.testing.assert_array_equal(parts[i][u], model[i])
+    assert all(not np.array_equal(parts[kept[-1]][u], model[kept[-1]]) for u in took)
+    # Each client is scored with its own model: the shared part and its kept one.
+    from cpcfl_tf.clustered.pool import template_for
+    from cpcfl_tf.data.images import to_float
+
+    keras_model = template_for(resolve(c), clients.test.images.shape[2:], clients.num_classes)
+    right = []
+    for u in range(clients.test.num_clients):
+        keras_model.set_weights([parts[i][u] if i in kept else a for i, a in enumerate(model)])
+        logits = np.asarray(keras_model(to_float(clients.test.images[u]), training=False))
+        right.append(np.mean(logits.argmax(axis=1) == clients.test.labels[u]))
+    assert whole.final.accuracy == pytest.approx(np.mean(right), abs=1e-9)
+    if method == "fedper":
+        again = tmp_path / "again.npz"
+        with pytest.raises(Killed):
+            run_federated(resolve(c), clients, checkpoint=again, context=RunContext(verbose=0),
+                          on_round=kill_after(2))
+        resumed, _ = run_federated(resolve(c), clients, checkpoint=again,
+                                   context=RunContext(verbose=0))
+        assert resumed.rounds == whole.rounds and resumed.final == whole.final

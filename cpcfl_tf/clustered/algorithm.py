@@ -226,6 +226,7 @@ def aggregate(
     global_encoder: bool = False,
     how: str = "mean",
     trim: float = 0.2,
+    kept: Sequence[int] = (),
 ) -> ServerState:
     """New pool: each cluster's model is its members' combination
     (:func:`cpcfl_tf.aggregation.combine`; by default the weighted average).
@@ -244,6 +245,9 @@ def aggregate(
         model (the paper's "global encoder" variant); heads stay per cluster.
     how, trim
         ``federated.aggregation`` and ``federated.trim_fraction``.
+    kept
+        The arrays the clients keep (a personalized method's part, :func:`kept_arrays`):
+        never sent, so each model keeps its own there.
 
     A cluster nobody chose keeps its weights.
     """
@@ -262,7 +266,22 @@ def aggregate(
         k = state.num_encoder
         encoder = combine(client_weights[:k], counts, how, trim)
         models = [encoder + m[k:] for m in models]
+    if kept:
+        models = [
+            [old[i] if i in kept else a for i, a in enumerate(new)]
+            for old, new in zip(state.models, models)
+        ]
     return dataclasses.replace(state, round=state.round + 1, models=models)
+
+
+def kept_arrays(run: RunPlan, num_encoder: int, num_arrays: int) -> tuple[int, ...]:
+    """Which of a model's arrays each client keeps between rounds
+    (:attr:`~cpcfl_tf.methods.federated.Method.keeps`): the encoder's first
+    ``num_encoder``, the head's after them, or none."""
+    keeps = run.method.keeps
+    if keeps == "encoder":
+        return tuple(range(num_encoder))
+    return tuple(range(num_encoder, num_arrays)) if keeps == "head" else ()
 
 
 def initial_assignment(
@@ -404,7 +423,8 @@ def run_rounds(
     fl = run.federated
     state = start(0) if state is None else state
     progress = Progress() if progress is None else progress
-    size = model_bytes(state.models[0])
+    kept = kept_arrays(run, state.num_encoder, len(state.models[0]))
+    size = model_bytes([a for i, a in enumerate(state.models[0]) if i not in kept])  # as sent
     n = federation.num_clients
     assigned = (
         np.array(progress.assigned, np.int64) if progress.assigned else np.full(n, -1, np.int64)
@@ -429,6 +449,7 @@ def run_rounds(
             global_encoder=fl.global_encoder,
             how=fl.aggregation,
             trim=fl.trim_fraction,
+            kept=kept,
         )
         assigned[replies.clients] = ids
         if state.assignment is not None:

@@ -84,6 +84,41 @@ class ClientMoments:
         )
 
 
+@dataclasses.dataclass
+class ClientParts:
+    """The part of the model every client keeps between rounds (a personalized method's:
+    :attr:`~cpcfl_tf.methods.federated.Method.keeps`): arrays ``index`` of the model, each
+    with a leading client axis, held for every client, taking part or not; never sent."""
+
+    index: tuple[int, ...]
+    """Which of the model's arrays (in ``get_weights`` order) are kept."""
+    arrays: Stacked
+
+    @classmethod
+    def of(cls, model: Sequence[np.ndarray], index: Sequence[int], num_clients: int) -> ClientParts:
+        """Every client's part as ``model``'s (the pool's first model: where each starts)."""
+        return cls(tuple(index), [np.repeat(model[i][None], num_clients, axis=0) for i in index])
+
+    def models(self, model: Sequence[np.ndarray], clients: np.ndarray) -> Stacked:
+        """The models ``clients`` train from and are scored with, stacked: ``model``
+        with each one's kept arrays in place of its own."""
+        kept = dict(zip(self.index, self.arrays))
+        return [
+            kept[i][clients] if i in kept else np.repeat(a[None], len(clients), axis=0)
+            for i, a in enumerate(model)
+        ]
+
+    def put(self, clients: np.ndarray, trained: Stacked) -> None:
+        """Keep the trained part of ``clients`` (``trained``: their whole models, stacked)."""
+        for full, i in zip(self.arrays, self.index):
+            full[clients] = trained[i]
+
+    @property
+    def nbytes(self) -> int:
+        """What the clients keep, all of them: bytes never sent."""
+        return int(sum(a.nbytes for a in self.arrays))
+
+
 def batch_orders(num_clients: int, size: int, epochs: int, seed_words: Sequence[int]) -> np.ndarray:
     """``(epochs, clients, size)`` shuffles of each client's examples, one per epoch.
 

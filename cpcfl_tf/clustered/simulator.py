@@ -27,10 +27,12 @@ from cpcfl_tf.clustered.backends import backend_of, client_losses, client_probab
 from cpcfl_tf.clustered.clients import ClientArrays, Clients
 from cpcfl_tf.clustered.local import (
     ClientMoments,
+    ClientParts,
     LocalTraining,
     Stacked,
     batch_orders,
     stack_models,
+    unstack,
 )
 from cpcfl_tf.clustered.metrics import client_accuracy, cluster_ari, pooled_scores
 from cpcfl_tf.clustered.pool import federated_record, initial_state, template_for
@@ -49,11 +51,14 @@ def _save(
     state: algorithm.ServerState,
     progress: algorithm.Progress,
     moments: ClientMoments | None,
+    parts: ClientParts | None = None,
 ):
     arrays = {f"m{n}_{i}": a for n, m in enumerate(state.models) for i, a in enumerate(m)}
     arrays.update({f"memory_{k}": a for k, a in state.memory.items()})  # the rule's own
     if moments is not None:  # the clients' own optimizer state (optimizer_state="client")
         arrays.update({f"client_{k}": a for k, a in moments.arrays().items()})
+    if parts is not None:  # what each client keeps (a personalized method's part)
+        arrays.update({f"kept_{i}": a for i, a in zip(parts.index, parts.arrays)})
     meta = {
         "fingerprint": fingerprint,
         "progress": dataclasses.asdict(progress),
@@ -74,7 +79,7 @@ def _save(
 
 def _load(
     path: Path, fingerprint: str
-) -> tuple[algorithm.ServerState, algorithm.Progress, ClientMoments | None]:
+) -> tuple[algorithm.ServerState, algorithm.Progress, ClientMoments | None, ClientParts | None]:
     def load(p: Path):
         with np.load(p) as data:
             meta = json.loads(str(data["__meta__"]))
@@ -84,9 +89,13 @@ def _load(
             ]
             client = {k[len("client_") :]: data[k] for k in data.files if k.startswith("client_")}
             memory = {k[len("memory_") :]: data[k] for k in data.files if k.startswith("memory_")}
-        return meta, models, memory, ClientMoments.from_arrays(client) if client else None
+            kept = {int(k[len("kept_") :]): data[k] for k in data.files if k.startswith("kept_")}
+        parts = ClientParts(tuple(sorted(kept)), [kept[i] for i in sorted(kept)]) if kept else None
+        return meta, models, memory, ClientMoments.from_arrays(client) if client else None, parts
 
-    meta, models, memory, moments = read_file(path, load, fix="delete it to start the run over")
+    meta, models, memory, moments, parts = read_file(
+        path, load, fix="delete it to start the run over"
+    )
     if meta["fingerprint"] != fingerprint:
         raise UserError(
             f"checkpoint {path} belongs to a different run (config or seeds "
@@ -104,6 +113,7 @@ def _load(
         ),
         progress,
         moments,
+        parts,
     )
 
 
@@ -195,17 +205,22 @@ def run_federated(
             if fl.optimizer_state == "client"
             else None
         )
+        # A personalized method: every client keeps its part, from the pool's first model.
+        kept = algorithm.kept_arrays(run, state.num_encoder, len(state.models[0]))
+        simulation.parts = (
+            ClientParts.of(state.models[0], kept, clients.train.num_clients) if kept else None
+        )
         return state
 
     state = progress = None
     if path and path.exists():
-        state, progress, simulation.moments = _load(path, fingerprint)
+        state, progress, simulation.moments, simulation.parts = _load(path, fingerprint)
     else:
         progress = algorithm.sent_before_training(run, answers)
 
     def after(record: dict, state: algorithm.ServerState, progress: algorithm.Progress):
         if path:
-            _save(path, fingerprint, state, progress, simulation.moments)
+            _save(path, fingerprint, state, progress, simulation.moments, simulation.parts)
         if context.verbose:
             _report(record, fl, progress)
         if on_round:
@@ -291,6 +306,7 @@ class _Simulation:
         self.num_clients = clients.train.num_clients
         self.local = LocalTraining.of(fl)
         self.moments: ClientMoments | None = None
+        self.parts: ClientParts | None = None
 
     def train(self, models, plan: algorithm.RoundPlan) -> algorithm.Replies:
         fl, part = self.fl, plan.participants
@@ -301,9 +317,18 @@ class _Simulation:
         ids = algorithm.select(plan, losses)
         orders = batch_orders(len(part), train.size, fl.local_epochs, plan.batch_seed)
         own = None if self.moments is None else self.moments.subset(part)
-        trained = self._trained(
-            stack_models(models), ids, train, orders, algorithm.trains_encoder(fl, plan), own
-        )
+        epochs = algorithm.trains_encoder(fl, plan)
+        if self.parts is None:
+            trained = self._trained(stack_models(models), ids, train, orders, epochs, own)
+        else:  # each trains its own model: the pool's shared part and its kept one
+            pool = self.parts.models(models[0], part)
+            trained = self._trained(pool, np.arange(len(part)), train, orders, epochs, own)
+            self.parts.put(part, trained)
+            kept = set(self.parts.index)  # never sent: the server holds its own there
+            trained = [
+                np.repeat(models[0][i][None], len(part), axis=0) if i in kept else a
+                for i, a in enumerate(trained)
+            ]
         if self.moments is not None and own is not None:
             self.moments.put(part, own)
         if not all(np.isfinite(a).all() for a in trained):
@@ -349,7 +374,14 @@ class _Simulation:
         return [np.concatenate([p[i] for p in parts]) for i in range(len(parts[0]))]
 
     def observe(self, models, assigned, replies, round_: int, *, planned=None) -> dict:
-        return _evaluate(self.backend, models, assigned, self.clients, round_, self.fl, planned)
+        if self.parts is None:
+            return _evaluate(self.backend, models, assigned, self.clients, round_, self.fl, planned)
+        # A personalized method: each client is scored with its own model.
+        every = np.arange(self.num_clients)
+        stacked = self.parts.models(models[0], every)
+        own = [unstack(stacked, u) for u in range(self.num_clients)]
+        record = _evaluate(self.backend, own, every, self.clients, round_, self.fl)
+        return {**record, "cluster_ids": assigned.tolist()}
 
 
 def _evaluate(

@@ -101,6 +101,11 @@ def run_config(values: Mapping[str, Any]) -> Config:
             f"method {fl.method!r} trains each client alone and sends nothing: "
             "there is no federation to run; run it in the simulator"
         )
+    if METHODS[fl.method].keeps:
+        raise UserError(
+            f"method {fl.method!r} keeps each client's {METHODS[fl.method].keeps} between "
+            "rounds, which the Flower apps do not hold yet; run it in the simulator"
+        )
     if not METHODS[fl.method].rule.on_flower:
         # The nodes would need the starting encoder before training to answer.
         raise UserError(

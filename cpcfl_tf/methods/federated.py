@@ -79,6 +79,10 @@ class Method:
     options: dict[str, float] = dataclasses.field(default_factory=dict)
     """The method's own settings and their defaults (``federated.options`` overrides
     them; the run record keeps the values used)."""
+    keeps: str = ""
+    """The part of the model each client keeps between rounds, its own, never sent:
+    ``head`` (the classifier head: FedPer), ``encoder`` (LG-FedAvg); the server averages
+    the rest, the part sent both ways. "": every client trains and sends the whole model."""
 
     def head_rounds(self, pretraining: str, tc: int) -> int:
         """Tc as this method runs it from ``pretraining``."""
@@ -104,7 +108,7 @@ class Method:
     def on_flower(self) -> bool:
         """Whether the Flower apps run it: a federation that sends something
         (:func:`cpcfl_tf.flower.common.run_config` says why the others cannot)."""
-        return self.federated and self.communicates and self.rule.on_flower
+        return self.federated and self.communicates and self.rule.on_flower and not self.keeps
 
     @property
     def asks_first(self) -> str | None:
@@ -246,6 +250,14 @@ METHODS = {
             assign="features",
             instead="for random initialisation use method ifca",
         ),
+        # Personalized FL from the same pool of one model. FedPer (Arivazhagan et al.,
+        # "Federated Learning with Personalization Layers", 2019): the base layers (the
+        # encoder) are averaged, each client keeps its personalization layers (the head).
+        # LG-FedAvg (Liang et al., "Think Locally, Act Globally", 2020): each client keeps
+        # its local representation (the encoder), the global layers (the head) are
+        # averaged. Local training as the run's (the papers' E and B are the settings).
+        Method("fedper", "FedPer", _FEDERATED_STARTS, one_model=True, keeps="head"),
+        Method("lg-fedavg", "LG-FedAvg", _FEDERATED_STARTS, one_model=True, keeps="encoder"),
     )
 }
 METHODS.update(entries("cpcfl_tf.methods", Method, METHODS))
