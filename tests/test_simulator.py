@@ -792,6 +792,9 @@ def test_client_parts_hold_every_clients_part_and_compose_its_model():
     composed = parts.models([np.full(2, 9.0), np.zeros(3)], np.array([0, 1, 3]))
     np.testing.assert_array_equal(composed[0], np.full((3, 2), 9.0))  # the shared part
     np.testing.assert_array_equal(composed[1], [np.ones(3), np.full(3, 2.0), np.full(3, 3.0)])
+    one = parts.model([np.full(2, 9.0), np.zeros(3)], 3)  # one client's, without copies
+    np.testing.assert_array_equal(one[1], np.full(3, 3.0))
+    assert np.shares_memory(one[1], parts.arrays[0])
 
 
 @pytest.mark.parametrize("method", ["fedper", "lg-fedavg"])
@@ -840,3 +843,6 @@ def test_personalized_methods_keep_each_clients_part_and_send_the_rest(clients, 
         resumed, _ = run_federated(resolve(c), clients, checkpoint=again,
                                    context=RunContext(verbose=0))
         assert resumed.rounds == whole.rounds and resumed.final == whole.final
+        # Trained two clients a step (each from its own model): the same run.
+        chunked, _ = run_federated(resolve(c), clients, context=RunContext(verbose=0, max_clients=2))
+        assert chunked.rounds == whole.rounds and chunked.final == whole.final

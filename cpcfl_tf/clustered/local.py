@@ -108,6 +108,11 @@ class ClientParts:
             for i, a in enumerate(model)
         ]
 
+    def model(self, model: Sequence[np.ndarray], client: int) -> list[np.ndarray]:
+        """Client ``client``'s model, ``model`` with its kept arrays: views, not copies."""
+        kept = dict(zip(self.index, self.arrays))
+        return [kept[i][client] if i in kept else a for i, a in enumerate(model)]
+
     def put(self, clients: np.ndarray, trained: Stacked) -> None:
         """Keep the trained part of ``clients`` (``trained``: their whole models, stacked)."""
         for full, i in zip(self.arrays, self.index):

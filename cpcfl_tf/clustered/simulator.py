@@ -32,7 +32,6 @@ from cpcfl_tf.clustered.local import (
     Stacked,
     batch_orders,
     stack_models,
-    unstack,
 )
 from cpcfl_tf.clustered.metrics import client_accuracy, cluster_ari, pooled_scores
 from cpcfl_tf.clustered.pool import federated_record, initial_state, template_for
@@ -318,13 +317,20 @@ class _Simulation:
         orders = batch_orders(len(part), train.size, fl.local_epochs, plan.batch_seed)
         own = None if self.moments is None else self.moments.subset(part)
         epochs = algorithm.trains_encoder(fl, plan)
-        if self.parts is None:
-            trained = self._trained(stack_models(models), ids, train, orders, epochs, own)
-        else:  # each trains its own model: the pool's shared part and its kept one
-            pool = self.parts.models(models[0], part)
-            trained = self._trained(pool, np.arange(len(part)), train, orders, epochs, own)
-            self.parts.put(part, trained)
-            kept = set(self.parts.index)  # never sent: the server holds its own there
+        parts = self.parts
+        if parts is None:
+            stacked = stack_models(models)
+            trained = self._trained(lambda rows: (stacked, ids[rows]), train, orders, epochs, own)
+        else:  # each trains its own model, the shared part and its kept one, chunk by chunk
+            trained = self._trained(
+                lambda rows: (parts.models(models[0], part[rows]), np.arange(len(rows))),
+                train,
+                orders,
+                epochs,
+                own,
+            )
+            parts.put(part, trained)
+            kept = set(parts.index)  # never sent: the server holds its own there
             trained = [
                 np.repeat(models[0][i][None], len(part), axis=0) if i in kept else a
                 for i, a in enumerate(trained)
@@ -341,46 +347,49 @@ class _Simulation:
 
     def _trained(
         self,
-        pool: Stacked,
-        ids: np.ndarray,
+        pool_for: Callable[[np.ndarray], tuple[Stacked, np.ndarray]],
         train: ClientArrays,
         orders: np.ndarray,
         trains_encoder: list[bool],
         moments: ClientMoments | None,
     ) -> Stacked:
-        """The backend's training of clients ``ids``, at most :attr:`max_clients` in one
-        step (memory: the weights and Adam state of that many models); the clients are
-        independent, so chunks give the unchunked result."""
-        count, most = len(ids), self.max_clients
-        if most is None or count <= most:
-            return self.backend.train(pool, ids, train, orders, trains_encoder, self.local, moments)
-        parts = []
+        """The backend's training of the round's clients, at most :attr:`max_clients` in
+        one step (memory: the weights and Adam state of that many models); the clients
+        are independent, so chunks give the unchunked result. ``pool_for(rows)``: the
+        stacked models rows ``rows`` of the round's clients train from, and which model
+        each trains."""
+        count, most = train.num_clients, self.max_clients or train.num_clients
+        pieces = []
         for lo in range(0, count, most):
             rows = np.arange(lo, min(lo + most, count))
-            own = None if moments is None else moments.subset(rows)
-            parts.append(
+            whole = len(rows) == count
+            pool, ids = pool_for(rows)
+            own = None if moments is None or whole else moments.subset(rows)
+            pieces.append(
                 self.backend.train(
                     pool,
-                    ids[rows],
-                    train.subset(rows),
-                    orders[:, rows],
+                    ids,
+                    train if whole else train.subset(rows),
+                    orders if whole else orders[:, rows],
                     trains_encoder,
                     self.local,
-                    own,
+                    moments if whole else own,
                 )
             )
             if moments is not None and own is not None:
                 moments.put(rows, own)
-        return [np.concatenate([p[i] for p in parts]) for i in range(len(parts[0]))]
+        if len(pieces) == 1:
+            return pieces[0]
+        return [np.concatenate([p[i] for p in pieces]) for i in range(len(pieces[0]))]
 
     def observe(self, models, assigned, replies, round_: int, *, planned=None) -> dict:
         if self.parts is None:
             return _evaluate(self.backend, models, assigned, self.clients, round_, self.fl, planned)
         # A personalized method: each client is scored with its own model.
-        every = np.arange(self.num_clients)
-        stacked = self.parts.models(models[0], every)
-        own = [unstack(stacked, u) for u in range(self.num_clients)]
-        record = _evaluate(self.backend, own, every, self.clients, round_, self.fl)
+        own = [self.parts.model(models[0], u) for u in range(self.num_clients)]  # views
+        record = _evaluate(
+            self.backend, own, np.arange(self.num_clients), self.clients, round_, self.fl
+        )
         return {**record, "cluster_ids": assigned.tolist()}
 
 
