@@ -254,24 +254,32 @@ def aggregate(
     if len(cluster_ids) == 0:  # nobody replied: the pool stays as it was
         return dataclasses.replace(state, round=state.round + 1)
     counts = np.asarray(sizes, np.float64)
+    shared = [i for i in range(len(client_weights)) if i not in kept]  # the kept: not sent
     models = []
     for n, old in enumerate(state.models):
         members = np.flatnonzero(cluster_ids == n)
         models.append(
             old
             if len(members) == 0
-            else combine([a[members] for a in client_weights], counts[members], how, trim)
+            else _with(
+                old,
+                shared,
+                combine([client_weights[i][members] for i in shared], counts[members], how, trim),
+            )
         )
     if global_encoder:
-        k = state.num_encoder
-        encoder = combine(client_weights[:k], counts, how, trim)
-        models = [encoder + m[k:] for m in models]
-    if kept:
-        models = [
-            [old[i] if i in kept else a for i, a in enumerate(new)]
-            for old, new in zip(state.models, models)
-        ]
+        encoder = [i for i in shared if i < state.num_encoder]
+        combined = combine([client_weights[i] for i in encoder], counts, how, trim)
+        models = [_with(m, encoder, combined) for m in models]
     return dataclasses.replace(state, round=state.round + 1, models=models)
+
+
+def _with(model: Weights, index: Sequence[int], arrays: Sequence[np.ndarray]) -> Weights:
+    """``model`` with its arrays ``index`` replaced by ``arrays``."""
+    new = list(model)
+    for i, a in zip(index, arrays):
+        new[i] = a
+    return new
 
 
 def kept_arrays(run: RunPlan, num_encoder: int, num_arrays: int) -> tuple[int, ...]:

@@ -330,9 +330,9 @@ class _Simulation:
                 own,
             )
             parts.put(part, trained)
-            kept = set(parts.index)  # never sent: the server holds its own there
+            kept = set(parts.index)  # never sent: the server's own there, as views
             trained = [
-                np.repeat(models[0][i][None], len(part), axis=0) if i in kept else a
+                np.broadcast_to(models[0][i], a.shape) if i in kept else a
                 for i, a in enumerate(trained)
             ]
         if self.moments is not None and own is not None:
