@@ -63,7 +63,7 @@ def timed_stages(seconds: dict[str, float], calls: dict[str, int]):
         real = getattr(owner, name)
 
         def wrapper(*args, _real=real, _stage=stage, **kwargs):
-            if _stage == "training" and not any(args[5]):  # trains_encoder, per epoch
+            if _stage == "training" and all(p == "head" for p in args[5]):  # epoch parts
                 _stage = "training, heads only"  # the Tc phase: the encoder frozen
             began = time.perf_counter()
             try:

@@ -46,7 +46,7 @@ def one_round_by_hand(clients, plan, ids):
     round_ = algorithm.plan_round(plan, 0, 0, 0, n, ids)
     return backend.train(stack_models(pool), ids, clients.train,
                          batch_orders(n, clients.train.size, fl.local_epochs, round_.batch_seed),
-                         algorithm.trains_encoder(fl, round_), LocalTraining.of(fl))
+                         algorithm.epoch_parts(fl, round_), LocalTraining.of(fl))
 
 
 def test_local_trains_each_client_alone_and_sends_nothing(clients):
@@ -122,10 +122,14 @@ def test_flower_runs_every_method_that_sends_something_and_refuses_local():
     with pytest.raises(UserError, match="method 'cp-cfl-features' is not available on Flower "
                                         "yet .*run it in the simulator"):
         run_config({"method": "cp-cfl-features", "pretraining": "simclr"})
-    for name, part in (("fedper", "head"), ("lg-fedavg", "encoder")):  # not held there yet
+    for name, part in (("fedper", "head"), ("lg-fedavg", "encoder"), ("fedrep", "head"),
+                       ("ditto", "model")):  # not held there yet
         with pytest.raises(UserError, match=f"method '{name}' keeps each client's {part} "
                                             "between rounds.*run it in the simulator"):
             run_config({"method": name, "pretraining": "none"})
+    with pytest.raises(UserError, match="method 'fedavg-ft' scores each client after it "
+                                        "fine-tunes the model.*run it in the simulator"):
+        run_config({"method": "fedavg-ft", "pretraining": "none"})
     assert {m.asks_first for m in METHODS.values()} == {None, "group", "subspace", "features"}
     assert (METHODS["oracle"].asks_first, METHODS["pacfl"].asks_first) == ("group", "subspace")
 

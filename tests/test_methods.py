@@ -54,6 +54,28 @@ def test_a_start_the_method_cannot_use_is_refused_in_one_line():
         get_method("fedprox")
 
 
+def test_the_personalized_methods_options_are_their_papers_and_checked_in_one_line():
+    """FedRep's one representation epoch of E, Ditto's lambda = 1, FedAvg+FT's 5
+    fine-tuning epochs (docs/choices.md), each refused in one line where it cannot run."""
+    assert federated("fedrep", "simclr").options == {"rep_epochs": 1}
+    assert federated("ditto", "none").options == {"lambda": 1.0}
+    assert federated("fedavg-ft", "simclr").options == {"finetune_epochs": 5}
+    assert federated("fedavg-ft", "simclr").head_rounds == 10  # FedAvg's own Tc phase
+    assert federated("fedrep", "simclr").head_rounds == 0
+    bad = [("fedrep", {"local_epochs": 1}, "fedrep trains the head, then the encoder: "
+                                            "federated.local_epochs must be at least 2, got 1"),
+           ("fedrep", {"options": {"rep_epochs": 3}}, "fedrep: federated.options rep_epochs "
+                                                      "must be a whole number from 1 to 2, "
+                                                      "got 3"),
+           ("fedrep", {"options": {"rep_epochs": 0.5}}, "rep_epochs must be a whole number"),
+           ("fedavg-ft", {"options": {"finetune_epochs": 0}}, "finetune_epochs must be a whole"),
+           ("ditto", {"options": {"lambda": -0.1}}, "ditto: federated.options lambda must be "
+                                                    ">= 0, got -0.1")]
+    for method, fields, message in bad:
+        with pytest.raises(UserError, match=message):
+            federated(method, "none", **fields)
+
+
 def test_only_ifca_restarts():
     failed = np.zeros(15, np.int64)  # every client in cluster 0
     for name in ("fedavg", "ifca", "cp-cfl"):
@@ -73,6 +95,28 @@ def test_a_new_method_is_one_entry(monkeypatch):
     assert run_label("ifca-tc", "simclr") == "IFCA-Tc (SimCLR)"
 
 
+def test_a_new_personalized_method_is_one_entry(monkeypatch):
+    """docs/extending.md: a personalized method is one entry of fields. FedRep with two
+    representation epochs keeps the head, trains it first and then the encoder twice, and
+    sends the encoder only; a Ditto-like entry keeps a whole personal model and sends all."""
+    from cpcfl_tf.clustered import algorithm
+
+    entry = dataclasses.replace(METHODS["fedrep"], name="fedrep-2", label="FedRep-2",
+                                options={"rep_epochs": 2})
+    monkeypatch.setitem(METHODS, "fedrep-2", entry)
+    run = plan("fedrep-2", "simclr")
+    round_ = algorithm.plan_round(run, 0, 0, 0, 15)
+    assert algorithm.epoch_parts(run.federated, round_) == ["head", "encoder", "encoder"]
+    assert algorithm.kept_arrays(run, 4, 6) == algorithm.unsent_arrays(run, 4, 6) == (4, 5)
+    personal = dataclasses.replace(METHODS["fedavg"], name="mine", label="Mine",
+                                   head_phase=False, keeps="model", options={"lambda": 0.5})
+    monkeypatch.setitem(METHODS, "mine", personal)
+    run = plan("mine", "none")
+    assert algorithm.kept_arrays(run, 4, 6) == tuple(range(6))
+    assert algorithm.unsent_arrays(run, 4, 6) == ()
+    assert run.federated.options == {"lambda": 0.5} and not run.method.on_flower
+
+
 def test_every_start_has_a_label_and_every_method_a_known_start():
     import json
 
@@ -80,7 +124,8 @@ def test_every_start_has_a_label_and_every_method_a_known_start():
     assert all(m.assign in ASSIGNMENTS for m in METHODS.values())
     # the Flower loopback offers what its run config accepts
     assert [m for m in METHODS if not METHODS[m].on_flower] == [
-        "centralized", "local", "cp-cfl-features", "fedper", "lg-fedavg"]
+        "centralized", "local", "cp-cfl-features", "fedper", "lg-fedavg", "fedrep", "ditto",
+        "fedavg-ft"]
     schema = json.loads((ROOT / "docs" / "run-record.schema.json").read_text())
     assert schema["$defs"]["kit_methods"]["enum"] == list(METHODS), \
         "run python tools/update_schema.py"

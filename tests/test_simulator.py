@@ -1,4 +1,5 @@
 """The simulator on real (smoke) data: algorithm, determinism, resume, errors."""
+import dataclasses
 import os
 import signal
 import subprocess
@@ -57,9 +58,9 @@ def test_stacked_backend_trains_like_one_keras_model_per_client(clients):
     orders = batch_orders(4, 20, 2, [0])  # two epochs of one batch: two steps
     local = LocalTraining(batch_size=20, learning_rate=1e-3)
     stacked, keras_ = StackedBackend(model), KerasBackend(model)
-    for encoder_epochs in ([True, True], [False, True]):
-        a = stacked.train(pool_stacked, ids, data, orders, encoder_epochs, local)
-        b = keras_.train(pool_stacked, ids, data, orders, encoder_epochs, local)
+    for epochs in (["model", "model"], ["head", "model"]):
+        a = stacked.train(pool_stacked, ids, data, orders, epochs, local)
+        b = keras_.train(pool_stacked, ids, data, orders, epochs, local)
         for x, y in zip(a, b):
             np.testing.assert_allclose(x, y, atol=2e-5)
     np.testing.assert_allclose(client_losses(stacked, pool, data),
@@ -78,7 +79,7 @@ def test_frozen_features_train_the_head_as_one_keras_model_per_client_does(clien
     orders = batch_orders(3, 20, 3, [5])
     fast = LocalTraining(batch_size=8, frozen_features=True)
     stacked = StackedBackend(model)
-    for epochs in ([False] * 3, [True, False, False]):
+    for epochs in (["head"] * 3, ["model", "head", "head"]):
         a = stacked.train(pool, ids, data, orders, epochs, fast)
         b = KerasBackend(model).train(pool, ids, data, orders, epochs, LocalTraining(batch_size=8))
         default = stacked.train(pool, ids, data, orders, epochs, LocalTraining(batch_size=8))
@@ -89,7 +90,7 @@ def test_frozen_features_train_the_head_as_one_keras_model_per_client_does(clien
         assert not np.array_equal(a[-2], pool[-2])  # the head moved
     assert stacked._head_grads.experimental_get_tracing_count() >= 2  # batches of 8 and 4
     with pytest.raises(UserError, match="frozen_features needs the stacked backend"):
-        KerasBackend(model).train(pool, ids, data, orders, [False] * 3, fast)
+        KerasBackend(model).train(pool, ids, data, orders, ["head"] * 3, fast)
     # the run's setting reaches the clients' local training (and is off by default)
     assert LocalTraining.of(config(frozen_features=True).federated).frozen_features is True
     assert LocalTraining.of(config().federated).frozen_features is False
@@ -132,8 +133,8 @@ def test_sgd_trains_alike_on_both_backends(clients):
     data = ClientArrays(clients.train.images[:3], clients.train.labels[:3])
     pool, ids, orders = stack_models([model.get_weights()]), np.zeros(3, np.int64), batch_orders(3, 20, 2, [0])
     local = LocalTraining(batch_size=10, learning_rate=0.05, optimizer="sgd")
-    a = StackedBackend(model).train(pool, ids, data, orders, [True, False], local)
-    b = KerasBackend(model).train(pool, ids, data, orders, [True, False], local)
+    a = StackedBackend(model).train(pool, ids, data, orders, ["model", "head"], local)
+    b = KerasBackend(model).train(pool, ids, data, orders, ["model", "head"], local)
     for x, y, start in zip(a, b, pool):
         np.testing.assert_allclose(x, y, atol=2e-5)
         assert not np.array_equal(x[0], start[0])  # every array moved
@@ -167,7 +168,7 @@ def test_a_frozen_encoder_runs_in_inference_mode_and_keeps_its_batchnorm_statist
     data = ClientArrays(clients.train.images[:3], clients.train.labels[:3])
     orders, local = batch_orders(3, data.size, 2, [4]), LocalTraining(batch_size=8)
     trained = backend.train(stack_models([start]), np.zeros(3, np.int64), data, orders,
-                            [False, False], local)
+                            ["head", "head"], local)
     # Every encoder array, moving mean and variance included, is bitwise unchanged, and so
     # is the cluster model's encoder after the server averages the round.
     pooled = algorithm.aggregate(algorithm.ServerState(0, [start], k), trained,
@@ -241,12 +242,12 @@ def test_kept_adam_state_with_different_step_counts_trains_each_client_as_alone(
                           np.array([0, 7]))  # the clients took part in different rounds
     backend, local = StackedBackend(model), LocalTraining(batch_size=10)
     together = start.subset(np.arange(2))
-    both = backend.train(pool, np.zeros(2, np.int64), data, orders, [True], local, together)
+    both = backend.train(pool, np.zeros(2, np.int64), data, orders, ["model"], local, together)
     assert together.steps.tolist() == [2, 9]
     for u in range(2):
         alone = start.subset(np.array([u]))
         one = backend.train(pool, np.zeros(1, np.int64), data.subset(np.array([u])),
-                            orders[:, u:u + 1], [True], local, alone)
+                            orders[:, u:u + 1], ["model"], local, alone)
         for a, b in zip(both, one):
             np.testing.assert_allclose(a[u], b[0], rtol=1e-5, atol=1e-7)
         for a, b in zip(together.m, alone.m):
@@ -268,7 +269,7 @@ def test_kept_adam_state_trains_as_adam_written_in_numpy(clients):
     m = [0.01 * rng.standard_normal(a.shape).astype(np.float32) for a in pool]
     v = [1e-4 * rng.random(a.shape).astype(np.float32) for a in pool]
     kept = ClientMoments([a.copy() for a in m], [a.copy() for a in v], np.array([7]))
-    got = StackedBackend(model).train(pool, np.zeros(1, np.int64), data, orders, [True],
+    got = StackedBackend(model).train(pool, np.zeros(1, np.int64), data, orders, ["model"],
                                       LocalTraining(batch_size=10), kept)
 
     lr, b1, b2, eps = 1e-3, 0.9, 0.999, 1e-7
@@ -333,10 +334,10 @@ def test_encoder_epochs_1_trains_the_encoder_in_the_first_local_epoch_only(clien
     ids = np.arange(9) % fl.num_clusters
     orders = batch_orders(9, clients.train.size, 3, [0, 0, 1])
     plan = algorithm.plan_round(run, 0, 0, 0, 9)
-    assert algorithm.trains_encoder(fl, plan) == [True, False, False]
+    assert algorithm.epoch_parts(fl, plan) == ["model", "head", "head"]
     local = LocalTraining.of(fl)
-    three = trainer.train(pool, ids, clients.train, orders, [True, False, False], local)
-    one = trainer.train(pool, ids, clients.train, orders[:1], [True], local)
+    three = trainer.train(pool, ids, clients.train, orders, ["model", "head", "head"], local)
+    one = trainer.train(pool, ids, clients.train, orders[:1], ["model"], local)
     n = len(encoder)
     for a, b in zip(three[:n], one[:n]):
         np.testing.assert_array_equal(a, b)
@@ -666,8 +667,8 @@ def test_jit_compiled_steps_train_like_the_default_and_repeat_bit_for_bit(client
     ids, orders, local = np.zeros(3, np.int64), batch_orders(3, 20, 2, [0]), LocalTraining(batch_size=10)
     default, jit = make_backend(model, kind), make_backend(model, kind, jit_compile=True)
     assert default is not jit
-    a = default.train(pool, ids, data, orders, [True, False], local)
-    b, c = (jit.train(pool, ids, data, orders, [True, False], local) for _ in range(2))
+    a = default.train(pool, ids, data, orders, ["model", "head"], local)
+    b, c = (jit.train(pool, ids, data, orders, ["model", "head"], local) for _ in range(2))
     for x, y, z, start in zip(a, b, c, pool):
         np.testing.assert_allclose(x, y, atol=2e-5)
         assert np.array_equal(y, z)
@@ -797,23 +798,28 @@ def test_client_parts_hold_every_clients_part_and_compose_its_model():
     assert np.shares_memory(one[1], parts.arrays[0])
 
 
-@pytest.mark.parametrize("method", ["fedper", "lg-fedavg"])
+@pytest.mark.parametrize("method", ["fedper", "fedrep", "lg-fedavg"])
 def test_personalized_methods_keep_each_clients_part_and_send_the_rest(clients, tmp_path,
                                                                        method):
-    """FedPer keeps each client's head, LG-FedAvg its encoder, on every client whether it
-    takes part or not; the server's copy of that part is never averaged, what is sent up
-    is the rest (bytes counted by hand); a killed run resumes to the whole run."""
+    """FedPer and FedRep keep each client's head, LG-FedAvg its encoder, on every client
+    whether it takes part or not; the server's copy of that part is never averaged, what
+    is sent up is the rest (bytes counted by hand), what is kept is counted as never
+    sent; a killed run resumes to the whole run."""
 
     from helpers import Killed, kill_after
 
-    c = config(method=method, pretraining="none", rounds=3, participation=1 / 3)
+    epochs = {"local_epochs": 2} if method == "fedrep" else {}  # a head epoch, then the encoder's
+    c = config(method=method, pretraining="none", rounds=3, participation=1 / 3, **epochs)
     checkpoint = tmp_path / "run.npz"
     whole, state = run_federated(resolve(c), clients, checkpoint=checkpoint,
                                  context=RunContext(verbose=0))
     model, k = state.models[0], state.num_encoder
-    kept = range(k, len(model)) if method == "fedper" else range(k)
+    kept = range(k, len(model)) if method != "lg-fedavg" else range(k)
     shared = sum(a.nbytes for i, a in enumerate(model) if i not in kept)
     assert whole.final.bytes_up == whole.final.bytes_down == 3 * 3 * shared  # 3 a round
+    own = sum(model[i].nbytes for i in kept)
+    assert whole.final.bytes_kept == clients.train.num_clients * own
+    assert whole.to_json()["final"]["bytes_kept"] == whole.final.bytes_kept
     with np.load(checkpoint) as data:
         parts = {i: data[f"kept_{i}"] for i in kept}
     never = [u for u, cluster in enumerate(whole.rounds[-1].cluster_ids) if cluster < 0]
@@ -846,3 +852,177 @@ def test_personalized_methods_keep_each_clients_part_and_send_the_rest(clients, 
         # Trained two clients a step (each from its own model): the same run.
         chunked, _ = run_federated(resolve(c), clients, context=RunContext(verbose=0, max_clients=2))
         assert chunked.rounds == whole.rounds and chunked.final == whole.final
+
+
+def _tiny_classifier(seed: int):
+    """Flatten -> Dense(3, relu) as the encoder, Dense(2, softmax) as the head: small
+    enough to train by hand in NumPy, and stackable."""
+    keras.utils.set_random_seed(seed)
+    encoder = keras.Sequential([keras.Input((4, 4, 1)), keras.layers.Flatten(),
+                                keras.layers.Dense(3, activation="relu")], name="encoder")
+    head = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, activation="softmax")],
+                            name="head")
+    return build_classifier(encoder, head)
+
+
+def _numpy_sgd(model, images, labels, orders, parts, lr, batch, lam=0.0, anchor=None):
+    """The local objective worked out by hand: mean cross-entropy of one client's batches
+    (plus lam / 2 * ||w - anchor||^2), plain SGD, each epoch updating only the part it
+    names (the encoder's two arrays, the head's two, or all four)."""
+    w = [a.astype(np.float64) for a in model]
+    for order, part in zip(orders, parts):
+        for lo in range(0, len(order), batch):
+            idx = order[lo:lo + batch]
+            x = images[idx].reshape(len(idx), -1) / 255.0
+            onehot = np.eye(2)[labels[idx]]
+            z = x @ w[0] + w[1]
+            h = np.maximum(z, 0)
+            logits = h @ w[2] + w[3]
+            p = np.exp(logits - logits.max(1, keepdims=True))
+            p /= p.sum(1, keepdims=True)
+            d = (p - onehot) / len(idx)
+            dz = (d @ w[2].T) * (z > 0)
+            grads = [x.T @ dz, dz.sum(0), h.T @ d, d.sum(0)]
+            if lam:
+                grads = [g + lam * (a - b) for g, a, b in zip(grads, w, anchor)]
+            trained = {"encoder": (0, 1), "head": (2, 3), "model": (0, 1, 2, 3)}[part]
+            for i in trained:
+                w[i] = w[i] - lr * grads[i]
+    return w
+
+
+@pytest.mark.parametrize("backend", [StackedBackend, KerasBackend])
+def test_fedreps_epochs_train_the_head_then_the_encoder_under_it_as_worked_in_numpy(backend):
+    """FedRep's local epochs (rep_epochs = 1 of E = 3): two of the head on the frozen
+    encoder, then one of the encoder under the fixed head, against SGD worked out by hand;
+    the encoder does not move in the head epochs, nor the head in the encoder's."""
+    model = _tiny_classifier(4)
+    rng = np.random.default_rng(4)
+    images = rng.integers(0, 256, (2, 12, 4, 4, 1), dtype=np.uint8)
+    labels = rng.integers(0, 2, (2, 12)).astype(np.int32)
+    data = ClientArrays(images, labels)
+    start = model.get_weights()
+    orders = batch_orders(2, 12, 3, [4])
+    local = LocalTraining(batch_size=4, learning_rate=0.5, optimizer="sgd")
+    parts = ["head", "head", "encoder"]
+    trained = backend(model).train(stack_models([start]), np.zeros(2, np.int64), data, orders,
+                                   parts, local)
+    for u in range(2):
+        want = _numpy_sgd(start, images[u], labels[u], orders[:, u], parts, 0.5, 4)
+        for got, expected in zip(trained, want):
+            np.testing.assert_allclose(got[u], expected, atol=1e-5)
+    heads_only = backend(model).train(stack_models([start]), np.zeros(2, np.int64), data,
+                                      orders[:2], parts[:2], local)
+    for i in (0, 1):  # the head epochs leave the encoder bitwise as it was
+        assert np.array_equal(heads_only[i][0], start[i])
+    for i in (2, 3):  # the encoder's epoch leaves the head where the head epochs put it
+        assert np.array_equal(trained[i], heads_only[i])
+
+
+@pytest.mark.parametrize("backend", [StackedBackend, KerasBackend])
+def test_the_proximal_term_pulls_towards_the_anchor_as_worked_in_numpy(backend):
+    """Ditto's personal objective F_k(v) + lambda / 2 ||v - w||^2 (lambda = 1, w the
+    anchor model, not where the client starts), against SGD worked out by hand; with
+    lambda = 0 it is the plain objective, and the anchor is required when lambda > 0."""
+    model = _tiny_classifier(5)
+    rng = np.random.default_rng(5)
+    images = rng.integers(0, 256, (2, 8, 4, 4, 1), dtype=np.uint8)
+    labels = rng.integers(0, 2, (2, 8)).astype(np.int32)
+    data = ClientArrays(images, labels)
+    start = model.get_weights()
+    anchor = [a + rng.standard_normal(a.shape).astype(np.float32) for a in start]
+    orders = batch_orders(2, 8, 2, [5])
+    prox = LocalTraining(batch_size=4, learning_rate=0.3, optimizer="sgd", prox=1.0)
+    pool = stack_models([start])
+    trained = backend(model).train(pool, np.zeros(2, np.int64), data, orders, ["model"] * 2,
+                                   prox, anchor=anchor)
+    plain = backend(model).train(pool, np.zeros(2, np.int64), data, orders, ["model"] * 2,
+                                 dataclasses.replace(prox, prox=0.0))
+    for u in range(2):
+        want = _numpy_sgd(start, images[u], labels[u], orders[:, u], ["model"] * 2, 0.3, 4,
+                          lam=1.0, anchor=anchor)
+        free = _numpy_sgd(start, images[u], labels[u], orders[:, u], ["model"] * 2, 0.3, 4)
+        for got, expected, alone, unpulled in zip(trained, want, plain, free):
+            np.testing.assert_allclose(got[u], expected, atol=1e-5)
+            np.testing.assert_allclose(alone[u], unpulled, atol=1e-5)
+    assert not np.allclose(trained[0], plain[0], atol=1e-3)  # the pull is not negligible
+    with pytest.raises(ValueError, match="anchor"):
+        backend(model).train(pool, np.zeros(2, np.int64), data, orders, ["model"] * 2, prox)
+
+
+def _scored_with(c, clients, models):
+    """The mean client accuracy of each client u scored with ``models[u]``, by Keras."""
+    from cpcfl_tf.clustered.pool import template_for
+    from cpcfl_tf.data.images import to_float
+
+    keras_model = template_for(resolve(c), clients.test.images.shape[2:], clients.num_classes)
+    right = []
+    for u, weights in enumerate(models):
+        keras_model.set_weights(weights)
+        logits = np.asarray(keras_model(to_float(clients.test.images[u]), training=False))
+        right.append(np.mean(logits.argmax(axis=1) == clients.test.labels[u]))
+    return float(np.mean(right))
+
+
+@pytest.fixture(scope="module")
+def fedavg_run(clients):
+    """FedAvg from random weights, 3 rounds of a third of the clients: what Ditto's and
+    FedAvg+FT's shared model must be."""
+    c = config(method="fedavg", pretraining="none", rounds=3, participation=1 / 3)
+    return run_federated(resolve(c), clients, context=RunContext(verbose=0))
+
+
+def test_dittos_global_model_is_fedavgs_and_each_client_is_scored_with_its_personal_one(
+        clients, tmp_path, fedavg_run):
+    """Ditto sends the shared model whole and the server averages it as FedAvg does (the
+    same bits, the same bytes); each client keeps a personal model (counted as never
+    sent), trained only in the rounds it takes part, and is scored with it."""
+    c = config(method="ditto", pretraining="none", rounds=3, participation=1 / 3)
+    checkpoint = tmp_path / "ditto.npz"
+    ditto, state = run_federated(resolve(c), clients, checkpoint=checkpoint,
+                                 context=RunContext(verbose=0))
+    fedavg, fedavg_state = fedavg_run
+    assert all(np.array_equal(a, b) for a, b in zip(state.models[0], fedavg_state.models[0]))
+    size = sum(a.nbytes for a in state.models[0])
+    assert ditto.final.bytes_up == fedavg.final.bytes_up == 3 * 3 * size
+    assert ditto.final.bytes_kept == clients.train.num_clients * size
+    with np.load(checkpoint) as data:
+        personal = [data[f"kept_{i}"] for i in range(len(state.models[0]))]
+    models = [[a[u] for a in personal] for u in range(clients.train.num_clients)]
+    never = [u for u, cluster in enumerate(ditto.rounds[-1].cluster_ids) if cluster < 0]
+    took = [u for u in range(clients.train.num_clients) if u not in never]
+    assert never and took
+    for u in never[1:]:  # never trained: every one still the starting model
+        assert all(np.array_equal(a, b) for a, b in zip(models[u], models[never[0]]))
+    for u in took:  # trained: its own, neither the start nor the shared model
+        assert not np.array_equal(models[u][0], models[never[0]][0])
+        assert not np.array_equal(models[u][0], state.models[0][0])
+    assert ditto.final.accuracy == pytest.approx(_scored_with(c, clients, models), abs=1e-9)
+    assert ditto.final.accuracy != fedavg.final.accuracy
+
+
+def test_fedavg_ft_trains_as_fedavg_and_scores_each_client_after_it_fine_tunes(
+        clients, fedavg_run):
+    """FedAvg+FT is FedAvg's run (the same shared model and bytes, nothing kept); each
+    client is scored after 5 epochs of the whole model on its own training data, from the
+    round's model, in the batch order of the round's fine-tuning stream (seed words
+    (seed, attempt, round, 2)): recomputed here one client at a time."""
+    c = config(method="fedavg-ft", pretraining="none", rounds=3, participation=1 / 3)
+    tuned_run, state = run_federated(resolve(c), clients, context=RunContext(verbose=0))
+    fedavg, fedavg_state = fedavg_run
+    assert all(np.array_equal(a, b) for a, b in zip(state.models[0], fedavg_state.models[0]))
+    assert tuned_run.final.bytes_up == fedavg.final.bytes_up and tuned_run.final.bytes_kept == 0
+    from cpcfl_tf.clustered.pool import template_for
+
+    fl = resolve(c).federated
+    assert fl.options == {"finetune_epochs": 5}
+    template = template_for(resolve(c), clients.train.images.shape[2:], clients.num_classes)
+    n, size = clients.train.num_clients, clients.train.size
+    orders = batch_orders(n, size, 5, [c.seed, 0, 3, 2])
+    one = StackedBackend(template)  # one client at a time: the bits of the clients together
+    models = [[a[0] for a in one.train(stack_models([state.models[0]]), np.zeros(1, np.int64),
+                                       clients.train.subset(np.array([u])), orders[:, u:u + 1],
+                                       ["model"] * 5, LocalTraining.of(fl))]
+              for u in range(n)]
+    assert tuned_run.final.accuracy == pytest.approx(_scored_with(c, clients, models), abs=1e-9)
+    assert tuned_run.final.accuracy > fedavg.final.accuracy

@@ -27,8 +27,10 @@ import numpy as np
 
 from cpcfl_tf.aggregation import Sizes, bound_updates, combine, too_few
 from cpcfl_tf.clustered.diagnostics import diagnosed, selection_record
+from cpcfl_tf.clustered.local import ENCODER, HEAD, MODEL
 from cpcfl_tf.clustered.restarts import cluster_sizes, should_restart
 from cpcfl_tf.methods.clustering import Answers
+from cpcfl_tf.methods.federated import get_method
 from cpcfl_tf.plan.resolve import RunPlan
 
 Weights = list[np.ndarray]
@@ -43,6 +45,9 @@ class Stream(enum.IntEnum):
     """Who takes part, the random picks during Tc, and tie-breaks between equal losses."""
     BATCHES = 1
     """Each client's batch order (:func:`cpcfl_tf.clustered.local.batch_orders`)."""
+    FINE_TUNE = 2
+    """Each client's batch order when it fine-tunes the round's model before it is scored
+    (:attr:`~cpcfl_tf.methods.federated.Method.fine_tunes`)."""
 
 
 def stream_seed(seed: int, attempt: int, round_: int, stream: Stream) -> list[int]:
@@ -152,10 +157,20 @@ def select(plan: RoundPlan, losses: np.ndarray | None) -> np.ndarray:
     return select_clusters(losses, plan.num_models, False, plan.selection_rng())
 
 
-def trains_encoder(fl, plan: RoundPlan) -> list[bool]:
-    """Which local epochs train the encoder too: none in the Tc phase (head only, on the
-    frozen encoder), the first ``E_l,f`` after it (tab:different_encoder_training)."""
-    return [not plan.head_only and e < fl.encoder_trains for e in range(fl.local_epochs)]
+def epoch_parts(fl, plan: RoundPlan) -> list[str]:
+    """What each local epoch trains (:data:`~cpcfl_tf.clustered.local.MODEL`, ...): the
+    head alone in the Tc phase (on the frozen encoder), else the whole model in the first
+    ``E_l,f`` epochs and the head after them (tab:different_encoder_training); for a
+    method whose :attr:`~cpcfl_tf.methods.federated.Method.schedule` is
+    ``head-then-encoder`` (FedRep), the head in the first ``E - rep_epochs`` epochs and
+    the encoder under that head in the last ``rep_epochs``."""
+    if get_method(fl.method).schedule == "head-then-encoder":
+        rep = int((fl.options or {})["rep_epochs"])
+        return [HEAD] * (fl.local_epochs - rep) + [ENCODER] * rep
+    return [
+        MODEL if not plan.head_only and e < fl.encoder_trains else HEAD
+        for e in range(fl.local_epochs)
+    ]
 
 
 def select_clusters(
@@ -246,8 +261,8 @@ def aggregate(
     how, trim
         ``federated.aggregation`` and ``federated.trim_fraction``.
     kept
-        The arrays the clients keep (a personalized method's part, :func:`kept_arrays`):
-        never sent, so each model keeps its own there.
+        The arrays no client sends (a personalized method's kept part,
+        :func:`unsent_arrays`), so each model keeps its own there.
 
     A cluster nobody chose keeps its weights.
     """
@@ -285,11 +300,22 @@ def _with(model: Weights, index: Sequence[int], arrays: Sequence[np.ndarray]) ->
 def kept_arrays(run: RunPlan, num_encoder: int, num_arrays: int) -> tuple[int, ...]:
     """Which of a model's arrays each client keeps between rounds
     (:attr:`~cpcfl_tf.methods.federated.Method.keeps`): the encoder's first
-    ``num_encoder``, the head's after them, or none."""
+    ``num_encoder``, the head's after them, all (a personal model), or none."""
     keeps = run.method.keeps
     if keeps == "encoder":
         return tuple(range(num_encoder))
+    if keeps == "model":
+        return tuple(range(num_arrays))
     return tuple(range(num_encoder, num_arrays)) if keeps == "head" else ()
+
+
+def unsent_arrays(run: RunPlan, num_encoder: int, num_arrays: int) -> tuple[int, ...]:
+    """Which of the shared model's arrays no client sends: the part it keeps in their
+    place (FedPer, FedRep, LG-FedAvg); none where it keeps a personal model beside the
+    shared one, which it trains and sends whole (Ditto)."""
+    if run.method.keeps == "model":
+        return ()
+    return kept_arrays(run, num_encoder, num_arrays)
 
 
 def initial_assignment(
@@ -431,8 +457,8 @@ def run_rounds(
     fl = run.federated
     state = start(0) if state is None else state
     progress = Progress() if progress is None else progress
-    kept = kept_arrays(run, state.num_encoder, len(state.models[0]))
-    size = model_bytes([a for i, a in enumerate(state.models[0]) if i not in kept])  # as sent
+    unsent = unsent_arrays(run, state.num_encoder, len(state.models[0]))
+    size = model_bytes([a for i, a in enumerate(state.models[0]) if i not in unsent])  # as sent
     n = federation.num_clients
     assigned = (
         np.array(progress.assigned, np.int64) if progress.assigned else np.full(n, -1, np.int64)
@@ -457,7 +483,7 @@ def run_rounds(
             global_encoder=fl.global_encoder,
             how=fl.aggregation,
             trim=fl.trim_fraction,
-            kept=kept,
+            kept=unsent,
         )
         assigned[replies.clients] = ids
         if state.assignment is not None:

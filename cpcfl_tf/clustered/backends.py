@@ -16,11 +16,13 @@ do not care which one runs:
   backend is tested against.
 
 Local training (Sec. "Experimental settings"): E epochs of batch 32, Adam 1e-3 with a
-fresh state per client per round, cross-entropy. ``trains_encoder`` says in which of the
-E epochs the encoder trains (all, none during ``t < Tc``, the first E_l,f otherwise). In
-an epoch without it the encoder is *frozen* as Keras freezes a model: its weights,
-BatchNormalization statistics included, do not change and it runs in inference mode,
-so the head trains on the features that selection and evaluation see.
+fresh state per client per round, cross-entropy. ``epochs`` says what each of the E
+epochs trains (:func:`cpcfl_tf.clustered.algorithm.epoch_parts`: the whole model; the
+head alone, in every epoch during ``t < Tc`` and after the first E_l,f otherwise; the
+encoder alone under a fixed head, FedRep's representation epochs). In a head epoch the
+encoder is *frozen* as Keras freezes a model: its weights, BatchNormalization
+statistics included, do not change and it runs in inference mode, so the head trains on
+the features that selection and evaluation see.
 
 How a client trains, and the Adam state clients may keep, are
 :mod:`cpcfl_tf.clustered.local`'s; the stacked backend is :mod:`cpcfl_tf.clustered.stacked`.
@@ -35,7 +37,16 @@ import numpy as np
 import tensorflow as tf
 
 from cpcfl_tf.clustered.clients import ClientArrays
-from cpcfl_tf.clustered.local import ClientMoments, LocalTraining, Stacked, stack_models, unstack
+from cpcfl_tf.clustered.local import (
+    ENCODER,
+    HEAD,
+    MODEL,
+    ClientMoments,
+    LocalTraining,
+    Stacked,
+    stack_models,
+    unstack,
+)
 from cpcfl_tf.clustered.stacked import StackedBackend, stackable_layers
 from cpcfl_tf.data.images import to_float
 from cpcfl_tf.errors import UserError
@@ -54,11 +65,12 @@ class KerasBackend:
         for optimizer in self.optimizers.values():
             optimizer.build(classifier.trainable_variables)
         self._steps = {
-            (name, whole): tf.function(
-                self._make_step(optimizer, whole), jit_compile=jit_compile, autograph=False
+            (name, part, prox): tf.function(
+                self._make_step(optimizer, part, prox), jit_compile=jit_compile, autograph=False
             )
             for name, optimizer in self.optimizers.items()
-            for whole in (True, False)
+            for part in (MODEL, HEAD, ENCODER)
+            for prox in (False, True)
         }
         self._forward = tf.function(
             lambda x: classifier(to_float(x), training=False),
@@ -66,21 +78,31 @@ class KerasBackend:
             autograph=False,
         )
 
-    def _make_step(self, optimizer: keras.optimizers.Optimizer, train_encoder: bool):
+    def _make_step(self, optimizer: keras.optimizers.Optimizer, part: str, prox: bool):
         encoder, head = self.model.get_layer("encoder"), self.model.get_layer("head")
-        variables = self.model.trainable_variables if train_encoder else head.trainable_variables
+        variables = {
+            MODEL: self.model.trainable_variables,
+            HEAD: head.trainable_variables,
+            ENCODER: encoder.trainable_variables,
+        }[part]
+        # Where each trained variable is in get_weights order (for the anchor's arrays).
+        position = {id(w): i for i, w in enumerate(self.model.weights)}
+        index = [position[id(v)] for v in variables]
 
-        def step(images, labels):
+        def step(images, labels, anchor=(), lam=0.0):
             x = to_float(images)
             # A frozen encoder runs in inference mode (BatchNormalization uses and keeps
             # its moving statistics), as Keras runs a layer with trainable=False.
-            features = None if train_encoder else encoder(x, training=False)
+            features = encoder(x, training=False) if part == HEAD else None
             with tf.GradientTape() as tape:
                 probs = (
-                    self.model(x, training=True) if train_encoder else head(features, training=True)
+                    head(features, training=True) if part == HEAD else self.model(x, training=True)
                 )
                 loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(labels, probs))
-            optimizer.apply(tape.gradient(loss, variables), variables)
+            grads = tape.gradient(loss, variables)
+            if prox:  # the gradient of lam / 2 * ||w - anchor||^2
+                grads = [g + lam * (v - anchor[i]) for g, v, i in zip(grads, variables, index)]
+            optimizer.apply(grads, variables)
             return loss
 
         return step
@@ -91,10 +113,13 @@ class KerasBackend:
         ids: np.ndarray,
         data: ClientArrays,
         orders: np.ndarray,
-        trains_encoder: Sequence[bool],
+        epochs: Sequence[str],
         local: LocalTraining,
         moments: ClientMoments | None = None,
+        anchor: Sequence[np.ndarray] | None = None,
     ) -> Stacked:
+        if local.prox and anchor is None:
+            raise ValueError("local.prox pulls towards an anchor model: pass it")
         if moments is not None:
             raise UserError(
                 "federated.optimizer_state 'client' needs the stacked backend "
@@ -109,16 +134,22 @@ class KerasBackend:
         optimizer.learning_rate.assign(local.learning_rate)
         # The optimizer's state (moments, step count), reset per client; not its rate.
         state = [v for v in optimizer.variables if "learning_rate" not in v.path]
+        prox = bool(local.prox)
+        pull = (
+            ([tf.constant(a) for a in anchor], tf.constant(local.prox, tf.float32))
+            if prox and anchor is not None
+            else ()
+        )
         trained = []
         for u in range(data.num_clients):
             self.model.set_weights(unstack(pool, ids[u]))
             for var in state:
                 var.assign(tf.zeros_like(var))
             for epoch, order in enumerate(orders):
-                step = self._steps[local.optimizer, bool(trains_encoder[epoch])]
+                step = self._steps[local.optimizer, epochs[epoch], prox]
                 for lo in range(0, data.size, local.batch_size):
                     idx = order[u, lo : lo + local.batch_size]
-                    step(tf.constant(data.images[u, idx]), tf.constant(data.labels[u, idx]))
+                    step(tf.constant(data.images[u, idx]), tf.constant(data.labels[u, idx]), *pull)
             trained.append(self.model.get_weights())
         return stack_models(trained)
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from cpcfl_tf.clustered.backends import backend_of, client_probabilities
 from cpcfl_tf.clustered.clients import ClientArrays, Clients
-from cpcfl_tf.clustered.local import LocalTraining, batch_orders, stack_models, unstack
+from cpcfl_tf.clustered.local import MODEL, LocalTraining, batch_orders, stack_models, unstack
 from cpcfl_tf.clustered.metrics import client_accuracy, pooled_scores
 from cpcfl_tf.clustered.pool import initial_pool, template_for
 from cpcfl_tf.data.specs import LabeledImages
@@ -41,7 +41,7 @@ def _train_pooled(
     start = stack_models(initial_pool(rows, template, encoder_weights, seed=seed, attempt=0))
     orders = batch_orders(data.num_clients, data.size, epochs, [seed, 7])
     trained = backend.train(
-        start, np.arange(data.num_clients), data, orders, [True] * epochs, LocalTraining.of(fl)
+        start, np.arange(data.num_clients), data, orders, [MODEL] * epochs, LocalTraining.of(fl)
     )
     return backend, [unstack(trained, k) for k in range(data.num_clients)]
 

@@ -20,6 +20,12 @@ Stacked = list[np.ndarray]
 B1, B2, EPS = 0.9, 0.999, 1e-7
 """Keras' Adam defaults (beta_1, beta_2, epsilon)."""
 
+MODEL, HEAD, ENCODER = "model", "head", "encoder"
+"""What one local epoch trains: the whole model; the head on the frozen encoder (the Tc
+phase, the epochs after ``E_l,f``; FedRep's head epochs); the encoder under the fixed
+head (FedRep's representation epochs). :func:`cpcfl_tf.clustered.algorithm.epoch_parts`
+gives a round's."""
+
 
 @dataclasses.dataclass(frozen=True)
 class LocalTraining:
@@ -33,11 +39,25 @@ class LocalTraining:
     """Train the head of an epoch that freezes the encoder on the encoder's features of
     the client's images computed once in the round, not in every step
     (``federated.frozen_features``)."""
+    prox: float = 0.0
+    """lambda of a proximal term ``lambda / 2 * ||w - anchor||^2`` added to the client's
+    loss, which pulls what it trains towards the ``anchor`` model the backend is given
+    (Ditto's personal model towards the round's global one); 0: none."""
 
     @classmethod
     def of(cls, fl) -> LocalTraining:
         """The local training a :class:`~cpcfl_tf.plan.sections.FederatedConfig` names."""
         return cls(fl.batch_size, fl.learning_rate, fl.local_optimizer, fl.frozen_features)
+
+
+def trained_arrays(part: str, num_encoder: int) -> slice:
+    """The arrays (``get_weights`` order) an epoch that trains ``part`` updates; the
+    encoder's are the first ``num_encoder``."""
+    if part not in (MODEL, HEAD, ENCODER):
+        raise ValueError(f"an epoch trains {MODEL!r}, {HEAD!r} or {ENCODER!r}, not {part!r}")
+    if part == HEAD:
+        return slice(num_encoder, None)
+    return slice(0, num_encoder) if part == ENCODER else slice(0, None)
 
 
 @dataclasses.dataclass

@@ -26,12 +26,14 @@ from cpcfl_tf.clustered import algorithm, restarts
 from cpcfl_tf.clustered.backends import backend_of, client_losses, client_probabilities
 from cpcfl_tf.clustered.clients import ClientArrays, Clients
 from cpcfl_tf.clustered.local import (
+    MODEL,
     ClientMoments,
     ClientParts,
     LocalTraining,
     Stacked,
     batch_orders,
     stack_models,
+    unstack,
 )
 from cpcfl_tf.clustered.metrics import client_accuracy, cluster_ari, pooled_scores
 from cpcfl_tf.clustered.pool import federated_record, initial_state, template_for
@@ -184,7 +186,7 @@ def run_federated(
     )
     path = Path(checkpoint) if checkpoint else None
 
-    simulation = _Simulation(fl, backend, clients, context.max_clients)
+    simulation = _Simulation(run, backend, clients, seed, context.max_clients)
     # What the rule asks each client once before training (PACFL: its data subspace).
     answers = first_answers(run, clients, embedder(template, encoder_weights))
 
@@ -246,6 +248,7 @@ def run_federated(
         scores=last.scores,
         ari=cluster_ari(clients.groups, np.array(progress.assigned, np.int64)),
         clients=clients.records,
+        bytes_kept=0 if simulation.parts is None else simulation.parts.nbytes,
     )
     return record, state
 
@@ -298,12 +301,24 @@ class _Simulation:
     this process, trained together by a backend."""
 
     def __init__(
-        self, fl: FederatedConfig, backend, clients: Clients, max_clients: int | None = None
+        self,
+        run: RunPlan,
+        backend,
+        clients: Clients,
+        seed: int,
+        max_clients: int | None = None,
     ):
-        self.fl, self.backend, self.clients = fl, backend, clients
-        self.max_clients = max_clients
+        self.fl, self.method = run.federated, run.method
+        self.backend, self.clients = backend, clients
+        self.seed, self.attempt, self.max_clients = seed, 0, max_clients
         self.num_clients = clients.train.num_clients
-        self.local = LocalTraining.of(fl)
+        self.local = LocalTraining.of(self.fl)
+        # A personal model beside the shared one (Ditto) trains towards the shared one.
+        self.personal = (
+            dataclasses.replace(self.local, prox=float((self.fl.options or {})["lambda"]))
+            if self.method.keeps == "model"
+            else self.local
+        )
         self.moments: ClientMoments | None = None
         self.parts: ClientParts | None = None
 
@@ -316,12 +331,25 @@ class _Simulation:
         ids = algorithm.select(plan, losses)
         orders = batch_orders(len(part), train.size, fl.local_epochs, plan.batch_seed)
         own = None if self.moments is None else self.moments.subset(part)
-        epochs = algorithm.trains_encoder(fl, plan)
+        epochs = algorithm.epoch_parts(fl, plan)
+        self.attempt = plan.attempt
         parts = self.parts
-        if parts is None:
+        if parts is None or self.method.keeps == "model":
             stacked = stack_models(models)
             trained = self._trained(lambda rows: (stacked, ids[rows]), train, orders, epochs, own)
-        else:  # each trains its own model, the shared part and its kept one, chunk by chunk
+        if parts is not None and self.method.keeps == "model":
+            # Ditto: each also trains its personal model, towards the round's shared one.
+            personal = self._trained(
+                lambda rows: (parts.models(models[0], part[rows]), np.arange(len(rows))),
+                train,
+                orders,
+                epochs,
+                None,
+                local=self.personal,
+                anchor=models[0],
+            )
+            parts.put(part, personal)
+        elif parts is not None:  # each trains its own model, the shared part and its kept one
             trained = self._trained(
                 lambda rows: (parts.models(models[0], part[rows]), np.arange(len(rows))),
                 train,
@@ -350,14 +378,18 @@ class _Simulation:
         pool_for: Callable[[np.ndarray], tuple[Stacked, np.ndarray]],
         train: ClientArrays,
         orders: np.ndarray,
-        trains_encoder: list[bool],
+        epochs: list[str],
         moments: ClientMoments | None,
+        *,
+        local: LocalTraining | None = None,
+        anchor: list[np.ndarray] | None = None,
     ) -> Stacked:
         """The backend's training of the round's clients, at most :attr:`max_clients` in
         one step (memory: the weights and Adam state of that many models); the clients
         are independent, so chunks give the unchunked result. ``pool_for(rows)``: the
         stacked models rows ``rows`` of the round's clients train from, and which model
-        each trains."""
+        each trains; ``local`` (default the run's) and ``anchor`` as the backend takes
+        them."""
         count, most = train.num_clients, self.max_clients or train.num_clients
         pieces = []
         for lo in range(0, count, most):
@@ -371,9 +403,10 @@ class _Simulation:
                     ids,
                     train if whole else train.subset(rows),
                     orders if whole else orders[:, rows],
-                    trains_encoder,
-                    self.local,
+                    epochs,
+                    local or self.local,
                     moments if whole else own,
+                    anchor,
                 )
             )
             if moments is not None and own is not None:
@@ -383,14 +416,31 @@ class _Simulation:
         return [np.concatenate([p[i] for p in pieces]) for i in range(len(pieces[0]))]
 
     def observe(self, models, assigned, replies, round_: int, *, planned=None) -> dict:
-        if self.parts is None:
+        if self.method.fine_tunes and self.fl.scored(round_):
+            # Each client is scored with its fine-tuned copy of the round's model.
+            tuned = self._fine_tuned(models[0], round_)
+            own = [unstack(tuned, u) for u in range(self.num_clients)]
+        elif self.parts is not None:  # a personalized method: each with its own model
+            own = [self.parts.model(models[0], u) for u in range(self.num_clients)]  # views
+        else:
             return _evaluate(self.backend, models, assigned, self.clients, round_, self.fl, planned)
-        # A personalized method: each client is scored with its own model.
-        own = [self.parts.model(models[0], u) for u in range(self.num_clients)]  # views
         record = _evaluate(
             self.backend, own, np.arange(self.num_clients), self.clients, round_, self.fl
         )
         return {**record, "cluster_ids": assigned.tolist()}
+
+    def _fine_tuned(self, model: list[np.ndarray], round_: int) -> Stacked:
+        """Every client's copy of ``model`` after ``finetune_epochs`` local epochs of the
+        whole model on its training data (fresh optimizer state, its own batch order:
+        :attr:`~cpcfl_tf.clustered.algorithm.Stream.FINE_TUNE` of round ``round_``)."""
+        epochs = int((self.fl.options or {})["finetune_epochs"])
+        train = self.clients.train
+        seed = algorithm.stream_seed(self.seed, self.attempt, round_, algorithm.Stream.FINE_TUNE)
+        orders = batch_orders(self.num_clients, train.size, epochs, seed)
+        stacked = stack_models([model])
+        ids = np.zeros(self.num_clients, np.int64)
+        parts = [MODEL] * epochs
+        return self._trained(lambda rows: (stacked, ids[rows]), train, orders, parts, None)
 
 
 def _evaluate(

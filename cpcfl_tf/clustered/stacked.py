@@ -13,7 +13,17 @@ import numpy as np
 import tensorflow as tf
 
 from cpcfl_tf.clustered.clients import ClientArrays
-from cpcfl_tf.clustered.local import B1, B2, EPS, ClientMoments, LocalTraining, Stacked, adam_alpha
+from cpcfl_tf.clustered.local import (
+    B1,
+    B2,
+    EPS,
+    HEAD,
+    ClientMoments,
+    LocalTraining,
+    Stacked,
+    adam_alpha,
+    trained_arrays,
+)
 from cpcfl_tf.data.images import to_float
 
 
@@ -138,6 +148,7 @@ class StackedBackend:
         # (2.4x faster than the op-by-op update on a CPU).
         self._adam = tf.function(_adam_update, jit_compile=True, autograph=False)
         self._sgd = tf.function(_sgd_update, jit_compile=True, autograph=False)
+        self._proximal = tf.function(_proximal, jit_compile=True, autograph=False)
         # The forward pass (selection, evaluation) stays op by op: XLA was no faster there
         # (0.76 against 0.74 s for 3 models on 3,000 images, 2-core EPYC). Its number of
         # images is left open in one trace: a cluster's test images change in number
@@ -166,11 +177,11 @@ class StackedBackend:
             autograph=False,
         )
 
-    def _gradients(self, params, images, labels, first: int):
+    def _gradients(self, params, images, labels, first: int, last: int | None = None):
         with tf.GradientTape() as tape:
-            tape.watch(params[first:])
+            tape.watch(params[first:last])
             loss = _clients_loss(stacked_logits(self.layers, params, to_float(images)), labels)
-        return tape.gradient(loss, params[first:])
+        return tape.gradient(loss, params[first:last])
 
     def _head_gradients(self, head, features, labels):
         with tf.GradientTape() as tape:
@@ -197,15 +208,18 @@ class StackedBackend:
         ids: np.ndarray,
         data: ClientArrays,
         orders: np.ndarray,
-        trains_encoder: Sequence[bool],
+        epochs: Sequence[str],
         local: LocalTraining,
         moments: ClientMoments | None = None,
+        anchor: Sequence[np.ndarray] | None = None,
     ) -> Stacked:
-        """Train client u from model ``ids[u]`` of the stacked ``pool``; returns the
+        """Train client u from model ``ids[u]`` of the stacked ``pool``, each epoch the
+        part ``epochs`` names (:data:`~cpcfl_tf.clustered.local.MODEL`, ...); returns the
         clients' weights, stacked. With ``moments`` (of exactly these clients) Adam starts
-        from and updates them; otherwise its state is fresh. Every client in one step (the
+        from and updates them; otherwise its state is fresh. ``anchor``: the one model
+        ``local.prox`` pulls every client towards. Every client in one step (the
         simulator bounds how many it passes: ``--max-clients-per-step``)."""
-        return self._train(pool, ids, data, orders, trains_encoder, local, moments)
+        return self._train(pool, ids, data, orders, epochs, local, moments, anchor)
 
     def _train(
         self,
@@ -213,10 +227,14 @@ class StackedBackend:
         ids: np.ndarray,
         data: ClientArrays,
         orders: np.ndarray,
-        trains_encoder: Sequence[bool],
+        epochs: Sequence[str],
         local: LocalTraining,
         moments: ClientMoments | None,
+        anchor: Sequence[np.ndarray] | None = None,
     ) -> Stacked:
+        if local.prox and anchor is None:
+            raise ValueError("local.prox pulls towards an anchor model: pass it")
+        anchors = [tf.constant(a[None]) for a in anchor] if local.prox and anchor else None
         index = tf.constant(ids)
         params = [tf.gather(tf.constant(a), index) for a in pool]
         steps: int | np.ndarray
@@ -230,8 +248,9 @@ class StackedBackend:
         images, labels = tf.constant(data.images), tf.constant(data.labels)
         features = None  # federated.frozen_features: of the encoder as it is frozen
         for epoch, order in enumerate(orders):
-            first = 0 if trains_encoder[epoch] else self.num_encoder
-            if first == 0:
+            trained = trained_arrays(epochs[epoch], self.num_encoder)
+            first, last = trained.start, trained.stop
+            if epochs[epoch] != HEAD:
                 features = None
             elif local.frozen_features and features is None:
                 features = self.frozen_features(params[:first], images, local.batch_size)
@@ -244,19 +263,28 @@ class StackedBackend:
                     )
                 else:
                     grads = self._grads(
-                        params, tf.gather(images, idx, batch_dims=1), batch_labels, first
+                        params, tf.gather(images, idx, batch_dims=1), batch_labels, first, last
+                    )
+                if anchors is not None:  # the gradient of lambda / 2 * ||w - anchor||^2
+                    grads = self._proximal(
+                        list(grads),
+                        params[first:last],
+                        anchors[first:last],
+                        tf.constant(local.prox, tf.float32),
                     )
                 if local.optimizer == "sgd":
-                    params[first:] = self._sgd(
-                        params[first:], list(grads), tf.constant(local.learning_rate, tf.float32)
+                    params[first:last] = self._sgd(
+                        params[first:last],
+                        list(grads),
+                        tf.constant(local.learning_rate, tf.float32),
                     )
                     continue
                 steps = steps + 1
                 # A fresh state gives every client the same step count, so one scalar
                 # step size (the graph of before); kept states give one per client.
                 alpha = tf.constant(adam_alpha(local.learning_rate, steps), tf.float32)
-                params[first:], m[first:], v[first:] = self._adam(
-                    params[first:], m[first:], v[first:], list(grads), alpha
+                params[first:last], m[first:last], v[first:last] = self._adam(
+                    params[first:last], m[first:last], v[first:last], list(grads), alpha
                 )
         if moments is not None:
             moments.m, moments.v = [a.numpy() for a in m], [a.numpy() for a in v]
@@ -309,3 +337,9 @@ def _adam_update(params, m, v, grads, alpha):
 
 def _sgd_update(params, grads, learning_rate):
     return [p - learning_rate * g for p, g in zip(params, grads)]
+
+
+def _proximal(grads, params, anchors, lam):
+    """``grads`` plus the gradient of ``lam / 2 * ||params - anchors||^2`` (each anchor
+    ``(1, ...)``, the same model for every client)."""
+    return [g + lam * (p - a) for g, p, a in zip(grads, params, anchors)]

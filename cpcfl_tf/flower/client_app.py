@@ -383,7 +383,7 @@ def train(msg: Message, context: Context) -> Message:
         np.array([0]),
         data,
         orders,
-        algorithm.trains_encoder(fl, plan),
+        algorithm.epoch_parts(fl, plan),
         LocalTraining.of(fl),
     )
     weights, metrics = _tampered(

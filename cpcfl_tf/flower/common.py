@@ -106,6 +106,11 @@ def run_config(values: Mapping[str, Any]) -> Config:
             f"method {fl.method!r} keeps each client's {METHODS[fl.method].keeps} between "
             "rounds, which the Flower apps do not hold yet; run it in the simulator"
         )
+    if METHODS[fl.method].fine_tunes:
+        raise UserError(
+            f"method {fl.method!r} scores each client after it fine-tunes the model, "
+            "which the Flower apps do not do yet; run it in the simulator"
+        )
     if not METHODS[fl.method].rule.on_flower:
         # The nodes would need the starting encoder before training to answer.
         raise UserError(

@@ -80,9 +80,20 @@ class Method:
     """The method's own settings and their defaults (``federated.options`` overrides
     them; the run record keeps the values used)."""
     keeps: str = ""
-    """The part of the model each client keeps between rounds, its own, never sent:
-    ``head`` (the classifier head: FedPer), ``encoder`` (LG-FedAvg); the server averages
-    the rest, the part sent both ways. "": every client trains and sends the whole model."""
+    """What each client keeps of its own between rounds, never sent: ``head`` (the
+    classifier head: FedPer, FedRep) or ``encoder`` (LG-FedAvg), in place of that part of
+    the shared model, whose rest the server averages (the part sent both ways); ``model``,
+    a personal model beside the shared one, which the client trains and sends whole
+    (Ditto: the personal model is trained with ``local.prox = options['lambda']`` towards
+    the round's shared model). "": every client trains and sends the whole model."""
+    schedule: str = ""
+    """What the local epochs train: "" as the run says (the Tc phase, ``encoder_epochs``);
+    ``head-then-encoder``, the head on the frozen encoder in the first
+    ``E - options['rep_epochs']`` epochs, then the encoder under that head (FedRep)."""
+    fine_tunes: bool = False
+    """Each client is scored with the round's model fine-tuned on its own training data
+    for ``options['finetune_epochs']`` local epochs of the whole model (a copy, thrown
+    away after it is scored; FedAvg+FT)."""
 
     def head_rounds(self, pretraining: str, tc: int) -> int:
         """Tc as this method runs it from ``pretraining``."""
@@ -108,7 +119,13 @@ class Method:
     def on_flower(self) -> bool:
         """Whether the Flower apps run it: a federation that sends something
         (:func:`cpcfl_tf.flower.common.run_config` says why the others cannot)."""
-        return self.federated and self.communicates and self.rule.on_flower and not self.keeps
+        return (
+            self.federated
+            and self.communicates
+            and self.rule.on_flower
+            and not self.keeps
+            and not self.fine_tunes
+        )
 
     @property
     def asks_first(self) -> str | None:
@@ -137,6 +154,33 @@ class Method:
             if not isinstance(value, (int, float)) or isinstance(value, bool):
                 raise UserError(f"federated.options {name} must be a number, got {value!r}")
         return {**self.options, **given} if self.options else None
+
+    def check_settings(self, fl) -> None:
+        """Refuse, in one line, a resolved ``federated`` section (its ``options`` the
+        values used) this method cannot run."""
+        options = fl.options or {}
+
+        def whole(name: str, low: int, high: int) -> None:
+            value = options[name]
+            if value != int(value) or not low <= value <= high:
+                raise UserError(
+                    f"{self.name}: federated.options {name} must be a whole number from "
+                    f"{low} to {high}, got {value}"
+                )
+
+        if self.schedule == "head-then-encoder":
+            if fl.local_epochs < 2:
+                raise UserError(
+                    f"{self.name} trains the head, then the encoder: federated.local_epochs "
+                    f"must be at least 2, got {fl.local_epochs}"
+                )
+            whole("rep_epochs", 1, fl.local_epochs - 1)
+        if self.fine_tunes:
+            whole("finetune_epochs", 1, 1000)
+        if self.keeps == "model" and options["lambda"] < 0:
+            raise UserError(
+                f"{self.name}: federated.options lambda must be >= 0, got {options['lambda']}"
+            )
 
     def check_start(self, pretraining: str) -> None:
         """Refuse, in one line, a starting encoder this method cannot use."""
@@ -258,6 +302,47 @@ METHODS = {
         # averaged. Local training as the run's (the papers' E and B are the settings).
         Method("fedper", "FedPer", _FEDERATED_STARTS, one_model=True, keeps="head"),
         Method("lg-fedavg", "LG-FedAvg", _FEDERATED_STARTS, one_model=True, keeps="encoder"),
+        # FedRep (Collins et al., "Exploiting Shared Representations for Personalized
+        # Federated Learning", ICML 2021, Algorithm 1): each client keeps its head and
+        # trains it first with the representation (the encoder) frozen, then the encoder
+        # under that head; only the encoder is averaged. rep_epochs = 1 of the run's E
+        # local epochs, as the authors' code splits them (local_rep_ep = 1, the head gets
+        # local_ep - local_rep_ep).
+        Method(
+            "fedrep",
+            "FedRep",
+            _FEDERATED_STARTS,
+            one_model=True,
+            keeps="head",
+            schedule="head-then-encoder",
+            options={"rep_epochs": 1},
+        ),
+        # Ditto (Li, Hu, Beirami and Smith, "Ditto: Fair and Robust Federated Learning
+        # Through Personalization", ICML 2021, Algorithm 1): the global model is FedAvg's;
+        # each client also keeps a personal model trained on min F_k(v) + lambda / 2
+        # ||v - w||^2 towards the round's global w, and is scored with it. lambda = 1:
+        # the authors' runs on Fashion-MNIST (run_fashion_clean_ditto_lam1.sh).
+        Method(
+            "ditto",
+            "Ditto",
+            _FEDERATED_STARTS,
+            one_model=True,
+            keeps="model",
+            options={"lambda": 1.0},
+        ),
+        # FedAvg+FT: FedAvg as the kit runs it (the Tc phase from a pre-trained encoder),
+        # each client scored after fine-tuning the round's global model on its own
+        # training data for 5 local epochs: the FedAvg fine-tuning of FedBABU (Oh, Kim and
+        # Yun, ICLR 2022), whose personalized accuracy is read after 5 epochs.
+        Method(
+            "fedavg-ft",
+            "FedAvg+FT",
+            _FEDERATED_STARTS,
+            one_model=True,
+            head_phase=True,
+            fine_tunes=True,
+            options={"finetune_epochs": 5},
+        ),
     )
 }
 METHODS.update(entries("cpcfl_tf.methods", Method, METHODS))

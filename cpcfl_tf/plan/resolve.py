@@ -249,6 +249,7 @@ def resolve(config: Config, *, checked: bool = False) -> RunPlan:
                 config.pretrain.encoder,
             ),
         )
+    method.check_settings(resolved.federated)
     start = START[fl.pretraining]
     gives = next((s for s in START.values() if s.made_by(fl.method, fl.pretraining)), None)
     pretraining = pretraining_of(config)

@@ -135,6 +135,10 @@ class Final:
     bytes_other: int = 0
     """What the clients sent besides weights (PACFL's data subspaces), counted in
     ``bytes_up`` too; written only when not 0."""
+    bytes_kept: int = 0
+    """What the clients keep of their own between rounds and never send (a personalized
+    method's heads, encoders or personal models), all clients together; written only
+    when not 0."""
 
     def metric(self, name: str) -> float | None:
         """``accuracy`` or one of :data:`SCORES`."""
@@ -154,6 +158,8 @@ class Final:
             out["model_bytes"] = self.model_bytes
         if self.bytes_other:
             out["bytes_other"] = self.bytes_other
+        if self.bytes_kept:
+            out["bytes_kept"] = self.bytes_kept
         return out
 
     @classmethod
