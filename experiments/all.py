@@ -24,9 +24,9 @@ SCRIPTS = ("table2", "clusters", "encoder_training", "datasets", "heads", "super
            "clients", "trials", "resnet", "linear_eval", "pretraining_cost", "heterogeneity")
 """In the order of the paper's tables, then what goes beyond the paper; each is
 ``experiments/<name>.py``."""
-OTHER_RUNS = ("claims", "cfl_families")
+OTHER_RUNS = ("claims", "cfl_families", "personalization")
 """Folders of run records that other scripts write under the preset's (``claims.py
---run``, ``cfl_families.py``): their compute time is in the report's table too."""
+--run``, ``cfl_families.py``, ``personalization.py``): their compute time is in the report's table too."""
 SCRIPT = Script(__file__, __doc__, default_preset="quick", runs=False)
 """Its options are every script's (``--out`` is the preset's folder, default
 ``results/<preset>``)."""

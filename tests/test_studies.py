@@ -608,3 +608,53 @@ def test_a_remedys_worst_run_and_its_merges_are_paired_by_run():
         == [(1, -12.0)]
     assert reliability.worst_against_plain({"cp-cfl-simclr": plain}, "cp-cfl-features-simclr") \
         is None
+
+
+def test_personalization_judges_cp_cfl_against_each_rival_by_seed_on_both_partitions(tmp_path):
+    """experiments/personalization.py: CP-CFL (SimCLR) minus FedPer from each start, per
+    seed, on label-skew and rotated groups; the link's line worked out here from the csv
+    by the claims' rule, what is kept counted, the sentence read off the verdicts."""
+    study = script("personalization")
+    out = tmp_path / "out"
+    readme = Path(__file__).parents[1] / "results" / "README.md"
+    before = readme.read_bytes()
+    study.main(["--preset", "smoke", "--out", str(out), "--trials", "2", "--rivals", "fedper",
+                "--set", "federated.rounds=2"])
+    table = rows(out / "personalization.csv")
+    assert sorted((r["partition"], r["run"], r["seed"]) for r in table) == sorted(
+        (part, name, seed) for part in ("label-skew", "rotated")
+        for name in ("cp-cfl-simclr", "fedper-simclr", "fedper-none") for seed in ("0", "1"))
+    assert all((int(r["bytes_kept"]) > 0) == r["run"].startswith("fedper") for r in table)
+    from cpcfl_tf.evidence.judge import seeds_needed, t_interval
+
+    report = (out / "personalization.md").read_text()
+    acc = {(r["partition"], r["run"], r["seed"]): 100 * float(r["accuracy"]) for r in table}
+    said = {}
+    for part in ("label-skew", "rotated"):
+        diffs = [acc[part, "cp-cfl-simclr", s] - acc[part, "fedper-none", s] for s in "01"]
+        low, high = t_interval(diffs)
+        wins = "clustering" if low > 0 else "personalization" if high < 0 else "not told apart"
+        needed = seeds_needed(diffs) if wins == "not told apart" else None
+        assert (f"| CP-CFL (SimCLR) − FedPer (None) | 2 | {np.mean(diffs):+.2f} | "
+                f"{min(diffs):+.2f} .. {max(diffs):+.2f} | at most {high:+.2f}, at least "
+                f"{low:+.2f} | {wins} | {needed if needed is not None else '-'} |") in report
+        assert f"## {part}" in report
+        said[part] = wins
+    assert readme.read_bytes() == before  # a subset, elsewhere: the README is left alone
+    # README's sentences (written when the whole study is there), from the same verdicts
+    from argparse import Namespace
+
+    from cpcfl_tf.records.record import read_record
+
+    runs = {}
+    for path in out.glob("seed*.json"):
+        seed, rest = path.stem.split("-", 1)
+        part = "rotated" if rest.startswith("rotated") else "label-skew"
+        runs.setdefault(f"{part}/{rest[len(part) + 1:]}", {})[int(seed[4:])] = read_record(path)
+    sentences = study.summary_sentences(
+        runs, Namespace(partitions=["label-skew", "rotated"], rivals=["fedper"]))
+    for line, part in zip(sentences, ("label-skew", "rotated")):
+        assert line.startswith(f"- {part}: CP-CFL (SimCLR) — ")
+        segment = next(s for s in line.split(" — ")[1].split("; ") if "FedPer (None)" in s)
+        assert segment.startswith("not told apart from" if said[part] == "not told apart"
+                                  else f"{said[part]} against")
