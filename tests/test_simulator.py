@@ -966,9 +966,11 @@ def _scored_with(c, clients, models):
 
 @pytest.fixture(scope="module")
 def fedavg_run(clients):
-    """FedAvg from random weights, 3 rounds of a third of the clients: what Ditto's and
-    FedAvg+FT's shared model must be."""
-    c = config(method="fedavg", pretraining="none", rounds=3, participation=1 / 3)
+    """FedAvg from random weights, 3 rounds of a third of the clients, batches of 8 of
+    their 20 images (so that a batch order shows): what Ditto's and FedAvg+FT's shared
+    model must be."""
+    c = config(method="fedavg", pretraining="none", rounds=3, participation=1 / 3,
+               batch_size=8)
     return run_federated(resolve(c), clients, context=RunContext(verbose=0))
 
 
@@ -977,7 +979,8 @@ def test_dittos_global_model_is_fedavgs_and_each_client_is_scored_with_its_perso
     """Ditto sends the shared model whole and the server averages it as FedAvg does (the
     same bits, the same bytes); each client keeps a personal model (counted as never
     sent), trained only in the rounds it takes part, and is scored with it."""
-    c = config(method="ditto", pretraining="none", rounds=3, participation=1 / 3)
+    c = config(method="ditto", pretraining="none", rounds=3, participation=1 / 3,
+               batch_size=8)
     checkpoint = tmp_path / "ditto.npz"
     ditto, state = run_federated(resolve(c), clients, checkpoint=checkpoint,
                                  context=RunContext(verbose=0))
@@ -1007,7 +1010,8 @@ def test_fedavg_ft_trains_as_fedavg_and_scores_each_client_after_it_fine_tunes(
     client is scored after 5 epochs of the whole model on its own training data, from the
     round's model, in the batch order of the round's fine-tuning stream (seed words
     (seed, attempt, round, 2)): recomputed here one client at a time."""
-    c = config(method="fedavg-ft", pretraining="none", rounds=3, participation=1 / 3)
+    c = config(method="fedavg-ft", pretraining="none", rounds=3, participation=1 / 3,
+               batch_size=8)
     tuned_run, state = run_federated(resolve(c), clients, context=RunContext(verbose=0))
     fedavg, fedavg_state = fedavg_run
     assert all(np.array_equal(a, b) for a, b in zip(state.models[0], fedavg_state.models[0]))
@@ -1026,3 +1030,9 @@ def test_fedavg_ft_trains_as_fedavg_and_scores_each_client_after_it_fine_tunes(
               for u in range(n)]
     assert tuned_run.final.accuracy == pytest.approx(_scored_with(c, clients, models), abs=1e-9)
     assert tuned_run.final.accuracy > fedavg.final.accuracy
+    # the scores read the fine-tuned models' probabilities, to the bit
+    from cpcfl_tf.clustered.backends import client_probabilities
+    from cpcfl_tf.clustered.metrics import pooled_scores
+
+    probs = client_probabilities(one, models, np.arange(n), clients.test)
+    assert tuned_run.final.scores == pooled_scores(clients.test.labels, probs)
