@@ -21,7 +21,7 @@ from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.evidence.judge import (HOLDS, NOT_SHOWN, OPPOSITE, RULE, final_accuracy, paired,
                                      verdict)
 from cpcfl_tf.methods.federated import run_label
-from cpcfl_tf.running.report import markdown_table, mean_sd
+from cpcfl_tf.running.report import markdown_table, mean_sd_cell
 from cpcfl_tf.running.runner import RunSpec
 from cpcfl_tf.running.script import Script
 
@@ -46,16 +46,6 @@ def specs(seeds: Sequence[int]) -> list[RunSpec]:
 
 def _ari(record) -> float | None:
     return None if record.config.federated.num_clusters == 1 else record.final.ari
-
-
-def _cell(values, fmt: str = "{:.2f}") -> str:
-    values = [v for v in values if v is not None]
-    if not values:
-        return "-"
-    if len(values) == 1:
-        return fmt.format(values[0])
-    mean, sd = mean_sd(values)
-    return f"{fmt.format(mean)} ± {fmt.format(sd)}"
 
 
 def _options(parser) -> None:
@@ -92,11 +82,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     for name, by_seed in runs.items():
         records = list(by_seed.values())
         table.append([run_label(*ROWS[name]), len(records),
-                      _cell([final_accuracy(r) for r in records]),
-                      _cell([_ari(r) for r in records], "{:.3f}"),
-                      _cell([r.last_cluster_change() for r in records if _ari(r) is not None],
+                      mean_sd_cell([final_accuracy(r) for r in records]),
+                      mean_sd_cell([_ari(r) for r in records], "{:.3f}"),
+                      mean_sd_cell([r.last_cluster_change() for r in records if _ari(r) is not None],
                             "{:.1f}"),
-                      _cell([(r.final.bytes_down + r.final.bytes_up) / 1e6 for r in records],
+                      mean_sd_cell([(r.final.bytes_down + r.final.bytes_up) / 1e6 for r in records],
                             "{:.0f}")])
     effects = []
     for family, (pre, none) in PAIRS.items():

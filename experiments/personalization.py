@@ -36,7 +36,7 @@ from cpcfl_tf.evidence.judge import (
 from cpcfl_tf.methods.federated import run_label
 from cpcfl_tf.records.record import RunRecord
 from cpcfl_tf.running.cli import name_list
-from cpcfl_tf.running.report import markdown_table, mean_sd
+from cpcfl_tf.running.report import markdown_table, mean_sd_cell
 from cpcfl_tf.running.runner import RunSpec
 from cpcfl_tf.running.script import Script
 
@@ -101,15 +101,6 @@ def _options(parser) -> None:
     )
 
 
-def _cell(values: Sequence[float], fmt: str = "{:.2f}") -> str:
-    if not values:
-        return "-"
-    if len(values) == 1:
-        return fmt.format(values[0])
-    mean, sd = mean_sd(values)
-    return f"{fmt.format(mean)} ± {fmt.format(sd)}"
-
-
 def links(runs: dict[str, dict[int, RunRecord]], part: str, rivals: Sequence[str]) -> list[dict]:
     """Per rival run of ``part``: CP-CFL (SimCLR) minus it, per seed, and the verdict."""
     ours = runs.get(f"{part}/{OURS}", {})
@@ -148,11 +139,11 @@ def report_lines(
                 [
                     run_label(method, pre),
                     len(records),
-                    _cell([final_accuracy(r) for r in records]),
-                    _cell(
+                    mean_sd_cell([final_accuracy(r) for r in records]),
+                    mean_sd_cell(
                         [(r.final.bytes_down + r.final.bytes_up) / 1e6 for r in records], "{:.1f}"
                     ),
-                    _cell([r.final.bytes_kept / 1e6 for r in records], "{:.1f}"),
+                    mean_sd_cell([r.final.bytes_kept / 1e6 for r in records], "{:.1f}"),
                 ]
             )
         verdicts = []

@@ -334,35 +334,28 @@ class _Simulation:
         epochs = algorithm.epoch_parts(fl, plan)
         self.attempt = plan.attempt
         parts = self.parts
-        if parts is None or self.method.keeps == "model":
+        beside = parts is not None and self.method.keeps == "model"  # a personal model
+        if parts is None or beside:
             stacked = stack_models(models)
             trained = self._trained(lambda rows: (stacked, ids[rows]), train, orders, epochs, own)
-        if parts is not None and self.method.keeps == "model":
-            # Ditto: each also trains its personal model, towards the round's shared one.
-            personal = self._trained(
-                lambda rows: (parts.models(models[0], part[rows]), np.arange(len(rows))),
-                train,
-                orders,
-                epochs,
-                None,
-                local=self.personal,
-                anchor=models[0],
-            )
-            parts.put(part, personal)
-        elif parts is not None:  # each trains its own model, the shared part and its kept one
-            trained = self._trained(
-                lambda rows: (parts.models(models[0], part[rows]), np.arange(len(rows))),
-                train,
-                orders,
-                epochs,
-                own,
-            )
-            parts.put(part, trained)
-            kept = set(parts.index)  # never sent: the server's own there, as views
-            trained = [
-                np.broadcast_to(models[0][i], a.shape) if i in kept else a
-                for i, a in enumerate(trained)
-            ]
+        if parts is not None:  # each client's own model: the shared one with its kept part
+
+            def own_models(rows: np.ndarray) -> tuple[Stacked, np.ndarray]:
+                return parts.models(models[0], part[rows]), np.arange(len(rows))
+
+            if beside:  # Ditto: each also trains its personal model, towards the shared one
+                personal = self._trained(
+                    own_models, train, orders, epochs, None, local=self.personal, anchor=models[0]
+                )
+                parts.put(part, personal)
+            else:  # each trains its own model, the shared part and its kept one
+                trained = self._trained(own_models, train, orders, epochs, own)
+                parts.put(part, trained)
+                kept = set(parts.index)  # never sent: the server's own there, as views
+                trained = [
+                    np.broadcast_to(models[0][i], a.shape) if i in kept else a
+                    for i, a in enumerate(trained)
+                ]
         if self.moments is not None and own is not None:
             self.moments.put(part, own)
         if not all(np.isfinite(a).all() for a in trained):

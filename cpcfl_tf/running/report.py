@@ -59,6 +59,18 @@ def mean_sd(values) -> tuple[float, float]:
     return float(values.mean()), float(values.std())
 
 
+def mean_sd_cell(values, fmt: str = "{:.2f}") -> str:
+    """A table cell of ``values`` (Nones left out): ``mean ± sd`` (:func:`mean_sd`), the
+    value alone if there is one, ``-`` if none."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return fmt.format(values[0])
+    mean, sd = mean_sd(values)
+    return f"{fmt.format(mean)} ± {fmt.format(sd)}"
+
+
 def trial_table(
     records: dict[str, list],
     labels: dict[str, str],
