@@ -96,8 +96,8 @@ def _attempted_rounds(federated: dict, restarts: int) -> int:
 def test_every_committed_record_reports_what_its_rounds_and_clients_say(path):
     """``final`` is the last round; the ARI is recomputed from the cluster ids and the true
     groups (scikit-learn, clients that have taken part); bytes are the protocol's: N models
-    down and one up per participant and round, failed IFCA attempts included
-    (docs/run-record.md)."""
+    (less the part a client keeps) down and one up per participant and round, failed IFCA
+    attempts included (docs/run-record.md)."""
     import numpy as np
     from sklearn.metrics import adjusted_rand_score
 
@@ -121,8 +121,14 @@ def test_every_committed_record_reports_what_its_rounds_and_clients_say(path):
     participants = max(1, round(fl["participation"] * record["config"]["partition"]
                                 ["num_clients"]))
     rounds = _attempted_rounds(fl, final["restarts"])
-    size = final["model_bytes"]
-    rule = METHODS[fl["method"]].rule
+    method = METHODS[fl["method"]]
+    rule = method.rule
+    # a client sends the shared model less the part it keeps of its own (FedPer, FedRep,
+    # LG-FedAvg); Ditto's personal model lies beside the shared one, which goes whole
+    num_clients = record["config"]["partition"]["num_clients"]
+    kept = 0 if method.keeps == "model" else final.get("bytes_kept", 0)
+    assert kept % num_clients == 0
+    size = final["model_bytes"] - kept // num_clients
     # N down when the client chooses (CP-CFL+features too: only its first choice after Tc
     # is the server's), its own model when the server assigns, none alone
     sent = (0 if not rule.communicates else 1 if rule.server_assigns
