@@ -147,9 +147,30 @@ def test_max_clients_per_step_reaches_the_runs_and_changes_nothing(tmp_path, mon
 
     monkeypatch.setenv("CPCFL_CACHE", str(tmp_path / "cache"))
     args = ["--preset", "smoke", "--methods", "ifca-none", "--set", "federated.rounds=2"]
+    import cpcfl_tf.clustered.simulator as simulator
+
     table2 = script("table2")
     table2.main(args + ["--out", str(tmp_path / "whole")])
+    sizes = []  # the clients of each of the backend's training steps, with the option
+    original = simulator._Simulation._trained
+
+    def trained(self, *a, **k):
+        backend = self.backend
+        real = backend.train
+
+        def counted(pool, ids, data, *rest, **kw):
+            sizes.append(data.num_clients)
+            return real(pool, ids, data, *rest, **kw)
+
+        monkeypatch.setattr(backend, "train", counted)
+        try:
+            return original(self, *a, **k)
+        finally:
+            monkeypatch.setattr(backend, "train", real)
+
+    monkeypatch.setattr(simulator._Simulation, "_trained", trained)
     table2.main(args + ["--out", str(tmp_path / "chunks"), "--max-clients-per-step", "2"])
+    assert sizes and max(sizes) == 2, sizes  # the smoke preset's rounds train more than 2
     whole, chunks = (json.loads((tmp_path / d / "ifca-none.json").read_text())
                      for d in ("whole", "chunks"))
     for key in ("config", "clients", "rounds", "final"):

@@ -380,6 +380,14 @@ def test_a_remade_run_is_compared_with_its_record_and_says_why_it_differs(smoke_
     assert said.startswith("not bit for bit, as expected: another CPU (Elsewhere against ")
     assert against_record(other, stored).startswith(
         "differs although the CPU kind and the starting encoder are the record's")
+    # Both another encoder and another CPU: the encoder is named (it alone would differ).
+    said = against_record(dataclasses.replace(other, environment={
+        **env, "starting_encoder": "abc", "cpu": "Elsewhere", "cpu_id": None}), stored)
+    assert said.startswith("not bit for bit, as expected: another starting encoder"), said
+    # A round that differs is a difference, even where the final result is the record's.
+    first = dataclasses.replace(stored.rounds[0], accuracy=stored.rounds[0].accuracy + 0.01)
+    assert against_record(dataclasses.replace(stored, rounds=[first, *stored.rounds[1:]]),
+                          stored).startswith("differs although")
 
 
 def test_a_scripts_data_is_checked_once_per_piece_of_data(tmp_path, monkeypatch):
