@@ -146,6 +146,72 @@ def test_fedgroup_groups_the_nodes_as_the_simulator(tmp_path):
         sim_final.bytes_down, sim_final.bytes_up)
 
 
+@pytest.mark.parametrize("method", ["fedper", "fedrep", "lg-fedavg", "ditto", "fedavg-ft"])
+def test_a_personalized_method_runs_as_the_simulator_with_each_nodes_part_in_its_state(
+        tmp_path, monkeypatch, method):
+    # Each node keeps its part (FedPer's and FedRep's head, LG-FedAvg's encoder, Ditto's
+    # personal model) in its context.state, never sent: the shared arrays go both ways,
+    # the part every client starts from only until the node has trained once. FedAvg+FT's
+    # nodes fine-tune before they are scored. Two rounds: the second trains from the part
+    # the first kept, so the simulator's scores, cluster ids and bytes hold only if it was.
+    from cpcfl_tf.clustered.algorithm import kept_arrays, unsent_arrays
+    from cpcfl_tf.clustered.pool import template_for
+    from cpcfl_tf.flower import client_app, in_process
+    from cpcfl_tf.flower.common import run_config
+
+    run = {**RUN, "method": method,  # FedRep: its head's epoch, then its encoder's
+           **({"set": "federated.local_epochs=2"} if method == "fedrep" else {})}
+    ids, accuracy, _, sim_final = _simulated(2, tmp_path / "sim", run=run)
+    plan = resolve(run_config({**run, "rounds": 2}))
+    weights = template_for(plan, (32, 32, 3), 10).get_weights()
+    num_encoder = len(template_for(plan, (32, 32, 3), 10).get_layer("encoder").weights)
+    wire = len(weights) - len(unsent_arrays(plan, num_encoder, len(weights)))
+    part = len(kept_arrays(plan, num_encoder, len(weights)))
+    seen, grids, last = [], [], {}
+    real = in_process.InProcessGrid.send_and_receive
+
+    def spy(self, messages, timeout=None):
+        grids.append(self)
+        replies = real(self, messages, timeout)
+        for sent, reply in zip(messages, replies):
+            content = sent.content
+            models = [len(r) for k, r in content.array_records.items() if k != "part"]
+            back = len(reply.content["model"]) if reply.has_content() and \
+                "model" in reply.content else None
+            seen.append((str(sent.metadata.message_type), sent.metadata.dst_node_id,
+                         models, "part" in content, back))
+            last[sent.metadata.dst_node_id] = sent
+        return replies
+
+    monkeypatch.setattr(in_process.InProcessGrid, "send_and_receive", spy)
+    record = run_in_process({**run, "rounds": 2, "out": str(tmp_path / "result.json")},
+                            [{"partition-id": k, "num-partitions": 3} for k in range(3)])
+    assert [r["cluster_ids"] for r in record["rounds"]] == ids
+    assert [r["accuracy"] for r in record["rounds"]] == pytest.approx(
+        [a.mean() for a in accuracy], abs=1e-6)
+    final = record["final"]["client_accuracy"]
+    assert [final[str(k)] for k in range(3)] == pytest.approx(list(accuracy[-1]), abs=1e-6)
+    assert (record["final"]["bytes_down"], record["final"]["bytes_up"]) == (
+        sim_final.bytes_down, sim_final.bytes_up)
+    modelled = [s for s in seen if s[2]]  # the train and evaluate messages
+    assert modelled and all(m == [wire] for s in modelled for m in [s[2]]), modelled
+    assert all(s[4] in (None, wire) for s in modelled)  # replies: the shared arrays only
+    trained: set = set()
+    for kind, node, _, with_part, _ in modelled:  # the starting part until a node trained
+        assert with_part == (part > 0 and node not in trained), (kind, node, seen)
+        if "train" in kind:
+            trained.add(node)
+    states = [c.state.array_records.get(client_app._PART) for c in grids[-1].contexts.values()]
+    assert all(s is None if part == 0 else len(s) == part for s in states), states
+    if part:  # a node that lost its state is refused, in one line, not scored
+        from flwr.app import RecordDict
+
+        node, grid = 100, grids[-1]
+        grid.contexts[node].state = RecordDict()
+        (reply,) = real(grid, [last[node]])
+        assert reply.has_error() and "holds none (its state was lost)" in reply.error.reason
+
+
 def test_flower_federation_runs_the_simulators_rounds_and_survives_a_killed_supernode(
         tmp_path, federation):
     # One run (each ClientApp message starts a Python process with TensorFlow: runs are

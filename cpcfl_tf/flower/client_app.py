@@ -80,11 +80,14 @@ def _backend(run_items: tuple):
     size = run.config.data.image_size
     template = build_template(run, (size, size, 3), len(class_names(dict(run_items))))
     _template_weights[run_items] = template.get_weights()
+    _num_encoder[run_items] = len(template.get_layer("encoder").weights)
     return run, backend_of(template, run.federated)
 
 
 _template_weights: dict[tuple, list] = {}
 """The run's model as the node builds it (what every model it is sent must match)."""
+_num_encoder: dict[tuple, int] = {}
+"""How many of the model's arrays are its encoder's."""
 
 
 def _models(msg: Message, run_items: tuple) -> dict[int, list[np.ndarray]]:
@@ -93,11 +96,66 @@ def _models(msg: Message, run_items: tuple) -> dict[int, list[np.ndarray]]:
     error reply) instead of trained or scored."""
     models = models_from_records(msg.content.array_records)
     like = _template_weights[run_items]
+    shared = [like[i] for i in _shared(run_items)]  # a personalized method's: no kept part
     for n, weights in sorted(models.items()):
-        problem = checks.weights_problem(weights, like)
+        problem = checks.weights_problem(weights, shared)
         if problem is not None:
             raise UserError(f"the server sent model {n} with {problem}")
     return models
+
+
+def _shared(run_items: tuple) -> list[int]:
+    """The arrays of the model that go over the wire: all but a personalized method's
+    kept part (:func:`~cpcfl_tf.clustered.algorithm.unsent_arrays`)."""
+    from cpcfl_tf.clustered.algorithm import unsent_arrays
+
+    like = _template_weights[run_items]
+    unsent = set(unsent_arrays(_plan(run_items), _num_encoder[run_items], len(like)))
+    return [i for i in range(len(like)) if i not in unsent]
+
+
+_PART = "personal-part"
+"""Where a node keeps its personalized method's part between rounds
+(:attr:`~cpcfl_tf.methods.federated.Method.keeps`: FedPer's and FedRep's head,
+LG-FedAvg's encoder, Ditto's personal model), never sent."""
+
+
+def _own_model(
+    msg: Message, context: Context, run_items: tuple, sent: list[np.ndarray]
+) -> list[np.ndarray]:
+    """This node's own model: the shared arrays the server ``sent`` with the node's kept
+    part in its place (the simulator's :meth:`~cpcfl_tf.clustered.local.ClientParts.model`;
+    Ditto's part is the whole personal model). A node without a part yet takes the one
+    every client starts from, the initial pool's, which the server sends it (``part``)
+    until the node has answered a training message."""
+    from cpcfl_tf.clustered.algorithm import kept_arrays
+
+    like = _template_weights[run_items]
+    index = kept_arrays(_plan(run_items), _num_encoder[run_items], len(like))
+    kept = context.state.array_records.get(_PART)
+    if kept is None and "part" not in msg.content:
+        raise UserError(
+            "the server sent no starting part and this node holds none (its state was "
+            "lost): start the run again"
+        )
+    part = from_record(kept if kept is not None else msg.content["part"])
+    problem = checks.weights_problem(part, [like[i] for i in index])
+    if problem is not None:
+        raise UserError(f"the server sent a starting part with {problem}")
+    own: list = [None] * len(like)
+    for i, a in zip(_shared(run_items), sent):
+        own[i] = a
+    for i, a in zip(index, part):
+        own[i] = a
+    return own
+
+
+def _keep(context: Context, run_items: tuple, own: list[np.ndarray]) -> None:
+    """Keep ``own``'s kept part in the node's state for the next round."""
+    from cpcfl_tf.clustered.algorithm import kept_arrays
+
+    index = kept_arrays(_plan(run_items), _num_encoder[run_items], len(own))
+    context.state[_PART] = to_record([own[i] for i in index])
 
 
 @functools.lru_cache(maxsize=1)
@@ -344,7 +402,7 @@ def train(msg: Message, context: Context) -> Message:
     in the federated pre-training stage, train the self-supervised model instead."""
     from cpcfl_tf.clustered import algorithm
     from cpcfl_tf.clustered.backends import client_losses
-    from cpcfl_tf.clustered.local import LocalTraining, batch_orders, stack_models, unstack
+    from cpcfl_tf.clustered.local import batch_orders
 
     settings = msg.content["config"]
     if settings.get("stage") == "pretrain":
@@ -371,29 +429,59 @@ def train(msg: Message, context: Context) -> Message:
             )
         if plan.drawn is None:  # Eq. cluster_identity on this client's own training data
             losses = np.zeros((len(plan.participants), fl.num_clusters))
-            losses[row] = client_losses(backend, [models[n] for n in range(fl.num_clusters)], data)[
-                0
-            ]
+            if fl.num_clusters > 1:  # one model: nothing to choose
+                pool = [models[n] for n in range(fl.num_clusters)]
+                losses[row] = client_losses(backend, pool, data)[0]
         cluster = int(algorithm.select(plan, losses)[row])
     orders = batch_orders(len(plan.participants), data.size, fl.local_epochs, plan.batch_seed)[
         :, row : row + 1
     ]
-    trained = backend.train(
-        stack_models([models[cluster]]),
-        np.array([0]),
-        data,
-        orders,
-        algorithm.epoch_parts(fl, plan),
-        LocalTraining.of(fl),
-    )
+    weights = _trained_here(msg, context, run, backend, models[cluster], data, orders, plan)
     weights, metrics = _tampered(
         context,
         _int(settings["round"]) + 1,
-        unstack(trained, 0),
+        weights,
         {"cluster-id": cluster, "num-examples": data.size, "client-id": client},
         fl.num_clusters,
     )
     return _reply(msg, model=to_record(weights), metrics=MetricRecord(metrics))
+
+
+def _trained_here(msg, context, run, backend, model, data, orders, plan) -> list[np.ndarray]:
+    """The node's local training of ``model`` (the simulator's step for one client) and
+    what it sends: the trained model, or for a method that keeps a part
+    (:attr:`~cpcfl_tf.methods.federated.Method.keeps`) its shared arrays, the part kept in
+    the node's ``context.state``. FedPer, FedRep and LG-FedAvg train the node's own model
+    (the shared arrays with its part); Ditto trains the shared model, which it sends, and
+    its personal model towards it (``prox = lambda``)."""
+    import dataclasses
+
+    from cpcfl_tf.clustered import algorithm
+    from cpcfl_tf.clustered.local import LocalTraining, stack_models, unstack
+
+    fl, keeps = run.federated, run.method.keeps
+    run_items = tuple(sorted(context.run_config.items()))
+    local, parts = LocalTraining.of(fl), algorithm.epoch_parts(fl, plan)
+
+    def trained(start, how, anchor=None):
+        return unstack(
+            backend.train(
+                stack_models([start]), np.array([0]), data, orders, parts, how, None, anchor
+            ),
+            0,
+        )
+
+    if keeps and keeps != "model":
+        own = trained(_own_model(msg, context, run_items, model), local)
+        _keep(context, run_items, own)
+        return [own[i] for i in _shared(run_items)]
+    weights = trained(model, local)
+    if keeps == "model":
+        personal = dataclasses.replace(local, prox=float((fl.options or {})["lambda"]))
+        _keep(
+            context, run_items, trained(_own_model(msg, context, run_items, model), personal, model)
+        )
+    return weights
 
 
 TAMPERS = {
@@ -434,11 +522,17 @@ def evaluate(msg: Message, context: Context) -> Message:
     from cpcfl_tf.clustered.backends import client_losses, client_probabilities
     from cpcfl_tf.clustered.metrics import client_accuracy
 
-    _addressed(msg.content["config"], context)
-    _, data, test, backend, _ = _node(context)
-    sent = _models(msg, tuple(sorted(context.run_config.items())))
+    settings = msg.content["config"]
+    _addressed(settings, context)
+    run, data, test, backend, _ = _node(context)
+    run_items = tuple(sorted(context.run_config.items()))
+    sent = _models(msg, run_items)
     pool = [sent[n] for n in sorted(sent)]  # by cluster id: ties go as the simulator's
     model = pool[0] if len(pool) == 1 else pool[client_losses(backend, pool, data)[0].argmin()]
+    if run.method.keeps:  # scored with its own model (Ditto: its personal model)
+        model = _own_model(msg, context, run_items, model)
+    if run.method.fine_tunes:  # scored after it fine-tunes a copy of the model
+        model = _fine_tuned(run, backend, model, data, settings)
     probs = client_probabilities(backend, [model], np.array([0]), test)
     return _reply(
         msg,
@@ -450,3 +544,27 @@ def evaluate(msg: Message, context: Context) -> Message:
             }
         ),
     )
+
+
+def _fine_tuned(run, backend, model, data, settings) -> list[np.ndarray]:
+    """``model`` after ``finetune_epochs`` local epochs of the whole model on this node's
+    training data: the simulator's fine-tuning of this client (fresh optimizer state, the
+    batch order of the round's :attr:`~cpcfl_tf.clustered.algorithm.Stream.FINE_TUNE`
+    stream, its row the client's)."""
+    from cpcfl_tf.clustered import algorithm
+    from cpcfl_tf.clustered.local import MODEL, LocalTraining, batch_orders, stack_models, unstack
+
+    fl = run.federated
+    epochs = int((fl.options or {})["finetune_epochs"])
+    client, num_clients = _int(settings["client-id"]), _int(settings["num-clients"])
+    seed = algorithm.stream_seed(
+        run.config.seed,
+        _int(settings["attempt"]),
+        _int(settings["round"]),
+        algorithm.Stream.FINE_TUNE,
+    )
+    orders = batch_orders(num_clients, data.size, epochs, seed)[:, client : client + 1]
+    tuned = backend.train(
+        stack_models([model]), np.array([0]), data, orders, [MODEL] * epochs, LocalTraining.of(fl)
+    )
+    return unstack(tuned, 0)

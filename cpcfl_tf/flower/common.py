@@ -101,16 +101,6 @@ def run_config(values: Mapping[str, Any]) -> Config:
             f"method {fl.method!r} trains each client alone and sends nothing: "
             "there is no federation to run; run it in the simulator"
         )
-    if METHODS[fl.method].keeps:
-        raise UserError(
-            f"method {fl.method!r} keeps each client's {METHODS[fl.method].keeps} between "
-            "rounds, which the Flower apps do not hold yet; run it in the simulator"
-        )
-    if METHODS[fl.method].fine_tunes:
-        raise UserError(
-            f"method {fl.method!r} scores each client after it fine-tunes the model, "
-            "which the Flower apps do not do yet; run it in the simulator"
-        )
     if not METHODS[fl.method].rule.on_flower:
         # The nodes would need the starting encoder before training to answer.
         raise UserError(
@@ -162,7 +152,11 @@ def models_to_records(models: dict[int, list[np.ndarray]]) -> dict:
 
 def models_from_records(records) -> dict[int, list[np.ndarray]]:
     """The cluster models a message's array records carry, by cluster id."""
-    return {int(key.split("-")[1]): from_record(r) for key, r in records.items()}
+    return {
+        int(key.split("-")[1]): from_record(r)
+        for key, r in records.items()
+        if key.startswith(model_key(0).split("-")[0] + "-")
+    }
 
 
 def to_record(weights: list[np.ndarray]):

@@ -9,7 +9,9 @@ The ServerApp (:mod:`cpcfl_tf.flower.server_app`) runs both stages over them."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Sequence
 
 import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
@@ -271,9 +273,23 @@ class Nodes:
         examples: dict[int, int] | None = None,
         tests: dict[int, int] | None = None,
         cap: int | None = None,
+        shared: Sequence[int] | None = None,
+        starting_part: Sequence[np.ndarray] | None = None,
     ):
         self.grid, self.client_of, self.timeout = grid, client_of, timeout
-        self.fl = run.federated
+        self.fl, self.method = run.federated, run.method
+        self.shared = None if shared is None else list(shared)
+        """The arrays of a model that go over the wire, both ways (None: all): all but a
+        personalized method's kept part (:func:`~cpcfl_tf.clustered.algorithm.unsent_arrays`)."""
+        self.starting_part = starting_part
+        """A personalized method's part every client starts from (the initial pool's),
+        sent to a node until it has answered a training message: from then on its
+        ``context.state`` holds its own (:attr:`holding`)."""
+        self.holding: set[int] = set()
+        """The clients whose node holds its part."""
+        self.attempt = 0
+        """The attempt of the last round trained (a fine-tuning node draws its batches
+        from it, as the simulator's clients do)."""
         self.names = names
         """Client id -> data folder name, for nodes with their own data."""
         self.examples = examples or {}
@@ -307,7 +323,7 @@ class Nodes:
                 contents[node] = RecordDict(
                     {
                         "config": ConfigRecord({**settings, "cluster": cluster}),
-                        **models_to_records({cluster: models[cluster]}),
+                        **self._sent({cluster: models[cluster]}, client),
                     }
                 )
                 continue
@@ -316,9 +332,10 @@ class Nodes:
             contents[node] = RecordDict(
                 {
                     "config": ConfigRecord(settings),
-                    **models_to_records({n: models[n] for n in range(plan.num_models)}),
+                    **self._sent({n: models[n] for n in range(plan.num_models)}, client),
                 }
             )
+        self.attempt = plan.attempt
         messages, failed = send(
             self.grid, contents, MessageType.TRAIN, str(plan.round + 1), self.timeout
         )
@@ -329,6 +346,8 @@ class Nodes:
             lambda content, node: self._trained(content, node, plan, row, models),
         )
         failed = sorted({*failed, *left})  # their cluster ids kept, as a failed node's
+        if self.starting_part is not None:  # a node that trained keeps its part
+            self.holding |= {r.client for r in checked.values()}
         # In client order, as the simulator's replies come, not in order of arrival: a rule
         # that clusters the replies (FedGroup's k-means++) would otherwise name its
         # clusters by who answered first, and sums would add in another order.
@@ -353,14 +372,33 @@ class Nodes:
         the weights against the model of that cluster."""
         client = self.client_of[node]
         drawn = plan.drawn[row[client]] if plan.drawn is not None and client in row else None
-        return checks.trained(
+        reply = checks.trained(
             content,
             client=client,
             num_models=plan.num_models,
             expected=None if drawn is None else int(drawn),
             most=self.examples.get(client),
-            models=models,
+            models=[self._wire(m) for m in models],
         )
+        if self.shared is None:
+            return reply
+        # The kept part was not sent: the server's own arrays there, which it keeps.
+        weights = list(models[reply.cluster])
+        for i, a in zip(self.shared, reply.weights):
+            weights[i] = a
+        return dataclasses.replace(reply, weights=weights)
+
+    def _wire(self, model):
+        """What of ``model`` goes over the wire (:attr:`shared`)."""
+        return list(model) if self.shared is None else [model[i] for i in self.shared]
+
+    def _sent(self, models: dict, client: int) -> dict:
+        """A message's models, as they go over the wire, and the starting part for a node
+        that holds none yet."""
+        records = models_to_records({n: self._wire(m) for n, m in models.items()})
+        if self.starting_part is not None and client not in self.holding:
+            records["part"] = to_record(list(self.starting_part))
+        return records
 
     def observe(self, models, assigned, replies, round_: int, *, planned=None) -> dict:
         """The round's record. In the rounds the simulator scores (``fl.scored``) each node
@@ -394,8 +432,16 @@ class Nodes:
             if cluster < 0 and planned is not None:
                 cluster = int(planned[client])
             sent = {cluster: models[cluster]} if cluster >= 0 else dict(enumerate(models))
+            settings = addressee(client, self.names)
+            if self.method.fine_tunes:  # what its fine-tuning's batches are drawn from
+                settings = {
+                    **settings,
+                    "round": round_,
+                    "attempt": self.attempt,
+                    "num-clients": self.num_clients,
+                }
             contents[node] = RecordDict(
-                {"config": ConfigRecord(addressee(client, self.names)), **models_to_records(sent)}
+                {"config": ConfigRecord(settings), **self._sent(sent, client)}
             )
         messages, _ = send(
             self.grid, contents, MessageType.EVALUATE, f"{round_}-evaluate", self.timeout

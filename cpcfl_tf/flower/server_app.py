@@ -227,6 +227,13 @@ def main(grid: Grid, context: Context) -> None:
             flush=True,
         )
 
+    shared, starting_part = None, None
+    if run.method.keeps:  # a personalized method: its part stays on the nodes
+        first = start(0).models[0]
+        num_encoder = len(template.get_layer("encoder").weights)
+        unsent = set(algorithm.unsent_arrays(run, num_encoder, len(first)))
+        shared = [i for i in range(len(first)) if i not in unsent]
+        starting_part = [first[i] for i in algorithm.kept_arrays(run, num_encoder, len(first))]
     federation = remote.Nodes(
         grid,
         client_of,
@@ -236,6 +243,8 @@ def main(grid: Grid, context: Context) -> None:
         names,
         *_examples(config, node_data),
         cap=(caps or {}).get("train"),
+        shared=shared,
+        starting_part=starting_part,
     )
     state, progress = algorithm.run_rounds(
         run,

@@ -119,13 +119,7 @@ class Method:
     def on_flower(self) -> bool:
         """Whether the Flower apps run it: a federation that sends something
         (:func:`cpcfl_tf.flower.common.run_config` says why the others cannot)."""
-        return (
-            self.federated
-            and self.communicates
-            and self.rule.on_flower
-            and not self.keeps
-            and not self.fine_tunes
-        )
+        return self.federated and self.communicates and self.rule.on_flower
 
     @property
     def asks_first(self) -> str | None:
