@@ -159,8 +159,10 @@ def test_a_personalized_method_runs_as_the_simulator_with_each_nodes_part_in_its
     from cpcfl_tf.flower import client_app, in_process
     from cpcfl_tf.flower.common import run_config
 
-    run = {**RUN, "method": method,  # FedRep: its head's epoch, then its encoder's
-           **({"set": "federated.local_epochs=2"} if method == "fedrep" else {})}
+    # Batches of 8 of a client's 20 examples: the batch order matters. FedRep: its head's
+    # epoch, then its encoder's.
+    run = {**RUN, "method": method, "set": "federated.batch_size=8" + (
+        " federated.local_epochs=2" if method == "fedrep" else "")}
     ids, accuracy, _, sim_final = _simulated(2, tmp_path / "sim", run=run)
     plan = resolve(run_config({**run, "rounds": 2}))
     weights = template_for(plan, (32, 32, 3), 10).get_weights()
