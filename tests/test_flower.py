@@ -195,6 +195,8 @@ def test_a_personalized_method_runs_as_the_simulator_with_each_nodes_part_in_its
     assert [final[str(k)] for k in range(3)] == pytest.approx(list(accuracy[-1]), abs=1e-6)
     assert (record["final"]["bytes_down"], record["final"]["bytes_up"]) == (
         sim_final.bytes_down, sim_final.bytes_up)
+    assert record["final"].get("bytes_kept", 0) == sim_final.bytes_kept == 3 * sum(
+        weights[i].nbytes for i in kept_arrays(plan, num_encoder, len(weights)))
     modelled = [s for s in seen if s[2]]  # the train and evaluate messages
     assert modelled and all(m == [wire] for s in modelled for m in [s[2]]), modelled
     assert all(s[4] in (None, wire) for s in modelled)  # replies: the shared arrays only
