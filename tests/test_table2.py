@@ -388,6 +388,27 @@ def test_a_remade_run_is_compared_with_its_record_and_says_why_it_differs(smoke_
     first = dataclasses.replace(stored.rounds[0], accuracy=stored.rounds[0].accuracy + 0.01)
     assert against_record(dataclasses.replace(stored, rounds=[first, *stored.rounds[1:]]),
                           stored).startswith("differs although")
+    # A Flower run's record holds no F1, AUROC or ARI (the server never sees the clients'
+    # data) and says who replied: held to what it records.
+    from cpcfl_tf.records.record import RunRecord
+
+    served = stored.to_json()
+    scores = ("f1_macro", "f1_weighted", "auroc_ovr_macro", "auroc_ovr_weighted",
+              "auroc_ovo_macro", "auroc_ovo_weighted")
+    for r in served["rounds"]:
+        for key in scores:
+            r.pop(key, None)
+        r.update(replies=3, failed_partitions=[])
+    for key in scores:
+        served["final"].pop(key, None)
+    served.update(experiment="flower")
+    served["final"].update(ari=None)
+    flower = RunRecord.from_json(served)
+    assert against_record(stored, flower) == (
+        "bit for bit: every round and the final result equal the record's (what a Flower "
+        "record holds)")
+    assert against_record(stored, dataclasses.replace(flower, rounds=[first, *flower.rounds[1:]])
+                          ).startswith("differs although")
 
 
 def test_a_scripts_data_is_checked_once_per_piece_of_data(tmp_path, monkeypatch):

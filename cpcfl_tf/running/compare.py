@@ -157,12 +157,27 @@ def _same_place(reference: Path, path: Path, record: RunRecord) -> Found | None:
 ANOTHER_ENCODER = "another starting encoder"
 
 
+def _served(record: RunRecord) -> dict:
+    """What a Flower run's record holds of its outcome, and the simulator's has too: each
+    round's cluster ids and accuracy, the final accuracy and the bytes (the server never
+    sees the clients' data: no F1, AUROC or ARI)."""
+    final = record.final
+    return {
+        "rounds": [(r.cluster_ids, r.accuracy) for r in record.rounds],
+        "final": (final.accuracy, final.bytes_down, final.bytes_up, final.model_bytes),
+    }
+
+
 def against_record(record: RunRecord, stored: RunRecord) -> str:
     """``record`` (a run re-made from ``stored``'s config) against ``stored``, in one line:
     bit for bit, or why it could not be (another starting encoder, another kind of CPU),
-    or that it differs where it should not (same encoder and CPU kind)."""
-    if _outcome(record) == _outcome(stored):
-        return f"{SAME}: every round and the final result equal the record's"
+    or that it differs where it should not (same encoder and CPU kind). A Flower run's
+    record is held to what it records (:func:`_served`)."""
+    outcome = _served if "flower" in (record.experiment, stored.experiment) else _outcome
+    if outcome(record) == outcome(stored):
+        return f"{SAME}: every round and the final result equal the record's" + (
+            " (what a Flower record holds)" if outcome is _served else ""
+        )
     ours, theirs = machine(record.environment), machine(stored.environment)
     accuracy = (
         f"final accuracy {100 * record.final_accuracy:.2f} against the record's "
