@@ -334,6 +334,10 @@ def test_distribute_option_reaches_the_runner(tmp_path):
     assert run_context(given) == RunContext(
         resume=True, force=True, dry_run=True, max_clients=2, diagnose=3,
         tensorboard=tmp_path / "tb", knn_every=4)
+    # ... and none from another's: no flag is the default context, --force forces only.
+    assert run_context(experiment_parser("x", "x").parse_args([])) == RunContext()
+    assert run_context(experiment_parser("x", "x").parse_args(["--force"])) == RunContext(
+        force=True)
     # The encoder cache, which pre-trains, reads it there.
     assert Runner("x", get_preset("smoke"), tmp_path, context).encoders.context is context
     assert "--distribute" not in experiment_parser("x", "x", distribute=False).format_help()
