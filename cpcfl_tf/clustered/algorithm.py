@@ -318,6 +318,13 @@ def unsent_arrays(run: RunPlan, num_encoder: int, num_arrays: int) -> tuple[int,
     return kept_arrays(run, num_encoder, num_arrays)
 
 
+def sent_arrays(run: RunPlan, num_encoder: int, num_arrays: int) -> list[int]:
+    """Which of the shared model's arrays go over the wire: all but
+    :func:`unsent_arrays`."""
+    unsent = set(unsent_arrays(run, num_encoder, num_arrays))
+    return [i for i in range(num_arrays) if i not in unsent]
+
+
 def initial_assignment(
     run: RunPlan, num_clients: int, answers: Answers | None = None
 ) -> np.ndarray | None:

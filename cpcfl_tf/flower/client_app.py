@@ -104,14 +104,22 @@ def _models(msg: Message, run_items: tuple) -> dict[int, list[np.ndarray]]:
     return models
 
 
+@functools.lru_cache(maxsize=1)
 def _shared(run_items: tuple) -> list[int]:
     """The arrays of the model that go over the wire: all but a personalized method's
-    kept part (:func:`~cpcfl_tf.clustered.algorithm.unsent_arrays`)."""
-    from cpcfl_tf.clustered.algorithm import unsent_arrays
+    kept part (:func:`~cpcfl_tf.clustered.algorithm.sent_arrays`), once per run."""
+    from cpcfl_tf.clustered.algorithm import sent_arrays
 
-    like = _template_weights[run_items]
-    unsent = set(unsent_arrays(_plan(run_items), _num_encoder[run_items], len(like)))
-    return [i for i in range(len(like)) if i not in unsent]
+    return sent_arrays(_plan(run_items), _num_encoder[run_items], len(_template_weights[run_items]))
+
+
+@functools.lru_cache(maxsize=1)
+def _kept(run_items: tuple) -> tuple[int, ...]:
+    """The arrays a node keeps (:func:`~cpcfl_tf.clustered.algorithm.kept_arrays`), once
+    per run."""
+    from cpcfl_tf.clustered.algorithm import kept_arrays
+
+    return kept_arrays(_plan(run_items), _num_encoder[run_items], len(_template_weights[run_items]))
 
 
 _PART = "personal-part"
@@ -128,20 +136,20 @@ def _own_model(
     Ditto's part is the whole personal model). A node without a part yet takes the one
     every client starts from, the initial pool's, which the server sends it (``part``)
     until the node has answered a training message."""
-    from cpcfl_tf.clustered.algorithm import kept_arrays
-
-    like = _template_weights[run_items]
-    index = kept_arrays(_plan(run_items), _num_encoder[run_items], len(like))
+    like, index = _template_weights[run_items], _kept(run_items)
     kept = context.state.array_records.get(_PART)
-    if kept is None and "part" not in msg.content:
+    if kept is not None:
+        part = from_record(kept)
+    elif "part" in msg.content:
+        part = from_record(msg.content["part"])
+        problem = checks.weights_problem(part, [like[i] for i in index])
+        if problem is not None:
+            raise UserError(f"the server sent a starting part with {problem}")
+    else:
         raise UserError(
             "the server sent no starting part and this node holds none (its state was "
             "lost): start the run again"
         )
-    part = from_record(kept if kept is not None else msg.content["part"])
-    problem = checks.weights_problem(part, [like[i] for i in index])
-    if problem is not None:
-        raise UserError(f"the server sent a starting part with {problem}")
     own: list = [None] * len(like)
     for i, a in zip(_shared(run_items), sent):
         own[i] = a
@@ -152,10 +160,7 @@ def _own_model(
 
 def _keep(context: Context, run_items: tuple, own: list[np.ndarray]) -> None:
     """Keep ``own``'s kept part in the node's state for the next round."""
-    from cpcfl_tf.clustered.algorithm import kept_arrays
-
-    index = kept_arrays(_plan(run_items), _num_encoder[run_items], len(own))
-    context.state[_PART] = to_record([own[i] for i in index])
+    context.state[_PART] = to_record([own[i] for i in _kept(run_items)])
 
 
 @functools.lru_cache(maxsize=1)

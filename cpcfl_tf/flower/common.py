@@ -140,8 +140,12 @@ def class_names(values: Mapping[str, Any]) -> tuple[str, ...]:
     return class_folder_names(get_spec(run_config(values).data.client_dataset).num_classes)
 
 
+MODEL_KEY = "model-"
+"""A cluster model's array record is ``model-<cluster id>`` (:func:`model_key`)."""
+
+
 def model_key(n: int) -> str:
-    return f"model-{n}"
+    return f"{MODEL_KEY}{n}"
 
 
 def models_to_records(models: dict[int, list[np.ndarray]]) -> dict:
@@ -153,9 +157,9 @@ def models_to_records(models: dict[int, list[np.ndarray]]) -> dict:
 def models_from_records(records) -> dict[int, list[np.ndarray]]:
     """The cluster models a message's array records carry, by cluster id."""
     return {
-        int(key.split("-")[1]): from_record(r)
+        int(key[len(MODEL_KEY) :]): from_record(r)
         for key, r in records.items()
-        if key.startswith(model_key(0).split("-")[0] + "-")
+        if key.startswith(MODEL_KEY)
     }
 
 

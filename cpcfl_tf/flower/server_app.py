@@ -231,8 +231,7 @@ def main(grid: Grid, context: Context) -> None:
     if run.method.keeps:  # a personalized method: its part stays on the nodes
         first = start(0).models[0]
         num_encoder = len(template.get_layer("encoder").weights)
-        unsent = set(algorithm.unsent_arrays(run, num_encoder, len(first)))
-        shared = [i for i in range(len(first)) if i not in unsent]
+        shared = algorithm.sent_arrays(run, num_encoder, len(first))
         starting_part = [first[i] for i in algorithm.kept_arrays(run, num_encoder, len(first))]
     federation = remote.Nodes(
         grid,
