@@ -14,8 +14,8 @@ quarter turn: the groups differ in their inputs, not their labels). Every seed k
 Per partition, each link is CP-CFL (SimCLR) minus a rival's final accuracy, per seed,
 judged by the claims' rule (``cpcfl_tf.evidence.judge.RULE``) with the bounds and the
 seeds that would decide it, as the claims page gives them; beside it, what each method
-sends and what its clients keep. ``--rivals`` runs a subset of the rivals (the standard
-preset's two strongest: docs/experiments.md).
+sends and what its clients keep. ``--rivals`` runs a subset of the rivals; the report
+names the two strongest (:func:`strongest`) and the standard preset's command for them.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from cpcfl_tf.evidence.judge import (
     paired,
     verdict,
 )
-from cpcfl_tf.methods.federated import run_label
+from cpcfl_tf.methods.federated import get_method, run_label
 from cpcfl_tf.records.record import RunRecord
 from cpcfl_tf.running.cli import name_list
 from cpcfl_tf.running.report import markdown_table, mean_sd_cell
@@ -114,6 +114,36 @@ def links(runs: dict[str, dict[int, RunRecord]], part: str, rivals: Sequence[str
     return out
 
 
+def strongest(
+    runs: dict[str, dict[int, RunRecord]],
+    rivals: Sequence[str],
+    partitions: Sequence[str],
+    k: int = 2,
+) -> list[str]:
+    """The ``k`` rival methods closest to CP-CFL (SimCLR): the smallest mean of their links'
+    means (CP-CFL minus the rival, per seed) over every partition and start they have, each
+    link weighted alike; a method with no link is left out."""
+    means: dict[str, list[float]] = {}
+    for part in partitions:
+        for link in links(runs, part, rivals):
+            if link["summary"].n:
+                means.setdefault(rows(rivals)[link["rival"]][0], []).append(link["summary"].mean)
+    return sorted(means, key=lambda m: (sum(means[m]) / len(means[m]), rivals.index(m)))[:k]
+
+
+def strongest_line(runs, config, args) -> list[str]:
+    """Which two rivals the standard preset runs, named from these records."""
+    two = strongest(runs, args.rivals, args.partitions)
+    if config.preset == "standard" or len(two) < 2:
+        return []
+    names = " and ".join(get_method(m).label for m in two)
+    return [
+        f"The two strongest rivals here (the smallest mean of CP-CFL (SimCLR) − rival over "
+        f"both partitions and starts): {names}. At standard: `python "
+        f"experiments/personalization.py --preset standard --rivals {','.join(two)} --resume`."
+    ]
+
+
 def report_lines(
     runs: dict[str, dict[int, RunRecord]], config, seeds: Sequence[int], args, missing: int
 ) -> tuple[list[str], dict[str, list[str]]]:
@@ -170,6 +200,8 @@ def report_lines(
         lines += markdown_table(["run", "seeds", "accuracy (%)", "MB sent", "MB kept"], table)
         lines += ["", "Per seed: CP-CFL (SimCLR)'s accuracy minus the rival's (points).", ""]
         lines += tables[part]
+    named = strongest_line(runs, config, args)
+    lines += ["", *named] if named else []
     lines += ["", "<details><summary>The rule</summary>", "", RULE, "</details>"]
     return lines, tables
 
@@ -228,7 +260,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ]
     session.finish("\n".join(lines) + "\n", csv_rows)
     if not missing and set(args.rivals) == set(RIVALS):
-        block = summary_sentences(runs, args)
+        named = strongest_line(runs, config, args)
+        block = summary_sentences(runs, args) + (["", *named] if named else [])
         for part, table in tables.items():
             block += ["", f"{part}:", "", *table]
         session.update_readme("personalization", block, "personalization verdicts")

@@ -658,3 +658,39 @@ def test_personalization_judges_cp_cfl_against_each_rival_by_seed_on_both_partit
         segment = next(s for s in line.split(" — ")[1].split("; ") if "FedPer (None)" in s)
         assert segment.startswith("not told apart from" if said[part] == "not told apart"
                                   else f"{said[part]} against")
+
+
+def test_personalizations_two_strongest_rivals_are_named_from_the_links_by_hand():
+    """strongest(): the mean of each rival's links (CP-CFL minus it, per seed) over both
+    partitions and starts, smallest first, worked by hand; the line names them and the
+    standard preset's command, and the standard preset's own report names none."""
+    from types import SimpleNamespace
+
+    study = script("personalization")
+
+    def by_seed(*accs):
+        return {s: SimpleNamespace(final_accuracy=a) for s, a in enumerate(accs)}
+
+    runs = {"label-skew/cp-cfl-simclr": by_seed(0.90, 0.92), "rotated/cp-cfl-simclr":
+            by_seed(0.70, 0.74)}
+    # points, CP-CFL minus the rival, per link (label-skew SimCLR, None | rotated SimCLR,
+    # None), each the same on both seeds: fedper +1, +3 | +5, +6: mean 3.75; ditto +0, +2 |
+    # +9, +9: 5; fedrep +4 everywhere: 4; lg-fedavg only on label-skew, +3.5 twice: 3.5.
+    acc = {"fedper": [(0.89, 0.91), (0.87, 0.89), (0.65, 0.69), (0.64, 0.68)],
+           "ditto": [(0.90, 0.92), (0.88, 0.90), (0.61, 0.65), (0.61, 0.65)],
+           "fedrep": [(0.86, 0.88), (0.86, 0.88), (0.66, 0.70), (0.66, 0.70)],
+           "lg-fedavg": [(0.865, 0.885), (0.865, 0.885)]}
+    for method, rows_ in acc.items():
+        for (part, start), pair in zip([("label-skew", "simclr"), ("label-skew", "none"),
+                                        ("rotated", "simclr"), ("rotated", "none")], rows_):
+            runs[f"{part}/{method}-{start}"] = by_seed(*pair)
+    rivals, parts = ["fedper", "ditto", "fedrep", "lg-fedavg"], ["label-skew", "rotated"]
+    assert study.strongest(runs, rivals, parts) == ["lg-fedavg", "fedper"]
+    assert study.strongest(runs, rivals, parts, k=4) == ["lg-fedavg", "fedper", "fedrep",
+                                                         "ditto"]
+    args = SimpleNamespace(rivals=rivals, partitions=parts)
+    (line,) = study.strongest_line(runs, SimpleNamespace(preset="quick"), args)
+    assert ": LG-FedAvg and FedPer." in line
+    assert line.endswith("`python experiments/personalization.py --preset standard --rivals "
+                         "lg-fedavg,fedper --resume`.")
+    assert study.strongest_line(runs, SimpleNamespace(preset="standard"), args) == []

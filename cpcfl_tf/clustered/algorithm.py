@@ -465,7 +465,8 @@ def run_rounds(
     state = start(0) if state is None else state
     progress = Progress() if progress is None else progress
     unsent = unsent_arrays(run, state.num_encoder, len(state.models[0]))
-    size = model_bytes([a for i, a in enumerate(state.models[0]) if i not in unsent])  # as sent
+    sent = sent_arrays(run, state.num_encoder, len(state.models[0]))
+    size = model_bytes([state.models[0][i] for i in sent])  # what goes over the wire
     n = federation.num_clients
     assigned = (
         np.array(progress.assigned, np.int64) if progress.assigned else np.full(n, -1, np.int64)
