@@ -222,6 +222,8 @@ def summary_sentences(runs: dict[str, dict[int, RunRecord]], args) -> list[str]:
             else f"not told apart from {', '.join(names)}"
             for word, names in found.items()
         ]
+        if found and "personalization" not in found:
+            said.append("personalization wins against none")
         out.append(f"- {part}: CP-CFL (SimCLR) — " + "; ".join(said) + ".")
     return out
 

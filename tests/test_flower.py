@@ -301,6 +301,26 @@ def test_flower_federation_runs_the_simulators_rounds_and_survives_a_killed_supe
     assert sim_final.bytes_down == 2 * 3 * RUN["num-clusters"] * sim_final.model_bytes
 
 
+def test_the_launchers_wait_ends_naming_the_servers_error_when_its_run_ends_without_a_result(
+        tmp_path, federation):
+    # A ServerApp that raises ends the run without a result: the launcher's wait ends
+    # within seconds of the SuperLink saying so, with the ServerApp's error in one line,
+    # not after the run's timeout (rounds x round-timeout + 600 s). Here: FedRep at the
+    # smoke preset's one local epoch, which the method refuses (the launcher's own
+    # command refuses it before starting anything: the next test).
+    from cpcfl_tf.errors import UserError
+
+    out = tmp_path / "result.json"
+    run_id = federation.run({**KILLED, "method": "fedrep", "num-clusters": 1, "head-rounds": 0,
+                             "out": str(out)})
+    started = time.monotonic()
+    with pytest.raises(UserError, match=r"^the ServerApp ended without a result: UserError: "
+                       r"fedrep trains the head, then the encoder: federated.local_epochs "
+                       rf"must be at least 2, got 1 \(flwr log {run_id}; logs in "):
+        wait_for_file(out, federation, timeout=900, run_id=run_id)
+    assert time.monotonic() - started < 120 and not out.exists()
+
+
 def test_the_simulation_engine_runs_the_simulators_rounds(tmp_path, env):
     # `flwr run . local` with 3 virtual SuperNodes, as a Flower user runs it: one process
     # serves every partition (the ClientApp keeps one run's data and model, not one
@@ -564,6 +584,30 @@ def test_flower_loopback_rejects_bad_input_before_starting_anything(tmp_path):
     lines = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
     assert len(lines) == 1 and "unknown preset 'huge'" in lines[0]
     assert not (tmp_path / "out").exists()
+    # What the ServerApp's plan would refuse is refused here too, before any process.
+    from cpcfl_tf.errors import UserError
+    from cpcfl_tf.flower import loopback
+
+    with pytest.raises(UserError, match="^fedrep trains the head, then the encoder: "
+                                        "federated.local_epochs must be at least 2, got 1$"):
+        loopback.main(["--method", "fedrep", "--out", str(tmp_path / "plan")])
+    assert not (tmp_path / "plan").exists()
+
+
+def test_the_servers_error_is_its_tracebacks_last_line_and_the_status_flwr_ls_gives():
+    from cpcfl_tf.flower.loopback import error_line, run_status
+
+    log = ("INFO :      Start `flwr-serverapp` process\nERROR :     ServerApp raised an "
+           "exception\nTraceback (most recent call last):\n  File \"x.py\", line 1, in "
+           "main\ncpcfl_tf.errors.UserError: no data: give --data DIR\nERROR :     Exit "
+           "Code: 201\n")
+    assert error_line(log) == "UserError: no data: give --data DIR"
+    assert error_line("ValueError: bad\nstill going\n") == "ValueError: bad"
+    assert error_line("only this\n") == "only this" and error_line("") == "its log is empty"
+    assert run_status('{"success": true, "runs": [{"run-id": "7", "status": '
+                      '"finished:failed"}]}') == "finished:failed"
+    assert run_status('{"success": false, "error-message": "no run"}') == ""
+    assert run_status("not json") == ""
 
 
 QUERY = """

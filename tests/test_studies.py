@@ -629,7 +629,7 @@ def test_personalization_judges_cp_cfl_against_each_rival_by_seed_on_both_partit
 
     report = (out / "personalization.md").read_text()
     acc = {(r["partition"], r["run"], r["seed"]): 100 * float(r["accuracy"]) for r in table}
-    said = {}
+    said, beaten = {}, {}
     for part in ("label-skew", "rotated"):
         diffs = [acc[part, "cp-cfl-simclr", s] - acc[part, "fedper-none", s] for s in "01"]
         low, high = t_interval(diffs)
@@ -640,6 +640,8 @@ def test_personalization_judges_cp_cfl_against_each_rival_by_seed_on_both_partit
                 f"{low:+.2f} | {wins} | {needed if needed is not None else '-'} |") in report
         assert f"## {part}" in report
         said[part] = wins
+        other = [acc[part, "cp-cfl-simclr", s] - acc[part, "fedper-simclr", s] for s in "01"]
+        beaten[part] = t_interval(other)[1] < 0 or wins == "personalization"
     assert readme.read_bytes() == before  # a subset, elsewhere: the README is left alone
     # README's sentences (written when the whole study is there), from the same verdicts
     from argparse import Namespace
@@ -658,6 +660,7 @@ def test_personalization_judges_cp_cfl_against_each_rival_by_seed_on_both_partit
         segment = next(s for s in line.split(" — ")[1].split("; ") if "FedPer (None)" in s)
         assert segment.startswith("not told apart from" if said[part] == "not told apart"
                                   else f"{said[part]} against")
+        assert line.endswith("; personalization wins against none.") == (not beaten[part])
 
 
 def test_personalizations_two_strongest_rivals_are_named_from_the_links_by_hand():

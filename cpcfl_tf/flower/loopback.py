@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -268,6 +269,45 @@ class LoopbackFederation:
                 return lines
             time.sleep(2.0)
 
+    def status(self, run_id: str) -> str:
+        """Run ``run_id``'s status as ``flwr ls`` gives it (``running``,
+        ``finished:completed``, ``finished:failed`` ...); "" when the SuperLink does not
+        say (a diagnostic: never a reason to stop waiting)."""
+        try:
+            proc = subprocess.run(
+                [
+                    command_path("flwr"),
+                    "ls",
+                    "loopback",
+                    "--run-id",
+                    str(run_id),
+                    "--format",
+                    "json",
+                ],
+                capture_output=True,
+                text=True,
+                env=self.env,
+                timeout=120,
+            )
+            return run_status(proc.stdout)
+        except subprocess.TimeoutExpired:
+            return ""
+
+    def failure(self, run_id: str) -> str:
+        """The ServerApp's error of run ``run_id`` (its traceback's last line, from ``flwr
+        log``), or its log's last line."""
+        try:
+            proc = subprocess.run(
+                [command_path("flwr"), "log", str(run_id), "loopback", "--show"],
+                capture_output=True,
+                text=True,
+                env=self.env,
+                timeout=120,
+            )
+        except subprocess.TimeoutExpired:
+            return f"flwr log {run_id} gave nothing in 120 s"
+        return error_line(proc.stdout + proc.stderr)
+
     def kill_supernode(self, index: int) -> None:
         """Kill SuperNode ``index`` and its ClientApp processes (its process group)."""
         _kill(self.supernodes[index])
@@ -300,14 +340,53 @@ def _kill(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
 
 
-def wait_for_file(path: Path, federation: LoopbackFederation, timeout: float) -> dict:
-    """The JSON the ServerApp writes at the end of the run (error if it never comes)."""
+def run_status(ls_json: str) -> str:
+    """The status in ``flwr ls --run-id X --format json``'s output ("" if none)."""
+    try:
+        runs = json.loads(ls_json).get("runs") or [{}]
+    except (ValueError, AttributeError):
+        return ""
+    return str(runs[0].get("status", ""))
+
+
+def error_line(log: str) -> str:
+    """What a ServerApp's log says went wrong: its last ``SomeError: why`` line, the
+    exception's module left off; else the log's last line."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    raised = [m for m in map(ERROR.match, lines) if m]
+    if raised:
+        return f"{raised[-1]['name']}: {raised[-1]['why']}"
+    return lines[-1] if lines else "its log is empty"
+
+
+ERROR = re.compile(r"^(?:\w+\.)*(?P<name>\w*(?:Error|Exception|Exit)): (?P<why>.*)$")
+"""A traceback's last line, e.g. ``cpcfl_tf.errors.UserError: why``."""
+
+
+STATUS_EVERY = 10.0
+"""Seconds between two questions to the SuperLink of whether the run ended."""
+
+
+def wait_for_file(
+    path: Path, federation: LoopbackFederation, timeout: float, run_id: str | None = None
+) -> dict:
+    """The JSON the ServerApp writes at the end of the run: an error if it never comes,
+    or (given ``run_id``) as soon as the SuperLink says the run ended without it,
+    naming the ServerApp's error."""
     deadline = time.monotonic() + timeout
+    asked = time.monotonic()
     while time.monotonic() < deadline:
         if path.exists():
             return json.loads(path.read_text())
         if federation.superlink.poll() is not None:
             raise UserError(f"flower-superlink exited ({federation.workdir / 'superlink.log'})")
+        if run_id is not None and time.monotonic() - asked >= STATUS_EVERY:
+            asked = time.monotonic()
+            if federation.status(run_id).startswith("finished") and not path.exists():
+                raise UserError(
+                    f"the ServerApp ended without a result: {federation.failure(run_id)} "
+                    f"(flwr log {run_id}; logs in {federation.workdir})"
+                )
         time.sleep(1.0)
     raise UserError(
         f"the federation wrote no result in {timeout:.0f} s; logs in {federation.workdir}"
@@ -353,6 +432,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from cpcfl_tf.errors import ArgumentParser
     from cpcfl_tf.flower.common import DEFAULTS, run_config
     from cpcfl_tf.flower.credentials import make as make_credentials
+    from cpcfl_tf.plan.resolve import resolve
     from cpcfl_tf.records.files import prepare_out_dir
 
     parser = ArgumentParser(
@@ -430,7 +510,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         nodes = [f"data-path={json.dumps(str(p.resolve()))}" for p in folders]  # TOML string
         settings.pop("num-clients")
         settings.update({"min-nodes": len(nodes), "node-data": "own"})
-    run_config(settings)  # bad values fail here, before any process starts
+    # Bad values fail here, before any process starts, as the ServerApp would refuse them.
+    resolve(run_config(settings), checked=True)
     count = args.nodes if isinstance(nodes, int) else len(nodes)
     given = None if args.credentials is None else _given_credentials(args.credentials, count)
     out = prepare_out_dir(args.out or Path("results") / args.preset / "flower")
@@ -450,7 +531,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             run_id = federation.run({**settings, "out": str(result.resolve())})
             print(f"run {run_id} submitted; waiting for the ServerApp", flush=True)
             record = wait_for_file(
-                result, federation, timeout=args.rounds * args.round_timeout + 600
+                result, federation, timeout=args.rounds * args.round_timeout + 600, run_id=run_id
             )
             for k, reason in federation.refused().items():
                 print(f"SuperNode {k} did not join: {reason}")
