@@ -528,6 +528,31 @@ def test_a_scored_round_scores_each_node_with_its_model_or_the_one_it_would_choo
     assert all(np.array_equal(a, b) for a, b in zip(got, pool[1]))  # the planned model
 
 
+def test_a_rounds_accuracy_is_the_mean_in_client_order_whatever_order_the_replies_came_in():
+    # The simulator averages its clients' accuracies in client order; summed in the
+    # order the replies came in, the mean can differ in its last bit (0.45, 0.5, 0.6 do).
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from cpcfl_tf.clustered import algorithm
+    from cpcfl_tf.flower import remote
+    from cpcfl_tf.flower.common import run_config
+
+    plan = resolve(run_config({"num-clients": 3, "method": "fedavg", "pretraining": "none",
+                               "num-clusters": 1, "rounds": 1, "head-rounds": 0}))
+    grid = SimpleNamespace(get_node_ids=lambda: [10, 11, 12])
+    nodes = remote.Nodes(grid, {10: 0, 11: 1, 12: 2}, 3, 1.0, plan)
+    came = {2: 0.6, 1: 0.5, 0: 0.45}  # the last node's reply first
+    nodes.evaluate = lambda *args, **kw: (dict(came), [])
+    trained = algorithm.Replies(np.array([0, 1, 2]), np.zeros(3, np.int64), np.ones(3), [], [])
+    record = nodes.observe([[]], np.zeros(3, np.int64), trained, 1)
+    in_client_order = float(np.array([0.45, 0.5, 0.6]).mean())
+    assert float(np.mean(list(came.values()))) != in_client_order  # the order shows here
+    assert record["accuracy"] == in_client_order
+    assert remote.mean_accuracy(came) == in_client_order
+
+
 def test_a_message_for_another_client_is_refused_by_the_node_it_reached():
     # The server names the client in every message after the roster (its id; for a node
     # with its own data also the folder's name) and the node checks it against its own
@@ -603,6 +628,9 @@ def test_the_servers_error_is_its_tracebacks_last_line_and_the_status_flwr_ls_gi
            "Code: 201\n")
     assert error_line(log) == "UserError: no data: give --data DIR"
     assert error_line("ValueError: bad\nstill going\n") == "ValueError: bad"
+    chained = ("KeyError: 'x'\n\nDuring handling of the above exception, another exception "
+               "occurred:\n\nTraceback (most recent call last):\nflwr.x.RunError: the last\n")
+    assert error_line(chained) == "RunError: the last"
     assert error_line("only this\n") == "only this" and error_line("") == "its log is empty"
     assert run_status('{"success": true, "runs": [{"run-id": "7", "status": '
                       '"finished:failed"}]}') == "finished:failed"

@@ -510,8 +510,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         nodes = [f"data-path={json.dumps(str(p.resolve()))}" for p in folders]  # TOML string
         settings.pop("num-clients")
         settings.update({"min-nodes": len(nodes), "node-data": "own"})
-    # Bad values fail here, before any process starts, as the ServerApp would refuse them.
-    resolve(run_config(settings), checked=True)
+    # Bad values fail here, before any process starts, as the ServerApp's checks of its
+    # data and plan would refuse them.
+    resolve(run_config(settings))
     count = args.nodes if isinstance(nodes, int) else len(nodes)
     given = None if args.credentials is None else _given_credentials(args.credentials, count)
     out = prepare_out_dir(args.out or Path("results") / args.preset / "flower")

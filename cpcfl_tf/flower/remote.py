@@ -258,6 +258,12 @@ def roster(
     )
 
 
+def mean_accuracy(scores: dict[int, float]) -> float:
+    """The round's accuracy: the mean of the clients' accuracies in client order, as the
+    simulator averages them (the order the replies came in changes the last bit)."""
+    return float(np.mean([scores[c] for c in sorted(scores)]))
+
+
 class Nodes:
     """The ServerApp's :class:`~cpcfl_tf.clustered.algorithm.Federation`: one SuperNode per
     client, reached through the Grid. A node that fails a round is left out of it."""
@@ -412,7 +418,7 @@ class Nodes:
             return record
         self.scores, failed = self.evaluate(models, assigned, round_, planned)
         if self.scores:
-            record["accuracy"] = float(np.mean(list(self.scores.values())))
+            record["accuracy"] = mean_accuracy(self.scores)
         record["failed_partitions"] = sorted(set(replies.failed) | set(failed))
         return record
 

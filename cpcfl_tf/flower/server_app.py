@@ -262,7 +262,7 @@ def main(grid: Grid, context: Context) -> None:
             config.seed,
             progress,
             state,
-            float(np.mean(list(accuracy.values()))) if accuracy else None,
+            remote.mean_accuracy(accuracy) if accuracy else None,
             client_accuracy={str(k): v for k, v in sorted(accuracy.items())},
             # every client's part on its node, never sent (the simulator's count)
             bytes_kept=num_clients * sum(a.nbytes for a in starting_part or []),
