@@ -1,10 +1,11 @@
 """Methods from a researcher's own installed package (``cpcfl_tf/plugins.py``): a toy
 package outside ``cpcfl_tf/``, installed as a distribution with entry points (a
-``.dist-info`` on the path), gives a self-supervised method, an assignment rule and a
-clustered-FL method that uses it. In a fresh process (the registries read entry points
-at import), each runs as the kit's own do: a smoke pre-training and linear evaluation
-with the toy method, a CP-CFL run from its encoder, a run of the toy rule in the
-simulator and in the Flower apps (in one process); the records name the plugin."""
+``.dist-info`` on the path), gives a self-supervised method, an assignment rule, a
+clustered-FL method that uses it and a personalized method. In a fresh process (the
+registries read entry points at import), each runs as the kit's own do: a smoke
+pre-training and linear evaluation with the toy method, a CP-CFL run from its encoder, a
+run of the toy rule in the simulator and in the Flower apps (in one process), a run of
+the personalized method; the records name the plugin."""
 import json
 import os
 import subprocess
@@ -47,6 +48,8 @@ FILES = {
         from cpcfl_tf.methods.federated import PRETRAININGS, Method
 
         TOY = Method("toy-cfl", "ToyCFL", PRETRAININGS, assign="toy-alternate", head_phase=True)
+        # A personalized method, as docs/extending.md writes one: FedPer's keeps.
+        PERSONAL = Method("toy-per", "ToyPer", PRETRAININGS, one_model=True, keeps="head")
         ''',
     "toy_cpcfl-0.1.dist-info/METADATA": "Metadata-Version: 2.1\nName: toy-cpcfl\nVersion: 0.1\n",
     "toy_cpcfl-0.1.dist-info/entry_points.txt": '''
@@ -58,6 +61,7 @@ FILES = {
 
         [cpcfl_tf.methods]
         toy-cfl = toy_cpcfl.method:TOY
+        toy-per = toy_cpcfl.method:PERSONAL
         ''',
 }
 
@@ -98,6 +102,10 @@ toy = runner.run(RunSpec("toy-cfl-none", "toy-cfl", "none", federated={"rounds":
 said["cp"] = {"accuracy": cp.final.accuracy, "plugins": cp.environment.get("plugins")}
 said["toy"] = {"ids": [r.cluster_ids for r in toy.rounds],
                "plugins": toy.environment.get("plugins")}
+per = runner.run(RunSpec("toy-per-none", "toy-per", "none",
+                         federated={"rounds": 2, "head_rounds": 0}))
+said["per"] = {k: getattr(per.final, k) for k in ("bytes_down", "model_bytes", "bytes_kept")}
+said["per"]["plugins"] = per.environment.get("plugins")
 sys.path.insert(0, sys.argv[2])
 from helpers import run_in_process
 record = run_in_process({"preset": "smoke", "method": "toy-cfl", "pretraining": "none",
@@ -136,6 +144,11 @@ def test_a_plugins_ssl_method_and_rule_run_as_the_kits_own(tmp_path):
     assert said["toy"]["ids"] == [[u % 3 for u in range(9)]] * 2  # smoke: 9 clients, N = 3
     assert said["toy"]["plugins"] == {"method toy-cfl": "toy-cpcfl 0.1",
                                       "rule toy-alternate": "toy-cpcfl 0.1"}
+    # The personalized method: each of the 9 clients keeps its head (the model's bytes
+    # less what went down to each of them in each of the 2 rounds), never sent.
+    per = said["per"]
+    assert per["bytes_kept"] == 9 * (per["model_bytes"] - per["bytes_down"] // 18) > 0, per
+    assert per["plugins"] == {"method toy-per": "toy-cpcfl 0.1"}
     expected = [[u % 2 for u in range(3)]] * 2
     assert said["flower"]["ids"] == expected
     assert said["flower"]["plugins"] == said["toy"]["plugins"]
