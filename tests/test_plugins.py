@@ -5,7 +5,7 @@ clustered-FL method that uses it and a personalized method. In a fresh process (
 registries read entry points at import), each runs as the kit's own do: a smoke
 pre-training and linear evaluation with the toy method, a CP-CFL run from its encoder, a
 run of the toy rule in the simulator and in the Flower apps (in one process), a run of
-the personalized method; the records name the plugin."""
+the personalized method from the toy's encoder; the records name the plugin."""
 import json
 import os
 import subprocess
@@ -102,7 +102,7 @@ toy = runner.run(RunSpec("toy-cfl-none", "toy-cfl", "none", federated={"rounds":
 said["cp"] = {"accuracy": cp.final.accuracy, "plugins": cp.environment.get("plugins")}
 said["toy"] = {"ids": [r.cluster_ids for r in toy.rounds],
                "plugins": toy.environment.get("plugins")}
-per = runner.run(RunSpec("toy-per-none", "toy-per", "none",
+per = runner.run(RunSpec("toy-per-toy-simclr", "toy-per", "toy-simclr",
                          federated={"rounds": 2, "head_rounds": 0}))
 said["per"] = {k: getattr(per.final, k) for k in ("bytes_down", "model_bytes", "bytes_kept")}
 said["per"]["plugins"] = per.environment.get("plugins")
@@ -148,7 +148,8 @@ def test_a_plugins_ssl_method_and_rule_run_as_the_kits_own(tmp_path):
     # less what went down to each of them in each of the 2 rounds), never sent.
     per = said["per"]
     assert per["bytes_kept"] == 9 * (per["model_bytes"] - per["bytes_down"] // 18) > 0, per
-    assert per["plugins"] == {"method toy-per": "toy-cpcfl 0.1"}
+    assert per["plugins"] == {"method toy-per": "toy-cpcfl 0.1",  # from the toy's encoder
+                              "ssl_method toy-simclr": "toy-cpcfl 0.1"}
     expected = [[u % 2 for u in range(3)]] * 2
     assert said["flower"]["ids"] == expected
     assert said["flower"]["plugins"] == said["toy"]["plugins"]
