@@ -240,30 +240,39 @@ class LoopbackFederation:
             )
         return str(json.loads(proc.stdout).get("run-id", ""))
 
+    def flwr(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess | None:
+        """``flwr ARGS`` against this federation's SuperLink; None when it gave nothing
+        in ``timeout`` seconds."""
+        try:
+            return subprocess.run(
+                [command_path("flwr"), *args],
+                capture_output=True,
+                text=True,
+                env=self.env,
+                timeout=timeout,
+            )
+        except subprocess.TimeoutExpired:
+            return None
+
+    def server_log(self, run_id: str) -> str | None:
+        """The ServerApp's log of run ``run_id`` so far (``flwr log --show``)."""
+        proc = self.flwr("log", str(run_id), "loopback", "--show")
+        return None if proc is None else proc.stdout + proc.stderr
+
     def server_lines(
         self, run_id: str, until: str | None = None, timeout: float = 60.0
     ) -> list[str]:
-        """The ServerApp's ``[cpcfl]`` lines of run ``run_id`` so far (``flwr log --show``):
-        rounds, replies, and each failed node's reason. The ServerApp uploads its log
-        every few seconds from a thread, so its last lines can reach the SuperLink after
-        its result file: with ``until``, ask again (up to ``timeout`` seconds) until a
-        line contains it."""
+        """The ServerApp's ``[cpcfl]`` lines of run ``run_id`` so far: rounds, replies,
+        and each failed node's reason. The ServerApp uploads its log every few seconds
+        from a thread, so its last lines can reach the SuperLink after its result file:
+        with ``until``, ask again (up to ``timeout`` seconds) until a line contains it."""
         deadline = time.monotonic() + timeout
         while True:
-            try:
-                proc = subprocess.run(
-                    [command_path("flwr"), "log", str(run_id), "loopback", "--show"],
-                    capture_output=True,
-                    text=True,
-                    env=self.env,
-                    timeout=120,
-                )
-            except subprocess.TimeoutExpired:  # a diagnostic: never the reason a check fails
+            log = self.server_log(run_id)
+            if log is None:  # a diagnostic: never the reason a check fails
                 return [f"(flwr log {run_id} gave nothing in 120 s)"]
             lines = [
-                line[line.index("[cpcfl]") :]
-                for line in (proc.stdout + proc.stderr).splitlines()
-                if "[cpcfl]" in line
+                line[line.index("[cpcfl]") :] for line in log.splitlines() if "[cpcfl]" in line
             ]
             if until is None or any(until in line for line in lines) or time.monotonic() > deadline:
                 return lines
@@ -273,40 +282,14 @@ class LoopbackFederation:
         """Run ``run_id``'s status as ``flwr ls`` gives it (``running``,
         ``finished:completed``, ``finished:failed`` ...); "" when the SuperLink does not
         say (a diagnostic: never a reason to stop waiting)."""
-        try:
-            proc = subprocess.run(
-                [
-                    command_path("flwr"),
-                    "ls",
-                    "loopback",
-                    "--run-id",
-                    str(run_id),
-                    "--format",
-                    "json",
-                ],
-                capture_output=True,
-                text=True,
-                env=self.env,
-                timeout=120,
-            )
-            return run_status(proc.stdout)
-        except subprocess.TimeoutExpired:
-            return ""
+        proc = self.flwr("ls", "loopback", "--run-id", str(run_id), "--format", "json")
+        return "" if proc is None else run_status(proc.stdout)
 
     def failure(self, run_id: str) -> str:
-        """The ServerApp's error of run ``run_id`` (its traceback's last line, from ``flwr
-        log``), or its log's last line."""
-        try:
-            proc = subprocess.run(
-                [command_path("flwr"), "log", str(run_id), "loopback", "--show"],
-                capture_output=True,
-                text=True,
-                env=self.env,
-                timeout=120,
-            )
-        except subprocess.TimeoutExpired:
-            return f"flwr log {run_id} gave nothing in 120 s"
-        return error_line(proc.stdout + proc.stderr)
+        """The ServerApp's error of run ``run_id`` (its traceback's last line), or its
+        log's last line."""
+        log = self.server_log(run_id)
+        return f"flwr log {run_id} gave nothing in 120 s" if log is None else error_line(log)
 
     def kill_supernode(self, index: int) -> None:
         """Kill SuperNode ``index`` and its ClientApp processes (its process group)."""
