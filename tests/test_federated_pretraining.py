@@ -324,7 +324,10 @@ def test_the_study_judges_each_federated_encoder_against_both_references(tmp_pat
     made_here = json.loads((out / "seed1-ifca-none.json").read_text())["environment"]
     assert summary == {**{k: made_here[k] for k in stored["environment"]}, "machines": 2}
     (out / "seed1-ifca-none.json").unlink()  # a study under way: --report runs nothing
+    interrupted = out / ".seed1-ifca-none.ckpt.npz"  # its run's checkpoint, left as it is
+    interrupted.write_bytes(b"rounds so far")
     study.main([*argv, "--report"])
+    assert interrupted.read_bytes() == b"rounds so far"
     partial = json.loads((out / "federated_pretraining.json").read_text())
     assert all(d["n"] == 1 for d in partial["differences"].values())
     assert not (out / "seed1-ifca-none.json").exists()

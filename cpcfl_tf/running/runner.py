@@ -164,8 +164,11 @@ class Runner:
         """``spec``'s finished record: in the output folder, or taken (a stand-in, a twin,
         the one ``taken.json`` names, or one this machine would make when its starting
         encoder needs no training), so that a report reads the same runs on any machine;
-        None where there is none. Reads, never writes; what it finds joins
+        None where there is none, as for a run interrupted (its checkpoint is there).
+        Reads, never writes; what it finds joins
         :attr:`records`, as :meth:`run`'s records do (the report's notes read them)."""
+        if self.checkpoint(spec).exists() and not self.path(spec).exists():
+            return None  # interrupted, to be resumed: not finished, and left as it is
         run = self.plan_of(spec)
         config = run.requested
         decision = self.decide(spec)
