@@ -21,6 +21,7 @@ from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.evidence.judge import (HOLDS, NOT_SHOWN, OPPOSITE, RULE, final_accuracy, paired,
                                      verdict)
 from cpcfl_tf.methods.federated import run_label
+from cpcfl_tf.running.cli import positive_int
 from cpcfl_tf.running.report import markdown_table, mean_sd_cell
 from cpcfl_tf.running.runner import RunSpec
 from cpcfl_tf.running.script import Script
@@ -49,7 +50,7 @@ def _ari(record) -> float | None:
 
 
 def _options(parser) -> None:
-    parser.add_argument("--trials", type=int, default=5,
+    parser.add_argument("--trials", type=positive_int, default=5,
                         help="seeds --seed .. --seed + trials - 1 (default 5)")
     parser.add_argument("--report", action="store_true",
                         help="make no run: write the report from the runs finished in the "
@@ -65,8 +66,6 @@ def _options(parser) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     session = SCRIPT.start(argv, _options)
     config, args = session.config, session.args
-    if args.trials < 1:
-        raise UserError(f"--trials must be >= 1, got {args.trials}")
     seeds = list(range(args.seed, args.seed + args.trials))
     if args.reuse and not Path(args.reuse).is_dir():
         raise UserError(f"--reuse {args.reuse}: no such folder; pass a results tree the "

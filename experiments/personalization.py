@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from cpcfl_tf.errors import UserError, run_cli
+from cpcfl_tf.errors import run_cli
 from cpcfl_tf.evidence.judge import (
     HOLDS,
     NOT_SHOWN,
@@ -35,7 +35,7 @@ from cpcfl_tf.evidence.judge import (
 )
 from cpcfl_tf.methods.federated import get_method, run_label
 from cpcfl_tf.records.record import RunRecord
-from cpcfl_tf.running.cli import name_list
+from cpcfl_tf.running.cli import name_list, positive_int
 from cpcfl_tf.running.report import markdown_table, mean_sd_cell
 from cpcfl_tf.running.runner import RunSpec
 from cpcfl_tf.running.script import Script
@@ -77,7 +77,7 @@ def specs(seeds: Sequence[int], rivals: Sequence[str], partitions: Sequence[str]
 
 def _options(parser) -> None:
     parser.add_argument(
-        "--trials", type=int, default=5, help="seeds --seed .. --seed + trials - 1 (default 5)"
+        "--trials", type=positive_int, default=5, help="seeds --seed .. --seed + trials - 1 (default 5)"
     )
     parser.add_argument(
         "--rivals",
@@ -231,8 +231,6 @@ def summary_sentences(runs: dict[str, dict[int, RunRecord]], args) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> None:
     session = SCRIPT.start(argv, _options)
     config, args = session.config, session.args
-    if args.trials < 1:
-        raise UserError(f"--trials must be >= 1, got {args.trials}")
     seeds = list(range(args.seed, args.seed + args.trials))
     session.reuse_committed()
     runs: dict[str, dict[int, RunRecord]] = {}

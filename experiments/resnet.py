@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from cpcfl_tf.running.cli import name_list
-from cpcfl_tf.errors import UserError, run_cli
+from cpcfl_tf.running.cli import name_list, positive_int
+from cpcfl_tf.errors import run_cli
 from cpcfl_tf.running.report import mean_sd, trial_table
 from cpcfl_tf.evidence.catalogue import COMPARISON, COMPARISON_LABELS, comparison_specs
 from cpcfl_tf.running.script import Script
@@ -48,15 +48,14 @@ def _options(parser) -> None:
     parser.add_argument("--encoders", type=name_list(list(HEADS)),
                         default=list(HEADS), metavar="ENCODER[,ENCODER]",
                         help="resnet18 and/or resnet50 (default: both)")
-    parser.add_argument("--trials", type=int, help="trials per encoder (default: the paper's "
-                        "5 / 1 on the paper preset, 1 on the CPU presets)")
+    parser.add_argument("--trials", type=positive_int,
+                        help="trials per encoder (default: the paper's 5 / 1 on the paper "
+                             "preset, 1 on the CPU presets)")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     session = SCRIPT.start(argv, _options)
     config, args = session.config, session.args
-    if args.trials is not None and args.trials < 1:
-        raise UserError(f"--trials must be >= 1, got {args.trials}")
     specs = {encoder: [spec for k in range(args.trials or (
                   PAPER_TRIALS[encoder] if config.preset == "paper" else 1))
                        for spec in comparison_specs(f"{encoder}-trial{k + 1}-", encoder=encoder,

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from cpcfl_tf.errors import UserError, run_cli
+from cpcfl_tf.errors import run_cli
+from cpcfl_tf.running.cli import positive_int
 from cpcfl_tf.running.report import markdown_table, trial_table
 from cpcfl_tf.evidence.catalogue import COMPARISON, COMPARISON_LABELS, comparison_specs
 from cpcfl_tf.methods.federated import run_label
@@ -95,7 +96,7 @@ LABELS = {**COMPARISON_LABELS, FIXED: run_label("cp-cfl-restart", "simclr")}
 
 
 def _options(parser) -> None:
-    parser.add_argument("--trials", type=int, default=5, help="number of trials (default 5)")
+    parser.add_argument("--trials", type=positive_int, default=5, help="number of trials (default 5)")
 
 
 def _clustering(record) -> str:
@@ -109,8 +110,6 @@ def _clustering(record) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     session = SCRIPT.start(argv, _options)
     config, args = session.config, session.args
-    if args.trials < 1:
-        raise UserError(f"--trials must be >= 1, got {args.trials}")
     specs = session.kept([spec for k in range(args.trials) for spec in [
         *comparison_specs(f"trial{k + 1}-", seed=args.seed + k),
         RunSpec(f"trial{k + 1}-{FIXED}", "cp-cfl-restart", "simclr", seed=args.seed + k,
