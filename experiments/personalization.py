@@ -14,8 +14,10 @@ quarter turn: the groups differ in their inputs, not their labels). Every seed k
 Per partition, each link is CP-CFL (SimCLR) minus a rival's final accuracy, per seed,
 judged by the claims' rule (``cpcfl_tf.evidence.judge.RULE``) with the bounds and the
 seeds that would decide it, as the claims page gives them; beside it, what each method
-sends and what its clients keep. ``--rivals`` runs a subset of the rivals; the report
-names the two strongest (:func:`strongest`) and the standard preset's command for them.
+sends and what its clients keep. Every rival runs at smoke and quick; the standard and
+paper presets run the quick study's two strongest (:data:`STANDARD_RIVALS`), which the
+quick report names (:func:`strongest`); ``--rivals`` picks others. Once every run of the
+preset's rivals is in, the verdicts go to ``results/README.md`` (the kit's own folder only).
 """
 
 from __future__ import annotations
@@ -42,6 +44,10 @@ from cpcfl_tf.running.script import Script
 
 RIVALS = ("fedavg-ft", "fedper", "fedrep", "lg-fedavg", "ditto")
 """The personalized methods, each from SimCLR and from random weights."""
+STANDARD_RIVALS = ("fedper", "ditto")
+"""What the standard and paper presets run without ``--rivals``: the two strongest rivals
+of the kit's quick study (:func:`strongest`; its report names them, and a test holds this
+to the committed quick records)."""
 STARTS = ("simclr", "none")
 OURS = "cp-cfl-simclr"
 PARTITIONS = {"label-skew": {}, "rotated": {"kind": "rotated"}}
@@ -82,9 +88,10 @@ def _options(parser) -> None:
     parser.add_argument(
         "--rivals",
         type=name_list(RIVALS),
-        default=list(RIVALS),
         metavar="NAME[,NAME...]",
-        help="the personalized methods to run: " + ",".join(RIVALS) + " (default: all)",
+        help="the personalized methods to run: " + ",".join(RIVALS) + " (default: all at "
+        "smoke and quick; at standard and paper " + ",".join(STANDARD_RIVALS) + ", the two "
+        "strongest at quick)",
     )
     parser.add_argument(
         "--partitions",
@@ -99,6 +106,12 @@ def _options(parser) -> None:
         help="make no run: write the report from the runs finished in the output folder, "
         "and name the missing ones with the command that makes them",
     )
+
+
+def default_rivals(preset: str) -> list[str]:
+    """``--rivals`` when not given: every rival at smoke and quick, the quick study's two
+    strongest (:data:`STANDARD_RIVALS`) at the larger presets."""
+    return list(RIVALS if preset in ("smoke", "quick") else STANDARD_RIVALS)
 
 
 def links(runs: dict[str, dict[int, RunRecord]], part: str, rivals: Sequence[str]) -> list[dict]:
@@ -232,6 +245,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     session = SCRIPT.start(argv, _options)
     config, args = session.config, session.args
     seeds = list(range(args.seed, args.seed + args.trials))
+    if args.rivals is None:
+        args.rivals = default_rivals(config.preset)
     session.reuse_committed()
     runs: dict[str, dict[int, RunRecord]] = {}
     done, missing = session.run_or_read(specs(seeds, args.rivals, args.partitions), args.report)
@@ -259,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for seed, r in sorted(by_seed.items())
     ]
     session.finish("\n".join(lines) + "\n", csv_rows)
-    if not missing and set(args.rivals) == set(RIVALS):
+    if not missing and sorted(args.rivals) == sorted(default_rivals(config.preset)):
         named = strongest_line(runs, config, args)
         block = summary_sentences(runs, args) + (["", *named] if named else [])
         for part, table in tables.items():

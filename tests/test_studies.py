@@ -697,3 +697,32 @@ def test_personalizations_two_strongest_rivals_are_named_from_the_links_by_hand(
     assert line.endswith("`python experiments/personalization.py --preset standard --rivals "
                          "lg-fedavg,fedper --resume`.")
     assert study.strongest_line(runs, SimpleNamespace(preset="standard"), args) == []
+
+
+def test_the_larger_presets_run_the_two_rivals_closest_to_cp_cfl_in_the_committed_quick_study(
+        tmp_path, capsys):
+    """Without --rivals, standard and paper run STANDARD_RIVALS: worked out here from the
+    committed quick csv, the two methods with the smallest mean, over both partitions and
+    starts, of the per-seed mean of CP-CFL (SimCLR) minus the rival; smoke and quick run all."""
+    study = script("personalization")
+    table = rows(Path(__file__).parents[1] / "results/quick/personalization/personalization.csv")
+    acc = {(r["partition"], r["run"], int(r["seed"])): float(r["accuracy"]) for r in table}
+    gaps = {}
+    for method in study.RIVALS:
+        gaps[method] = np.mean([
+            np.mean([acc[part, "cp-cfl-simclr", s] - acc[part, f"{method}-{start}", s]
+                     for s in range(5)])
+            for part in ("label-skew", "rotated") for start in ("simclr", "none")])
+    assert len(acc) == 2 * 11 * 5  # the whole quick study: 11 runs a partition and seed
+    closest = sorted(gaps, key=gaps.get)[:2]
+    assert sorted(study.STANDARD_RIVALS) == sorted(closest)
+    assert study.default_rivals("standard") == study.default_rivals("paper") == list(
+        study.STANDARD_RIVALS)
+    assert study.default_rivals("quick") == study.default_rivals("smoke") == list(study.RIVALS)
+    for given, runs in ([], closest), (["--rivals", "fedrep"], ["fedrep"]):  # what it plans
+        with pytest.raises(SystemExit):
+            study.main(["--preset", "standard", "--dry-run", "--out", str(tmp_path), "--trials",
+                        "1", "--partitions", "rotated", *given])
+        planned = re.findall(r"seed0-rotated-(\S+)-(?:simclr|none): ", capsys.readouterr().out)
+        assert sorted(set(planned)) == sorted(["cp-cfl", *runs]) and len(planned) == 5 - (
+            2 * (2 - len(runs))), planned

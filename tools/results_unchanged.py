@@ -30,7 +30,8 @@ from cpcfl_tf.errors import ArgumentParser, UserError, run_cli
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 BEYOND = {"cfl_families": (), "clustering_reliability": (), "encoder_selection": (),
-          "federated_pretraining": ("--report",), "local_optimizer": (), "partition": ()}
+          "federated_pretraining": ("--report",), "local_optimizer": (), "partition": (),
+          "personalization": ()}
 """The scripts beyond ``experiments/all.py``'s whose folder a tree may hold, with the
 options that make them write their report from what is kept (no run, no scoring)."""
 MAKES = (": to run", ": to resume", "to pre-train", "to train")
