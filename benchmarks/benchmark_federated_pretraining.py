@@ -13,13 +13,13 @@ from __future__ import annotations
 import statistics
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
-from cpcfl_tf.running.cli import print_metrics
-from cpcfl_tf.records.environment import environment
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.methods.federated import FEDERATED_PRETRAININGS
+from cpcfl_tf.records.environment import environment
+from cpcfl_tf.running.cli import print_metrics
 from cpcfl_tf.running.script import Script
 
 SCRIPT = Script(__file__, __doc__, distribute=False, runs=False)
@@ -50,10 +50,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         pretrain={"epochs": args.epochs,
                   "options": {algorithm: {"rounds": args.epochs, "local_epochs": 1}}})
 
-    from cpcfl_tf.pretraining.federated_pretrain import federated_pretrain
-    from cpcfl_tf.plan.resolve import pretraining_of
-    from cpcfl_tf.pretraining.pretrain import load_pretrain_images, pretrain
     from cpcfl_tf.data.unlabeled import deal_unlabeled
+    from cpcfl_tf.plan.resolve import pretraining_of
+    from cpcfl_tf.pretraining.federated_pretrain import federated_pretrain
+    from cpcfl_tf.pretraining.pretrain import load_pretrain_images, pretrain
     from cpcfl_tf.records.files import write_json
 
     images = load_pretrain_images(config.data)

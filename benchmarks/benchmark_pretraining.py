@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
-from cpcfl_tf.running.cli import print_metrics
-from cpcfl_tf.plan.choices import ENCODERS
-from cpcfl_tf.records.environment import environment
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.methods.federated import PRETRAIN_METHODS
 from cpcfl_tf.methods.ssl import get_ssl_method
+from cpcfl_tf.plan.choices import ENCODERS
+from cpcfl_tf.records.environment import environment
+from cpcfl_tf.running.cli import print_metrics
 from cpcfl_tf.running.script import Script
-
 
 SCRIPT = Script(__file__, __doc__, distribute=False, runs=False)
 
@@ -51,8 +50,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         batch_size=args.batch_size or config.pretrain.batch_size,
         jit_compile=args.jit_compile, precision=args.precision)
 
-    from cpcfl_tf.pretraining.timing import (bare_encoder_step, compare_seconds,
-                                             contrastive_step, random_images)
+    from cpcfl_tf.pretraining.timing import (
+        bare_encoder_step,
+        compare_seconds,
+        contrastive_step,
+        random_images,
+    )
     from cpcfl_tf.records.files import write_json
 
     batch = random_images(pretrain.batch_size, size, args.seed)

@@ -16,17 +16,17 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
-from cpcfl_tf.running.cli import positive_int, print_metrics
-from cpcfl_tf.records.environment import environment
 from cpcfl_tf.errors import UserError, run_cli
+from cpcfl_tf.plan.context import RunContext
+from cpcfl_tf.records.environment import environment
+from cpcfl_tf.running.cli import positive_int, print_metrics
 from cpcfl_tf.running.report import markdown_table
 from cpcfl_tf.running.script import Script
-from cpcfl_tf.plan.context import RunContext
 
 
 def plain_keras_round(model, pool, train_x, train_y, test_x, test_y, *, epochs: int,
@@ -144,8 +144,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     from cpcfl_tf.clustered.clients import ClientArrays, Clients
     from cpcfl_tf.clustered.pool import build_template, initial_pool
     from cpcfl_tf.clustered.simulator import run_federated
-    from cpcfl_tf.records.files import write_json
     from cpcfl_tf.plan.resolve import resolve
+    from cpcfl_tf.records.files import write_json
 
     def timed(clients_count: int, participation: float, eval_every: int, rounds: int):
         """Seconds of each simulator round of ``clients_count`` random clients, and the
@@ -165,7 +165,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                        **({"jit_compile": True} if args.xla else {})})
         stamps = [time.perf_counter()]
         plan = resolve(run)
-        run_federated(plan, clients, context=RunContext(verbose=0, max_clients=args.max_clients_per_step),
+        context = RunContext(verbose=0, max_clients=args.max_clients_per_step)
+        run_federated(plan, clients, context=context,
                       on_round=lambda *_: stamps.append(time.perf_counter()))
         seconds = np.diff(stamps)
         print(f"{clients_count} clients, rounds (s): {', '.join(f'{s:.2f}' for s in seconds)}",

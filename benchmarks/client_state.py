@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import resource
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.running.cli import print_metrics

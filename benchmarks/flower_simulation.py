@@ -20,13 +20,13 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
-from cpcfl_tf.records.environment import cpu_model, environment
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.running.report import markdown_table
+from cpcfl_tf.records.environment import cpu_model, environment
 from cpcfl_tf.records.files import write_json
+from cpcfl_tf.running.report import markdown_table
 from cpcfl_tf.running.script import Script
 
 SCRIPT = Script(__file__, __doc__, default_preset="quick", distribute=False, runs=False)
@@ -94,8 +94,11 @@ write_record(sys.argv[3], record)
 
 def one(settings: dict, driver: str, work: Path) -> dict:
     """One run of ``settings`` under ``driver`` (simulator | engine), measured."""
-    from cpcfl_tf.flower.simulation import (check_own_superlink, simulation_command,
-                                            stop_local_superlink)
+    from cpcfl_tf.flower.simulation import (
+        check_own_superlink,
+        simulation_command,
+        stop_local_superlink,
+    )
 
     out = work / driver / "result.json"
     out.parent.mkdir(parents=True, exist_ok=True)

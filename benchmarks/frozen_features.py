@@ -17,7 +17,7 @@ not from these runs' records, which may have shared the cores.
 from __future__ import annotations
 
 import argparse
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

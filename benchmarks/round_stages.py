@@ -25,8 +25,8 @@ import contextlib
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -199,7 +199,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             after_first.append((dict(seconds), dict(calls)))
 
     with timed_stages(seconds, calls):
-        run_federated(run, clients, encoder_weights=encoder, context=RunContext(verbose=0, max_clients=args.max_clients_per_step),
+        context = RunContext(verbose=0, max_clients=args.max_clients_per_step)
+        run_federated(run, clients, encoder_weights=encoder, context=context,
                       on_round=on_round)
     rounds = np.diff(stamps)
     if len(rounds) < 2:

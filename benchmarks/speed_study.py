@@ -27,14 +27,14 @@ import json
 import os
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
-from cpcfl_tf.running.cli import positive_int
-from cpcfl_tf.records.environment import cpu_model, environment
 from cpcfl_tf.errors import run_cli
-from cpcfl_tf.running.report import markdown_table
+from cpcfl_tf.records.environment import cpu_model, environment
 from cpcfl_tf.records.files import write_json
+from cpcfl_tf.running.cli import positive_int
+from cpcfl_tf.running.report import markdown_table
 from cpcfl_tf.running.script import Script
 
 SCRIPT = Script(__file__, __doc__, default_preset="standard", distribute=False, runs=False)
@@ -100,6 +100,24 @@ def batch_sizes(batch_size: int, images: int = TRAIN_IMAGES) -> list[int]:
     return sorted({batch_size, images % batch_size} - {0}, reverse=True)
 
 
+def _conv_kernels(x, f, dy, strides, padding) -> dict:
+    """A Conv2D's three kernels, one call per client: kind -> (function, its arguments)."""
+    import tensorflow as tf
+
+    kh, kw, cin, cout = f[0].shape
+    b, h, w, _ = x[0].shape
+    return {
+        "forward": (lambda x, f: [tf.nn.conv2d(a, k, strides, padding)
+                                  for a, k in zip(x, f)], (x, f)),
+        "filter_gradient": (lambda x, dy: [tf.raw_ops.Conv2DBackpropFilter(
+            input=a, filter_sizes=[kh, kw, cin, cout], out_backprop=d,
+            strides=strides, padding=padding) for a, d in zip(x, dy)], (x, dy)),
+        "input_gradient": (lambda f, dy: [tf.raw_ops.Conv2DBackpropInput(
+            input_sizes=[b, h, w, cin], filter=k, out_backprop=d, strides=strides,
+            padding=padding) for k, d in zip(f, dy)], (f, dy)),
+    }
+
+
 def kernel_breakdown(classifier, clients: int, batches: Sequence[int], repeats: int = 5
                      ) -> list[dict]:
     """Each Conv2D's forward, filter-gradient and input-gradient kernels, one per client
@@ -121,16 +139,7 @@ def kernel_breakdown(classifier, clients: int, batches: Sequence[int], repeats: 
             x = [rng.normal((b, h, w, cin)) for _ in range(clients)]
             f = [rng.normal((kh, kw, cin, cout)) for _ in range(clients)]
             dy = [rng.normal((b, oh, ow, cout)) for _ in range(clients)]
-            ops = {
-                "forward": (lambda x, f: [tf.nn.conv2d(a, k, strides, padding)
-                                          for a, k in zip(x, f)], (x, f)),
-                "filter_gradient": (lambda x, dy: [tf.raw_ops.Conv2DBackpropFilter(
-                    input=a, filter_sizes=[kh, kw, cin, cout], out_backprop=d,
-                    strides=strides, padding=padding) for a, d in zip(x, dy)], (x, dy)),
-                "input_gradient": (lambda f, dy: [tf.raw_ops.Conv2DBackpropInput(
-                    input_sizes=[b, h, w, cin], filter=k, out_backprop=d, strides=strides,
-                    padding=padding) for k, d in zip(f, dy)], (f, dy)),
-            }
+            ops = _conv_kernels(x, f, dy, strides, padding)
             flops = 2 * b * oh * ow * cout * kh * kw * cin * clients
             row = {"layer": layer.name, "input": [h, w, cin], "output": [oh, ow, cout],
                    "batch": b, "gflop": flops / 1e9}
@@ -227,9 +236,9 @@ def step_layouts(classifier, clients: int, batches: Sequence[int], repeats: int 
     import numpy as np
     import tensorflow as tf
 
-    from cpcfl_tf.pretraining.timing import compare_seconds
-    from cpcfl_tf.data.images import to_float
     from cpcfl_tf.clustered.stacked import StackedBackend, stacked_logits
+    from cpcfl_tf.data.images import to_float
+    from cpcfl_tf.pretraining.timing import compare_seconds
 
     backend = StackedBackend(classifier)
 
@@ -351,9 +360,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def time_kernels(config, clients: int) -> dict:
     """The ``kernels`` part: the local step's convolutions and layouts."""
-    from cpcfl_tf.records.environment import onednn_enabled
     from cpcfl_tf.clustered.pool import build_template
     from cpcfl_tf.plan.resolve import resolve
+    from cpcfl_tf.records.environment import onednn_enabled
 
     run = resolve(config)
     fl = run.federated

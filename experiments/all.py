@@ -12,11 +12,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
-from cpcfl_tf.running.cli import name_list
 from cpcfl_tf.errors import run_cli
+from cpcfl_tf.running.cli import name_list
 from cpcfl_tf.running.report import markdown_table
 from cpcfl_tf.running.script import Script
 
@@ -26,7 +26,8 @@ SCRIPTS = ("table2", "clusters", "encoder_training", "datasets", "heads", "super
 ``experiments/<name>.py``."""
 OTHER_RUNS = ("claims", "cfl_families", "personalization")
 """Folders of run records that other scripts write under the preset's (``claims.py
---run``, ``cfl_families.py``, ``personalization.py``): their compute time is in the report's table too."""
+--run``, ``cfl_families.py``, ``personalization.py``): their compute time is in the
+report's table too."""
 SCRIPT = Script(__file__, __doc__, default_preset="quick", runs=False)
 """Its options are every script's (``--out`` is the preset's folder, default
 ``results/<preset>``)."""
@@ -89,9 +90,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = SCRIPT.parser()
     _options(parser)
     args = parser.parse_args(argv)
-    from cpcfl_tf.running.cli import resolve_config
     from cpcfl_tf.records.files import prepare_out_dir, write_text
-
+    from cpcfl_tf.running.cli import resolve_config
     from cpcfl_tf.running.script import run_context
 
     run_context(args)  # bad input stops here, before any script starts

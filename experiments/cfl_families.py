@@ -14,12 +14,19 @@ the paired difference "from SimCLR minus from random" is judged by the claims' r
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.evidence.judge import (HOLDS, NOT_SHOWN, OPPOSITE, RULE, final_accuracy, paired,
-                                     verdict)
+from cpcfl_tf.evidence.judge import (
+    HOLDS,
+    NOT_SHOWN,
+    OPPOSITE,
+    RULE,
+    final_accuracy,
+    paired,
+    verdict,
+)
 from cpcfl_tf.methods.federated import run_label
 from cpcfl_tf.running.cli import positive_int
 from cpcfl_tf.running.report import markdown_table, mean_sd_cell
@@ -83,8 +90,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         table.append([run_label(*ROWS[name]), len(records),
                       mean_sd_cell([final_accuracy(r) for r in records]),
                       mean_sd_cell([_ari(r) for r in records], "{:.3f}"),
-                      mean_sd_cell([r.last_cluster_change() for r in records if _ari(r) is not None],
-                            "{:.1f}"),
+                      mean_sd_cell([r.last_cluster_change() for r in records
+                                    if _ari(r) is not None], "{:.1f}"),
                       mean_sd_cell([(r.final.bytes_down + r.final.bytes_up) / 1e6 for r in records],
                             "{:.0f}")])
     effects = []

@@ -13,20 +13,20 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
-from cpcfl_tf.evidence.claims import CLAIM_IDS, Claim, base_name, claims, with_fix
-from cpcfl_tf.running.cli import resolve_config
 from cpcfl_tf.errors import UserError, run_cli
+from cpcfl_tf.evidence.claims import CLAIM_IDS, Claim, base_name, claims, with_fix
 from cpcfl_tf.evidence.claims_report import groups_found, headroom, report
+from cpcfl_tf.evidence.judge import CLAIMS_RULE
 from cpcfl_tf.evidence.judging import Judged, judge
 from cpcfl_tf.evidence.provenance import encoder_notes, machine_notes, seed_list
 from cpcfl_tf.evidence.readme_table import verdict_table
 from cpcfl_tf.evidence.tree import Evidence
-from cpcfl_tf.evidence.judge import CLAIMS_RULE
-from cpcfl_tf.plan.identity import config_key
 from cpcfl_tf.methods.federated import PRETRAIN_METHODS
+from cpcfl_tf.plan.identity import config_key
+from cpcfl_tf.running.cli import resolve_config
 from cpcfl_tf.running.report import markdown_table, replace_block
 from cpcfl_tf.running.runner import RunSpec
 from cpcfl_tf.running.script import Script, run_context

@@ -6,12 +6,16 @@ T at its own 40 rounds (CPU time); ``smoke`` uses 3, 6 and 9 clients.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from cpcfl_tf.errors import run_cli
+from cpcfl_tf.evidence.catalogue import (
+    COMPARISON_LABELS,
+    client_settings,
+    clients_partition,
+    comparison_specs,
+)
 from cpcfl_tf.running.report import markdown_table
-from cpcfl_tf.evidence.catalogue import (COMPARISON_LABELS, client_settings, clients_partition,
-                                         comparison_specs)
 from cpcfl_tf.running.script import Script
 
 SCRIPT = Script(__file__, __doc__, rows=tuple(COMPARISON_LABELS))

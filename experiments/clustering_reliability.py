@@ -20,7 +20,7 @@ each pair of methods by the claims' rule, and claim C4's link over all these run
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.evidence.reliability import ROWS, figures, study_rows

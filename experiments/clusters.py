@@ -5,7 +5,7 @@ model (its Tc phase included), which the paper reports as FedAvg (SimCLR).
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from cpcfl_tf.errors import run_cli
 from cpcfl_tf.running.report import markdown_table

@@ -10,12 +10,12 @@ your runs.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
-from cpcfl_tf.plan.presets import PRESETS
 from cpcfl_tf.errors import ArgumentParser, UserError, run_cli
-from cpcfl_tf.running.compare import comparison_lines, compare_runs
+from cpcfl_tf.plan.presets import PRESETS
+from cpcfl_tf.running.compare import compare_runs, comparison_lines
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -9,13 +9,13 @@ and digits and print that mapping.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
-from cpcfl_tf.evidence.dataset_pairs import dataset_pairs
 from cpcfl_tf.errors import run_cli
-from cpcfl_tf.running.report import markdown_table
 from cpcfl_tf.evidence.catalogue import COMPARISON_LABELS, comparison_specs
-from cpcfl_tf.running.runner import RunSpec, Runner
+from cpcfl_tf.evidence.dataset_pairs import dataset_pairs
+from cpcfl_tf.running.report import markdown_table
+from cpcfl_tf.running.runner import Runner, RunSpec
 from cpcfl_tf.running.script import Script
 
 CENTRALIZED = {"centralized-all": ("Centralized (all clients)", 1),

@@ -18,16 +18,17 @@ selected encoders with ``--encoders-from .../encoder_selection.json``.
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-from cpcfl_tf.running.cli import name_list
-from cpcfl_tf.plan.config import Config
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.evidence.judge import final_accuracy, verdict
+from cpcfl_tf.evidence.selection import choose, label, report, summary_part
+from cpcfl_tf.methods.ssl import SSL_METHODS
+from cpcfl_tf.plan.config import Config
+from cpcfl_tf.running.cli import name_list
 from cpcfl_tf.running.runner import RunSpec
 from cpcfl_tf.running.script import Script
-from cpcfl_tf.methods.ssl import SSL_METHODS
-from cpcfl_tf.evidence.selection import choose, label, report, summary_part
 
 SEEDS = {"smoke": 2, "quick": 5, "standard": 5, "paper": 1}
 """Seeds per preset (the claims' five on the CPU presets)."""
@@ -161,8 +162,8 @@ def score_candidates(session, plan: dict[str, list[dict]], seeds: list[int]) -> 
     """Pre-train (or find in the cache) and score every candidate of every seed; the
     scores of a candidate scored before (``candidates.json`` in the output folder) are
     kept, as its cache entry names the same encoder."""
-    from cpcfl_tf.pretraining.knn import proxy_scores
     from cpcfl_tf.plan.resolve import resolve
+    from cpcfl_tf.pretraining.knn import proxy_scores
     from cpcfl_tf.records.files import read_json, write_json
 
     config, runner = session.config, session.runner

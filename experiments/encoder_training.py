@@ -6,10 +6,10 @@ encoders of all clusters averaged into one), each with heads c, c-1, c-2, c-3.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
-from cpcfl_tf.plan.choices import HEADS
 from cpcfl_tf.errors import run_cli
+from cpcfl_tf.plan.choices import HEADS
 from cpcfl_tf.running.report import markdown_table
 from cpcfl_tf.running.runner import RunSpec
 from cpcfl_tf.running.script import Script

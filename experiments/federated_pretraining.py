@@ -19,15 +19,21 @@ encoder's record (how it was made) is copied to ``encoders/``.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
-from cpcfl_tf.running.cli import resolve_config
 from cpcfl_tf.errors import run_cli
+from cpcfl_tf.evidence.federated_pretraining import (
+    ROWS,
+    report,
+    run_rows,
+    runs_environment,
+    summarize,
+    tables,
+)
+from cpcfl_tf.plan.resolve import check_data
+from cpcfl_tf.running.cli import resolve_config
 from cpcfl_tf.running.runner import RunSpec
 from cpcfl_tf.running.script import Script
-from cpcfl_tf.plan.resolve import check_data
-from cpcfl_tf.evidence.federated_pretraining import (ROWS, report, run_rows, runs_environment,
-                                                     summarize, tables)
 
 SEEDS = {"smoke": 2, "quick": 5, "standard": 5, "paper": 1}
 """Seeds per preset (the claims' five on the CPU presets)."""

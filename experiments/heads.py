@@ -6,11 +6,11 @@ larger heads are expected to help most when rounds are few.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
-from cpcfl_tf.plan.choices import HEADS
-from cpcfl_tf.evidence.dataset_pairs import dataset_pairs
 from cpcfl_tf.errors import run_cli
+from cpcfl_tf.evidence.dataset_pairs import dataset_pairs
+from cpcfl_tf.plan.choices import HEADS
 from cpcfl_tf.running.report import markdown_table
 from cpcfl_tf.running.runner import RunSpec
 from cpcfl_tf.running.script import Script

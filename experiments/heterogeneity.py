@@ -10,10 +10,10 @@ The server's SimCLR encoder is the preset's, pre-trained on unturned, unlabeled 
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
-from cpcfl_tf.plan.config import Config
 from cpcfl_tf.errors import run_cli
+from cpcfl_tf.plan.config import Config
 from cpcfl_tf.running.report import markdown_table
 from cpcfl_tf.running.runner import RunSpec
 from cpcfl_tf.running.script import Script

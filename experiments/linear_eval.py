@@ -8,14 +8,14 @@ paper: STL-10 train -> test). The paper keeps the encoder with the best proxy ac
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
-from cpcfl_tf.running.cli import name_list
-from cpcfl_tf.plan.config import Config
-from cpcfl_tf.records.environment import environment
 from cpcfl_tf.errors import UserError, run_cli
 from cpcfl_tf.evidence.judge import linear_eval_config, linear_eval_settings
 from cpcfl_tf.methods.federated import PRETRAIN_METHODS
+from cpcfl_tf.plan.config import Config
+from cpcfl_tf.records.environment import environment
+from cpcfl_tf.running.cli import name_list
 from cpcfl_tf.running.report import markdown_table
 from cpcfl_tf.running.script import Script
 
@@ -53,11 +53,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"kept the earlier evaluation ({out / 'linear_eval.json'})")
         session.finish(_report(config, earlier["rows"], **earlier["proxy"]))
         return
-    from cpcfl_tf.pretraining.linear_eval import linear_eval
     from cpcfl_tf.clustered.clients import load_client_splits
     from cpcfl_tf.models import build_encoder
     from cpcfl_tf.models.seeding import seeded
     from cpcfl_tf.plan.resolve import resolve
+    from cpcfl_tf.pretraining.linear_eval import linear_eval
     from cpcfl_tf.records.files import weights_fingerprint, write_json
 
     proxy_train, proxy_test = load_client_splits(config.data)

@@ -13,15 +13,15 @@ in every round (``<run>.rounds.json``) to show which of them flip.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
 from cpcfl_tf.errors import run_cli
 from cpcfl_tf.records.record import RunRecord
 from cpcfl_tf.running.report import markdown_table
-from cpcfl_tf.running.runner import RunSpec, Runner
+from cpcfl_tf.running.runner import Runner, RunSpec
 from cpcfl_tf.running.script import Script
 
 SCRIPT = Script(__file__, __doc__)

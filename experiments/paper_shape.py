@@ -23,15 +23,15 @@ import resource
 import sys
 import threading
 import time
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
-from cpcfl_tf.records.environment import environment
 from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.running.report import markdown_table
+from cpcfl_tf.plan.context import RunContext
+from cpcfl_tf.records.environment import environment
 from cpcfl_tf.records.files import cache_at, write_json
+from cpcfl_tf.running.report import markdown_table
 from cpcfl_tf.running.runner import RunSpec
 from cpcfl_tf.running.script import Script
-from cpcfl_tf.plan.context import RunContext
 
 SCRIPT = Script(__file__, __doc__, default_preset="paper", distribute=False, runs=False,
                 stand_in=True)
@@ -151,7 +151,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     sizes = stand_in_sizes(args.scale)
     stages = Stages()
     with cache_at(out / "cache"), stl10_stand_in(args.scale):
-        runner = Runner("paper_shape", config, out / "runs", context=RunContext(resume=args.resume, force=args.force))
+        runner = Runner("paper_shape", config, out / "runs",
+                        context=RunContext(resume=args.resume, force=args.force))
         run_config = spec.config(config)
         with stages.stage(f"load the unlabeled images ({sizes['unlabelled']:,} x 96x96x3)"
                           ) as loaded:

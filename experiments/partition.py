@@ -5,12 +5,11 @@ groups) and ``client_data_amount.png`` (the paper's fig:client_data_amount) to `
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
-from cpcfl_tf.running.cli import resolve_config
 from cpcfl_tf.errors import run_cli
+from cpcfl_tf.running.cli import resolve_config
 from cpcfl_tf.running.script import Script
-
 
 SCRIPT = Script(__file__, __doc__, default_preset="quick", distribute=False,
                 runs=False)
@@ -27,8 +26,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.clients is not None:
         config = config.with_overrides(partition={"num_clients": args.clients})
 
-    from cpcfl_tf.records.files import prepare_out_dir, write_json
     from cpcfl_tf.plan.resolve import check_client_sources, check_data
+    from cpcfl_tf.records.files import prepare_out_dir, write_json
 
     check_data(config)
     check_client_sources(config)

@@ -83,7 +83,8 @@ def specs(seeds: Sequence[int], rivals: Sequence[str], partitions: Sequence[str]
 
 def _options(parser) -> None:
     parser.add_argument(
-        "--trials", type=positive_int, default=5, help="seeds --seed .. --seed + trials - 1 (default 5)"
+        "--trials", type=positive_int, default=5,
+        help="seeds --seed .. --seed + trials - 1 (default 5)",
     )
     parser.add_argument(
         "--rivals",

@@ -8,14 +8,14 @@ at batch size 1, as keras-flops counts them.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
-from cpcfl_tf.running.cli import name_list
+from cpcfl_tf.errors import UserError, run_cli
+from cpcfl_tf.methods.ssl import get_ssl_method
 from cpcfl_tf.plan.choices import ENCODERS
 from cpcfl_tf.plan.presets import pretrain_config_for
 from cpcfl_tf.records.environment import environment
-from cpcfl_tf.errors import UserError, run_cli
-from cpcfl_tf.methods.ssl import get_ssl_method
+from cpcfl_tf.running.cli import name_list
 from cpcfl_tf.running.report import markdown_table
 from cpcfl_tf.running.script import Script
 
@@ -38,10 +38,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.repeats < 1:
         raise UserError(f"--repeats must be >= 1, got {args.repeats}")
 
-    from cpcfl_tf.pretraining.timing import contrastive_step, median_seconds, random_images
     from cpcfl_tf.data.sources import split_size
     from cpcfl_tf.flops import count_flops
     from cpcfl_tf.models import build_encoder
+    from cpcfl_tf.pretraining.timing import contrastive_step, median_seconds, random_images
     from cpcfl_tf.records.files import read_json, write_json
 
     size = config.data.image_size

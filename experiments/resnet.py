@@ -10,12 +10,12 @@ accuracy curves of the first trial are drawn per encoder.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
-from cpcfl_tf.running.cli import name_list, positive_int
 from cpcfl_tf.errors import run_cli
-from cpcfl_tf.running.report import mean_sd, trial_table
 from cpcfl_tf.evidence.catalogue import COMPARISON, COMPARISON_LABELS, comparison_specs
+from cpcfl_tf.running.cli import name_list, positive_int
+from cpcfl_tf.running.report import mean_sd, trial_table
 from cpcfl_tf.running.script import Script
 
 SCRIPT = Script(__file__, __doc__, rows=tuple(COMPARISON))

@@ -16,8 +16,8 @@ comparison line says which of the two differs.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from cpcfl_tf.errors import ArgumentParser, UserError, run_cli
 from cpcfl_tf.records.record import RunRecord

@@ -8,7 +8,7 @@ presets use the preset's own data (pre-training split -> client split).
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from cpcfl_tf.errors import run_cli
 from cpcfl_tf.running.report import markdown_table

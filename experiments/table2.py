@@ -8,11 +8,11 @@ the preset's clients. With no arguments this is the paper preset (STL-10, GPU);
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from cpcfl_tf.errors import run_cli
-from cpcfl_tf.records.record import SCORES, RunRecord
 from cpcfl_tf.methods.federated import run_label
+from cpcfl_tf.records.record import SCORES, RunRecord
 from cpcfl_tf.running.report import markdown_table
 from cpcfl_tf.running.runner import RunSpec
 from cpcfl_tf.running.script import Script
@@ -93,8 +93,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     config, out = session.config, session.out
     records = session.run_all(SPECS)
 
-    from cpcfl_tf.evidence.plots import (plot_accuracy_curves, plot_client_data_amounts,
-                                plot_cluster_identity)
+    from cpcfl_tf.evidence.plots import (
+        plot_accuracy_curves,
+        plot_client_data_amounts,
+        plot_cluster_identity,
+    )
 
     report, rows = tables(records, config.preset)
     data = config.data.client_dataset

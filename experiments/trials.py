@@ -9,13 +9,13 @@ trials includes the encoder's. Mean ± SD (ddof = 0, as in the paper) over trial
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from cpcfl_tf.errors import run_cli
-from cpcfl_tf.running.cli import positive_int
-from cpcfl_tf.running.report import markdown_table, trial_table
 from cpcfl_tf.evidence.catalogue import COMPARISON, COMPARISON_LABELS, comparison_specs
 from cpcfl_tf.methods.federated import run_label
+from cpcfl_tf.running.cli import positive_int
+from cpcfl_tf.running.report import markdown_table, trial_table
 from cpcfl_tf.running.runner import RunSpec
 from cpcfl_tf.running.script import Script
 
@@ -96,7 +96,8 @@ LABELS = {**COMPARISON_LABELS, FIXED: run_label("cp-cfl-restart", "simclr")}
 
 
 def _options(parser) -> None:
-    parser.add_argument("--trials", type=positive_int, default=5, help="number of trials (default 5)")
+    parser.add_argument("--trials", type=positive_int, default=5,
+                        help="number of trials (default 5)")
 
 
 def _clustering(record) -> str:

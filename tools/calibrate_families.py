@@ -17,12 +17,12 @@ for CFL and PACFL; ``docs/choices.md`` cites this report.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-from cpcfl_tf.methods import clustering
 from cpcfl_tf.errors import UserError, run_cli
+from cpcfl_tf.methods import clustering
 from cpcfl_tf.methods.federated import METHODS, START_LABELS
 from cpcfl_tf.running.report import markdown_table
 from cpcfl_tf.running.runner import RunSpec

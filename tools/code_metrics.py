@@ -45,7 +45,8 @@ def _names_any(node: ast.expr | None) -> bool:
         except SyntaxError:
             return False
     return any(
-        (isinstance(n, ast.Name) and n.id == "Any") or (isinstance(n, ast.Attribute) and n.attr == "Any")
+        (isinstance(n, ast.Name) and n.id == "Any")
+        or (isinstance(n, ast.Attribute) and n.attr == "Any")
         for n in ast.walk(node)
     )
 
@@ -102,7 +103,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         m = measure(args.rev)
     except subprocess.CalledProcessError as err:
-        print(f"error: git could not read {args.rev!r} ({err.stderr.strip()}); name a commit", file=sys.stderr)
+        print(f"error: git could not read {args.rev!r} ({err.stderr.strip()}); name a commit",
+              file=sys.stderr)
         raise SystemExit(2) from None
     print(f"functions: {m.functions}, fully annotated: {m.annotated} ({100 * m.share:.0f} %)")
     print(f"annotations in signatures naming Any: {m.any_in_signatures}")

@@ -24,8 +24,8 @@ import os
 import shutil
 import tarfile
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from cpcfl_tf.errors import ArgumentParser, UserError, run_cli
 from cpcfl_tf.records.files import PARTIAL, cache_root, prepare_out_dir, write_atomic

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from cpcfl_tf.data.folders import class_folder_names
 from cpcfl_tf.errors import UserError, run_cli

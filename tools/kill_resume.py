@@ -21,14 +21,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
 from cpcfl_tf.errors import run_cli
-from cpcfl_tf.running.script import Script
 from cpcfl_tf.plan.context import RunContext
+from cpcfl_tf.running.script import Script
 
 KILL = "CPCFL_KILL"
 """Child only, when to SIGKILL itself: ``write:<kind>:<n>`` at its n-th write of that kind
@@ -58,7 +58,7 @@ def child(folder: Path, preset: str, seed: int, kills: int) -> None:
     import threading
 
     import cpcfl_tf.records.files as results
-    from cpcfl_tf.running.runner import RunSpec, Runner
+    from cpcfl_tf.running.runner import Runner, RunSpec
 
     plan = os.environ.get(KILL, "").split(":")
     counts: dict[str, int] = {}
@@ -87,7 +87,9 @@ def child(folder: Path, preset: str, seed: int, kills: int) -> None:
 
     results.os.replace = counted
     os.environ["CPCFL_CACHE"] = str(folder / "cache")
-    Runner("kill_resume", run_config(preset, seed, kills), folder / "runs", context=RunContext(resume=True, verbose=0)).run(RunSpec(*SPEC))
+    runner = Runner("kill_resume", run_config(preset, seed, kills), folder / "runs",
+                    context=RunContext(resume=True, verbose=0))
+    runner.run(RunSpec(*SPEC))
 
 
 def attempt(folder: Path, preset: str, seed: int, kills: int, plan: str = ""

@@ -10,8 +10,8 @@ is left alone and reported. Records already in today's layout are not touched.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from cpcfl_tf.errors import ArgumentParser, UserError, run_cli
 

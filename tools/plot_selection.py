@@ -12,8 +12,8 @@ anything is drawn.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from cpcfl_tf.errors import ArgumentParser, UserError, run_cli
 from cpcfl_tf.methods.federated import run_label

@@ -24,8 +24,8 @@ Writes ``poisoned_node.json`` and ``poisoned_node.md``.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -149,16 +149,16 @@ def report(summary: dict) -> str:
              "final accuracy (%), honest run -> with the poisoned node.", "",
              "| aggregation | largest weight, honest | largest weight, poisoned | "
              "honest nodes' accuracy, honest -> poisoned |", "|---|---|---|---|"]
-    for name, row in summary["defences"].items():
-        def weights(kind):
-            return " / ".join(f"{w:.3g}" for w in row[kind]["largest_weight"])
+    def weights(row, kind):
+        return " / ".join(f"{w:.3g}" for w in row[kind]["largest_weight"])
 
+    for name, row in summary["defences"].items():
         accuracy = "; ".join(
             f"node {k}: {100 * row['honest']['client_accuracy'][k]:.1f} -> "
             f"{100 * row['poisoned']['client_accuracy'][k]:.1f}"
             for k in sorted(row["honest"]["client_accuracy"]))
-        lines.append(f"| {name} ({_settings(row['settings'])}) | {weights('honest')} | "
-                     f"{weights('poisoned')} | {accuracy} |")
+        lines.append(f"| {name} ({_settings(row['settings'])}) | {weights(row, 'honest')} | "
+                     f"{weights(row, 'poisoned')} | {accuracy} |")
     sizes = summary["sizes"]
     lines += ["", "## One poisoned node in a cluster of n", "",
               "The largest absolute weight of the model after the last round (FedAvg: "

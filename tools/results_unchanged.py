@@ -22,11 +22,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
-from cpcfl_tf.plan.presets import PRESETS
 from cpcfl_tf.errors import ArgumentParser, UserError, run_cli
+from cpcfl_tf.plan.presets import PRESETS
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 BEYOND = {"cfl_families": (), "clustering_reliability": (), "encoder_selection": (),

@@ -10,8 +10,8 @@ folder; its ``experiments`` beside it), e.g. an older commit's worktree.
 from __future__ import annotations
 
 import ast
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from cpcfl_tf.errors import ArgumentParser, run_cli
 

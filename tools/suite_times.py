@@ -17,8 +17,8 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 LINE = re.compile(r"\s*([0-9.]+)s (?:call|setup|teardown)\s+(tests/[^:]+)::")
 

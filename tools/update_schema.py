@@ -17,8 +17,8 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from cpcfl_tf.errors import ArgumentParser, run_cli
 
@@ -49,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     text = SCHEMA.read_text()
     new = updated(text)
     if args.check:
-        print("current" if new == text else f"out of date: run python tools/update_schema.py")
+        print("current" if new == text else "out of date: run python tools/update_schema.py")
         sys.exit(0 if new == text else 1)
     SCHEMA.write_text(new)
     print("unchanged" if new == text else f"updated {SCHEMA}")
