@@ -145,6 +145,17 @@ def test_every_study_of_experiments_is_rebuilt_by_results_unchanged():
     assert studies == set(script("all").SCRIPTS) | set(script("results_unchanged").BEYOND)
 
 
+def test_results_unchanged_compares_the_trees_files_but_a_runs_checkpoint(tmp_path):
+    tool = script("results_unchanged")
+    for tree, text in (("a", "one"), ("b", "two")):
+        (tmp_path / tree / "study").mkdir(parents=True)
+        (tmp_path / tree / "study" / "report.md").write_text(text)
+        (tmp_path / tree / "study" / ".run.ckpt.npz").write_text(text)  # a run under way's
+    (tmp_path / "b" / "study" / "new.csv").write_text("")
+    assert tool.differences(tmp_path / "a", tmp_path / "b") == [
+        "changed study/report.md", "new study/new.csv"]
+
+
 def test_benchmark_simulator_runs_both_loops(tmp_path, capsys):
     script("benchmark_simulator").main(["--out", str(tmp_path), "--clients", "3", "--rounds", "2",
                                         "--baseline-rounds", "1"])

@@ -726,3 +726,52 @@ def test_the_larger_presets_run_the_two_rivals_closest_to_cp_cfl_in_the_committe
         planned = re.findall(r"seed0-rotated-(\S+)-(?:simclr|none): ", capsys.readouterr().out)
         assert sorted(set(planned)) == sorted(["cp-cfl", *runs]) and len(planned) == 5 - (
             2 * (2 - len(runs))), planned
+
+
+def test_the_margins_figure_bins_pythons_base_10_logarithms_not_numpys(tmp_path, monkeypatch):
+    """clustering_reliability's margins.png: each set's histogram over log10 of its
+    positive margins, 29 equal bins from the smallest to the largest, density per decade,
+    worked out here; numpy's log10 and power (whose SIMD paths on AVX-512 give other last
+    bits than elsewhere) are never called, so the figure's bytes depend on the records."""
+    import math
+
+    import cpcfl_tf.evidence.plots as plots
+
+    margins = {"found": [1e-3, 2e-3, 0.5, 0.0], "merged": [1e-4, 3e-2, 3e-2, 2.0]}
+    logs = {k: [math.log10(v) for v in vs if v > 0] for k, vs in margins.items()}
+    low, high = -4.0, math.log10(2.0)
+    width = (high + 1e-9 - low) / 29
+    drawn = {}
+
+    def keep(plt, fig, path):
+        drawn["fig"] = fig
+        return Path(path)
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("numpy's log10 or power: other last bits on other CPUs")
+
+    class NumpyWithoutLogs:  # plots.py's numpy; matplotlib keeps its own
+        def __getattr__(self, name):
+            return forbidden if name in ("log", "log10", "power", "logspace") else getattr(
+                np, name)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    monkeypatch.setattr(plots, "np", NumpyWithoutLogs())
+    plots.plot_margin_distributions(margins, tmp_path / "m.png", title="t")
+    monkeypatch.undo()
+    (ax,) = drawn["fig"].axes
+    bars = ax.patches
+    assert len(bars) == 2 * 29
+    for k, (label, xs) in enumerate(logs.items()):
+        mine = bars[29 * k: 29 * (k + 1)]
+        counts = [sum(low + i * width <= x < low + (i + 1) * width + 1e-12 for x in xs)
+                  for i in range(29)]
+        assert [b.get_height() for b in mine] == pytest.approx(
+            [c / (len(xs) * width) for c in counts], rel=1e-9)  # per decade
+        assert mine[0].get_x() == pytest.approx(low) and sum(counts) == len(xs)
+    assert [t.get_text() for t in ax.get_xticklabels()] == [
+        f"$10^{{{k}}}$" for k in range(-4, 2)]
+    assert ax.get_xscale() == "linear" and ax.get_ylabel() == "density per decade"
+    import matplotlib.pyplot as plt
+
+    plt.close(drawn["fig"])

@@ -39,9 +39,11 @@ MAKES = (": to run", ": to resume", "to pre-train", "to train")
 
 
 def digests(root: Path) -> dict[str, str]:
-    """SHA-256 of every file under ``root``, by path relative to it."""
+    """SHA-256 of every file under ``root``, by path relative to it, but for the hidden
+    ones (``.*``: an interrupted run's checkpoint, a cache lock), which git ignores and a
+    run under way rewrites."""
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+            for p in sorted(root.rglob("*")) if p.is_file() and not p.name.startswith(".")}
 
 
 def differences(before: Path, after: Path) -> list[str]:
