@@ -2,6 +2,7 @@
 script is run again over a copy of its folder (every run "done before"; training and
 pre-training are forbidden) and must write the same ``.csv`` and ``.md`` bytes."""
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -138,3 +139,34 @@ def test_the_poisoned_node_study_is_its_summary_and_shows_which_defences_hold():
                 assert cell["largest_weight"][-1] >= 1e29, (name, n)
             else:
                 assert max(cell["largest_weight"]) < 1, (name, n)
+
+
+@pytest.mark.parametrize("preset", ["quick", "standard"])
+def test_the_personalization_study_and_its_readme_verdicts_are_its_committed_records(
+        preset, tmp_path, monkeypatch):
+    """personalization.md, .csv and README's verdicts go stale when the report's code or
+    the records change: written again (--report: no run) in a copy laid out as the kit's
+    tree, with the folders its taken.json takes runs from, they must be the same bytes.
+    The standard study, under way, is a partial table naming the command that makes the
+    rest; its README block is written only once every run is in."""
+    import json
+
+    committed = ROOT / "results"
+    folder = committed / preset / "personalization"
+    taken = json.loads((folder / "taken.json").read_text())
+    for name in {preset + "/personalization", *(str(Path(p).parent.relative_to("results"))
+                                                for p in taken.values())}:
+        shutil.copytree(committed / name, tmp_path / "results" / name,
+                        ignore=shutil.ignore_patterns("*.png", ".*", "figures"))
+    shutil.copy(committed / "README.md", tmp_path / "results" / "README.md")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CPCFL_CACHE", str(tmp_path / "cache"))  # no encoder: taken.json's only
+    for module, name in (("cpcfl_tf.clustered.simulator", "run_federated"),
+                         ("cpcfl_tf.pretraining.pretrain", "pretrain")):
+        monkeypatch.setattr(module + "." + name, _forbidden(name))
+    script("personalization").main(["--preset", preset, "--report"])
+    for name in ("personalization.md", "personalization.csv"):
+        assert (tmp_path / "results" / preset / "personalization" / name).read_text() == (
+            folder / name).read_text(), name
+    assert (tmp_path / "results" / "README.md").read_text() == (
+        committed / "README.md").read_text()
