@@ -339,7 +339,7 @@ def reused_note(
         lines.append(
             f"{len(named)} of these runs were taken from {folders(named)} as the "
             "folder's `taken.json` names them: the machine that wrote it would make "
-            "them bit for bit; this one would not, or has not their encoders cached."
+            "them bit for bit (whether this one would is not asked)."
         )
     return lines
 
