@@ -724,8 +724,9 @@ def test_the_larger_presets_run_the_two_rivals_closest_to_cp_cfl_in_the_committe
             study.main(["--preset", "standard", "--dry-run", "--out", str(tmp_path), "--trials",
                         "1", "--partitions", "rotated", *given])
         planned = re.findall(r"seed0-rotated-(\S+)-(?:simclr|none): ", capsys.readouterr().out)
-        assert sorted(set(planned)) == sorted(["cp-cfl", *runs]) and len(planned) == 5 - (
-            2 * (2 - len(runs))), planned
+        # CP-CFL (SimCLR), then each rival from both starts
+        assert sorted(set(planned)) == sorted(["cp-cfl", *runs]) and len(planned) == 1 + 2 * len(
+            runs), planned
 
 
 def test_the_margins_figure_bins_pythons_base_10_logarithms_not_numpys(tmp_path, monkeypatch):
