@@ -60,7 +60,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.images:
         images = images[:args.images]
     pretraining = pretraining_of(config)
-    batch, method = pretraining.federated_settings["batch_size"], pretraining.ssl.name
+    assert pretraining is not None and pretraining.ssl is not None, args.start  # a fed-<ssl>
+    assert pretraining.federated is not None, args.start
+    batch, method = pretraining.federated.settings["batch_size"], pretraining.ssl.name
     rows = deal_unlabeled("iid", len(images), clients, seed=config.seed, batch_size=batch)
     with tempfile.TemporaryDirectory() as tmp:
         server = pretrain(config.pretrain, images, Path(tmp) / "server", method=pretraining.ssl,

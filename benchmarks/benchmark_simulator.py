@@ -50,9 +50,9 @@ def plain_keras_round(model, pool, train_x, train_y, test_x, test_y, *, epochs: 
                       loss="sparse_categorical_crossentropy", metrics=["accuracy"])
         model.fit(x, y, epochs=epochs, batch_size=batch_size, verbose=0, shuffle=True)
         weights.append(model.get_weights())
-    ids = np.array(ids)
+    cluster_ids = np.array(ids)
     stacked = [np.stack(a) for a in zip(*weights)]
-    state = algorithm.aggregate(algorithm.ServerState(0, pool, 0), stacked, ids,
+    state = algorithm.aggregate(algorithm.ServerState(0, pool, 0), stacked, cluster_ids,
                                 np.full(len(ids), train_x.shape[1]))
     accuracy = []
     for x, y, n in zip(test_x, test_y, ids):

@@ -40,13 +40,13 @@ def specs(seed: int, seeds: int) -> list[RunSpec]:
 
 def summary(default: Sequence[float], frozen: Sequence[float]) -> dict:
     """The paired comparison of two lists of per-seed accuracies (the same seeds)."""
-    default, frozen = np.asarray(default, float), np.asarray(frozen, float)
-    differences = frozen - default
-    margin = float(default.std(ddof=1))
+    a, b = np.asarray(default, float), np.asarray(frozen, float)
+    differences = b - a
+    margin = float(a.std(ddof=1))
     low, high = t_interval(differences)
     p = equivalent(differences, margin)
-    return {"default_mean": float(default.mean()), "default_sd": margin,
-            "frozen_mean": float(frozen.mean()), "frozen_sd": float(frozen.std(ddof=1)),
+    return {"default_mean": float(a.mean()), "default_sd": margin,
+            "frozen_mean": float(b.mean()), "frozen_sd": float(b.std(ddof=1)),
             "difference_mean": float(differences.mean()), "difference_interval": [low, high],
             "margin": margin, "equivalence_p": p, "within_spread": p < ALPHA}
 
@@ -72,8 +72,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     config, count = session.config, session.args.seeds
     records = session.run_all(specs(config.seed, count))
     seeds = range(config.seed, config.seed + count)
-    default = [records[f"cp-cfl-simclr-seed{s}"].final.accuracy for s in seeds]
-    frozen = [records[f"cp-cfl-simclr-frozen-seed{s}"].final.accuracy for s in seeds]
+    default = [records[f"cp-cfl-simclr-seed{s}"].final_accuracy for s in seeds]
+    frozen = [records[f"cp-cfl-simclr-frozen-seed{s}"].final_accuracy for s in seeds]
     result = summary(default, frozen)
     pairs = list(zip(seeds, default, frozen))
     rows = [{"seed": s, "frozen_features": flag, "accuracy": accuracy}

@@ -55,7 +55,7 @@ def timed_stages(seconds: dict[str, float], calls: dict[str, int]):
 
     undo = []
     for stage, module_name, owner_name, name in STAGES:
-        if module_name is None:  # a part of another stage's function
+        if module_name is None or name is None:  # a part of another stage's function
             continue
         owner = importlib.import_module(module_name)
         if owner_name:
@@ -110,7 +110,7 @@ def kit_run(preset: str, method: str, pretraining: str, sets: Sequence[str]):
     from cpcfl_tf.plan.resolve import resolve
     from cpcfl_tf.running.run_data import DataCache
 
-    config = get_preset(preset).with_overrides(**parse_settings(
+    config = get_preset(preset).with_overrides(None, **parse_settings(  # None: its seed
         [f"federated.method={method}", f"federated.pretraining={pretraining}", *sets]))
     run = resolve(config)
     encoders = StartingEncoders(context=RunContext(verbose=0))

@@ -29,6 +29,7 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from cpcfl_tf.errors import run_cli
 from cpcfl_tf.records.environment import cpu_model, environment
@@ -258,15 +259,18 @@ def step_layouts(classifier, clients: int, batches: Sequence[int], repeats: int 
 
     layouts = {"kit": (lambda p, x, y: backend._grads(p, x, y, 0),
                        tf.function(lambda p, x: stacked_logits(backend.layers, p, to_float(x)))),
-               "last_conv_as_matmul": layout(lambda *a: _as_matmul_logits(*a, every=False)),
-               "im2col_matmul": layout(lambda *a: _as_matmul_logits(*a, every=True)),
+               "last_conv_as_matmul": layout(
+                   lambda layers, p, x: _as_matmul_logits(layers, p, x, every=False)),
+               "im2col_matmul": layout(
+                   lambda layers, p, x: _as_matmul_logits(layers, p, x, every=True)),
                "grouped_convolution": layout(_grouped_logits),
                "bfloat16": layout(_bfloat16_logits)}
     # Each client its own weights (scaled), so a layout that mixed clients up would show.
     params = [tf.constant(np.stack([a * (1 + 0.1 * c) for c in range(clients)]))
               for a in classifier.get_weights()]
     rng = np.random.default_rng(0)
-    out = {name: {"ms": {}, "max_relative_difference": 0.0} for name in layouts}
+    out: dict[str, dict[str, Any]] = {name: {"ms": {}, "max_relative_difference": 0.0}
+                                      for name in layouts}
     size, classes = classifier.input_shape[1:], classifier.output_shape[-1]
     for b in batches:
         images = tf.constant(rng.integers(0, 256, (clients, b, *size), dtype=np.uint8))
@@ -370,10 +374,11 @@ def time_kernels(config, clients: int) -> dict:
     classifier = build_template(run, (size, size, 3), 10)
     batches = batch_sizes(fl.batch_size)
     print(f"kernels: {clients} clients, batches {batches}", file=sys.stderr, flush=True)
-    part = {"batches": batches, "onednn": onednn_enabled(),
-            "convolutions": kernel_breakdown(classifier, clients, batches),
-            "layouts": step_layouts(classifier, clients, batches)}
-    for name, layout in part["layouts"].items():
+    convolutions = kernel_breakdown(classifier, clients, batches)  # in this order
+    layouts = step_layouts(classifier, clients, batches)
+    part = {"batches": batches, "onednn": onednn_enabled(), "convolutions": convolutions,
+            "layouts": layouts}
+    for name, layout in layouts.items():
         print(f"step, {name}: " + ", ".join(f"batch {b}: {ms:.0f} ms"
                                              for b, ms in layout["ms"].items()))
     return part

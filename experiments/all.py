@@ -43,6 +43,7 @@ def _options(parser) -> None:
 def load(name: str):
     """``experiments/<name>.py`` as a module."""
     spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    assert spec is not None and spec.loader is not None, name  # a .py path always has both
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

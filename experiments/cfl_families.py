@@ -28,6 +28,7 @@ from cpcfl_tf.evidence.judge import (
     verdict,
 )
 from cpcfl_tf.methods.federated import run_label
+from cpcfl_tf.records.record import RunRecord
 from cpcfl_tf.running.cli import positive_int
 from cpcfl_tf.running.report import markdown_table, mean_sd_cell
 from cpcfl_tf.running.runner import RunSpec
@@ -52,8 +53,15 @@ def specs(seeds: Sequence[int]) -> list[RunSpec]:
             for seed in seeds for name, (method, pre) in ROWS.items()]
 
 
-def _ari(record) -> float | None:
+def _ari(record: RunRecord) -> float | None:
     return None if record.config.federated.num_clusters == 1 else record.final.ari
+
+
+def _known_ari(record: RunRecord) -> float:
+    """The ARI of a run :func:`_ari` gives one (the only runs it is paired over)."""
+    ari = _ari(record)
+    assert ari is not None, record.experiment
+    return ari
 
 
 def _options(parser) -> None:
@@ -78,10 +86,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise UserError(f"--reuse {args.reuse}: no such folder; pass a results tree the "
                         "scripts wrote")
     session.reuse_committed(Path(args.reuse) if args.reuse else None)
-    runs: dict[str, dict[int, object]] = {name: {} for name in ROWS if session.wanted(name)}
+    runs: dict[str, dict[int, RunRecord]] = {name: {} for name in ROWS if session.wanted(name)}
     done, missing = session.run_or_read(specs(seeds), args.report)
     for spec, record in done:
-        runs[spec.key][spec.seed] = record
+        runs[spec.key][spec.seed_or(args.seed)] = record
     runs = {name: by_seed for name, by_seed in runs.items() if by_seed}
 
     table = []
@@ -101,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         acc = verdict(paired(runs[pre], runs[none], final_accuracy))
         ari = paired({s: r for s, r in runs[pre].items() if _ari(r) is not None},
                      {s: r for s, r in runs[none].items() if _ari(r) is not None},
-                     lambda r: r.final.ari)
+                     _known_ari)
         interval = acc.interval
         effects.append([
             family, acc.n, f"{acc.mean:+.2f}" if acc.n else "-",
@@ -119,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if missing:
         lines += [f"**Partial.** This folder holds {planned - len(missing)} of the {planned} "
                   f"runs of the table; every mean, verdict and figure below is over those alone. "
-                  f"Missing ({len(missing)}): {_missing(missing, len(ROWS))}. "
+                  f"Missing ({len(missing)}): {_missing(missing, len(ROWS), args.seed)}. "
                   f"`{session.resume_command()}` makes them.", ""]
     lines += [
              "Mean ± SD over the seeds (ddof = 0). ARI of the final cluster ids against the "
@@ -147,11 +155,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         session.update_readme("families", effect_table, "families table")
 
 
-def _missing(specs: Sequence[RunSpec], rows: int) -> str:
+def _missing(specs: Sequence[RunSpec], rows: int, seed: int) -> str:
     """The missing runs by seed, e.g. ``seed 0: cfl-simclr, ifca-none; seeds 1-4: all``."""
     by_seed: dict[int, list[str]] = {}
     for spec in specs:
-        by_seed.setdefault(spec.seed, []).append(spec.key)
+        by_seed.setdefault(spec.seed_or(seed), []).append(spec.key)
     whole = [seed for seed, keys in by_seed.items() if len(keys) == rows]
     parts = [f"seed {seed}: {', '.join(keys)}" for seed, keys in by_seed.items()
              if len(keys) < rows]

@@ -82,9 +82,9 @@ def make_missing(session, evidence_: Evidence, chosen: list[Claim]) -> None:
                                             or evidence_.every(name, seed)):
                     continue  # a second verdict makes only the fixed runs it lacks
                 if is_eval:
-                    step = LinearEval(seed)
-                    if step not in todo and not _linear_eval_out(session, seed).exists():
-                        todo.append(step)
+                    linear = LinearEval(seed)
+                    if linear not in todo and not _linear_eval_out(session, seed).exists():
+                        todo.append(linear)
                     continue
                 key = config_key(evidence_.config_of(name, seed))
                 if key not in done:

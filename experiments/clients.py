@@ -50,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         cells = []
         for k, (n, t) in enumerate(grid):
             record = records[(n, name)]
-            final, best = record.final.accuracy, record.best_accuracy()
+            final, best = record.final_accuracy, record.best_accuracy()
             paper = PAPER[name][k] if k < len(PAPER[name]) and config.preset != "smoke" else None
             cells += [f"{100 * final:.2f}" + (f" / {paper[0]:.2f}" if paper else ""),
                       f"{100 * best:.2f}" + (f" / {paper[1]:.2f}" if paper else "")]

@@ -53,7 +53,8 @@ def by_encoder(planned: list[RunSpec], seed: int, encoders: int) -> list[RunSpec
     """``planned`` in the order they are made: encoder by encoder (runs r, r + encoders,
     ...), so an encoder's runs are done together and a study resumed with an empty cache
     (a later session, another machine of the same kind) pre-trains no encoder twice."""
-    return sorted(planned, key=lambda spec: ((spec.seed - seed) % encoders, spec.seed))
+    return sorted(planned, key=lambda spec: ((spec.seed_or(seed) - seed) % encoders,
+                                              spec.seed_or(seed)))
 
 
 def _options(parser) -> None:
@@ -102,11 +103,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     done.sort(key=lambda pair: rank[pair[0].name])
     missing_specs.sort(key=lambda spec: rank[spec.name])
     for spec, record in done:
-        by_run[spec.key][spec.seed - args.seed] = record
+        by_run[spec.key][spec.seed_or(args.seed) - args.seed] = record
     missing = [spec.name for spec in missing_specs]
     by_run = {name: records for name, records in by_run.items() if records}
 
-    text, summary, rows = report(config, by_run, runs, encoders, args.seed)
+    text, summary, csv_rows = report(config, by_run, runs, encoders, args.seed)
     if missing:
         held = sum(map(len, by_run.values()))
         title, rest = text.split("\n", 1)
@@ -117,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     figures(by_run, session.out, config.preset, args.all_figures)
     from cpcfl_tf.records.files import write_json
     write_json(session.out / f"{SCRIPT.name}.json", summary)
-    session.finish(text, rows)
+    session.finish(text, csv_rows)
     if set(by_run) == set(study_rows(config.preset)) and not missing:
         session.update_readme("reliability", summary["table"], "reliability tables")
         session.update_readme("reliability", [verdict_line(config, summary)],

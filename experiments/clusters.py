@@ -34,8 +34,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     table, rows = [], []
     for n, record in records.items():
         final, best = record.final, record.best_accuracy()
-        table.append([n, f"{100 * final.accuracy:.2f}", f"{100 * best:.2f}", f"{final.ari:.3f}",
-                      f"{PAPER[n]:.2f}"])
+        table.append([n, f"{100 * record.final_accuracy:.2f}", f"{100 * best:.2f}",
+                      f"{final.ari:.3f}", f"{PAPER[n]:.2f}"])
         rows.append({"num_clusters": n, "accuracy": final.accuracy, "best": best,
                      "ari": final.ari, "f1_macro": final.scores["f1_macro"],
                      "bytes_down": final.bytes_down, "bytes_up": final.bytes_up})

@@ -118,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         cells = []
         for pair in pairs:
             record = records[(pair.key, name)]
-            accuracy = record.final.accuracy
+            accuracy = record.final_accuracy
             paper = PAPER[pair.paper].get(name)
             cells.append(f"{100 * accuracy:.2f} / " + (f"{paper:.2f}" if paper else "--"))
             rows.append({"pair": pair.key, "paper_pair": pair.paper, "run": name,

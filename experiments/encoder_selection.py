@@ -26,6 +26,7 @@ from cpcfl_tf.evidence.judge import final_accuracy, verdict
 from cpcfl_tf.evidence.selection import choose, label, report, summary_part
 from cpcfl_tf.methods.ssl import SSL_METHODS
 from cpcfl_tf.plan.config import Config
+from cpcfl_tf.records.record import RunRecord
 from cpcfl_tf.running.cli import name_list
 from cpcfl_tf.running.runner import RunSpec
 from cpcfl_tf.running.script import Script
@@ -116,8 +117,11 @@ def shown(config: Config, method: str, settings: dict) -> dict:
     from cpcfl_tf.plan.choices import ENCODER_DIMS
 
     spec, encoder = SSL_METHODS[method], config.pretrain.encoder
-    return {k: (spec.settings[k].means(encoder, ENCODER_DIMS[encoder])
-                if v is None and spec.settings[k].means else v) for k, v in settings.items()}
+    out = {}
+    for k, v in settings.items():
+        means = spec.settings[k].means
+        out[k] = means(encoder, ENCODER_DIMS[encoder]) if v is None and means else v
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -205,9 +209,10 @@ def run_selected(session, specs: list[RunSpec], selected) -> dict[str, dict]:
     the paired difference (selected − paper) by the claims' rule."""
     import dataclasses
 
-    paper, chosen = {}, {}
+    paper: dict[str, dict[int, RunRecord]] = {}
+    chosen: dict[str, dict[int, RunRecord]] = {}
     for spec in specs:  # as planned by main
-        seed, method = spec.seed, spec.pretraining
+        seed, method = spec.seed_or(session.config.seed), spec.pretraining
         paper.setdefault(method, {})[seed] = session.runner.run(spec)
         pick = selected[seed][method]
         if pick["paper"]:

@@ -49,8 +49,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     for key, (label, _) in settings(local).items():
         cells = []
         for head, paper in zip(HEADS, PAPER[key]):
-            final = records[f"cp-cfl-simclr-{head}-{key}"].final
-            cells.append(f"{100 * final.accuracy:.2f} ({paper:.2f})")
+            record = records[f"cp-cfl-simclr-{head}-{key}"]
+            final = record.final
+            cells.append(f"{100 * record.final_accuracy:.2f} ({paper:.2f})")
             rows.append({"setting": key, "head": head, "accuracy": final.accuracy,
                          "ari": final.ari, "f1_macro": final.scores["f1_macro"]})
         table.append([label, *cells])

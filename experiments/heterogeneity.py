@@ -11,6 +11,7 @@ The server's SimCLR encoder is the preset's, pre-trained on unturned, unlabeled 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from cpcfl_tf.errors import run_cli
 from cpcfl_tf.plan.config import Config
@@ -21,9 +22,10 @@ from cpcfl_tf.running.script import Script
 METHODS = {"fedavg-none": ("fedavg", "none", "FedAvg (None)"),
            "ifca-none": ("ifca", "none", "IFCA (None)"),
            "cp-cfl-simclr": ("cp-cfl", "simclr", "CP-CFL (SimCLR)")}
-SETTINGS = {"rotated-4": ("rotated, 4 groups", {"kind": "rotated", "num_groups": 4}),
-            "dirichlet-0.1": ("Dir(0.1), 3 groups", {"kind": "dirichlet", "alpha": 0.1}),
-            "dirichlet-1.0": ("Dir(1.0), 3 groups", {"kind": "dirichlet", "alpha": 1.0})}
+SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "rotated-4": ("rotated, 4 groups", {"kind": "rotated", "num_groups": 4}),
+    "dirichlet-0.1": ("Dir(0.1), 3 groups", {"kind": "dirichlet", "alpha": 0.1}),
+    "dirichlet-1.0": ("Dir(1.0), 3 groups", {"kind": "dirichlet", "alpha": 1.0})}
 """Setting key: (label, partition overrides)."""
 SCRIPT = Script(__file__, __doc__, rows=tuple(METHODS))
 
@@ -64,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 cells.append("-")
                 continue
             final = record.final
-            cells.append(f"{100 * final.accuracy:.2f} / {100 * record.best_accuracy():.2f} "
+            cells.append(f"{100 * record.final_accuracy:.2f} / {100 * record.best_accuracy():.2f} "
                          f"(ARI {final.ari:.2f})")
             rows.append({"setting": key, "run": name, "clients": len(record.clients),
                          "accuracy": final.accuracy, "best": record.best_accuracy(),

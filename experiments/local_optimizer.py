@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -26,7 +27,7 @@ from cpcfl_tf.running.script import Script
 
 SCRIPT = Script(__file__, __doc__)
 
-VARIANTS = {
+VARIANTS: dict[str, tuple[dict[str, Any], str]] = {
     "paper": ({}, "Adam 1e-3, fresh state (paper)"),
     "lr1e-4": ({"learning_rate": 1e-4}, "Adam 1e-4, fresh state"),
     "sgd": ({"local_optimizer": "sgd", "learning_rate": 0.05}, "SGD 0.05"),
@@ -49,7 +50,8 @@ class RoundProbe:
     def __init__(self, path: Path, clients, backend):
         self.path, self.clients, self.backend = path, clients, backend
         self.rounds = read_probe(path)
-        self._last = None  # (models, update) of the previous round this process saw
+        self._last: tuple[list[np.ndarray], list[np.ndarray] | None] | None = None
+        """(models, update) of the previous round this process saw."""
 
     def __call__(self, record: dict, state) -> None:
         """``record``: the round's record as the round loop made it (JSON)."""
@@ -124,9 +126,10 @@ def flip_lines(record: RunRecord, probe_rounds: list[dict], groups: np.ndarray) 
     """Per-class and per-group accuracy at the two consecutive rounds of the second half
     between which the mean accuracy jumps most."""
     by_round = {r["round"]: r for r in probe_rounds}
-    accuracy = {r.round: r.accuracy for r in record.rounds}
+    accuracy = {r.round: r.accuracy for r in record.rounds if r.accuracy is not None}
     half = len(accuracy) // 2
-    pairs = [(t, t + 1) for t in accuracy if t > half and t + 1 in by_round and t in by_round]
+    pairs = [(t, t + 1) for t in accuracy
+             if t > half and t + 1 in accuracy and t + 1 in by_round and t in by_round]
     if not pairs:
         return ["(no per-round probe for this run: rerun it with --force to record one)"]
     t, u = max(pairs, key=lambda p: abs(accuracy[p[1]] - accuracy[p[0]]))

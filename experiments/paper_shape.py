@@ -50,7 +50,8 @@ class Stages:
     """Seconds and peak resident memory of named stages, sampled by a background thread."""
 
     def __init__(self, interval: float = 0.02):
-        self.interval, self.rows = interval, []
+        self.interval = interval
+        self.rows: list[dict] = []
         self._peak, self._stop = 0, threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()

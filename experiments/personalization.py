@@ -252,7 +252,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     runs: dict[str, dict[int, RunRecord]] = {}
     done, missing = session.run_or_read(specs(seeds, args.rivals, args.partitions), args.report)
     for spec, record in done:
-        runs.setdefault(spec.key, {})[spec.seed] = record
+        runs.setdefault(spec.key, {})[spec.seed_or(args.seed)] = record
     lines, tables = report_lines(runs, config, seeds, args, len(missing))
     if missing:
         lines[1:1] = [

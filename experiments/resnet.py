@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from cpcfl_tf.errors import run_cli
 from cpcfl_tf.evidence.catalogue import COMPARISON, COMPARISON_LABELS, comparison_specs
+from cpcfl_tf.records.record import RunRecord
 from cpcfl_tf.running.cli import name_list, positive_int
 from cpcfl_tf.running.report import mean_sd, trial_table
 from cpcfl_tf.running.script import Script
@@ -22,7 +23,8 @@ SCRIPT = Script(__file__, __doc__, rows=tuple(COMPARISON))
 
 HEADS = {"resnet18": "c-1", "resnet50": "c-2"}
 PAPER_TRIALS = {"resnet18": 5, "resnet50": 1}
-PAPER = {  # accuracy (%) per trial on STL-10 (GPU)
+# accuracy (%) per trial on STL-10 (GPU)
+PAPER: dict[tuple[str, str], dict[str, tuple[float, ...]]] = {
     ("resnet18", "final"): {"fedavg-none": (24.67, 34.00, 25.10, 27.53, 35.70),
                             "fedavg-simclr": (34.83, 29.40, 33.83, 30.73, 29.67),
                             "ifca-none": (63.73, 61.90, 62.50, 65.53, 63.27),
@@ -41,7 +43,7 @@ PAPER = {  # accuracy (%) per trial on STL-10 (GPU)
                            "cp-cfl-simclr": (72.93,)},
 }
 LABELS = COMPARISON_LABELS
-VALUES = {"final": lambda r: r.final.accuracy, "best": lambda r: r.best_accuracy()}
+VALUES = {"final": lambda r: r.final_accuracy, "best": lambda r: r.best_accuracy()}
 
 
 def _options(parser) -> None:
@@ -63,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                                                     federated={"head": HEADS[encoder]})]
              for encoder in args.encoders}
     session.kept([spec for runs in specs.values() for spec in runs])  # ResNets are slow on a CPU
-    records: dict[str, dict[str, list]] = {}
+    records: dict[str, dict[str, list[RunRecord]]] = {}
     for encoder, runs in specs.items():
         records[encoder] = {name: [] for name in COMPARISON if session.wanted(name)}
         for spec in runs:
@@ -76,19 +78,19 @@ def main(argv: Sequence[str] | None = None) -> None:
              "Accuracy (%) per trial; the paper's STL-10 figures (GPU, T = 100) in the last "
              "column: mean ± SD of its 5 ResNet-18 trials, its single ResNet-50 run.", ""]
     rows = []
-    for encoder, runs in records.items():
+    for encoder, by_row in records.items():
         for kind, value in VALUES.items():
             paper = {n: mean_sd(v) if len(v) > 1 else (v[0], None)
                      for n, v in PAPER[(encoder, kind)].items()}
             lines += [f"## {encoder}, head {HEADS[encoder]}, "
                       f"{'last round' if kind == 'final' else 'best round'}", ""]
-            lines += trial_table(runs, LABELS, value, percent=True, paper=paper) + [""]
+            lines += trial_table(by_row, LABELS, value, percent=True, paper=paper) + [""]
         rows += [{"encoder": encoder, "head": HEADS[encoder], "run": name, "trial": k + 1,
                   "accuracy": VALUES["final"](r), "best": VALUES["best"](r),
                   "ari": r.final.ari, "restarts": r.final.restarts}
-                 for name, trial_runs in runs.items() for k, r in enumerate(trial_runs)]
+                 for name, trial_runs in by_row.items() for k, r in enumerate(trial_runs)]
         # The curves show why the paper reports the best round: FedAvg fluctuates.
-        plot_accuracy_curves({LABELS[name]: trial_runs[0] for name, trial_runs in runs.items()},
+        plot_accuracy_curves({LABELS[name]: trial_runs[0] for name, trial_runs in by_row.items()},
                              session.out / f"accuracy-{encoder}.png",
                              title=f"{encoder}, head {HEADS[encoder]}, trial 1 "
                                    f"(preset {config.preset})")

@@ -80,6 +80,7 @@ def tables(records: dict[str, RunRecord], preset: str) -> tuple[str, list[dict]]
     for name, record in records.items():
         final, n = record.final, record.config.federated.num_clusters
         sent = final.bytes_down + final.bytes_up
+        assert final.model_bytes is not None, name  # every federated run records it
         table.append([LABELS[name], n, f"{sent:,}",
                       f"{sent / (final.model_bytes * rounds * clients):g}",
                       "2ST" if n == 1 else "(N+1)ST"])

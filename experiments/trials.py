@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from cpcfl_tf.errors import run_cli
 from cpcfl_tf.evidence.catalogue import COMPARISON, COMPARISON_LABELS, comparison_specs
 from cpcfl_tf.methods.federated import run_label
+from cpcfl_tf.records.record import RunRecord
 from cpcfl_tf.running.cli import positive_int
 from cpcfl_tf.running.report import markdown_table, trial_table
 from cpcfl_tf.running.runner import RunSpec
@@ -115,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         *comparison_specs(f"trial{k + 1}-", seed=args.seed + k),
         RunSpec(f"trial{k + 1}-{FIXED}", "cp-cfl-restart", "simclr", seed=args.seed + k,
                 row=FIXED)]])  # after its CP-CFL run, which it is where the rule never fires
-    records = {name: [] for name in ROWS if session.wanted(name)}
+    records: dict[str, list[RunRecord]] = {name: [] for name in ROWS if session.wanted(name)}
     session.reuse_committed()  # a trial's CP-CFL+restart run made by another script
     for spec in specs:
         records[spec.key].append(session.runner.run(spec))

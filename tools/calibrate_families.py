@@ -99,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     # CFL: the norms with splitting off.
     specs = session.kept(norm_specs(HELD_OUT[:args.seeds]))
     records = {spec.name: session.runner.run(spec) for spec in specs}
-    split_after = NO_SPLIT["split_after"]
+    split_after = int(NO_SPLIT["split_after"])
     measured = {name: plateau(r, split_after) for name, r in records.items()}
 
     lines = [f"# Calibrating the clustered-FL families (preset `{config.preset}`, "
@@ -123,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     derived, used = cfl_thresholds(measured), METHODS["cfl"].options
     lines += ["", "Derived: **" + ", ".join(f"{k} = {v:g}" for k, v in derived.items())
               + "** (methods.py has " + ", ".join(f"{k} = {used[k]:g}" for k in derived)
-              + "). " + " ".join(cfl_thresholds.__doc__.split())]
+              + "). " + " ".join((cfl_thresholds.__doc__ or "").split())]
     rows = [{"run": name, "accuracy": records[name].final.accuracy, **m}
             for name, m in measured.items()]
     session.finish("\n".join(lines) + "\n", rows)

@@ -87,11 +87,11 @@ def measure(rev: str | None) -> Metrics:
         ["git", "ls-tree", "-r", "--name-only", rev, "cpcfl_tf"],
         cwd=ROOT, capture_output=True, text=True, check=True,
     ).stdout.split()
-    for path in sorted(p for p in listed if p.endswith(".py")):
+    for name in sorted(p for p in listed if p.endswith(".py")):
         text = subprocess.run(
-            ["git", "show", f"{rev}:{path}"], cwd=ROOT, capture_output=True, text=True, check=True
+            ["git", "show", f"{rev}:{name}"], cwd=ROOT, capture_output=True, text=True, check=True
         ).stdout
-        add_source(metrics, path, text)
+        add_source(metrics, name, text)
     return metrics
 
 

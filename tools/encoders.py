@@ -144,7 +144,10 @@ def unpack(args) -> None:
     archive = Path(args.archive)
     try:
         tar = tarfile.open(archive)
-        manifest = json.load(tar.extractfile(MANIFEST))["encoders"]
+        member = tar.extractfile(MANIFEST)
+        if member is None:  # a folder of that name
+            raise KeyError(MANIFEST)
+        manifest = json.load(member)["encoders"]
     except (OSError, tarfile.TarError, KeyError, TypeError, ValueError) as err:
         raise UserError(f"{archive} is not an archive of tools/encoders.py pack "
                         f"({type(err).__name__}); pack it again") from None

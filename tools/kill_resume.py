@@ -23,6 +23,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -85,7 +86,7 @@ def child(folder: Path, preset: str, seed: int, kills: int) -> None:
             return out
         return replace(src, dst)
 
-    results.os.replace = counted
+    results.os.replace = counted  # type: ignore[assignment]  # counts the kit's writes
     os.environ["CPCFL_CACHE"] = str(folder / "cache")
     runner = Runner("kill_resume", run_config(preset, seed, kills), folder / "runs",
                     context=RunContext(resume=True, verbose=0))
@@ -192,7 +193,7 @@ def check(work: Path, config, kills_wanted: int) -> dict:
     reference = json.loads((work / "reference" / "runs" / (SPEC[0] + ".json")).read_text())
     per_round = reference["timing"]["seconds_per_round"]
     print(f"uninterrupted: {len(writes)} writes in {seconds:.1f} s", flush=True)
-    kills = []
+    kills: list[dict[str, Any]] = []
     for k, plan in enumerate(plans(kills_wanted, np.random.default_rng(config.seed), per_round)):
         status, done, _ = attempt(work / "killed", config.preset, config.seed, kills_wanted, plan)
         killed = status == -signal.SIGKILL

@@ -26,6 +26,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -35,7 +36,7 @@ from cpcfl_tf.running.script import Script
 SCRIPT = Script(__file__, __doc__, default_preset="smoke", distribute=False, runs=False)
 NODES = 3
 """The first table's nodes; the last one sends 1e30."""
-DEFENCES = {"mean": {}, "median": {"aggregation": "median"},
+DEFENCES: dict[str, dict[str, Any]] = {"mean": {}, "median": {"aggregation": "median"},
             "trimmed-mean": {"aggregation": "trimmed-mean"}}
 BOUND = "update-norm"
 """The update bound's row: its value is measured in the honest run."""
@@ -74,7 +75,8 @@ def federation(preset: str, seed: int, settings: dict, poisoned: bool, folder: P
                     for w, s in zip(replies.weights, sent)))))
         return replies
 
-    algorithm.aggregate, remote.Nodes.train = watched, measured
+    # watched for this run, put back below
+    algorithm.aggregate, remote.Nodes.train = watched, measured  # type: ignore[method-assign]
     try:
         run = {"preset": preset, "method": "fedavg", "pretraining": "simclr",
                "num-clusters": 1, "rounds": rounds, "head-rounds": 0, "num-clients": nodes,
@@ -86,7 +88,7 @@ def federation(preset: str, seed: int, settings: dict, poisoned: bool, folder: P
                    for k in range(nodes)]
         record = run_in_process(run, configs)
     finally:
-        algorithm.aggregate, remote.Nodes.train = aggregate, train
+        algorithm.aggregate, remote.Nodes.train = aggregate, train  # type: ignore[method-assign]
     return {"record": record, "largest": largest, "honest_norms": norms}
 
 
@@ -97,7 +99,7 @@ def sweep(preset: str, seed: int, rounds: int, sizes: Sequence[int], bound: floa
     defences = {**DEFENCES, BOUND: {"update_norm": bound},
                 **{f"{name} + {BOUND}": {**settings, "update_norm": bound}
                    for name, settings in DEFENCES.items() if settings}}
-    rows = {}
+    rows: dict[str, dict[str, Any]] = {}
     for name, settings in defences.items():
         rows[name] = {"settings": settings, "sizes": {}}
         for size in sizes:
@@ -110,8 +112,8 @@ def sweep(preset: str, seed: int, rounds: int, sizes: Sequence[int], bound: floa
 
 
 def study(preset: str, seed: int, rounds: int, sizes: Sequence[int]) -> dict:
-    with tempfile.TemporaryDirectory(prefix="poisoned_node-") as work:
-        work = Path(work)
+    with tempfile.TemporaryDirectory(prefix="poisoned_node-") as tmp:
+        work = Path(tmp)
         honest = federation(preset, seed, {}, False, work, rounds)
         bound = max(honest["honest_norms"])
         defences = {**DEFENCES, BOUND: {"update_norm": bound}}
@@ -167,7 +169,7 @@ def report(summary: dict) -> str:
               "where the cluster has fewer than 3 members).", "",
               "| defence | " + " | ".join(f"n = {n}" for n in sizes) + " |",
               "|---|" + "---|" * len(sizes)]
-    refusals = {}
+    refusals: dict[str, tuple[int, str]] = {}
     for name, row in summary["by_size"].items():
         cells = []
         for n in sizes:

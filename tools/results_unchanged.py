@@ -97,7 +97,8 @@ def rebuild(preset: str, sandbox: Path, scripts: list[str] | None) -> list[str]:
     if unknown:
         raise UserError(f"unknown script(s) {', '.join(sorted(unknown))}; known: "
                         + ",".join([*table_scripts, *BEYOND, "claims"]))
-    unchecked, tables = [], []
+    unchecked: list[str] = []
+    tables: list[str] = []
     for name in [s for s in table_scripts if s in wanted and (tree / s).is_dir()]:
         why = not_checkable(name, preset, sandbox)
         (unchecked if why else tables).append(why or name)
@@ -119,6 +120,7 @@ def _load(name: str):
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
+    assert spec is not None and spec.loader is not None, name  # a .py path always has both
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

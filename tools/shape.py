@@ -29,7 +29,7 @@ def sizes(root: Path = PACKAGE) -> tuple[dict[str, int], dict[str, int]]:
         modules[name] = len(text.splitlines())
         for node in ast.walk(ast.parse(text)):
             if isinstance(node, ast.ClassDef):
-                classes[f"{name}:{node.name}"] = node.end_lineno - node.lineno + 1
+                classes[f"{name}:{node.name}"] = (node.end_lineno or node.lineno) - node.lineno + 1
     return modules, classes
 
 
@@ -87,7 +87,7 @@ def flow(root: Path = PACKAGE) -> dict[str, list[str]]:
                 if isinstance(target, ast.Name) and target.id in REGISTRIES or (
                         isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
                         and node.func.id in LOOKUPS):
-                    lookups.append(f"{name}:{node.lineno}")
+                    lookups.append(f"{name}:{getattr(node, 'lineno', '?')}")
     return {"resolve": resolved, "builds": built, "lookups": lookups}
 
 

@@ -29,7 +29,7 @@ def per_file(text: str) -> Counter:
     for line in text.splitlines():
         match = LINE.match(line)
         if match:
-            seconds[match.group(2)] += float(match.group(1))
+            seconds[match.group(2)] += float(match.group(1))  # type: ignore[assignment]
     return seconds
 
 

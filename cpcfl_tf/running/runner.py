@@ -65,10 +65,14 @@ class RunSpec:
     def key(self) -> str:
         return self.row or self.name
 
+    def seed_or(self, default: int) -> int:
+        """Its seed: :attr:`seed`, or ``default`` (the script's ``--seed``) when unset."""
+        return default if self.seed is None else self.seed
+
     def config(self, base: Config) -> Config:
         config = with_encoder(base, self.encoder) if self.encoder else base
         return config.with_overrides(
-            seed=base.seed if self.seed is None else self.seed,
+            seed=self.seed_or(base.seed),
             federated={"method": self.method, "pretraining": self.pretraining, **self.federated},
             partition=dict(self.partition),
             data=dict(self.data),
