@@ -156,6 +156,22 @@ def test_results_unchanged_compares_the_trees_files_but_a_runs_checkpoint(tmp_pa
         "changed study/report.md", "new study/new.csv"]
 
 
+def test_results_unchanged_rebuilds_a_partial_study_from_its_records_alone(tmp_path,
+                                                                          monkeypatch):
+    # A study with --report is rebuilt from the runs its folder holds, even where its dry
+    # run would make the rest (a standard study under way); one without it is asked first.
+    tool = script("results_unchanged")
+    for name in ("cfl_families", "local_optimizer"):
+        (tmp_path / "results" / "standard" / name).mkdir(parents=True)
+    asked, ran = [], []
+    monkeypatch.setattr(tool, "not_checkable",
+                        lambda name, *_: asked.append(name) or f"{name}: would make 1")
+    monkeypatch.setattr(tool, "_must_run", lambda name, args, _: ran.append((name, args)))
+    unchecked = tool.rebuild("standard", tmp_path, ["cfl_families", "local_optimizer"])
+    assert asked == ["local_optimizer"] and unchecked == ["local_optimizer: would make 1"]
+    assert ran == [("cfl_families", ["--preset", "standard", "--resume", "--report"])]
+
+
 def test_benchmark_simulator_runs_both_loops(tmp_path, capsys):
     script("benchmark_simulator").main(["--out", str(tmp_path), "--clients", "3", "--rounds", "2",
                                         "--baseline-rounds", "1"])

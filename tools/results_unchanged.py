@@ -29,11 +29,13 @@ from cpcfl_tf.errors import ArgumentParser, UserError, run_cli
 from cpcfl_tf.plan.presets import PRESETS
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
-BEYOND = {"cfl_families": (), "clustering_reliability": (), "encoder_selection": (),
-          "federated_pretraining": ("--report",), "local_optimizer": (), "partition": (),
-          "personalization": ()}
+BEYOND = {"cfl_families": ("--report",), "clustering_reliability": ("--report",),
+          "encoder_selection": (), "federated_pretraining": ("--report",),
+          "local_optimizer": (), "partition": (), "personalization": ("--report",)}
 """The scripts beyond ``experiments/all.py``'s whose folder a tree may hold, with the
-options that make them write their report from what is kept (no run, no scoring)."""
+options that make them write their report from what is kept (no run, no scoring).
+``--report`` makes nothing, so a folder of some of a study's runs is checked too; a
+script without it is run with ``--resume`` where its dry run would make nothing."""
 MAKES = (": to run", ": to resume", "to pre-train", "to train")
 """What a dry run's line says when the script would make something."""
 
@@ -105,7 +107,7 @@ def rebuild(preset: str, sandbox: Path, scripts: list[str] | None) -> list[str]:
     if tables:
         _must_run("all", ["--preset", preset, "--scripts", ",".join(tables)], sandbox)
     for name in [s for s in BEYOND if s in wanted and (tree / s).is_dir()]:
-        why = not_checkable(name, preset, sandbox)
+        why = None if "--report" in BEYOND[name] else not_checkable(name, preset, sandbox)
         if why:
             unchecked.append(why)
         else:
