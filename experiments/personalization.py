@@ -150,11 +150,18 @@ def strongest_line(runs, config, args) -> list[str]:
     two = strongest(runs, args.rivals, args.partitions)
     if config.preset == "standard" or len(two) < 2:
         return []
-    names = " and ".join(get_method(m).label for m in two)
+    def label(methods: Sequence[str]) -> str:
+        return " and ".join(get_method(m).label for m in methods)
+
+    command = "python experiments/personalization.py --preset standard"
+    if tuple(two) == STANDARD_RIVALS:
+        then = f"At standard, its default: `{command} --resume`."
+    else:  # the committed quick study ranks them otherwise: STANDARD_RIVALS is behind
+        then = (f"At standard: `{command} --rivals {','.join(two)} --resume` (its default, "
+                f"`STANDARD_RIVALS`, is {label(STANDARD_RIVALS)}).")
     return [
         f"The two strongest rivals here (the smallest mean of CP-CFL (SimCLR) − rival over "
-        f"both partitions and starts): {names}. At standard: `python "
-        f"experiments/personalization.py --preset standard --rivals {','.join(two)} --resume`."
+        f"both partitions and starts): {label(two)}. {then}"
     ]
 
 

@@ -663,7 +663,7 @@ def test_personalization_judges_cp_cfl_against_each_rival_by_seed_on_both_partit
         assert line.endswith("; personalization wins against none.") == (not beaten[part])
 
 
-def test_personalizations_two_strongest_rivals_are_named_from_the_links_by_hand():
+def test_personalizations_two_strongest_rivals_are_named_from_the_links_by_hand(monkeypatch):
     """strongest(): the mean of each rival's links (CP-CFL minus it, per seed) over both
     partitions and starts, smallest first, worked by hand; the line names them and the
     standard preset's command, and the standard preset's own report names none."""
@@ -695,8 +695,14 @@ def test_personalizations_two_strongest_rivals_are_named_from_the_links_by_hand(
     (line,) = study.strongest_line(runs, SimpleNamespace(preset="quick"), args)
     assert ": LG-FedAvg and FedPer." in line
     assert line.endswith("`python experiments/personalization.py --preset standard --rivals "
-                         "lg-fedavg,fedper --resume`.")
+                         "lg-fedavg,fedper --resume` (its default, `STANDARD_RIVALS`, is "
+                         "FedPer and Ditto).")
     assert study.strongest_line(runs, SimpleNamespace(preset="standard"), args) == []
+    # Where they are the standard preset's default, its command needs no --rivals.
+    monkeypatch.setattr(study, "STANDARD_RIVALS", ("lg-fedavg", "fedper"))
+    (line,) = study.strongest_line(runs, SimpleNamespace(preset="quick"), args)
+    assert line.endswith(": LG-FedAvg and FedPer. At standard, its default: `python "
+                         "experiments/personalization.py --preset standard --resume`.")
 
 
 def test_the_larger_presets_run_the_two_rivals_closest_to_cp_cfl_in_the_committed_quick_study(
