@@ -54,7 +54,8 @@ class InProcessGrid:
             self.sent += 1
             meta = message.metadata
             node = meta.dst_node_id
-            delivered = Message(
+            # Flower's own constructor of a delivered message (not in its typed overloads)
+            delivered = Message(  # type: ignore[call-overload]
                 message.content,
                 metadata=Metadata(
                     run_id=1,
@@ -91,8 +92,8 @@ def run_in_process(run, node_configs, refuse=()):
     # The ServerApp's identity, as Flower sets it in the ServerApp's process.
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
     try:
-        server_app.main(
-            InProcessGrid(run, node_configs, refuse),
+        server_app.main(  # a Grid in the calls main makes, not a subclass of Flower's
+            InProcessGrid(run, node_configs, refuse),  # type: ignore[arg-type]
             Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config=dict(run)),
         )
     finally:
