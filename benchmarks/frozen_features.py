@@ -40,13 +40,13 @@ def specs(seed: int, seeds: int) -> list[RunSpec]:
 
 def summary(default: Sequence[float], frozen: Sequence[float]) -> dict:
     """The paired comparison of two lists of per-seed accuracies (the same seeds)."""
-    a, b = np.asarray(default, float), np.asarray(frozen, float)
-    differences = b - a
-    margin = float(a.std(ddof=1))
+    base, fixed = np.asarray(default, float), np.asarray(frozen, float)
+    differences = fixed - base
+    margin = float(base.std(ddof=1))
     low, high = t_interval(differences)
     p = equivalent(differences, margin)
-    return {"default_mean": float(a.mean()), "default_sd": margin,
-            "frozen_mean": float(b.mean()), "frozen_sd": float(b.std(ddof=1)),
+    return {"default_mean": float(base.mean()), "default_sd": margin,
+            "frozen_mean": float(fixed.mean()), "frozen_sd": float(fixed.std(ddof=1)),
             "difference_mean": float(differences.mean()), "difference_interval": [low, high],
             "margin": margin, "equivalence_p": p, "within_spread": p < ALPHA}
 

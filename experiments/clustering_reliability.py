@@ -53,8 +53,11 @@ def by_encoder(planned: list[RunSpec], seed: int, encoders: int) -> list[RunSpec
     """``planned`` in the order they are made: encoder by encoder (runs r, r + encoders,
     ...), so an encoder's runs are done together and a study resumed with an empty cache
     (a later session, another machine of the same kind) pre-trains no encoder twice."""
-    return sorted(planned, key=lambda spec: ((spec.seed_or(seed) - seed) % encoders,
-                                              spec.seed_or(seed)))
+    def order(spec: RunSpec) -> tuple[int, int]:
+        run = spec.seed_or(seed)
+        return (run - seed) % encoders, run
+
+    return sorted(planned, key=order)
 
 
 def _options(parser) -> None:
