@@ -9,16 +9,16 @@ time each script's runs recorded (the time each script takes now is printed).
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 
 from cpcfl_tf.errors import run_cli
 from cpcfl_tf.running.cli import name_list
 from cpcfl_tf.running.report import markdown_table
-from cpcfl_tf.running.script import Script
+from cpcfl_tf.running.script import Script, load_script
 
 SCRIPTS = ("table2", "clusters", "encoder_training", "datasets", "heads", "supervised",
            "clients", "trials", "resnet", "linear_eval", "pretraining_cost", "heterogeneity")
@@ -40,13 +40,9 @@ def _options(parser) -> None:
                              "still shows every script whose folder has a report)")
 
 
-def load(name: str):
+def load(name: str) -> ModuleType:
     """``experiments/<name>.py`` as a module."""
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    assert spec is not None and spec.loader is not None, name  # a .py path always has both
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(Path(__file__).with_name(f"{name}.py"))
 
 
 def _records(folder: Path) -> list[dict]:

@@ -1,5 +1,4 @@
 """What several test modules share (pytest puts this folder on sys.path)."""
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -41,14 +40,9 @@ def script_path(name):
 
 def script(name):
     """Script ``name`` imported as a module (its ``main(argv)`` runs in-process)."""
-    import sys
+    from cpcfl_tf.running.script import load_script
 
-    module_name = f"experiments_{name}"  # registered: dataclasses look their module up
-    spec = importlib.util.spec_from_file_location(module_name, script_path(name))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(script_path(name))
 
 
 RECORD_SCHEMA = ROOT / "docs" / "run-record.schema.json"

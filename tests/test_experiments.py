@@ -1,4 +1,5 @@
 """The experiment scripts end to end on the smoke preset, and their error contract."""
+import dataclasses
 import json
 import os
 import subprocess
@@ -170,6 +171,23 @@ def test_results_unchanged_rebuilds_a_partial_study_from_its_records_alone(tmp_p
     unchecked = tool.rebuild("standard", tmp_path, ["cfl_families", "local_optimizer"])
     assert asked == ["local_optimizer"] and unchecked == ["local_optimizer: would make 1"]
     assert ran == [("cfl_families", ["--preset", "standard", "--resume", "--report"])]
+
+
+def test_a_script_is_loaded_registered_so_its_dataclasses_see_their_module(tmp_path):
+    # One loader serves all.py, results_unchanged and the tests: the module is in
+    # sys.modules while it runs (without it, dataclasses fails on a ClassVar annotated as
+    # a string), and a missing script is a one-line UserError.
+    from cpcfl_tf.running.script import load_script
+
+    path = tmp_path / "study_x.py"
+    path.write_text("from __future__ import annotations\nimport dataclasses, typing\n"
+                    "@dataclasses.dataclass\nclass Row:\n    kept: typing.ClassVar[int] = 1\n"
+                    "    value: int = 0\n")
+    module = load_script(path)
+    assert sys.modules["experiments_study_x"] is module
+    assert [f.name for f in dataclasses.fields(module.Row)] == ["value"]
+    with pytest.raises(UserError, match="no script at .*nope.py"):
+        load_script(tmp_path / "nope.py")
 
 
 def test_benchmark_simulator_runs_both_loops(tmp_path, capsys):

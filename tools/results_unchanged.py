@@ -24,9 +24,11 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 
 from cpcfl_tf.errors import ArgumentParser, UserError, run_cli
 from cpcfl_tf.plan.presets import PRESETS
+from cpcfl_tf.running.script import load_script
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 BEYOND = {"cfl_families": ("--report",), "clustering_reliability": ("--report",),
@@ -117,15 +119,9 @@ def rebuild(preset: str, sandbox: Path, scripts: list[str] | None) -> list[str]:
     return unchecked
 
 
-def _load(name: str):
+def _load(name: str) -> ModuleType:
     """``experiments/<name>.py`` as a module."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
-    assert spec is not None and spec.loader is not None, name  # a .py path always has both
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(EXPERIMENTS / f"{name}.py")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

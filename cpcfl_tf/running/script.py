@@ -16,8 +16,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import importlib.util
+import sys
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
+from types import ModuleType
 
 from cpcfl_tf.errors import ArgumentParser, UserError
 from cpcfl_tf.plan.config import Config
@@ -33,6 +36,21 @@ from cpcfl_tf.running.cli import (
     setup,
 )
 from cpcfl_tf.running.runner import Runner, RunSpec
+
+
+def load_script(path: Path, module_name: str | None = None) -> ModuleType:
+    """The script at ``path`` (``experiments/table2.py``) imported as a module, its
+    ``main(argv)`` run in-process, registered in :data:`sys.modules` as ``module_name``
+    (default ``experiments_<stem>``) before it runs, since ``dataclasses`` look a class's
+    module up there."""
+    name = module_name or f"experiments_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None or not path.is_file():
+        raise UserError(f"no script at {path}: name one of the .py files in its folder")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def run_context(args: argparse.Namespace) -> RunContext:
